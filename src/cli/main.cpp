@@ -1,0 +1,50 @@
+// m3serve: one binary, subcommands (serve, score, generate, tokenize, ...).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace m3::cli {
+namespace {
+
+// Add new subcommands here (one line each); keep the list sorted by name.
+const Command kCommands[] = {
+    {"version", "print the version and build features", cmd_version},
+};
+
+void print_help() {
+  std::printf(
+      "m3serve: a native inference server for the MiniMax-M3 model family\n\n"
+      "usage: m3serve <command> [options]\n\ncommands:\n");
+  for (const Command& c : kCommands) std::printf("  %-14s %s\n", c.name, c.summary);
+  std::printf("\n'm3serve <command> --help' shows a command's options.\n");
+}
+
+}  // namespace
+}  // namespace m3::cli
+
+int main(int argc, char** argv) {
+  using namespace m3::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) return cmd_version({});
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const Command& c : kCommands) {
+    if (std::strcmp(c.name, argv[1]) == 0) {
+      try {
+        return c.run(args);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "m3serve %s: error: %s\n", c.name, e.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "m3serve: unknown command '%s' (see 'm3serve --help')\n", argv[1]);
+  return 2;
+}
