@@ -58,14 +58,22 @@ struct MiniMaxM3Config {
   std::vector<MlpKind> mlp_layer_types;     // size num_hidden_layers
 
   bool tie_word_embeddings = false;
-  int64_t bos_token_id = 200034;
-  std::vector<int64_t> eos_token_ids = {200020};
+  int64_t bos_token_id = 200034;  // -1 when the file says null
+  std::vector<int64_t> eos_token_ids = {200020};  // int or list in the file; empty when null
 
   // Top-level wrapper fields.
   bool is_multimodal_wrapper = false;  // config.json had text_config
   int64_t image_token_index = 200025;
   int64_t video_token_index = 200026;
   QuantizationConfig quantization;
+
+  // Where the values came from, for messages: the file, and "text_config." when the text fields
+  // sat inside the multimodal wrapper ("" for a bare text config).
+  std::string source = "config.json";
+  std::string field_prefix;
+
+  bool is_sparse_layer(int64_t i) const { return layer_types.at(size_t(i)) == AttentionKind::kSparse; }
+  bool is_moe_layer(int64_t i) const { return mlp_layer_types.at(size_t(i)) == MlpKind::kMoe; }
 
   // Checks internal consistency (sizes, divisibility, list lengths). The message names the field.
   Status validate() const;
