@@ -7,8 +7,9 @@
 //  * `mlp_layer_types` wins over `moe_layer_freq`; with neither, every layer is "sparse" (MoE);
 //  * RoPE: `rope_parameters` (or legacy `rope_scaling`) first, then top-level `rope_theta` /
 //    `partial_rotary_factor`; the rotated width is int(head_dim * partial_rotary_factor). Without a
-//    partial_rotary_factor anywhere, the legacy `rotary_dim` field is used, and without either the
-//    whole head is rotated (transformers' default factor 1.0).
+//    partial_rotary_factor anywhere, the legacy `rotary_dim` field is used (transformers ignores
+//    it, but legacy checkpoints carry only rotary_dim), and without either the whole head is
+//    rotated (transformers' default factor 1.0).
 // Extensions over transformers (which would raise on them): an integer `moe_layer_freq` /
 // `sparse_attention_freq` k means "layer i when i % k == 0" (Megatron convention), and
 // `sparse_init_block` (ignored by transformers) fills index_init_blocks.
@@ -188,15 +189,9 @@ Status parse_rope(const Fields& t, MiniMaxM3Config* c) {
     if (!(factor > 0.0 && factor <= 1.0)) {
       return t.error("partial_rotary_factor", "must be in (0, 1], found " + std::to_string(factor));
     }
+    // transformers rotates int(head_dim * factor) channels and never reads `rotary_dim` (its
+    // save_pretrained even writes the default rotary_dim 64 next to the factor), so the factor wins.
     c->rotary_dim = int64_t(double(c->head_dim) * factor);  // python int() truncates
-    if (t.present("rotary_dim")) {
-      int64_t legacy = 0;
-      M3_RETURN_IF_ERROR(t.get("rotary_dim", &legacy));
-      if (legacy != c->rotary_dim) {
-        return t.error("rotary_dim", std::to_string(legacy) + " disagrees with head_dim * "
-                                     "partial_rotary_factor = " + std::to_string(c->rotary_dim));
-      }
-    }
   } else if (t.present("rotary_dim")) {
     M3_RETURN_IF_ERROR(t.get("rotary_dim", &c->rotary_dim));
   } else {
