@@ -92,6 +92,7 @@ struct RouterTopkParams {
 // overwritten.
 struct MoeExpertsParams {
   const float* x = nullptr;               // [M, Hd]
+  // Host arrays of E device pointers (the backend may stage them).
   const float* const* w13 = nullptr;      // [E] pointers, each [2·I, Hd] (gate rows then up rows)
   const float* const* w2 = nullptr;       // [E] pointers, each [Hd, I]
   const int32_t* topk_ids = nullptr;      // [M, K]

@@ -1,0 +1,53 @@
+#include "model/minimax_m3/kv_cache.h"
+
+#include <string>
+
+namespace m3::minimax_m3 {
+
+PagedKvCache::PagedKvCache(Backend* backend, const MiniMaxM3Config& cfg, int64_t num_pages)
+    : num_pages_(num_pages),
+      page_size_(cfg.index_block_size),
+      num_kv_heads_(cfg.num_key_value_heads),
+      head_dim_(cfg.head_dim),
+      index_head_dim_(cfg.index_head_dim) {
+  const int64_t kv = num_pages * page_size_ * num_kv_heads_ * head_dim_;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    Layer l;
+    l.k = DeviceBuffer<float>(backend, kv);
+    l.v = DeviceBuffer<float>(backend, kv);
+    bytes_per_page_ += 2 * page_size_ * num_kv_heads_ * head_dim_ * int64_t(sizeof(float));
+    if (cfg.layer_types[i] == AttentionKind::kSparse) {
+      l.idx_k = DeviceBuffer<float>(backend, num_pages * page_size_ * index_head_dim_);
+      bytes_per_page_ += page_size_ * index_head_dim_ * int64_t(sizeof(float));
+    }
+    layers_.push_back(std::move(l));
+  }
+}
+
+KvLayerView PagedKvCache::layer(int64_t i) {
+  Layer& l = layers_.at(static_cast<size_t>(i));
+  return {l.k.data(), l.v.data(), l.idx_k.empty() ? nullptr : l.idx_k.data(),
+          num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_};
+}
+
+SimplePagePool::SimplePagePool(int64_t num_pages) {
+  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+}
+
+Status SimplePagePool::allocate(int64_t n, std::vector<int32_t>* table) {
+  if (n > num_free())
+    return Status(StatusCode::kResourceExhausted,
+                  "[model.kv_cache] need " + std::to_string(n) + " pages, " +
+                      std::to_string(num_free()) + " free");
+  for (int64_t i = 0; i < n; ++i) {
+    table->push_back(free_.back());
+    free_.pop_back();
+  }
+  return Status::ok();
+}
+
+void SimplePagePool::release(const std::vector<int32_t>& pages) {
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) free_.push_back(*it);
+}
+
+}  // namespace m3::minimax_m3

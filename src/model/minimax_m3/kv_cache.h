@@ -1,0 +1,52 @@
+// KV-cache storage for the MiniMax-M3 text model, kept apart from allocation policy.
+//
+// PagedKvCache owns the memory: per layer, K and V [P, S, Hkv, D] (after k_norm + RoPE) and, on
+// sparse layers, the index keys [P, S, Dix] (after index_k_norm + RoPE). S = index_block_size, so
+// one page is one MSA block and a page id covers K, V and the index keys of that block in every
+// layer (m3-architecture.md §3.6). Which pages belong to which sequence is the caller's business:
+// it passes a block table (logical block -> page id) with every forward call. SimplePagePool is a
+// minimal free list for tests and the CLI; the server's kv layer will hand out pages instead.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "loader/model_config.h"
+
+namespace m3::minimax_m3 {
+
+class PagedKvCache {
+ public:
+  PagedKvCache(Backend* backend, const MiniMaxM3Config& cfg, int64_t num_pages);
+
+  int64_t num_pages() const { return num_pages_; }
+  int64_t page_size() const { return page_size_; }
+  // Bytes per page over all layers (K, V and index keys).
+  int64_t bytes_per_page() const { return bytes_per_page_; }
+  KvLayerView layer(int64_t i);
+
+ private:
+  struct Layer {
+    DeviceBuffer<float> k, v, idx_k;
+  };
+  int64_t num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_;
+  int64_t bytes_per_page_ = 0;
+  std::vector<Layer> layers_;
+};
+
+// A LIFO free list of page ids [0, num_pages).
+class SimplePagePool {
+ public:
+  explicit SimplePagePool(int64_t num_pages);
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  // Appends n pages to *table; resource_exhausted (and no change) when fewer are free.
+  Status allocate(int64_t n, std::vector<int32_t>* table);
+  void release(const std::vector<int32_t>& pages);
+
+ private:
+  std::vector<int32_t> free_;
+};
+
+}  // namespace m3::minimax_m3

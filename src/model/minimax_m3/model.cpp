@@ -1,0 +1,211 @@
+#include "model/minimax_m3/model.h"
+
+#include <cmath>
+#include <string>
+
+namespace m3::minimax_m3 {
+namespace {
+
+template <typename T>
+DeviceBuffer<T> upload(Backend* be, const std::vector<T>& host) {
+  DeviceBuffer<T> b(be, static_cast<int64_t>(host.size()));
+  be->copy_to_device(b.data(), host.data(), static_cast<int64_t>(host.size() * sizeof(T)));
+  return b;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const WeightSource& src,
+                                           Backend* backend) {
+  M3_RETURN_IF_ERROR(cfg.validate());
+  if (cfg.rotary_dim <= 0 || cfg.rotary_dim % 2 != 0 || cfg.rotary_dim > cfg.head_dim)
+    return invalid_argument("[model.minimax_m3] rotary_dim " + std::to_string(cfg.rotary_dim) +
+                            " must be even, positive and <= head_dim " +
+                            std::to_string(cfg.head_dim));
+  if (cfg.num_attention_heads % cfg.num_key_value_heads != 0)
+    return invalid_argument("[model.minimax_m3] num_attention_heads must be a multiple of "
+                            "num_key_value_heads");
+  bool any_sparse = false;
+  for (AttentionKind k : cfg.layer_types) any_sparse |= k == AttentionKind::kSparse;
+  if (any_sparse) {
+    // One index head per KV group (§3.3); the selection of index head h serves KV head h.
+    if (cfg.index_n_heads != cfg.num_key_value_heads)
+      return unimplemented("[model.minimax_m3] index_n_heads " +
+                           std::to_string(cfg.index_n_heads) + " != num_key_value_heads " +
+                           std::to_string(cfg.num_key_value_heads));
+    if (cfg.index_topk_blocks <= 0 || cfg.index_block_size <= 0)
+      return invalid_argument("[model.minimax_m3] index_topk_blocks and index_block_size must be "
+                              "positive");
+  }
+  if (cfg.num_experts_per_tok > cfg.num_local_experts)
+    return invalid_argument("[model.minimax_m3] num_experts_per_tok > num_local_experts");
+  std::unique_ptr<Model> m(new Model(cfg, backend));
+  M3_ASSIGN_OR_RETURN(m->w_, load_weights(src, cfg, backend));
+  return m;
+}
+
+Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
+                      ForwardOutput* out) {
+  const MiniMaxM3Config& c = cfg_;
+  Backend* be = backend_;
+  const int64_t hd = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads,
+                nkv = c.num_key_value_heads, nix = c.index_n_heads, dix = c.index_head_dim,
+                vocab = c.vocab_size, page = cache->page_size();
+  if (page != c.index_block_size)
+    return invalid_argument("[model.minimax_m3.forward] cache page size " + std::to_string(page) +
+                            " != index_block_size " + std::to_string(c.index_block_size));
+
+  // ---- Flatten the batch and validate it.
+  std::vector<int32_t> ids, positions;
+  std::vector<int64_t> offsets = {0};
+  std::vector<DeviceBuffer<int32_t>> tables;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& in = batch[s];
+    const std::string who = "[model.minimax_m3.forward] sequence " + std::to_string(s) + ": ";
+    if (in.tokens.empty()) return invalid_argument(who + "no tokens");
+    if (in.start_pos < 0) return invalid_argument(who + "negative start_pos");
+    int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
+    int64_t need = (end + page - 1) / page;
+    if (static_cast<int64_t>(in.block_table.size()) < need)
+      return invalid_argument(who + "block table has " + std::to_string(in.block_table.size()) +
+                              " pages, positions up to " + std::to_string(end - 1) + " need " +
+                              std::to_string(need));
+    for (int32_t pg : in.block_table)
+      if (pg < 0 || pg >= cache->num_pages())
+        return invalid_argument(who + "page id " + std::to_string(pg) + " outside the cache (" +
+                                std::to_string(cache->num_pages()) + " pages)");
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      if (in.tokens[i] < 0 || in.tokens[i] >= vocab)
+        return invalid_argument(who + "token id " + std::to_string(in.tokens[i]) +
+                                " outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      ids.push_back(in.tokens[i]);
+      positions.push_back(static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i)));
+    }
+    for (int32_t r : in.logits_rows)
+      if (r < 0 || r >= static_cast<int32_t>(in.tokens.size()))
+        return invalid_argument(who + "logits row " + std::to_string(r) + " out of range");
+    offsets.push_back(static_cast<int64_t>(ids.size()));
+    tables.push_back(upload(be, std::vector<int32_t>(in.block_table.begin(), in.block_table.end())));
+  }
+  const int64_t t_all = static_cast<int64_t>(ids.size());
+  if (t_all == 0) return invalid_argument("[model.minimax_m3.forward] empty batch");
+
+  // ---- Device scratch.
+  auto ids_d = upload(be, ids), pos_d = upload(be, positions);
+  DeviceBuffer<float> x(be, t_all * hd), h(be, t_all * hd), y(be, t_all * hd);
+  DeviceBuffer<float> q(be, t_all * nh * d), k(be, t_all * nkv * d), v(be, t_all * nkv * d);
+  DeviceBuffer<float> attn(be, t_all * nh * d);
+  DeviceBuffer<float> iq, ik;
+  DeviceBuffer<int32_t> sel;
+  const int64_t topk = c.index_topk_blocks;
+  if (nix > 0 && dix > 0) {
+    iq = DeviceBuffer<float>(be, t_all * nix * dix);
+    ik = DeviceBuffer<float>(be, t_all * dix);
+    sel = DeviceBuffer<int32_t>(be, t_all * nix * topk);
+  }
+  int64_t max_inter = c.dense_intermediate_size;
+  max_inter = std::max(max_inter, c.shared_intermediate_size * c.n_shared_experts);
+  DeviceBuffer<float> gate_up(be, t_all * 2 * max_inter), act(be, t_all * max_inter);
+  DeviceBuffer<float> router_logits(be, t_all * c.num_local_experts), shared(be, t_all * hd);
+  DeviceBuffer<int32_t> topk_ids(be, t_all * c.num_experts_per_tok);
+  DeviceBuffer<float> topk_w(be, t_all * c.num_experts_per_tok);
+
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float alpha = static_cast<float>(c.swiglu_alpha), limit = static_cast<float>(c.swiglu_limit);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto dense_mlp = [&](const float* in, const DeviceBuffer<float>& w13,
+                       const DeviceBuffer<float>& w2, int64_t inter, float* dst) {
+    be->linear({in, w13.data(), gate_up.data(), t_all, 2 * inter, hd, false});
+    be->swiglu_oai({gate_up.data(), act.data(), t_all, inter, alpha, limit});
+    be->linear({act.data(), w2.data(), dst, t_all, hd, inter, false});
+  };
+
+  be->embedding({w_.embed.data(), ids_d.data(), x.data(), t_all, vocab, hd});
+  for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
+    const LayerWeights& lw = w_.layers[li];
+    KvLayerView kv = cache->layer(li);
+
+    // Attention block: h = norm(x); q/k/v; per-head QK-norm, then partial RoPE (§2.3).
+    be->rms_norm({x.data(), lw.input_norm.data(), h.data(), t_all, hd, eps, true});
+    be->linear({h.data(), lw.wq.data(), q.data(), t_all, nh * d, hd, false});
+    be->linear({h.data(), lw.wk.data(), k.data(), t_all, nkv * d, hd, false});
+    be->linear({h.data(), lw.wv.data(), v.data(), t_all, nkv * d, hd, false});
+    be->rms_norm({q.data(), lw.q_norm.data(), q.data(), t_all * nh, d, eps, true});
+    be->rms_norm({k.data(), lw.k_norm.data(), k.data(), t_all * nkv, d, eps, true});
+    be->rope({q.data(), pos_d.data(), t_all, nh, d, c.rotary_dim, c.rotary_dim, c.rope_theta});
+    be->rope({k.data(), pos_d.data(), t_all, nkv, d, c.rotary_dim, c.rotary_dim, c.rope_theta});
+    if (lw.sparse) {
+      // Indexer (§3.2): same h, Gemma norms per head, the same RoPE table truncated to Dix.
+      be->linear({h.data(), lw.wiq.data(), iq.data(), t_all, nix * dix, hd, false});
+      be->linear({h.data(), lw.wik.data(), ik.data(), t_all, dix, hd, false});
+      be->rms_norm({iq.data(), lw.iq_norm.data(), iq.data(), t_all * nix, dix, eps, true});
+      be->rms_norm({ik.data(), lw.ik_norm.data(), ik.data(), t_all, dix, eps, true});
+      int64_t w = std::min(c.rotary_dim, dix);
+      be->rope({iq.data(), pos_d.data(), t_all, nix, dix, c.rotary_dim, w, c.rope_theta});
+      be->rope({ik.data(), pos_d.data(), t_all, 1, dix, c.rotary_dim, w, c.rope_theta});
+    }
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const int64_t o = offsets[s], n = offsets[s + 1] - offsets[s];
+      const int64_t nb = static_cast<int64_t>(batch[s].block_table.size());
+      const int32_t* table = tables[s].data();
+      be->kv_write({kv, k.data() + o * nkv * d, v.data() + o * nkv * d,
+                    lw.sparse ? ik.data() + o * dix : nullptr, pos_d.data() + o, table, n, nb});
+      const int32_t* selected = nullptr;
+      if (lw.sparse) {
+        be->indexer_topk({iq.data() + o * nix * dix, kv, pos_d.data() + o, table,
+                          sel.data() + o * nix * topk, n, nix, nb, topk, c.index_local_blocks,
+                          c.index_init_blocks});
+        selected = sel.data() + o * nix * topk;
+      }
+      be->paged_attention({q.data() + o * nh * d, kv, pos_d.data() + o, table, selected,
+                           attn.data() + o * nh * d, n, nh, nb, nix, topk, scale});
+    }
+    be->linear({attn.data(), lw.wo.data(), y.data(), t_all, hd, nh * d, false});
+    be->add({x.data(), y.data(), x.data(), t_all * hd});
+
+    // Feed-forward block (§2.4-§2.5).
+    be->rms_norm({x.data(), lw.post_norm.data(), h.data(), t_all, hd, eps, true});
+    if (!lw.moe) {
+      dense_mlp(h.data(), lw.mlp_w13, lw.mlp_w2, c.dense_intermediate_size, y.data());
+    } else {
+      const int64_t ne = c.num_local_experts, kk = c.num_experts_per_tok;
+      be->linear({h.data(), lw.router.data(), router_logits.data(), t_all, ne, hd, false});
+      be->router_topk({router_logits.data(), lw.router_bias.data(), topk_ids.data(),
+                       topk_w.data(), t_all, ne, kk, static_cast<float>(c.routed_scaling_factor)});
+      be->moe_experts({h.data(), lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(),
+                       topk_ids.data(), topk_w.data(), y.data(), t_all, hd, c.intermediate_size,
+                       ne, kk, alpha, limit});
+      if (lw.shared_inter > 0) {
+        // The shared expert is always on and unscaled; HF adds it after the routed sum.
+        dense_mlp(h.data(), lw.shared_w13, lw.shared_w2, lw.shared_inter, shared.data());
+        be->add({y.data(), shared.data(), y.data(), t_all * hd});
+      }
+    }
+    be->add({x.data(), y.data(), x.data(), t_all * hd});
+  }
+
+  // ---- Final norm and LM head, only on the rows that need logits.
+  std::vector<int32_t> rows;
+  for (size_t s = 0; s < batch.size(); ++s)
+    for (int32_t r : batch[s].logits_rows) rows.push_back(static_cast<int32_t>(offsets[s] + r));
+  out->logits.assign(batch.size(), {});
+  if (rows.empty()) return Status::ok();
+  const int64_t nr = static_cast<int64_t>(rows.size());
+  auto rows_d = upload(be, rows);
+  DeviceBuffer<float> xr(be, nr * hd), logits(be, nr * vocab);
+  be->gather_rows({x.data(), rows_d.data(), xr.data(), nr, hd});
+  be->rms_norm({xr.data(), w_.final_norm.data(), xr.data(), nr, hd, eps, true});
+  be->linear({xr.data(), w_.lm_head.data(), logits.data(), nr, vocab, hd, false});
+  be->synchronize();
+  int64_t r0 = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    int64_t n = static_cast<int64_t>(batch[s].logits_rows.size());
+    out->logits[s].resize(static_cast<size_t>(n * vocab));
+    be->copy_to_host(out->logits[s].data(), logits.data() + r0 * vocab,
+                     n * vocab * static_cast<int64_t>(sizeof(float)));
+    r0 += n;
+  }
+  return Status::ok();
+}
+
+}  // namespace m3::minimax_m3

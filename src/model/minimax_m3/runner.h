@@ -1,0 +1,66 @@
+// Single-sequence helpers over Model: prefill (whole or chunked), incremental decode, greedy or
+// temperature sampling. Used by the `score` / `generate` commands and the tests; the server's
+// scheduler drives Model::forward directly with its own batches and pages.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/minimax_m3/kv_cache.h"
+#include "model/minimax_m3/model.h"
+
+namespace m3::minimax_m3 {
+
+// One sequence's pages and length. Pages come from `pool` and go back on destruction.
+class SequenceRunner {
+ public:
+  SequenceRunner(Model* model, PagedKvCache* cache, SimplePagePool* pool)
+      : model_(model), cache_(cache), pool_(pool) {}
+  ~SequenceRunner() { pool_->release(block_table_); }
+  SequenceRunner(const SequenceRunner&) = delete;
+  SequenceRunner& operator=(const SequenceRunner&) = delete;
+
+  // Appends `tokens` to the sequence, running forward in chunks of at most `chunk_size` tokens
+  // (<= 0: one chunk). *logits receives [tokens.size(), V] when all_logits, else [1, V] for the
+  // last token.
+  Status append(std::span<const int32_t> tokens, int64_t chunk_size, bool all_logits,
+                std::vector<float>* logits);
+
+  int64_t length() const { return length_; }
+  const std::vector<int32_t>& block_table() const { return block_table_; }
+  // Makes room for positions [0, n): allocates pages as needed.
+  Status reserve(int64_t n);
+
+ private:
+  Model* model_;
+  PagedKvCache* cache_;
+  SimplePagePool* pool_;
+  std::vector<int32_t> block_table_;
+  int64_t length_ = 0;
+};
+
+// Parses "1,2,3" (spaces allowed around ids) into non-negative int32 token ids. Errors say which
+// entry is bad.
+Result<std::vector<int32_t>> parse_token_ids(const std::string& text);
+
+// Index of the largest logit; ties go to the lowest id (torch.argmax returns the first maximum).
+int32_t argmax(std::span<const float> logits);
+
+struct GenerateOptions {
+  int64_t max_tokens = 16;
+  double temperature = 0.0;  // 0: greedy
+  uint64_t seed = 0;
+  std::vector<int64_t> eos_token_ids;  // stop after emitting one of these (kept in the output)
+  bool ignore_eos = false;
+  int64_t prefill_chunk = 0;  // <= 0: the whole prompt in one forward
+};
+
+// Generates up to max_tokens tokens after `prompt` with a fresh sequence.
+Result<std::vector<int32_t>> generate(Model* model, PagedKvCache* cache, SimplePagePool* pool,
+                                      std::span<const int32_t> prompt,
+                                      const GenerateOptions& opts);
+
+}  // namespace m3::minimax_m3

@@ -1,0 +1,191 @@
+#include "model/minimax_m3/weights.h"
+
+#include <cstring>
+
+namespace m3::minimax_m3 {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
+  return s;
+}
+
+// The first of `candidates` present in the checkpoint, or not_found naming them all.
+Result<std::string> first_present(const WeightSource& src,
+                                  const std::vector<std::string>& candidates) {
+  for (const std::string& c : candidates)
+    if (src.has(c)) return c;
+  return not_found("[model.minimax_m3.weights] missing tensor: looked for " + join(candidates));
+}
+
+class Loader {
+ public:
+  Loader(const WeightSource& src, Backend* backend) : src_(src), backend_(backend) {}
+
+  // Loads `name` with `shape` into a new device buffer.
+  Result<DeviceBuffer<float>> load(const std::string& name, const std::vector<int64_t>& shape) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, shape));
+    return upload(t.data);
+  }
+
+  // Loads gate [I, Hd] and up [I, Hd] into one [2·I, Hd] buffer (gate rows first).
+  Result<DeviceBuffer<float>> load_gate_up(const std::string& gate, const std::string& up,
+                                           int64_t inter, int64_t hidden) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 g, src_.load_f32(gate, {inter, hidden}));
+    M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32(up, {inter, hidden}));
+    std::vector<float> both(g.data);
+    both.insert(both.end(), u.data.begin(), u.data.end());
+    return upload(both);
+  }
+
+  DeviceBuffer<float> upload(const std::vector<float>& host) {
+    DeviceBuffer<float> b(backend_, static_cast<int64_t>(host.size()));
+    backend_->copy_to_device(b.data(), host.data(),
+                             static_cast<int64_t>(host.size() * sizeof(float)));
+    return b;
+  }
+
+ private:
+  const WeightSource& src_;
+  Backend* backend_;
+};
+
+// A dense SwiGLU MLP stored as gate/up/down projections under `base` ("...mlp." etc.), or with a
+// fused gate_up_proj [2·I, Hd] (HF's in-memory layout).
+Status load_mlp(Loader& ld, const WeightSource& src, const std::string& base, int64_t inter,
+                int64_t hidden, DeviceBuffer<float>* w13, DeviceBuffer<float>* w2) {
+  if (src.has(base + "gate_up_proj.weight")) {
+    M3_ASSIGN_OR_RETURN(*w13, ld.load(base + "gate_up_proj.weight", {2 * inter, hidden}));
+  } else {
+    M3_ASSIGN_OR_RETURN(*w13, ld.load_gate_up(base + "gate_proj.weight", base + "up_proj.weight",
+                                              inter, hidden));
+  }
+  M3_ASSIGN_OR_RETURN(*w2, ld.load(base + "down_proj.weight", {hidden, inter}));
+  return Status::ok();
+}
+
+Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
+                  const WeightNaming& naming, int64_t i, LayerWeights* lw) {
+  const std::string p = naming.layer(i);
+  const int64_t hd = c.hidden_size, d = c.head_dim;
+  lw->sparse = c.layer_types[i] == AttentionKind::kSparse;
+  lw->moe = c.mlp_layer_types[i] == MlpKind::kMoe;
+  M3_ASSIGN_OR_RETURN(lw->input_norm, ld.load(p + "input_layernorm.weight", {hd}));
+  M3_ASSIGN_OR_RETURN(lw->post_norm, ld.load(p + "post_attention_layernorm.weight", {hd}));
+  const std::string a = p + "self_attn.";
+  M3_ASSIGN_OR_RETURN(lw->wq, ld.load(a + "q_proj.weight", {c.num_attention_heads * d, hd}));
+  M3_ASSIGN_OR_RETURN(lw->wk, ld.load(a + "k_proj.weight", {c.num_key_value_heads * d, hd}));
+  M3_ASSIGN_OR_RETURN(lw->wv, ld.load(a + "v_proj.weight", {c.num_key_value_heads * d, hd}));
+  M3_ASSIGN_OR_RETURN(lw->wo, ld.load(a + "o_proj.weight", {hd, c.num_attention_heads * d}));
+  M3_ASSIGN_OR_RETURN(lw->q_norm, ld.load(a + "q_norm.weight", {d}));
+  M3_ASSIGN_OR_RETURN(lw->k_norm, ld.load(a + "k_norm.weight", {d}));
+  if (lw->sparse) {
+    const int64_t dix = c.index_head_dim;
+    // Original names (§3.1); HF's in-memory module path (self_attn.indexer.*) as a fallback.
+    auto pick = [&](const std::string& orig, const std::string& hf) {
+      return first_present(src, {a + orig, a + hf});
+    };
+    M3_ASSIGN_OR_RETURN(std::string iq, pick("index_q_proj.weight", "indexer.q_proj.weight"));
+    M3_ASSIGN_OR_RETURN(std::string ik, pick("index_k_proj.weight", "indexer.k_proj.weight"));
+    M3_ASSIGN_OR_RETURN(std::string iqn, pick("index_q_norm.weight", "indexer.q_norm.weight"));
+    M3_ASSIGN_OR_RETURN(std::string ikn, pick("index_k_norm.weight", "indexer.k_norm.weight"));
+    M3_ASSIGN_OR_RETURN(lw->wiq, ld.load(iq, {c.index_n_heads * dix, hd}));
+    M3_ASSIGN_OR_RETURN(lw->wik, ld.load(ik, {dix, hd}));
+    M3_ASSIGN_OR_RETURN(lw->iq_norm, ld.load(iqn, {dix}));
+    M3_ASSIGN_OR_RETURN(lw->ik_norm, ld.load(ikn, {dix}));
+  }
+  const std::string m = p + "block_sparse_moe.";
+  if (!lw->moe) {
+    // The dense MLP appears as mlp.* (HF) or block_sparse_moe.*_proj (original checkpoint).
+    std::string base;
+    for (const std::string& b : {p + "mlp.", m}) {
+      if (src.has(b + "gate_proj.weight") || src.has(b + "gate_up_proj.weight")) {
+        base = b;
+        break;
+      }
+    }
+    if (base.empty())
+      return not_found("[model.minimax_m3.weights] missing dense MLP of layer " +
+                       std::to_string(i) + ": looked for '" + p + "mlp.gate_proj.weight' and '" +
+                       m + "gate_proj.weight'");
+    return load_mlp(ld, src, base, c.dense_intermediate_size, hd, &lw->mlp_w13, &lw->mlp_w2);
+  }
+  const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
+  M3_ASSIGN_OR_RETURN(lw->router, ld.load(m + "gate.weight", {ne, hd}));
+  if (src.has(m + "e_score_correction_bias") || src.has(m + "gate.e_score_correction_bias")) {
+    std::string bias_name = src.has(m + "e_score_correction_bias")
+                                ? m + "e_score_correction_bias"
+                                : m + "gate.e_score_correction_bias";
+    M3_ASSIGN_OR_RETURN(lw->router_bias, ld.load(bias_name, {ne}));
+  } else if (c.use_routing_bias) {
+    return not_found("[model.minimax_m3.weights] missing tensor '" + m +
+                     "e_score_correction_bias' (use_routing_bias is true)");
+  } else {
+    lw->router_bias = ld.upload(std::vector<float>(static_cast<size_t>(ne), 0.0f));
+  }
+  lw->expert_w13.resize(static_cast<size_t>(ne));
+  lw->expert_w2.resize(static_cast<size_t>(ne));
+  for (int64_t e = 0; e < ne; ++e) {
+    const std::string x = m + "experts." + std::to_string(e) + ".";
+    M3_ASSIGN_OR_RETURN(lw->expert_w13[e],
+                        ld.load_gate_up(x + "w1.weight", x + "w3.weight", inter, hd));
+    M3_ASSIGN_OR_RETURN(lw->expert_w2[e], ld.load(x + "w2.weight", {hd, inter}));
+    lw->expert_w13_ptrs.push_back(lw->expert_w13[e].data());
+    lw->expert_w2_ptrs.push_back(lw->expert_w2[e].data());
+  }
+  lw->shared_inter = c.shared_intermediate_size * c.n_shared_experts;
+  if (lw->shared_inter > 0) {
+    M3_RETURN_IF_ERROR(load_mlp(ld, src, m + "shared_experts.", lw->shared_inter, hd,
+                                &lw->shared_w13, &lw->shared_w2));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<WeightNaming> detect_naming(const WeightSource& src, const MiniMaxM3Config& cfg) {
+  struct Option {
+    const char* prefix;
+    const char* lm_head;
+  };
+  // Original multimodal checkpoint, bare text model, HF's in-memory VL layout.
+  const Option options[] = {{"language_model.model.", "language_model.lm_head.weight"},
+                            {"model.", "lm_head.weight"},
+                            {"model.language_model.", "lm_head.weight"}};
+  std::vector<std::string> tried;
+  for (const Option& o : options) {
+    std::string embed = std::string(o.prefix) + "embed_tokens.weight";
+    tried.push_back(embed);
+    if (!src.has(embed)) continue;
+    WeightNaming n{o.prefix, o.lm_head};
+    if (!src.has(n.lm_head)) {
+      if (!cfg.tie_word_embeddings)
+        return not_found("[model.minimax_m3.weights] missing tensor '" + n.lm_head +
+                         "' (tie_word_embeddings is false)");
+      n.lm_head.clear();
+    }
+    return n;
+  }
+  return not_found("[model.minimax_m3.weights] no text model found: looked for " + join(tried));
+}
+
+Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config& cfg,
+                                  Backend* backend) {
+  M3_RETURN_IF_ERROR(cfg.validate());
+  ModelWeights w;
+  M3_ASSIGN_OR_RETURN(w.naming, detect_naming(src, cfg));
+  Loader ld(src, backend);
+  const int64_t v = cfg.vocab_size, hd = cfg.hidden_size;
+  M3_ASSIGN_OR_RETURN(w.embed, ld.load(w.naming.model_prefix + "embed_tokens.weight", {v, hd}));
+  M3_ASSIGN_OR_RETURN(w.final_norm, ld.load(w.naming.model_prefix + "norm.weight", {hd}));
+  const std::string head =
+      w.naming.lm_head.empty() ? w.naming.model_prefix + "embed_tokens.weight" : w.naming.lm_head;
+  M3_ASSIGN_OR_RETURN(w.lm_head, ld.load(head, {v, hd}));
+  w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    M3_RETURN_IF_ERROR(load_layer(ld, src, cfg, w.naming, i, &w.layers[i]));
+  return w;
+}
+
+}  // namespace m3::minimax_m3
