@@ -786,9 +786,13 @@ class HF:
     def dump_sources(self):
         """Print the parts of the installed reference our fixtures depend on (for the next try)."""
         for cname, meth in (("MiniMaxM3VLIndexer", "forward"), ("MiniMaxM3VLTextConfig", "__post_init__"),
-                            ("MiniMaxM3VLTopKRouter", "forward"), ("MiniMaxM3VLSparseMoeBlock", "forward")):
+                            ("MiniMaxM3VLTopKRouter", "forward"), ("MiniMaxM3VLSparseMoeBlock", "forward"),
+                            ("MiniMaxM3VLAttention", "forward")):
             for m in (self.mod, sys.modules.get(self.model_cls.__module__)):
-                cls = getattr(m, cname, None) if m is not None else None
+                try:
+                    cls = getattr(m, cname, None) if m is not None else None
+                except Exception:
+                    cls = None
                 if cls is not None and hasattr(cls, meth):
                     try:
                         src = inspect.getsource(getattr(cls, meth))
