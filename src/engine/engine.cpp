@@ -1,0 +1,588 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <random>
+#include <string>
+
+namespace m3 {
+
+struct Engine::SeqCtx {
+  SeqId id = -1;
+  int32_t index = 0;
+  int32_t generated = 0;
+  bool finished = false;
+  PenaltyState penalties;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  StopStringFilter stop;
+};
+
+struct Engine::ReqCtx {
+  RequestId id = 0;
+  GenerateRequest req;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<std::unique_ptr<SeqCtx>> seqs;
+  std::vector<int32_t> min_tokens_mask;  // EOS + stop token ids
+  uint64_t seed = 0;
+  int32_t max_tokens = 0;
+  int32_t num_unfinished = 0;
+  bool scheduled = false;
+  Usage usage;
+  RequestTimes times;
+};
+
+struct Engine::Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<ReqCtx>> submitted;
+  std::vector<RequestId> cancelled;
+  int32_t num_waiting_published = 0;  // the loop's count of waiting requests, for queue-full
+  int32_t num_live = 0;               // submitted and not done
+  bool stop = false;
+};
+
+struct Engine::Sink : CancelSink {
+  explicit Sink(std::shared_ptr<Inbox> i) : inbox(std::move(i)) {}
+  void cancel(RequestId id) override {
+    {
+      std::lock_guard<std::mutex> lock(inbox->mu);
+      inbox->cancelled.push_back(id);
+    }
+    inbox->cv.notify_all();
+  }
+  std::shared_ptr<Inbox> inbox;
+};
+
+Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config,
+                                               std::unique_ptr<ModelRunner> runner) {
+  if (!runner) return invalid_argument("[engine] no model runner");
+  SchedulerConfig& sc = config.scheduler;
+  if (sc.page_size != runner->page_size()) {
+    return invalid_argument("[engine] scheduler page size " + std::to_string(sc.page_size) +
+                            " != model runner page size " + std::to_string(runner->page_size()));
+  }
+  if (sc.num_pages == 0) sc.num_pages = runner->num_kv_pages();
+  if (sc.num_pages <= 0 || sc.num_pages > runner->num_kv_pages()) {
+    return invalid_argument("[engine] KV pool of " + std::to_string(sc.num_pages) +
+                            " pages; the model runner holds " +
+                            std::to_string(runner->num_kv_pages()));
+  }
+  if (sc.chunked_prefill_size <= 0) {
+    return invalid_argument("--chunked-prefill-size " + std::to_string(sc.chunked_prefill_size) +
+                            " must be positive");
+  }
+  if (sc.max_running_requests <= 0) {
+    return invalid_argument("--max-running-requests " +
+                            std::to_string(sc.max_running_requests) + " must be positive");
+  }
+  if (config.context_length < 0) {
+    return invalid_argument("--context-length " + std::to_string(config.context_length) +
+                            " is negative");
+  }
+  if (runner->vocab_size() <= 0) return invalid_argument("[engine] model vocab size is 0");
+  return std::unique_ptr<Engine>(new Engine(std::move(config), std::move(runner)));
+}
+
+Engine::Engine(EngineConfig config, std::unique_ptr<ModelRunner> runner)
+    : config_(std::move(config)), runner_(std::move(runner)) {
+  sched_ = std::make_unique<Scheduler>(config_.scheduler);
+  vocab_size_ = runner_->vocab_size();
+  eos_ids_ = config_.generation_defaults.eos_token_ids;
+  inbox_ = std::make_shared<Inbox>();
+  sink_ = std::make_shared<Sink>(inbox_);
+  publish_stats();
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    inbox_->stop = true;
+  }
+  inbox_->cv.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Nobody is left waiting forever: every live request gets a final event.
+  drain_inbox();
+  std::vector<RequestId> ids;
+  for (auto& [id, r] : requests_) ids.push_back(id);
+  for (RequestId id : ids) cancel_request(id, FinishReason::kCancelled, Status::ok());
+}
+
+void Engine::start() {
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+SamplingParams Engine::default_sampling_params() const {
+  return m3::default_sampling_params(config_.generation_defaults);
+}
+
+Result<RequestHandle> Engine::submit(GenerateRequest request) {
+  if (draining_.load()) {
+    return Status(StatusCode::kResourceExhausted, "the engine is draining (shutting down)");
+  }
+  const int32_t prompt_len = static_cast<int32_t>(request.prompt_tokens.size());
+  if (prompt_len == 0) return invalid_argument("the prompt has no tokens");
+  for (int32_t i = 0; i < prompt_len; ++i) {
+    const int32_t t = request.prompt_tokens[i];
+    if (t < 0 || t >= vocab_size_) {
+      return invalid_argument("prompt token " + std::to_string(i) + " = " + std::to_string(t) +
+                              " is not in the vocabulary [0, " + std::to_string(vocab_size_) +
+                              ")");
+    }
+  }
+  SamplingParams& p = request.params;
+  M3_RETURN_IF_ERROR(validate_sampling_params(p, vocab_size_));
+  if (!p.stop.empty() && !config_.detokenizer) {
+    return invalid_argument("stop strings need a detokenizer; this engine has none");
+  }
+  const int64_t ctx = config_.context_length;
+  if (ctx > 0 && prompt_len >= ctx) {
+    return invalid_argument("the prompt has " + std::to_string(prompt_len) +
+                            " tokens; the context length is " + std::to_string(ctx) +
+                            " (at least one token must be generated)");
+  }
+  int64_t max_tokens = p.max_tokens;
+  if (max_tokens > 0 && ctx > 0 && prompt_len + max_tokens > ctx) {
+    return invalid_argument("the prompt (" + std::to_string(prompt_len) + " tokens) + max_tokens (" +
+                            std::to_string(max_tokens) + ") = " +
+                            std::to_string(prompt_len + max_tokens) +
+                            " exceeds the context length of " + std::to_string(ctx) + " tokens");
+  }
+  // The KV pool must hold one sequence to its end (the last sampled token's K/V is never needed),
+  // otherwise preemption could never make room.
+  const int64_t pool_tokens =
+      static_cast<int64_t>(sched_->pool().num_pages()) * config_.scheduler.page_size;
+  if (max_tokens > 0) {
+    if (prompt_len + max_tokens - 1 > pool_tokens) {
+      return invalid_argument("the prompt (" + std::to_string(prompt_len) +
+                              " tokens) + max_tokens (" + std::to_string(max_tokens) +
+                              ") needs more KV cache than the " + std::to_string(pool_tokens) +
+                              " tokens this server holds");
+    }
+  } else {
+    max_tokens = std::min<int64_t>(ctx > 0 ? ctx - prompt_len : INT32_MAX,
+                                   pool_tokens - prompt_len + 1);
+    if (max_tokens <= 0) {
+      return invalid_argument("the prompt (" + std::to_string(prompt_len) +
+                              " tokens) does not fit the KV cache of " +
+                              std::to_string(pool_tokens) + " tokens");
+    }
+  }
+
+  auto req = std::make_unique<ReqCtx>();
+  req->max_tokens = static_cast<int32_t>(std::min<int64_t>(max_tokens, INT32_MAX));
+  if (p.seed) {
+    req->seed = *p.seed;
+  } else {
+    thread_local std::mt19937_64 gen{std::random_device{}()};
+    req->seed = gen();
+  }
+  req->min_tokens_mask = eos_ids_;
+  req->min_tokens_mask.insert(req->min_tokens_mask.end(), p.stop_token_ids.begin(),
+                              p.stop_token_ids.end());
+  req->stream = std::make_shared<RequestStream>();
+  req->times.arrival = Clock::now();
+  req->usage.prompt_tokens = prompt_len;
+  for (int32_t i = 0; i < p.n; ++i) {
+    auto seq = std::make_unique<SeqCtx>();
+    seq->index = i;
+    if (p.repetition_penalty != 1.0f) seq->penalties.set_prompt(request.prompt_tokens);
+    seq->stop = StopStringFilter(p.stop);
+    if (config_.detokenizer) {
+      seq->detok = config_.detokenizer(request);
+      if (!seq->detok) return internal_error("[engine] the detokenizer factory returned null");
+    }
+    req->seqs.push_back(std::move(seq));
+  }
+  req->num_unfinished = p.n;
+  req->req = std::move(request);
+
+  RequestId id;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    const int32_t queued = inbox_->num_waiting_published +
+                           static_cast<int32_t>(inbox_->submitted.size());
+    if (queued >= config_.max_waiting_requests) {
+      return Status(StatusCode::kResourceExhausted,
+                    "the waiting queue is full (" + std::to_string(queued) +
+                        " requests; --max-queued-requests " +
+                        std::to_string(config_.max_waiting_requests) + ")");
+    }
+    id = next_request_id_.fetch_add(1);
+    req->id = id;
+    auto stream = req->stream;
+    inbox_->submitted.push_back(std::move(req));
+    ++inbox_->num_live;
+    inbox_->cv.notify_all();
+    return RequestHandle(id, std::move(stream), sink_);
+  }
+}
+
+void Engine::cancel(RequestId id) { sink_->cancel(id); }
+
+void Engine::drain_inbox() {
+  std::vector<std::unique_ptr<ReqCtx>> submitted;
+  std::vector<RequestId> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    submitted.swap(inbox_->submitted);
+    cancelled.swap(inbox_->cancelled);
+  }
+  for (auto& r : submitted) admit(std::move(r));
+  for (RequestId id : cancelled) cancel_request(id, FinishReason::kCancelled, Status::ok());
+}
+
+void Engine::admit(std::unique_ptr<ReqCtx> req) {
+  const int32_t P = config_.scheduler.page_size;
+  const int32_t prompt_len = static_cast<int32_t>(req->req.prompt_tokens.size());
+  // n > 1: siblings wait for sequence 0's prefill when there is a full page to share.
+  const bool share = config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1;
+  SeqId leader = -1;
+  for (auto& seq : req->seqs) {
+    seq->id = next_seq_id_++;
+    SeqSpec spec;
+    spec.id = seq->id;
+    spec.request_id = req->id;
+    spec.seq_index = seq->index;
+    spec.prompt = req->req.prompt_tokens;
+    spec.wait_for = (share && seq->index > 0) ? leader : -1;
+    if (seq->index == 0) leader = seq->id;
+    Status st = sched_->add(std::move(spec));
+    if (!st.is_ok()) {
+      // Validation in submit() makes this unreachable; fail the request cleanly anyway.
+      for (auto& s : req->seqs) {
+        if (s->id >= 0) sched_->remove(s->id);
+      }
+      RequestEvent e;
+      e.request_id = req->id;
+      e.done = true;
+      e.error = st;
+      e.time = Clock::now();
+      req->stream->push(std::move(e));
+      std::lock_guard<std::mutex> lock(inbox_->mu);
+      --inbox_->num_live;
+      return;
+    }
+    seq_owner_[seq->id] = {req.get(), seq.get()};
+  }
+  prompt_tokens_total_ += prompt_len;
+  RequestId id = req->id;
+  requests_.emplace(id, std::move(req));
+}
+
+void Engine::finish_seq(ReqCtx* req, SeqCtx* seq, FinishReason reason, SeqDelta* delta) {
+  if (seq->finished) return;
+  seq->finished = true;
+  delta->finish_reason = reason;
+  if (!seq->stop.matched()) delta->text += seq->stop.flush();
+  sched_->remove(seq->id);
+  seq_owner_.erase(seq->id);
+  --req->num_unfinished;
+}
+
+void Engine::emit(ReqCtx* req, std::vector<SeqDelta> deltas, const Status& error) {
+  RequestEvent e;
+  e.error = error;
+  e.request_id = req->id;
+  e.seqs = std::move(deltas);
+  e.time = Clock::now();
+  bool has_token = false;
+  for (const auto& d : e.seqs) has_token = has_token || !d.tokens.empty();
+  if (has_token && req->times.first_token == Clock::time_point{}) req->times.first_token = e.time;
+  e.done = req->num_unfinished == 0;
+  if (e.done) req->times.finished = e.time;
+  e.usage = req->usage;
+  e.times = req->times;
+  req->stream->push(std::move(e));
+}
+
+void Engine::cancel_request(RequestId id, FinishReason reason, const Status& error) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    // Not admitted yet (still in the inbox) or already done.
+    std::unique_ptr<ReqCtx> pending;
+    {
+      std::lock_guard<std::mutex> lock(inbox_->mu);
+      auto& sub = inbox_->submitted;
+      for (auto s = sub.begin(); s != sub.end(); ++s) {
+        if ((*s)->id == id) {
+          pending = std::move(*s);
+          sub.erase(s);
+          break;
+        }
+      }
+    }
+    if (!pending) return;
+    admit(std::move(pending));
+    it = requests_.find(id);
+    if (it == requests_.end()) return;
+  }
+  ReqCtx* req = it->second.get();
+  std::vector<SeqDelta> deltas;
+  for (auto& seq : req->seqs) {
+    if (seq->finished) continue;
+    SeqDelta d;
+    d.seq_index = seq->index;
+    finish_seq(req, seq.get(), reason, &d);
+    deltas.push_back(std::move(d));
+  }
+  emit(req, std::move(deltas), error);
+  ++finished_total_;
+  requests_.erase(it);
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  --inbox_->num_live;
+}
+
+bool Engine::has_work() const { return !requests_.empty(); }
+
+void Engine::run_step() {
+  if (requests_.empty()) return;
+  StepPlan plan = sched_->plan();
+  if (plan.empty()) return;
+  const Clock::time_point now = Clock::now();
+  for (const SeqSlice& s : plan.seqs) {
+    auto it = requests_.find(s.request_id);
+    if (it == requests_.end()) continue;
+    ReqCtx* req = it->second.get();
+    if (!req->scheduled) {
+      req->scheduled = true;
+      req->times.scheduled = now;
+      if (const SequenceState* st = sched_->find(req->seqs[0]->id)) {
+        req->usage.cached_tokens = std::max(0, st->num_cached_prompt_tokens);
+      }
+    }
+  }
+  LogitsOut out;
+  Status st;
+  try {
+    st = runner_->forward(plan, out);
+  } catch (const std::exception& e) {
+    st = internal_error(std::string("[engine] model forward threw: ") + e.what());
+  }
+  if (st.is_ok() && (out.vocab_size != vocab_size_ || out.num_rows() != plan.num_logits() ||
+                     out.data.size() != static_cast<size_t>(out.num_rows()) * vocab_size_)) {
+    st = internal_error("[engine] model returned " + std::to_string(out.num_rows()) +
+                        " logit rows of width " + std::to_string(out.vocab_size) + ", expected " +
+                        std::to_string(plan.num_logits()) + " of width " +
+                        std::to_string(vocab_size_));
+  }
+  if (!st.is_ok()) {
+    std::vector<RequestId> failed;
+    for (const SeqSlice& s : plan.seqs) failed.push_back(s.request_id);
+    std::sort(failed.begin(), failed.end());
+    failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
+    for (RequestId id : failed) cancel_request(id, FinishReason::kError, st);
+    return;
+  }
+  sched_->commit(plan);
+  sample_and_emit(plan, out);
+}
+
+void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
+  // Deltas grouped by request; std::map keeps the emission order deterministic.
+  std::map<RequestId, std::vector<SeqDelta>> deltas;
+  SamplerScratch scratch;
+  int32_t row = -1;
+  for (const SeqSlice& slice : plan.seqs) {
+    if (!slice.need_logits) continue;
+    ++row;
+    auto owner = seq_owner_.find(slice.seq_id);
+    if (owner == seq_owner_.end()) continue;
+    auto [req, seq] = owner->second;
+    const SamplingParams& p = req->req.params;
+    SampleInput in;
+    in.logits = logits.row(row);
+    in.params = &p;
+    in.penalties = &seq->penalties;
+    in.min_tokens_mask = req->min_tokens_mask;
+    in.rng = RngKey{req->seed, static_cast<uint64_t>(seq->index),
+                    static_cast<uint64_t>(seq->generated)};
+    SampleResult r = sample_token(in, &scratch);
+
+    sched_->append_token(seq->id, r.token);
+    seq->penalties.add_output(r.token);
+    ++seq->generated;
+    ++req->usage.completion_tokens;
+    ++generation_tokens_total_;
+
+    auto& list = deltas[req->id];
+    SeqDelta* d = nullptr;
+    for (auto& x : list) {
+      if (x.seq_index == seq->index) d = &x;
+    }
+    if (!d) {
+      list.emplace_back();
+      d = &list.back();
+      d->seq_index = seq->index;
+    }
+    GeneratedToken g;
+    g.token = r.token;
+    if (p.logprobs) {
+      g.logprob = r.logprob;
+      g.top_logprobs = std::move(r.top_logprobs);
+    }
+    d->tokens.push_back(std::move(g));
+
+    const bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), r.token) != eos_ids_.end();
+    const bool is_stop_id =
+        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) !=
+        p.stop_token_ids.end();
+    if ((is_eos && !p.ignore_eos) || is_stop_id) {
+      d->stop_token = r.token;
+      finish_seq(req, seq, FinishReason::kStop, d);
+      continue;
+    }
+    if (seq->detok) {
+      d->text += seq->stop.push(seq->detok->push(r.token));
+      if (seq->stop.matched()) {
+        d->stop_string = seq->stop.matched_string();
+        finish_seq(req, seq, FinishReason::kStop, d);
+        continue;
+      }
+    }
+    if (seq->generated >= req->max_tokens) finish_seq(req, seq, FinishReason::kLength, d);
+  }
+  for (auto& [id, list] : deltas) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    ReqCtx* req = it->second.get();
+    std::sort(list.begin(), list.end(),
+              [](const SeqDelta& a, const SeqDelta& b) { return a.seq_index < b.seq_index; });
+    emit(req, std::move(list));
+    if (req->num_unfinished == 0) {
+      ++finished_total_;
+      requests_.erase(it);
+      std::lock_guard<std::mutex> lock(inbox_->mu);
+      --inbox_->num_live;
+    }
+  }
+}
+
+void Engine::publish_stats() {
+  EngineStats s;
+  for (const auto& [id, req] : requests_) {
+    bool running = false;
+    for (const auto& seq : req->seqs) {
+      const SequenceState* st = seq->finished ? nullptr : sched_->find(seq->id);
+      running = running || (st && st->phase != SeqPhase::kWaiting);
+    }
+    (running ? s.num_requests_running : s.num_requests_waiting) += 1;
+  }
+  const PagePool& pool = sched_->pool();
+  s.kv_pages_used = pool.num_used();
+  s.kv_pages_cached = pool.num_cached_only();
+  s.kv_pages_free = pool.num_free();
+  s.kv_pages_total = pool.num_pages();
+  s.prefix_cache_hit_tokens_total = sched_->counters().num_prefix_hit_tokens;
+  s.prompt_tokens_total = prompt_tokens_total_;
+  s.generation_tokens_total = generation_tokens_total_;
+  s.num_preemptions_total = sched_->counters().num_preemptions;
+  s.num_steps_total = sched_->counters().num_steps;
+  s.num_requests_finished_total = finished_total_;
+  s.draining = draining_.load();
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    inbox_->num_waiting_published = s.num_requests_waiting;
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = s;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    s = stats_;
+  }
+  // Submissions the loop has not picked up yet count as waiting.
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  s.num_requests_waiting += static_cast<int32_t>(inbox_->submitted.size());
+  s.draining = draining_.load();
+  return s;
+}
+
+bool Engine::step() {
+  M3_CHECK(!started_, "[engine.step] the engine thread is running");
+  drain_inbox();
+  const bool work = has_work();
+  if (work) {
+    try {
+      run_step();
+    } catch (const std::exception& e) {
+      const Status st = internal_error(std::string("[engine.step] ") + e.what());
+      std::vector<RequestId> ids;
+      for (auto& [id, r] : requests_) ids.push_back(id);
+      for (RequestId id : ids) cancel_request(id, FinishReason::kError, st);
+    }
+  }
+  publish_stats();
+  return work;
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(inbox_->mu);
+      inbox_->cv.wait(lock, [&] {
+        return inbox_->stop || !inbox_->submitted.empty() || !inbox_->cancelled.empty() ||
+               !requests_.empty();
+      });
+      if (inbox_->stop) break;
+    }
+    drain_inbox();
+    try {
+      run_step();
+    } catch (const std::exception& e) {
+      // A broken invariant in the step: fail what is in flight, keep serving.
+      const Status st = internal_error(std::string("[engine.loop] ") + e.what());
+      std::vector<RequestId> ids;
+      for (auto& [id, r] : requests_) ids.push_back(id);
+      for (RequestId id : ids) cancel_request(id, FinishReason::kError, st);
+    }
+    publish_stats();
+  }
+}
+
+bool Engine::drain(std::chrono::milliseconds timeout) {
+  draining_.store(true);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  bool clean = true;
+  if (started_) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(inbox_->mu);
+        if (inbox_->num_live == 0) break;
+      }
+      if (Clock::now() >= deadline) {
+        clean = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    {
+      std::lock_guard<std::mutex> lock(inbox_->mu);
+      inbox_->stop = true;
+    }
+    inbox_->cv.notify_all();
+    thread_.join();
+    started_ = false;
+  } else {
+    while (step()) {
+      if (Clock::now() >= deadline) {
+        clean = false;
+        break;
+      }
+    }
+  }
+  drain_inbox();
+  std::vector<RequestId> ids;
+  for (auto& [id, r] : requests_) ids.push_back(id);
+  clean = clean && ids.empty();
+  for (RequestId id : ids) cancel_request(id, FinishReason::kCancelled, Status::ok());
+  publish_stats();
+  return clean;
+}
+
+}  // namespace m3

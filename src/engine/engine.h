@@ -1,0 +1,144 @@
+// The engine: one thread that loops plan (Scheduler) -> run model (ModelRunner) -> sample ->
+// detect stop -> emit events, with continuous batching (requests join and leave at every step).
+//
+// Server API (thread-safe): submit() -> RequestHandle with a per-request event stream; cancel();
+// stats() for /metrics; drain() for SIGTERM. Errors from submit():
+//   invalid argument: empty prompt, token id out of range, bad sampling parameter,
+//     prompt + max_tokens > context length (both numbers named), stop strings without a
+//     detokenizer;
+//   resource exhausted: the waiting queue is full (HTTP 429) or the engine is draining (HTTP 503;
+//     tell them apart with is_draining()).
+//
+// Stop conditions, checked after every sampled token in this order: EOS (unless ignore_eos) or a
+// stop token id -> "stop" (token kept in token ids, no text); a stop string in the text -> "stop"
+// (text cut before it); max_tokens -> "length". EOS/stop ids are masked before min_tokens.
+//
+// Tests drive the engine synchronously with step() instead of start().
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/detokenizer.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/request_stream.h"
+#include "engine/stop_strings.h"
+#include "sample/logits_processor.h"
+#include "sample/sampling_params.h"
+#include "sched/scheduler.h"
+
+namespace m3 {
+
+struct EngineConfig {
+  // num_pages 0 = all the runner's pages; page_size must equal the runner's.
+  SchedulerConfig scheduler;
+  int32_t context_length = 0;            // --context-length; 0 = no limit but the KV pool
+  int32_t max_waiting_requests = 4096;   // submit() fails with resource exhausted beyond this
+  GenerationDefaults generation_defaults;  // sampling defaults and EOS ids
+  DetokenizerFactory detokenizer;          // optional: text output and stop strings
+};
+
+struct EngineStats {
+  int32_t num_requests_running = 0;  // requests with at least one sequence running
+  int32_t num_requests_waiting = 0;  // the rest (queued, preempted, or not yet seen by the loop)
+  int32_t kv_pages_used = 0;         // held by live sequences
+  int32_t kv_pages_cached = 0;       // held only by the prefix index (evictable)
+  int32_t kv_pages_free = 0;
+  int32_t kv_pages_total = 0;
+  uint64_t prefix_cache_hit_tokens_total = 0;
+  uint64_t prompt_tokens_total = 0;      // of admitted requests
+  uint64_t generation_tokens_total = 0;
+  uint64_t num_preemptions_total = 0;
+  uint64_t num_steps_total = 0;
+  uint64_t num_requests_finished_total = 0;
+  bool draining = false;
+};
+
+class Engine {
+ public:
+  // Fails (invalid argument) when the config does not match the runner.
+  static Result<std::unique_ptr<Engine>> create(EngineConfig config,
+                                                std::unique_ptr<ModelRunner> runner);
+  ~Engine();  // stops the thread; cancels what is left
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts the engine thread. Without it, call step() yourself (tests).
+  void start();
+
+  // Thread-safe. See the header comment for errors. The request is seen by the loop at its next
+  // step. Dropping the handle before the `done` event cancels the request.
+  Result<RequestHandle> submit(GenerateRequest request);
+  // Thread-safe, idempotent. The loop frees the request's pages at its next step (and emits a
+  // `done` event with finish reason kCancelled for unfinished sequences).
+  void cancel(RequestId id);
+
+  // Thread-safe snapshot, updated after every step.
+  EngineStats stats() const;
+  bool is_draining() const { return draining_.load(); }
+
+  // SIGTERM: refuse new requests, let the admitted ones finish for up to `timeout`, cancel the
+  // rest, stop the thread. Returns true if everything finished in time.
+  bool drain(std::chrono::milliseconds timeout);
+
+  // Synchronous drive (only when start() was not called): processes submissions and
+  // cancellations, then runs one step if there is work. Returns false when idle.
+  bool step();
+
+  SamplingParams default_sampling_params() const;
+  const EngineConfig& config() const { return config_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  // Read-only access for tests (only between step() calls, or with the thread stopped).
+  const Scheduler& scheduler() const { return *sched_; }
+
+ private:
+  struct Sink;
+  struct SeqCtx;
+  struct ReqCtx;
+  struct Inbox;
+
+  Engine(EngineConfig config, std::unique_ptr<ModelRunner> runner);
+  void loop();
+  void drain_inbox();
+  void admit(std::unique_ptr<ReqCtx> req);
+  void cancel_request(RequestId id, FinishReason reason, const Status& error);
+  void run_step();
+  void sample_and_emit(const StepPlan& plan, const LogitsOut& logits);
+  void finish_seq(ReqCtx* req, SeqCtx* seq, FinishReason reason, SeqDelta* delta);
+  void emit(ReqCtx* req, std::vector<SeqDelta> deltas, const Status& error = Status::ok());
+  void publish_stats();
+  bool has_work() const;
+
+  EngineConfig config_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Scheduler> sched_;
+  int32_t vocab_size_ = 0;
+  std::vector<int32_t> eos_ids_;
+
+  std::shared_ptr<Inbox> inbox_;  // submit/cancel -> loop
+  std::shared_ptr<Sink> sink_;    // handles cancel through it
+
+  // Owned by the loop thread.
+  std::unordered_map<RequestId, std::unique_ptr<ReqCtx>> requests_;
+  std::unordered_map<SeqId, std::pair<ReqCtx*, SeqCtx*>> seq_owner_;
+  SeqId next_seq_id_ = 0;
+  uint64_t prompt_tokens_total_ = 0;
+  uint64_t generation_tokens_total_ = 0;
+  uint64_t finished_total_ = 0;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+
+  std::atomic<bool> draining_{false};
+  std::atomic<RequestId> next_request_id_{1};
+  std::thread thread_;
+  bool started_ = false;
+};
+
+}  // namespace m3

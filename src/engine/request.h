@@ -1,0 +1,79 @@
+// What the server hands the engine and what comes back, per request. Plain data.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "sample/sampler.h"
+#include "sample/sampling_params.h"
+#include "sched/step_plan.h"
+
+namespace m3 {
+
+using Clock = std::chrono::steady_clock;
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt_tokens;  // rendered and tokenized by the server; non-empty
+  SamplingParams params;               // start from Engine::default_sampling_params()
+  bool skip_special_tokens = true;     // for the detokenizer factory
+  std::string tag;                     // free-form id for logs (e.g. the OpenAI request id)
+};
+
+enum class FinishReason : uint8_t {
+  kStop,       // EOS, a stop token id or a stop string
+  kLength,     // max_tokens, or the context length
+  kCancelled,  // cancel() or the RequestHandle was dropped (client gone); OpenAI: "abort"
+  kError,      // the model step failed; the event's error says why
+};
+// OpenAI spelling: "stop", "length", "abort", "error".
+const char* finish_reason_name(FinishReason reason);
+
+// One generated token with its logprobs (when requested).
+struct GeneratedToken {
+  int32_t token = -1;
+  float logprob = 0.0f;                    // raw model logprob (sampler.h); 0 unless requested
+  std::vector<TokenLogprob> top_logprobs;  // empty unless top_logprobs > 0
+};
+
+// One sequence's progress in one step.
+struct SeqDelta {
+  int32_t seq_index = 0;                // 0 .. n-1
+  std::vector<GeneratedToken> tokens;   // new tokens, including a final EOS / stop token id
+  std::string text;                     // new text: whole UTF-8 characters, never part of a stop
+                                        // string; empty when the engine has no detokenizer
+  std::optional<FinishReason> finish_reason;
+  std::string stop_string;              // the stop string that matched (finish kStop)
+  int32_t stop_token = -1;              // the EOS / stop token that matched (finish kStop)
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;  // over all n sequences (OpenAI)
+  int32_t cached_tokens = 0;      // prompt tokens served from the prefix cache (first admission)
+};
+
+// Steady-clock times for TTFT / inter-token latency / queue time metrics.
+struct RequestTimes {
+  Clock::time_point arrival;            // submit()
+  Clock::time_point scheduled;          // first slice planned (queue time = scheduled - arrival)
+  Clock::time_point first_token;        // first token emitted (TTFT = first_token - arrival)
+  Clock::time_point finished;
+};
+
+// Everything that happened to one request in one engine step. Inter-token latency: the gaps
+// between successive events' `time`.
+struct RequestEvent {
+  RequestId request_id = 0;
+  std::vector<SeqDelta> seqs;  // sequences with news this step
+  bool done = false;           // the last event of the request: every sequence has finished
+  Usage usage;                 // running totals; final on `done`
+  RequestTimes times;          // filled as far as known
+  Clock::time_point time;      // when the engine emitted the event
+  Status error;                // non-ok on a failed request (then done, finish kError)
+};
+
+}  // namespace m3
