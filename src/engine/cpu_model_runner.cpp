@@ -1,0 +1,80 @@
+#include "engine/cpu_model_runner.h"
+
+#include <string>
+#include <vector>
+
+#include "kv/kv_budget.h"
+
+namespace m3 {
+
+int64_t MiniMaxM3ModelRunner::bytes_per_page(Backend* backend, const MiniMaxM3Config& cfg) {
+  // Ask the cache itself (one page) rather than re-deriving its storage layout here.
+  minimax_m3::PagedKvCache probe(backend, cfg, 1);
+  return probe.bytes_per_page();
+}
+
+Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create(
+    std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
+    int64_t kv_cache_bytes) {
+  if (!backend || !model) return invalid_argument("[engine.cpu_model_runner] null backend/model");
+  const int64_t page_bytes = bytes_per_page(backend.get(), model->config());
+  M3_ASSIGN_OR_RETURN(int32_t pages, kv_pages_for_budget(kv_cache_bytes, page_bytes));
+  return create_with_pages(std::move(backend), std::move(model), pages);
+}
+
+Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create_with_pages(
+    std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
+    int32_t num_pages) {
+  if (!backend || !model) return invalid_argument("[engine.cpu_model_runner] null backend/model");
+  if (model->backend() != backend.get()) {
+    return invalid_argument("[engine.cpu_model_runner] the model was loaded on another backend");
+  }
+  if (num_pages <= 0) {
+    return invalid_argument("[engine.cpu_model_runner] KV cache of " + std::to_string(num_pages) +
+                            " pages");
+  }
+  std::unique_ptr<MiniMaxM3ModelRunner> r(new MiniMaxM3ModelRunner());
+  r->cache_ = std::make_unique<minimax_m3::PagedKvCache>(backend.get(), model->config(), num_pages);
+  r->backend_ = std::move(backend);
+  r->model_ = std::move(model);
+  return r;
+}
+
+int32_t MiniMaxM3ModelRunner::vocab_size() const {
+  return static_cast<int32_t>(model_->config().vocab_size);
+}
+int32_t MiniMaxM3ModelRunner::num_kv_pages() const {
+  return static_cast<int32_t>(cache_->num_pages());
+}
+int32_t MiniMaxM3ModelRunner::page_size() const {
+  return static_cast<int32_t>(cache_->page_size());
+}
+
+Status MiniMaxM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
+  std::vector<minimax_m3::SequenceInput> batch(plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqSlice& s = plan.seqs[i];
+    batch[i].tokens = s.token_ids;
+    batch[i].start_pos = s.start_pos;
+    batch[i].block_table = s.block_table;
+    if (s.need_logits) batch[i].logits_rows = {s.num_tokens() - 1};
+  }
+  minimax_m3::ForwardOutput fo;
+  M3_RETURN_IF_ERROR(model_->forward(batch, cache_.get(), &fo));
+  const int32_t v = vocab_size();
+  out.vocab_size = v;
+  out.data.clear();
+  out.data.reserve(static_cast<size_t>(plan.num_logits()) * v);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (!plan.seqs[i].need_logits) continue;
+    if (fo.logits[i].size() != static_cast<size_t>(v)) {
+      return internal_error("[engine.cpu_model_runner] sequence " + std::to_string(i) + " got " +
+                            std::to_string(fo.logits[i].size()) + " logits, expected " +
+                            std::to_string(v));
+    }
+    out.data.insert(out.data.end(), fo.logits[i].begin(), fo.logits[i].end());
+  }
+  return Status::ok();
+}
+
+}  // namespace m3

@@ -1,0 +1,49 @@
+// ModelRunner over the MiniMax-M3 model (src/model/minimax_m3) and its paged KV cache: turns a
+// StepPlan into Model::forward's batch (one SequenceInput per slice, logits for the last token of
+// the slices that need them). The page ids the scheduler hands out index the model's
+// PagedKvCache directly, so the cache must have at least as many pages as the engine's pool.
+// On the CPU backend a sequence's logits do not depend on the rest of the batch (the model's
+// contract), which the engine tests check end to end.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "engine/model_runner.h"
+#include "model/minimax_m3/kv_cache.h"
+#include "model/minimax_m3/model.h"
+
+namespace m3 {
+
+class MiniMaxM3ModelRunner final : public ModelRunner {
+ public:
+  // Takes ownership of everything; `model` must have been loaded onto `backend`. The KV cache
+  // gets as many pages as fit in kv_cache_bytes (invalid argument if not even one).
+  static Result<std::unique_ptr<MiniMaxM3ModelRunner>> create(
+      std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
+      int64_t kv_cache_bytes);
+  // Same, with the page count given directly (tests).
+  static Result<std::unique_ptr<MiniMaxM3ModelRunner>> create_with_pages(
+      std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
+      int32_t num_pages);
+  // Bytes one KV page of this model takes in the backend's storage.
+  static int64_t bytes_per_page(Backend* backend, const MiniMaxM3Config& cfg);
+
+  int32_t vocab_size() const override;
+  int32_t num_kv_pages() const override;
+  int32_t page_size() const override;
+  Status forward(const StepPlan& plan, LogitsOut& out) override;
+
+  minimax_m3::Model& model() { return *model_; }
+
+ private:
+  MiniMaxM3ModelRunner() = default;
+
+  // Destruction order: cache and model release backend memory before the backend goes.
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<minimax_m3::Model> model_;
+  std::unique_ptr<minimax_m3::PagedKvCache> cache_;
+};
+
+}  // namespace m3
