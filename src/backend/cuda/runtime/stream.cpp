@@ -1,0 +1,48 @@
+#include "backend/cuda/runtime/stream.h"
+
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace m3::cuda {
+
+Result<Stream> Stream::create() {
+  Stream s;
+  M3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
+  return s;
+}
+
+Status Stream::synchronize() const {
+  M3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s_));
+  return Status::ok();
+}
+
+void Stream::reset() {
+  if (s_ != nullptr) cudaStreamDestroy(s_);
+  s_ = nullptr;
+}
+
+Result<DeviceInfo> select_device(int device) {
+  int count = 0;
+  M3_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count)
+    return invalid_argument("[cuda] device " + std::to_string(device) + " does not exist (" +
+                            std::to_string(count) + " devices)");
+  M3_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaDeviceProp p{};
+  M3_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&p, device));
+  DeviceInfo info;
+  info.device = device;
+  info.name = p.name;
+  info.major = p.major;
+  info.minor = p.minor;
+  info.num_sms = p.multiProcessorCount;
+  info.l2_bytes = p.l2CacheSize;
+  info.global_mem_bytes = static_cast<int64_t>(p.totalGlobalMem);
+  info.max_smem_optin = static_cast<int64_t>(p.sharedMemPerBlockOptin);
+  if (p.major != 9 || p.minor != 0)
+    return invalid_argument("[cuda] device " + std::to_string(device) + " (" + info.name +
+                            ") is compute capability " + std::to_string(p.major) + "." +
+                            std::to_string(p.minor) + "; this build has sm_90a kernels only");
+  return info;
+}
+
+}  // namespace m3::cuda
