@@ -1,0 +1,94 @@
+// The interface between the HTTP server and whatever generates tokens. The real Engine
+// (src/engine) is adapted to it by a thin wrapper (EngineBackend, to come); FakeBackend
+// (fake/fake_backend.h) plays scripted outputs for tests. Plain data, no engine headers, so the
+// server builds and is tested on its own.
+//
+// Division of work, matching src/engine: the server renders the chat template and tokenizes;
+// the backend generates, detokenizes (UTF-8 complete text per step) and applies stop strings and
+// stop token ids (so generation stops within the step that completes a stop string); the server
+// runs the reasoning and tool-call parsers on the text.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace m3::server {
+
+using Clock = std::chrono::steady_clock;
+
+// Unset fields take the backend's defaults (generation_config.json).
+struct SamplingOptions {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> presence_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<double> repetition_penalty;
+  std::optional<uint64_t> seed;
+  int32_t max_tokens = 0;  // always set by the server (defaults to what the context leaves)
+  int32_t min_tokens = 0;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;        // stop strings: text cut before the match
+  std::vector<int32_t> stop_token_ids;  // in addition to EOS
+};
+
+struct BackendRequest {
+  std::string request_id;  // the OpenAI id ("chatcmpl-..."), for logs
+  std::vector<int32_t> prompt_tokens;
+  SamplingOptions sampling;
+  bool skip_special_tokens = true;  // false when the output parsers need the markers in the text
+};
+
+// One step's worth of progress of one request (several tokens with speculative decoding).
+struct BackendEvent {
+  std::vector<int32_t> tokens;  // new tokens (a final EOS / stop token included)
+  std::string text;             // their text: whole UTF-8 characters, stop strings removed
+  bool done = false;            // last event of the request
+  std::string finish_reason;    // on done: "stop", "length", "abort" or "error"
+  std::string error;            // on "error": why
+  int32_t cached_tokens = 0;    // prompt tokens served from the prefix cache
+  Clock::time_point time = Clock::now();
+};
+
+struct BackendStats {
+  int32_t num_requests_running = 0;
+  int32_t num_requests_waiting = 0;
+  int32_t kv_pages_used = 0;
+  int32_t kv_pages_cached = 0;
+  int32_t kv_pages_total = 0;
+  uint64_t prefix_cache_hit_tokens_total = 0;
+  uint64_t num_preemptions_total = 0;
+};
+
+// Called on the backend's thread for every event of a request, in order; must be cheap and must
+// not block (the server only queues the event and wakes the connection's executor).
+using EventCallback = std::function<void(BackendEvent)>;
+
+class InferenceBackend {
+ public:
+  virtual ~InferenceBackend() = default;
+
+  // True once weights are loaded and the backend accepts requests (/health).
+  virtual bool ready() const = 0;
+  // Maximum prompt + completion tokens per request.
+  virtual int32_t context_length() const = 0;
+
+  // Queues a request. Errors: kInvalidArgument (HTTP 400), kResourceExhausted (the waiting queue
+  // is full: HTTP 429). On success returns the id for cancel(); `on_event` is then called until an
+  // event with done=true.
+  virtual Result<uint64_t> submit(BackendRequest request, EventCallback on_event) = 0;
+  // Thread-safe and idempotent: the request stops at the backend's next step and its last event
+  // has finish_reason "abort" (unless it finished first).
+  virtual void cancel(uint64_t id) = 0;
+
+  virtual BackendStats stats() const = 0;
+};
+
+}  // namespace m3::server

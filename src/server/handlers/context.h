@@ -1,0 +1,36 @@
+// State shared by all handlers of one server.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "server/backend.h"
+#include "server/metrics.h"
+#include "server/model_frontend.h"
+#include "server/server_options.h"
+
+namespace boost::asio {
+class thread_pool;
+}
+
+namespace m3::server {
+
+struct ServerContext {
+  ServerOptions options;
+  InferenceBackend* backend = nullptr;
+  const TextCodec* codec = nullptr;
+  const ChatRenderer* renderer = nullptr;
+  std::unique_ptr<Metrics> metrics;
+  boost::asio::thread_pool* workers = nullptr;  // preprocessing pool
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> in_flight{0};  // generation requests not yet finished
+
+  const std::string& model_name() const { return options.served_model_names.front(); }
+  int32_t context_length() const {
+    int32_t b = backend->context_length();
+    int32_t o = options.context_length;
+    return o > 0 && (b <= 0 || o < b) ? o : b;
+  }
+};
+
+}  // namespace m3::server

@@ -1,0 +1,430 @@
+#include "server/handlers/routes.h"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <chrono>
+
+#include "chat/parsers/markers_minimax_m3.h"
+#include "server/handlers/generation.h"
+#include "server/protocol/requests.h"
+
+namespace m3::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+void send_json(http::Responder& r, int status, const json& body) {
+  r.send(status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+void send_error(ServerContext& ctx, http::Responder& r, const ApiError& e) {
+  ctx.metrics->count_rejected(e.status);
+  r.send(e.status, "application/json", e.body());
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string rtrim(std::string s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' || s.back() == '\t'))
+    s.pop_back();
+  return s;
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Unavailable states refuse new generation with 503.
+std::optional<ApiError> check_available(ServerContext& ctx) {
+  if (ctx.draining.load()) {
+    return unavailable("The server is shutting down and accepts no new requests.", "draining");
+  }
+  if (!ctx.backend->ready()) return unavailable("The model is still loading.", "loading");
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_model(ServerContext& ctx, const std::string& model) {
+  if (model.empty()) return std::nullopt;  // lenient: the only model
+  for (const auto& n : ctx.options.served_model_names)
+    if (n == model) return std::nullopt;
+  if (model == ctx.options.model_path && !model.empty()) return std::nullopt;
+  return model_not_found(model);
+}
+
+// Prompt length vs the context: a 400 with both numbers, or the max_tokens to use.
+std::variant<int32_t, ApiError> resolve_max_tokens(ServerContext& ctx, int32_t prompt_tokens,
+                                                   std::optional<int32_t> requested,
+                                                   const char* prompt_name) {
+  int32_t limit = ctx.context_length();
+  if (limit <= 0) return requested.value_or(4096);
+  if (prompt_tokens >= limit) {
+    return bad_request("This model's maximum context length is " + std::to_string(limit) +
+                           " tokens. However, your " + prompt_name + " resulted in " +
+                           std::to_string(prompt_tokens) +
+                           " tokens, leaving no room for the completion. Please shorten it.",
+                       prompt_name, "context_length_exceeded");
+  }
+  if (requested && int64_t(prompt_tokens) + *requested > limit) {
+    return bad_request("This model's maximum context length is " + std::to_string(limit) +
+                           " tokens. However, you requested " +
+                           std::to_string(int64_t(prompt_tokens) + *requested) + " tokens (" +
+                           std::to_string(prompt_tokens) + " in the " + prompt_name + ", " +
+                           std::to_string(*requested) +
+                           " in the completion). Please reduce the length of the " + prompt_name +
+                           " or the completion.",
+                       "max_tokens", "context_length_exceeded");
+  }
+  return requested.value_or(limit - prompt_tokens);
+}
+
+bool parsers_enabled(const std::string& name) { return !name.empty() && name != "none"; }
+
+void submit_job(ServerContext& ctx, std::shared_ptr<http::Responder> responder,
+                GenerationConfig cfg, BackendRequest breq) {
+  if (auto e = check_available(ctx)) return send_error(ctx, *responder, *e);
+  auto job = std::make_shared<GenerationJob>(ctx, std::move(cfg), responder);
+  auto id = ctx.backend->submit(std::move(breq), job->callback());
+  if (!id.is_ok()) return send_error(ctx, *responder, from_status(id.status()));
+  job->started(*id);
+}
+
+void handle_chat(ServerContext& ctx, const http::Request& req,
+                 std::shared_ptr<http::Responder> responder) {
+  auto body = parse_json_body(req.body);
+  if (auto* e = std::get_if<ApiError>(&body)) return send_error(ctx, *responder, *e);
+  auto parsed = parse_chat_request(std::get<json>(body));
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ctx, *responder, *e);
+  ChatRequest& r = std::get<ChatRequest>(parsed);
+  if (auto e = check_model(ctx, r.gen.model)) return send_error(ctx, *responder, *e);
+
+  for (const auto& img : r.images) {
+    auto checked = check_image_url(img.url, img.param, ctx.options.media);
+    if (auto* e = std::get_if<ApiError>(&checked)) return send_error(ctx, *responder, *e);
+  }
+  if (!r.images.empty()) {
+    return send_error(ctx, *responder,
+                      bad_request("Image input is not available yet: this server has no vision "
+                                  "tower for the model. Send text only.",
+                                  r.images.front().param, "vision_not_available"));
+  }
+
+  bool reasoning_on = parsers_enabled(ctx.options.reasoning_parser);
+  bool tools_on = parsers_enabled(ctx.options.tool_call_parser) && r.tools.is_array() &&
+                  r.tool_choice != ToolChoice::kNone;
+  json tools_for_template = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
+  auto rendered = ctx.renderer->render(r.messages, tools_for_template, r.template_kwargs, true);
+  if (!rendered.is_ok()) {
+    return send_error(ctx, *responder,
+                      bad_request("Cannot render the chat template: " +
+                                      rendered.status().message(),
+                                  "messages"));
+  }
+  std::string prompt = std::move(rendered).value();
+
+  GenerationConfig cfg;
+  cfg.chat = true;
+  cfg.stream = r.gen.stream;
+  cfg.include_usage = r.gen.include_usage;
+  cfg.id = random_id("chatcmpl-");
+  cfg.model = ctx.model_name();
+  cfg.created = unix_now();
+  cfg.arrival = req.received;
+  cfg.run_parsers = reasoning_on || tools_on;
+  cfg.reasoning_field = reasoning_on;
+  cfg.parser.reasoning = reasoning_on;
+  cfg.parser.reasoning_start = chat::MiniMaxM3ReasoningParser::start_for_prompt(prompt);
+  cfg.parser.tools = tools_on;
+  if (tools_on) cfg.parser.tools_json = r.tools;
+  cfg.starts_in_reasoning =
+      cfg.parser.reasoning_start == chat::MiniMaxM3ReasoningParser::Start::kReasoning;
+
+  // tool_choice required / named: without a grammar engine, force the call by starting the
+  // assistant turn with the tool-call markup (closing any reasoning first). The parser reads
+  // that prefill as output, so the call (and its name) is reported as generated.
+  if (tools_on && (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed)) {
+    using namespace chat::minimax_m3;
+    std::string prefill;
+    if (!ends_with(rtrim(prompt), kThinkClose)) prefill += std::string(kThinkClose) + "\n";
+    prefill += std::string(kToolCallOpen) + "\n";
+    if (r.tool_choice == ToolChoice::kNamed) {
+      prefill += std::string(kNs) + "<invoke name=\"" + r.tool_choice_name + "\">";
+    }
+    cfg.prefill = prefill;
+    cfg.starts_in_reasoning = false;
+  }
+
+  auto tokens = ctx.codec->encode(prompt + cfg.prefill);
+  if (!tokens.is_ok()) return send_error(ctx, *responder, from_status(tokens.status()));
+  cfg.prompt_tokens = static_cast<int32_t>(tokens->size());
+  auto mt = resolve_max_tokens(ctx, cfg.prompt_tokens, r.gen.max_tokens, "messages");
+  if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
+
+  if (reasoning_on) {
+    cfg.think_open_id = ctx.codec->token_id(chat::minimax_m3::kThinkOpen);
+    cfg.think_close_id = ctx.codec->token_id(chat::minimax_m3::kThinkClose);
+  } else {
+    cfg.starts_in_reasoning = false;
+  }
+  BackendRequest breq;
+  breq.request_id = cfg.id;
+  breq.prompt_tokens = std::move(tokens).value();
+  breq.sampling = r.gen.sampling;
+  breq.sampling.max_tokens = std::get<int32_t>(mt);
+  // The parsers need the think and namespace markers, which are special tokens.
+  breq.skip_special_tokens = !cfg.run_parsers;
+  submit_job(ctx, responder, std::move(cfg), std::move(breq));
+}
+
+void handle_completion(ServerContext& ctx, const http::Request& req,
+                       std::shared_ptr<http::Responder> responder) {
+  auto body = parse_json_body(req.body);
+  if (auto* e = std::get_if<ApiError>(&body)) return send_error(ctx, *responder, *e);
+  auto parsed = parse_completion_request(std::get<json>(body));
+  if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ctx, *responder, *e);
+  CompletionRequest& r = std::get<CompletionRequest>(parsed);
+  if (auto e = check_model(ctx, r.gen.model)) return send_error(ctx, *responder, *e);
+
+  std::vector<int32_t> tokens = r.prompt_tokens;
+  std::string prompt_text;
+  if (r.prompt_text) {
+    auto t = ctx.codec->encode(*r.prompt_text);
+    if (!t.is_ok()) return send_error(ctx, *responder, from_status(t.status()));
+    tokens = std::move(t).value();
+    prompt_text = *r.prompt_text;
+  } else {
+    for (int32_t t : tokens) {
+      if (t < 0 || t >= ctx.codec->vocab_size()) {
+        return send_error(ctx, *responder,
+                          bad_request("Token id " + std::to_string(t) + " in 'prompt' is out of "
+                                      "range [0, " + std::to_string(ctx.codec->vocab_size()) + ").",
+                                      "prompt"));
+      }
+    }
+    if (r.echo) prompt_text = ctx.codec->decode(tokens, false).value();
+  }
+  GenerationConfig cfg;
+  cfg.chat = false;
+  cfg.stream = r.gen.stream;
+  cfg.include_usage = r.gen.include_usage;
+  cfg.id = random_id("cmpl-");
+  cfg.model = ctx.model_name();
+  cfg.created = unix_now();
+  cfg.arrival = req.received;
+  cfg.prompt_tokens = static_cast<int32_t>(tokens.size());
+  if (r.echo) cfg.echo = prompt_text;
+  auto mt = resolve_max_tokens(ctx, cfg.prompt_tokens, r.gen.max_tokens, "prompt");
+  if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
+  BackendRequest breq;
+  breq.request_id = cfg.id;
+  breq.prompt_tokens = std::move(tokens);
+  breq.sampling = r.gen.sampling;
+  breq.sampling.max_tokens = std::get<int32_t>(mt);
+  breq.skip_special_tokens = true;
+  submit_job(ctx, responder, std::move(cfg), std::move(breq));
+}
+
+void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Responder& responder) {
+  auto body = parse_json_body(req.body);
+  if (auto* e = std::get_if<ApiError>(&body)) return send_error(ctx, responder, *e);
+  const json& b = std::get<json>(body);
+  std::string text;
+  if (b.contains("messages")) {
+    auto parsed = parse_chat_request(b);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ctx, responder, *e);
+    ChatRequest& r = std::get<ChatRequest>(parsed);
+    bool add_gen = b.value("add_generation_prompt", true);
+    auto rendered = ctx.renderer->render(r.messages, r.tools, r.template_kwargs, add_gen);
+    if (!rendered.is_ok()) {
+      return send_error(ctx, responder,
+                        bad_request("Cannot render the chat template: " +
+                                        rendered.status().message(), "messages"));
+    }
+    text = std::move(rendered).value();
+  } else if (b.contains("prompt") && b["prompt"].is_string()) {
+    text = b["prompt"].get<std::string>();
+  } else {
+    return send_error(ctx, responder,
+                      bad_request("Send 'prompt' (a string) or 'messages'.", "prompt"));
+  }
+  auto tokens = ctx.codec->encode(text);
+  if (!tokens.is_ok()) return send_error(ctx, responder, from_status(tokens.status()));
+  send_json(responder, 200, {{"tokens", *tokens},
+                             {"count", tokens->size()},
+                             {"max_model_len", ctx.context_length()}});
+}
+
+void handle_detokenize(ServerContext& ctx, const http::Request& req, http::Responder& responder) {
+  auto body = parse_json_body(req.body);
+  if (auto* e = std::get_if<ApiError>(&body)) return send_error(ctx, responder, *e);
+  const json& b = std::get<json>(body);
+  if (!b.contains("tokens") || !b["tokens"].is_array()) {
+    return send_error(ctx, responder, bad_request("'tokens' must be a list of integers.", "tokens"));
+  }
+  std::vector<int32_t> ids;
+  for (const auto& t : b["tokens"]) {
+    if (!t.is_number_integer()) {
+      return send_error(ctx, responder, bad_request("'tokens' must be a list of integers.", "tokens"));
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  auto text = ctx.codec->decode(ids, b.value("skip_special_tokens", false));
+  if (!text.is_ok()) {
+    return send_error(ctx, responder, bad_request(text.status().message(), "tokens"));
+  }
+  send_json(responder, 200, {{"prompt", *text}});
+}
+
+json model_card(ServerContext& ctx, const std::string& name) {
+  return {{"id", name},
+          {"object", "model"},
+          {"created", unix_now()},
+          {"owned_by", "m3serve"},
+          {"root", ctx.options.model_path.empty() ? name : ctx.options.model_path},
+          {"parent", nullptr},
+          {"max_model_len", ctx.context_length()}};
+}
+
+// /health_generate: one token of generation through the whole stack.
+void handle_health_generate(ServerContext& ctx, std::shared_ptr<http::Responder> responder) {
+  if (auto e = check_available(ctx)) return send_error(ctx, *responder, *e);
+  BackendRequest breq;
+  breq.request_id = random_id("health-");
+  auto tokens = ctx.codec->encode("Hi");
+  breq.prompt_tokens = tokens.is_ok() ? *tokens : std::vector<int32_t>{0};
+  breq.sampling.max_tokens = 1;
+  struct State {
+    std::mutex mu;
+    bool answered = false;
+  };
+  auto state = std::make_shared<State>();
+  auto answer = [state, responder](int status, const std::string& message) {
+    std::lock_guard lock(state->mu);
+    if (state->answered) return;
+    state->answered = true;
+    if (status == 200) {
+      responder->send(200, "application/json", json({{"status", "ok"}}).dump());
+    } else {
+      responder->send(status, "application/json",
+                      unavailable(message, "health_generate_failed").body());
+    }
+  };
+  auto id = ctx.backend->submit(std::move(breq), [answer](BackendEvent ev) {
+    if (!ev.done) return;
+    if (ev.finish_reason == "error") answer(503, "Generation failed: " + ev.error);
+    else answer(200, "");
+  });
+  if (!id.is_ok()) return answer(503, id.status().message());
+  // Time limit: a timer on the connection's executor would need asio here; a detached waiter
+  // thread is simpler and this route is rare.
+  auto timeout = ctx.options.health_generate_timeout;
+  InferenceBackend* backend = ctx.backend;
+  uint64_t bid = *id;
+  std::thread([answer, timeout, backend, bid, state] {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard lock(state->mu);
+        if (state->answered) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    backend->cancel(bid);
+    answer(503, "Generation did not finish in time.");
+  }).detach();
+}
+
+}  // namespace
+
+bool authorized(const std::string& api_key, const std::string& header) {
+  const std::string expected = "Bearer " + api_key;
+  // Constant time in the length of the expected value.
+  unsigned char diff = header.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    unsigned char h = i < header.size() ? static_cast<unsigned char>(header[i]) : 0;
+    diff |= h ^ static_cast<unsigned char>(expected[i]);
+  }
+  return diff == 0;
+}
+
+void handle_request(ServerContext& ctx, http::Request&& request,
+                    std::shared_ptr<http::Responder> responder) {
+  ctx.metrics->http_requests_total.fetch_add(1);
+  const std::string& path = request.path;
+  const std::string& method = request.method;
+
+  if (path == "/health") {
+    if (method != "GET" && method != "HEAD") return send_error(ctx, *responder, method_not_allowed(method, path));
+    if (!ctx.backend->ready()) {
+      return responder->send(503, "application/json",
+                             unavailable("The model is still loading.", "loading").body());
+    }
+    if (ctx.draining.load()) {
+      return responder->send(503, "application/json",
+                             unavailable("The server is shutting down.", "draining").body());
+    }
+    return responder->send(200, "application/json", "{\"status\":\"ok\"}");
+  }
+  if (!ctx.options.api_key.empty() &&
+      !authorized(ctx.options.api_key, request.header("authorization"))) {
+    return send_error(ctx, *responder, unauthorized());
+  }
+
+  struct Route {
+    const char* path;
+    const char* method;
+    bool heavy;  // runs on the worker pool (parse, render, tokenize)
+  };
+  static const Route kRoutes[] = {
+      {"/v1/chat/completions", "POST", true}, {"/v1/completions", "POST", true},
+      {"/tokenize", "POST", true},            {"/detokenize", "POST", true},
+      {"/v1/models", "GET", false},           {"/metrics", "GET", false},
+      {"/health_generate", "GET", false},
+  };
+  const Route* route = nullptr;
+  for (const auto& r : kRoutes)
+    if (path == r.path) route = &r;
+  if (!route && path.rfind("/v1/models/", 0) == 0) {
+    if (method != "GET") return send_error(ctx, *responder, method_not_allowed(method, path));
+    std::string id = path.substr(std::string("/v1/models/").size());
+    for (const auto& n : ctx.options.served_model_names) {
+      if (n == id) return send_json(*responder, 200, model_card(ctx, n));
+    }
+    return send_error(ctx, *responder, model_not_found(id));
+  }
+  if (!route) {
+    return send_error(ctx, *responder, not_found("Unknown route " + method + " " + path + ".",
+                                                 "unknown_route"));
+  }
+  if (method != route->method) return send_error(ctx, *responder, method_not_allowed(method, path));
+
+  if (path == "/v1/models") {
+    json data = json::array();
+    for (const auto& n : ctx.options.served_model_names) data.push_back(model_card(ctx, n));
+    return send_json(*responder, 200, {{"object", "list"}, {"data", data}});
+  }
+  if (path == "/metrics") {
+    return responder->send(200, "text/plain; version=0.0.4; charset=utf-8",
+                           ctx.metrics->render(ctx.backend->stats(), ctx.backend->ready(),
+                                               ctx.draining.load()));
+  }
+  if (path == "/health_generate") return handle_health_generate(ctx, responder);
+
+  // Heavy routes: off the I/O thread.
+  boost::asio::post(*ctx.workers, [&ctx, req = std::move(request), responder]() mutable {
+    try {
+      if (req.path == "/v1/chat/completions") handle_chat(ctx, req, responder);
+      else if (req.path == "/v1/completions") handle_completion(ctx, req, responder);
+      else if (req.path == "/tokenize") handle_tokenize(ctx, req, *responder);
+      else if (req.path == "/detokenize") handle_detokenize(ctx, req, *responder);
+    } catch (const std::exception& e) {
+      send_error(ctx, *responder, internal_error(std::string("Internal error: ") + e.what()));
+    }
+  });
+}
+
+}  // namespace m3::server

@@ -1,0 +1,35 @@
+// OpenAI error objects: {"error": {"message", "type", "param", "code"}} with the HTTP status.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/status.h"
+
+namespace m3::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending request field ("messages[2].content"), empty if none
+  std::string code;   // machine-readable code, empty if none
+
+  nlohmann::json to_json() const;
+  std::string body() const { return to_json().dump(); }
+};
+
+ApiError bad_request(std::string message, std::string param = {}, std::string code = {});
+ApiError unauthorized();
+ApiError not_found(std::string message, std::string code = "not_found");
+ApiError model_not_found(const std::string& model);
+ApiError method_not_allowed(const std::string& method, const std::string& path);
+ApiError payload_too_large(size_t limit);
+ApiError queue_full(std::string message);
+ApiError unavailable(std::string message, std::string code);
+ApiError internal_error(std::string message);
+// Maps a backend/front-end Status: invalid argument -> 400, resource exhausted -> 429,
+// unimplemented -> 400, anything else -> 500.
+ApiError from_status(const Status& status);
+
+}  // namespace m3::server

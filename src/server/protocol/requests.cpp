@@ -1,0 +1,365 @@
+#include "server/protocol/requests.h"
+
+#include <cmath>
+
+#include "server/protocol/messages.h"
+
+namespace m3::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Optional number field within [lo, hi]; a wrong type or range is a 400 naming the field.
+std::optional<ApiError> get_number(const json& body, const char* key, double lo, double hi,
+                                   std::optional<double>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return bad_request(std::string("'") + key + "' must be a number.", key);
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return bad_request(std::string("'") + key + "' must be between " + json(lo).dump() + " and " +
+                           json(hi).dump() + "; got " + it->dump() + ".",
+                       key);
+  }
+  out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_int(const json& body, const char* key, int64_t lo, int64_t hi,
+                                std::optional<int64_t>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  bool integral = it->is_number_integer() || it->is_number_unsigned() ||
+                  (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>());
+  if (!integral) return bad_request(std::string("'") + key + "' must be an integer.", key);
+  double d = it->get<double>();
+  if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+    return bad_request(std::string("'") + key + "' must be between " + std::to_string(lo) +
+                           " and " + std::to_string(hi) + "; got " + it->dump() + ".",
+                       key);
+  }
+  out = it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const json& body, const char* key, bool& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return bad_request(std::string("'") + key + "' must be a boolean.", key);
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+#define M3_TRY(expr)                     \
+  do {                                   \
+    if (auto m3_err_ = (expr)) return *m3_err_; \
+  } while (0)
+
+std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool chat) {
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad_request("'model' must be a string.", "model");
+    g.model = it->get<std::string>();
+  }
+  M3_TRY(get_bool(body, "stream", g.stream));
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return bad_request("'stream_options' must be an object.", "stream_options");
+    if (!g.stream) {
+      return bad_request("'stream_options' is only allowed when 'stream' is true.",
+                         "stream_options");
+    }
+    bool usage = false;
+    if (auto e = get_bool(*it, "include_usage", usage)) {
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+    g.include_usage = usage;
+  }
+  std::optional<int64_t> max_tokens;
+  M3_TRY(get_int(body, "max_tokens", 1, INT32_MAX, max_tokens));
+  if (chat) {
+    std::optional<int64_t> mct;
+    M3_TRY(get_int(body, "max_completion_tokens", 1, INT32_MAX, mct));
+    if (mct) max_tokens = mct;
+  }
+  if (max_tokens) g.max_tokens = static_cast<int32_t>(*max_tokens);
+
+  SamplingOptions& s = g.sampling;
+  std::optional<double> d;
+  M3_TRY(get_number(body, "temperature", 0.0, 100.0, s.temperature));
+  M3_TRY(get_number(body, "top_p", 0.0, 1.0, s.top_p));
+  if (s.top_p && *s.top_p <= 0.0) return bad_request("'top_p' must be in (0, 1]; got 0.", "top_p");
+  M3_TRY(get_number(body, "min_p", 0.0, 1.0, s.min_p));
+  M3_TRY(get_number(body, "presence_penalty", -2.0, 2.0, s.presence_penalty));
+  M3_TRY(get_number(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty));
+  M3_TRY(get_number(body, "repetition_penalty", 0.0, 100.0, s.repetition_penalty));
+  if (s.repetition_penalty && *s.repetition_penalty <= 0.0) {
+    return bad_request("'repetition_penalty' must be > 0.", "repetition_penalty");
+  }
+  std::optional<int64_t> i;
+  M3_TRY(get_int(body, "top_k", -1, INT32_MAX, i));
+  if (i) s.top_k = static_cast<int32_t>(*i);
+  i.reset();
+  M3_TRY(get_int(body, "seed", INT64_MIN, INT64_MAX, i));
+  if (i) s.seed = static_cast<uint64_t>(*i);
+  i.reset();
+  M3_TRY(get_int(body, "min_tokens", 0, INT32_MAX, i));
+  if (i) s.min_tokens = static_cast<int32_t>(*i);
+  M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
+  i.reset();
+  M3_TRY(get_int(body, "n", 1, 128, i));
+  if (i && *i != 1) return bad_request("Only n = 1 is supported for now.", "n");
+  i.reset();
+  M3_TRY(get_int(body, "best_of", 1, 128, i));
+  if (i && *i != 1) return bad_request("'best_of' is not supported.", "best_of");
+
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      s.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& x : *it) {
+        if (!x.is_string()) return bad_request("'stop' must be a string or a list of strings.", "stop");
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad_request("'stop' must be a string or a list of strings.", "stop");
+    }
+    if (s.stop.size() > 16) return bad_request("At most 16 stop strings are allowed.", "stop");
+    for (const auto& x : s.stop) {
+      if (x.empty()) return bad_request("Stop strings must not be empty.", "stop");
+    }
+  }
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
+    for (const auto& x : *it) {
+      if (!x.is_number_integer()) {
+        return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
+      }
+      s.stop_token_ids.push_back(x.get<int32_t>());
+    }
+  }
+  bool logprobs = false;
+  if (chat) {
+    M3_TRY(get_bool(body, "logprobs", logprobs));
+  } else if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+    logprobs = true;
+  }
+  if (logprobs) {
+    return bad_request("'logprobs' is not supported yet.", "logprobs", "unsupported_parameter");
+  }
+  if (auto it = body.find("user"); it != body.end() && it->is_string()) g.user = it->get<std::string>();
+  return std::nullopt;
+}
+
+const char* kThinkingTypes = "'enabled', 'disabled' or 'adaptive'";
+const char* kEfforts = "'low', 'medium', 'high', 'xhigh', 'max', 'minimal' or 'none'";
+
+std::optional<ApiError> parse_tools(const json& body, ChatRequest& r) {
+  auto it = body.find("tools");
+  if (it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return bad_request("'tools' must be an array.", "tools");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      std::string p = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object() || t.value("type", "") != "function") {
+        return bad_request(p + ".type must be 'function'.", p + ".type");
+      }
+      if (!t.contains("function") || !t["function"].is_object()) {
+        return bad_request(p + ".function must be an object.", p + ".function");
+      }
+      const json& fn = t["function"];
+      if (!fn.contains("name") || !fn["name"].is_string() ||
+          fn["name"].get_ref<const std::string&>().empty()) {
+        return bad_request(p + ".function.name must be a non-empty string.", p + ".function.name");
+      }
+      if (fn.contains("parameters") && !fn["parameters"].is_null() &&
+          !fn["parameters"].is_object()) {
+        return bad_request(p + ".function.parameters must be a JSON schema object.",
+                           p + ".function.parameters");
+      }
+    }
+    if (!it->empty()) r.tools = *it;
+  }
+  auto has_tool = [&](const std::string& name) {
+    if (!r.tools.is_array()) return false;
+    for (const auto& t : r.tools)
+      if (t["function"]["name"] == name) return true;
+    return false;
+  };
+  auto tc = body.find("tool_choice");
+  if (tc == body.end() || tc->is_null()) {
+    r.tool_choice = ToolChoice::kAuto;
+  } else if (tc->is_string()) {
+    std::string v = tc->get<std::string>();
+    if (v == "auto") r.tool_choice = ToolChoice::kAuto;
+    else if (v == "none") r.tool_choice = ToolChoice::kNone;
+    else if (v == "required") r.tool_choice = ToolChoice::kRequired;
+    else {
+      return bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}; got '" + v + "'.",
+                         "tool_choice");
+    }
+  } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
+             (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
+    r.tool_choice = ToolChoice::kNamed;
+    r.tool_choice_name = (*tc)["function"]["name"].get<std::string>();
+    if (!has_tool(r.tool_choice_name)) {
+      return bad_request("tool_choice names the function '" + r.tool_choice_name +
+                             "', which is not in 'tools'.",
+                         "tool_choice.function.name");
+    }
+  } else {
+    return bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                       "tool_choice");
+  }
+  if (r.tool_choice == ToolChoice::kRequired && !r.tools.is_array()) {
+    return bad_request("tool_choice 'required' needs a non-empty 'tools' list.", "tool_choice");
+  }
+  M3_TRY(get_bool(body, "parallel_tool_calls", r.parallel_tool_calls));
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_thinking(const json& body, ChatRequest& r) {
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      return bad_request("'chat_template_kwargs' must be an object.", "chat_template_kwargs");
+    }
+    r.template_kwargs = *it;
+  }
+  // Where the mode comes from, lowest precedence first: the template default (adaptive),
+  // chat_template_kwargs (thinking_mode, or enable_thinking as Qwen-style clients send),
+  // reasoning_effort none/minimal, the top-level thinking field.
+  std::string mode = "adaptive";
+  if (auto it = r.template_kwargs.find("thinking_mode"); it != r.template_kwargs.end()) {
+    if (!it->is_string() || (*it != "enabled" && *it != "disabled" && *it != "adaptive")) {
+      return bad_request(std::string("chat_template_kwargs.thinking_mode must be ") +
+                             kThinkingTypes + ".",
+                         "chat_template_kwargs.thinking_mode");
+    }
+    mode = it->get<std::string>();
+  } else if (auto e = r.template_kwargs.find("enable_thinking");
+             e != r.template_kwargs.end() && e->is_boolean()) {
+    mode = e->get<bool>() ? "enabled" : "disabled";
+  }
+  std::optional<std::string> effort;
+  if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
+    static const char* kAllowed[] = {"low", "medium", "high", "xhigh", "max", "minimal", "none"};
+    bool ok = false;
+    if (it->is_string())
+      for (const char* a : kAllowed) ok |= *it == a;
+    if (!ok) {
+      return bad_request(std::string("'reasoning_effort' must be ") + kEfforts + "; got " +
+                             it->dump() + ".",
+                         "reasoning_effort");
+    }
+    effort = it->get<std::string>();
+    if (*effort == "none" || *effort == "minimal") {
+      mode = "disabled";
+    } else {
+      r.template_kwargs["reasoning_effort"] = *effort;
+    }
+  }
+  if (auto it = body.find("thinking"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("type")) {
+      return bad_request(std::string("'thinking' must be an object {\"type\": ...} with type ") +
+                             kThinkingTypes + ".",
+                         "thinking");
+    }
+    const json& type = (*it)["type"];
+    if (!type.is_string() || (type != "enabled" && type != "disabled" && type != "adaptive")) {
+      return bad_request(std::string("'thinking.type' must be ") + kThinkingTypes + "; got " +
+                             type.dump() + ".",
+                         "thinking.type");
+    }
+    if (type == "enabled" && effort && mode == "disabled") {
+      return bad_request("'thinking.type' is 'enabled' but 'reasoning_effort' is '" + *effort +
+                             "', which disables thinking.",
+                         "reasoning_effort");
+    }
+    mode = type.get<std::string>();
+  }
+  r.thinking_mode = mode;
+  r.template_kwargs["thinking_mode"] = mode;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Parsed<json> parse_json_body(const std::string& body) {
+  if (body.empty()) return bad_request("The request body is empty; expected a JSON object.");
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Find where it broke, for a useful message.
+    try {
+      json reparsed = json::parse(body);
+      (void)reparsed;
+    } catch (const json::parse_error& e) {
+      return bad_request(std::string("Malformed JSON in the request body: ") + e.what(), "",
+                         "invalid_json");
+    }
+    return bad_request("Malformed JSON in the request body.", "", "invalid_json");
+  }
+  if (!j.is_object()) return bad_request("The request body must be a JSON object.", "", "invalid_json");
+  return j;
+}
+
+Parsed<ChatRequest> parse_chat_request(const json& body) {
+  ChatRequest r;
+  M3_TRY(parse_common(body, r.gen, /*chat=*/true));
+  if (!body.contains("messages")) return bad_request("'messages' is required.", "messages");
+  auto msgs = convert_messages(body["messages"], r.images);
+  if (auto* e = std::get_if<ApiError>(&msgs)) return *e;
+  r.messages = std::move(std::get<json>(msgs));
+  M3_TRY(parse_tools(body, r));
+  M3_TRY(parse_thinking(body, r));
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
+      return bad_request("'response_format' must be an object with a 'type'.", "response_format");
+    }
+    if ((*it)["type"] != "text") {
+      return bad_request("response_format type " + (*it)["type"].dump() +
+                             " needs constrained decoding, which is not available yet; only "
+                             "'text' is supported.",
+                         "response_format.type", "unsupported_parameter");
+    }
+  }
+  return r;
+}
+
+Parsed<CompletionRequest> parse_completion_request(const json& body) {
+  CompletionRequest r;
+  M3_TRY(parse_common(body, r.gen, /*chat=*/false));
+  if (!r.gen.max_tokens) r.gen.max_tokens = 16;  // OpenAI's default for /v1/completions
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return bad_request("'prompt' is required.", "prompt");
+  const json& p = *it;
+  auto all_ints = [](const json& a) {
+    for (const auto& x : a)
+      if (!x.is_number_integer()) return false;
+    return true;
+  };
+  if (p.is_string()) {
+    r.prompt_text = p.get<std::string>();
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    r.prompt_text = p[0].get<std::string>();
+  } else if (p.is_array() && !p.empty() && all_ints(p)) {
+    r.prompt_tokens = p.get<std::vector<int32_t>>();
+  } else if (p.is_array() && p.size() == 1 && p[0].is_array() && !p[0].empty() && all_ints(p[0])) {
+    r.prompt_tokens = p[0].get<std::vector<int32_t>>();
+  } else if (p.is_array() && p.size() > 1) {
+    return bad_request("Batched prompts are not supported; send one prompt per request.", "prompt");
+  } else {
+    return bad_request("'prompt' must be a string or a list of token ids.", "prompt");
+  }
+  if (r.prompt_text && r.prompt_text->empty()) {
+    return bad_request("'prompt' must not be empty.", "prompt");
+  }
+  M3_TRY(get_bool(body, "echo", r.echo));
+  if (auto s = body.find("suffix"); s != body.end() && !s->is_null()) {
+    return bad_request("'suffix' is not supported.", "suffix", "unsupported_parameter");
+  }
+  return r;
+}
+
+}  // namespace m3::server

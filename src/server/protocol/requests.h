@@ -1,0 +1,64 @@
+// OpenAI request parsing and validation into typed structs. Every rejection is a 400 naming the
+// offending field (param) and saying what is allowed; unknown fields are ignored (clients send
+// many), fields we cannot honour yet are refused rather than silently ignored.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "server/backend.h"
+#include "server/protocol/errors.h"
+
+namespace m3::server {
+
+// A value or the error to send.
+template <typename T>
+using Parsed = std::variant<T, ApiError>;
+
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+
+struct ImageRef {
+  std::string url;
+  std::string param;  // "messages[0].content[1].image_url.url"
+};
+
+struct CommonGeneration {
+  std::string model;  // empty when the client sent none
+  bool stream = false;
+  bool include_usage = false;         // stream_options.include_usage
+  std::optional<int32_t> max_tokens;  // max_tokens / max_completion_tokens
+  SamplingOptions sampling;           // max_tokens filled in later from the context length
+  std::string user;
+};
+
+struct ChatRequest {
+  CommonGeneration gen;
+  nlohmann::json messages;  // the chat template's input form (messages.h)
+  std::vector<ImageRef> images;
+  nlohmann::json tools;     // validated OpenAI tools array, or null
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kNamed
+  bool parallel_tool_calls = true;
+  // Template variables: the request's chat_template_kwargs, with thinking_mode and
+  // reasoning_effort resolved from the top-level fields.
+  nlohmann::json template_kwargs = nlohmann::json::object();
+  std::string thinking_mode;  // "enabled", "disabled" or "adaptive" (what the template gets)
+};
+
+struct CompletionRequest {
+  CommonGeneration gen;
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_tokens;  // when the prompt was given as token ids
+  bool echo = false;
+};
+
+Parsed<ChatRequest> parse_chat_request(const nlohmann::json& body);
+Parsed<CompletionRequest> parse_completion_request(const nlohmann::json& body);
+
+// Body text -> JSON object, or a 400 for malformed JSON / a non-object.
+Parsed<nlohmann::json> parse_json_body(const std::string& body);
+
+}  // namespace m3::server

@@ -1,0 +1,109 @@
+#include "server/server.h"
+
+#include <sys/resource.h>
+
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <csignal>
+#include <cstdio>
+#include <future>
+#include <thread>
+
+#include "server/handlers/context.h"
+#include "server/handlers/routes.h"
+#include "server/http/http_server.h"
+
+namespace m3::server {
+
+struct Server::Impl {
+  ServerContext ctx;
+  std::unique_ptr<boost::asio::thread_pool> workers;
+  std::unique_ptr<http::HttpServer> http;
+};
+
+void raise_file_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+Server::Server(ServerOptions options, InferenceBackend* backend, const TextCodec* codec,
+               const ChatRenderer* renderer)
+    : impl_(std::make_unique<Impl>()) {
+  auto& ctx = impl_->ctx;
+  if (options.served_model_names.empty()) options.served_model_names.push_back("default");
+  ctx.options = std::move(options);
+  ctx.backend = backend;
+  ctx.codec = codec;
+  ctx.renderer = renderer;
+  ctx.metrics = std::make_unique<Metrics>(ctx.model_name());
+  impl_->workers = std::make_unique<boost::asio::thread_pool>(
+      std::max(1, ctx.options.worker_threads));
+  ctx.workers = impl_->workers.get();
+  http::ServerConfig hc;
+  hc.host = ctx.options.host;
+  hc.port = ctx.options.port;
+  hc.max_body_bytes = ctx.options.max_body_bytes;
+  hc.io_threads = ctx.options.io_threads;
+  impl_->http = std::make_unique<http::HttpServer>(
+      hc, [&ctx](http::Request&& req, std::shared_ptr<http::Responder> res) {
+        handle_request(ctx, std::move(req), std::move(res));
+      });
+}
+
+Server::~Server() { stop(); }
+
+Status Server::start() {
+  std::signal(SIGPIPE, SIG_IGN);
+  raise_file_limit();
+  return impl_->http->start();
+}
+
+uint16_t Server::port() const { return impl_->http->port(); }
+
+bool Server::drain() {
+  auto& ctx = impl_->ctx;
+  ctx.draining.store(true);
+  impl_->http->stop_accepting();
+  auto deadline = std::chrono::steady_clock::now() + ctx.options.drain_timeout;
+  while (ctx.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  bool clean = ctx.in_flight.load() == 0;
+  // Let the last responses leave the socket buffers.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return clean;
+}
+
+void Server::stop() {
+  if (!impl_) return;
+  impl_->http->stop();
+  if (impl_->workers) {
+    impl_->workers->stop();
+    impl_->workers->join();
+  }
+}
+
+int Server::wait_for_signal_and_drain() {
+  std::promise<int> got;
+  auto fut = got.get_future();
+  boost::asio::signal_set signals(impl_->http->io_context(), SIGTERM, SIGINT);
+  signals.async_wait([&got](const boost::system::error_code& ec, int sig) {
+    got.set_value(ec ? 0 : sig);
+  });
+  int sig = fut.get();
+  std::fprintf(stderr, "m3serve: received signal %d, draining %lld in-flight request(s)\n", sig,
+               static_cast<long long>(impl_->ctx.in_flight.load()));
+  bool clean = drain();
+  if (!clean) {
+    std::fprintf(stderr, "m3serve: drain timeout; %lld request(s) cut off\n",
+                 static_cast<long long>(impl_->ctx.in_flight.load()));
+  }
+  stop();
+  std::fprintf(stderr, "m3serve: stopped\n");
+  return clean ? 0 : 1;
+}
+
+}  // namespace m3::server
