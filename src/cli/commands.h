@@ -15,6 +15,7 @@ struct Command {
   CommandFn run;
 };
 
+int cmd_serve(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
 
 }  // namespace m3::cli

@@ -12,6 +12,7 @@ namespace {
 
 // Add new subcommands here (one line each); keep the list sorted by name.
 const Command kCommands[] = {
+    {"serve", "serve the OpenAI-compatible HTTP API", cmd_serve},
     {"version", "print the version and build features", cmd_version},
 };
 
