@@ -15,6 +15,11 @@ struct Command {
   CommandFn run;
 };
 
+int cmd_generate(const std::vector<std::string>& args);
+int cmd_score(const std::vector<std::string>& args);
+int cmd_detokenize(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_render_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
 

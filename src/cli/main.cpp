@@ -12,7 +12,12 @@ namespace {
 
 // Add new subcommands here (one line each); keep the list sorted by name.
 const Command kCommands[] = {
+    {"detokenize", "JSON id arrays (one per line) -> JSON strings", cmd_detokenize},
+    {"generate", "generate tokens from prompt token ids (JSON output)", cmd_generate},
+    {"render-chat", "render a chat request with the model's chat template", cmd_render_chat},
     {"serve", "serve the OpenAI-compatible HTTP API", cmd_serve},
+    {"score", "per-position argmax and last logits of prompt token ids (JSON)", cmd_score},
+    {"tokenize", "JSON strings (one per line) -> JSON arrays of token ids", cmd_tokenize},
     {"version", "print the version and build features", cmd_version},
 };
 

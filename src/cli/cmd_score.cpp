@@ -1,0 +1,162 @@
+// m3serve score: run a prompt (token ids) through the model once and print, as JSON, the argmax
+// of every position and the logits of the last position.
+//   m3serve score --model-path DIR --prompt-ids 1,2,3 [--output-format json] [--device cpu]
+//                 [--threads N] [--prefill-chunk N]
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3/runner.h"
+
+namespace m3::cli {
+namespace {
+
+constexpr const char* kScoreUsage =
+    "usage: m3serve score --model-path DIR --prompt-ids 1,2,3 [options]\n\n"
+    "Runs the prompt through the model and prints {\"argmax\": [...], \"last_logits\": [...]}.\n\n"
+    "options:\n"
+    "  --model-path DIR       Hugging Face model directory (config.json, *.safetensors)\n"
+    "  --prompt-ids LIST      comma-separated token ids\n"
+    "  --output-format json   output format (only json)\n"
+    "  --device cpu|cuda      compute device (default cpu)\n"
+    "  --threads N            CPU threads (default: all cores)\n"
+    "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n";
+
+bool parse_int(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int cmd_score(const std::vector<std::string>& args) {
+  std::string model_path, prompt_ids, format = "json", device = "cpu";
+  int64_t threads = 0, chunk = 0;
+  bool have_prompt = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kScoreUsage);
+      return 0;
+    }
+    std::string key = a, value;
+    bool inline_value = false;
+    if (size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = a.substr(0, eq), value = a.substr(eq + 1), inline_value = true;
+    }
+    auto take = [&](std::string* dst) {
+      if (inline_value) {
+        *dst = value;
+        return true;
+      }
+      if (i + 1 >= args.size()) return false;
+      *dst = args[++i];
+      return true;
+    };
+    std::string v;
+    if (key == "--model-path" || key == "--prompt-ids" || key == "--output-format" ||
+        key == "--device" || key == "--threads" || key == "--prefill-chunk") {
+      if (!take(&v)) {
+        std::fprintf(stderr, "m3serve score: %s needs a value\n", key.c_str());
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "m3serve score: unknown option '%s' (see 'm3serve score --help')\n",
+                   a.c_str());
+      return 2;
+    }
+    if (key == "--model-path") model_path = v;
+    if (key == "--prompt-ids") prompt_ids = v, have_prompt = true;
+    if (key == "--output-format") format = v;
+    if (key == "--device") device = v;
+    if ((key == "--threads" || key == "--prefill-chunk")) {
+      int64_t n;
+      if (!parse_int(v, &n) || n < 0) {
+        std::fprintf(stderr, "m3serve score: %s expects a non-negative integer, got '%s'\n",
+                     key.c_str(), v.c_str());
+        return 2;
+      }
+      (key == "--threads" ? threads : chunk) = n;
+    }
+  }
+  if (model_path.empty() || !have_prompt) {
+    std::fprintf(stderr, "m3serve score: --model-path and --prompt-ids are required\n\n%s",
+                 kScoreUsage);
+    return 2;
+  }
+  if (format != "json") {
+    std::fprintf(stderr, "m3serve score: --output-format '%s' is not supported (use json)\n",
+                 format.c_str());
+    return 2;
+  }
+  if (device == "cuda") {
+    std::fprintf(stderr, "m3serve score: --device cuda: not built with the CUDA backend\n");
+    return 1;
+  }
+  if (device != "cpu") {
+    std::fprintf(stderr, "m3serve score: --device must be cpu or cuda, got '%s'\n",
+                 device.c_str());
+    return 2;
+  }
+  auto ids = minimax_m3::parse_token_ids(prompt_ids);
+  if (!ids.is_ok()) {
+    std::fprintf(stderr, "m3serve score: --prompt-ids: %s\n", ids.status().message().c_str());
+    return 2;
+  }
+
+  CpuBackend backend(static_cast<int>(threads));
+  auto loaded = minimax_m3::load_model_dir(model_path, &backend);
+  if (!loaded.is_ok()) {
+    std::fprintf(stderr, "m3serve score: %s\n", loaded.status().to_string().c_str());
+    return 1;
+  }
+  const auto& cfg = loaded->config;
+  const int64_t n = static_cast<int64_t>(ids->size());
+  const int64_t pages = (n + cfg.index_block_size - 1) / cfg.index_block_size;
+  minimax_m3::PagedKvCache cache(&backend, cfg, pages);
+  minimax_m3::SimplePagePool pool(pages);
+  minimax_m3::SequenceRunner seq(loaded->model.get(), &cache, &pool);
+  std::vector<float> logits;
+  Status st = seq.append(*ids, chunk, true, &logits);
+  if (!st.is_ok()) {
+    std::fprintf(stderr, "m3serve score: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  const int64_t vocab = cfg.vocab_size;
+  std::string out = "{\"argmax\": [";
+  for (int64_t t = 0; t < n; ++t) {
+    if (t) out += ", ";
+    out += std::to_string(minimax_m3::argmax(std::span<const float>(logits.data() + t * vocab,
+                                                                    static_cast<size_t>(vocab))));
+  }
+  out += "], \"last_logits\": [";
+  char buf[32];
+  for (int64_t v = 0; v < vocab; ++v) {
+    float x = logits[(n - 1) * vocab + v];
+    if (std::isfinite(x)) {
+      std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(x));
+    } else {
+      std::snprintf(buf, sizeof(buf), "null");  // JSON has no NaN/Inf
+    }
+    if (v) out += ", ";
+    out += buf;
+  }
+  out += "]}\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+}  // namespace m3::cli
