@@ -91,6 +91,9 @@ Engine::Engine(EngineConfig config, std::unique_ptr<ModelRunner> runner)
   eos_ids_ = config_.generation_defaults.eos_token_ids;
   inbox_ = std::make_shared<Inbox>();
   sink_ = std::make_shared<Sink>(inbox_);
+  if (config_.num_sampler_threads > 1) {
+    sampler_pool_ = std::make_unique<ThreadPool>(config_.num_sampler_threads);
+  }
   publish_stats();
 }
 
@@ -337,10 +340,10 @@ void Engine::cancel_request(RequestId id, FinishReason reason, const Status& err
 
 bool Engine::has_work() const { return !requests_.empty(); }
 
-void Engine::run_step() {
-  if (requests_.empty()) return;
+bool Engine::run_step() {
+  if (requests_.empty()) return false;
   StepPlan plan = sched_->plan();
-  if (plan.empty()) return;
+  if (plan.empty()) return false;
   const Clock::time_point now = Clock::now();
   for (const SeqSlice& s : plan.seqs) {
     auto it = requests_.find(s.request_id);
@@ -374,32 +377,70 @@ void Engine::run_step() {
     std::sort(failed.begin(), failed.end());
     failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
     for (RequestId id : failed) cancel_request(id, FinishReason::kError, st);
-    return;
+    return true;
   }
   sched_->commit(plan);
   sample_and_emit(plan, out);
+  return true;
 }
 
 void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
-  // Deltas grouped by request; std::map keeps the emission order deterministic.
-  std::map<RequestId, std::vector<SeqDelta>> deltas;
-  SamplerScratch scratch;
-  int32_t row = -1;
+  // Phase 1: sample every row. Rows are independent (counter-based RNG keyed by the sequence's
+  // own seed, index and position; penalty state is only read), so they run on the sampler pool in
+  // any order with identical results. A row that fails (e.g. every logit masked) fails only its
+  // own request.
+  struct Row {
+    ReqCtx* req = nullptr;
+    SeqCtx* seq = nullptr;
+    int32_t row = 0;
+    SampleResult result;
+    Status error;
+  };
+  std::vector<Row> rows;
+  int32_t row_idx = -1;
   for (const SeqSlice& slice : plan.seqs) {
     if (!slice.need_logits) continue;
-    ++row;
+    ++row_idx;
     auto owner = seq_owner_.find(slice.seq_id);
     if (owner == seq_owner_.end()) continue;
-    auto [req, seq] = owner->second;
+    rows.push_back(Row{owner->second.first, owner->second.second, row_idx, {}, {}});
+  }
+  auto sample_range = [&](int64_t begin, int64_t end) {
+    SamplerScratch scratch;
+    for (int64_t i = begin; i < end; ++i) {
+      Row& r = rows[i];
+      SampleInput in;
+      in.logits = logits.row(r.row);
+      in.params = &r.req->req.params;
+      in.penalties = &r.seq->penalties;
+      in.min_tokens_mask = r.req->min_tokens_mask;
+      in.rng = RngKey{r.req->seed, static_cast<uint64_t>(r.seq->index),
+                      static_cast<uint64_t>(r.seq->generated)};
+      try {
+        r.result = sample_token(in, &scratch);
+      } catch (const std::exception& e) {
+        r.error = internal_error(std::string("[engine.sample] ") + e.what());
+      }
+    }
+  };
+  if (sampler_pool_ && rows.size() > 1) {
+    sampler_pool_->parallel_for(static_cast<int64_t>(rows.size()), 1, sample_range);
+  } else {
+    sample_range(0, static_cast<int64_t>(rows.size()));
+  }
+
+  // Phase 2, in plan order: append, detect stop, build deltas.
+  std::map<RequestId, std::vector<SeqDelta>> deltas;  // ordered: deterministic emission
+  std::vector<std::pair<RequestId, Status>> failed;
+  for (Row& row : rows) {
+    ReqCtx* req = row.req;
+    SeqCtx* seq = row.seq;
+    if (!row.error.is_ok()) {
+      failed.emplace_back(req->id, row.error);
+      continue;
+    }
+    SampleResult& r = row.result;
     const SamplingParams& p = req->req.params;
-    SampleInput in;
-    in.logits = logits.row(row);
-    in.params = &p;
-    in.penalties = &seq->penalties;
-    in.min_tokens_mask = req->min_tokens_mask;
-    in.rng = RngKey{req->seed, static_cast<uint64_t>(seq->index),
-                    static_cast<uint64_t>(seq->generated)};
-    SampleResult r = sample_token(in, &scratch);
 
     sched_->append_token(seq->id, r.token);
     seq->penalties.add_output(r.token);
@@ -443,6 +484,10 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
       }
     }
     if (seq->generated >= req->max_tokens) finish_seq(req, seq, FinishReason::kLength, d);
+  }
+  for (auto& [id, st] : failed) {
+    deltas.erase(id);
+    cancel_request(id, FinishReason::kError, st);
   }
   for (auto& [id, list] : deltas) {
     auto it = requests_.find(id);
@@ -532,8 +577,9 @@ void Engine::loop() {
       if (inbox_->stop) break;
     }
     drain_inbox();
+    bool progressed = true;
     try {
-      run_step();
+      progressed = run_step();
     } catch (const std::exception& e) {
       // A broken invariant in the step: fail what is in flight, keep serving.
       const Status st = internal_error(std::string("[engine.loop] ") + e.what());
@@ -542,6 +588,12 @@ void Engine::loop() {
       for (RequestId id : ids) cancel_request(id, FinishReason::kError, st);
     }
     publish_stats();
+    if (!progressed && !requests_.empty()) {
+      // Nothing was schedulable (should not happen: every admitted request fits the pool alone).
+      // Do not spin; new submissions or cancellations wake us.
+      std::unique_lock<std::mutex> lock(inbox_->mu);
+      inbox_->cv.wait_for(lock, std::chrono::milliseconds(1));
+    }
   }
 }
 

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/detokenizer.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -42,6 +43,9 @@ struct EngineConfig {
   int32_t max_waiting_requests = 4096;   // submit() fails with resource exhausted beyond this
   GenerationDefaults generation_defaults;  // sampling defaults and EOS ids
   DetokenizerFactory detokenizer;          // optional: text output and stop strings
+  // Threads sampling the rows of a step in parallel (1 = on the engine thread). Results do not
+  // depend on it: the RNG is counter-based per sequence.
+  int32_t num_sampler_threads = 1;
 };
 
 struct EngineStats {
@@ -108,7 +112,7 @@ class Engine {
   void drain_inbox();
   void admit(std::unique_ptr<ReqCtx> req);
   void cancel_request(RequestId id, FinishReason reason, const Status& error);
-  void run_step();
+  bool run_step();  // false when nothing was planned
   void sample_and_emit(const StepPlan& plan, const LogitsOut& logits);
   void finish_seq(ReqCtx* req, SeqCtx* seq, FinishReason reason, SeqDelta* delta);
   void emit(ReqCtx* req, std::vector<SeqDelta> deltas, const Status& error = Status::ok());
@@ -121,6 +125,7 @@ class Engine {
   int32_t vocab_size_ = 0;
   std::vector<int32_t> eos_ids_;
 
+  std::unique_ptr<ThreadPool> sampler_pool_;  // null: sample on the engine thread
   std::shared_ptr<Inbox> inbox_;  // submit/cancel -> loop
   std::shared_ptr<Sink> sink_;    // handles cancel through it
 

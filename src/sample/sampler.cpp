@@ -73,6 +73,7 @@ SampleResult sample_token(const SampleInput& in, SamplerScratch* scratch) {
 
   if (p.temperature < kGreedyTemperature) {
     res.token = argmax(z);
+    M3_CHECK(z[res.token] > kNegInf, "[sample] every logit is -inf or NaN");
   } else {
     const float inv_t = 1.0f / p.temperature;
     for (float& x : z) x *= inv_t;

@@ -167,6 +167,7 @@ TEST(Engine, OutputDoesNotDependOnBatchOrPreemption) {
     EngineFixtureConfig f = roomy;
     f.pages = pages;
     f.budget = 8;
+    f.sampler_threads = pages == 256 ? 3 : 1;  // parallel sampling changes nothing
     FakeModel* model;
     auto e = make_engine(f, &model);
     std::vector<RequestHandle> hs;
@@ -324,6 +325,24 @@ TEST(Engine, ModelErrorFailsTheStepsRequestsOnly) {
   Outcome ok = run_one(*e, greedy(prompt_of(10, 6, f.vocab), 5));
   EXPECT_EQ(ok.finish[0], FinishReason::kLength);
   EXPECT_EQ(ok.tokens[0], greedy_reference(prompt_of(10, 6, f.vocab), f.vocab, 5));
+}
+
+TEST(Engine, SamplingFailureFailsOnlyItsRequest) {
+  EngineFixtureConfig f;
+  auto e = make_engine(f);
+  GenerateRequest bad = greedy(prompt_of(12, 5, f.vocab), 5);
+  bad.params.min_tokens = 2;
+  for (int32_t t = 0; t < f.vocab; ++t) bad.params.stop_token_ids.push_back(t);  // all masked
+  GenerateRequest good = greedy(prompt_of(13, 5, f.vocab), 5);
+  std::vector<RequestHandle> hs;
+  hs.push_back(std::move(e->submit(bad)).value());
+  hs.push_back(std::move(e->submit(good)).value());
+  std::vector<Outcome> o = run_all(*e, hs, {1, 1});
+  EXPECT_EQ(o[0].finish[0], FinishReason::kError);
+  EXPECT_NE(o[0].error.message().find("-inf"), std::string::npos) << o[0].error.to_string();
+  EXPECT_EQ(o[1].finish[0], FinishReason::kLength);
+  EXPECT_EQ(o[1].tokens[0], greedy_reference(prompt_of(13, 5, f.vocab), f.vocab, 5));
+  EXPECT_EQ(e->stats().kv_pages_used, 0);
 }
 
 TEST(Engine, StatsCountRunningAndWaitingRequests) {

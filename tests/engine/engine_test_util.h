@@ -75,6 +75,7 @@ struct EngineFixtureConfig {
   int32_t max_waiting = 4096;
   std::vector<int32_t> eos;
   DetokenizerFactory detok;
+  int32_t sampler_threads = 1;
 };
 
 inline std::unique_ptr<Engine> make_engine(const EngineFixtureConfig& f,
@@ -91,6 +92,7 @@ inline std::unique_ptr<Engine> make_engine(const EngineFixtureConfig& f,
   c.max_waiting_requests = f.max_waiting;
   c.generation_defaults.eos_token_ids = f.eos;
   c.detokenizer = f.detok;
+  c.num_sampler_threads = f.sampler_threads;
   auto e = Engine::create(std::move(c), std::move(model));
   EXPECT_TRUE(e.is_ok()) << e.status().to_string();
   return std::move(e).value();

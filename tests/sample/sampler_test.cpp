@@ -246,6 +246,8 @@ TEST(Sampler, AllMaskedIsAnInternalErrorNotACrash) {
   p.min_tokens = 1;
   PenaltyState st;
   EXPECT_THROW(run({0.0f, 0.0f}, p, {}, &st, {0, 1}), InternalError);
+  p.temperature = 0;  // greedy too
+  EXPECT_THROW(run({0.0f, 0.0f}, p, {}, &st, {0, 1}), InternalError);
 }
 
 }  // namespace
