@@ -8,7 +8,7 @@ namespace {
 
 std::string fmt(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::snprintf(buf, sizeof buf, "%.15g", v);
   return buf;
 }
 

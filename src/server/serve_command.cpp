@@ -236,6 +236,8 @@ Result<ServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
       for (const auto& f : flags()) {
         if (!f.help) continue;
         size_t d = edit_distance(normalized, f.name);
+        // A prefix of a longer flag ("--mem-fraction") is a strong hint too.
+        if (std::string_view(f.name).rfind(normalized, 0) == 0) d = std::min<size_t>(d, 1);
         if (d < best_d) best_d = d, best = &f;
       }
       std::string msg = "unknown flag '" + arg + "'";

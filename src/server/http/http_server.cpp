@@ -123,6 +123,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_header(beast::error_code ec) {
+    // Beast checks Content-Length against the body limit while parsing the header.
+    if (ec == bhttp::error::body_limit) return reject_too_large();
     if (ec) return close();  // end of stream, timeout, malformed header
     const auto& req = parser_->get();
     if (auto len = parser_->content_length();
@@ -257,7 +259,6 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
     stream_.expires_after(std::chrono::seconds(5));
-    lingering_ = true;
     do_linger();
   }
   void do_linger() {
@@ -290,7 +291,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool watching_ = false;
   bool closed_ = false;
-  bool lingering_ = false;
   bool keep_alive_ = true;
   uint64_t gen_ = 0;  // request number on this connection
   bool response_started_ = false;

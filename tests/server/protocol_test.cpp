@@ -1,0 +1,184 @@
+#include <gtest/gtest.h>
+
+#include "server/protocol/messages.h"
+#include "server/protocol/requests.h"
+
+namespace m3::server {
+namespace {
+
+using json = nlohmann::json;
+
+ApiError chat_error(const std::string& body) {
+  auto j = parse_json_body(body);
+  if (auto* e = std::get_if<ApiError>(&j)) return *e;
+  auto r = parse_chat_request(std::get<json>(j));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << body;
+  if (auto* e = std::get_if<ApiError>(&r)) return *e;
+  return {};
+}
+
+ChatRequest chat_ok(const std::string& body) {
+  auto r = parse_chat_request(json::parse(body));
+  if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << e->message;
+  return std::get<ChatRequest>(r);
+}
+
+const char* kMsg = R"("messages":[{"role":"user","content":"hi"}])";
+
+TEST(Protocol, MalformedJsonIs400) {
+  auto e = chat_error("{\"messages\": [");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("Malformed JSON"), std::string::npos);
+  EXPECT_EQ(chat_error("[1,2]").status, 400);
+  EXPECT_EQ(chat_error("").status, 400);
+}
+
+TEST(Protocol, ErrorObjectShape) {
+  ApiError e = bad_request("bad", "temperature");
+  json j = e.to_json();
+  EXPECT_EQ(j["error"]["message"], "bad");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "temperature");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+TEST(Protocol, InvalidParametersNameTheField) {
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"temperature":"hot"})").param, "temperature");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"temperature":-1})").param, "temperature");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"top_p":1.5})").param, "top_p");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"n":2})").param, "n");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"stop":[1]})").param, "stop");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"stream_options":{"include_usage":true}})").param,
+            "stream_options");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"logprobs":true})").param, "logprobs");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg +
+                       R"(,"response_format":{"type":"json_object"}})").param,
+            "response_format.type");
+  EXPECT_EQ(chat_error(R"({"messages":[]})").param, "messages");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"wizard","content":"x"}]})").param,
+            "messages[0].role");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":[{"type":"input_audio"}]}]})").param,
+            "messages[0].content[0].type");
+}
+
+TEST(Protocol, ThinkingField) {
+  auto e = chat_error(std::string("{") + kMsg + R"(,"thinking":{"type":"on"}})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "thinking.type");
+  for (const char* v : {"enabled", "disabled", "adaptive"}) {
+    EXPECT_NE(e.message.find(v), std::string::npos) << "the message names allowed value " << v;
+  }
+  EXPECT_EQ(chat_ok(std::string("{") + kMsg + "}").thinking_mode, "adaptive");
+  auto r = chat_ok(std::string("{") + kMsg + R"(,"thinking":{"type":"enabled"}})");
+  EXPECT_EQ(r.thinking_mode, "enabled");
+  EXPECT_EQ(r.template_kwargs["thinking_mode"], "enabled");
+}
+
+TEST(Protocol, ReasoningEffort) {
+  auto r = chat_ok(std::string("{") + kMsg + R"(,"reasoning_effort":"xhigh"})");
+  EXPECT_EQ(r.template_kwargs["reasoning_effort"], "xhigh");
+  EXPECT_EQ(r.thinking_mode, "adaptive");
+  for (const char* off : {"none", "minimal"}) {
+    auto d = chat_ok(std::string("{") + kMsg + R"(,"reasoning_effort":")" + off + "\"}");
+    EXPECT_EQ(d.thinking_mode, "disabled");
+  }
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"reasoning_effort":"huge"})").param,
+            "reasoning_effort");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg +
+                       R"(,"reasoning_effort":"none","thinking":{"type":"enabled"}})").status,
+            400);
+}
+
+TEST(Protocol, ChatTemplateKwargs) {
+  auto r = chat_ok(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"thinking_mode":"disabled","x":1}})");
+  EXPECT_EQ(r.thinking_mode, "disabled");
+  EXPECT_EQ(r.template_kwargs["x"], 1);
+  auto q = chat_ok(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"enable_thinking":true}})");
+  EXPECT_EQ(q.thinking_mode, "enabled");
+  // The top-level field wins over the kwargs.
+  auto t = chat_ok(std::string("{") + kMsg +
+                   R"(,"chat_template_kwargs":{"thinking_mode":"disabled"},"thinking":{"type":"enabled"}})");
+  EXPECT_EQ(t.thinking_mode, "enabled");
+}
+
+TEST(Protocol, ToolChoice) {
+  std::string tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  EXPECT_EQ(chat_ok(std::string("{") + kMsg + "," + tools + R"(,"tool_choice":"required"})").tool_choice,
+            ToolChoice::kRequired);
+  auto named = chat_ok(std::string("{") + kMsg + "," + tools +
+                       R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})");
+  EXPECT_EQ(named.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(named.tool_choice_name, "f");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + "," + tools +
+                       R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})").param,
+            "tool_choice.function.name");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tool_choice":"required"})").param, "tool_choice");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tool_choice":"sometimes"})").param, "tool_choice");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tools":[{"type":"function","function":{}}]})").param,
+            "tools[0].function.name");
+}
+
+TEST(Protocol, MessagesRoundTripIntoTemplateForm) {
+  json msgs = json::parse(R"([
+    {"role":"system","content":[{"type":"text","text":"be "},{"type":"text","text":"brief"}]},
+    {"role":"user","content":"weather?"},
+    {"role":"assistant","content":null,"reasoning_content":"need the tool",
+     "tool_calls":[{"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"city\":\"Paris\",\"n\":2}"}}]},
+    {"role":"tool","tool_call_id":"call_1","content":"sunny"},
+    {"role":"assistant","content":"It is sunny.","reasoning":"from the tool"}
+  ])");
+  std::vector<ImageRef> images;
+  auto r = convert_messages(msgs, images);
+  ASSERT_TRUE(std::holds_alternative<json>(r));
+  json t = std::get<json>(r);
+  EXPECT_EQ(t[0]["content"], "be brief");
+  EXPECT_EQ(t[2]["content"], "");
+  EXPECT_EQ(t[2]["reasoning_content"], "need the tool");
+  EXPECT_EQ(t[2]["tool_calls"][0]["function"]["arguments"], json::parse(R"({"city":"Paris","n":2})"));
+  EXPECT_EQ(t[2]["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(t[3]["tool_call_id"], "call_1");
+  EXPECT_EQ(t[3]["content"], "sunny");
+  EXPECT_EQ(t[4]["reasoning_content"], "from the tool");
+  EXPECT_TRUE(images.empty());
+}
+
+TEST(Protocol, BadToolCallArgumentsNamed) {
+  json msgs = json::parse(R"([{"role":"assistant","content":"","tool_calls":[
+    {"id":"x","type":"function","function":{"name":"f","arguments":"{not json"}}]}])");
+  std::vector<ImageRef> images;
+  auto r = convert_messages(msgs, images);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "messages[0].tool_calls[0].function.arguments");
+}
+
+TEST(Protocol, ImagesAreCollected) {
+  json msgs = json::parse(R"([{"role":"user","content":[{"type":"text","text":"look"},
+    {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}])");
+  std::vector<ImageRef> images;
+  auto r = convert_messages(msgs, images);
+  ASSERT_TRUE(std::holds_alternative<json>(r));
+  ASSERT_EQ(images.size(), 1u);
+  EXPECT_EQ(images[0].param, "messages[0].content[1].image_url.url");
+  EXPECT_EQ(std::get<json>(r)[0]["content"][1]["type"], "image");
+}
+
+TEST(Protocol, CompletionPrompt) {
+  auto r = parse_completion_request(json::parse(R"({"prompt":"abc","max_tokens":3,"stop":"x"})"));
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r));
+  auto& c = std::get<CompletionRequest>(r);
+  EXPECT_EQ(*c.prompt_text, "abc");
+  EXPECT_EQ(*c.gen.max_tokens, 3);
+  EXPECT_EQ(c.gen.sampling.stop, std::vector<std::string>{"x"});
+  auto ids = parse_completion_request(json::parse(R"({"prompt":[1,2,3]})"));
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ids));
+  EXPECT_EQ(std::get<CompletionRequest>(ids).prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(*std::get<CompletionRequest>(ids).gen.max_tokens, 16);  // OpenAI's default
+  auto batch = parse_completion_request(json::parse(R"({"prompt":["a","b"]})"));
+  ASSERT_TRUE(std::holds_alternative<ApiError>(batch));
+  EXPECT_EQ(std::get<ApiError>(batch).param, "prompt");
+}
+
+}  // namespace
+}  // namespace m3::server
