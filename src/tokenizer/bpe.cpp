@@ -25,8 +25,10 @@ uint64_t merge_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
+// Fibonacci hashing: the top bits of the product mix every bit of the key.
 size_t merge_slot(uint64_t key, uint64_t mask) {
-  return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  uint64_t h = key * 0x9E3779B97F4A7C15ull;
+  return static_cast<size_t>((h ^ (h >> 29) ^ (h >> 41)) & mask);
 }
 
 // Per-thread cache of pre-token -> ids, one per model (a few models per thread at most).

@@ -14,9 +14,25 @@ namespace {
 
 using json = nlohmann::json;
 
+// Whether c is left alone by the normalization form and cannot interact with its neighbours:
+// no decomposition (canonical, or any kind for the compatibility forms), combining class 0, no
+// part in a canonical composition (composing forms), and not a conjoining Hangul jamo. Hangul
+// syllables decompose under NFD/NFKD. Conservative: false only costs the library call.
+bool is_stable(char32_t c, bool compose, bool compat) {
+  if (c >= 0x1100 && c <= 0x11FF) return false;
+  if (c >= 0xAC00 && c <= 0xD7A3) return compose;
+  const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
+  if (p->combining_class != 0) return false;
+  if (p->decomp_seqindex != UINT16_MAX && (compat || p->decomp_type == 0)) return false;
+  if (compose && p->comb_index != UINT16_MAX) return false;
+  return true;
+}
+
 class UnicodeNormalizer final : public Normalizer {
  public:
-  explicit UnicodeNormalizer(int options) : options_(options) {}
+  explicit UnicodeNormalizer(int options)
+      : options_(options), compose_((options & UTF8PROC_COMPOSE) != 0),
+        compat_((options & UTF8PROC_COMPAT) != 0) {}
 
   void normalize(std::string& s) const override {
     // All four forms leave ASCII alone, and no composition takes an ASCII character as its second
@@ -31,7 +47,17 @@ class UnicodeNormalizer final : public Normalizer {
     while (i < n) {
       size_t start = i > 0 ? i - 1 : 0;  // the preceding ASCII starter may compose with marks
       size_t end = i;
-      while (end < n && static_cast<unsigned char>(s[end]) >= 0x80) ++end;
+      bool stable = true;
+      while (end < n && static_cast<unsigned char>(s[end]) >= 0x80) {
+        char32_t cp;
+        end += utf8_decode_valid(s.data() + end, &cp);
+        stable = stable && is_stable(cp, compose_, compat_);
+      }
+      if (stable) {  // most text: nothing to do for this chunk
+        i = end;
+        while (i < n && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+        continue;
+      }
       out.append(s, copied, start - copied);
       utf8proc_uint8_t* mapped = nullptr;
       utf8proc_ssize_t len =
@@ -48,12 +74,14 @@ class UnicodeNormalizer final : public Normalizer {
       i = end;
       while (i < n && static_cast<unsigned char>(s[i]) < 0x80) ++i;
     }
+    if (copied == 0) return;  // every chunk was stable
     out.append(s, copied, n - copied);
     s.swap(out);
   }
 
  private:
   int options_;
+  bool compose_, compat_;
 };
 
 class Lowercase final : public Normalizer {

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <utf8proc.h>
+
 #include "tokenizer/decoder.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
@@ -63,6 +66,43 @@ TEST(Utf8, LossyStreamEqualsWholeForEverySplit) {
       }
       s.finish(out);
       ASSERT_EQ(out, whole) << "cuts " << cut1 << "," << cut2;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unicode normalizers: the fast path (chunks whose characters cannot change are skipped) must
+// equal the library on every code point, in contexts where composition could happen.
+
+TEST(Normalizer, FastPathEqualsLibraryOnEveryCodePoint) {
+  struct Form {
+    const char* type;
+    int options;
+  };
+  for (Form f : {Form{"NFC", UTF8PROC_COMPOSE}, Form{"NFD", UTF8PROC_DECOMPOSE},
+                 Form{"NFKC", UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
+                 Form{"NFKD", UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT}}) {
+    auto n = tok::make_normalizer(json{{"type", f.type}});
+    ASSERT_TRUE(n.is_ok());
+    int failures = 0;
+    for (char32_t c = 0x80; c < 0x30000 && failures < 5; ++c) {
+      if (c >= 0xD800 && c <= 0xDFFF) continue;
+      for (const std::string& ctx : {"A" + u8(c) + "\xCC\x81" + u8(c) + "a",
+                                     "\xE1\x84\x80" + u8(c) + "\xEA\xB0\x80" + u8(c)}) {
+        utf8proc_uint8_t* want = nullptr;
+        utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(ctx.data()),
+                                            static_cast<utf8proc_ssize_t>(ctx.size()), &want,
+                                            static_cast<utf8proc_option_t>(UTF8PROC_STABLE | f.options));
+        ASSERT_GE(len, 0);
+        std::string expected(reinterpret_cast<const char*>(want), static_cast<size_t>(len));
+        std::free(want);
+        std::string got = ctx;
+        (*n)->normalize(got);
+        if (got != expected) {
+          ++failures;
+          ADD_FAILURE() << f.type << " U+" << std::hex << static_cast<uint32_t>(c);
+        }
+      }
     }
   }
 }

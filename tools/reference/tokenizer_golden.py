@@ -14,12 +14,10 @@ usage: tokenizer_golden.py --tokenizers DIR --out OUT [--corpus C] [--variants V
   (encode_batch / encode, RAYON_NUM_THREADS=1 and default), measured in subprocesses.
 """
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
 import platform
-import struct
 import subprocess
 import sys
 import time
@@ -34,16 +32,22 @@ def load_json(path):
         return json.load(f)
 
 
+_BASE_CACHE = {}
+
+
 def base_json(tok_dir, base):
-    return load_json(os.path.join(tok_dir, f"tokenizer-{base}", "models", "tokenizer.json"))
+    key = (tok_dir, base)
+    if key not in _BASE_CACHE:
+        _BASE_CACHE[key] = load_json(
+            os.path.join(tok_dir, f"tokenizer-{base}", "models", "tokenizer.json"))
+    return _BASE_CACHE[key]
 
 
 def variant_json(tok_dir, variant):
-    j = base_json(tok_dir, variant["base"])
+    j = dict(base_json(tok_dir, variant["base"]))  # top-level keys are replaced, not mutated
     for key, value in variant.get("override", {}).items():
         j[key] = value
-    for t in variant.get("extra_added_tokens", []):
-        j["added_tokens"].append(dict(t))
+    j["added_tokens"] = list(j["added_tokens"]) + [dict(t) for t in variant.get("extra_added_tokens", [])]
     return j
 
 
@@ -96,10 +100,12 @@ def golden_for(tok, lines):
 
 
 def ids_digest(all_ids):
-    h = hashlib.sha256()
+    """h = (h * 1000003 + id + 1) mod (2^61 - 1) over all ids in order (tokenizer_bench.cpp too)."""
+    h, m = 0, (1 << 61) - 1
     for ids in all_ids:
-        h.update(struct.pack(f"<{len(ids)}i", *ids))
-    return h.hexdigest()
+        for i in ids:
+            h = (h * 1000003 + i + 1) % m
+    return h
 
 
 def bench_child(args):
@@ -117,7 +123,7 @@ def bench_child(args):
         tok = Tokenizer.from_str(json.dumps(base_json(args.tokenizers, base)))
         r = {}
         ids = [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)]  # warm-up
-        r["ids_sha256"] = ids_digest(ids)
+        r["ids_hash"] = ids_digest(ids)
         r["ids_count"] = sum(len(x) for x in ids)
         methods = [("encode_batch", lambda: tok.encode_batch(docs, add_special_tokens=False))]
         if hasattr(tok, "encode_batch_fast"):
