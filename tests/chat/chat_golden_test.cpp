@@ -123,9 +123,10 @@ TEST_F(ChatGolden, MatchesTransformers) {
   EXPECT_GT(n, 0u);
   // Corpus and goldens must stay in sync: a new request needs new goldens.
   for (const auto& e : fs::directory_iterator(kFixtures / "requests")) {
-    if (e.path().extension() == ".json")
+    if (e.path().extension() == ".json") {
       EXPECT_TRUE(seen_requests.count(e.path().filename().string()))
           << e.path() << " has no golden rendering: regenerate the goldens";
+    }
   }
   std::printf("chat goldens: %zu renderings (%zu expected errors), %zu mismatches, engine %s %s\n",
               n, errors_expected, failures, header.value("engine", "?").c_str(),

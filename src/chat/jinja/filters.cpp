@@ -2,6 +2,8 @@
 // (json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -335,9 +337,16 @@ Value f_round(Interpreter&, const Value& v, CallArgs& a) {
   double p = std::pow(10.0, static_cast<double>(precision));
   if (method == "common") {
     if (!v.is_float() && precision >= 0) return Value(v.int_value());
-    double x = v.number_value() * p;
-    double r = std::nearbyint(x);  // ties to even, like Python's round()
-    return Value(r / p);
+    double x = v.number_value();
+    if (!std::isfinite(x)) return Value(x);
+    if (precision >= 0 && precision < 300) {
+      // Python rounds the exact binary value half-to-even (round(2.675, 2) == 2.67); printf's
+      // %.*f does the same exact decimal rounding.
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), x);
+      return Value(std::strtod(buf, nullptr));
+    }
+    return Value(std::nearbyint(x * p) / p);
   }
   double x = v.number_value() * p;
   return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / p);
@@ -585,7 +594,13 @@ Value f_format(Interpreter& in, const Value& v, CallArgs& a) {
 Value f_attr(Interpreter& in, const Value& v, CallArgs& a) {
   BoundArgs b = bind_args(a, "attr", {"name"});
   if (!b.has(0)) fail("attr() missing required argument 'name'");
-  return in.getattr(v, to_str(b[0]));
+  // Python getattr only: a dict's keys are not attributes (only its methods are).
+  std::string name = to_str(b[0]);
+  if (v.is_object()) return v.object().getattr(name);
+  if (v.is_undefined()) return in.getattr(v, name);
+  Value m = get_method(v, name);
+  if (m.is_callable() || !m.undefined_hint().empty()) return m;
+  return Value::undefined("'" + v.type_name() + " object' has no attribute '" + name + "'");
 }
 
 Value f_pprint(Interpreter&, const Value& v, CallArgs& a) {

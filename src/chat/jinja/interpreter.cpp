@@ -487,12 +487,21 @@ void Interpreter::exec_for(const Stmt& s, std::string& out, const std::shared_pt
   std::shared_ptr<const std::vector<Value>> citems = items;
   for (size_t i = 0; i < citems->size(); ++i) {
     tick();
+    // jinja2 starts every iteration from the enclosing scope: what the body set in the previous
+    // iteration is not visible (only namespace() attributes carry over).
+    inner = std::make_shared<Frame>();
+    inner->parent = frame;
     bind((*citems)[i]);
-    inner->vars["loop"] = Value(std::shared_ptr<Object>(std::make_shared<LoopObj>(citems, i, last_changed)));
+    inner->vars["loop"] =
+        Value(std::shared_ptr<Object>(std::make_shared<LoopObj>(citems, i, last_changed)));
     Flow f = exec_body(s.body, out, inner);
     if (f == Flow::kBreak) break;
   }
-  if (citems->empty()) exec_body(s.else_body, out, inner);
+  if (citems->empty()) {
+    inner = std::make_shared<Frame>();
+    inner->parent = frame;
+    exec_body(s.else_body, out, inner);
+  }
 }
 
 Value Interpreter::make_macro(const Stmt& s, const std::shared_ptr<Frame>& frame, const Body* body,

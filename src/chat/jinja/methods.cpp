@@ -554,10 +554,8 @@ std::vector<Value> py_split(const std::string& s, const Value& sep, int64_t maxs
       while (i < u.size()) {
         while (i < u.size() && py_isspace(u[i])) ++i;
         if (i >= u.size()) break;
-        if (maxsplit >= 0 && n >= maxsplit) {
-          size_t e = u.size();
-          while (e > i && py_isspace(u[e - 1])) --e;
-          parts.push_back(u.substr(i, e - i));
+        if (maxsplit >= 0 && n >= maxsplit) {  // the rest, trailing whitespace kept
+          parts.push_back(u.substr(i));
           break;
         }
         size_t j = i;
@@ -572,10 +570,8 @@ std::vector<Value> py_split(const std::string& s, const Value& sep, int64_t maxs
       while (i > 0) {
         while (i > 0 && py_isspace(u[static_cast<size_t>(i - 1)])) --i;
         if (i <= 0) break;
-        if (maxsplit >= 0 && n >= maxsplit) {
-          size_t b = 0;
-          while (b < static_cast<size_t>(i) && py_isspace(u[b])) ++b;
-          parts.push_back(u.substr(b, static_cast<size_t>(i) - b));
+        if (maxsplit >= 0 && n >= maxsplit) {  // the rest, leading whitespace kept
+          parts.push_back(u.substr(0, static_cast<size_t>(i)));
           break;
         }
         int64_t j = i;
