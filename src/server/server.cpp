@@ -51,6 +51,7 @@ Server::Server(ServerOptions options, InferenceBackend* backend, const TextCodec
       hc, [&ctx](http::Request&& req, std::shared_ptr<http::Responder> res) {
         handle_request(ctx, std::move(req), std::move(res));
       });
+  ctx.open_connections = [http = impl_->http.get()] { return http->open_connections(); };
 }
 
 Server::~Server() { stop(); }

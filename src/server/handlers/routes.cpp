@@ -408,6 +408,7 @@ void handle_request(ServerContext& ctx, http::Request&& request,
     return send_json(*responder, 200, {{"object", "list"}, {"data", data}});
   }
   if (path == "/metrics") {
+    if (ctx.open_connections) ctx.metrics->http_connections_open.store(ctx.open_connections());
     return responder->send(200, "text/plain; version=0.0.4; charset=utf-8",
                            ctx.metrics->render(ctx.backend->stats(), ctx.backend->ready(),
                                                ctx.draining.load()));
