@@ -1,0 +1,173 @@
+// Block-sparse paged decode attention (bf16 cache, float32 math), split over the selected blocks:
+// one CTA per (selected block, KV group, sequence) loads the page's 128 K and V rows of its group
+// once into shared memory and serves all 16 query heads of the group (scores, softmax statistics
+// and the unnormalised P·V); a combine kernel merges the top_k partial states per head.
+#include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/reduce.cuh"
+#include "core/dtype.h"
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kS = 128, kD = 128, kGroup = 16, kThreads = 128;
+constexpr int kKPitch = kD / 2 + 1;  // 32-bit words per K row in shared memory (+1: no conflicts)
+
+struct Smem {
+  uint32_t k[kS][kKPitch];      // bf16 pairs
+  uint32_t v[kS][kD / 2];       // bf16 pairs, read along D (conflict-free without padding)
+  float q[kGroup][kD];
+  float p[kGroup][kS];
+};
+
+__device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+__global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const int slot = blockIdx.x, g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const KvCacheBf16View& c = p.cache;
+  const int64_t hkv = c.num_kv_heads;
+  const int64_t pos = p.positions[b];
+  const int64_t qb = pos / kS;
+  const int32_t* sel = p.selected + (b * hkv + g) * p.top_k;
+  const int32_t blk = sel[slot];
+  bool skip = blk < 0 || blk > qb;
+  for (int i = 0; i < slot && !skip; ++i) skip = sel[i] == blk;  // duplicates count once
+  const int64_t page = skip ? -1 : p.block_tables[b * p.max_blocks + blk];
+  float* mlp = p.ml_partial + ((b * p.num_heads + g * kGroup) * p.top_k + slot) * 2;
+  float* op = p.o_partial + ((b * p.num_heads + g * kGroup) * p.top_k + slot) * kD;
+  if (skip || page < 0 || page >= c.num_pages) {
+    if (tid < kGroup) {
+      mlp[tid * p.top_k * 2] = -INFINITY;
+      mlp[tid * p.top_k * 2 + 1] = 0.0f;
+    }
+    return;
+  }
+  // Load K and V rows of group g (256 B each, 16-byte pieces) and the 16 queries.
+  const uint4* kg = reinterpret_cast<const uint4*>(c.k + (page * kS * hkv + g) * kD);
+  const uint4* vg = reinterpret_cast<const uint4*>(c.v + (page * kS * hkv + g) * kD);
+  const int64_t row_stride = hkv * kD / 8;  // uint4 per token row
+  for (int i = tid; i < kS * (kD / 8); i += kThreads) {
+    const int s = i / (kD / 8), piece = i % (kD / 8);
+    const uint4 kv = __ldg(kg + s * row_stride + piece);
+    const uint4 vv = __ldg(vg + s * row_stride + piece);
+    sm.k[s][piece * 4 + 0] = kv.x, sm.k[s][piece * 4 + 1] = kv.y;
+    sm.k[s][piece * 4 + 2] = kv.z, sm.k[s][piece * 4 + 3] = kv.w;
+    *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vv;
+  }
+  const uint16_t* qg = p.q + (b * p.num_heads + g * kGroup) * kD;
+  for (int i = tid; i < kGroup * kD; i += kThreads) sm.q[i / kD][i % kD] = bf16_to_f32(qg[i]);
+  __syncthreads();
+
+  // Scores: thread s owns key s of the page for all 16 heads.
+  {
+    const int s = tid;
+    float acc[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) acc[h] = 0.0f;
+    for (int d2 = 0; d2 < kD / 2; ++d2) {
+      const uint32_t w = sm.k[s][d2];
+      const float k0 = lo(w), k1 = hi(w);
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h)
+        acc[h] = fmaf(sm.q[h][2 * d2 + 1], k1, fmaf(sm.q[h][2 * d2], k0, acc[h]));
+    }
+    const bool valid = int64_t{blk} * kS + s <= pos;
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) sm.p[h][s] = valid ? acc[h] * p.scale : -INFINITY;
+  }
+  __syncthreads();
+  // Softmax statistics: warp w handles heads 4w .. 4w+3 (each lane 4 keys).
+  for (int h = warp * 4; h < warp * 4 + 4; ++h) {
+    float v[4], m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m = fmaxf(m, v[j] = sm.p[h][lane + 32 * j]);
+    m = warp_max(m);  // the page's first key (blk·S <= pos) is always valid: m is finite
+    float l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float e = expf(v[j] - m);
+      sm.p[h][lane + 32 * j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      mlp[h * p.top_k * 2] = m;
+      mlp[h * p.top_k * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+  // Unnormalised P·V: thread d2 owns dims 2·d2, 2·d2+1 for heads in two halves (registers).
+  for (int hh = 0; hh < kGroup; hh += 8) {
+    const int d2 = tid & 63, h0 = hh + (tid >> 6) * 4;
+    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+    for (int s = 0; s < kS; ++s) {
+      const uint32_t w = sm.v[s][d2];
+      const float v0 = lo(w), v1 = hi(w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float pj = sm.p[h0 + j][s];
+        a0[j] = fmaf(pj, v0, a0[j]);
+        a1[j] = fmaf(pj, v1, a1[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float* o = op + (h0 + j) * p.top_k * kD;
+      *reinterpret_cast<float2*>(o + 2 * d2) = make_float2(a0[j], a1[j]);
+    }
+  }
+}
+
+// One block per (head, sequence): merge the top_k partial states, normalise, store bf16.
+__global__ void sparse_decode_combine_kernel(SparseDecodeParams p) {
+  const int64_t bh = blockIdx.x;  // b·H + h
+  const float* ml = p.ml_partial + bh * p.top_k * 2;
+  const float* o = p.o_partial + bh * p.top_k * kD;
+  float m = -INFINITY;
+  for (int64_t i = 0; i < p.top_k; ++i) m = fmaxf(m, ml[2 * i]);
+  uint16_t* out = p.out + bh * kD;
+  const int d = threadIdx.x;
+  if (m == -INFINITY) {
+    out[d] = 0;
+    return;
+  }
+  float num = 0.0f, den = 0.0f;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    if (ml[2 * i] == -INFINITY) continue;
+    const float w = expf(ml[2 * i] - m);
+    den = fmaf(ml[2 * i + 1], w, den);
+    num = fmaf(o[i * kD + d], w, num);
+  }
+  out[d] = f32_to_bf16(num / den);
+}
+
+}  // namespace
+
+Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
+  if (p.batch == 0) return Status::ok();
+  const KvCacheBf16View& c = p.cache;
+  if (c.head_dim != kD || c.page_size != kS || c.num_kv_heads * kGroup != p.num_heads ||
+      p.top_k <= 0 || p.top_k > 64)
+    return invalid_argument("[cuda.sparse_decode] needs D = 128, page 128, 16 query heads per KV "
+                            "head, top_k in [1, 64]; got D " + std::to_string(c.head_dim) +
+                            ", page " + std::to_string(c.page_size) + ", H " +
+                            std::to_string(p.num_heads) + ", Hkv " +
+                            std::to_string(c.num_kv_heads));
+  const int smem = static_cast<int>(sizeof(Smem));
+  M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      sparse_decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(c.num_kv_heads),
+            static_cast<unsigned>(p.batch));
+  sparse_decode_split_kernel<<<grid, kThreads, smem, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(sparse_decode_split_kernel);
+  sparse_decode_combine_kernel<<<static_cast<unsigned>(p.batch * p.num_heads), kD, 0, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(sparse_decode_combine_kernel);
+  return Status::ok();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,59 @@
+// Block-sparse paged attention and the lightning indexer for decode at the real MiniMax-M3 shapes
+// (bf16 cache and activations, float32 arithmetic). Parameter structs in the FlashMLA style: the
+// shape of every pointer in a comment, -1 as the "empty" sentinel in block tables and
+// selections. This header includes no CUDA header.
+//
+// Cache layout of one layer (page = sparse block = 128 tokens; page ids are the scheduler's):
+//   k, v   [P, S, Hkv, D] bf16 (after k_norm + RoPE)   idx_k [P, S, Dix] bf16 (after norm + RoPE)
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace m3::cuda {
+
+struct KvCacheBf16View {
+  uint16_t* k = nullptr;      // [P, S, Hkv, D] bf16
+  uint16_t* v = nullptr;      // [P, S, Hkv, D] bf16
+  uint16_t* idx_k = nullptr;  // [P, S, Dix] bf16; nullptr on layers without an indexer
+  int64_t num_pages = 0, page_size = 0, num_kv_heads = 0, head_dim = 0, index_head_dim = 0;
+};
+
+// One query token per sequence (decode). Sequence b's query sits at positions[b]; its block
+// table row maps logical block j to a page (-1 past the sequence's end).
+struct IndexerDecodeParams {
+  const uint16_t* iq = nullptr;          // [B, Hix, Dix] bf16 index queries (normed + roped)
+  KvCacheBf16View cache;                 // idx_k holds every position <= positions[b]
+  const int32_t* positions = nullptr;    // [B]
+  const int32_t* block_tables = nullptr; // [B, max_blocks] page ids, -1 = none
+  int64_t batch = 0, num_index_heads = 0, max_blocks = 0;
+  int64_t top_k = 16, local_blocks = 1, init_blocks = 0;
+  float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
+  int32_t* selected = nullptr;           // [B, Hix, top_k] out: block ids by descending score
+                                         // (ties: lower id), -1 = empty slot
+};
+
+// Requires Dix == 128 and S == 128 (the real shapes; checked).
+Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream);
+
+struct SparseDecodeParams {
+  const uint16_t* q = nullptr;           // [B, H, D] bf16 queries (normed + roped)
+  KvCacheBf16View cache;
+  const int32_t* positions = nullptr;    // [B]
+  const int32_t* block_tables = nullptr; // [B, max_blocks]
+  const int32_t* selected = nullptr;     // [B, Hkv, top_k] block ids, -1 = empty (from the indexer)
+  int64_t batch = 0, num_heads = 0, max_blocks = 0, top_k = 16;
+  float scale = 0.0f;                    // softmax scale (1/sqrt(D))
+  float* o_partial = nullptr;            // [B, H, top_k, D] scratch: unnormalised per-block outputs
+  float* ml_partial = nullptr;           // [B, H, top_k, 2] scratch: (max, sum of exp) per block
+  uint16_t* out = nullptr;               // [B, H, D] bf16 output
+};
+
+// Requires D == 128, S == 128, H / Hkv == 16 (checked). Duplicate selected ids count once;
+// ids past the query's block are skipped; a row with no allowed key outputs zeros.
+Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream);
+
+}  // namespace m3::cuda

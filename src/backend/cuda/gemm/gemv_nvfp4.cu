@@ -1,0 +1,20 @@
+// NVFP4 instantiations of the dequantising GEMV (MT = 1, 2 activation rows per pass: 32 floats
+// of activations per row live in registers).
+#include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/gemm/quant_gemv_internal.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace m3::cuda::gemv {
+
+Status launch_nvfp4(const QuantGemvParams& p, int mt, cudaStream_t s) {
+  const dim3 grid = grid_for(p, FormatTraits<QuantFormat::kNvfp4>::kSlice);
+  if (mt <= 1) {
+    quant_gemv_kernel<QuantFormat::kNvfp4, 1><<<grid, kWarps * 32, 0, s>>>(p);
+  } else {
+    quant_gemv_kernel<QuantFormat::kNvfp4, 2><<<grid, kWarps * 32, 0, s>>>(p);
+  }
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel<nvfp4>");
+  return Status::ok();
+}
+
+}  // namespace m3::cuda::gemv

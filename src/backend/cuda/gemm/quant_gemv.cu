@@ -1,0 +1,133 @@
+// Dispatch of the dequantising GEMV, its epilogue (fixed-order slice sum; float32 store or
+// SwiGLU-OAI to bf16) and the token-to-expert grouping.
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/gemm/quant_gemv_internal.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "core/dtype.h"
+
+namespace m3::cuda {
+
+namespace gemv {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kRowsPerWarp = 16;
+
+dim3 grid_for(const QuantGemvParams& p, int64_t slice) {
+  const int64_t warps = (p.n + kRowsPerWarp - 1) / kRowsPerWarp * (p.k / slice);
+  return dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
+              static_cast<unsigned>(p.group_offsets ? p.num_slots : 1));
+}
+
+}  // namespace gemv
+
+int64_t quant_gemv_num_slices(QuantFormat f, int64_t k) {
+  return f == QuantFormat::kMxfp8 ? k / 512 : k / 1024;
+}
+
+Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
+  if (p.num_rows == 0 || p.n == 0) return Status::ok();
+  const int64_t slice = p.format == QuantFormat::kMxfp8 ? 512 : 1024;
+  if (p.k <= 0 || p.k % slice != 0)
+    return invalid_argument("[cuda.quant_gemv] K = " + std::to_string(p.k) +
+                            " must be a positive multiple of " + std::to_string(slice));
+  if (p.ldx % 8 != 0 || (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.w) & 15) != 0)
+    return invalid_argument("[cuda.quant_gemv] x rows and weights must be 16-byte aligned");
+  if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
+    return invalid_argument("[cuda.quant_gemv] group_offsets and active_groups go together");
+  // Activation rows per pass: as many as a group is likely to own (the whole batch for a dense
+  // linear), capped by the registers the activations take.
+  const int64_t per_group =
+      p.group_offsets ? (p.num_rows + p.num_slots - 1) / std::max<int64_t>(1, p.num_slots)
+                      : p.num_rows;
+  const int mt = per_group <= 1 ? 1 : per_group <= 2 ? 2 : 4;
+  return p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8(p, mt, stream)
+                                         : gemv::launch_nvfp4(p, mt, stream);
+}
+
+namespace {
+
+__global__ void gemv_epilogue_kernel(GemvEpilogueParams p) {
+  const int64_t r = blockIdx.y;
+  const int64_t width = p.kind == GemvEpilogue::kSwigluBf16 ? p.n / 2 : p.n;
+  const int64_t plane = p.num_rows * p.n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < width;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float* src = p.partial + r * p.n + i;
+    float a = 0.0f;
+    for (int64_t s = 0; s < p.num_slices; ++s) a += src[s * plane];
+    if (p.kind == GemvEpilogue::kStoreF32) {
+      float* y = p.y + r * p.ldy + i;
+      *y = p.accumulate ? *y + a : a;
+    } else {
+      float u = 0.0f;
+      for (int64_t s = 0; s < p.num_slices; ++s) u += src[s * plane + width];
+      const float gc = fminf(a, p.limit);
+      const float uc = fminf(fmaxf(u, -p.limit), p.limit);
+      const float sig = 1.0f / (1.0f + expf(-gc * p.alpha));
+      p.act[r * width + i] = f32_to_bf16((uc + 1.0f) * (gc * sig));
+    }
+  }
+}
+
+// One block; warp w handles experts w, w + nw, ...: a ballot scan over the rows keeps the rows
+// of an expert in ascending order. Pass 1 counts, the offsets are scanned, pass 2 places.
+__global__ void group_by_expert_kernel(GroupByExpertParams p) {
+  extern __shared__ int32_t counts[];  // [E + 1]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int64_t e = warp; e < p.num_experts; e += nw) {
+    int32_t c = 0;
+    for (int64_t r0 = 0; r0 < p.num_rows; r0 += 32) {
+      const bool hit = r0 + lane < p.num_rows && p.topk_ids[r0 + lane] == e;
+      c += __popc(__ballot_sync(0xffffffffu, hit));
+    }
+    if (lane == 0) counts[e] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t off = 0, slot = 0;
+    for (int64_t e = 0; e < p.num_experts; ++e) {
+      const int32_t c = counts[e];
+      p.group_offsets[e] = off;
+      counts[e] = off;
+      off += c;
+      if (c > 0) p.active_groups[slot++] = static_cast<int32_t>(e);
+    }
+    p.group_offsets[p.num_experts] = off;
+    const int64_t slots = p.num_experts < p.num_rows ? p.num_experts : p.num_rows;
+    for (int64_t i = slot; i < slots; ++i) p.active_groups[i] = -1;
+  }
+  __syncthreads();
+  for (int64_t e = warp; e < p.num_experts; e += nw) {
+    int32_t base = counts[e];
+    for (int64_t r0 = 0; r0 < p.num_rows; r0 += 32) {
+      const bool hit = r0 + lane < p.num_rows && p.topk_ids[r0 + lane] == e;
+      const uint32_t mask = __ballot_sync(0xffffffffu, hit);
+      if (hit) p.sorted_rows[base + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(r0 + lane);
+      base += __popc(mask);
+    }
+  }
+}
+
+}  // namespace
+
+Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stream) {
+  if (p.num_rows == 0) return Status::ok();
+  const int64_t width = p.kind == GemvEpilogue::kSwigluBf16 ? p.n / 2 : p.n;
+  dim3 grid(static_cast<unsigned>((width + 255) / 256), static_cast<unsigned>(p.num_rows));
+  gemv_epilogue_kernel<<<grid, 256, 0, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(gemv_epilogue_kernel);
+  return Status::ok();
+}
+
+Status launch_group_by_expert(const GroupByExpertParams& p, CUstream_st* stream) {
+  if (p.num_experts <= 0 || p.num_experts > 4096)
+    return invalid_argument("[cuda.group_by_expert] num_experts " +
+                            std::to_string(p.num_experts) + " outside [1, 4096]");
+  const size_t smem = sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1);
+  group_by_expert_kernel<<<1, 1024, smem, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(group_by_expert_kernel);
+  return Status::ok();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,91 @@
+// Dequantising GEMV / grouped GEMV for few tokens (decode, small batches) on Hopper, which has no
+// FP4 or block-scaled tensor-core instructions: weights are dequantised in registers and every
+// weight byte is streamed from HBM exactly once per launch (16-byte loads that bypass L1), with
+// float32 accumulation.
+//
+//   partial[s, r, n] = Σ_{k in slice s} x[rows[r] / x_row_div, k] · W_{g(r)}[n, k]
+//
+// for every routed row r, where g(r) is the group (expert) that owns r. An epilogue
+// (launch_quant_gemv_epilogue) sums the K-slices in a fixed order (deterministic) and stores
+// float32 output or applies SwiGLU-OAI and stores bf16 activations.
+//
+// Formats (m3-architecture.md §4.3-4.4):
+//  * MXFP8: codes E4M3 [N, K], scales E8M0 [N, K/32]: w = e4m3 · 2^(s - 127).
+//  * NVFP4: packed E2M1 [N, K/2] (element 2i in the low nibble), scales E4M3 [N, K/16], and a
+//    per-matrix float multiplier: w = e2m1 · e4m3(scale) · global (for compressed-tensors
+//    checkpoints global = 1 / weight_global_scale; ModelOpt: weight_scale_2).
+// Requirements: K % 512 == 0 (MXFP8) or K % 1024 == 0 (NVFP4) (all MiniMax-M3 in-dims qualify),
+// 16-byte aligned weight rows. Arithmetic is float32 throughout (products and sums), so there is no
+// range limit on the activations beyond float32.
+//
+// This header includes no CUDA header (cudaStream_t is forward-declared).
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace m3::cuda {
+
+enum class QuantFormat : int { kMxfp8 = 0, kNvfp4 = 1 };
+
+struct QuantGemvParams {
+  QuantFormat format = QuantFormat::kMxfp8;
+  // Activations (bf16 bits).
+  const uint16_t* x = nullptr;      // [X, K], row stride ldx elements
+  int64_t ldx = 0;
+  int64_t x_row_div = 1;            // x row of routed row r is r / x_row_div (top_k for MoE up)
+  // Weights: G matrices of one shape, stored back to back.
+  const uint8_t* w = nullptr;       // [G, N, K] E4M3 (MXFP8) | [G, N, K/2] packed E2M1 (NVFP4)
+  const uint8_t* w_scale = nullptr; // [G, N, K/32] E8M0 (MXFP8) | [G, N, K/16] E4M3 (NVFP4)
+  const float* w_global = nullptr;  // [G] NVFP4 multiplier; nullptr = 1; unused for MXFP8
+  int64_t num_groups = 1;           // G
+  // Routing of rows to groups. All nullptr: one group, rows 0..num_rows-1 in order.
+  const int32_t* group_offsets = nullptr;  // [G + 1]: group g owns sorted_rows[off[g], off[g+1])
+  const int32_t* sorted_rows = nullptr;    // [num_rows] routed row ids, grouped by g
+  const int32_t* active_groups = nullptr;  // [num_slots] groups with rows, -1 = empty slot
+  int64_t num_slots = 1;                   // grid size over groups: min(G, num_rows)
+  int64_t num_rows = 0;                    // routed rows (the r range)
+  int64_t n = 0, k = 0;
+  float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
+};
+
+// K-slices of the partial buffer for a format and K.
+int64_t quant_gemv_num_slices(QuantFormat f, int64_t k);
+
+enum class GemvEpilogue : int {
+  kStoreF32 = 0,    // y[r, n] (+)= Σ_s partial[s, r, n]
+  kSwigluBf16 = 1,  // act[r, i] = bf16(SwiGLU-OAI(gate = Σ_s partial[s, r, i],
+                    //                             up = Σ_s partial[s, r, N/2 + i])), i < N/2
+};
+
+struct GemvEpilogueParams {
+  GemvEpilogue kind = GemvEpilogue::kStoreF32;
+  const float* partial = nullptr;  // [num_slices, num_rows, N]
+  int64_t num_slices = 0, num_rows = 0, n = 0;
+  float* y = nullptr;              // kStoreF32: [num_rows, ldy]
+  int64_t ldy = 0;
+  bool accumulate = false;
+  uint16_t* act = nullptr;         // kSwigluBf16: [num_rows, N/2] bf16 bits
+  float alpha = 1.702f, limit = 7.0f;
+};
+
+Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream);
+Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stream);
+
+// Token-to-expert grouping for the grouped GEMV: from topk_ids [num_rows] (row r = token·K + slot)
+// builds group_offsets [E + 1], sorted_rows [num_rows] (ascending r within an expert) and
+// active_groups [min(E, num_rows)] (experts with rows, ascending, then -1). Ids outside [0, E)
+// are dropped (their rows get no output).
+struct GroupByExpertParams {
+  const int32_t* topk_ids = nullptr;  // [num_rows]
+  int64_t num_rows = 0, num_experts = 0;
+  int32_t* group_offsets = nullptr;   // [E + 1]
+  int32_t* sorted_rows = nullptr;     // [num_rows]
+  int32_t* active_groups = nullptr;   // [min(E, num_rows)]
+};
+Status launch_group_by_expert(const GroupByExpertParams& p, CUstream_st* stream);
+
+}  // namespace m3::cuda

@@ -1,0 +1,281 @@
+// The dequantising GEMV kernels (MXFP8 and NVFP4 weights, bf16 activations) against the CPU
+// backend's float32 linear on the reference-dequantised weights (src/quant), dense and grouped by
+// expert, with both epilogues, at the real MiniMax-M3.1-Flash shapes and at odd ones.
+//
+// Bound: the GPU and the CPU each compute Σ_k x_k·w_k (x exactly representable: bf16) within
+// gamma_{K+2}·Σ|x||w| of the exact value; the GPU applies the block factor to 16- or 32-element
+// partial sums, exact for MXFP8 (a power of two) and within 2u for NVFP4 (its global multiplier
+// is a rounded reciprocal). So |gpu - cpu| <= (2·gamma_{K+2} + 4u)·Σ|x||w|, with Σ|x||w| from the
+// CPU linear on |x|, |W|.
+#include <algorithm>
+#include <numeric>
+
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+#include "quant/mxfp8.h"
+#include "quant/nvfp4.h"
+
+namespace m3 {
+namespace {
+
+using cuda::QuantFormat;
+using cuda_test::Dev;
+using cuda_test::expect_close;
+using cuda_test::gamma;
+using cuda_test::gpu;
+using cuda_test::kU;
+using cuda_test::randn;
+
+CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
+
+// One quantised matrix [n, k] with its dequantised float copy.
+struct QMatrix {
+  std::vector<uint8_t> data, scale;
+  float global = 1.0f;  // NVFP4 multiplier (1 / weight_global_scale)
+  std::vector<float> deq;
+};
+
+QMatrix make_matrix(QuantFormat f, int64_t n, int64_t k, uint32_t seed) {
+  auto w = randn(n * k, seed, 0.02f);
+  QMatrix m;
+  m.deq.resize(w.size());
+  if (f == QuantFormat::kMxfp8) {
+    auto q = quantize_mxfp8(w.data(), n, k);
+    EXPECT_TRUE(q.is_ok());
+    m.data = q->codes;
+    m.scale = q->scales;
+    EXPECT_TRUE(dequantize_mxfp8(m.data.data(), m.scale.data(), n, k, m.deq.data()).is_ok());
+  } else {
+    auto q = quantize_nvfp4(w.data(), n, k, Nvfp4GlobalScale::kDivide);
+    EXPECT_TRUE(q.is_ok());
+    m.data = q->packed;
+    m.scale = q->scales;
+    m.global = 1.0f / q->global_scale;
+    EXPECT_TRUE(dequantize_nvfp4(m.data.data(), m.scale.data(), q->global_scale,
+                                 Nvfp4GlobalScale::kDivide, n, k, m.deq.data())
+                    .is_ok());
+  }
+  return m;
+}
+
+// bf16-representable activations and their bf16 bits.
+void make_x(int64_t rows, int64_t k, uint32_t seed, std::vector<float>* xf,
+            std::vector<uint16_t>* xb) {
+  *xf = randn(rows * k, seed, 1.0f);
+  xb->resize(xf->size());
+  for (size_t i = 0; i < xf->size(); ++i) {
+    (*xb)[i] = f32_to_bf16((*xf)[i]);
+    (*xf)[i] = bf16_to_f32((*xb)[i]);
+  }
+}
+
+std::vector<float> abs_of(std::vector<float> v) {
+  for (float& x : v) x = std::abs(x);
+  return v;
+}
+
+struct DenseCase {
+  QuantFormat f;
+  int64_t m, n, k;
+};
+class QuantGemvDense : public ::testing::TestWithParam<DenseCase> {};
+
+TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
+  const DenseCase c = GetParam();
+  QMatrix w = make_matrix(c.f, c.n, c.k, 7);
+  std::vector<float> xf;
+  std::vector<uint16_t> xb;
+  make_x(c.m, c.k, 8, &xf, &xb);
+  std::vector<float> want(c.m * c.n), mag(c.m * c.n);
+  cuda_test::cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
+  auto ax = abs_of(xf), aw = abs_of(w.deq);
+  cuda_test::cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
+
+  Dev<uint16_t> dx(xb);
+  Dev<uint8_t> dw(w.data), ds(w.scale);
+  Dev<float> dg(std::vector<float>{w.global});
+  const int64_t slices = cuda::quant_gemv_num_slices(c.f, c.k);
+  Dev<float> partial(std::vector<float>(slices * c.m * c.n));
+  cuda::QuantGemvParams p;
+  p.format = c.f;
+  p.x = dx.ptr();
+  p.ldx = c.k;
+  p.w = dw.ptr();
+  p.w_scale = ds.ptr();
+  p.w_global = dg.ptr();
+  p.num_rows = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.partial = partial.ptr();
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  auto y = Dev<float>::poisoned(c.m * c.n);
+  cuda::GemvEpilogueParams e;
+  e.partial = partial.ptr();
+  e.num_slices = slices;
+  e.num_rows = c.m;
+  e.n = c.n;
+  e.y = y.ptr();
+  e.ldy = c.n;
+  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  std::vector<double> bound(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
+  expect_close(y.host(), want, bound,
+               std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " gemv M" +
+                   std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QuantGemvDense,
+    ::testing::Values(DenseCase{QuantFormat::kMxfp8, 1, 512, 6144},     // k/v proj
+                      DenseCase{QuantFormat::kMxfp8, 3, 1000, 3072},    // odd N, 3 rows
+                      DenseCase{QuantFormat::kMxfp8, 5, 6144, 8192},    // o_proj, 5 rows
+                      DenseCase{QuantFormat::kMxfp8, 8, 256, 12288},    // dense down, 8 rows
+                      DenseCase{QuantFormat::kNvfp4, 1, 6144, 6144},    // expert w1|w3
+                      DenseCase{QuantFormat::kNvfp4, 2, 6144, 3072},    // expert w2
+                      DenseCase{QuantFormat::kNvfp4, 3, 77, 2048}));
+
+// Grouped by expert: tokens × top_k routed rows, each through its expert; SwiGLU epilogue on the
+// gate|up product, then the down product with float32 output.
+TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
+  for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
+    const int64_t experts = 8, tokens = 5, top_k = 3, inter = 1024, hidden = 2048;
+    const int64_t rows = tokens * top_k;
+    std::vector<QMatrix> up, down;
+    std::vector<uint8_t> up_d, up_s, dn_d, dn_s;
+    std::vector<float> up_g, dn_g;
+    for (int64_t e = 0; e < experts; ++e) {
+      up.push_back(make_matrix(f, 2 * inter, hidden, 100 + e));
+      down.push_back(make_matrix(f, hidden, inter, 200 + e));
+      up_d.insert(up_d.end(), up[e].data.begin(), up[e].data.end());
+      up_s.insert(up_s.end(), up[e].scale.begin(), up[e].scale.end());
+      dn_d.insert(dn_d.end(), down[e].data.begin(), down[e].data.end());
+      dn_s.insert(dn_s.end(), down[e].scale.begin(), down[e].scale.end());
+      up_g.push_back(up[e].global);
+      dn_g.push_back(down[e].global);
+    }
+    // Routing: distinct experts per token; expert 6 gets none (its slot must stay idle).
+    std::vector<int32_t> ids = {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3};
+    std::vector<float> xf;
+    std::vector<uint16_t> xb;
+    make_x(tokens, hidden, 9, &xf, &xb);
+    Dev<int32_t> dids(ids), offs{std::vector<int32_t>(experts + 1)},
+        sorted{std::vector<int32_t>(rows)}, active{std::vector<int32_t>(experts)};
+    cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(), active.ptr()};
+    ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
+    // Exact expectations for the grouping.
+    std::vector<int32_t> want_off(experts + 1, 0), want_sorted, want_active;
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t r = 0; r < rows; ++r)
+        if (ids[r] == e) want_sorted.push_back(int32_t(r));
+      want_off[e + 1] = int32_t(want_sorted.size());
+      if (want_off[e + 1] > want_off[e]) want_active.push_back(int32_t(e));
+    }
+    while (want_active.size() < size_t(experts)) want_active.push_back(-1);
+    ASSERT_EQ(offs.host(), want_off);
+    ASSERT_EQ(sorted.host(), want_sorted);
+    ASSERT_EQ(active.host(), want_active);
+
+    Dev<uint16_t> dx(xb);
+    Dev<uint8_t> dud(up_d), dus(up_s), ddd(dn_d), dds(dn_s);
+    Dev<float> dug(up_g), ddg(dn_g);
+    const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden);
+    const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter);
+    Dev<float> part_up(std::vector<float>(s_up * rows * 2 * inter)),
+        part_dn(std::vector<float>(s_dn * rows * hidden));
+    cuda::QuantGemvParams p;
+    p.format = f;
+    p.x = dx.ptr();
+    p.ldx = hidden;
+    p.x_row_div = top_k;
+    p.w = dud.ptr();
+    p.w_scale = dus.ptr();
+    p.w_global = dug.ptr();
+    p.num_groups = experts;
+    p.group_offsets = offs.ptr();
+    p.sorted_rows = sorted.ptr();
+    p.active_groups = active.ptr();
+    p.num_slots = std::min(experts, rows);
+    p.num_rows = rows;
+    p.n = 2 * inter;
+    p.k = hidden;
+    p.partial = part_up.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+    auto act = Dev<uint16_t>::poisoned(rows * inter);
+    cuda::GemvEpilogueParams e;
+    e.kind = cuda::GemvEpilogue::kSwigluBf16;
+    e.partial = part_up.ptr();
+    e.num_slices = s_up;
+    e.num_rows = rows;
+    e.n = 2 * inter;
+    e.act = act.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+    auto act_h = act.host();
+
+    // CPU: gate|up per row with the expert's dequantised weights, SwiGLU, bound propagated
+    // through SwiGLU's derivative (see cuda_composite_ops_test.cpp) plus the bf16 rounding
+    // (2^-9 relative).
+    std::vector<float> act_got(rows * inter), act_want(rows * inter);
+    std::vector<double> act_bound(rows * inter);
+    for (int64_t r = 0; r < rows; ++r) {
+      const QMatrix& w = up[ids[r]];
+      const float* xr = xf.data() + (r / top_k) * hidden;
+      std::vector<float> gu(2 * inter), mg(2 * inter);
+      auto ax = abs_of(std::vector<float>(xr, xr + hidden)), aw = abs_of(w.deq);
+      cuda_test::cpu()->linear({xr, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
+      cuda_test::cpu()->linear({ax.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
+      std::vector<float> a(inter);
+      cuda_test::cpu()->swiglu_oai({gu.data(), a.data(), 1, inter, 1.702f, 7.0f});
+      for (int64_t i = 0; i < inter; ++i) {
+        const double dgu = (2 * gamma(hidden + 2) + 4 * kU) * 1.01;
+        const double gc = std::min<double>(gu[i], 7.0);
+        const double uc = std::clamp<double>(gu[inter + i], -7.0, 7.0);
+        const double da = std::abs(uc + 1) * (1 + 1.702 * std::abs(gc) / 4) * dgu * mg[i] +
+                          std::abs(gc) * dgu * mg[inter + i] + 32 * kU * std::abs(a[i]);
+        act_want[r * inter + i] = a[i];
+        act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
+        act_bound[r * inter + i] = 2 * da + std::ldexp(std::abs(a[i]) + da, -8) + 1e-30;
+      }
+    }
+    const std::string fmt = f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4";
+    expect_close(act_got, act_want, act_bound, fmt + " grouped gate|up + swiglu (bf16)");
+
+    // Down projection of the GPU's bf16 activations (exact inputs for both sides).
+    p.x = act.ptr();
+    p.ldx = inter;
+    p.x_row_div = 1;
+    p.w = ddd.ptr();
+    p.w_scale = dds.ptr();
+    p.w_global = ddg.ptr();
+    p.n = hidden;
+    p.k = inter;
+    p.partial = part_dn.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+    auto y = Dev<float>::poisoned(rows * hidden);
+    e = {};
+    e.partial = part_dn.ptr();
+    e.num_slices = s_dn;
+    e.num_rows = rows;
+    e.n = hidden;
+    e.y = y.ptr();
+    e.ldy = hidden;
+    ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+    std::vector<float> yw(rows * hidden);
+    std::vector<double> yb(rows * hidden);
+    for (int64_t r = 0; r < rows; ++r) {
+      const QMatrix& w = down[ids[r]];
+      const float* ar = act_got.data() + r * inter;
+      auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
+      std::vector<float> mg(hidden);
+      cuda_test::cpu()->linear({ar, w.deq.data(), yw.data() + r * hidden, 1, hidden, inter, false});
+      cuda_test::cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
+      for (int64_t j = 0; j < hidden; ++j)
+        yb[r * hidden + j] = (2 * gamma(inter + 2) + 4 * kU) * 1.01 * mg[j] + 1e-30;
+    }
+    expect_close(y.host(), yw, yb, fmt + " grouped down (f32)");
+  }
+}
+
+}  // namespace
+}  // namespace m3

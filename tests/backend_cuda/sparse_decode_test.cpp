@@ -1,0 +1,205 @@
+// The real-shape decode kernels (bf16 cache): the lightning indexer and block-sparse paged
+// attention, against the CPU backend's float32 ops on the same (bf16-representable) data, for a
+// batch of sequences of different lengths: 64 query heads over 4 KV heads of 128, index heads
+// 4 x 128, pages of 128, top-16 blocks.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "backend/cuda/attention/sparse_decode.h"
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+
+namespace m3 {
+namespace {
+
+using cuda_test::Dev;
+using cuda_test::expect_close;
+using cuda_test::gamma;
+using cuda_test::gpu;
+using cuda_test::kU;
+
+CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
+
+// Random values rounded to bf16: float copy and bits.
+void bf16_randn(int64_t n, uint32_t seed, float scale, std::vector<float>* f,
+                std::vector<uint16_t>* b) {
+  *f = cuda_test::randn(n, seed, scale);
+  b->resize(f->size());
+  for (size_t i = 0; i < f->size(); ++i) {
+    (*b)[i] = f32_to_bf16((*f)[i]);
+    (*f)[i] = bf16_to_f32((*b)[i]);
+  }
+}
+
+TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
+  const int64_t H = 64, Hkv = 4, D = 128, Hix = 4, Dix = 128, S = 128, top_k = 16;
+  for (int64_t init_blocks : {0, 1}) {
+    std::vector<int64_t> lens = {1, 300, 2049, 5000, 9000};  // query position = len - 1
+    const int64_t B = static_cast<int64_t>(lens.size());
+    int64_t max_blocks = 0, pages = 1;  // page 0 unused
+    for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
+    // Block tables: consecutive pages shuffled globally, -1 past each sequence's end.
+    std::vector<int32_t> perm(pages - 1);
+    std::iota(perm.begin(), perm.end(), 1);
+    std::mt19937 rng(60 + init_blocks);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> tables(B * max_blocks, -1), pos(B);
+    int64_t next = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      pos[b] = static_cast<int32_t>(lens[b] - 1);
+      for (int64_t j = 0; j < (lens[b] + S - 1) / S; ++j) tables[b * max_blocks + j] = perm[next++];
+    }
+    std::vector<float> kf, vf, ikf, qf, iqf;
+    std::vector<uint16_t> kb, vb, ikb, qb, iqb;
+    bf16_randn(pages * S * Hkv * D, 61, 1.0f, &kf, &kb);
+    bf16_randn(pages * S * Hkv * D, 62, 1.0f, &vf, &vb);
+    bf16_randn(pages * S * Dix, 63, 1.0f, &ikf, &ikb);
+    bf16_randn(B * H * D, 64, 1.0f, &qf, &qb);
+    bf16_randn(B * Hix * Dix, 65, 1.0f, &iqf, &iqb);
+
+    Dev<uint16_t> dk(kb), dv(vb), dik(ikb), dq(qb), diq(iqb);
+    Dev<int32_t> dtab(tables), dpos(pos);
+    Dev<float> scores(std::vector<float>(B * Hix * max_blocks));
+    auto dsel = Dev<int32_t>::poisoned(B * Hix * top_k);
+    cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), dik.ptr(), pages, S, Hkv, D, Dix};
+    cuda::IndexerDecodeParams ip;
+    ip.iq = diq.ptr();
+    ip.cache = cv;
+    ip.positions = dpos.ptr();
+    ip.block_tables = dtab.ptr();
+    ip.batch = B;
+    ip.num_index_heads = Hix;
+    ip.max_blocks = max_blocks;
+    ip.top_k = top_k;
+    ip.local_blocks = 1;
+    ip.init_blocks = init_blocks;
+    ip.block_scores = scores.ptr();
+    ip.selected = dsel.ptr();
+    ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
+    auto gsel = dsel.host();
+
+    // CPU indexer per sequence; selections equal except rounding ties (see
+    // cuda_composite_ops_test.cpp for the criterion).
+    KvLayerView hv{kf.data(), vf.data(), ikf.data(), pages, S, Hkv, D, Dix};
+    int64_t ties = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t nb = (lens[b] + S - 1) / S;
+      std::vector<int32_t> sel(Hix * top_k);
+      cuda_test::cpu()->indexer_topk({iqf.data() + b * Hix * Dix, hv, pos.data() + b,
+                                      tables.data() + b * max_blocks, sel.data(), 1, Hix, nb,
+                                      top_k, 1, init_blocks});
+      for (int64_t h = 0; h < Hix; ++h) {
+        // Double block scores for the tie check.
+        std::vector<double> bs(nb, -INFINITY);
+        double mag = 0;
+        for (int64_t j = 0; j <= pos[b]; ++j) {
+          const float* kr = ikf.data() + (tables[b * max_blocks + j / S] * S + j % S) * Dix;
+          double s = 0, a = 0;
+          for (int64_t i = 0; i < Dix; ++i) {
+            s += double(iqf[(b * Hix + h) * Dix + i]) * kr[i];
+            a += std::abs(double(iqf[(b * Hix + h) * Dix + i]) * kr[i]);
+          }
+          bs[j / S] = std::max(bs[j / S], s);
+          mag = std::max(mag, a);
+        }
+        bs[nb - 1] = INFINITY;
+        for (int64_t i = 0; i < std::min(init_blocks, nb); ++i) bs[i] = INFINITY;
+        std::set<int32_t> seen;
+        for (int64_t s = 0; s < top_k; ++s) {
+          const int32_t want = sel[h * top_k + s], got = gsel[(b * Hix + h) * top_k + s];
+          if (want == -1 || got == -1) {
+            ASSERT_EQ(got, want) << "seq " << b << " head " << h << " slot " << s;
+            continue;
+          }
+          ASSERT_TRUE(seen.insert(got).second) << "duplicate block " << got;
+          if (got != want) {
+            ASSERT_TRUE(bs[got] == bs[want] || std::abs(bs[got] - bs[want]) <= 2 * gamma(Dix) * mag)
+                << "seq " << b << " head " << h << " slot " << s << ": gpu " << got << " cpu "
+                << want;
+            ++ties;
+          }
+        }
+      }
+    }
+    std::printf("[ %-40s ] B=%lld exact except %lld rounding ties (init_blocks %lld)\n",
+                "indexer_decode bf16 real shapes", (long long)B, (long long)ties,
+                (long long)init_blocks);
+
+    // Attention on the GPU's selection, against the CPU op on the same selection.
+    Dev<float> opart(std::vector<float>(B * H * top_k * D)), ml(std::vector<float>(B * H * top_k * 2));
+    auto dout = Dev<uint16_t>::poisoned(B * H * D);
+    cuda::SparseDecodeParams ap;
+    ap.q = dq.ptr();
+    ap.cache = cv;
+    ap.positions = dpos.ptr();
+    ap.block_tables = dtab.ptr();
+    ap.selected = dsel.ptr();
+    ap.batch = B;
+    ap.num_heads = H;
+    ap.max_blocks = max_blocks;
+    ap.top_k = top_k;
+    ap.scale = 1.0f / std::sqrt(float(D));
+    ap.o_partial = opart.ptr();
+    ap.ml_partial = ml.ptr();
+    ap.out = dout.ptr();
+    ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+    auto gout = dout.host();
+    std::vector<float> got(B * H * D), want(B * H * D);
+    std::vector<double> bound(B * H * D);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t nb = (lens[b] + S - 1) / S;
+      cuda_test::cpu()->paged_attention({qf.data() + b * H * D, hv, pos.data() + b,
+                                         tables.data() + b * max_blocks, gsel.data() + b * Hix * top_k,
+                                         want.data() + b * H * D, 1, H, nb, Hix, top_k, ap.scale});
+      // Bound as in cuda_composite_ops_test.cpp (scores within gamma_{D+2}·Σ|q||k|·scale, softmax
+      // and weighted sum within gamma_{n+8}·Σp|v|, both sides) plus the bf16 output rounding.
+      for (int64_t n = 0; n < H; ++n) {
+        const int64_t g = n / (H / Hkv);
+        std::set<int64_t> blocks;
+        for (int64_t s = 0; s < top_k; ++s) {
+          const int32_t x = gsel[(b * Hix + g) * top_k + s];
+          if (x >= 0 && x <= pos[b] / S) blocks.insert(x);
+        }
+        std::vector<double> sc, mg;
+        std::vector<const float*> vr;
+        for (int64_t blk : blocks)
+          for (int64_t j = blk * S; j <= std::min<int64_t>(pos[b], (blk + 1) * S - 1); ++j) {
+            const int64_t row = (tables[b * max_blocks + blk] * S + j % S) * Hkv + g;
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < D; ++i) {
+              s += double(qf[(b * H + n) * D + i]) * kf[row * D + i];
+              a += std::abs(double(qf[(b * H + n) * D + i]) * kf[row * D + i]);
+            }
+            sc.push_back(s * ap.scale);
+            mg.push_back(a * ap.scale);
+            vr.push_back(vf.data() + row * D);
+          }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        double sum = 0, delta = 0;
+        for (size_t j = 0; j < sc.size(); ++j) {
+          sum += std::exp(sc[j] - mx);
+          delta = std::max(delta, gamma(D + 2) * mg[j] + kU * std::abs(sc[j]));
+        }
+        for (int64_t i = 0; i < D; ++i) {
+          double o = 0, pv = 0, dev = 0;
+          for (size_t j = 0; j < sc.size(); ++j) o += std::exp(sc[j] - mx) / sum * vr[j][i];
+          for (size_t j = 0; j < sc.size(); ++j) {
+            const double pj = std::exp(sc[j] - mx) / sum;
+            pv += pj * std::abs(vr[j][i]);
+            dev += pj * std::abs(vr[j][i] - o);
+          }
+          const size_t idx = (b * H + n) * D + i;
+          got[idx] = bf16_to_f32(gout[idx]);
+          const double f32b = 2 * (2 * delta * dev + gamma(double(sc.size()) + 8) * pv);
+          bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -9) + 1e-30;
+        }
+      }
+    }
+    expect_close(got, want, bound,
+                 "sparse_decode bf16 real shapes init" + std::to_string(init_blocks));
+  }
+}
+
+}  // namespace
+}  // namespace m3
