@@ -233,7 +233,11 @@ Result<std::string> render_chat(const ChatTemplate& tmpl, const json& request,
       for (const char* r : kReservedKwargs)
         if (it.key() == r)
           return invalid_argument("chat request: chat_template_kwargs may not set '" + it.key() + "'");
-      set_var(it.key(), jinja::from_json(it.value()));
+      try {
+        set_var(it.key(), jinja::from_json(it.value()));
+      } catch (const jinja::TemplateError& e) {
+        return invalid_argument("chat request: chat_template_kwargs." + it.key() + ": " + e.what());
+      }
     }
   }
 
@@ -281,9 +285,13 @@ Result<std::string> render_chat(const ChatTemplate& tmpl, const json& request,
     }
   }
 
-  set_var("messages", jinja::from_json(messages));
-  set_var("tools", tools.is_null() ? jinja::Value::none() : jinja::from_json(tools));
-  set_var("documents", documents.is_null() ? jinja::Value::none() : jinja::from_json(documents));
+  try {
+    set_var("messages", jinja::from_json(messages));
+    set_var("tools", tools.is_null() ? jinja::Value::none() : jinja::from_json(tools));
+    set_var("documents", documents.is_null() ? jinja::Value::none() : jinja::from_json(documents));
+  } catch (const jinja::TemplateError& e) {
+    return invalid_argument(std::string("chat request: ") + e.what());
+  }
   set_var("add_generation_prompt", jinja::Value(add_generation_prompt));
 
   M3_ASSIGN_OR_RETURN(std::string rendered, t->render(vars, options.render));

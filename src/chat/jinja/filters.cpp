@@ -355,18 +355,13 @@ Value f_round(Interpreter&, const Value& v, CallArgs& a) {
 Value f_unique(Interpreter& in, const Value& v, CallArgs& a) {
   BoundArgs b = bind_args(a, "unique", {"case_sensitive", "attribute"});
   bool cs = b.get(0, Value(false)).truthy();
-  std::vector<Value> seen, out;
+  DictObj seen;  // a Python set: unhashable items are an error, as in jinja2
+  std::vector<Value> out;
   for (const Value& item : in.iterate(v)) {
     Value key = b.has(1) && !b[1].is_none() ? get_attribute(in, item, b[1]) : item;
     if (!cs) key = ignore_case(key);
-    bool dup = false;
-    for (const Value& s : seen)
-      if (equals(s, key)) {
-        dup = true;
-        break;
-      }
-    if (dup) continue;
-    seen.push_back(key);
+    if (seen.find(key)) continue;
+    seen.set(key, Value::none());
     out.push_back(item);
   }
   return Value::generator(std::move(out));
@@ -506,6 +501,7 @@ Value f_indent(Interpreter& in, const Value& v, CallArgs& a) {
     for (size_t i = 0; i < lines.size(); ++i) {
       if (i) rv += "\n" + ind;
       rv += lines[i];
+      check_size(rv.size());
     }
   } else {
     rv = lines.empty() ? "" : lines[0];
@@ -515,6 +511,7 @@ Value f_indent(Interpreter& in, const Value& v, CallArgs& a) {
         if (i > 1) rv += "\n";
         if (!lines[i].empty()) rv += ind;
         rv += lines[i];
+        check_size(rv.size());
       }
     }
   }
@@ -586,6 +583,7 @@ Value f_format(Interpreter& in, const Value& v, CallArgs& a) {
     else if (fmt[i] == 'r') out += repr(x);
     else if (fmt[i] == 'd' || fmt[i] == 'i') out += std::to_string(x.is_float() ? static_cast<int64_t>(x.as_float()) : x.int_value());
     else fail(std::string("unsupported format character '") + fmt[i] + "'");
+    check_size(out.size());
   }
   in.check_string_size(out.size());
   return Value(std::move(out));

@@ -40,8 +40,9 @@ Value g_range(Interpreter& in, CallArgs& a) {
   return Value::list(std::move(items));
 }
 
-Value g_namespace(Interpreter&, CallArgs& a) {
+Value g_namespace(Interpreter& in, CallArgs& a) {
   auto ns = std::make_shared<Namespace>();
+  in.own(ns);
   if (a.args.size() > 1) fail("namespace() takes at most one positional argument");
   if (a.args.size() == 1) {
     if (!a.args[0].is_dict()) fail("namespace() positional argument must be a mapping");

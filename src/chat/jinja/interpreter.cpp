@@ -148,6 +148,7 @@ std::string percent_format(const std::string& fmt, const Value& arg) {
       }
       default: fail(std::string("unsupported format character '") + c + "'");
     }
+    check_size(out.size());
   }
   if (ai < args.size()) fail("not all arguments converted during string formatting");
   return out;
@@ -158,7 +159,16 @@ std::string percent_format(const std::string& fmt, const Value& arg) {
 Interpreter::Interpreter(const RenderOptions& options, std::shared_ptr<Frame> root)
     : options_(options), root_(std::move(root)) {}
 
+Interpreter::~Interpreter() {
+  // Hold every object while emptying it, so releasing one cannot cascade into a deep recursive
+  // destruction; then release them one by one.
+  for (auto& f : closure_frames_) f->vars.clear();
+  for (auto& ns : namespaces_) ns->clear();
+  root_->vars.clear();
+}
+
 std::string Interpreter::render(const Program& program) {
+  ScopedSizeLimit limit(options_.limits.max_output_bytes);
   std::string out;
   exec_body(program.body, out, root_);
   return out;
@@ -169,6 +179,14 @@ void Interpreter::tick(uint64_t n) {
   if (operations_ > options_.limits.max_operations)
     fail_limit("template exceeded its operation budget (" +
          std::to_string(options_.limits.max_operations) + " loop iterations/statements/calls)");
+}
+
+void Interpreter::charge(const Value& v) {
+  size_t n = 0;
+  if (v.is_string()) n = v.str().size();
+  else if (v.is_list()) n = v.items().size();
+  else if (v.is_dict()) n = v.dict().size();
+  tick(1 + n / 256);
 }
 
 void Interpreter::check_string_size(size_t n) const {
@@ -224,9 +242,8 @@ Value Interpreter::getattr(const Value& obj, const std::string& name) {
       fail_undefined(obj);
     case Value::Kind::kDict: {
       Value m = get_method(obj, name);
-      if (!m.is_undefined() || !m.undefined_hint().empty()) {
-        if (m.is_callable() || !m.undefined_hint().empty()) return m;
-      }
+      if (m.is_callable()) charge(obj);
+      if (m.is_callable() || !m.undefined_hint().empty()) return m;
       if (const Value* v = obj.dict().find(std::string_view(name))) return *v;
       return Value::undefined("'dict object' has no attribute '" + name + "'");
     }
@@ -235,6 +252,7 @@ Value Interpreter::getattr(const Value& obj, const std::string& name) {
     case Value::Kind::kString:
     case Value::Kind::kList: {
       Value m = get_method(obj, name);
+      if (m.is_callable()) charge(obj);
       if (m.is_callable() || !m.undefined_hint().empty()) return m;
       return Value::undefined(obj_desc(obj) + " has no attribute '" + name + "'");
     }
@@ -314,6 +332,7 @@ Value Interpreter::call(const Value& callee, CallArgs& args) {
 }
 
 Value Interpreter::apply_filter(const std::string& name, const Value& operand, CallArgs& args) {
+  charge(operand);
   Value result;
   if (!call_filter(*this, name, operand, args, result)) {
     if (is_known_filter(name)) fail("the '" + name + "' filter is not supported");
@@ -484,6 +503,12 @@ void Interpreter::exec_for(const Stmt& s, std::string& out, const std::shared_pt
     items = std::make_shared<std::vector<Value>>(std::move(all));
   }
   auto last_changed = std::make_shared<Value>();
+  // loop.changed(loop) stores the loop object in state the loop object holds: reset it however the
+  // loop ends so the cycle cannot leak.
+  struct ResetOnExit {
+    std::shared_ptr<Value> v;
+    ~ResetOnExit() { *v = Value(); }
+  } reset_changed{last_changed};
   std::shared_ptr<const std::vector<Value>> citems = items;
   for (size_t i = 0; i < citems->size(); ++i) {
     tick();
@@ -508,6 +533,7 @@ Value Interpreter::make_macro(const Stmt& s, const std::shared_ptr<Frame>& frame
                               const std::vector<Param>* params, const std::string& name) {
   const Stmt* stmt = &s;
   std::shared_ptr<Frame> closure = frame;
+  if (closure_frames_.empty() || closure_frames_.back() != frame) closure_frames_.push_back(frame);
   bool is_caller = name == "caller" && s.kind == StmtKind::kCallBlock;
   return Value::function(name, [stmt, closure, body, params, name, is_caller](
                                    Interpreter& in, CallArgs& a) -> Value {
@@ -697,6 +723,7 @@ Value Interpreter::eval_inner(const Expr& e, const std::shared_ptr<Frame>& frame
 }
 
 bool Interpreter::eval_compare(const std::string& op, const Value& l, const Value& r) {
+  charge(r);
   if (op == "==") return equals(l, r);
   if (op == "!=") return !equals(l, r);
   if (op == "in" || op == "notin") {
@@ -741,6 +768,8 @@ bool Interpreter::eval_compare(const std::string& op, const Value& l, const Valu
 
 Value Interpreter::eval_binary(const Expr& e, const Value& l, const Value& r) {
   const std::string& op = e.name;
+  charge(l);
+  charge(r);
   if (op == "~") {
     std::string s = to_str(l);
     std::string t = to_str(r);

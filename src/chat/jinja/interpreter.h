@@ -17,8 +17,9 @@ struct Limits {
   size_t max_output_bytes = 32u << 20;   // rendered text and any single string value
   size_t max_list_items = 1u << 20;      // any list built by the template (range, +, *)
   int max_call_depth = 64;               // nested macro calls
-  int max_eval_depth = 1500;             // nested evaluation frames (stack guard)
-  uint64_t max_operations = 20'000'000;  // loop iterations + statements + calls
+  int max_eval_depth = 1000;             // nested evaluation frames (stack guard)
+  // Loop iterations + statements + calls, plus one per 256 bytes/items a builtin walks over.
+  uint64_t max_operations = 5'000'000;
 };
 
 struct RenderOptions {
@@ -37,6 +38,11 @@ enum class Flow : uint8_t { kNormal, kBreak, kContinue };
 class Interpreter {
  public:
   Interpreter(const RenderOptions& options, std::shared_ptr<Frame> root);
+  // Breaks the reference cycles a render may create (macros stored in the frame they close over,
+  // `set ns.self = ns`) so nothing leaks.
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // Renders a program; throws TemplateError.
   std::string render(const Program& program);
@@ -50,8 +56,12 @@ class Interpreter {
   Value getitem(const Value& obj, const Value& key);
   const RenderOptions& options() const { return options_; }
   void tick(uint64_t n = 1);  // counts operations; throws when over budget
+  // Charges the linear work of a builtin on `v` (its length in bytes or items / 256).
+  void charge(const Value& v);
   void check_string_size(size_t n) const;
   void check_list_size(size_t n) const;
+  // Namespaces created by this render (cleared when it ends).
+  void own(std::shared_ptr<Namespace> ns) { namespaces_.push_back(std::move(ns)); }
   // Items of an iterable (list/tuple/generator, dict keys, string chars, Undefined -> empty).
   std::vector<Value> iterate(const Value& v);
 
@@ -76,6 +86,8 @@ class Interpreter {
 
   RenderOptions options_;
   std::shared_ptr<Frame> root_;
+  std::vector<std::shared_ptr<Namespace>> namespaces_;
+  std::vector<std::shared_ptr<Frame>> closure_frames_;  // frames captured by macros/callers
   uint64_t operations_ = 0;
   int eval_depth_ = 0;
   int call_depth_ = 0;

@@ -151,6 +151,7 @@ std::string py_format(const std::string& fmt, const CallArgs& a) {
         if (!v) fail("KeyError: '" + field + "'");
       }
       out += conv == 'r' ? repr(*v) : to_str(*v);
+      check_size(out.size());
       i = close;
     } else if (c == '}') {
       if (i + 1 < fmt.size() && fmt[i + 1] == '}') ++i;
@@ -524,6 +525,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
       if (count < 0 || n < count) {
         out += repl;
         ++n;
+        check_size(out.size());
       }
       if (i < u.size()) utf8_append(out, u[i]);
     }
@@ -536,6 +538,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
     if (p == std::string::npos || (count >= 0 && n >= count)) break;
     out.append(s, pos, p - pos);
     out += repl;
+    check_size(out.size());
     pos = p + old.size();
     ++n;
   }

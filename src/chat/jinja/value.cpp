@@ -22,8 +22,57 @@ Value Value::none() {
   return v;
 }
 
+namespace {
+
+// Recursion guard for printing/comparing values that reach through namespace objects (which may
+// even form cycles).
+thread_local int g_value_recursion = 0;
+struct RecursionGuard {
+  RecursionGuard() {
+    if (++g_value_recursion > static_cast<int>(kMaxValueDepth) + 64) {
+      --g_value_recursion;
+      throw TemplateError("value nested too deeply");
+    }
+  }
+  ~RecursionGuard() { --g_value_recursion; }
+};
+
+uint32_t items_depth(const std::vector<Value>& items) {
+  uint32_t d = 0;
+  for (const Value& v : items) d = std::max(d, value_depth(v));
+  if (d + 1 > kMaxValueDepth) throw TemplateError("value nested too deeply");
+  return d + 1;
+}
+
+}  // namespace
+
+namespace {
+thread_local size_t g_size_limit = static_cast<size_t>(-1);
+}  // namespace
+
+ScopedSizeLimit::ScopedSizeLimit(size_t max_bytes) : prev_(g_size_limit) {
+  g_size_limit = max_bytes;
+}
+ScopedSizeLimit::~ScopedSizeLimit() { g_size_limit = prev_; }
+
+void check_size(size_t bytes) {
+  if (bytes > g_size_limit) {
+    TemplateError e("template produced a string over the size limit (" +
+                    std::to_string(g_size_limit) + " bytes)");
+    e.limit_exceeded = true;
+    throw e;
+  }
+}
+
+uint32_t value_depth(const Value& v) {
+  if (v.is_list()) return v.list_obj().depth;
+  if (v.is_dict()) return v.dict().depth;
+  return 0;
+}
+
 Value Value::list(std::vector<Value> items, bool is_tuple) {
   auto l = std::make_shared<ListObj>();
+  l->depth = items_depth(items);
   l->items = std::move(items);
   l->is_tuple = is_tuple;
   return Value(std::shared_ptr<const ListObj>(std::move(l)));
@@ -31,6 +80,7 @@ Value Value::list(std::vector<Value> items, bool is_tuple) {
 
 Value Value::generator(std::vector<Value> items) {
   auto l = std::make_shared<ListObj>();
+  l->depth = items_depth(items);
   l->items = std::move(items);
   l->is_generator = true;
   return Value(std::shared_ptr<const ListObj>(std::move(l)));
@@ -157,9 +207,15 @@ void DictObj::set(Value key, Value value) {
   if (!key_id(key, id)) throw TemplateError("unhashable type: '" + key.type_name() + "'");
   auto it = index.find(id);
   if (it != index.end()) {
+    uint32_t dv = value_depth(value) + 1;
+    if (dv > kMaxValueDepth) throw TemplateError("value nested too deeply");
+    depth = std::max(depth, dv);
     entries[it->second].second = std::move(value);
     return;
   }
+  uint32_t d = std::max(value_depth(key), value_depth(value)) + 1;
+  if (d > kMaxValueDepth) throw TemplateError("value nested too deeply");
+  depth = std::max(depth, d);
   index.emplace(std::move(id), entries.size());
   entries.emplace_back(std::move(key), std::move(value));
 }
@@ -181,6 +237,7 @@ bool Namespace::setattr(const std::string& name, Value value) {
 }
 
 std::string Namespace::repr() const {
+  RecursionGuard g;
   std::string s = "<Namespace {";
   bool first = true;
   for (const auto& [k, v] : attrs_.entries) {
@@ -395,6 +452,7 @@ std::string py_str_repr(std::string_view s) {
 }
 
 std::string repr(const Value& v) {
+  RecursionGuard g;
   switch (v.kind()) {
     case Value::Kind::kUndefined:
       return "Undefined";
@@ -407,6 +465,7 @@ std::string repr(const Value& v) {
       for (size_t i = 0; i < l.items.size(); ++i) {
         if (i) s += ", ";
         s += repr(l.items[i]);
+        check_size(s.size());
       }
       if (l.is_tuple && l.items.size() == 1) s += ",";
       return s + (l.is_tuple ? ")" : "]");
@@ -418,6 +477,7 @@ std::string repr(const Value& v) {
         if (!first) s += ", ";
         first = false;
         s += repr(k) + ": " + repr(val);
+        check_size(s.size());
       }
       return s + "}";
     }
@@ -454,6 +514,7 @@ std::string to_str(const Value& v) {
 // ---- comparison ----
 
 bool equals(const Value& a, const Value& b) {
+  RecursionGuard g;
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.number_value() == b.number_value();
     return a.int_value() == b.int_value();
@@ -494,6 +555,7 @@ bool equals(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b) {
+  RecursionGuard g;
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) {
       double x = a.number_value(), y = b.number_value();
@@ -523,6 +585,7 @@ int compare(const Value& a, const Value& b) {
 // ---- JSON ----
 
 Value from_json(const nlohmann::ordered_json& j) {
+  RecursionGuard g;
   using J = nlohmann::ordered_json;
   switch (j.type()) {
     case J::value_t::null:
@@ -614,6 +677,7 @@ void json_dump(std::string& out, const Value& v, const JsonDumpOptions& o, int l
   std::string item_sep = o.has_separators ? o.item_sep : (indented ? "," : ", ");
   std::string key_sep = o.has_separators ? o.key_sep : ": ";
   auto newline = [&](int lvl) {
+    check_size(out.size());
     out += '\n';
     for (int i = 0; i < lvl; ++i) {
       if (o.has_indent_str)
@@ -638,6 +702,7 @@ void json_dump(std::string& out, const Value& v, const JsonDumpOptions& o, int l
       return;
     case Value::Kind::kString:
       json_string(out, v.str(), o.ensure_ascii);
+      check_size(out.size());
       return;
     case Value::Kind::kList: {
       if (v.list_obj().is_generator)

@@ -54,6 +54,7 @@ struct ListObj {
   // A Python generator/iterator (what select/map/reverse return): always truthy, no len(), no
   // indexing. Kept so templates that test `if x | selectattr(...)` behave like jinja2.
   bool is_generator = false;
+  uint32_t depth = 1;  // container nesting (bounded so printing/destroying cannot blow the stack)
 };
 
 struct DictObj;
@@ -153,6 +154,7 @@ class Value {
 struct DictObj {
   std::vector<std::pair<Value, Value>> entries;
   std::unordered_map<std::string, size_t> index;
+  uint32_t depth = 1;
 
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
@@ -181,10 +183,32 @@ class Namespace : public Object {
   Value getattr(const std::string& name) const override;
   bool setattr(const std::string& name, Value value) override;
   std::string repr() const override;
+  // Drops the attributes (the interpreter does this after a render to break reference cycles
+  // such as `set ns.self = ns`).
+  void clear() { attrs_ = DictObj(); }
 
  private:
   DictObj attrs_;
 };
+
+// Containers may nest at most this deep (templates and requests alike).
+constexpr uint32_t kMaxValueDepth = 512;
+// Nesting depth a value adds to a container holding it.
+uint32_t value_depth(const Value& v);
+
+// Size limit for strings built while rendering, per thread (the interpreter sets it for the
+// duration of a render): check_size throws a limit TemplateError beyond it.
+class ScopedSizeLimit {
+ public:
+  explicit ScopedSizeLimit(size_t max_bytes);
+  ~ScopedSizeLimit();
+  ScopedSizeLimit(const ScopedSizeLimit&) = delete;
+  ScopedSizeLimit& operator=(const ScopedSizeLimit&) = delete;
+
+ private:
+  size_t prev_;
+};
+void check_size(size_t bytes);
 
 // Builders.
 Value make_dict(std::vector<std::pair<Value, Value>> entries);  // throws on unhashable keys
