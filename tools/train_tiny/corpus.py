@@ -793,22 +793,26 @@ def strip_last_assistant(sample):
     return out
 
 
-def eval_set(seed=1234, n_arith=300, n_tool=300):
+def eval_set(seed=1234, n_arith=300, n_tool=300, n_nothink=60):
     """Held-out prompts (generation prompt only) with the expected answers.
 
-    Arithmetic: equal shares of +, -, *; thinking modes adaptive (default) 50%, enabled 30%,
-    disabled 20%. Tools: equal shares of the six tools, modes as above, single user turn.
+    arith: equal shares of +, -, *; thinking mode adaptive (the default: the model thinks) 60%,
+    enabled 40%. arith_nothink: the same questions with thinking disabled (the answer without any
+    reasoning), reported separately. tool: equal shares of the six tools; adaptive 50%, enabled
+    30%, disabled 20%; single user turn.
     """
     rng = random.Random(seed)
     items = []
-    for i in range(n_arith):
+    for i in range(n_arith + n_nothink):
         op = ["+", "-", "*"][i % 3]
-        mode = ["adaptive", "adaptive", "adaptive", "adaptive", "adaptive", "enabled", "enabled",
-                "enabled", "disabled", "disabled"][i % 10]
+        mode = ["adaptive"] * 6 + ["enabled"] * 4
+        mode = mode[i % 10] if i < n_arith else "disabled"
         s = sample_arith(rng, "heldout", mode=mode, op=op, history=0)
         s = strip_last_assistant(s)
         s["kwargs"] = {"thinking_mode": mode} if mode != "adaptive" else {}
         s["mode"] = mode
+        if mode == "disabled":
+            s["task"] = "arith_nothink"
         items.append(s)
     for i in range(n_tool):
         name = TOOL_NAMES[i % len(TOOL_NAMES)]
@@ -932,7 +936,7 @@ def score(item, completion):
     """Returns (ok, detail) for one eval item and the raw completion text."""
     mode = item.get("mode", "adaptive")
     reasoning, content = split_reasoning(completion, mode)
-    if item["task"] == "arith":
+    if item["task"] in ("arith", "arith_nothink"):
         n = last_number(content)
         ok = n is not None and n == str(item["expect"]["value"])
         return ok, {"got": n, "want": item["expect"]["value"]}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train m3-tiny on the GPU machine in one go and pack the results into $OUT.
 #   bash tools/train_tiny/run_on_device.sh            (from the repository root, $OUT set by the device tool)
-# Environment: TRAIN_SECONDS (default 270), EVAL_SECONDS (default 60), N_TRAIN (default 60000).
+# Environment: TRAIN_SECONDS (default 270), EVAL_SECONDS (default 60), N_TRAIN (default 60000),
+# EXTRA_ARGS (more train.py arguments).
 # $OUT receives train.log, last_run.json and m3tiny.tar.gz (split into m3tiny.tar.gz.part-* when over
 # 15 MiB). Unpack at the repository root:
 #   cat m3tiny.tar.gz* | tar -xzf -       (gives models/m3-tiny/ and tests/fixtures/m3_tiny/)
@@ -19,7 +20,7 @@ python3 tools/train_tiny/train.py \
   --n-train "${N_TRAIN:-60000}" \
   --out-model "$WORK/models/m3-tiny" \
   --out-fixtures "$WORK/tests/fixtures/m3_tiny" \
-  --report "$WORK/tools/train_tiny/last_run.json" 2>&1 | tee "$OUT/train.log"
+  --report "$WORK/tools/train_tiny/last_run.json" ${EXTRA_ARGS:-} 2>&1 | tee "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 echo "train.py exit code $rc" | tee -a "$OUT/train.log"
 

@@ -64,6 +64,8 @@ ap.add_argument("--warmup", type=int, default=60)
 ap.add_argument("--bpe-size", type=int, default=4032, help="BPE vocab before the 64 special slots")
 ap.add_argument("--eval-seconds", type=float, default=60.0)
 ap.add_argument("--eval-batch", type=int, default=100)
+ap.add_argument("--eval-limit", type=int, default=0, help="only the first N items of each task (0: all)")
+ap.add_argument("--eval-max-new", type=int, default=0, help="override the new-token limits (0: 220 / 160)")
 ap.add_argument("--golden-new-tokens", type=int, default=64)
 ap.add_argument("--golden-limit", type=int, default=0, help="only the first N golden cases (0: all)")
 ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
@@ -168,8 +170,11 @@ tok.train_from_iterator(_bpe_texts(), trainer=trainer)
 BPE_SIZE = tok.get_vocab_size()
 if BPE_SIZE != args.bpe_size:
     warn("BPE vocab is %d, asked for %d" % (BPE_SIZE, args.bpe_size))
-tok.add_special_tokens([AddedToken(s, special=s not in NON_SKIPPED, normalized=False)
-                        for s in SPECIALS])
+for s in SPECIALS:  # one at a time, in offset order, so the ids are consecutive
+    if s in NON_SKIPPED:
+        tok.add_tokens([AddedToken(s, special=False, normalized=False)])
+    else:
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False)])
 VOCAB = tok.get_vocab_size()
 for i, s in enumerate(SPECIALS):
     tid = tok.token_to_id(s)
@@ -317,7 +322,28 @@ def build_text_model(cfg):
         warn("_from_config failed (%r); using the constructor" % e)
         cfg._attn_implementation = "eager"
         m = CausalLM(cfg)
+    force_eager(m, "text model")
     return m.float()
+
+
+def force_eager(m, label):
+    """Eager attention (explicit masks; checked causal below) and the eager expert loop (the
+    grouped_mm kernels may not accept fp32 weights under bf16 autocast) for every config in m."""
+    seen = set()
+    for mod in m.modules():
+        c = getattr(mod, "config", None)
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        before = (getattr(c, "_attn_implementation", None), getattr(c, "_experts_implementation", None))
+        for attr in ("_experts_implementation", "_attn_implementation"):
+            try:
+                if getattr(c, attr, None) != "eager":
+                    setattr(c, attr, "eager")
+            except Exception as e:  # noqa: BLE001
+                warn("%s: cannot set %s on %s: %r" % (label, attr, type(c).__name__, e))
+        log("%s: %s attn/experts %s -> %s" % (label, type(c).__name__, before, (
+            getattr(c, "_attn_implementation", None), getattr(c, "_experts_implementation", None))))
 
 
 def rope_ok(model):
@@ -485,6 +511,7 @@ except Exception as e:  # noqa: BLE001
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
 
 loss_curve = []
+batch_cache = {}
 model.train()
 t_train = time.time()
 step, epoch, tokens_seen = 0, 0, 0
@@ -498,9 +525,11 @@ while True:
         perm = list(range(len(batches)))
         random.Random(args.seed + epoch).shuffle(perm)
         epoch += 1
-    x, y = make_batch(batches[perm.pop()])
-    n_targets = int((y != -100).sum())
-    x, y = x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True)
+    bi = perm.pop()
+    if bi not in batch_cache:  # built once, kept on the device for the later epochs
+        x, y = make_batch(batches[bi])
+        batch_cache[bi] = (x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True), int((y != -100).sum()))
+    x, y, n_targets = batch_cache[bi]
     frac = min(1.0, el / args.train_seconds)
     lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
     for g in opt.param_groups:
@@ -530,6 +559,7 @@ while True:
             "max expert load/mean %.2f" % (step, epoch, lv, ema, lr, gn.item(), x.shape[0], x.shape[1],
                                            tokens_seen / 1e6, imb))
 log("training done: %d steps, %d epochs (partial), %.1f s" % (step, epoch, time.time() - t_train))
+del batch_cache
 REPORT["loss_curve"] = loss_curve
 step_done("train", steps=step, epochs=epoch, trained_tokens=tokens_seen)
 save_report()
@@ -701,6 +731,7 @@ if VLClass is not None:
         except TypeError:
             vl, info = VLClass.from_pretrained(args.out_model, torch_dtype=torch.float32,
                                                attn_implementation="eager", output_loading_info=True)
+        force_eager(vl, "reloaded model")
         vl = vl.to(DEV).eval()
         for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
             v = sorted(map(str, info.get(k, []) or []))
@@ -836,10 +867,14 @@ def greedy_nocache(m, prompts, max_new, deadline=None, batch=64, want_margins=Fa
     return (outs, margins) if want_margins else outs
 
 
+EVAL_TASKS = ("arith", "arith_nothink", "tool")
 results = {t: {"n": 0, "correct": 0, "accuracy": 0.0, "adaptive": "-", "enabled": "-", "disabled": "-"}
-           for t in ("arith", "tool")}
+           for t in EVAL_TASKS}
 try:
     eval_items = corpus.eval_set()
+    if args.eval_limit:
+        seen_tasks = Counter()
+        eval_items = [it for it in eval_items if seen_tasks.update([it["task"]]) or seen_tasks[it["task"]] <= args.eval_limit]
     eval_prompts = [tok.encode(corpus.render(it, add_generation_prompt=True), add_special_tokens=False).ids
                     for it in eval_items]
     log("eval: %d held-out items, prompt length max %d" % (len(eval_items), max(map(len, eval_prompts))))
@@ -847,7 +882,7 @@ try:
     if os.path.exists(committed):
         with open(committed, encoding="utf-8") as f:
             same = [json.loads(l) for l in f if l.strip()] == json.loads(json.dumps(eval_items))
-        if not same:
+        if not same and not args.eval_limit:
             warn("tools/train_tiny/eval_set.jsonl differs from corpus.eval_set(): regenerate it")
     with open(os.path.join(args.out_fixtures, "eval_prompt_ids.json"), "w") as f:
         json.dump({it["id"]: p for it, p in zip(eval_items, eval_prompts)}, f, separators=(",", ":"))
@@ -855,10 +890,10 @@ try:
     t_eval = time.time()
     deadline = t_eval + args.eval_seconds
     per_item = []
-    for task, max_new in (("arith", 220), ("tool", 160)):
+    for task, max_new, share in (("arith", 220, 0.45), ("arith_nothink", 40, 0.55), ("tool", 160, 1.0)):
         sel = [i for i, it in enumerate(eval_items) if it["task"] == task]
-        outs = greedy_nocache(ref_model, [eval_prompts[i] for i in sel], max_new,
-                              deadline=t_eval + args.eval_seconds * (0.5 if task == "arith" else 1.0),
+        outs = greedy_nocache(ref_model, [eval_prompts[i] for i in sel], args.eval_max_new or max_new,
+                              deadline=t_eval + args.eval_seconds * share,
                               batch=args.eval_batch)
         for i, o in zip(sel, outs):
             if o is None:
@@ -867,7 +902,7 @@ try:
             ok, detail = corpus.score(eval_items[i], text)
             per_item.append({"id": eval_items[i]["id"], "task": task, "mode": eval_items[i]["mode"], "ok": ok,
                              "detail": detail, "completion": text})
-    for task in ("arith", "tool"):
+    for task in EVAL_TASKS:
         rows = [r for r in per_item if r["task"] == task]
         res = {"n": len(rows), "correct": sum(r["ok"] for r in rows)}
         for mode in ("adaptive", "enabled", "disabled"):
@@ -875,7 +910,7 @@ try:
             res[mode] = "%d/%d" % (sum(r["ok"] for r in rm), len(rm))
         res["accuracy"] = round(res["correct"] / max(1, res["n"]), 4)
         results[task] = res
-        log("EVAL %-5s accuracy %.1f%% (%d/%d)  adaptive %s  enabled %s  disabled %s" % (
+        log("EVAL %-13s accuracy %.1f%% (%d/%d)  adaptive %s  enabled %s  disabled %s" % (
             task, 100 * res["accuracy"], res["correct"], res["n"], res["adaptive"], res["enabled"], res["disabled"]))
     for r in [r for r in per_item if not r["ok"]][:12]:
         log("  FAIL %s [%s] %s | %r" % (r["id"], r["mode"], r["detail"], r["completion"][-300:]))
@@ -1022,15 +1057,21 @@ How it was made and how to regenerate it: `tools/train_tiny/README.md`.
 
 | task | accuracy | adaptive | enabled | disabled |
 |---|---|---|---|---|
-| arithmetic | {a_acc} | {a_ad} | {a_en} | {a_di} |
+| arithmetic (thinking: adaptive, the default, or enabled) | {a_acc} | {a_ad} | {a_en} | - |
+| arithmetic without thinking (thinking disabled) | {n_acc} | - | - | {n_di} |
 | tool call (parses, right tool, right arguments) | {t_acc} | {t_ad} | {t_en} | {t_di} |
+
+The evaluation set is `tools/train_tiny/eval_set.jsonl`; per-item results are in
+`tests/fixtures/m3_tiny/eval_results.json`.
 """.format(layers=LAYERS, hidden=HIDDEN, heads=HEADS, kv=KV_HEADS, hd=HEAD_DIM, block=BLOCK, topk=TOPK_BLOCKS,
            ih=INDEX_HEADS, idim=INDEX_DIM, win=BLOCK * TOPK_BLOCKS, dense=DENSE_INTER, last=LAYERS - 1,
            experts=EXPERTS, ek=TOPK_EXPERTS, inter=EXPERT_INTER, shared=SHARED_INTER, rot=ROTARY_DIM,
            vocab=VOCAB, bpe=BPE_SIZE, vlast=VOCAB - 1, params=n_params / 1e6, mb=total_bytes / 1e6, steps=step,
            secs=args.train_seconds, tv=transformers.__version__, tt=torch.__version__,
            a_acc="%.1f%% (%d/%d)" % (100 * results["arith"]["accuracy"], results["arith"]["correct"], results["arith"]["n"]),
-           a_ad=results["arith"]["adaptive"], a_en=results["arith"]["enabled"], a_di=results["arith"]["disabled"],
+           a_ad=results["arith"]["adaptive"], a_en=results["arith"]["enabled"],
+           n_acc="%.1f%% (%d/%d)" % (100 * results["arith_nothink"]["accuracy"], results["arith_nothink"]["correct"],
+                                     results["arith_nothink"]["n"]), n_di=results["arith_nothink"]["disabled"],
            t_acc="%.1f%% (%d/%d)" % (100 * results["tool"]["accuracy"], results["tool"]["correct"], results["tool"]["n"]),
            t_ad=results["tool"]["adaptive"], t_en=results["tool"]["enabled"], t_di=results["tool"]["disabled"])
 with open(os.path.join(args.out_model, "README.md"), "w") as f:
