@@ -1,0 +1,429 @@
+// Decode-kernel benchmarks at the real MiniMax-M3.1-Flash shapes on one GPU, with dummy weights
+// generated on the GPU in the real storage formats (MXFP8 dense linears, NVFP4 routed experts,
+// bf16 KV and index-key caches). For each kernel: median time over repeated launches, bytes that
+// must move (each weight/cache byte once), FLOPs, achieved GB/s and the fraction of the 4.8 TB/s
+// HBM roofline (and of the measured device-to-device copy rate). Weights and caches rotate over
+// several copies or routings so that the 60 MB L2 cannot serve repeated launches.
+//
+// Usage: cuda_decode_bench [results.tsv]   (prints a table; writes TSV rows when a path is given)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace {
+
+using namespace m3;
+using namespace m3::cuda;
+
+constexpr double kHbm = 4.8e12;        // H200 datasheet HBM bandwidth, bytes/s
+constexpr double kBf16Flops = 830e12;  // measured cuBLASLt bf16 ceiling (device.md)
+
+cudaStream_t g_stream = nullptr;
+CUstream_st* st() { return g_stream; }
+double g_copy_rate = 0;  // measured D2D bytes/s (read + write)
+FILE* g_tsv = nullptr;
+
+#define CHECK_OK(expr)                                                                        \
+  do {                                                                                        \
+    ::m3::Status s_ = (expr);                                                                 \
+    if (!s_.is_ok()) {                                                                        \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str());       \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_CUDA(expr) CHECK_OK([&]() -> ::m3::Status { M3_CUDA_RETURN_IF_ERROR(expr); return ::m3::Status::ok(); }())
+
+void* dalloc(int64_t bytes) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 256))));
+  return p;
+}
+
+// Median milliseconds per call of fn(iteration) over `reps` timed batches of `iters` calls.
+double time_ms(const std::function<void(int)>& fn, int iters = 20, int reps = 7) {
+  for (int i = 0; i < 3; ++i) fn(i);
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<double> t;
+  int it = 0;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(a, g_stream));
+    for (int i = 0; i < iters; ++i) fn(it++);
+    CHECK_CUDA(cudaEventRecord(b, g_stream));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / iters);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+struct Meas {
+  double ms = 0, bytes = 0;
+};
+
+void report(const std::string& name, double ms, double bytes, double flops) {
+  const double s = ms * 1e-3;
+  std::printf("%-46s %9.2f us %9.1f MB %8.0f GB/s %6.1f%% HBM %6.1f%% copy %7.1f TFLOP/s\n",
+              name.c_str(), ms * 1e3, bytes / 1e6, bytes / s / 1e9, 100 * bytes / s / kHbm,
+              100 * bytes / s / g_copy_rate, flops / s / 1e12);
+  if (g_tsv)
+    std::fprintf(g_tsv, "%s\t%.3f\t%.0f\t%.0f\t%.4f\t%.4f\t%.3f\n", name.c_str(), ms * 1e3, bytes,
+                 bytes / s / 1e9, bytes / s / kHbm, bytes / s / g_copy_rate, flops / s / 1e12);
+  std::fflush(stdout);
+}
+
+void bench_copy() {
+  const int64_t bytes = int64_t{2} << 30;
+  void* a = dalloc(bytes);
+  void* b = dalloc(bytes);
+  CHECK_OK(fill_dummy(a, bytes, DummyKind::kE2m1Packed, 1, 1, st()));
+  double ms = time_ms([&](int) { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream); },
+                      5, 5);
+  g_copy_rate = 2.0 * bytes / (ms * 1e-3);
+  std::printf("%-46s %9.2f us %9.1f MB %8.0f GB/s %6.1f%% HBM   (ceiling used below as 'copy')\n",
+              "d2d copy 2 GiB (read+write)", ms * 1e3, 2.0 * bytes / 1e6,
+              g_copy_rate / 1e9, 100 * g_copy_rate / kHbm);
+  if (g_tsv)
+    std::fprintf(g_tsv, "d2d copy 2GiB\t%.3f\t%.0f\t%.0f\t%.4f\t1\t0\n", ms * 1e3, 2.0 * bytes,
+                 g_copy_rate / 1e9, g_copy_rate / kHbm);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+// A set of `copies` quantised [N, K] matrices (dense linear), rotated per launch.
+struct DenseWeights {
+  QuantFormat f;
+  int64_t n, k, copies;
+  uint8_t *w, *s;
+  float* g;
+  int64_t bytes_one() const {
+    return f == QuantFormat::kMxfp8 ? n * k + n * k / 32 : n * k / 2 + n * k / 16;
+  }
+};
+
+DenseWeights make_dense(QuantFormat f, int64_t n, int64_t k, int64_t groups = 1) {
+  DenseWeights d{f, n * groups, k, 1, nullptr, nullptr, nullptr};
+  const int64_t one = d.bytes_one();
+  d.copies = std::max<int64_t>(1, (int64_t{1} << 30) / one);  // >= 1 GiB in rotation
+  d.copies = std::min<int64_t>(d.copies, 64);
+  const int64_t wb = f == QuantFormat::kMxfp8 ? d.n * k : d.n * k / 2;
+  const int64_t sb = f == QuantFormat::kMxfp8 ? d.n * k / 32 : d.n * k / 16;
+  d.w = static_cast<uint8_t*>(dalloc(wb * d.copies));
+  d.s = static_cast<uint8_t*>(dalloc(sb * d.copies));
+  d.g = static_cast<float*>(dalloc(sizeof(float) * 4096));
+  CHECK_OK(fill_dummy(d.w, wb * d.copies,
+                      f == QuantFormat::kMxfp8 ? DummyKind::kE4m3Codes : DummyKind::kE2m1Packed, 2,
+                      1, st()));
+  CHECK_OK(fill_dummy(d.s, sb * d.copies,
+                      f == QuantFormat::kMxfp8 ? DummyKind::kE8m0Scales : DummyKind::kE4m3Scales,
+                      3, 1, st()));
+  CHECK_OK(fill_dummy(d.g, 4096, DummyKind::kF32Normal, 4, 0.001f, st()));
+  return d;
+}
+
+void free_dense(DenseWeights& d) {
+  cudaFree(d.w);
+  cudaFree(d.s);
+  cudaFree(d.g);
+}
+
+// Dense GEMV + f32 epilogue at M rows.
+Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, int64_t m) {
+  DenseWeights d = make_dense(f, n, k);
+  uint16_t* x = static_cast<uint16_t*>(dalloc(2 * m * k));
+  CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
+  const int64_t slices = quant_gemv_num_slices(f, k);
+  float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
+  float* y = static_cast<float*>(dalloc(4 * m * n));
+  const int64_t wb = f == QuantFormat::kMxfp8 ? n * k : n * k / 2;
+  const int64_t sb = f == QuantFormat::kMxfp8 ? n * k / 32 : n * k / 16;
+  double ms = time_ms([&](int i) {
+    const int64_t c = i % d.copies;
+    QuantGemvParams p;
+    p.format = f;
+    p.x = x;
+    p.ldx = k;
+    p.w = d.w + c * wb;
+    p.w_scale = d.s + c * sb;
+    p.w_global = d.g;
+    p.num_rows = m;
+    p.n = n;
+    p.k = k;
+    p.partial = partial;
+    CHECK_OK(launch_quant_gemv(p, st()));
+    GemvEpilogueParams e;
+    e.partial = partial;
+    e.num_slices = slices;
+    e.num_rows = m;
+    e.n = n;
+    e.y = y;
+    e.ldy = n;
+    CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+  });
+  const double bytes = double(d.bytes_one()) + 2.0 * m * k + 4.0 * m * n;
+  report(name + " M=" + std::to_string(m), ms, bytes, 2.0 * m * n * k);
+  cudaFree(x);
+  cudaFree(partial);
+  cudaFree(y);
+  free_dense(d);
+  return {ms, bytes};
+}
+
+// Routed experts of one MoE layer for T tokens (top-4 of 128): grouping, gate|up with SwiGLU
+// epilogue, down with f32 epilogue. 8 random routings rotate between launches.
+Meas bench_moe(int64_t tokens) {
+  const int64_t E = 128, K4 = 4, H = 6144, I = 3072, rows = tokens * K4;
+  // Experts back to back: up [E, 2I, H], down [E, H, I] (packed + scales + globals).
+  auto alloc_fill = [&](int64_t bytes, DummyKind kind, uint64_t seed) {
+    uint8_t* p = static_cast<uint8_t*>(dalloc(bytes));
+    CHECK_OK(fill_dummy(p, bytes, kind, seed, 1, st()));
+    return p;
+  };
+  uint8_t* uw = alloc_fill(E * 2 * I * H / 2, DummyKind::kE2m1Packed, 10);
+  uint8_t* us = alloc_fill(E * 2 * I * H / 16, DummyKind::kE4m3Scales, 11);
+  uint8_t* dw = alloc_fill(E * H * I / 2, DummyKind::kE2m1Packed, 12);
+  uint8_t* ds = alloc_fill(E * H * I / 16, DummyKind::kE4m3Scales, 13);
+  float* gl = static_cast<float*>(dalloc(4 * E));
+  CHECK_OK(fill_dummy(gl, E, DummyKind::kF32Normal, 14, 0.001f, st()));
+  uint16_t* x = static_cast<uint16_t*>(dalloc(2 * tokens * H));
+  CHECK_OK(fill_dummy(x, tokens * H, DummyKind::kBf16Normal, 15, 1.0f, st()));
+  constexpr int kRoutings = 8;
+  std::vector<int32_t*> ids(kRoutings);
+  std::mt19937 rng(16);
+  double unique_sum = 0;
+  for (int r = 0; r < kRoutings; ++r) {
+    std::vector<int32_t> h(rows);
+    std::vector<bool> used(E, false);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> perm(E);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::sort(perm.begin(), perm.begin() + K4);
+      for (int64_t s = 0; s < K4; ++s) h[t * K4 + s] = perm[s], used[perm[s]] = true;
+    }
+    unique_sum += std::count(used.begin(), used.end(), true);
+    ids[r] = static_cast<int32_t*>(dalloc(4 * rows));
+    CHECK_CUDA(cudaMemcpy(ids[r], h.data(), 4 * rows, cudaMemcpyHostToDevice));
+  }
+  const double unique = unique_sum / kRoutings;
+  int32_t* offs = static_cast<int32_t*>(dalloc(4 * (E + 1)));
+  int32_t* sorted = static_cast<int32_t*>(dalloc(4 * rows));
+  int32_t* active = static_cast<int32_t*>(dalloc(4 * E));
+  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H);
+  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I);
+  float* pu = static_cast<float*>(dalloc(4 * su * rows * 2 * I));
+  float* pd = static_cast<float*>(dalloc(4 * sd * rows * H));
+  uint16_t* act = static_cast<uint16_t*>(dalloc(2 * rows * I));
+  float* y = static_cast<float*>(dalloc(4 * rows * H));
+  double ms = time_ms([&](int i) {
+    CHECK_OK(launch_group_by_expert({ids[i % kRoutings], rows, E, offs, sorted, active}, st()));
+    QuantGemvParams p;
+    p.format = QuantFormat::kNvfp4;
+    p.x = x;
+    p.ldx = H;
+    p.x_row_div = K4;
+    p.w = uw;
+    p.w_scale = us;
+    p.w_global = gl;
+    p.num_groups = E;
+    p.group_offsets = offs;
+    p.sorted_rows = sorted;
+    p.active_groups = active;
+    p.num_slots = std::min(E, rows);
+    p.num_rows = rows;
+    p.n = 2 * I;
+    p.k = H;
+    p.partial = pu;
+    CHECK_OK(launch_quant_gemv(p, st()));
+    GemvEpilogueParams e;
+    e.kind = GemvEpilogue::kSwigluBf16;
+    e.partial = pu;
+    e.num_slices = su;
+    e.num_rows = rows;
+    e.n = 2 * I;
+    e.act = act;
+    CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    p.x = act;
+    p.ldx = I;
+    p.x_row_div = 1;
+    p.w = dw;
+    p.w_scale = ds;
+    p.n = H;
+    p.k = I;
+    p.partial = pd;
+    CHECK_OK(launch_quant_gemv(p, st()));
+    e = {};
+    e.partial = pd;
+    e.num_slices = sd;
+    e.num_rows = rows;
+    e.n = H;
+    e.y = y;
+    e.ldy = H;
+    CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+  }, 10, 7);
+  const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
+  const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
+  char name[96];
+  std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)", (long long)tokens,
+                unique);
+  report(name, ms, bytes, 2.0 * rows * 3 * H * I);
+  for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y})
+    cudaFree(p);
+  for (int32_t* p : ids) cudaFree(p);
+  return {ms, bytes};
+}
+
+// Indexer + sparse attention for B sequences with `ctx` tokens each (query at position ctx-1).
+std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
+  const int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16;
+  const int64_t nb = ctx / S, pages = batch * nb + 1;
+  uint16_t* k = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
+  uint16_t* v = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
+  uint16_t* ik = static_cast<uint16_t*>(dalloc(2 * pages * S * Dix));
+  CHECK_OK(fill_dummy(k, pages * S * Hkv * D, DummyKind::kBf16Normal, 20, 1, st()));
+  CHECK_OK(fill_dummy(v, pages * S * Hkv * D, DummyKind::kBf16Normal, 21, 1, st()));
+  CHECK_OK(fill_dummy(ik, pages * S * Dix, DummyKind::kBf16Normal, 22, 1, st()));
+  uint16_t* q = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
+  uint16_t* iq = static_cast<uint16_t*>(dalloc(2 * batch * Hix * Dix));
+  CHECK_OK(fill_dummy(q, batch * H * D, DummyKind::kBf16Normal, 23, 1, st()));
+  CHECK_OK(fill_dummy(iq, batch * Hix * Dix, DummyKind::kBf16Normal, 24, 1, st()));
+  std::vector<int32_t> tab(batch * nb), pos(batch, static_cast<int32_t>(ctx - 1));
+  std::iota(tab.begin(), tab.end(), 1);
+  std::shuffle(tab.begin(), tab.end(), std::mt19937(25));
+  int32_t* dtab = static_cast<int32_t*>(dalloc(4 * tab.size()));
+  int32_t* dpos = static_cast<int32_t*>(dalloc(4 * batch));
+  CHECK_CUDA(cudaMemcpy(dtab, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
+  float* scores = static_cast<float*>(dalloc(4 * batch * Hix * nb));
+  int32_t* sel = static_cast<int32_t*>(dalloc(4 * batch * Hix * top_k));
+  float* op = static_cast<float*>(dalloc(4 * batch * H * top_k * D));
+  float* ml = static_cast<float*>(dalloc(4 * batch * H * top_k * 2));
+  uint16_t* out = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
+  KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
+  IndexerDecodeParams ip;
+  ip.iq = iq;
+  ip.cache = cv;
+  ip.positions = dpos;
+  ip.block_tables = dtab;
+  ip.batch = batch;
+  ip.num_index_heads = Hix;
+  ip.max_blocks = nb;
+  ip.top_k = top_k;
+  ip.block_scores = scores;
+  ip.selected = sel;
+  double ims = time_ms([&](int) { CHECK_OK(launch_indexer_decode(ip, st())); });
+  const double ibytes = double(batch) * ctx * Dix * 2 + 4.0 * batch * Hix * nb * 2;
+  const std::string tag = " B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx / 1024) + "K";
+  report("indexer decode" + tag, ims, ibytes, 2.0 * batch * ctx * Hix * Dix);
+  SparseDecodeParams ap;
+  ap.q = q;
+  ap.cache = cv;
+  ap.positions = dpos;
+  ap.block_tables = dtab;
+  ap.selected = sel;
+  ap.batch = batch;
+  ap.num_heads = H;
+  ap.max_blocks = nb;
+  ap.top_k = top_k;
+  ap.scale = 1.0f / std::sqrt(float(D));
+  ap.o_partial = op;
+  ap.ml_partial = ml;
+  ap.out = out;
+  double ams = time_ms([&](int) { CHECK_OK(launch_sparse_decode(ap, st())); });
+  const double abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 +
+                        double(batch) * H * top_k * (D + 2) * 4 * 2;
+  report("sparse attention decode" + tag, ams, abytes, 4.0 * batch * H * top_k * S * D);
+  for (void* p : std::vector<void*>{k, v, ik, q, iq, dtab, dpos, scores, sel, op, ml, out})
+    cudaFree(p);
+  return {Meas{ims, ibytes}, Meas{ams, abytes}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_tsv = std::fopen(argv[1], "w");
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB, HBM %.0f GiB; roofline %.1f TB/s, %.0f TFLOP/s bf16\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              prop.totalGlobalMem / double(1 << 30), kHbm / 1e12, kBf16Flops / 1e12);
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  if (g_tsv) std::fprintf(g_tsv, "kernel\tus\tbytes\tGB/s\tfrac_hbm\tfrac_copy\tTFLOP/s\n");
+  std::printf("%-46s %12s %12s %13s %11s %11s %15s\n", "kernel", "time", "bytes", "rate", "HBM",
+              "copy", "compute");
+  bench_copy();
+
+  // Per-layer dense linears of M3.1-Flash (MXFP8): q|k|v|index_q|index_k fused (8192 + 3·512 +
+  // 128 rows... index_q is 512 rows: 8192 + 512 + 512 + 512 + 128 = 9856), o_proj, shared expert.
+  struct L {
+    const char* name;
+    int64_t n, k;
+  };
+  const L dense[] = {{"mxfp8 qkv+indexer [9856x6144]", 9856, 6144},
+                     {"mxfp8 o_proj [6144x8192]", 6144, 8192},
+                     {"mxfp8 shared gate|up [6144x6144]", 6144, 6144},
+                     {"mxfp8 shared down [6144x3072]", 6144, 3072},
+                     {"mxfp8 dense gate|up [24576x6144]", 24576, 6144},
+                     {"mxfp8 dense down [6144x12288]", 6144, 12288}};
+  std::vector<std::vector<Meas>> dense_ms(6);
+  const int64_t batches[] = {1, 8, 32, 128};
+  for (int i = 0; i < 6; ++i)
+    for (int64_t m : {int64_t{1}, int64_t{8}}) dense_ms[i].push_back(bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m));
+  std::vector<Meas> moe_ms;
+  for (int64_t b : batches) moe_ms.push_back(bench_moe(b));
+  std::vector<std::pair<Meas, Meas>> attn4k, attn32k;
+  for (int64_t b : batches) {
+    attn4k.push_back(bench_attention(b, 4096));
+    attn32k.push_back(bench_attention(b, 32768));
+  }
+
+  // Composed estimate (sum of measured kernel medians; NOT a measured decode step): 60 sparse
+  // attention layers (qkv+indexer, indexer, attention, o_proj), 57 MoE layers (routed experts +
+  // shared expert), 3 dense-MLP layers. Norms, RoPE, router and lm_head are not included.
+  std::printf("\ncomposed per-token decode estimate (sum of kernel medians above; excludes norms, "
+              "RoPE, router, residual adds, lm_head):\n");
+  for (int bi = 0; bi < 2; ++bi) {
+    const int64_t b = batches[bi];
+    const int col = bi;  // dense measured at M = 1 and 8
+    for (int c = 0; c < 2; ++c) {
+      const auto& at = c == 0 ? attn4k[bi] : attn32k[bi];
+      Meas total;
+      auto add = [&](const Meas& m, double times) {
+        total.ms += times * m.ms;
+        total.bytes += times * m.bytes;
+      };
+      for (const Meas* m : std::initializer_list<const Meas*>{&dense_ms[0][col], &at.first, &at.second, &dense_ms[1][col]}) add(*m, 60);
+      for (const Meas* m : std::initializer_list<const Meas*>{&moe_ms[bi], &dense_ms[2][col], &dense_ms[3][col]}) add(*m, 57);
+      for (const Meas* m : std::initializer_list<const Meas*>{&dense_ms[4][col], &dense_ms[5][col]}) add(*m, 3);
+      const double rate = total.bytes / (total.ms * 1e-3);
+      std::printf("  batch %3lld ctx %2dK: %.2f ms per step, %.2f GB moved, %.0f GB/s = %.1f%% of "
+                  "HBM roofline\n",
+                  (long long)b, c == 0 ? 4 : 32, total.ms, total.bytes / 1e9, rate / 1e9,
+                  100 * rate / kHbm);
+      if (g_tsv)
+        std::fprintf(g_tsv, "composed step B=%lld ctx=%dK\t%.3f\t%.0f\t%.0f\t%.4f\t%.4f\t0\n",
+                     (long long)b, c == 0 ? 4 : 32, total.ms * 1e3, total.bytes, rate / 1e9,
+                     rate / kHbm, rate / g_copy_rate);
+    }
+  }
+  if (g_tsv) std::fclose(g_tsv);
+  return 0;
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the CUDA op tests, the tiny-model GPU test, the decode benchmark and m3serve here
+# (build-cuda/, sm_90a) and gathers what the GPU machine needs into .device/cuda/ (ignored by
+# git), which the device call names in `carry`. Nothing is built on the GPU machine.
+#   tools/device/bundle.sh            # then, through the device tool:
+#   run: bash tools/device/run-all.sh   carry: [".device/cuda"]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD_DIR:-build-cuda}
+DEST=.device/cuda
+BINS=(cuda_ops_test cuda_composite_ops_test quant_gemv_test sparse_decode_test cuda_model_test
+      cuda_decode_bench)
+cmake -S . -B "$BUILD" -G Ninja -DM3_CUDA=ON >/dev/null
+cmake --build "$BUILD" -j "${JOBS:-2}" --target "${BINS[@]}" m3serve
+rm -rf "$DEST"
+mkdir -p "$DEST"
+for b in "${BINS[@]}"; do
+  # Host debug info is dropped (size); the device line info stays in the fat binary.
+  objcopy --strip-debug "$BUILD/cuda-tests/$b" "$DEST/$b"
+done
+objcopy --strip-debug "$BUILD/bin/m3serve" "$DEST/m3serve"
+# Shared libraries the GPU machine may lack: anything outside glibc/libstdc++/CUDA.
+for b in "$DEST"/*; do
+  ldd "$b" | awk '/=>/ {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl*|librt*|libcublas*|libcudart*|libcuda.so*) ;;
+      *) cp -n "$lib" "$DEST/" && echo "bundled $(basename "$lib") (needed by $(basename "$b"))" ;;
+    esac
+  done
+done
+{
+  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests tools || echo '-dirty')"
+  echo "built $(date -u +%FT%TZ) on $(hostname) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+} >"$DEST/BUILD_INFO"
+du -sh "$DEST"
+cat "$DEST/BUILD_INFO"

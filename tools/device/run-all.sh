@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (through the device tool), builds nothing: every CUDA op test against
+# the CPU backend, the tiny model end to end on the GPU, the golden fixtures when present,
+# compute-sanitizer on the op tests, then the decode benchmarks at the real shapes; prints a
+# short table last. Needs .device/cuda from tools/device/bundle.sh (carry: [".device/cuda"]).
+# Files back in $OUT (at most 8): run-all.log (everything), tests.log, sanitizer.log, bench.log,
+# bench.tsv.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${OUT:?OUT must be set}"
+B=.device/cuda
+export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+LOG=$OUT/run-all.log
+SUMMARY=()
+note() { echo "$*" | tee -a "$LOG"; }
+
+note "== $(date -u +%FT%TZ) $(hostname)"
+cat "$B/BUILD_INFO" >>"$LOG" 2>&1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem \
+  --format=csv >>"$LOG" 2>&1
+"$B/m3serve" version >>"$LOG" 2>&1
+
+run_test() {  # name limit
+  local t=$1 limit=$2 t0=$SECONDS
+  echo "== $t" >>"$OUT/tests.log"
+  timeout "$limit" "$B/$t" >>"$OUT/tests.log" 2>&1
+  local rc=$?
+  local passed failed
+  passed=$(grep -c '^\[       OK \]' "$OUT/tests.log" || true)
+  failed=$(sed -n "/^== $t\$/,\$p" "$OUT/tests.log" | grep -c '^\[  FAILED  \]' || true)
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss  failed-lines=%s' "$t" "$rc" "$((SECONDS - t0))" "$failed")")
+  note "test $t rc=$rc ($((SECONDS - t0))s)"
+}
+run_test cuda_ops_test 120
+run_test cuda_composite_ops_test 120
+run_test quant_gemv_test 120
+run_test sparse_decode_test 120
+run_test cuda_model_test 120
+
+# Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
+if compgen -G "tests/fixtures/golden/*" >/dev/null; then
+  note "golden fixtures present but no GPU runner for them yet (see docs/perf-log.md)"
+else
+  note "golden fixtures: none in tests/fixtures/golden"
+fi
+
+# compute-sanitizer on the op tests (small shapes only, to fit the time budget).
+if command -v compute-sanitizer >/dev/null; then
+  t0=$SECONDS
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
+    --gtest_filter='CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:CudaLinear.*/1' \
+    >"$OUT/sanitizer.log" 2>&1
+  rc1=$?
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
+    --gtest_filter='*/0' >>"$OUT/sanitizer.log" 2>&1
+  rc2=$?
+  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
+    --gtest_filter='CudaPagedAttention*/0:CudaIndexerTopk*/0' >>"$OUT/sanitizer.log" 2>&1
+  rc3=$?
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s racecheck=%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc3" "$((SECONDS - t0))")")
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
+else
+  SUMMARY+=("compute-sanitizer not found")
+fi
+
+# Benchmarks.
+t0=$SECONDS
+timeout 150 "$B/cuda_decode_bench" "$OUT/bench.tsv" >"$OUT/bench.log" 2>&1
+rc=$?
+SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
+cat "$OUT/bench.log" >>"$LOG"
+
+{
+  echo
+  echo "== worst elements (|gpu - cpu| / bound; <= 1 passes)"
+  grep -E '^\[ .* \] ' "$OUT/tests.log" | grep -v -E '^\[ (RUN|       OK|  FAILED|  PASSED|----------|==========)' | cut -c1-150
+  echo
+  echo "== benchmark"
+  cat "$OUT/bench.log"
+  echo
+  echo "== summary"
+  printf '%s\n' "${SUMMARY[@]}"
+} | tee -a "$LOG"
