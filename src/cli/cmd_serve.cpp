@@ -4,6 +4,8 @@
 
 namespace m3::cli {
 
-int cmd_serve(const std::vector<std::string>& args) { return m3::server::run_serve_command(args); }
+int cmd_serve(const std::vector<std::string>& args) {
+  return m3::server::run_serve_command(args);
+}
 
 }  // namespace m3::cli

@@ -47,16 +47,18 @@ Result<double> to_double(const std::string& flag, const std::string& v, double l
   }
 }
 
-#define INT_FLAG(field, lo, hi)                                        \
-  [](ServeFlags& f, const std::string& v) -> Status {                  \
-    auto r = to_int(current_flag(), v, lo, hi);                        \
-    if (!r.is_ok()) return r.status();                                 \
-    f.field = static_cast<decltype(f.field)>(*r);                      \
-    return Status::ok();                                               \
+#define INT_FLAG(field, lo, hi)                       \
+  [](ServeFlags& f, const std::string& v) -> Status { \
+    auto r = to_int(current_flag(), v, lo, hi);       \
+    if (!r.is_ok()) return r.status();                \
+    f.field = static_cast<decltype(f.field)>(*r);     \
+    return Status::ok();                              \
   }
 
 thread_local std::string g_current_flag;
-const std::string& current_flag() { return g_current_flag; }
+const std::string& current_flag() {
+  return g_current_flag;
+}
 
 std::vector<std::string> split_list(const std::string& v) {
   std::vector<std::string> out;
@@ -74,12 +76,21 @@ std::vector<std::string> split_list(const std::string& v) {
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> kFlags = {
       {"--model-path", true, "checkpoint directory (default: the bundled models/m3-tiny)",
-       [](ServeFlags& f, const std::string& v) { f.model_path = v; return Status::ok(); }},
+       [](ServeFlags& f, const std::string& v) {
+         f.model_path = v;
+         return Status::ok();
+       }},
       {"--host", true, "address to listen on (default 0.0.0.0)",
-       [](ServeFlags& f, const std::string& v) { f.server.host = v; return Status::ok(); }},
+       [](ServeFlags& f, const std::string& v) {
+         f.server.host = v;
+         return Status::ok();
+       }},
       {"--port", true, "port (default 30000; 0 picks a free one)", INT_FLAG(server.port, 0, 65535)},
       {"--api-key", true, "require 'Authorization: Bearer <key>' on every route but /health",
-       [](ServeFlags& f, const std::string& v) { f.server.api_key = v; return Status::ok(); }},
+       [](ServeFlags& f, const std::string& v) {
+         f.server.api_key = v;
+         return Status::ok();
+       }},
       {"--served-model-name", true, "model name(s) reported and accepted, comma-separated",
        [](ServeFlags& f, const std::string& v) {
          f.server.served_model_names = split_list(v);
@@ -105,7 +116,8 @@ const std::vector<Flag>& flags() {
        INT_FLAG(server.context_length, 1, INT32_MAX)},
       {"--chunked-prefill-size", true, "prefill tokens per step (default 8192)",
        INT_FLAG(chunked_prefill_size, -1, INT32_MAX)},
-      {"--max-running-requests", true, "requests decoded together", INT_FLAG(max_running_requests, 1, INT32_MAX)},
+      {"--max-running-requests", true, "requests decoded together",
+       INT_FLAG(max_running_requests, 1, INT32_MAX)},
       {"--max-queued-requests", true, "waiting requests before 429 (default 4096)",
        INT_FLAG(max_queued_requests, 1, INT32_MAX)},
       {"--mem-fraction-static", true, "GPU memory fraction for weights + KV cache",
@@ -132,9 +144,15 @@ const std::vector<Flag>& flags() {
          return Status::ok();
        }},
       {"--speculative-algorithm", true, "DSPARK, MTP or NEXTN (when the engine supports it)",
-       [](ServeFlags& f, const std::string& v) { f.speculative_algorithm = v; return Status::ok(); }},
+       [](ServeFlags& f, const std::string& v) {
+         f.speculative_algorithm = v;
+         return Status::ok();
+       }},
       {"--enable-hierarchical-cache", false, "host-memory KV tier",
-       [](ServeFlags& f, const std::string&) { f.enable_hierarchical_cache = true; return Status::ok(); }},
+       [](ServeFlags& f, const std::string&) {
+         f.enable_hierarchical_cache = true;
+         return Status::ok();
+       }},
       {"--hicache-size", true, "host KV tier size in GB",
        [](ServeFlags& f, const std::string& v) {
          auto r = to_double("--hicache-size", v, 0.0, 1e6);
@@ -168,10 +186,16 @@ const std::vector<Flag>& flags() {
          return Status::ok();
        }},
       {"--help", false, "show this help",
-       [](ServeFlags& f, const std::string&) { f.help = true; return Status::ok(); }},
+       [](ServeFlags& f, const std::string&) {
+         f.help = true;
+         return Status::ok();
+       }},
       // Hidden test flags.
       {"--fake-backend", false, nullptr,
-       [](ServeFlags& f, const std::string&) { f.fake_backend = true; return Status::ok(); }},
+       [](ServeFlags& f, const std::string&) {
+         f.fake_backend = true;
+         return Status::ok();
+       }},
       {"--fake-tokens-per-step", true, nullptr, INT_FLAG(fake_tokens_per_step, 1, 64)},
       {"--fake-step-ms", true, nullptr, INT_FLAG(fake_step_ms, 0, 10000)},
       {"--fake-ready-after-ms", true, nullptr, INT_FLAG(fake_ready_after_ms, 0, 600000)},

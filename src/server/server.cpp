@@ -39,8 +39,8 @@ Server::Server(ServerOptions options, InferenceBackend* backend, const TextCodec
   ctx.codec = codec;
   ctx.renderer = renderer;
   ctx.metrics = std::make_unique<Metrics>(ctx.model_name());
-  impl_->workers = std::make_unique<boost::asio::thread_pool>(
-      std::max(1, ctx.options.worker_threads));
+  impl_->workers =
+      std::make_unique<boost::asio::thread_pool>(std::max(1, ctx.options.worker_threads));
   ctx.workers = impl_->workers.get();
   http::ServerConfig hc;
   hc.host = ctx.options.host;
@@ -54,7 +54,9 @@ Server::Server(ServerOptions options, InferenceBackend* backend, const TextCodec
   ctx.open_connections = [http = impl_->http.get()] { return http->open_connections(); };
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 Status Server::start() {
   std::signal(SIGPIPE, SIG_IGN);
@@ -62,7 +64,9 @@ Status Server::start() {
   return impl_->http->start();
 }
 
-uint16_t Server::port() const { return impl_->http->port(); }
+uint16_t Server::port() const {
+  return impl_->http->port();
+}
 
 bool Server::drain() {
   auto& ctx = impl_->ctx;
@@ -91,9 +95,8 @@ int Server::wait_for_signal_and_drain() {
   std::promise<int> got;
   auto fut = got.get_future();
   boost::asio::signal_set signals(impl_->http->io_context(), SIGTERM, SIGINT);
-  signals.async_wait([&got](const boost::system::error_code& ec, int sig) {
-    got.set_value(ec ? 0 : sig);
-  });
+  signals.async_wait(
+      [&got](const boost::system::error_code& ec, int sig) { got.set_value(ec ? 0 : sig); });
   int sig = fut.get();
   std::fprintf(stderr, "m3serve: received signal %d, draining %lld in-flight request(s)\n", sig,
                static_cast<long long>(impl_->ctx.in_flight.load()));

@@ -15,9 +15,15 @@ using Start = MiniMaxM3ReasoningParser::Start;
 
 const std::string NS = "]<]minimax[>[";
 
-std::string open(const std::string& t) { return NS + "<" + t + ">"; }
-std::string close(const std::string& t) { return NS + "</" + t + ">"; }
-std::string param(const std::string& k, const std::string& v) { return open(k) + v + close(k); }
+std::string open(const std::string& t) {
+  return NS + "<" + t + ">";
+}
+std::string close(const std::string& t) {
+  return NS + "</" + t + ">";
+}
+std::string param(const std::string& k, const std::string& v) {
+  return open(k) + v + close(k);
+}
 std::string invoke(const std::string& name, const std::string& body) {
   return NS + "<invoke name=\"" + name + "\">" + body + close("invoke");
 }
@@ -34,12 +40,14 @@ json tools() {
 }
 
 std::vector<std::string> corpus() {
-  std::string call1 = invoke("search", param("query", "weather in \"Paris\" <today>") +
-                                           param("limit", "5") + param("exact", "false") +
-                                           param("filters", param("lang", "fr") + param("year", "2024")) +
-                                           param("sites", param("item", "a.com") + param("item", "b.org")));
-  std::string call2 = invoke("write", param("path", "/x/y.py") +
-                                          param("text", "def f(a, b):\n    return a < b\n# ]<] not a tag\n"));
+  std::string call1 =
+      invoke("search", param("query", "weather in \"Paris\" <today>") + param("limit", "5") +
+                           param("exact", "false") +
+                           param("filters", param("lang", "fr") + param("year", "2024")) +
+                           param("sites", param("item", "a.com") + param("item", "b.org")));
+  std::string call2 =
+      invoke("write", param("path", "/x/y.py") +
+                          param("text", "def f(a, b):\n    return a < b\n# ]<] not a tag\n"));
   std::string call3 = invoke("unknown", param("n", "3") + param("obj", param("k", "v")));
   return {
       "plain answer, no markup at all",
@@ -47,8 +55,8 @@ std::vector<std::string> corpus() {
       "reasoning only, enabled mode</mm:think>\n\nThen the answer with ]<] brackets.",
       "</mm:think>\n\nNo reasoning.",
       "Let me look.\n" + open("tool_call") + "\n" + call1 + "\n" + close("tool_call"),
-      "plan the calls</mm:think>\n" + open("tool_call") + "\n" + call1 + "\n" + call2 + "\n" + call3 +
-          "\n" + close("tool_call") + "\nAll done.",
+      "plan the calls</mm:think>\n" + open("tool_call") + "\n" + call1 + "\n" + call2 + "\n" +
+          call3 + "\n" + close("tool_call") + "\nAll done.",
       "thinking then calling " + open("tool_call") + call2 + close("tool_call"),
       open("tool_call") + invoke("search", "") + close("tool_call") + open("tool_call") + call2 +
           close("tool_call"),
@@ -152,7 +160,8 @@ TEST(ParserFuzz, ExpectedMessageForKnownOutput) {
 // Random well-formed outputs from a small grammar, fed in random speculative steps.
 std::string random_output(std::mt19937& rng) {
   std::uniform_int_distribution<int> pick(0, 99);
-  static const char* words[] = {"alpha", " beta", "\n", " <x>", "\"q\"", "ü", " 10", "]<]", " true"};
+  static const char* words[] = {"alpha", " beta", "\n",  " <x>", "\"q\"",
+                                "ü",     " 10",   "]<]", " true"};
   auto text = [&](int n) {
     std::string s;
     for (int i = 0; i < n; ++i) s += words[pick(rng) % 9];

@@ -60,7 +60,8 @@ inline bool fold(const ParsedDelta& d, Message& m, std::string* error = nullptr)
   return true;
 }
 
-inline Message parse_chunks(const OutputParserOptions& opt, const std::vector<std::string>& chunks) {
+inline Message parse_chunks(const OutputParserOptions& opt,
+                            const std::vector<std::string>& chunks) {
   OutputParser p(opt);
   Message m;
   for (const auto& c : chunks) fold(p.feed(c), m);
@@ -111,8 +112,8 @@ inline std::vector<std::string> pseudo_tokens(std::string_view text, std::mt1993
 
 // Groups consecutive tokens into steps of 1..max_per_step tokens (speculative decoding accepts
 // several tokens per step).
-inline std::vector<std::string> group_steps(const std::vector<std::string>& tokens, int max_per_step,
-                                            std::mt19937& rng) {
+inline std::vector<std::string> group_steps(const std::vector<std::string>& tokens,
+                                            int max_per_step, std::mt19937& rng) {
   std::uniform_int_distribution<int> k(1, max_per_step);
   std::vector<std::string> out;
   for (size_t i = 0; i < tokens.size();) {

@@ -1,7 +1,6 @@
-#include "chat/parsers/reasoning_parser_minimax_m3.h"
-
 #include <gtest/gtest.h>
 
+#include "chat/parsers/reasoning_parser_minimax_m3.h"
 #include "parser_test_util.h"
 
 namespace m3::chat {
@@ -36,7 +35,7 @@ TEST(ReasoningParser, StartFromPrompt) {
 
 TEST(ReasoningParser, EnabledModeStartsInsideReasoning) {
   auto d = run(Start::kReasoning, "\nLet me think.\n</mm:think>\n\nThe answer is 4.");
-  EXPECT_EQ(d.reasoning, "Let me think.");  // trimmed at both ends
+  EXPECT_EQ(d.reasoning, "Let me think.");       // trimmed at both ends
   EXPECT_EQ(d.content, "\n\nThe answer is 4.");  // content whitespace is the caller's business
 }
 
@@ -91,7 +90,8 @@ TEST(ReasoningParser, DisabledModeStripsStrayCloser) {
 }
 
 TEST(ReasoningParser, ToolCallInsideReasoningEndsIt) {
-  std::string tc = "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"f\">]<]minimax[>[</invoke>";
+  std::string tc =
+      "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"f\">]<]minimax[>[</invoke>";
   auto d = run(Start::kReasoning, "I should call f.\n" + tc);
   EXPECT_EQ(d.reasoning, "I should call f.");
   EXPECT_EQ(d.content, tc);  // passed on intact for the tool parser
@@ -107,7 +107,8 @@ TEST(ReasoningParser, NamespaceMarkerAloneDoesNotEndReasoning) {
 }
 
 TEST(ReasoningParser, RepeatedOpenerDroppedAndLaterSegment) {
-  auto d = run(Start::kReasoning, "<mm:think>one</mm:think>mid<mm:think>two</mm:think>end</mm:think>");
+  auto d =
+      run(Start::kReasoning, "<mm:think>one</mm:think>mid<mm:think>two</mm:think>end</mm:think>");
   EXPECT_EQ(d.reasoning, "onetwo");
   EXPECT_EQ(d.content, "midend");
 }

@@ -1,7 +1,6 @@
-#include "chat/parsers/tool_parser_minimax_m3.h"
-
 #include <gtest/gtest.h>
 
+#include "chat/parsers/tool_parser_minimax_m3.h"
 #include "parser_test_util.h"
 
 namespace m3::chat {
@@ -12,12 +11,18 @@ using testing::Message;
 
 const std::string NS = "]<]minimax[>[";
 
-std::string open(const std::string& t) { return NS + "<" + t + ">"; }
-std::string close(const std::string& t) { return NS + "</" + t + ">"; }
+std::string open(const std::string& t) {
+  return NS + "<" + t + ">";
+}
+std::string close(const std::string& t) {
+  return NS + "</" + t + ">";
+}
 std::string invoke(const std::string& name, const std::string& body) {
   return NS + "<invoke name=\"" + name + "\">" + body + close("invoke");
 }
-std::string param(const std::string& k, const std::string& v) { return open(k) + v + close(k); }
+std::string param(const std::string& k, const std::string& v) {
+  return open(k) + v + close(k);
+}
 std::string block(const std::string& invokes) {
   return open("tool_call") + "\n" + invokes + "\n" + close("tool_call");
 }
@@ -49,14 +54,18 @@ OutputParserOptions tool_opts() {
   return o;
 }
 
-Message parse(const std::string& text) { return testing::parse_whole(tool_opts(), text); }
+Message parse(const std::string& text) {
+  return testing::parse_whole(tool_opts(), text);
+}
 
-json args(const Message& m, size_t i) { return json::parse(m.calls.at(i).arguments); }
+json args(const Message& m, size_t i) {
+  return json::parse(m.calls.at(i).arguments);
+}
 
 TEST(ToolParser, SingleCallWithContentAround) {
-  auto m = parse("Let me check.\n" + block(invoke("get_weather", param("city", "Paris") +
-                                                                 param("unit", "c"))) +
-                 "\nDone.");
+  auto m =
+      parse("Let me check.\n" +
+            block(invoke("get_weather", param("city", "Paris") + param("unit", "c"))) + "\nDone.");
   EXPECT_EQ(m.content, "Let me check.Done.");
   ASSERT_EQ(m.calls.size(), 1u);
   EXPECT_EQ(m.calls[0].name, "get_weather");
@@ -76,9 +85,9 @@ TEST(ToolParser, SeveralInvokesAndBlocks) {
 }
 
 TEST(ToolParser, TypedScalars) {
-  auto m = parse(block(invoke("get_weather", param("days", "3") + param("lat", "48.85") +
-                                                 param("precise", "true") +
-                                                 param("nullable_int", "null"))));
+  auto m = parse(
+      block(invoke("get_weather", param("days", "3") + param("lat", "48.85") +
+                                      param("precise", "true") + param("nullable_int", "null"))));
   EXPECT_EQ(m.calls[0].arguments, R"({"days":3,"lat":48.85,"precise":true,"nullable_int":null})");
 }
 
@@ -123,10 +132,10 @@ TEST(ToolParser, AnyOfTypeListsAndRef) {
 }
 
 TEST(ToolParser, NoSchemaInference) {
-  auto m = parse(block(invoke("unknown_tool", param("n", "42") + param("s", "hello") +
-                                                  param("b", "true") + param("j", R"({"a":1})") +
-                                                  param("o", param("k", "v")) +
-                                                  param("l", param("item", "1") + param("item", "x")))));
+  auto m = parse(
+      block(invoke("unknown_tool", param("n", "42") + param("s", "hello") + param("b", "true") +
+                                       param("j", R"({"a":1})") + param("o", param("k", "v")) +
+                                       param("l", param("item", "1") + param("item", "x")))));
   EXPECT_EQ(m.calls[0].name, "unknown_tool");
   EXPECT_EQ(args(m, 0), json::parse(R"({"n":42,"s":"hello","b":true,"j":{"a":1},"o":{"k":"v"},
       "l":[1,"x"]})"));
@@ -156,10 +165,9 @@ TEST(ToolParser, InvokeWithoutWrapper) {
 
 TEST(ToolParser, RaggedInvokesWithoutClosingTags) {
   // A real M3 output: new <invoke>s before the previous closed, then stray closers.
-  std::string text = open("tool_call") + "\n" + NS + "<invoke name=\"write_file\">" +
-                     open("path") + "/a" + close("path") + NS + "<invoke name=\"write_file\">" +
-                     open("path") + "/b" + close("path") + close("invoke") + close("parameter") +
-                     close("invoke");
+  std::string text = open("tool_call") + "\n" + NS + "<invoke name=\"write_file\">" + open("path") +
+                     "/a" + close("path") + NS + "<invoke name=\"write_file\">" + open("path") +
+                     "/b" + close("path") + close("invoke") + close("parameter") + close("invoke");
   auto m = parse(text);
   ASSERT_EQ(m.calls.size(), 2u);
   EXPECT_EQ(args(m, 0), json({{"path", "/a"}}));
@@ -175,8 +183,8 @@ TEST(ToolParser, MissingCloseTagsAreClosedByOuterTags) {
 }
 
 TEST(ToolParser, TruncatedOutputStillGivesValidJson) {
-  const std::string full = block(invoke("get_weather", param("city", "Paris") +
-                                                           param("tags", param("item", "x"))));
+  const std::string full =
+      block(invoke("get_weather", param("city", "Paris") + param("tags", param("item", "x"))));
   for (size_t n = 0; n <= full.size(); ++n) {
     // Cut anywhere except inside a namespace marker, which is one token in the real vocabulary.
     size_t at = full.rfind(NS, n);
@@ -190,8 +198,8 @@ TEST(ToolParser, TruncatedOutputStillGivesValidJson) {
 }
 
 TEST(ToolParser, SelfClosingAndEmptyValues) {
-  auto m = parse(block(invoke("get_weather", NS + "<city/>" + param("unit", "") +
-                                                 param("days", ""))));
+  auto m =
+      parse(block(invoke("get_weather", NS + "<city/>" + param("unit", "") + param("days", ""))));
   EXPECT_EQ(args(m, 0), json::parse(R"({"city":"","unit":"","days":""})"));
 }
 

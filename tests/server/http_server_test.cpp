@@ -168,10 +168,16 @@ TEST_F(ServerTest, ApiKeyCoversEveryRouteButHealth) {
   o.api_key = "sk-test";
   start(o);
   Client c(port());
-  for (auto [method, path] : std::vector<std::pair<std::string, std::string>>{
-           {"GET", "/v1/models"}, {"GET", "/metrics"}, {"POST", "/v1/chat/completions"},
-           {"POST", "/v1/completions"}, {"POST", "/tokenize"}, {"POST", "/detokenize"},
-           {"GET", "/health_generate"}, {"GET", "/v1/models/m3-tiny"}, {"GET", "/nope"}}) {
+  for (auto [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"GET", "/v1/models"},
+                                                        {"GET", "/metrics"},
+                                                        {"POST", "/v1/chat/completions"},
+                                                        {"POST", "/v1/completions"},
+                                                        {"POST", "/tokenize"},
+                                                        {"POST", "/detokenize"},
+                                                        {"GET", "/health_generate"},
+                                                        {"GET", "/v1/models/m3-tiny"},
+                                                        {"GET", "/nope"}}) {
     c.send(method, path, method == "POST" ? chat_body("x") : "");
     Response r = c.read();
     EXPECT_EQ(r.status, 401) << path;
@@ -194,7 +200,8 @@ TEST_F(ServerTest, ErrorStatuses) {
     Client c(port());
     c.send("GET", "/v1/unknown");
     EXPECT_EQ(c.read().status, 404);
-    c.send("POST", "/v1/chat/completions", R"({"model":"other","messages":[{"role":"user","content":"x"}]})");
+    c.send("POST", "/v1/chat/completions",
+           R"({"model":"other","messages":[{"role":"user","content":"x"}]})");
     Response r = c.read();
     EXPECT_EQ(r.status, 404);
     EXPECT_EQ(json::parse(r.body)["error"]["code"], "model_not_found");
@@ -286,7 +293,8 @@ TEST_F(ServerTest, DrainFinishesInFlightAndRefusesNew) {
   EXPECT_EQ(json::parse(rb.body)["error"]["code"], "draining");
   Response ra = a.read();
   EXPECT_EQ(ra.status, 200);
-  EXPECT_EQ(json::parse(ra.body)["choices"][0]["message"]["content"], "Hello from the fake backend.");
+  EXPECT_EQ(json::parse(ra.body)["choices"][0]["message"]["content"],
+            "Hello from the fake backend.");
   drainer.join();
 }
 
@@ -315,8 +323,10 @@ TEST_F(ServerTest, ExpectContinue) {
   start();
   Client c(port());
   std::string body = chat_body("hi");
-  c.send_raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+  c.send_raw(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n");
   std::string cont = c.read_some(10);
   EXPECT_NE(cont.find("100 Continue"), std::string::npos);
   c.send_raw(body);

@@ -27,9 +27,8 @@ const std::string kPng = std::string("\x89PNG\r\n\x1a\n", 8) + std::string(32, '
 const std::string kJpeg = std::string("\xff\xd8\xff\xe0", 4) + std::string(32, 'j');
 
 Resolver fixed(std::vector<std::string> addrs) {
-  return [addrs](const std::string&, std::chrono::milliseconds) -> Result<std::vector<std::string>> {
-    return addrs;
-  };
+  return [addrs](const std::string&,
+                 std::chrono::milliseconds) -> Result<std::vector<std::string>> { return addrs; };
 }
 
 ApiError err(const std::variant<CheckedImage, ApiError>& r) {
@@ -60,10 +59,12 @@ TEST(Media, DataUris) {
   ASSERT_TRUE(std::holds_alternative<CheckedImage>(ok));
   EXPECT_EQ(std::get<CheckedImage>(ok).mime, "image/png");
   EXPECT_EQ(std::get<CheckedImage>(ok).bytes, kPng.size());
-  EXPECT_NE(err(check_image_url("data:image/png;base64," + b64(kJpeg), "p", o)).message.find("declares"),
-            std::string::npos);
+  EXPECT_NE(
+      err(check_image_url("data:image/png;base64," + b64(kJpeg), "p", o)).message.find("declares"),
+      std::string::npos);
   EXPECT_EQ(err(check_image_url("data:image/png;base64,@@@@", "p", o)).param, "p");
-  EXPECT_NE(err(check_image_url("data:text/plain;base64," + b64("hi"), "p", o)).message.find("text/plain"),
+  EXPECT_NE(err(check_image_url("data:text/plain;base64," + b64("hi"), "p", o))
+                .message.find("text/plain"),
             std::string::npos);
   EXPECT_NE(err(check_image_url("data:image/png," + kPng, "p", o)).message.find("base64"),
             std::string::npos);
@@ -71,8 +72,9 @@ TEST(Media, DataUris) {
                 .message.find("not a PNG"),
             std::string::npos);
   o.max_image_bytes = 16;
-  EXPECT_NE(err(check_image_url("data:image/png;base64," + b64(kPng), "p", o)).message.find("larger"),
-            std::string::npos);
+  EXPECT_NE(
+      err(check_image_url("data:image/png;base64," + b64(kPng), "p", o)).message.find("larger"),
+      std::string::npos);
 }
 
 TEST(Media, RemoteUrlsNeedTheAllowlist) {
@@ -92,15 +94,18 @@ TEST(Media, RemoteUrlsNeedTheAllowlist) {
   // An allowlisted name pointing inside is refused (SSRF).
   for (const char* inside : {"127.0.0.1", "10.1.2.3", "192.168.0.5", "169.254.169.254", "::1",
                              "fe80::1", "fd00::1", "::ffff:127.0.0.1", "100.64.0.1"}) {
-    EXPECT_EQ(err(check_image_url("https://example.com/a.png", "p", o, fixed({"8.8.8.8", inside}))).code,
-              "media_address_not_allowed")
+    EXPECT_EQ(
+        err(check_image_url("https://example.com/a.png", "p", o, fixed({"8.8.8.8", inside}))).code,
+        "media_address_not_allowed")
         << inside;
   }
-  EXPECT_EQ(err(check_image_url("https://user:pw@example.com/a.png", "p", o, fixed({"8.8.8.8"}))).code,
-            "invalid_image");
+  EXPECT_EQ(
+      err(check_image_url("https://user:pw@example.com/a.png", "p", o, fixed({"8.8.8.8"}))).code,
+      "invalid_image");
   EXPECT_EQ(err(check_image_url("ftp://example.com/a.png", "p", o, fixed({"8.8.8.8"}))).code,
             "invalid_image");
-  auto fail = [](const std::string&, std::chrono::milliseconds) -> Result<std::vector<std::string>> {
+  auto fail = [](const std::string&,
+                 std::chrono::milliseconds) -> Result<std::vector<std::string>> {
     return invalid_argument("cannot resolve");
   };
   EXPECT_EQ(err(check_image_url("https://example.com/a.png", "p", o, fail)).code, "invalid_image");
@@ -109,10 +114,10 @@ TEST(Media, RemoteUrlsNeedTheAllowlist) {
 TEST(Media, PublicAddresses) {
   EXPECT_TRUE(is_public_address("8.8.8.8"));
   EXPECT_TRUE(is_public_address("2606:4700:4700::1111"));
-  for (const char* a : {"0.0.0.0", "127.0.0.1", "10.0.0.1", "172.16.5.4", "172.31.255.255",
-                        "192.168.1.1", "169.254.1.1", "100.100.100.100", "224.0.0.1",
-                        "255.255.255.255", "::", "::1", "fe80::1", "fc00::1", "ff02::1",
-                        "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::1", "not an ip"}) {
+  for (const char* a :
+       {"0.0.0.0", "127.0.0.1", "10.0.0.1", "172.16.5.4", "172.31.255.255", "192.168.1.1",
+        "169.254.1.1", "100.100.100.100", "224.0.0.1", "255.255.255.255", "::", "::1", "fe80::1",
+        "fc00::1", "ff02::1", "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::1", "not an ip"}) {
     EXPECT_FALSE(is_public_address(a)) << a;
   }
   EXPECT_TRUE(is_public_address("172.32.0.1"));

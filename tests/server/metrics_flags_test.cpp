@@ -49,13 +49,36 @@ TEST(Auth, BearerComparison) {
 }
 
 TEST(ServeFlags, SGLangNames) {
-  auto f = parse_serve_flags({"--model-path", "/m/M3", "--host", "127.0.0.1", "--port=8000",
-                              "--api-key", "k", "--reasoning-parser", "minimax-m3",
-                              "--tool-call-parser", "none", "--chunked-prefill-size", "4096",
-                              "--max-running-requests", "64", "--mem-fraction-static", "0.85",
-                              "--context-length", "32768", "--load-format", "dummy",
-                              "--served-model-name", "m3,alias", "--tp", "2", "--revision", "main",
-                              "--trust-remote-code", "--allowed-media-domains", "a.com,.b.org"});
+  auto f = parse_serve_flags({"--model-path",
+                              "/m/M3",
+                              "--host",
+                              "127.0.0.1",
+                              "--port=8000",
+                              "--api-key",
+                              "k",
+                              "--reasoning-parser",
+                              "minimax-m3",
+                              "--tool-call-parser",
+                              "none",
+                              "--chunked-prefill-size",
+                              "4096",
+                              "--max-running-requests",
+                              "64",
+                              "--mem-fraction-static",
+                              "0.85",
+                              "--context-length",
+                              "32768",
+                              "--load-format",
+                              "dummy",
+                              "--served-model-name",
+                              "m3,alias",
+                              "--tp",
+                              "2",
+                              "--revision",
+                              "main",
+                              "--trust-remote-code",
+                              "--allowed-media-domains",
+                              "a.com,.b.org"});
   ASSERT_TRUE(f.is_ok()) << f.status().message();
   EXPECT_EQ(f->model_path, "/m/M3");
   EXPECT_EQ(f->server.port, 8000);

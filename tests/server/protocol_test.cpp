@@ -50,17 +50,19 @@ TEST(Protocol, InvalidParametersNameTheField) {
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"n":2})").param, "n");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"stop":[1]})").param, "stop");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"stream_options":{"include_usage":true}})").param,
-            "stream_options");
+  EXPECT_EQ(
+      chat_error(std::string("{") + kMsg + R"(,"stream_options":{"include_usage":true}})").param,
+      "stream_options");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"logprobs":true})").param, "logprobs");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg +
-                       R"(,"response_format":{"type":"json_object"}})").param,
-            "response_format.type");
+  EXPECT_EQ(
+      chat_error(std::string("{") + kMsg + R"(,"response_format":{"type":"json_object"}})").param,
+      "response_format.type");
   EXPECT_EQ(chat_error(R"({"messages":[]})").param, "messages");
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"wizard","content":"x"}]})").param,
             "messages[0].role");
-  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":[{"type":"input_audio"}]}]})").param,
-            "messages[0].content[0].type");
+  EXPECT_EQ(
+      chat_error(R"({"messages":[{"role":"user","content":[{"type":"input_audio"}]}]})").param,
+      "messages[0].content[0].type");
 }
 
 TEST(Protocol, ThinkingField) {
@@ -87,36 +89,46 @@ TEST(Protocol, ReasoningEffort) {
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"reasoning_effort":"huge"})").param,
             "reasoning_effort");
   EXPECT_EQ(chat_error(std::string("{") + kMsg +
-                       R"(,"reasoning_effort":"none","thinking":{"type":"enabled"}})").status,
+                       R"(,"reasoning_effort":"none","thinking":{"type":"enabled"}})")
+                .status,
             400);
 }
 
 TEST(Protocol, ChatTemplateKwargs) {
-  auto r = chat_ok(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"thinking_mode":"disabled","x":1}})");
+  auto r = chat_ok(std::string("{") + kMsg +
+                   R"(,"chat_template_kwargs":{"thinking_mode":"disabled","x":1}})");
   EXPECT_EQ(r.thinking_mode, "disabled");
   EXPECT_EQ(r.template_kwargs["x"], 1);
-  auto q = chat_ok(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"enable_thinking":true}})");
+  auto q =
+      chat_ok(std::string("{") + kMsg + R"(,"chat_template_kwargs":{"enable_thinking":true}})");
   EXPECT_EQ(q.thinking_mode, "enabled");
   // The top-level field wins over the kwargs.
-  auto t = chat_ok(std::string("{") + kMsg +
-                   R"(,"chat_template_kwargs":{"thinking_mode":"disabled"},"thinking":{"type":"enabled"}})");
+  auto t = chat_ok(
+      std::string("{") + kMsg +
+      R"(,"chat_template_kwargs":{"thinking_mode":"disabled"},"thinking":{"type":"enabled"}})");
   EXPECT_EQ(t.thinking_mode, "enabled");
 }
 
 TEST(Protocol, ToolChoice) {
-  std::string tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
-  EXPECT_EQ(chat_ok(std::string("{") + kMsg + "," + tools + R"(,"tool_choice":"required"})").tool_choice,
-            ToolChoice::kRequired);
+  std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  EXPECT_EQ(
+      chat_ok(std::string("{") + kMsg + "," + tools + R"(,"tool_choice":"required"})").tool_choice,
+      ToolChoice::kRequired);
   auto named = chat_ok(std::string("{") + kMsg + "," + tools +
                        R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})");
   EXPECT_EQ(named.tool_choice, ToolChoice::kNamed);
   EXPECT_EQ(named.tool_choice_name, "f");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + "," + tools +
-                       R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})").param,
+                       R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})")
+                .param,
             "tool_choice.function.name");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tool_choice":"required"})").param, "tool_choice");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tool_choice":"sometimes"})").param, "tool_choice");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tools":[{"type":"function","function":{}}]})").param,
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tool_choice":"required"})").param,
+            "tool_choice");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tool_choice":"sometimes"})").param,
+            "tool_choice");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"tools":[{"type":"function","function":{}}]})")
+                .param,
             "tools[0].function.name");
 }
 
@@ -136,7 +148,8 @@ TEST(Protocol, MessagesRoundTripIntoTemplateForm) {
   EXPECT_EQ(t[0]["content"], "be brief");
   EXPECT_EQ(t[2]["content"], "");
   EXPECT_EQ(t[2]["reasoning_content"], "need the tool");
-  EXPECT_EQ(t[2]["tool_calls"][0]["function"]["arguments"], json::parse(R"({"city":"Paris","n":2})"));
+  EXPECT_EQ(t[2]["tool_calls"][0]["function"]["arguments"],
+            json::parse(R"({"city":"Paris","n":2})"));
   EXPECT_EQ(t[2]["tool_calls"][0]["id"], "call_1");
   EXPECT_EQ(t[3]["tool_call_id"], "call_1");
   EXPECT_EQ(t[3]["content"], "sunny");

@@ -29,7 +29,7 @@ struct ParsedDelta {
 struct OutputParserOptions {
   bool reasoning = false;  // run the reasoning parser
   MiniMaxM3ReasoningParser::Start reasoning_start = MiniMaxM3ReasoningParser::Start::kAdaptive;
-  bool tools = false;      // run the tool-call parser
+  bool tools = false;         // run the tool-call parser
   nlohmann::json tools_json;  // the request's "tools" array (argument schemas)
 };
 

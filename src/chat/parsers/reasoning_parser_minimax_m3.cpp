@@ -11,7 +11,9 @@ using namespace minimax_m3;
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
 
 std::string_view rtrim(std::string_view s) {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
@@ -52,7 +54,7 @@ MiniMaxM3ReasoningParser::Start MiniMaxM3ReasoningParser::start_for_prompt(
 }
 
 MiniMaxM3ReasoningParser::MiniMaxM3ReasoningParser(Start start)
-    : state_(start == Start::kReasoning  ? State::kReasoning
+    : state_(start == Start::kReasoning ? State::kReasoning
              : start == Start::kContent ? State::kContent
                                         : State::kStart) {}
 
@@ -98,8 +100,8 @@ void MiniMaxM3ReasoningParser::process(ReasoningDelta& out, bool final) {
         state_ = State::kContent;
         continue;
       }
-      bool could_be_marker = (kThinkOpen.substr(0, head.size()) == head ||
-                              kThinkClose.substr(0, head.size()) == head);
+      bool could_be_marker =
+          (kThinkOpen.substr(0, head.size()) == head || kThinkClose.substr(0, head.size()) == head);
       if (could_be_marker && !final) break;
       state_ = State::kContent;  // plain answer without markers; the whitespace stays content
       continue;

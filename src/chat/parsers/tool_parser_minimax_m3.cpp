@@ -18,7 +18,9 @@ namespace {
 // text after it is treated as literal. Bounded so a stray marker cannot make us buffer forever.
 constexpr size_t kMaxTagLength = 512;
 
-bool is_space(char c) { return WsTrimmer::is_space(c); }
+bool is_space(char c) {
+  return WsTrimmer::is_space(c);
+}
 
 bool all_space(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return is_space(c); });
@@ -43,13 +45,27 @@ void escape_into(std::string_view text, std::string& out) {
   for (char ch : text) {
     unsigned char c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -69,7 +85,9 @@ std::string json_string(std::string_view s) {
   return out;
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 // Every JSON type a schema allows (type, type lists, anyOf/oneOf/allOf, enum, const, implied).
 void collect_types(const json* s, std::set<std::string>& types, int depth = 0) {
@@ -85,13 +103,20 @@ void collect_types(const json* s, std::set<std::string>& types, int depth = 0) {
       for (const auto& sub : *it) collect_types(&sub, types, depth + 1);
   }
   auto add_value_type = [&](const json& v) {
-    if (v.is_string()) types.insert("string");
-    else if (v.is_boolean()) types.insert("boolean");
-    else if (v.is_number_integer() || v.is_number_unsigned()) types.insert("integer");
-    else if (v.is_number()) types.insert("number");
-    else if (v.is_null()) types.insert("null");
-    else if (v.is_object()) types.insert("object");
-    else if (v.is_array()) types.insert("array");
+    if (v.is_string())
+      types.insert("string");
+    else if (v.is_boolean())
+      types.insert("boolean");
+    else if (v.is_number_integer() || v.is_number_unsigned())
+      types.insert("integer");
+    else if (v.is_number())
+      types.insert("number");
+    else if (v.is_null())
+      types.insert("null");
+    else if (v.is_object())
+      types.insert("object");
+    else if (v.is_array())
+      types.insert("array");
   };
   if (auto it = s->find("enum"); it != s->end() && it->is_array())
     for (const auto& v : *it) add_value_type(v);
@@ -258,8 +283,8 @@ void MiniMaxM3ToolParser::process(ToolParseDelta& out, bool final) {
         if (!v.empty() && (v[0] == '"' || v[0] == '\'')) {
           char q = v[0];
           size_t end = v.find(q, 1);
-          tag.name_attr = std::string(v.substr(1, end == std::string_view::npos ? v.size() - 1
-                                                                                : end - 1));
+          tag.name_attr =
+              std::string(v.substr(1, end == std::string_view::npos ? v.size() - 1 : end - 1));
         } else {
           size_t end = 0;
           while (end < v.size() && !is_space(v[end])) ++end;

@@ -35,10 +35,10 @@
 namespace m3::chat {
 
 struct ToolCallDelta {
-  int index = 0;           // position of the call in this response (0, 1, ...)
-  bool begins = false;     // first delta of this call: carries the name
-  std::string name;        // set when begins
-  std::string arguments;   // JSON text to append to the call's arguments
+  int index = 0;          // position of the call in this response (0, 1, ...)
+  bool begins = false;    // first delta of this call: carries the name
+  std::string name;       // set when begins
+  std::string arguments;  // JSON text to append to the call's arguments
 };
 
 struct ToolParseDelta {

@@ -15,13 +15,13 @@ struct FakeBackend::Req {
   bool fail = false;
   int32_t tokens_per_step = 1;
   std::chrono::milliseconds step{2};
-  size_t pos = 0;          // next output token
+  size_t pos = 0;  // next output token
   int32_t generated = 0;
   int32_t cached = 0;
   bool first = true;
   Clock::time_point next_step;
-  std::string pending;     // bytes not yet emitted (incomplete UTF-8, possible stop string)
-  std::string text_so_far; // emitted text, for stop strings spanning steps
+  std::string pending;      // bytes not yet emitted (incomplete UTF-8, possible stop string)
+  std::string text_so_far;  // emitted text, for stop strings spanning steps
 };
 
 namespace {
@@ -64,7 +64,9 @@ FakeBackend::~FakeBackend() {
   thread_.join();
 }
 
-bool FakeBackend::ready() const { return Clock::now() - created_ >= options_.ready_after; }
+bool FakeBackend::ready() const {
+  return Clock::now() - created_ >= options_.ready_after;
+}
 
 Result<uint64_t> FakeBackend::submit(BackendRequest request, EventCallback on_event) {
   if (request.prompt_tokens.empty()) return invalid_argument("the prompt is empty");
@@ -88,16 +90,17 @@ Result<uint64_t> FakeBackend::submit(BackendRequest request, EventCallback on_ev
   r->fail = prompt.find("FAKE_ERROR") != std::string::npos;
   if (!r->infinite) r->output.push_back(FakeCodec::kEos);
   r->tokens_per_step = options_.tokens_per_step;
-  if (auto v = directive(prompt, "FAKE_TPS"); !v.empty()) r->tokens_per_step = std::max(1, std::stoi(v));
+  if (auto v = directive(prompt, "FAKE_TPS"); !v.empty())
+    r->tokens_per_step = std::max(1, std::stoi(v));
   r->step = std::chrono::milliseconds(options_.step_ms);
   if (auto v = directive(prompt, "FAKE_STEP_MS"); !v.empty())
     r->step = std::chrono::milliseconds(std::max(0, std::stoi(v)));
   r->on_event = std::make_shared<EventCallback>(std::move(on_event));
   std::lock_guard lock(mu_);
   if (static_cast<int32_t>(waiting_.size()) >= options_.max_waiting) {
-    return Status(StatusCode::kResourceExhausted,
-                  "the waiting queue is full (" + std::to_string(options_.max_waiting) +
-                      " requests); retry later");
+    return Status(StatusCode::kResourceExhausted, "the waiting queue is full (" +
+                                                      std::to_string(options_.max_waiting) +
+                                                      " requests); retry later");
   }
   // Fake prefix cache: whole 128-token pages shared with the previous prompt.
   size_t common = 0;
@@ -131,8 +134,8 @@ BackendStats FakeBackend::stats() const {
   s.num_requests_running = static_cast<int32_t>(running_.size());
   s.num_requests_waiting = static_cast<int32_t>(waiting_.size());
   for (const auto& [id, r] : running_) {
-    s.kv_pages_used += static_cast<int32_t>(
-        (r->request.prompt_tokens.size() + r->generated + 127) / 128);
+    s.kv_pages_used +=
+        static_cast<int32_t>((r->request.prompt_tokens.size() + r->generated + 127) / 128);
   }
   s.kv_pages_total = options_.kv_pages_total;
   s.prefix_cache_hit_tokens_total = prefix_hits_;
@@ -171,7 +174,8 @@ BackendEvent FakeBackend::step_request(Req& r, Clock::time_point now) {
   std::string candidate = r.text_so_far + r.pending;
   size_t cut = std::string::npos;
   for (const auto& s : sp.stop) {
-    size_t p = candidate.find(s, r.text_so_far.size() >= s.size() ? r.text_so_far.size() - s.size() + 1 : 0);
+    size_t p = candidate.find(
+        s, r.text_so_far.size() >= s.size() ? r.text_so_far.size() - s.size() + 1 : 0);
     if (p != std::string::npos && p < cut) cut = p;
   }
   if (cut != std::string::npos) {

@@ -49,7 +49,9 @@ Result<std::string> FakeCodec::decode(const std::vector<int32_t>& ids, bool skip
   return out;
 }
 
-int32_t FakeCodec::vocab_size() const { return 256 + static_cast<int32_t>(kSpecials.size()); }
+int32_t FakeCodec::vocab_size() const {
+  return 256 + static_cast<int32_t>(kSpecials.size());
+}
 
 std::optional<int32_t> FakeCodec::token_id(std::string_view token) const {
   for (size_t s = 0; s < kSpecials.size(); ++s)

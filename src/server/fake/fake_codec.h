@@ -9,8 +9,8 @@ namespace m3::server {
 
 class FakeCodec : public TextCodec {
  public:
-  static constexpr int32_t kBos = 256;   // ]~!b[
-  static constexpr int32_t kEos = 258;   // [e~[
+  static constexpr int32_t kBos = 256;  // ]~!b[
+  static constexpr int32_t kEos = 258;  // [e~[
   Result<std::vector<int32_t>> encode(std::string_view text) const override;
   Result<std::string> decode(const std::vector<int32_t>& ids,
                              bool skip_special_tokens) const override;

@@ -48,7 +48,8 @@ Result<std::string> FakeRenderer::render(const json& messages, const json& tools
   }
   out += "[e~[\n]~b]developer\n";
   size_t start = 0;
-  if (!messages.empty() && (messages[0]["role"] == "system" || messages[0]["role"] == "developer")) {
+  if (!messages.empty() &&
+      (messages[0]["role"] == "system" || messages[0]["role"] == "developer")) {
     out += text_of(messages[0]["content"]);
     start = 1;
   } else {

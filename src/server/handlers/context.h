@@ -24,7 +24,7 @@ struct ServerContext {
   std::unique_ptr<Metrics> metrics;
   boost::asio::thread_pool* workers = nullptr;  // preprocessing pool
   std::atomic<bool> draining{false};
-  std::atomic<int64_t> in_flight{0};  // generation requests not yet finished
+  std::atomic<int64_t> in_flight{0};          // generation requests not yet finished
   std::function<int64_t()> open_connections;  // from the HTTP layer, for /metrics
 
   const std::string& model_name() const { return options.served_model_names.front(); }

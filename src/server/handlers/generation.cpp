@@ -110,13 +110,15 @@ void GenerationJob::emit_delta(chat::ParsedDelta&& d) {
     return;
   }
   auto base = [&](json delta) {
-    return json{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr},
+    return json{{"index", 0},
+                {"delta", std::move(delta)},
+                {"logprobs", nullptr},
                 {"finish_reason", nullptr}};
   };
   std::string out;
   if (!cfg_.chat) {
-    out += chunk({{"index", 0}, {"text", d.content}, {"logprobs", nullptr},
-                  {"finish_reason", nullptr}});
+    out += chunk(
+        {{"index", 0}, {"text", d.content}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
   } else {
     if (!d.reasoning.empty()) out += chunk(base({{"reasoning_content", d.reasoning}}));
     if (!d.content.empty()) out += chunk(base({{"content", d.content}}));
@@ -151,8 +153,8 @@ void GenerationJob::handle(BackendEvent& ev) {
                                     {"finish_reason", nullptr}}));
     }
     if (!cfg_.echo.empty()) {
-      responder_->send_event(chunk({{"index", 0}, {"text", cfg_.echo}, {"logprobs", nullptr},
-                                    {"finish_reason", nullptr}}));
+      responder_->send_event(chunk(
+          {{"index", 0}, {"text", cfg_.echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
     if (parser_ && !cfg_.prefill.empty()) emit_delta(parser_->feed(cfg_.prefill));
   } else if (!cfg_.stream && !stream_started_) {
@@ -214,11 +216,13 @@ void GenerationJob::finish(const BackendEvent& ev) {
     } else {
       std::string out;
       if (cfg_.chat) {
-        out += chunk({{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr},
+        out += chunk({{"index", 0},
+                      {"delta", json::object()},
+                      {"logprobs", nullptr},
                       {"finish_reason", reason}});
       } else {
-        out += chunk({{"index", 0}, {"text", ""}, {"logprobs", nullptr},
-                      {"finish_reason", reason}});
+        out +=
+            chunk({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}});
       }
       if (cfg_.include_usage) {
         json u = {{"id", cfg_.id},
@@ -244,7 +248,8 @@ void GenerationJob::finish(const BackendEvent& ev) {
   json choice;
   if (cfg_.chat) {
     json msg = {{"role", "assistant"}};
-    msg["content"] = (message_.content.empty() && has_calls) ? json(nullptr) : json(message_.content);
+    msg["content"] =
+        (message_.content.empty() && has_calls) ? json(nullptr) : json(message_.content);
     if (cfg_.reasoning_field) {
       msg["reasoning_content"] =
           message_.reasoning.empty() ? json(nullptr) : json(message_.reasoning);
@@ -258,10 +263,14 @@ void GenerationJob::finish(const BackendEvent& ev) {
       }
       msg["tool_calls"] = std::move(calls);
     }
-    choice = {{"index", 0}, {"message", std::move(msg)}, {"logprobs", nullptr},
+    choice = {{"index", 0},
+              {"message", std::move(msg)},
+              {"logprobs", nullptr},
               {"finish_reason", reason}};
   } else {
-    choice = {{"index", 0}, {"text", cfg_.echo + message_.content}, {"logprobs", nullptr},
+    choice = {{"index", 0},
+              {"text", cfg_.echo + message_.content},
+              {"logprobs", nullptr},
               {"finish_reason", reason}};
   }
   json body = {{"id", cfg_.id},

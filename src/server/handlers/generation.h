@@ -20,7 +20,7 @@ struct GenerationConfig {
   bool chat = true;
   bool stream = false;
   bool include_usage = false;
-  std::string id;     // "chatcmpl-..." / "cmpl-..."
+  std::string id;  // "chatcmpl-..." / "cmpl-..."
   std::string model;
   int64_t created = 0;
   bool run_parsers = false;

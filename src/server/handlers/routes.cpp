@@ -30,13 +30,15 @@ int64_t unix_now() {
 }
 
 std::string rtrim(std::string s) {
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' || s.back() == '\t'))
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' || s.back() == '\t'))
     s.pop_back();
   return s;
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Unavailable states refuse new generation with 503.
@@ -82,7 +84,9 @@ std::variant<int32_t, ApiError> resolve_max_tokens(ServerContext& ctx, int32_t p
   return requested.value_or(limit - prompt_tokens);
 }
 
-bool parsers_enabled(const std::string& name) { return !name.empty() && name != "none"; }
+bool parsers_enabled(const std::string& name) {
+  return !name.empty() && name != "none";
+}
 
 void submit_job(ServerContext& ctx, std::shared_ptr<http::Responder> responder,
                 GenerationConfig cfg, BackendRequest breq) {
@@ -119,10 +123,9 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   json tools_for_template = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
   auto rendered = ctx.renderer->render(r.messages, tools_for_template, r.template_kwargs, true);
   if (!rendered.is_ok()) {
-    return send_error(ctx, *responder,
-                      bad_request("Cannot render the chat template: " +
-                                      rendered.status().message(),
-                                  "messages"));
+    return send_error(
+        ctx, *responder,
+        bad_request("Cannot render the chat template: " + rendered.status().message(), "messages"));
   }
   std::string prompt = std::move(rendered).value();
 
@@ -200,8 +203,10 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
     for (int32_t t : tokens) {
       if (t < 0 || t >= ctx.codec->vocab_size()) {
         return send_error(ctx, *responder,
-                          bad_request("Token id " + std::to_string(t) + " in 'prompt' is out of "
-                                      "range [0, " + std::to_string(ctx.codec->vocab_size()) + ").",
+                          bad_request("Token id " + std::to_string(t) +
+                                          " in 'prompt' is out of "
+                                          "range [0, " +
+                                          std::to_string(ctx.codec->vocab_size()) + ").",
                                       "prompt"));
       }
     }
@@ -240,9 +245,10 @@ void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Respond
     bool add_gen = b.value("add_generation_prompt", true);
     auto rendered = ctx.renderer->render(r.messages, r.tools, r.template_kwargs, add_gen);
     if (!rendered.is_ok()) {
-      return send_error(ctx, responder,
-                        bad_request("Cannot render the chat template: " +
-                                        rendered.status().message(), "messages"));
+      return send_error(
+          ctx, responder,
+          bad_request("Cannot render the chat template: " + rendered.status().message(),
+                      "messages"));
     }
     text = std::move(rendered).value();
   } else if (b.contains("prompt") && b["prompt"].is_string()) {
@@ -253,9 +259,9 @@ void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Respond
   }
   auto tokens = ctx.codec->encode(text);
   if (!tokens.is_ok()) return send_error(ctx, responder, from_status(tokens.status()));
-  send_json(responder, 200, {{"tokens", *tokens},
-                             {"count", tokens->size()},
-                             {"max_model_len", ctx.context_length()}});
+  send_json(
+      responder, 200,
+      {{"tokens", *tokens}, {"count", tokens->size()}, {"max_model_len", ctx.context_length()}});
 }
 
 void handle_detokenize(ServerContext& ctx, const http::Request& req, http::Responder& responder) {
@@ -263,12 +269,14 @@ void handle_detokenize(ServerContext& ctx, const http::Request& req, http::Respo
   if (auto* e = std::get_if<ApiError>(&body)) return send_error(ctx, responder, *e);
   const json& b = std::get<json>(body);
   if (!b.contains("tokens") || !b["tokens"].is_array()) {
-    return send_error(ctx, responder, bad_request("'tokens' must be a list of integers.", "tokens"));
+    return send_error(ctx, responder,
+                      bad_request("'tokens' must be a list of integers.", "tokens"));
   }
   std::vector<int32_t> ids;
   for (const auto& t : b["tokens"]) {
     if (!t.is_number_integer()) {
-      return send_error(ctx, responder, bad_request("'tokens' must be a list of integers.", "tokens"));
+      return send_error(ctx, responder,
+                        bad_request("'tokens' must be a list of integers.", "tokens"));
     }
     ids.push_back(t.get<int32_t>());
   }
@@ -315,8 +323,10 @@ void handle_health_generate(ServerContext& ctx, std::shared_ptr<http::Responder>
   };
   auto id = ctx.backend->submit(std::move(breq), [answer](BackendEvent ev) {
     if (!ev.done) return;
-    if (ev.finish_reason == "error") answer(503, "Generation failed: " + ev.error);
-    else answer(200, "");
+    if (ev.finish_reason == "error")
+      answer(503, "Generation failed: " + ev.error);
+    else
+      answer(200, "");
   });
   if (!id.is_ok()) return answer(503, id.status().message());
   // Time limit: a timer on the connection's executor would need asio here; a detached waiter
@@ -358,7 +368,8 @@ void handle_request(ServerContext& ctx, http::Request&& request,
   const std::string& method = request.method;
 
   if (path == "/health") {
-    if (method != "GET" && method != "HEAD") return send_error(ctx, *responder, method_not_allowed(method, path));
+    if (method != "GET" && method != "HEAD")
+      return send_error(ctx, *responder, method_not_allowed(method, path));
     if (!ctx.backend->ready()) {
       return responder->send(503, "application/json",
                              unavailable("The model is still loading.", "loading").body());
@@ -380,9 +391,12 @@ void handle_request(ServerContext& ctx, http::Request&& request,
     bool heavy;  // runs on the worker pool (parse, render, tokenize)
   };
   static const Route kRoutes[] = {
-      {"/v1/chat/completions", "POST", true}, {"/v1/completions", "POST", true},
-      {"/tokenize", "POST", true},            {"/detokenize", "POST", true},
-      {"/v1/models", "GET", false},           {"/metrics", "GET", false},
+      {"/v1/chat/completions", "POST", true},
+      {"/v1/completions", "POST", true},
+      {"/tokenize", "POST", true},
+      {"/detokenize", "POST", true},
+      {"/v1/models", "GET", false},
+      {"/metrics", "GET", false},
       {"/health_generate", "GET", false},
   };
   const Route* route = nullptr;
@@ -397,8 +411,8 @@ void handle_request(ServerContext& ctx, http::Request&& request,
     return send_error(ctx, *responder, model_not_found(id));
   }
   if (!route) {
-    return send_error(ctx, *responder, not_found("Unknown route " + method + " " + path + ".",
-                                                 "unknown_route"));
+    return send_error(ctx, *responder,
+                      not_found("Unknown route " + method + " " + path + ".", "unknown_route"));
   }
   if (method != route->method) return send_error(ctx, *responder, method_not_allowed(method, path));
 
@@ -409,19 +423,23 @@ void handle_request(ServerContext& ctx, http::Request&& request,
   }
   if (path == "/metrics") {
     if (ctx.open_connections) ctx.metrics->http_connections_open.store(ctx.open_connections());
-    return responder->send(200, "text/plain; version=0.0.4; charset=utf-8",
-                           ctx.metrics->render(ctx.backend->stats(), ctx.backend->ready(),
-                                               ctx.draining.load()));
+    return responder->send(
+        200, "text/plain; version=0.0.4; charset=utf-8",
+        ctx.metrics->render(ctx.backend->stats(), ctx.backend->ready(), ctx.draining.load()));
   }
   if (path == "/health_generate") return handle_health_generate(ctx, responder);
 
   // Heavy routes: off the I/O thread.
   boost::asio::post(*ctx.workers, [&ctx, req = std::move(request), responder]() mutable {
     try {
-      if (req.path == "/v1/chat/completions") handle_chat(ctx, req, responder);
-      else if (req.path == "/v1/completions") handle_completion(ctx, req, responder);
-      else if (req.path == "/tokenize") handle_tokenize(ctx, req, *responder);
-      else if (req.path == "/detokenize") handle_detokenize(ctx, req, *responder);
+      if (req.path == "/v1/chat/completions")
+        handle_chat(ctx, req, responder);
+      else if (req.path == "/v1/completions")
+        handle_completion(ctx, req, responder);
+      else if (req.path == "/tokenize")
+        handle_tokenize(ctx, req, *responder);
+      else if (req.path == "/detokenize")
+        handle_detokenize(ctx, req, *responder);
     } catch (const std::exception& e) {
       send_error(ctx, *responder, internal_error(std::string("Internal error: ") + e.what()));
     }

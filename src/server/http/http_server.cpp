@@ -2,12 +2,12 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <cstdio>
-#include <array>
 #include <deque>
 #include <mutex>
 
@@ -47,8 +47,7 @@ class SessionResponder;
 // One connection. All members are touched only on the strand.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, HttpServer& server)
-      : stream_(std::move(socket)), server_(server) {
+  Session(tcp::socket socket, HttpServer& server) : stream_(std::move(socket)), server_(server) {
     server_.open_connections_.fetch_add(1);
   }
   ~Session() { server_.open_connections_.fetch_sub(1); }
@@ -76,8 +75,9 @@ class Session : public std::enable_shared_from_this<Session> {
     response_started_ = true;
     streaming_ = true;
     std::string out = status_line(200);
-    out += "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
-           "X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n";
+    out +=
+        "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
+        "X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n";
     for (const auto& [k, v] : headers) out += k + ": " + v + "\r\n";
     out += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     queue(std::move(out));
@@ -116,10 +116,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(64 * 1024);
     parser_->body_limit(server_.config_.max_body_bytes);
     stream_.expires_after(server_.config_.idle_timeout);
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             [self = shared_from_this()](beast::error_code ec, size_t) {
-                               self->on_header(ec);
-                             });
+    bhttp::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -127,8 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == bhttp::error::body_limit) return reject_too_large();
     if (ec) return close();  // end of stream, timeout, malformed header
     const auto& req = parser_->get();
-    if (auto len = parser_->content_length();
-        len && *len > server_.config_.max_body_bytes) {
+    if (auto len = parser_->content_length(); len && *len > server_.config_.max_body_bytes) {
       return reject_too_large();  // before reading the body
     }
     auto expect = req.find(bhttp::field::expect);
@@ -145,10 +143,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
-    bhttp::async_read(stream_, buffer_, *parser_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        self->on_read(ec);
-                      });
+    bhttp::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void reject_too_large() {
@@ -156,8 +153,8 @@ class Session : public std::enable_shared_from_this<Session> {
     response_started_ = false;
     response_done_ = false;
     keep_alive_ = false;  // the unread body is still on the wire
-    respond(gen_, 413, "application/json",
-            payload_too_large(server_.config_.max_body_bytes).body(), {});
+    respond(gen_, 413, "application/json", payload_too_large(server_.config_.max_body_bytes).body(),
+            {});
   }
 
   void on_read(beast::error_code ec) {
@@ -230,10 +227,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void do_write() {
     writing_ = true;
-    net::async_write(stream_, net::buffer(outq_.front()),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_write(ec);
-                     });
+    net::async_write(
+        stream_, net::buffer(outq_.front()),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
   }
 
   void on_write(beast::error_code ec) {
@@ -299,8 +295,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::function<void()>> on_disconnect_;
 };
 
-class SessionResponder : public Responder,
-                         public std::enable_shared_from_this<SessionResponder> {
+class SessionResponder : public Responder, public std::enable_shared_from_this<SessionResponder> {
  public:
   SessionResponder(std::shared_ptr<Session> s, uint64_t gen)
       : session_(std::move(s)), gen_(gen), exec_(session_->executor()) {}
@@ -338,10 +333,11 @@ class SessionResponder : public Responder,
   template <typename F>
   void run(F&& f) {
     // Holding the session keeps it alive until the handler drops its responder.
-    net::dispatch(exec_, [s = session_, self = shared_from_this(), f = std::forward<F>(f)]() mutable {
-      if (s->closed()) self->mark_gone();
-      f(*s);
-    });
+    net::dispatch(exec_,
+                  [s = session_, self = shared_from_this(), f = std::forward<F>(f)]() mutable {
+                    if (s->closed()) self->mark_gone();
+                    f(*s);
+                  });
   }
 
   std::shared_ptr<Session> session_;
@@ -363,9 +359,13 @@ std::shared_ptr<Responder> Session::make_responder() {
 HttpServer::HttpServer(ServerConfig config, HandlerFn handler)
     : impl_(std::make_unique<Impl>()), config_(std::move(config)), handler_(std::move(handler)) {}
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
-net::io_context& HttpServer::io_context() { return impl_->ioc; }
+net::io_context& HttpServer::io_context() {
+  return impl_->ioc;
+}
 
 namespace {
 
@@ -407,7 +407,8 @@ Status HttpServer::start() {
                             std::to_string(config_.port) + ": " + ec.message());
   }
   bound_port_ = acc.local_endpoint().port();
-  do_accept(acc, *this, [this](tcp::socket s) { return std::make_shared<Session>(std::move(s), *this); });
+  do_accept(acc, *this,
+            [this](tcp::socket s) { return std::make_shared<Session>(std::move(s), *this); });
   int n = std::max(1, config_.io_threads);
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { impl_->ioc.run(); });
   return Status::ok();

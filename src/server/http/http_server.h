@@ -27,9 +27,9 @@ class io_context;
 namespace m3::server::http {
 
 struct Request {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // path and query as sent
-  std::string path;    // without the query
+  std::string method;                          // "GET", "POST", ...
+  std::string target;                          // path and query as sent
+  std::string path;                            // without the query
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
   std::chrono::steady_clock::time_point received;

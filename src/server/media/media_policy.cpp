@@ -30,9 +30,8 @@ bool v4_is_public(uint32_t a) {
   return !(in(ip(0, 0, 0, 0), 8) || in(ip(10, 0, 0, 0), 8) || in(ip(100, 64, 0, 0), 10) ||
            in(ip(127, 0, 0, 0), 8) || in(ip(169, 254, 0, 0), 16) || in(ip(172, 16, 0, 0), 12) ||
            in(ip(192, 0, 0, 0), 24) || in(ip(192, 0, 2, 0), 24) || in(ip(192, 88, 99, 0), 24) ||
-           in(ip(192, 168, 0, 0), 16) || in(ip(198, 18, 0, 0), 15) ||
-           in(ip(198, 51, 100, 0), 24) || in(ip(203, 0, 113, 0), 24) ||
-           in(ip(224, 0, 0, 0), 4) || in(ip(240, 0, 0, 0), 4));
+           in(ip(192, 168, 0, 0), 16) || in(ip(198, 18, 0, 0), 15) || in(ip(198, 51, 100, 0), 24) ||
+           in(ip(203, 0, 113, 0), 24) || in(ip(224, 0, 0, 0), 4) || in(ip(240, 0, 0, 0), 4));
 }
 
 }  // namespace
@@ -45,9 +44,9 @@ bool is_public_address(const std::string& text) {
   auto v6 = addr.to_v6();
   auto b = v6.to_bytes();
   if (v6.is_unspecified() || v6.is_loopback() || v6.is_multicast()) return false;
-  if ((b[0] & 0xfe) == 0xfc) return false;                   // fc00::/7 unique local
-  if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) return false;   // fe80::/10 link-local
-  if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0) return false;   // fec0::/10 site-local
+  if ((b[0] & 0xfe) == 0xfc) return false;                  // fc00::/7 unique local
+  if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) return false;  // fe80::/10 link-local
+  if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0) return false;  // fec0::/10 site-local
   if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x0d && b[3] == 0xb8) return false;  // 2001:db8::/32
   auto embedded_v4 = [&](int at) {
     return (uint32_t(b[at]) << 24) | (uint32_t(b[at + 1]) << 16) | (uint32_t(b[at + 2]) << 8) |
@@ -96,9 +95,11 @@ std::optional<std::string> base64_decode(std::string_view in) {
 }
 
 std::string sniff_image_type(std::string_view b) {
-  if (b.size() >= 8 && b.substr(0, 8) == std::string_view("\x89PNG\r\n\x1a\n", 8)) return "image/png";
+  if (b.size() >= 8 && b.substr(0, 8) == std::string_view("\x89PNG\r\n\x1a\n", 8))
+    return "image/png";
   if (b.size() >= 3 && b.substr(0, 3) == "\xff\xd8\xff") return "image/jpeg";
-  if (b.size() >= 6 && (b.substr(0, 6) == "GIF87a" || b.substr(0, 6) == "GIF89a")) return "image/gif";
+  if (b.size() >= 6 && (b.substr(0, 6) == "GIF87a" || b.substr(0, 6) == "GIF89a"))
+    return "image/gif";
   if (b.size() >= 12 && b.substr(0, 4) == "RIFF" && b.substr(8, 4) == "WEBP") return "image/webp";
   return "";
 }
@@ -147,20 +148,21 @@ std::variant<CheckedImage, ApiError> check_image_url(const std::string& url,
     if (!b64) return fail("Image data: URIs must be base64-encoded (';base64,').");
     std::string mime = meta.substr(0, meta.find(';'));
     if (mime == "image/jpg") mime = "image/jpeg";
-    if (mime != "image/png" && mime != "image/jpeg" && mime != "image/webp" && mime != "image/gif") {
+    if (mime != "image/png" && mime != "image/jpeg" && mime != "image/webp" &&
+        mime != "image/gif") {
       return fail("Unsupported image type '" + mime +
                   "'; allowed: image/png, image/jpeg, image/webp, image/gif.");
     }
     std::string_view data = std::string_view(url).substr(comma + 1);
     if (data.size() / 4 * 3 > options.max_image_bytes + 3) {
-      return fail("The image is larger than the limit of " + std::to_string(options.max_image_bytes) +
-                  " bytes.");
+      return fail("The image is larger than the limit of " +
+                  std::to_string(options.max_image_bytes) + " bytes.");
     }
     auto bytes = base64_decode(data);
     if (!bytes) return fail("The image data: URI is not valid base64.");
     if (bytes->size() > options.max_image_bytes) {
-      return fail("The image is larger than the limit of " + std::to_string(options.max_image_bytes) +
-                  " bytes.");
+      return fail("The image is larger than the limit of " +
+                  std::to_string(options.max_image_bytes) + " bytes.");
     }
     std::string sniffed = sniff_image_type(*bytes);
     if (sniffed.empty()) return fail("The image data is not a PNG, JPEG, WebP or GIF image.");
@@ -179,8 +181,10 @@ std::variant<CheckedImage, ApiError> check_image_url(const std::string& url,
   }
   size_t start = sep + 3;
   size_t end = url.find_first_of("/?#", start);
-  std::string authority = url.substr(start, end == std::string::npos ? std::string::npos : end - start);
-  if (authority.find('@') != std::string::npos) return fail("Image URLs must not contain credentials.");
+  std::string authority =
+      url.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  if (authority.find('@') != std::string::npos)
+    return fail("Image URLs must not contain credentials.");
   std::string host;
   if (!authority.empty() && authority[0] == '[') {
     size_t close = authority.find(']');
@@ -203,10 +207,13 @@ std::variant<CheckedImage, ApiError> check_image_url(const std::string& url,
     }
   }
   if (!allowed) {
-    return bad_request("Remote image URLs are refused unless their host is in "
-                       "--allowed-media-domains ('" + host + "' is not); send the image as a "
-                       "data: URI instead.",
-                       param, "media_domain_not_allowed");
+    return bad_request(
+        "Remote image URLs are refused unless their host is in "
+        "--allowed-media-domains ('" +
+            host +
+            "' is not); send the image as a "
+            "data: URI instead.",
+        param, "media_domain_not_allowed");
   }
   boost::system::error_code ec;
   boost::asio::ip::make_address(host, ec);
@@ -221,9 +228,9 @@ std::variant<CheckedImage, ApiError> check_image_url(const std::string& url,
   }
   for (const auto& a : addrs) {
     if (!is_public_address(a)) {
-      return bad_request("The image host '" + host + "' resolves to a non-public address (" + a +
-                             "); refused.",
-                         param, "media_address_not_allowed");
+      return bad_request(
+          "The image host '" + host + "' resolves to a non-public address (" + a + "); refused.",
+          param, "media_address_not_allowed");
     }
   }
   return CheckedImage{"", 0, true};

@@ -12,9 +12,9 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <variant>
-#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -35,8 +35,8 @@ Result<std::vector<std::string>> system_resolve(const std::string& host,
                                                 std::chrono::milliseconds timeout);
 
 struct CheckedImage {
-  std::string mime;      // "image/png", ...
-  size_t bytes = 0;      // decoded size (data URIs)
+  std::string mime;  // "image/png", ...
+  size_t bytes = 0;  // decoded size (data URIs)
   bool remote = false;
 };
 

@@ -28,8 +28,8 @@ ApiError model_not_found(const std::string& model) {
 }
 
 ApiError method_not_allowed(const std::string& method, const std::string& path) {
-  return {405, "Method " + method + " is not allowed on " + path + ".", "invalid_request_error",
-          "", "method_not_allowed"};
+  return {405, "Method " + method + " is not allowed on " + path + ".", "invalid_request_error", "",
+          "method_not_allowed"};
 }
 
 ApiError payload_too_large(size_t limit) {

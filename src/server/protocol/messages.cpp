@@ -6,7 +6,9 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string at(size_t i) { return "messages[" + std::to_string(i) + "]"; }
+std::string at(size_t i) {
+  return "messages[" + std::to_string(i) + "]";
+}
 
 // Content (string, null or list of parts) -> template content; images are collected.
 Parsed<json> convert_content(const json& content, const std::string& param, bool allow_null,
@@ -39,8 +41,10 @@ Parsed<json> convert_content(const json& content, const std::string& param, bool
       const json* url = nullptr;
       if (part.contains("image_url")) {
         const json& iu = part["image_url"];
-        if (iu.is_string()) url = &iu;
-        else if (iu.is_object() && iu.contains("url") && iu["url"].is_string()) url = &iu["url"];
+        if (iu.is_string())
+          url = &iu;
+        else if (iu.is_object() && iu.contains("url") && iu["url"].is_string())
+          url = &iu["url"];
       }
       if (!url) {
         return bad_request(pp + ".image_url.url must be a string (a data: URI or an https URL).",
@@ -78,9 +82,9 @@ Parsed<json> convert_messages(const json& messages, std::vector<ImageRef>& image
     std::string role = m["role"].get<std::string>();
     if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
         role != "tool") {
-      return bad_request("Unknown role '" + role +
-                             "'; allowed: system, developer, user, assistant, tool.",
-                         at(i) + ".role");
+      return bad_request(
+          "Unknown role '" + role + "'; allowed: system, developer, user, assistant, tool.",
+          at(i) + ".role");
     }
     json t = {{"role", role}};
     bool is_assistant = role == "assistant";

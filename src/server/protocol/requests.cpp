@@ -51,8 +51,8 @@ std::optional<ApiError> get_bool(const json& body, const char* key, bool& out) {
   return std::nullopt;
 }
 
-#define M3_TRY(expr)                     \
-  do {                                   \
+#define M3_TRY(expr)                            \
+  do {                                          \
     if (auto m3_err_ = (expr)) return *m3_err_; \
   } while (0)
 
@@ -63,7 +63,8 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
   }
   M3_TRY(get_bool(body, "stream", g.stream));
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return bad_request("'stream_options' must be an object.", "stream_options");
+    if (!it->is_object())
+      return bad_request("'stream_options' must be an object.", "stream_options");
     if (!g.stream) {
       return bad_request("'stream_options' is only allowed when 'stream' is true.",
                          "stream_options");
@@ -118,7 +119,8 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
       s.stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const auto& x : *it) {
-        if (!x.is_string()) return bad_request("'stop' must be a string or a list of strings.", "stop");
+        if (!x.is_string())
+          return bad_request("'stop' must be a string or a list of strings.", "stop");
         s.stop.push_back(x.get<std::string>());
       }
     } else {
@@ -130,7 +132,8 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
     }
   }
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
+    if (!it->is_array())
+      return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
     for (const auto& x : *it) {
       if (!x.is_number_integer()) {
         return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
@@ -147,7 +150,8 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
   if (logprobs) {
     return bad_request("'logprobs' is not supported yet.", "logprobs", "unsupported_parameter");
   }
-  if (auto it = body.find("user"); it != body.end() && it->is_string()) g.user = it->get<std::string>();
+  if (auto it = body.find("user"); it != body.end() && it->is_string())
+    g.user = it->get<std::string>();
   return std::nullopt;
 }
 
@@ -191,27 +195,33 @@ std::optional<ApiError> parse_tools(const json& body, ChatRequest& r) {
     r.tool_choice = ToolChoice::kAuto;
   } else if (tc->is_string()) {
     std::string v = tc->get<std::string>();
-    if (v == "auto") r.tool_choice = ToolChoice::kAuto;
-    else if (v == "none") r.tool_choice = ToolChoice::kNone;
-    else if (v == "required") r.tool_choice = ToolChoice::kRequired;
+    if (v == "auto")
+      r.tool_choice = ToolChoice::kAuto;
+    else if (v == "none")
+      r.tool_choice = ToolChoice::kNone;
+    else if (v == "required")
+      r.tool_choice = ToolChoice::kRequired;
     else {
-      return bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
-                         "{\"type\": \"function\", \"function\": {\"name\": ...}}; got '" + v + "'.",
-                         "tool_choice");
+      return bad_request(
+          "'tool_choice' must be 'auto', 'none', 'required' or "
+          "{\"type\": \"function\", \"function\": {\"name\": ...}}; got '" +
+              v + "'.",
+          "tool_choice");
     }
   } else if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() &&
              (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string()) {
     r.tool_choice = ToolChoice::kNamed;
     r.tool_choice_name = (*tc)["function"]["name"].get<std::string>();
     if (!has_tool(r.tool_choice_name)) {
-      return bad_request("tool_choice names the function '" + r.tool_choice_name +
-                             "', which is not in 'tools'.",
-                         "tool_choice.function.name");
+      return bad_request(
+          "tool_choice names the function '" + r.tool_choice_name + "', which is not in 'tools'.",
+          "tool_choice.function.name");
     }
   } else {
-    return bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
-                       "{\"type\": \"function\", \"function\": {\"name\": ...}}.",
-                       "tool_choice");
+    return bad_request(
+        "'tool_choice' must be 'auto', 'none', 'required' or "
+        "{\"type\": \"function\", \"function\": {\"name\": ...}}.",
+        "tool_choice");
   }
   if (r.tool_choice == ToolChoice::kRequired && !r.tools.is_array()) {
     return bad_request("tool_choice 'required' needs a non-empty 'tools' list.", "tool_choice");
@@ -233,9 +243,9 @@ std::optional<ApiError> parse_thinking(const json& body, ChatRequest& r) {
   std::string mode = "adaptive";
   if (auto it = r.template_kwargs.find("thinking_mode"); it != r.template_kwargs.end()) {
     if (!it->is_string() || (*it != "enabled" && *it != "disabled" && *it != "adaptive")) {
-      return bad_request(std::string("chat_template_kwargs.thinking_mode must be ") +
-                             kThinkingTypes + ".",
-                         "chat_template_kwargs.thinking_mode");
+      return bad_request(
+          std::string("chat_template_kwargs.thinking_mode must be ") + kThinkingTypes + ".",
+          "chat_template_kwargs.thinking_mode");
     }
     mode = it->get<std::string>();
   } else if (auto e = r.template_kwargs.find("enable_thinking");
@@ -249,9 +259,9 @@ std::optional<ApiError> parse_thinking(const json& body, ChatRequest& r) {
     if (it->is_string())
       for (const char* a : kAllowed) ok |= *it == a;
     if (!ok) {
-      return bad_request(std::string("'reasoning_effort' must be ") + kEfforts + "; got " +
-                             it->dump() + ".",
-                         "reasoning_effort");
+      return bad_request(
+          std::string("'reasoning_effort' must be ") + kEfforts + "; got " + it->dump() + ".",
+          "reasoning_effort");
     }
     effort = it->get<std::string>();
     if (*effort == "none" || *effort == "minimal") {
@@ -268,9 +278,9 @@ std::optional<ApiError> parse_thinking(const json& body, ChatRequest& r) {
     }
     const json& type = (*it)["type"];
     if (!type.is_string() || (type != "enabled" && type != "disabled" && type != "adaptive")) {
-      return bad_request(std::string("'thinking.type' must be ") + kThinkingTypes + "; got " +
-                             type.dump() + ".",
-                         "thinking.type");
+      return bad_request(
+          std::string("'thinking.type' must be ") + kThinkingTypes + "; got " + type.dump() + ".",
+          "thinking.type");
     }
     if (type == "enabled" && effort && mode == "disabled") {
       return bad_request("'thinking.type' is 'enabled' but 'reasoning_effort' is '" + *effort +
@@ -300,7 +310,8 @@ Parsed<json> parse_json_body(const std::string& body) {
     }
     return bad_request("Malformed JSON in the request body.", "", "invalid_json");
   }
-  if (!j.is_object()) return bad_request("The request body must be a JSON object.", "", "invalid_json");
+  if (!j.is_object())
+    return bad_request("The request body must be a JSON object.", "", "invalid_json");
   return j;
 }
 

@@ -38,7 +38,7 @@ struct ChatRequest {
   CommonGeneration gen;
   nlohmann::json messages;  // the chat template's input form (messages.h)
   std::vector<ImageRef> images;
-  nlohmann::json tools;     // validated OpenAI tools array, or null
+  nlohmann::json tools;  // validated OpenAI tools array, or null
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;  // kNamed
   bool parallel_tool_calls = true;
