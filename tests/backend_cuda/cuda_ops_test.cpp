@@ -235,3 +235,41 @@ TEST(CudaRouterTopk, MatchesCpu) {
 
 }  // namespace
 }  // namespace m3
+
+namespace m3 {
+namespace {
+
+// The caching allocator: freed blocks are reused for requests of at most their size and at least
+// half of it; sizes are rounded (512 B below 1 MiB, 2 MiB above); stats add up.
+TEST(CudaCachingAllocator, ReusesFreedBlocks) {
+  // Sizes no other test uses, so the cache holds nothing that fits them at first.
+  auto* be = cuda_test::gpu();
+  be->synchronize();
+  const int64_t small = 123 * 512 + 7, large = (int64_t{37} << 20) + 3;  // -> 63488, 38 MiB
+  const auto s0 = be->allocator_stats();
+  void* a = be->alloc(small);
+  void* b = be->alloc(large);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const auto s1 = be->allocator_stats();
+  EXPECT_GE(s1.bytes_in_use - s0.bytes_in_use, 124 * 512 + (int64_t{38} << 20));  // rounded up
+  be->free(a);
+  be->free(b);
+  EXPECT_EQ(be->allocator_stats().bytes_in_use, s0.bytes_in_use);
+  // The same requests again are served from the cache: no cudaMalloc, same blocks.
+  void* a2 = be->alloc(small);
+  void* b2 = be->alloc(large - 1000);
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(b2, b);
+  const auto s2 = be->allocator_stats();
+  EXPECT_EQ(s2.num_device_allocs, s1.num_device_allocs);
+  EXPECT_EQ(s2.num_cache_hits - s1.num_cache_hits, 2);
+  be->free(a2);
+  be->free(b2);
+  std::printf("[ %-40s ] device allocs %lld, cache hits %lld, peak %lld B\n", "caching allocator",
+              (long long)s2.num_device_allocs, (long long)s2.num_cache_hits,
+              (long long)s2.peak_in_use);
+}
+
+}  // namespace
+}  // namespace m3
