@@ -166,6 +166,14 @@ Result<BpeModel> BpeModel::from_json(const json& m, bool byte_level_input) {
     bpe.merges_[slot] = MergeEntry{key, static_cast<uint32_t>(rank), in->second};
   }
 
+  if (bpe.continuing_subword_prefix_.empty() && bpe.end_of_word_suffix_.empty()) {
+    bpe.bmp_char_id_.assign(0x10000, -1);
+    for (const auto& [tok, id] : bpe.vocab_) {
+      if (tok.empty() || tok.size() > 3) continue;
+      char32_t cp;
+      if (utf8_decode_valid(tok.data(), &cp) == tok.size() && cp < 0x10000) bpe.bmp_char_id_[cp] = id;
+    }
+  }
   if (byte_level_input) {
     bpe.byte_symbols_simple_ =
         bpe.continuing_subword_prefix_.empty() && bpe.end_of_word_suffix_.empty();
@@ -277,17 +285,26 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     size_t len = utf8_len_from_lead(static_cast<unsigned char>(w[i]));
     if (i + len > w.size()) len = w.size() - i;
     bool is_first = i == 0, is_last = i + len >= w.size();
-    s.clear();
-    if (!is_first) s.append(continuing_subword_prefix_);
-    s.append(w.substr(i, len));
-    if (is_last) s.append(end_of_word_suffix_);
-    auto it = vocab_.find(s);
-    if (it != vocab_.end()) {
+    int32_t char_id = -1;
+    if (!bmp_char_id_.empty() && len <= 3) {
+      char32_t cp;
+      utf8_decode_valid(w.data() + i, &cp);
+      char_id = bmp_char_id_[cp];
+      if (char_id < 0) s.assign(w.substr(i, len));  // for byte fallback below
+    } else {
+      s.clear();
+      if (!is_first) s.append(continuing_subword_prefix_);
+      s.append(w.substr(i, len));
+      if (is_last) s.append(end_of_word_suffix_);
+      auto it = vocab_.find(s);
+      if (it != vocab_.end()) char_id = it->second;
+    }
+    if (char_id >= 0) {
       if (have_unk) {
         add(unk_id, unk_len);
         have_unk = false;
       }
-      add(it->second, static_cast<uint32_t>(len));
+      add(char_id, static_cast<uint32_t>(len));
     } else {
       bool done = false;
       if (byte_fallback_) {

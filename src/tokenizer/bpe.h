@@ -70,6 +70,10 @@ class BpeModel {
   bool ignore_merges_ = false;
   std::array<int32_t, 256> byte_fallback_ids_{};  // <0xHH> ids, -1 when absent
 
+  // Ids of single-character tokens below U+10000 (-1: none), used by merge_word when there is no
+  // continuing_subword_prefix / end_of_word_suffix; saves a string hash per character.
+  std::vector<int32_t> bmp_char_id_;
+
   bool byte_level_input_ = false;
   // byte_level_input_: id of the single-byte symbol for byte b, -1 when the vocab lacks it (or
   // when prefix/suffix options make the per-position spelling differ: then the slow path runs).

