@@ -1,5 +1,6 @@
 // The dequantising GEMV kernels (MXFP8 and NVFP4 weights, bf16 activations) against the CPU
-// backend's float32 linear on the reference-dequantised weights (src/quant), dense and grouped by
+// backend's float32 linear on the reference-dequantised weights (src/quant; BF16 for lm_head),
+// dense and grouped by
 // expert, with both epilogues, at the real MiniMax-M3.1-Flash shapes and at odd ones.
 //
 // Bound: the GPU and the CPU each compute Σ_k x_k·w_k (x exactly representable: bf16) within
@@ -40,7 +41,15 @@ QMatrix make_matrix(QuantFormat f, int64_t n, int64_t k, uint32_t seed) {
   auto w = randn(n * k, seed, 0.02f);
   QMatrix m;
   m.deq.resize(w.size());
-  if (f == QuantFormat::kMxfp8) {
+  if (f == QuantFormat::kBf16) {
+    m.data.resize(w.size() * 2);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const uint16_t b = f32_to_bf16(w[i]);
+      std::memcpy(m.data.data() + 2 * i, &b, 2);
+      m.deq[i] = bf16_to_f32(b);
+    }
+    m.scale.assign(16, 0);  // unused
+  } else if (f == QuantFormat::kMxfp8) {
     auto q = quantize_mxfp8(w.data(), n, k);
     EXPECT_TRUE(q.is_ok());
     m.data = q->codes;
@@ -122,7 +131,10 @@ TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
   for (size_t i = 0; i < want.size(); ++i)
     bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
   expect_close(y.host(), want, bound,
-               std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " gemv M" +
+               std::string(c.f == QuantFormat::kMxfp8   ? "mxfp8"
+                           : c.f == QuantFormat::kNvfp4 ? "nvfp4"
+                                                        : "bf16") +
+                   " gemv M" +
                    std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
 }
 
@@ -134,7 +146,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DenseCase{QuantFormat::kMxfp8, 8, 256, 12288},    // dense down, 8 rows
                       DenseCase{QuantFormat::kNvfp4, 1, 6144, 6144},    // expert w1|w3
                       DenseCase{QuantFormat::kNvfp4, 2, 6144, 3072},    // expert w2
-                      DenseCase{QuantFormat::kNvfp4, 3, 77, 2048}));
+                      DenseCase{QuantFormat::kNvfp4, 3, 77, 2048},
+                      DenseCase{QuantFormat::kBf16, 1, 4001, 6144},     // lm_head rows
+                      DenseCase{QuantFormat::kBf16, 7, 300, 2048}));
 
 // Grouped by expert: tokens × top_k routed rows, each through its expert; SwiGLU epilogue on the
 // gate|up product, then the down product with float32 output.

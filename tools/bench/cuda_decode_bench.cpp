@@ -114,9 +114,13 @@ struct DenseWeights {
   int64_t n, k, copies;
   uint8_t *w, *s;
   float* g;
-  int64_t bytes_one() const {
-    return f == QuantFormat::kMxfp8 ? n * k + n * k / 32 : n * k / 2 + n * k / 16;
+  int64_t wbytes() const {
+    return f == QuantFormat::kMxfp8 ? n * k : f == QuantFormat::kNvfp4 ? n * k / 2 : 2 * n * k;
   }
+  int64_t sbytes() const {
+    return f == QuantFormat::kMxfp8 ? n * k / 32 : f == QuantFormat::kNvfp4 ? n * k / 16 : 16;
+  }
+  int64_t bytes_one() const { return wbytes() + (f == QuantFormat::kBf16 ? 0 : sbytes()); }
 };
 
 DenseWeights make_dense(QuantFormat f, int64_t n, int64_t k, int64_t groups = 1) {
@@ -124,14 +128,17 @@ DenseWeights make_dense(QuantFormat f, int64_t n, int64_t k, int64_t groups = 1)
   const int64_t one = d.bytes_one();
   d.copies = std::max<int64_t>(1, (int64_t{1} << 30) / one);  // >= 1 GiB in rotation
   d.copies = std::min<int64_t>(d.copies, 64);
-  const int64_t wb = f == QuantFormat::kMxfp8 ? d.n * k : d.n * k / 2;
-  const int64_t sb = f == QuantFormat::kMxfp8 ? d.n * k / 32 : d.n * k / 16;
+  const int64_t wb = d.wbytes(), sb = d.sbytes();
   d.w = static_cast<uint8_t*>(dalloc(wb * d.copies));
   d.s = static_cast<uint8_t*>(dalloc(sb * d.copies));
   d.g = static_cast<float*>(dalloc(sizeof(float) * 4096));
-  CHECK_OK(fill_dummy(d.w, wb * d.copies,
-                      f == QuantFormat::kMxfp8 ? DummyKind::kE4m3Codes : DummyKind::kE2m1Packed, 2,
-                      1, st()));
+  if (f == QuantFormat::kBf16) {
+    CHECK_OK(fill_dummy(d.w, wb * d.copies / 2, DummyKind::kBf16Normal, 2, 0.02f, st()));
+  } else {
+    CHECK_OK(fill_dummy(d.w, wb * d.copies,
+                        f == QuantFormat::kMxfp8 ? DummyKind::kE4m3Codes : DummyKind::kE2m1Packed,
+                        2, 1, st()));
+  }
   CHECK_OK(fill_dummy(d.s, sb * d.copies,
                       f == QuantFormat::kMxfp8 ? DummyKind::kE8m0Scales : DummyKind::kE4m3Scales,
                       3, 1, st()));
@@ -153,8 +160,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   const int64_t slices = quant_gemv_num_slices(f, k);
   float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
   float* y = static_cast<float*>(dalloc(4 * m * n));
-  const int64_t wb = f == QuantFormat::kMxfp8 ? n * k : n * k / 2;
-  const int64_t sb = f == QuantFormat::kMxfp8 ? n * k / 32 : n * k / 16;
+  const int64_t wb = d.wbytes(), sb = d.sbytes();
   double ms = time_ms([&](int i) {
     const int64_t c = i % d.copies;
     QuantGemvParams p;
@@ -387,6 +393,9 @@ int main(int argc, char** argv) {
   const int64_t batches[] = {1, 8, 32, 128};
   for (int i = 0; i < 6; ++i)
     for (int64_t m : {int64_t{1}, int64_t{8}}) dense_ms[i].push_back(bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m));
+  std::vector<Meas> lm_head;
+  for (int64_t m : {int64_t{1}, int64_t{8}})
+    lm_head.push_back(bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, m));
   std::vector<Meas> moe_ms;
   for (int64_t b : batches) moe_ms.push_back(bench_moe(b));
   std::vector<std::pair<Meas, Meas>> attn4k, attn32k;
@@ -397,9 +406,9 @@ int main(int argc, char** argv) {
 
   // Composed estimate (sum of measured kernel medians; NOT a measured decode step): 60 sparse
   // attention layers (qkv+indexer, indexer, attention, o_proj), 57 MoE layers (routed experts +
-  // shared expert), 3 dense-MLP layers. Norms, RoPE, router and lm_head are not included.
+  // shared expert), 3 dense-MLP layers, lm_head. Norms, RoPE, router are not included.
   std::printf("\ncomposed per-token decode estimate (sum of kernel medians above; excludes norms, "
-              "RoPE, router, residual adds, lm_head):\n");
+              "RoPE, router, residual adds):\n");
   for (int bi = 0; bi < 2; ++bi) {
     const int64_t b = batches[bi];
     const int col = bi;  // dense measured at M = 1 and 8
@@ -413,6 +422,7 @@ int main(int argc, char** argv) {
       for (const Meas* m : std::initializer_list<const Meas*>{&dense_ms[0][col], &at.first, &at.second, &dense_ms[1][col]}) add(*m, 60);
       for (const Meas* m : std::initializer_list<const Meas*>{&moe_ms[bi], &dense_ms[2][col], &dense_ms[3][col]}) add(*m, 57);
       for (const Meas* m : std::initializer_list<const Meas*>{&dense_ms[4][col], &dense_ms[5][col]}) add(*m, 3);
+      add(lm_head[col], 1);
       const double rate = total.bytes / (total.ms * 1e-3);
       std::printf("  batch %3lld ctx %2dK: %.2f ms per step, %.2f GB moved, %.0f GB/s = %.1f%% of "
                   "HBM roofline\n",

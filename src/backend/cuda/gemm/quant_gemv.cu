@@ -21,12 +21,14 @@ dim3 grid_for(const QuantGemvParams& p, int64_t slice) {
 }  // namespace gemv
 
 int64_t quant_gemv_num_slices(QuantFormat f, int64_t k) {
-  return f == QuantFormat::kMxfp8 ? k / 512 : k / 1024;
+  return f == QuantFormat::kMxfp8 ? k / 512 : f == QuantFormat::kNvfp4 ? k / 1024 : k / 256;
 }
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.num_rows == 0 || p.n == 0) return Status::ok();
-  const int64_t slice = p.format == QuantFormat::kMxfp8 ? 512 : 1024;
+  const int64_t slice = p.format == QuantFormat::kMxfp8   ? 512
+                        : p.format == QuantFormat::kNvfp4 ? 1024
+                                                          : 256;
   if (p.k <= 0 || p.k % slice != 0)
     return invalid_argument("[cuda.quant_gemv] K = " + std::to_string(p.k) +
                             " must be a positive multiple of " + std::to_string(slice));
@@ -41,8 +43,15 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
       p.group_offsets ? (p.num_rows + p.num_slots - 1) / std::max<int64_t>(1, p.num_slots)
                       : p.num_rows;
   const int mt = per_group <= 1 ? 1 : per_group <= 2 ? 2 : 4;
-  return p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8(p, mt, stream)
-                                         : gemv::launch_nvfp4(p, mt, stream);
+  switch (p.format) {
+    case QuantFormat::kMxfp8:
+      return gemv::launch_mxfp8(p, mt, stream);
+    case QuantFormat::kNvfp4:
+      return gemv::launch_nvfp4(p, mt, stream);
+    case QuantFormat::kBf16:
+      return gemv::launch_bf16(p, mt, stream);
+  }
+  return invalid_argument("[cuda.quant_gemv] unknown format");
 }
 
 namespace {

@@ -33,15 +33,22 @@ template <>
 struct FormatTraits<QuantFormat::kMxfp8> {
   static constexpr int kElemsPerLane = 16;            // one 16-byte load
   static constexpr int kSlice = 32 * kElemsPerLane;   // 512
-  static constexpr int kRowBytesDiv = 1;              // bytes per row = K
+  static constexpr int kBits = 8;
   static constexpr int kScaleBlock = 32;
 };
 template <>
 struct FormatTraits<QuantFormat::kNvfp4> {
   static constexpr int kElemsPerLane = 32;
   static constexpr int kSlice = 32 * kElemsPerLane;   // 1024
-  static constexpr int kRowBytesDiv = 2;              // bytes per row = K / 2
+  static constexpr int kBits = 4;
   static constexpr int kScaleBlock = 16;
+};
+template <>
+struct FormatTraits<QuantFormat::kBf16> {
+  static constexpr int kElemsPerLane = 8;
+  static constexpr int kSlice = 32 * kElemsPerLane;   // 256
+  static constexpr int kBits = 16;
+  static constexpr int kScaleBlock = 0;               // no scales
 };
 
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
@@ -103,6 +110,20 @@ struct LaneDot<QuantFormat::kMxfp8, MT> {
 };
 
 template <int MT>
+struct LaneDot<QuantFormat::kBf16, MT> {
+  __device__ __forceinline__ static void run(uint4 wv, const uint8_t*, int64_t, float,
+                                             const float (&x)[MT][8], float (&out)[MT]) {
+    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float a = bf16_lo(words[q]), b = bf16_hi(words[q]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) out[m] = fmaf(b, x[m][2 * q + 1], fmaf(a, x[m][2 * q], out[m]));
+    }
+  }
+};
+
+template <int MT>
 struct LaneDot<QuantFormat::kNvfp4, MT> {
   __device__ __forceinline__ static void run(uint4 wv, const uint8_t* scale_row, int64_t k0,
                                              float g, const float (&x)[MT][32], float (&out)[MT]) {
@@ -158,10 +179,10 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams
     r_begin = p.group_offsets[g];
     r_end = p.group_offsets[g + 1];
   }
-  const int64_t row_bytes = p.k / T::kRowBytesDiv;
-  const int64_t scale_cols = p.k / T::kScaleBlock;
+  const int64_t row_bytes = p.k * T::kBits / 8;
+  const int64_t scale_cols = T::kScaleBlock > 0 ? p.k / T::kScaleBlock : 0;
   const uint8_t* wg = p.w + g * p.n * row_bytes;
-  const uint8_t* sg = p.w_scale + g * p.n * scale_cols;
+  const uint8_t* sg = T::kScaleBlock > 0 ? p.w_scale + g * p.n * scale_cols : nullptr;
   float gf = 1.0f;
   if constexpr (F == QuantFormat::kNvfp4) gf = (p.w_global ? p.w_global[g] : 1.0f) * 16384.0f;
   const int64_t k0 = s * T::kSlice + int64_t{lane} * E;  // this lane's first element
@@ -191,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int64_t n = tile * kRowsPerWarp + i + u;
-        wv[u] = n < p.n ? ld_stream(wg + n * row_bytes + k0 / T::kRowBytesDiv)
+        wv[u] = n < p.n ? ld_stream(wg + n * row_bytes + k0 * T::kBits / 8)
                         : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
@@ -201,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams
         float out[MT];
 #pragma unroll
         for (int m = 0; m < MT; ++m) out[m] = 0.0f;
-        LaneDot<F, MT>::run(wv[u], sg + n * scale_cols, k0, gf, x, out);
+        LaneDot<F, MT>::run(wv[u], sg ? sg + n * scale_cols : nullptr, k0, gf, x, out);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           const float v = warp_sum(out[m]);

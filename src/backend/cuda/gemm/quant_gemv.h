@@ -14,7 +14,9 @@
 //  * NVFP4: packed E2M1 [N, K/2] (element 2i in the low nibble), scales E4M3 [N, K/16], and a
 //    per-matrix float multiplier: w = e2m1 · e4m3(scale) · global (for compressed-tensors
 //    checkpoints global = 1 / weight_global_scale; ModelOpt: weight_scale_2).
-// Requirements: K % 512 == 0 (MXFP8) or K % 1024 == 0 (NVFP4) (all MiniMax-M3 in-dims qualify),
+//  * BF16 (lm_head, embeddings): [N, K] bf16, no scales.
+// Requirements: K % 512 == 0 (MXFP8), K % 1024 == 0 (NVFP4), K % 256 == 0 (BF16) (all MiniMax-M3
+// in-dims qualify),
 // 16-byte aligned weight rows. Arithmetic is float32 throughout (products and sums), so there is no
 // range limit on the activations beyond float32.
 //
@@ -29,7 +31,7 @@ struct CUstream_st;
 
 namespace m3::cuda {
 
-enum class QuantFormat : int { kMxfp8 = 0, kNvfp4 = 1 };
+enum class QuantFormat : int { kMxfp8 = 0, kNvfp4 = 1, kBf16 = 2 };
 
 struct QuantGemvParams {
   QuantFormat format = QuantFormat::kMxfp8;
@@ -39,7 +41,9 @@ struct QuantGemvParams {
   int64_t x_row_div = 1;            // x row of routed row r is r / x_row_div (top_k for MoE up)
   // Weights: G matrices of one shape, stored back to back.
   const uint8_t* w = nullptr;       // [G, N, K] E4M3 (MXFP8) | [G, N, K/2] packed E2M1 (NVFP4)
-  const uint8_t* w_scale = nullptr; // [G, N, K/32] E8M0 (MXFP8) | [G, N, K/16] E4M3 (NVFP4)
+                                    // | [G, N, K] bf16 (BF16)
+  const uint8_t* w_scale = nullptr; // [G, N, K/32] E8M0 (MXFP8) | [G, N, K/16] E4M3 (NVFP4);
+                                    // unused for BF16
   const float* w_global = nullptr;  // [G] NVFP4 multiplier; nullptr = 1; unused for MXFP8
   int64_t num_groups = 1;           // G
   // Routing of rows to groups. All nullptr: one group, rows 0..num_rows-1 in order.

@@ -9,6 +9,7 @@ namespace m3::cuda::gemv {
 
 Status launch_mxfp8(const QuantGemvParams& p, int mt, cudaStream_t s);
 Status launch_nvfp4(const QuantGemvParams& p, int mt, cudaStream_t s);
+Status launch_bf16(const QuantGemvParams& p, int mt, cudaStream_t s);
 
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
