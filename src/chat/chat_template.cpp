@@ -164,9 +164,10 @@ Result<ChatTemplate> load_chat_template(const std::string& model_dir) {
     return make_chat_template(src, jinja_path.string(), cfg);
   }
   auto it = cfg.find("chat_template");
-  if (it != cfg.end() && it->is_string())
-    return make_chat_template(it->get<std::string>(), cfg_path.string(), cfg);
-  if (it != cfg.end() && it->is_array()) return make_chat_template("", cfg_path.string(), cfg);
+  // Positions in messages are within the template string, not the JSON file.
+  std::string origin = cfg_path.string() + " chat_template";
+  if (it != cfg.end() && it->is_string()) return make_chat_template(it->get<std::string>(), origin, cfg);
+  if (it != cfg.end() && it->is_array()) return make_chat_template("", origin, cfg);
   return not_found("no chat template in " + model_dir +
                    ": neither chat_template.jinja nor a chat_template in tokenizer_config.json");
 }

@@ -91,7 +91,6 @@ class TransformersRenderer:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.utils import chat_template_utils
         chat_template_utils.datetime = frozen_datetime_class(now_unix)
-        self.version = transformers.__version__
 
         class MinimalTokenizer:
             apply_chat_template = PreTrainedTokenizerBase.apply_chat_template
@@ -102,14 +101,46 @@ class TransformersRenderer:
                 self.special_tokens_map = special_tokens_map
 
         self.tokenizer_class = MinimalTokenizer
+        self.render_jinja_template = chat_template_utils.render_jinja_template
+        self.get_chat_template = PreTrainedTokenizerBase.get_chat_template
+        # Prefer apply_chat_template itself; if this transformers version needs more of the
+        # tokenizer than the minimal object has, fall back to the function it calls.
+        self.path = "apply_chat_template"
+        try:
+            out = self._apply("{{ bos_token }}{{ messages[0]['content'] }}", {"bos_token": "<s>"},
+                              [{"role": "user", "content": "x"}], None, None, False, False, {})
+            assert out == "<s>x", out
+        except (AttributeError, TypeError, AssertionError) as e:
+            print(f"note: apply_chat_template on a minimal tokenizer failed ({e!r}); "
+                  "using render_jinja_template", file=sys.stderr)
+            self.path = "render_jinja_template"
+        self.version = f"{transformers.__version__} ({self.path})"
 
-    def render(self, template, special, messages, tools, documents, add_generation_prompt,
+    def _apply(self, template, special, messages, tools, documents, add_generation_prompt,
                continue_final_message, kwargs):
         tok = self.tokenizer_class(template, special)
         return tok.apply_chat_template(
             messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tokenize=False, return_dict=False,
             **kwargs)
+
+    def _render(self, template, special, messages, tools, documents, add_generation_prompt,
+                continue_final_message, kwargs):
+        # What apply_chat_template does around render_jinja_template (transformers 5.x).
+        tok = self.tokenizer_class(template, special)
+        chat_template = self.get_chat_template(tok, None, tools)
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt are not compatible.")
+        rendered, _ = self.render_jinja_template(
+            conversations=[messages], tools=tools, documents=documents, chat_template=chat_template,
+            return_assistant_tokens_mask=False, continue_final_message=continue_final_message,
+            add_generation_prompt=add_generation_prompt, **{**special, **kwargs})
+        return rendered[0]
+
+    def render(self, *args):
+        if self.path == "apply_chat_template":
+            return self._apply(*args)
+        return self._render(*args)
 
 
 class Jinja2Renderer:
