@@ -203,3 +203,42 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
 
 }  // namespace
 }  // namespace m3
+
+#include "backend/cuda/norm/add_rms_norm.h"
+
+namespace m3 {
+namespace {
+
+// Fused residual add + Gemma RMSNorm (bf16 output) against the CPU add and rms_norm: the
+// residual is one IEEE add on both sides (exact match); the normed value carries the float32
+// norm bound (gamma_Hd/2 + 12u)·|y| plus the bf16 rounding (2^-9 relative).
+TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
+  for (int64_t t : {1, 5, 33}) {
+    const int64_t hd = 6144;
+    auto r = cuda_test::randn(t * hd, 70, 2.0f), dlt = cuda_test::randn(t * hd, 71, 1.0f);
+    std::vector<float> wf;
+    std::vector<uint16_t> wb;
+    bf16_randn(hd, 72, 0.3f, &wf, &wb);
+    std::vector<float> want_r(r.size()), want(r.size());
+    cuda_test::cpu()->add({r.data(), dlt.data(), want_r.data(), t * hd});
+    cuda_test::cpu()->rms_norm({want_r.data(), wf.data(), want.data(), t, hd, 1e-6f, true});
+    Dev<float> dr(r), dd(dlt);
+    Dev<uint16_t> dw(wb);
+    auto dout = Dev<uint16_t>::poisoned(t * hd);
+    cuda::AddRmsNormParams p{dr.ptr(), dd.ptr(), dw.ptr(), dout.ptr(), t, hd, 1e-6f};
+    ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
+    EXPECT_EQ(dr.host(), want_r) << "residual";
+    auto ob = dout.host();
+    std::vector<float> got(ob.size());
+    std::vector<double> bound(ob.size());
+    for (size_t i = 0; i < ob.size(); ++i) {
+      got[i] = bf16_to_f32(ob[i]);
+      const double f32b = (gamma(hd) / 2 + 12 * kU) * std::abs(want[i]);
+      bound[i] = f32b + std::ldexp(std::abs(want[i]) + f32b, -9) + 1e-30;
+    }
+    expect_close(got, want, bound, "add_rms_norm bf16 T" + std::to_string(t) + " Hd6144");
+  }
+}
+
+}  // namespace
+}  // namespace m3

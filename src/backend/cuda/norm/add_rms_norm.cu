@@ -1,0 +1,67 @@
+#include "backend/cuda/norm/add_rms_norm.h"
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/reduce.cuh"
+#include "core/dtype.h"
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxVecPerThread = 8;  // hidden <= 256 · 8 · 4 = 8192
+
+// One block per token; each thread keeps its float4 pieces of the row in registers between the
+// sum of squares and the scaling, so the row is read once.
+__global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams p) {
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x;
+  const int64_t nv = p.hidden / 4;
+  float4* r = reinterpret_cast<float4*>(p.residual + t * p.hidden);
+  const float4* d = p.delta ? reinterpret_cast<const float4*>(p.delta + t * p.hidden) : nullptr;
+  float4 v[kMaxVecPerThread];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxVecPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i < nv) {
+      float4 x = r[i];
+      if (d) {
+        const float4 y = d[i];
+        x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        r[i] = x;
+      }
+      v[j] = x;
+      ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss))));
+    }
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.hidden) + p.eps);
+  uint2* o = reinterpret_cast<uint2*>(p.out + t * p.hidden);
+  const uint2* w = reinterpret_cast<const uint2*>(p.weight);
+#pragma unroll
+  for (int j = 0; j < kMaxVecPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i < nv) {
+      const uint2 wv = w[i];
+      const float w0 = 1.0f + __uint_as_float(wv.x << 16), w1 = 1.0f + __uint_as_float(wv.x & 0xFFFF0000u);
+      const float w2 = 1.0f + __uint_as_float(wv.y << 16), w3 = 1.0f + __uint_as_float(wv.y & 0xFFFF0000u);
+      const uint32_t a = f32_to_bf16(v[j].x * inv * w0) | (uint32_t(f32_to_bf16(v[j].y * inv * w1)) << 16);
+      const uint32_t b = f32_to_bf16(v[j].z * inv * w2) | (uint32_t(f32_to_bf16(v[j].w * inv * w3)) << 16);
+      o[i] = make_uint2(a, b);
+    }
+  }
+}
+
+}  // namespace
+
+Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream) {
+  if (p.t == 0) return Status::ok();
+  if (p.hidden % 4 != 0 || p.hidden > int64_t{kThreads} * kMaxVecPerThread * 4)
+    return invalid_argument("[cuda.add_rms_norm] hidden " + std::to_string(p.hidden) +
+                            " must be a multiple of 4 and at most 8192");
+  add_rms_norm_kernel<<<static_cast<unsigned>(p.t), kThreads, 0, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(add_rms_norm_kernel);
+  return Status::ok();
+}
+
+}  // namespace m3::cuda
