@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 m3serve, root = sys.argv[1], Path(sys.argv[2])
+if not Path(m3serve).exists():
+    sys.exit(f"{m3serve} is not built: build the m3serve target first")
 fixtures = root / "tests/fixtures/chat"
 golden = fixtures / "golden.jsonl"
 if not golden.exists():
