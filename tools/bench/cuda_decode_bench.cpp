@@ -153,7 +153,8 @@ void free_dense(DenseWeights& d) {
 }
 
 // Dense GEMV + f32 epilogue at M rows.
-Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, int64_t m) {
+Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, int64_t m,
+                 int variant = 0) {
   DenseWeights d = make_dense(f, n, k);
   uint16_t* x = static_cast<uint16_t*>(dalloc(2 * m * k));
   CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
@@ -174,6 +175,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     p.n = n;
     p.k = k;
     p.partial = partial;
+    p.variant = variant;
     CHECK_OK(launch_quant_gemv(p, st()));
     GemvEpilogueParams e;
     e.partial = partial;
@@ -185,7 +187,8 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
   const double bytes = double(d.bytes_one()) + 2.0 * m * k + 4.0 * m * n;
-  report(name + " M=" + std::to_string(m), ms, bytes, 2.0 * m * n * k);
+  report(name + " M=" + std::to_string(m) + (variant ? " v" + std::to_string(variant) : ""), ms,
+         bytes, 2.0 * m * n * k);
   cudaFree(x);
   cudaFree(partial);
   cudaFree(y);
@@ -195,7 +198,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
 
 // Routed experts of one MoE layer for T tokens (top-4 of 128): grouping, gate|up with SwiGLU
 // epilogue, down with f32 epilogue. 8 random routings rotate between launches.
-Meas bench_moe(int64_t tokens) {
+Meas bench_moe(int64_t tokens, int variant = 0) {
   const int64_t E = 128, K4 = 4, H = 6144, I = 3072, rows = tokens * K4;
   // Experts back to back: up [E, 2I, H], down [E, H, I] (packed + scales + globals).
   auto alloc_fill = [&](int64_t bytes, DummyKind kind, uint64_t seed) {
@@ -258,6 +261,7 @@ Meas bench_moe(int64_t tokens) {
     p.n = 2 * I;
     p.k = H;
     p.partial = pu;
+    p.variant = variant;
     CHECK_OK(launch_quant_gemv(p, st()));
     GemvEpilogueParams e;
     e.kind = GemvEpilogue::kSwigluBf16;
@@ -288,8 +292,8 @@ Meas bench_moe(int64_t tokens) {
   const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
   char name[96];
-  std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)", (long long)tokens,
-                unique);
+  std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s", (long long)tokens,
+                unique, variant ? " v1" : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y})
     cudaFree(p);
@@ -398,6 +402,11 @@ int main(int argc, char** argv) {
     lm_head.push_back(bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, m));
   std::vector<Meas> moe_ms;
   for (int64_t b : batches) moe_ms.push_back(bench_moe(b));
+  // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
+  bench_moe(1, 1);
+  bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);
+  bench_dense(dense[1].name, QuantFormat::kMxfp8, dense[1].n, dense[1].k, 1, 1);
+  bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 1);
   std::vector<std::pair<Meas, Meas>> attn4k, attn32k;
   for (int64_t b : batches) {
     attn4k.push_back(bench_attention(b, 4096));

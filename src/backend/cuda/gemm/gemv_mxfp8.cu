@@ -7,16 +7,20 @@ namespace m3::cuda::gemv {
 
 Status launch_mxfp8(const QuantGemvParams& p, int mt, cudaStream_t s) {
   const dim3 grid = grid_for(p, FormatTraits<QuantFormat::kMxfp8>::kSlice);
-  switch (mt) {
-    case 1:
-      quant_gemv_kernel<QuantFormat::kMxfp8, 1><<<grid, kWarps * 32, 0, s>>>(p);
-      break;
-    case 2:
-      quant_gemv_kernel<QuantFormat::kMxfp8, 2><<<grid, kWarps * 32, 0, s>>>(p);
-      break;
-    default:
-      quant_gemv_kernel<QuantFormat::kMxfp8, 4><<<grid, kWarps * 32, 0, s>>>(p);
-      break;
+  const int m = mt <= 1 ? 1 : mt <= 2 ? 2 : 4;
+  const int u = p.variant == 1 ? 8 : 4;
+  if (m == 1 && u == 4) {
+    quant_gemv_kernel<QuantFormat::kMxfp8, 1, 4><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 1 && u == 8) {
+    quant_gemv_kernel<QuantFormat::kMxfp8, 1, 8><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 2 && u == 4) {
+    quant_gemv_kernel<QuantFormat::kMxfp8, 2, 4><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 2 && u == 8) {
+    quant_gemv_kernel<QuantFormat::kMxfp8, 2, 8><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 4 && u == 4) {
+    quant_gemv_kernel<QuantFormat::kMxfp8, 4, 4><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 4 && u == 8) {
+    quant_gemv_kernel<QuantFormat::kMxfp8, 4, 8><<<grid, kWarps * 32, 0, s>>>(p);
   }
   M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel<mxfp8>");
   return Status::ok();

@@ -8,10 +8,16 @@ namespace m3::cuda::gemv {
 
 Status launch_nvfp4(const QuantGemvParams& p, int mt, cudaStream_t s) {
   const dim3 grid = grid_for(p, FormatTraits<QuantFormat::kNvfp4>::kSlice);
-  if (mt <= 1) {
-    quant_gemv_kernel<QuantFormat::kNvfp4, 1><<<grid, kWarps * 32, 0, s>>>(p);
-  } else {
-    quant_gemv_kernel<QuantFormat::kNvfp4, 2><<<grid, kWarps * 32, 0, s>>>(p);
+  const int m = mt <= 1 ? 1 : mt <= 2 ? 2 : 2;
+  const int u = p.variant == 1 ? 8 : 4;
+  if (m == 1 && u == 4) {
+    quant_gemv_kernel<QuantFormat::kNvfp4, 1, 4><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 1 && u == 8) {
+    quant_gemv_kernel<QuantFormat::kNvfp4, 1, 8><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 2 && u == 4) {
+    quant_gemv_kernel<QuantFormat::kNvfp4, 2, 4><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (m == 2 && u == 8) {
+    quant_gemv_kernel<QuantFormat::kNvfp4, 2, 8><<<grid, kWarps * 32, 0, s>>>(p);
   }
   M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel<nvfp4>");
   return Status::ok();

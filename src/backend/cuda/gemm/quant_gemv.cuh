@@ -161,7 +161,8 @@ struct LaneDot<QuantFormat::kNvfp4, MT> {
   }
 };
 
-template <QuantFormat F, int MT>
+// UNROLL: weight rows whose 16-byte loads are issued before the first is used (loads in flight).
+template <QuantFormat F, int MT, int UNROLL>
 __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams p) {
   using T = FormatTraits<F>;
   constexpr int E = T::kElemsPerLane;
@@ -206,17 +207,17 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams
         x[m][8 * v + 6] = bf16_lo(b.w), x[m][8 * v + 7] = bf16_hi(b.w);
       }
     }
-    // Weight rows, four loads in flight.
-    for (int64_t i = 0; i < kRowsPerWarp; i += 4) {
-      uint4 wv[4];
+    // Weight rows, UNROLL loads in flight.
+    for (int64_t i = 0; i < kRowsPerWarp; i += UNROLL) {
+      uint4 wv[UNROLL];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const int64_t n = tile * kRowsPerWarp + i + u;
         wv[u] = n < p.n ? ld_stream(wg + n * row_bytes + k0 * T::kBits / 8)
                         : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const int64_t n = tile * kRowsPerWarp + i + u;
         if (n >= p.n) break;  // warp-uniform
         float out[MT];

@@ -54,6 +54,8 @@ struct QuantGemvParams {
   int64_t num_rows = 0;                    // routed rows (the r range)
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
+  int variant = 0;                  // kernel variant (benchmarks): 0 = 4 loads in flight per
+                                    // lane, 1 = 8
 };
 
 // K-slices of the partial buffer for a format and K.
