@@ -119,9 +119,14 @@ TEST(CudaModel, DecodeAndChunksMatchOnePrefillAndCpu) {
       for (int64_t v = 0; v < V; ++v) scale = std::max(scale, double(std::abs(want[t * V + v])));
       for (int64_t v = 0; v < V; ++v)
         worst = std::max(worst, std::abs(got[t * V + v] - want[t * V + v]) / (4e-5 * scale));
-      EXPECT_EQ(minimax_m3::argmax(std::span<const float>(got.data() + t * V, V)),
-                minimax_m3::argmax(std::span<const float>(want.data() + t * V, V)))
-          << "chunk " << chunk << " position " << t;
+      // Argmax must agree unless the CPU's top-2 gap is within the tolerance (a rounding tie).
+      const int32_t best = minimax_m3::argmax(std::span<const float>(want.data() + t * V, V));
+      float second = -INFINITY;
+      for (int64_t v = 0; v < V; ++v)
+        if (v != best) second = std::max(second, want[t * V + v]);
+      if (want[t * V + best] - second > 8e-5 * scale)
+        EXPECT_EQ(minimax_m3::argmax(std::span<const float>(got.data() + t * V, V)), best)
+            << "chunk " << chunk << " position " << t;
     }
     std::printf("[ %-40s ] chunk %lld: worst |gpu-cpu|/(4e-5·scale) = %.3g\n", "model gpu vs cpu",
                 (long long)chunk, worst);
