@@ -124,9 +124,10 @@ TEST(CudaModel, DecodeAndChunksMatchOnePrefillAndCpu) {
       float second = -INFINITY;
       for (int64_t v = 0; v < V; ++v)
         if (v != best) second = std::max(second, want[t * V + v]);
-      if (want[t * V + best] - second > 8e-5 * scale)
+      if (want[t * V + best] - second > 8e-5 * scale) {
         EXPECT_EQ(minimax_m3::argmax(std::span<const float>(got.data() + t * V, V)), best)
             << "chunk " << chunk << " position " << t;
+      }
     }
     std::printf("[ %-40s ] chunk %lld: worst |gpu-cpu|/(4e-5·scale) = %.3g\n", "model gpu vs cpu",
                 (long long)chunk, worst);
