@@ -10,6 +10,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kDataLoss: return "data loss";
     case StatusCode::kUnimplemented: return "unimplemented";
     case StatusCode::kResourceExhausted: return "resource exhausted";
+    case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kInternal: return "internal error";
   }
   return "unknown";

@@ -18,6 +18,7 @@ enum class StatusCode {
   kDataLoss,         // truncated or corrupt file
   kUnimplemented,    // valid input we do not support (yet)
   kResourceExhausted,
+  kUnavailable,       // temporarily unable to serve (loading, draining)
   kInternal,
 };
 
@@ -45,6 +46,7 @@ inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgu
 inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // Result<T>: a T or a non-ok Status.
