@@ -242,3 +242,65 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
 
 }  // namespace
 }  // namespace m3
+
+#include "backend/cuda/rope/qk_norm_rope.h"
+
+namespace m3 {
+namespace {
+
+// Fused per-head Gemma norm + partial RoPE (bf16 out) against the CPU rms_norm then rope. The
+// norm differs by at most (gamma_D/2 + 12u)·|y| per element (float vs double sum of squares);
+// RoPE mixes two such elements with |cos|, |sin| <= 1 and adds 2u per side; then the bf16
+// rounding (2^-9 relative).
+TEST(QkNormRope, MatchesCpuNormThenRope) {
+  struct C {
+    int64_t t, h, rotary_dim, rot_width;
+  };
+  for (C c : {C{3, 64, 64, 64}, C{5, 4, 64, 64}, C{2, 1, 64, 64}, C{4, 4, 32, 32}}) {
+    const int64_t d = 128;
+    auto x = cuda_test::randn(c.t * c.h * d, 80, 3.0f);
+    std::vector<float> wf;
+    std::vector<uint16_t> wb;
+    bf16_randn(d, 81, 0.3f, &wf, &wb);
+    std::vector<int32_t> pos(c.t);
+    for (int64_t i = 0; i < c.t; ++i) pos[i] = static_cast<int32_t>(i * 9973 + 5);
+    std::vector<float> y(x.size());
+    cuda_test::cpu()->rms_norm({x.data(), wf.data(), y.data(), c.t * c.h, d, 1e-6f, true});
+    std::vector<float> want = y;
+    cuda_test::cpu()->rope({want.data(), pos.data(), c.t, c.h, d, c.rotary_dim, c.rot_width, 5e6});
+    Dev<float> dx(x);
+    Dev<uint16_t> dw(wb);
+    Dev<int32_t> dp(pos);
+    auto dout = Dev<uint16_t>::poisoned(c.t * c.h * d);
+    cuda::QkNormRopeParams p;
+    p.x = dx.ptr();
+    p.weight = dw.ptr();
+    p.positions = dp.ptr();
+    p.out = dout.ptr();
+    p.t = c.t;
+    p.h = c.h;
+    p.rotary_dim = c.rotary_dim;
+    p.rot_width = c.rot_width;
+    ASSERT_TRUE(cuda::launch_qk_norm_rope(p, stream()).is_ok());
+    auto ob = dout.host();
+    std::vector<float> got(ob.size());
+    std::vector<double> bound(ob.size());
+    const double rel = gamma(d) / 2 + 12 * kU;
+    for (int64_t r = 0; r < c.t * c.h; ++r)
+      for (int64_t i = 0; i < d; ++i) {
+        const size_t k = r * d + i;
+        double f32b = rel * std::abs(y[k]);
+        if (i < c.rot_width) {
+          const size_t partner = i < c.rot_width / 2 ? k + c.rot_width / 2 : k - c.rot_width / 2;
+          f32b = (rel + 4 * kU) * (std::abs(y[k]) + std::abs(y[partner]));
+        }
+        got[k] = bf16_to_f32(ob[k]);
+        bound[k] = f32b + std::ldexp(std::abs(want[k]) + f32b, -9) + 1e-30;
+      }
+    expect_close(got, want, bound,
+                 "qk_norm_rope bf16 H" + std::to_string(c.h) + " rot" + std::to_string(c.rot_width));
+  }
+}
+
+}  // namespace
+}  // namespace m3

@@ -1,0 +1,76 @@
+#include "backend/cuda/rope/qk_norm_rope.h"
+
+#include <cmath>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/reduce.cuh"
+#include "core/dtype.h"
+
+namespace m3::cuda {
+namespace {
+
+struct Args {
+  QkNormRopeParams p;
+  float inv_freq[64];  // built on the host exactly as the CPU backend builds it
+};
+
+// Lane l holds dims l, l + 32, l + 64, l + 96. RoPE partners are d ± rot_width/2; for
+// rot_width = 64 they sit in the same lane (l <-> l + 32); other widths go through shared memory.
+__global__ void qk_norm_rope_kernel(Args a) {
+  const QkNormRopeParams& p = a.p;
+  __shared__ float y[8][128];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t{8} + warp;  // t·H + h
+  if (row >= p.t * p.h) return;
+  const float* x = p.x + row * 128;
+  float v[4], ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    v[j] = x[lane + 32 * j];
+    ss = fmaf(v[j], v[j], ss);
+  }
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / 128.0f + p.eps);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float w = 1.0f + bf16_to_f32(p.weight[lane + 32 * j]);
+    y[warp][lane + 32 * j] = __fmul_rn(__fmul_rn(v[j], inv), w);
+  }
+  __syncwarp();
+  const float pos = static_cast<float>(p.positions[row / p.h]);
+  const int64_t half = p.rot_width / 2, half_freq = p.rotary_dim / 2;
+  uint16_t* out = p.out + row * 128;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int d = lane + 32 * j;
+    float r = y[warp][d];
+    if (d < p.rot_width) {
+      const float ang = __fmul_rn(a.inv_freq[d % half_freq], pos);
+      double sn, cs;
+      sincos(static_cast<double>(ang), &sn, &cs);
+      const float partner = d < half ? -y[warp][d + half] : y[warp][d - half];
+      r = __fadd_rn(__fmul_rn(r, static_cast<float>(cs)), __fmul_rn(partner, static_cast<float>(sn)));
+    }
+    out[d] = f32_to_bf16(r);
+  }
+}
+
+}  // namespace
+
+Status launch_qk_norm_rope(const QkNormRopeParams& p, CUstream_st* stream) {
+  if (p.t * p.h == 0) return Status::ok();
+  if (p.d != 128 || p.rot_width % 2 != 0 || p.rot_width > p.d || p.rotary_dim % 2 != 0 ||
+      p.rotary_dim <= 0 || p.rotary_dim / 2 > 64)
+    return invalid_argument("[cuda.qk_norm_rope] needs D = 128 and even rotary widths <= 128");
+  Args a{};
+  a.p = p;
+  for (int64_t i = 0; i < p.rotary_dim / 2; ++i) {
+    float e = static_cast<float>(2 * i) / static_cast<float>(p.rotary_dim);
+    a.inv_freq[i] = 1.0f / static_cast<float>(std::pow(p.theta, static_cast<double>(e)));
+  }
+  qk_norm_rope_kernel<<<static_cast<unsigned>((p.t * p.h + 7) / 8), 256, 0, stream>>>(a);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(qk_norm_rope_kernel);
+  return Status::ok();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,31 @@
+// Per-head Gemma RMSNorm followed by partial half-split RoPE, fused, for q, k and the index
+// q/k heads of the bf16 real-shape path (m3-architecture.md §2.3, §3.2):
+//   y = x / sqrt(mean(x^2) + eps) · (1 + w)   over each head's D dims (float32)
+//   rotate dims [0, rot_width) by the position's angles (table f[i] = theta^(-2i/rotary_dim),
+//   dim d < rot_width uses f[d mod rotary_dim/2], partner d ± rot_width/2), the rest pass through
+//   out = bf16(y)
+// One warp per (token, head); D == 128 (checked). This header includes no CUDA header.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace m3::cuda {
+
+struct QkNormRopeParams {
+  const float* x = nullptr;          // [T, H, D] float32 (projection output)
+  const uint16_t* weight = nullptr;  // [D] bf16 Gemma weight
+  const int32_t* positions = nullptr;  // [T]
+  uint16_t* out = nullptr;           // [T, H, D] bf16
+  int64_t t = 0, h = 0, d = 128;
+  int64_t rotary_dim = 64, rot_width = 64;  // even, rot_width <= D, rotary_dim / 2 <= 64
+  float eps = 1e-6f;
+  double theta = 5e6;
+};
+
+Status launch_qk_norm_rope(const QkNormRopeParams& p, CUstream_st* stream);
+
+}  // namespace m3::cuda
