@@ -36,7 +36,7 @@ for b in "$DEST"/*; do
   done
 done
 {
-  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src/backend/cuda tests/backend_cuda tools/bench tools/device || echo '-dirty')"
+  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src/backend/cuda tests/backend_cuda tools/bench tools/device/bundle.sh tools/device/run-all.sh || echo '-dirty')"
   echo "built $(date -u +%FT%TZ) on $(hostname) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
   echo "m3serve bundled: $M3SERVE"
 } >"$DEST/BUILD_INFO"
