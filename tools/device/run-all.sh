@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool), builds nothing: every CUDA op test against
-# the CPU backend, the tiny model end to end on the GPU, the golden fixtures when present,
-# compute-sanitizer on the op tests, then the decode benchmarks at the real shapes; prints a
-# short table last. Needs .device/cuda from tools/device/bundle.sh (carry: [".device/cuda"]).
-# Files back in $OUT (at most 8): run-all.log (everything), tests.log, sanitizer.log, bench.log,
-# bench.tsv.
+# the CPU backend, the tiny model end to end on the GPU, the golden fixtures when present, the
+# decode benchmarks at the real shapes, then compute-sanitizer on the op tests (last: the device
+# call's time limit may cut it); prints a short table last. Needs .device/cuda from
+# tools/device/bundle.sh (carry: [".device/cuda"]).
+# Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
+# sanitizer.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
@@ -25,17 +26,16 @@ run_test() {  # name limit
   echo "== $t" >>"$OUT/tests.log"
   timeout "$limit" "$B/$t" >>"$OUT/tests.log" 2>&1
   local rc=$?
-  local passed failed
-  passed=$(grep -c '^\[       OK \]' "$OUT/tests.log" || true)
+  local failed
   failed=$(sed -n "/^== $t\$/,\$p" "$OUT/tests.log" | grep -c '^\[  FAILED  \]' || true)
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss  failed-lines=%s' "$t" "$rc" "$((SECONDS - t0))" "$failed")")
   note "test $t rc=$rc ($((SECONDS - t0))s)"
 }
-run_test cuda_ops_test 120
-run_test cuda_composite_ops_test 120
-run_test quant_gemv_test 120
-run_test sparse_decode_test 120
-run_test cuda_model_test 120
+run_test cuda_ops_test 60
+run_test cuda_composite_ops_test 60
+run_test quant_gemv_test 60
+run_test sparse_decode_test 60
+run_test cuda_model_test 60
 
 # Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
 if compgen -G "tests/fixtures/golden/*" >/dev/null; then
@@ -44,17 +44,38 @@ else
   note "golden fixtures: none in tests/fixtures/golden"
 fi
 
+# Benchmarks.
+t0=$SECONDS
+timeout 100 "$B/cuda_decode_bench" "$OUT/bench.tsv" >"$OUT/bench.log" 2>&1
+rc=$?
+SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
+cat "$OUT/bench.log" >>"$LOG"
+
+print_table() {
+  echo
+  echo "== worst elements (|gpu - cpu| / bound; <= 1 passes)"
+  grep -E '^\[ .* \] ' "$OUT/tests.log" |
+    grep -v -E '^\[ (RUN|       OK|  FAILED|  PASSED|----------|==========)' | cut -c1-150
+  echo
+  echo "== benchmark"
+  cat "$OUT/bench.log"
+  echo
+  echo "== summary"
+  printf '%s\n' "${SUMMARY[@]}"
+}
+print_table >"$OUT/table-before-sanitizer.txt"
+
 # compute-sanitizer on the op tests (small shapes only, to fit the time budget).
 if command -v compute-sanitizer >/dev/null; then
   t0=$SECONDS
-  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
     --gtest_filter='CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:*CudaLinear.*/1:CudaCachingAllocator.*' \
     >"$OUT/sanitizer.log" 2>&1
   rc1=$?
-  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
     --gtest_filter='*/0' >>"$OUT/sanitizer.log" 2>&1
   rc2=$?
-  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
+  timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
     --gtest_filter='*CudaPagedAttention*/0:*CudaIndexerTopk*/0' >>"$OUT/sanitizer.log" 2>&1
   rc3=$?
   SUMMARY+=("$(printf '%-26s memcheck=%s/%s racecheck=%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc3" "$((SECONDS - t0))")")
@@ -62,22 +83,5 @@ if command -v compute-sanitizer >/dev/null; then
 else
   SUMMARY+=("compute-sanitizer not found")
 fi
-
-# Benchmarks.
-t0=$SECONDS
-timeout 150 "$B/cuda_decode_bench" "$OUT/bench.tsv" >"$OUT/bench.log" 2>&1
-rc=$?
-SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
-cat "$OUT/bench.log" >>"$LOG"
-
-{
-  echo
-  echo "== worst elements (|gpu - cpu| / bound; <= 1 passes)"
-  grep -E '^\[ .* \] ' "$OUT/tests.log" | grep -v -E '^\[ (RUN|       OK|  FAILED|  PASSED|----------|==========)' | cut -c1-150
-  echo
-  echo "== benchmark"
-  cat "$OUT/bench.log"
-  echo
-  echo "== summary"
-  printf '%s\n' "${SUMMARY[@]}"
-} | tee -a "$LOG"
+rm -f "$OUT/table-before-sanitizer.txt"
+print_table | tee -a "$LOG"
