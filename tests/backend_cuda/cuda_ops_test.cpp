@@ -273,3 +273,41 @@ TEST(CudaCachingAllocator, ReusesFreedBlocks) {
 
 }  // namespace
 }  // namespace m3
+
+#include "backend/cuda/sampling/argmax.h"
+
+namespace m3 {
+namespace {
+
+// Greedy sampling: exact ids, ties to the lowest id, NaN never chosen, all-NaN row -> -1.
+TEST(CudaArgmax, ExactWithTiesAndNan) {
+  const int64_t b = 6, v = 200064;
+  auto logits = randn(b * v, 90, 3.0f);
+  // Row 1: a tie between ids 7 and 150000 at the maximum; row 2: NaNs around the max;
+  // row 3: all NaN; row 4: the maximum at the last id.
+  logits[1 * v + 7] = 100.0f, logits[1 * v + 150000] = 100.0f;
+  logits[2 * v + 0] = NAN, logits[2 * v + 5] = 50.0f, logits[2 * v + 6] = NAN;
+  for (int64_t i = 0; i < v; ++i) logits[3 * v + i] = NAN;
+  logits[4 * v + v - 1] = 1e30f;
+  std::vector<int32_t> want(b);
+  for (int64_t r = 0; r < b; ++r) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < v; ++i) {
+      const float x = logits[r * v + i];
+      if (std::isnan(x)) continue;
+      if (best < 0 || x > logits[r * v + best]) best = i;
+    }
+    want[r] = static_cast<int32_t>(best);
+  }
+  EXPECT_EQ(want[1], 7);
+  EXPECT_EQ(want[3], -1);
+  Dev<float> dl(logits);
+  auto dout = Dev<int32_t>::poisoned(b);
+  cuda::ArgmaxParams p{dl.ptr(), b, v, v, dout.ptr()};
+  ASSERT_TRUE(cuda::launch_argmax(p, static_cast<CUstream_st*>(gpu()->stream())).is_ok());
+  EXPECT_EQ(dout.host(), want);
+  std::printf("[ %-40s ] exact (B=%lld, V=%lld)\n", "argmax", (long long)b, (long long)v);
+}
+
+}  // namespace
+}  // namespace m3
