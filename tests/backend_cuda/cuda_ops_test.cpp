@@ -311,3 +311,45 @@ TEST(CudaArgmax, ExactWithTiesAndNan) {
 
 }  // namespace
 }  // namespace m3
+
+#include "backend/cuda/dummy/dummy_weights.h"
+#include "core/dtype.h"
+
+namespace m3 {
+namespace {
+
+// Dummy weights: valid codes only (no E4M3 NaN), scales in their documented ranges, bf16 values
+// with the asked standard deviation, and contents that depend only on (kind, seed, index).
+TEST(CudaDummyWeights, ValidCodesAndStatistics) {
+  auto* s = static_cast<CUstream_st*>(gpu()->stream());
+  const int64_t n = 1 << 20;
+  auto codes = Dev<uint8_t>::poisoned(n), e8 = Dev<uint8_t>::poisoned(n),
+       e4 = Dev<uint8_t>::poisoned(n);
+  auto bf = Dev<uint16_t>::poisoned(n), bf2 = Dev<uint16_t>::poisoned(n);
+  ASSERT_TRUE(cuda::fill_dummy(codes.ptr(), n, cuda::DummyKind::kE4m3Codes, 1, 1, s).is_ok());
+  ASSERT_TRUE(cuda::fill_dummy(e8.ptr(), n, cuda::DummyKind::kE8m0Scales, 2, 1, s).is_ok());
+  ASSERT_TRUE(cuda::fill_dummy(e4.ptr(), n, cuda::DummyKind::kE4m3Scales, 3, 1, s).is_ok());
+  ASSERT_TRUE(cuda::fill_dummy(bf.ptr(), n, cuda::DummyKind::kBf16Normal, 4, 0.02f, s).is_ok());
+  ASSERT_TRUE(cuda::fill_dummy(bf2.ptr(), n, cuda::DummyKind::kBf16Normal, 4, 0.02f, s).is_ok());
+  for (uint8_t c : codes.host()) ASSERT_NE(c & 0x7F, 0x7F) << "E4M3 NaN code";
+  for (uint8_t c : e8.host()) ASSERT_TRUE(c >= 116 && c <= 119) << int(c);
+  for (uint8_t c : e4.host()) {
+    const float v = e4m3_to_f32(c);
+    ASSERT_TRUE(v >= 0.5f && v <= 120.0f) << int(c);
+  }
+  auto h = bf.host();
+  EXPECT_EQ(h, bf2.host()) << "same seed, same contents";
+  double sum = 0, sq = 0;
+  for (uint16_t x : h) {
+    const double v = bf16_to_f32(x);
+    sum += v, sq += v * v;
+  }
+  const double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+  // 2^20 samples: the mean's standard error is 0.02/1024; the sd estimate's is ~0.1%.
+  EXPECT_LT(std::abs(mean), 1e-4);
+  EXPECT_NEAR(sd, 0.02, 0.02 * 0.01);
+  std::printf("[ %-40s ] bf16 mean %.2e sd %.5f (want 0.02)\n", "dummy weights", mean, sd);
+}
+
+}  // namespace
+}  // namespace m3
