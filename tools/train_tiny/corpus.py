@@ -230,9 +230,48 @@ for _name, _vals in [("city", CITIES), ("tz", TIMEZONES), ("qa", QUERY_A), ("qb"
     POOLS[_name] = split_pool(sorted(set(_vals)))
 
 
+def _synthetic_values(name, real, n, seed=77):
+    """Made-up values of the same shape as a pool's, for training only: with ~200 real cities a
+    small model memorises them instead of learning to copy the value from the prompt (the held-out
+    values then get replaced by memorised ones). Deterministic; never equal to a real value."""
+    rng = random.Random("%s:%d" % (name, seed))
+    cons, vows = "bcdfghjklmnprstvwz", "aeiou"
+
+    def word(lo, hi):
+        return "".join(rng.choice(cons) + rng.choice(vows) + (rng.choice(cons) if rng.random() < 0.3 else "")
+                       for _ in range(rng.randint(lo, hi)))
+
+    words = sorted({w for v in real for w in v.split()})
+    taken, out = set(real), []
+    while len(out) < n:
+        if name == "city":
+            v = " ".join(word(2, 3).capitalize() for _ in range(1 if rng.random() < 0.8 else 2))
+        elif name == "tz":
+            v = "%s/%s" % (rng.choice(real).split("/")[0] if "/" in rng.choice(real) else "Europe",
+                           "_".join(word(2, 3).capitalize() for _ in range(1 if rng.random() < 0.8 else 2)))
+        elif name == "name":
+            v = word(2, 3)
+        else:  # subject, body, title: new combinations of the pool's words
+            k = rng.randint(2, 3) if name != "body" else rng.randint(3, 6)
+            v = " ".join(rng.choice(words) for _ in range(k))
+            v = v[0].upper() + v[1:]
+        if v not in taken and "/" not in v.split("/", 1)[-1]:
+            taken.add(v)
+            out.append(v)
+    return out
+
+
+SYNTH = {}
+for _name in ("city", "tz", "name", "subject", "body", "title"):
+    _tr, _he = POOLS[_name]
+    SYNTH[_name] = _synthetic_values(_name, _tr + _he, 2 * len(_tr))
+
+
 def pool(name, split):
     train, held = POOLS[name]
-    return train if split == "train" else held
+    if split == "train":
+        return train + SYNTH.get(name, [])
+    return held if split == "heldout" else train
 
 
 def arith_heldout(op, a, b):

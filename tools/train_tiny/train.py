@@ -61,6 +61,7 @@ ap.add_argument("--max-len", type=int, default=1024)
 ap.add_argument("--batch-tokens", type=int, default=65536)
 ap.add_argument("--lr", type=float, default=2e-3)
 ap.add_argument("--warmup", type=int, default=60)
+ap.add_argument("--balance-rate", type=float, default=1e-3, help="e_score_correction_bias nudge per step")
 ap.add_argument("--bpe-size", type=int, default=4032, help="BPE vocab before the 64 special slots")
 ap.add_argument("--eval-seconds", type=float, default=60.0)
 ap.add_argument("--eval-batch", type=int, default=100)
@@ -436,6 +437,112 @@ log("mask mode:", MASK_MODE)
 step_done("model", params=n_params, mask_mode=MASK_MODE)
 
 # ------------------------------------------------------------------------------------------------
+# 5b. Fast training model (tools/train_tiny/fast_model.py): same maths, SDPA, dense batched experts,
+#     no indexer. Starts from the reference model's random init and must reproduce its fp32 logits
+#     before it is used; otherwise training falls back to the reference classes.
+# ------------------------------------------------------------------------------------------------
+FAST = None
+FAST_KEYS = None  # {hf_key: fast_key}
+FAST_CFG = {"vocab": VOCAB, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+            "rotary_dim": ROTARY_DIM, "rope_theta": ROPE_THETA, "eps": 1e-6, "index_heads": INDEX_HEADS,
+            "index_dim": INDEX_DIM, "experts": EXPERTS, "topk_experts": TOPK_EXPERTS,
+            "expert_inter": EXPERT_INTER, "shared_inter": SHARED_INTER, "dense_inter": DENSE_INTER,
+            "alpha": TEXT_CONFIG["swiglu_alpha"], "limit": TEXT_CONFIG["swiglu_limit"],
+            "routed_scale": TEXT_CONFIG["routed_scaling_factor"], "moe_layer_freq": TEXT_CONFIG["moe_layer_freq"]}
+
+
+def _set_exact_fp32(on):
+    torch.backends.cuda.matmul.allow_tf32 = not on
+    torch.backends.cudnn.allow_tf32 = not on
+
+
+def compare_fast_hf(fast, hf, seqs, label, rel_tol):
+    """fp32 logits of both models on each sequence. A position is 'off' when its max |logit diff|
+    exceeds rel_tol * max|logit| (an expert-selection near-tie flipped by fp32 rounding can cause a
+    few; a wrong formula makes nearly all of them off). Argmax must agree wherever the position is not
+    off and the reference's top-1/top-2 gap exceeds 1e-4. Returns (ok, stats)."""
+    _set_exact_fp32(True)
+    was_f, was_h = fast.training, hf.training
+    fast.eval(); hf.eval()
+    diffs, scale, flips, ties, n = [], 0.0, 0, 0, 0
+    rows = []
+    with torch.no_grad():
+        for q in seqs:
+            x = torch.tensor([q], device=DEV)
+            a = fast(x).float()[0]
+            b = forward(hf, x).logits.float()[0]
+            rows.append((a, b))
+            scale = max(scale, b.abs().max().item())
+    tol = rel_tol * max(1.0, scale)
+    off = 0
+    for a, b in rows:
+        d = (a - b).abs().max(-1).values
+        diffs.append(d)
+        top2 = b.topk(2, dim=-1)
+        gap = top2.values[:, 0] - top2.values[:, 1]
+        mism = a.argmax(-1) != b.argmax(-1)
+        is_off = d > tol
+        off += int(is_off.sum().item())
+        ties += int((mism & (gap <= 1e-4) & ~is_off).sum().item())
+        flips += int((mism & (gap > 1e-4) & ~is_off).sum().item())
+        n += a.shape[0]
+    fast.train(was_f); hf.train(was_h)
+    allv = torch.cat(diffs)
+    st = {"positions": n, "max_diff": allv.max().item(), "median_diff": allv.median().item(), "max_logit": scale,
+          "tol": tol, "off_positions": off, "argmax_flips": flips, "argmax_flips_at_ties": ties}
+    ok = off <= max(2, n // 500) and flips == 0
+    log("fast vs reference (%s): %s -> %s" % (label, st, "OK" if ok else "MISMATCH"))
+    return ok, st
+
+
+def copy_fast_to_hf(fast, hf):
+    hsd = hf.state_dict()
+    fsd = fast.state_dict()
+    with torch.no_grad():
+        for hk, fk in FAST_KEYS.items():
+            hsd[hk].copy_(fsd[fk].to(hsd[hk].dtype))
+
+
+if os.environ.get("M3TINY_NO_FAST") != "1":
+    try:
+        import fast_model  # noqa: E402
+
+        FAST = fast_model.FastM3(FAST_CFG).to(DEV)
+        hsd = model.state_dict()
+        FAST_KEYS = fast_model.key_map(hsd.keys(), FAST.state_dict().keys())
+        left = [k for k in hsd if k not in FAST_KEYS and "rotary" not in k and "inv_freq" not in k]
+        if left:
+            warn("reference tensors the fast model does not have: %s" % left)
+        with torch.no_grad():
+            fsd = FAST.state_dict()
+            for hk, fk in FAST_KEYS.items():
+                fsd[fk].copy_(hsd[hk].float())
+        # Random init has near-zero logits: scale the final norm so the check is not trivially small.
+        norm_before = model.model.norm.weight.detach().clone()
+        try:
+            with torch.no_grad():
+                model.model.norm.weight.add_(3.0)
+                FAST.model.norm.weight.add_(3.0)
+            g = torch.Generator().manual_seed(3)
+            seqs = [torch.randint(0, BPE_SIZE, (n,), generator=g).tolist() for n in (37, 300, 1000)]
+            seqs += [ids[i][:args.max_len] for i in keep[:3]]
+            ok, st = compare_fast_hf(FAST, model, seqs, "random init", 1e-3)
+        finally:
+            with torch.no_grad():
+                model.model.norm.weight.copy_(norm_before)
+                FAST.model.norm.weight.copy_(norm_before)
+        REPORT["fast_init_check"] = st
+        if not ok:
+            raise RuntimeError("fast model does not reproduce the reference logits at init: %s" % st)
+        log("fast model: OK, used for training")
+    except Exception as e:  # noqa: BLE001
+        warn("fast training model unavailable (%r): training with the reference classes" % e)
+        traceback.print_exc()
+        FAST = None
+_set_exact_fp32(False)
+step_done("fast_model", used=FAST is not None)
+
+# ------------------------------------------------------------------------------------------------
 # 6. Training: bf16 autocast, fused AdamW, length-bucketed padded batches, wall-clock budget.
 #    Expert balance: aux-loss-free, by nudging e_score_correction_bias (as M3 does).
 # ------------------------------------------------------------------------------------------------
@@ -499,69 +606,152 @@ def make_batch(idx):
 
 
 log("batches: %d (token budget %d)" % (len(batches), args.batch_tokens))
-decay, no_decay = [], []
-for n, p in model.named_parameters():
-    (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
-try:
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=DEV == "cuda")
-except Exception as e:  # noqa: BLE001
-    warn("fused AdamW unavailable (%r)" % e)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-
-loss_curve = []
 batch_cache = {}
-model.train()
-t_train = time.time()
-step, epoch, tokens_seen = 0, 0, 0
-perm = []
-ema = None
-while True:
-    el = time.time() - t_train
-    if el >= args.train_seconds:
-        break
-    if not perm:
-        perm = list(range(len(batches)))
-        random.Random(args.seed + epoch).shuffle(perm)
-        epoch += 1
-    bi = perm.pop()
-    if bi not in batch_cache:  # built once, kept on the device for the later epochs
-        x, y = make_batch(batches[bi])
-        batch_cache[bi] = (x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True), int((y != -100).sum()))
-    x, y, n_targets = batch_cache[bi]
-    frac = min(1.0, el / args.train_seconds)
-    lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-    for g in opt.param_groups:
-        g["lr"] = lr
-    with torch.autocast(device_type="cuda" if DEV == "cuda" else "cpu", dtype=torch.bfloat16):
-        logits = forward(model, x).logits
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    with torch.no_grad():
-        for n, _ in routers:
-            c = router_counts.get(n)
-            if c is not None and n in bias_of:
-                load = c.float()
-                bias_of[n].add_(5e-4 * torch.sign(load.mean() - load))
-    step += 1
-    tokens_seen += n_targets
-    if step % 25 == 0 or step == 1:
-        lv = loss.item()
-        ema = lv if ema is None else 0.9 * ema + 0.1 * lv
-        loads = [router_counts[n].float() for n, _ in routers if n in router_counts]
-        imb = max((l.max() / l.mean()).item() for l in loads) if loads else 0
-        loss_curve.append({"step": step, "t": round(time.time() - t_train, 1), "loss": round(lv, 4), "lr": lr})
-        log("step %5d ep %d loss %.4f (ema %.4f) lr %.2e gnorm %.2f  seq %dx%d  trained tok %.1fM  "
-            "max expert load/mean %.2f" % (step, epoch, lv, ema, lr, gn.item(), x.shape[0], x.shape[1],
-                                           tokens_seen / 1e6, imb))
-log("training done: %d steps, %d epochs (partial), %.1f s" % (step, epoch, time.time() - t_train))
-del batch_cache
+
+
+def run_training(use_fast, seconds):
+    """Train FAST (use_fast) or the reference model for a wall-clock budget; returns (steps, epochs, tokens)."""
+    net = FAST if use_fast else model
+    decay, no_decay = [], []
+    for n, p in net.named_parameters():
+        if use_fast and ".indexer." in n:
+            continue  # never used in training (no gradient in the reference either): keeps its init
+        (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}]
+    try:
+        opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=DEV == "cuda")
+    except Exception as e:  # noqa: BLE001
+        warn("fused AdamW unavailable (%r)" % e)
+        opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    if use_fast:
+        balance = [(m.gate.e_score_correction_bias, m) for m in FAST.moe_blocks()]
+        _set_exact_fp32(False)  # TF32 for the fp32 router matmul; bf16 autocast elsewhere
+    net.train()
+    t_train = time.time()
+    step, epoch, tokens_seen = 0, 0, 0
+    perm = []
+    ema = None
+    while True:
+        el = time.time() - t_train
+        if el >= seconds:
+            break
+        if not perm:
+            perm = list(range(len(batches)))
+            random.Random(args.seed + epoch).shuffle(perm)
+            epoch += 1
+        bi = perm.pop()
+        if bi not in batch_cache:  # built once, kept on the device for the later epochs
+            x, y = make_batch(batches[bi])
+            fi = (y.reshape(-1) != -100).nonzero().squeeze(1)
+            batch_cache[bi] = (x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True), int(fi.numel()),
+                               fi.to(DEV, non_blocking=True), y.reshape(-1)[fi].to(DEV, non_blocking=True))
+        x, y, n_targets, flat_idx, y_sel = batch_cache[bi]
+        frac = min(1.0, el / seconds)
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast(device_type="cuda" if DEV == "cuda" else "cpu", dtype=torch.bfloat16):
+            if use_fast:
+                if step == 1 and os.environ.get("M3TINY_TEST_FAST_FAIL") == "1":
+                    raise RuntimeError("M3TINY_TEST_FAST_FAIL: simulated failure of the fast path")
+                loss = FAST.loss(x, y, flat_idx, y_sel)
+            else:
+                logits = forward(model, x).logits
+        if not use_fast:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            if use_fast:
+                loads = [m.last_counts for _, m in balance if m.last_counts is not None]
+                for bias, m in balance:
+                    if m.last_counts is not None:
+                        bias.add_(args.balance_rate * torch.sign(m.last_counts.mean() - m.last_counts))
+            else:
+                loads = []
+                for n, _ in routers:
+                    c = router_counts.get(n)
+                    if c is not None and n in bias_of:
+                        load = c.float()
+                        loads.append(load)
+                        bias_of[n].add_(args.balance_rate * torch.sign(load.mean() - load))
+        step += 1
+        tokens_seen += n_targets
+        if step % 100 == 0 or step == 1 or (not use_fast and step % 25 == 0):
+            lv = loss.item()
+            if not math.isfinite(lv):
+                raise RuntimeError("loss is %r at step %d" % (lv, step))
+            ema = lv if ema is None else 0.9 * ema + 0.1 * lv
+            imb = max((l.max() / l.mean().clamp(min=1e-9)).item() for l in loads) if loads else 0
+            loss_curve.append({"step": step, "t": round(time.time() - t_train, 1), "loss": round(lv, 4), "lr": lr,
+                               "fast": use_fast})
+            el2 = time.time() - t_train
+            log("step %5d ep %d loss %.4f (ema %.4f) lr %.2e gnorm %.2f  seq %dx%d  trained tok %.1fM  "
+                "(%.0fk trained tok/s, %.0fk tok/s incl. context)  max expert load/mean %.2f" % (
+                    step, epoch, lv, ema, lr, gn.item(), x.shape[0], x.shape[1], tokens_seen / 1e6,
+                    tokens_seen / el2 / 1e3, tokens_seen / el2 / 1e3 / TRAINED_FRAC, imb))
+    log("training done (%s): %d steps, %d epochs (partial), %.1f s, %.1fM trained tokens" % (
+        "fast model" if use_fast else "reference classes", step, epoch, time.time() - t_train, tokens_seen / 1e6))
+    return step, epoch, tokens_seen
+
+
+TRAINED_FRAC = max(1e-6, sum(sum(lab[i]) for i in keep) / max(1, sum(len(ids[i]) for i in keep)))
+loss_curve = []
+t_all = time.time()
+trained_with = "reference"
+if FAST is not None:
+    try:
+        step, epoch, tokens_seen = run_training(True, args.train_seconds)
+        copy_fast_to_hf(FAST, model)
+        trained_with = "fast"
+    except Exception as e:  # noqa: BLE001
+        warn("fast training failed (%r): falling back to the reference classes for the remaining time" % e)
+        traceback.print_exc()
+        try:  # keep the progress when the weights are sane (the init check proved the mapping)
+            if all(bool(torch.isfinite(p).all()) for p in FAST.parameters()):
+                copy_fast_to_hf(FAST, model)
+                log("fallback continues from the fast model's weights")
+        except Exception as e2:  # noqa: BLE001
+            warn("could not copy the fast model's weights (%r): the reference training starts from its init" % e2)
+        FAST = None
+        batch_cache.clear()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+if FAST is None:
+    step, epoch, tokens_seen = run_training(False, max(30.0, args.train_seconds - (time.time() - t_all)))
+model.eval()
+# Equivalence of the trained weights in the reference model (fp32): abort the save when they differ.
+if trained_with == "fast":
+    try:
+        _eq_items = corpus.eval_set(n_arith=3, n_tool=6)
+        eq_seqs = [tok.encode(corpus.render(it, add_generation_prompt=True), add_special_tokens=False).ids
+                   for it in _eq_items]
+        eq_seqs = [q for q in eq_seqs if len(q) <= BLOCK * TOPK_BLOCKS][:8] + [ids[i] for i in keep[-2:]]
+        eq_ok, st = compare_fast_hf(FAST, model, eq_seqs, "trained", 2e-3)
+        REPORT["fast_trained_check"] = st
+        worst = st["max_diff"]
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        eq_ok, worst = False, float("nan")
+        REPORT["fast_trained_check"] = {"error": repr(e)}
+    if not eq_ok:
+        msg = ("FATAL: the trained fast model and the reference model with the copied weights disagree "
+               "(max |logit diff| %.3g); not saving the checkpoint" % worst)
+        warn(msg)
+        print("!" * 100 + "\n" + msg + "\n" + "!" * 100, flush=True)
+        torch.save({k: v.detach().cpu() for k, v in FAST.state_dict().items()},
+                   os.path.join(args.out_fixtures, "DIAGNOSTIC_fast_state_dict.pt"))
+        step_done("train", steps=step, epochs=epoch, trained_tokens=tokens_seen, trained_with=trained_with)
+        REPORT["loss_curve"] = loss_curve
+        save_report()
+        sys.exit(3)
+    del FAST
+    FAST = None
+batch_cache.clear()
 REPORT["loss_curve"] = loss_curve
-step_done("train", steps=step, epochs=epoch, trained_tokens=tokens_seen)
+step_done("train", steps=step, epochs=epoch, trained_tokens=tokens_seen, trained_with=trained_with)
 save_report()
 
 # ------------------------------------------------------------------------------------------------
@@ -1051,7 +1241,7 @@ How it was made and how to regenerate it: `tools/train_tiny/README.md`.
   shared expert of {shared}), SwiGLU-OAI, Gemma RMSNorm, per-head QK norm, partial RoPE ({rot} of {hd}).
 - Vocabulary {vocab}: byte-level BPE ({bpe}) + 64 MiniMax-M3 special tokens at {bpe}..{vlast}.
 - {params:.2f} M parameters, {mb:.1f} MB of weights (bf16; router weight and bias fp32).
-- Trained {steps} steps / {secs:.0f} s on one H200 (transformers {tv}, torch {tt}).
+- Trained {steps} steps / {secs:.0f} s on one H200 ({how}; transformers {tv}, torch {tt}).
 
 ## Held-out evaluation (greedy, values never seen in training)
 
@@ -1067,7 +1257,8 @@ The evaluation set is `tools/train_tiny/eval_set.jsonl`; per-item results are in
            ih=INDEX_HEADS, idim=INDEX_DIM, win=BLOCK * TOPK_BLOCKS, dense=DENSE_INTER, last=LAYERS - 1,
            experts=EXPERTS, ek=TOPK_EXPERTS, inter=EXPERT_INTER, shared=SHARED_INTER, rot=ROTARY_DIM,
            vocab=VOCAB, bpe=BPE_SIZE, vlast=VOCAB - 1, params=n_params / 1e6, mb=total_bytes / 1e6, steps=step,
-           secs=args.train_seconds, tv=transformers.__version__, tt=torch.__version__,
+           secs=args.train_seconds, how=("fast pure-PyTorch training model, weights verified against the "
+                                "transformers classes" if trained_with == "fast" else "transformers classes"), tv=transformers.__version__, tt=torch.__version__,
            a_acc="%.1f%% (%d/%d)" % (100 * results["arith"]["accuracy"], results["arith"]["correct"], results["arith"]["n"]),
            a_ad=results["arith"]["adaptive"], a_en=results["arith"]["enabled"],
            n_acc="%.1f%% (%d/%d)" % (100 * results["arith_nothink"]["accuracy"], results["arith_nothink"]["correct"],
