@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "tokenizer/utf8.h"
 
 #include <utf8proc.h>
@@ -163,13 +164,21 @@ bool is_numeric(char32_t c) {
   return cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO;
 }
 
+// Punctuation as HF tokenizers' Punctuation pre-tokenizer sees it: ASCII punctuation, or Unicode
+// category P* as of Unicode 9.0 (its Rust crate's tables are that old; U+061D, Po since Unicode 14,
+// is not punctuation there, see tests/fixtures/tokenizer/golden). utf8proc knows Unicode 15, so
+// the later additions are excluded explicitly.
 bool is_punctuation(char32_t c) {
   if (c < 0x80) {
     return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
            (c >= 0x7B && c <= 0x7E);
   }
   auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
-  return cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO;
+  if (cat < UTF8PROC_CATEGORY_PC || cat > UTF8PROC_CATEGORY_PO) return false;
+  static constexpr char32_t kAfterUnicode9[] = {
+#include "tokenizer/punctuation_after_unicode9.inc"
+  };
+  return !std::binary_search(std::begin(kAfterUnicode9), std::end(kAfterUnicode9), c);
 }
 
 bool is_mark(char32_t c) {
