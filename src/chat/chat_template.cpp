@@ -179,6 +179,10 @@ Result<std::string> render_chat(const ChatTemplate& tmpl, const json& request,
   if (mit == request.end() || !mit->is_array())
     return invalid_argument("chat request: 'messages' must be an array");
   json messages = *mit;
+  // transformers refuses to render an empty conversation (ValueError), before the template runs.
+  if (messages.empty())
+    return invalid_argument(
+        "Cannot apply chat template to an empty conversation. Provide at least one message.");
   for (size_t i = 0; i < messages.size(); ++i)
     if (!messages[i].is_object())
       return invalid_argument("chat request: messages[" + std::to_string(i) + "] must be an object");

