@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool), builds nothing: every CUDA op test against
-# the CPU backend, the tiny model end to end on the GPU, the golden fixtures when present, the
-# decode benchmarks at the real shapes, then compute-sanitizer on the op tests (last: the device
+# the CPU backend and the decode benchmarks at the real shapes (the real-shape kernel tests
+# first, then the benchmark, then the composite ops and the tiny model end to end, the golden
+# fixtures when present), then compute-sanitizer on the op tests (last: the device
 # call's time limit may cut it); prints a short table last. Needs .device/cuda from
 # tools/device/bundle.sh (carry: [".device/cuda"]).
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
@@ -31,11 +32,20 @@ run_test() {  # name limit
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss  failed-lines=%s' "$t" "$rc" "$((SECONDS - t0))" "$failed")")
   note "test $t rc=$rc ($((SECONDS - t0))s)"
 }
-run_test cuda_ops_test 60
-run_test cuda_composite_ops_test 60
-run_test quant_gemv_test 60
-run_test sparse_decode_test 60
-run_test cuda_model_test 60
+run_test cuda_ops_test 40
+run_test quant_gemv_test 40
+run_test sparse_decode_test 40
+
+run_bench() {
+  local t0=$SECONDS
+  timeout 80 "$B/cuda_decode_bench" "$OUT/bench.tsv" >"$OUT/bench.log" 2>&1
+  local rc=$?
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
+  cat "$OUT/bench.log" >>"$LOG"
+}
+run_bench
+run_test cuda_composite_ops_test 40
+run_test cuda_model_test 40
 
 # Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
 if compgen -G "tests/fixtures/golden/*" >/dev/null; then
@@ -43,13 +53,6 @@ if compgen -G "tests/fixtures/golden/*" >/dev/null; then
 else
   note "golden fixtures: none in tests/fixtures/golden"
 fi
-
-# Benchmarks.
-t0=$SECONDS
-timeout 100 "$B/cuda_decode_bench" "$OUT/bench.tsv" >"$OUT/bench.log" 2>&1
-rc=$?
-SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
-cat "$OUT/bench.log" >>"$LOG"
 
 print_table() {
   echo
@@ -68,14 +71,14 @@ print_table >"$OUT/table-before-sanitizer.txt"
 # compute-sanitizer on the op tests (small shapes only, to fit the time budget).
 if command -v compute-sanitizer >/dev/null; then
   t0=$SECONDS
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
+  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
     --gtest_filter='CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:*CudaLinear.*/1:CudaCachingAllocator.*' \
     >"$OUT/sanitizer.log" 2>&1
   rc1=$?
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
+  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
     --gtest_filter='*/0' >>"$OUT/sanitizer.log" 2>&1
   rc2=$?
-  timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
+  timeout 20 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
     --gtest_filter='*CudaPagedAttention*/0:*CudaIndexerTopk*/0' >>"$OUT/sanitizer.log" 2>&1
   rc3=$?
   SUMMARY+=("$(printf '%-26s memcheck=%s/%s racecheck=%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc3" "$((SECONDS - t0))")")
