@@ -289,7 +289,7 @@ Result<ServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
   return out;
 }
 
-int run_serve_command(const std::vector<std::string>& args) {
+int run_serve_command(const std::vector<std::string>& args, const ModelStackFactory& make_model) {
   auto parsed = parse_serve_flags(args);
   if (!parsed.is_ok()) {
     std::fprintf(stderr, "m3serve serve: %s\n", parsed.status().message().c_str());
@@ -315,16 +315,18 @@ int run_serve_command(const std::vector<std::string>& args) {
     codec = std::make_unique<FakeCodec>();
     renderer = std::make_unique<FakeRenderer>();
   } else {
-    std::string path = f.model_path;
-#ifdef M3_REPO_ROOT
-    if (path.empty()) path = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
-#endif
-    std::fprintf(stderr,
-                 "m3serve serve: the engine is not wired into 'serve' yet (model '%s'); the "
-                 "HTTP server runs against the InferenceBackend interface, and the Engine adapter "
-                 "is pending. Use --fake-backend to serve scripted outputs.\n",
-                 path.c_str());
-    return 1;
+    if (!make_model) {
+      std::fprintf(stderr, "m3serve serve: no model backend is linked in; use --fake-backend\n");
+      return 1;
+    }
+    auto stack = make_model(f);
+    if (!stack.is_ok()) {
+      std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
+      return 1;
+    }
+    backend = std::move(stack->backend);
+    codec = std::move(stack->codec);
+    renderer = std::move(stack->renderer);
   }
   Server server(f.server, backend.get(), codec.get(), renderer.get());
   Status s = server.start();

@@ -2,12 +2,16 @@
 // closest known flag.
 #pragma once
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "server/backend.h"
+#include "server/model_frontend.h"
 #include "server/server_options.h"
 
 namespace m3::server {
@@ -40,7 +44,18 @@ std::string serve_help();
 // Edit distance, for "did you mean" hints.
 size_t edit_distance(const std::string& a, const std::string& b);
 
-// The whole command: parse, build the backend, serve until SIGTERM.
-int run_serve_command(const std::vector<std::string>& args);
+// The real model behind `serve` (backend, tokenizer, chat template). src/serving builds it and
+// src/cli passes the factory in, so the server layer stays free of engine headers.
+struct ModelStack {
+  std::unique_ptr<InferenceBackend> backend;
+  std::unique_ptr<TextCodec> codec;
+  std::unique_ptr<ChatRenderer> renderer;
+};
+using ModelStackFactory = std::function<Result<ModelStack>(const ServeFlags& flags)>;
+
+// The whole command: parse, build the backend (`make_model`, unless --fake-backend), serve until
+// SIGTERM.
+int run_serve_command(const std::vector<std::string>& args,
+                      const ModelStackFactory& make_model = {});
 
 }  // namespace m3::server

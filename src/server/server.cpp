@@ -19,6 +19,7 @@ struct Server::Impl {
   ServerContext ctx;
   std::unique_ptr<boost::asio::thread_pool> workers;
   std::unique_ptr<http::HttpServer> http;
+  bool stopped = false;
 };
 
 void raise_file_limit() {
@@ -83,7 +84,26 @@ bool Server::drain() {
 }
 
 void Server::stop() {
-  if (!impl_) return;
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  // Nothing may outlive the I/O: cancel every live request and wait (with I/O still running)
+  // until their jobs are gone, so no backend callback or responder refers to this server later.
+  auto& ctx = impl_->ctx;
+  ctx.draining.store(true);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ctx.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard lock(ctx.live_mu);
+      ids.assign(ctx.live_ids.begin(), ctx.live_ids.end());
+    }
+    for (uint64_t id : ids) ctx.backend->cancel(id);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (ctx.in_flight.load() > 0) {
+    std::fprintf(stderr, "m3serve: %lld request(s) did not stop after cancel\n",
+                 static_cast<long long>(ctx.in_flight.load()));
+  }
   impl_->http->stop();
   if (impl_->workers) {
     impl_->workers->stop();

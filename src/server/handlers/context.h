@@ -4,6 +4,8 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 
 #include "server/backend.h"
 #include "server/metrics.h"
@@ -24,7 +26,10 @@ struct ServerContext {
   std::unique_ptr<Metrics> metrics;
   boost::asio::thread_pool* workers = nullptr;  // preprocessing pool
   std::atomic<bool> draining{false};
-  std::atomic<int64_t> in_flight{0};          // generation requests not yet finished
+  std::atomic<int64_t> in_flight{0};  // generation jobs alive (GenerationJob)
+  // Backend ids of live jobs, so shutdown can cancel them.
+  std::mutex live_mu;
+  std::set<uint64_t> live_ids;
   std::function<int64_t()> open_connections;  // from the HTTP layer, for /metrics
 
   const std::string& model_name() const { return options.served_model_names.front(); }

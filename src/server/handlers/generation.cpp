@@ -38,6 +38,10 @@ GenerationJob::GenerationJob(ServerContext& ctx, GenerationConfig config,
 }
 
 GenerationJob::~GenerationJob() {
+  if (has_id_.load()) {
+    std::lock_guard lock(ctx_.live_mu);
+    ctx_.live_ids.erase(backend_id_.load());
+  }
   ctx_.metrics->requests_in_flight.fetch_sub(1);
   ctx_.in_flight.fetch_sub(1);
 }
@@ -48,6 +52,10 @@ EventCallback GenerationJob::callback() {
 
 void GenerationJob::started(uint64_t backend_id) {
   backend_id_.store(backend_id);
+  {
+    std::lock_guard lock(ctx_.live_mu);
+    ctx_.live_ids.insert(backend_id);
+  }
   has_id_.store(true);
   std::weak_ptr<GenerationJob> weak = weak_from_this();
   responder_->on_disconnect([weak] {
@@ -195,6 +203,17 @@ void GenerationJob::finish(const BackendEvent& ev) {
   finished_ = true;
   if (parser_) emit_delta(parser_->finish());
   std::string reason = ev.finish_reason.empty() ? "stop" : ev.finish_reason;
+  if (cfg_.health) {
+    if (reason == "error" || reason == "abort") {
+      ApiError e = unavailable(reason == "abort" ? "Generation did not finish in time."
+                                                 : "Generation failed: " + ev.error,
+                               "health_generate_failed");
+      responder_->send(e.status, "application/json", e.body());
+    } else {
+      responder_->send(200, "application/json", "{\"status\":\"ok\"}");
+    }
+    return;
+  }
   bool has_calls = !tool_call_ids_.empty();
   if (reason == "stop" && has_calls) reason = "tool_calls";
 

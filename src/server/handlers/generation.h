@@ -32,6 +32,7 @@ struct GenerationConfig {
   std::optional<int32_t> think_open_id, think_close_id;  // for counting reasoning tokens
   bool starts_in_reasoning = false;
   std::chrono::steady_clock::time_point arrival;
+  bool health = false;  // /health_generate: answer {"status":"ok"} or 503, no completion body
 };
 
 class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
@@ -44,6 +45,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   EventCallback callback();
   // After a successful submit: remembers the backend id and watches for a disconnect.
   void started(uint64_t backend_id);
+  // Cancels the backend request (client gone, timeout, shutdown).
+  void cancel();
 
  private:
   void on_event(BackendEvent ev);  // backend thread
@@ -53,7 +56,6 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void emit_delta(chat::ParsedDelta&& d);
   std::string chunk(nlohmann::json choice) const;
   nlohmann::json usage_json() const;
-  void cancel();
 
   ServerContext& ctx_;
   GenerationConfig cfg_;

@@ -3,6 +3,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
+#include <thread>
 
 #include "chat/parsers/markers_minimax_m3.h"
 #include "server/handlers/generation.h"
@@ -297,54 +298,35 @@ json model_card(ServerContext& ctx, const std::string& name) {
           {"max_model_len", ctx.context_length()}};
 }
 
-// /health_generate: one token of generation through the whole stack.
+// /health_generate: one token of generation through the whole stack, with a time limit.
 void handle_health_generate(ServerContext& ctx, std::shared_ptr<http::Responder> responder) {
   if (auto e = check_available(ctx)) return send_error(ctx, *responder, *e);
+  GenerationConfig cfg;
+  cfg.health = true;
+  cfg.id = random_id("health-");
+  cfg.model = ctx.model_name();
+  cfg.arrival = std::chrono::steady_clock::now();
   BackendRequest breq;
-  breq.request_id = random_id("health-");
+  breq.request_id = cfg.id;
   auto tokens = ctx.codec->encode("Hi");
-  breq.prompt_tokens = tokens.is_ok() ? *tokens : std::vector<int32_t>{0};
+  breq.prompt_tokens = tokens.is_ok() && !tokens->empty() ? *tokens : std::vector<int32_t>{0};
   breq.sampling.max_tokens = 1;
-  struct State {
-    std::mutex mu;
-    bool answered = false;
-  };
-  auto state = std::make_shared<State>();
-  auto answer = [state, responder](int status, const std::string& message) {
-    std::lock_guard lock(state->mu);
-    if (state->answered) return;
-    state->answered = true;
-    if (status == 200) {
-      responder->send(200, "application/json", json({{"status", "ok"}}).dump());
-    } else {
-      responder->send(status, "application/json",
-                      unavailable(message, "health_generate_failed").body());
-    }
-  };
-  auto id = ctx.backend->submit(std::move(breq), [answer](BackendEvent ev) {
-    if (!ev.done) return;
-    if (ev.finish_reason == "error")
-      answer(503, "Generation failed: " + ev.error);
-    else
-      answer(200, "");
-  });
-  if (!id.is_ok()) return answer(503, id.status().message());
-  // Time limit: a timer on the connection's executor would need asio here; a detached waiter
-  // thread is simpler and this route is rare.
-  auto timeout = ctx.options.health_generate_timeout;
-  InferenceBackend* backend = ctx.backend;
-  uint64_t bid = *id;
-  std::thread([answer, timeout, backend, bid, state] {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto job = std::make_shared<GenerationJob>(ctx, std::move(cfg), responder);
+  auto id = ctx.backend->submit(std::move(breq), job->callback());
+  if (!id.is_ok()) {
+    return responder->send(503, "application/json",
+                           unavailable(id.status().message(), "health_generate_failed").body());
+  }
+  job->started(*id);
+  // The watchdog holds the job weakly: it ends as soon as the job does.
+  std::weak_ptr<GenerationJob> weak = job;
+  auto deadline = std::chrono::steady_clock::now() + ctx.options.health_generate_timeout;
+  std::thread([weak, deadline] {
     while (std::chrono::steady_clock::now() < deadline) {
-      {
-        std::lock_guard lock(state->mu);
-        if (state->answered) return;
-      }
+      if (weak.expired()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    backend->cancel(bid);
-    answer(503, "Generation did not finish in time.");
+    if (auto j = weak.lock()) j->cancel();
   }).detach();
 }
 

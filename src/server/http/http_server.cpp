@@ -126,9 +126,6 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == bhttp::error::body_limit) return reject_too_large();
     if (ec) return close();  // end of stream, timeout, malformed header
     const auto& req = parser_->get();
-    if (auto len = parser_->content_length(); len && *len > server_.config_.max_body_bytes) {
-      return reject_too_large();  // before reading the body
-    }
     auto expect = req.find(bhttp::field::expect);
     if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) {
       auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
@@ -361,6 +358,7 @@ HttpServer::HttpServer(ServerConfig config, HandlerFn handler)
 
 HttpServer::~HttpServer() {
   stop();
+  impl_.reset();  // sessions die with the io_context, before the counters they update
 }
 
 net::io_context& HttpServer::io_context() {
