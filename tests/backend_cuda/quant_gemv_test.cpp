@@ -235,7 +235,7 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
 
     // CPU: gate|up per row with the expert's dequantised weights, SwiGLU, bound propagated
     // through SwiGLU's derivative (see cuda_composite_ops_test.cpp) plus the bf16 rounding
-    // (2^-9 relative).
+    // (unit roundoff 2^-8).
     std::vector<float> act_got(rows * inter), act_want(rows * inter);
     std::vector<double> act_bound(rows * inter);
     for (int64_t r = 0; r < rows; ++r) {
