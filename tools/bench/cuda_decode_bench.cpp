@@ -407,6 +407,11 @@ int main(int argc, char** argv) {
   bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);
   bench_dense(dense[1].name, QuantFormat::kMxfp8, dense[1].n, dense[1].k, 1, 1);
   bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 1);
+  // Variant 2 (scales prefetched, 4 rows per warp, butterfly reduction; MXFP8 M <= 2, BF16).
+  for (int i : {0, 1, 2, 3, 4, 5})
+    for (int64_t m : {int64_t{1}, int64_t{2}})
+      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 2);
+  bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 2);
   std::vector<std::pair<Meas, Meas>> attn4k, attn32k;
   for (int64_t b : batches) {
     attn4k.push_back(bench_attention(b, 4096));

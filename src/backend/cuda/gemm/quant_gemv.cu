@@ -10,10 +10,8 @@ namespace m3::cuda {
 namespace gemv {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kRowsPerWarp = 16;
-
-dim3 grid_for(const QuantGemvParams& p, int64_t slice) {
-  const int64_t warps = (p.n + kRowsPerWarp - 1) / kRowsPerWarp * (p.k / slice);
+dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp) {
+  const int64_t warps = (p.n + rows_per_warp - 1) / rows_per_warp * (p.k / slice);
   return dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock),
               static_cast<unsigned>(p.group_offsets ? p.num_slots : 1));
 }

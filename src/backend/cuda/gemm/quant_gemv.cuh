@@ -85,9 +85,16 @@ struct LaneDot;
 
 template <int MT>
 struct LaneDot<QuantFormat::kMxfp8, MT> {
+  __device__ __forceinline__ static uint32_t load_scale(const uint8_t* scale_row, int64_t k0) {
+    return __ldg(scale_row + k0 / 32);
+  }
   __device__ __forceinline__ static void run(uint4 wv, const uint8_t* scale_row, int64_t k0,
                                              float g, const float (&x)[MT][16], float (&out)[MT]) {
-    const float s = e8m0_to_f32(__ldg(scale_row + k0 / 32));
+    run_scaled(wv, load_scale(scale_row, k0), g, x, out);
+  }
+  __device__ __forceinline__ static void run_scaled(uint4 wv, uint32_t scale_raw, float,
+                                                    const float (&x)[MT][16], float (&out)[MT]) {
+    const float s = e8m0_to_f32(static_cast<uint8_t>(scale_raw));
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
     float acc[MT];
 #pragma unroll
@@ -111,8 +118,13 @@ struct LaneDot<QuantFormat::kMxfp8, MT> {
 
 template <int MT>
 struct LaneDot<QuantFormat::kBf16, MT> {
-  __device__ __forceinline__ static void run(uint4 wv, const uint8_t*, int64_t, float,
+  __device__ __forceinline__ static uint32_t load_scale(const uint8_t*, int64_t) { return 0; }
+  __device__ __forceinline__ static void run(uint4 wv, const uint8_t*, int64_t, float g,
                                              const float (&x)[MT][8], float (&out)[MT]) {
+    run_scaled(wv, 0, g, x, out);
+  }
+  __device__ __forceinline__ static void run_scaled(uint4 wv, uint32_t, float,
+                                                    const float (&x)[MT][8], float (&out)[MT]) {
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -125,10 +137,16 @@ struct LaneDot<QuantFormat::kBf16, MT> {
 
 template <int MT>
 struct LaneDot<QuantFormat::kNvfp4, MT> {
+  __device__ __forceinline__ static uint32_t load_scale(const uint8_t* scale_row, int64_t k0) {
+    return __ldg(reinterpret_cast<const uint16_t*>(scale_row + k0 / 16));
+  }
   __device__ __forceinline__ static void run(uint4 wv, const uint8_t* scale_row, int64_t k0,
                                              float g, const float (&x)[MT][32], float (&out)[MT]) {
-    const uint16_t sc = __ldg(reinterpret_cast<const uint16_t*>(scale_row + k0 / 16));
-    const float2 s = e4m3x2_to_float2(sc);  // blocks k0 .. k0+15 and k0+16 .. k0+31
+    run_scaled(wv, load_scale(scale_row, k0), g, x, out);
+  }
+  __device__ __forceinline__ static void run_scaled(uint4 wv, uint32_t scale_raw, float g,
+                                                    const float (&x)[MT][32], float (&out)[MT]) {
+    const float2 s = e4m3x2_to_float2(static_cast<uint16_t>(scale_raw));  // blocks k0.., k0+16..
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -230,6 +248,114 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams
           if (lane == 0 && rid[m] >= 0) p.partial[(s * p.num_rows + rid[m]) * p.n + n] = v;
         }
       }
+    }
+  }
+}
+
+
+// Variant 2 (latency-bound fix after the first H200 run, see docs/perf-log.md; not yet measured):
+//  * the block scales are loaded together with the weights, so no row waits for a second memory
+//    round trip;
+//  * a warp owns kRowsV2 = 4 weight rows: the 4 loads and their scales are issued before the
+//    first is used (8 rows needed 200+ registers), and the lane partial sums are reduced by one
+//    transposing butterfly (6 shuffles per 4 rows and activation row instead of 20).
+// The sum order across lanes differs from variants 0/1 (results agree within rounding).
+constexpr int kRowsV2 = 4;
+constexpr int kLog2RowsV2 = 2;
+
+template <QuantFormat F, int MT>
+__global__ void __launch_bounds__(kWarps * 32, 2) quant_gemv_kernel_v2(QuantGemvParams p) {
+  using T = FormatTraits<F>;
+  constexpr int E = T::kElemsPerLane;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t num_slices = p.k / T::kSlice;
+  const int64_t row_tiles = (p.n + kRowsV2 - 1) / kRowsV2;
+  const int64_t wid = blockIdx.x * int64_t{kWarps} + warp;
+  if (wid >= row_tiles * num_slices) return;
+  const int64_t tile = wid / num_slices, s = wid % num_slices;
+  int64_t g = 0, r_begin = 0, r_end = p.num_rows;
+  if (p.group_offsets != nullptr) {
+    g = p.active_groups[blockIdx.y];
+    if (g < 0) return;
+    r_begin = p.group_offsets[g];
+    r_end = p.group_offsets[g + 1];
+  }
+  const int64_t row_bytes = p.k * T::kBits / 8;
+  const int64_t scale_cols = T::kScaleBlock > 0 ? p.k / T::kScaleBlock : 0;
+  const uint8_t* wg = p.w + g * p.n * row_bytes;
+  const uint8_t* sg = T::kScaleBlock > 0 ? p.w_scale + g * p.n * scale_cols : nullptr;
+  float gf = 1.0f;
+  if constexpr (F == QuantFormat::kNvfp4) gf = (p.w_global ? p.w_global[g] : 1.0f) * 16384.0f;
+  const int64_t k0 = s * T::kSlice + int64_t{lane} * E;
+  const int64_t n0 = tile * kRowsV2;
+  const int rows_here = static_cast<int>(p.n - n0 < kRowsV2 ? p.n - n0 : kRowsV2);
+
+  // Issue every weight and scale load of the tile first: they do not depend on the activations.
+  uint4 wv[kRowsV2];
+  uint32_t sc[kRowsV2];
+  const uint8_t* wp = wg + n0 * row_bytes + k0 * T::kBits / 8;
+  const uint8_t* sp = sg ? sg + n0 * scale_cols : nullptr;
+#pragma unroll
+  for (int u = 0; u < kRowsV2; ++u) {
+    const bool ok = u < rows_here;
+    wv[u] = ok ? ld_stream(wp) : make_uint4(0, 0, 0, 0);
+    sc[u] = ok && sp ? LaneDot<F, MT>::load_scale(sp, k0) : 0u;
+    wp += row_bytes;
+    if (sp) sp += scale_cols;
+  }
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += MT) {
+    float x[MT][E];
+    int64_t rid[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const bool valid = r0 + m < r_end;
+      rid[m] = valid ? (p.sorted_rows ? p.sorted_rows[r0 + m] : r0 + m) : -1;
+      const int64_t xr = valid ? rid[m] / p.x_row_div : 0;
+      const uint4* src = reinterpret_cast<const uint4*>(p.x + xr * p.ldx + k0);
+#pragma unroll
+      for (int v = 0; v < E / 8; ++v) {
+        const uint4 b = valid ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+        x[m][8 * v + 0] = bf16_lo(b.x), x[m][8 * v + 1] = bf16_hi(b.x);
+        x[m][8 * v + 2] = bf16_lo(b.y), x[m][8 * v + 3] = bf16_hi(b.y);
+        x[m][8 * v + 4] = bf16_lo(b.z), x[m][8 * v + 5] = bf16_hi(b.z);
+        x[m][8 * v + 6] = bf16_lo(b.w), x[m][8 * v + 7] = bf16_hi(b.w);
+      }
+    }
+    float part[MT][kRowsV2];
+#pragma unroll
+    for (int u = 0; u < kRowsV2; ++u) {
+      float out[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) out[m] = 0.0f;
+      LaneDot<F, MT>::run_scaled(wv[u], sc[u], gf, x, out);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) part[m][u] = out[m];
+    }
+    // Transposing butterfly: round r (xor 16 >> r) halves the values a lane keeps; after
+    // log2(R) rounds a lane holds the sum over R lanes of one row, whose index bits are the
+    // lane bits 4, 3, ... used; the remaining lane bits are summed by plain xor shuffles.
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      int row = 0;
+#pragma unroll
+      for (int r = 0; r < kLog2RowsV2; ++r) {
+        const int bit = 16 >> r, w = kRowsV2 >> (r + 1);
+        const bool upper = (lane & bit) != 0;
+        row = 2 * row + (upper ? 1 : 0);
+#pragma unroll
+        for (int j = 0; j < w; ++j) {
+          const float lo_v = part[m][j], hi_v = part[m][j + w];
+          const float got = __shfl_xor_sync(0xffffffffu, upper ? lo_v : hi_v, bit);
+          part[m][j] = (upper ? hi_v : lo_v) + got;
+        }
+      }
+      float total = part[m][0];
+#pragma unroll
+      for (int bit = 16 >> kLog2RowsV2; bit >= 1; bit >>= 1)
+        total += __shfl_xor_sync(0xffffffffu, total, bit);
+      constexpr int kLowMask = (32 >> kLog2RowsV2) - 1;  // lanes that share a row
+      if ((lane & kLowMask) == 0 && row < rows_here && rid[m] >= 0)
+        p.partial[(s * p.num_rows + rid[m]) * p.n + n0 + row] = total;
     }
   }
 }

@@ -54,8 +54,10 @@ struct QuantGemvParams {
   int64_t num_rows = 0;                    // routed rows (the r range)
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
-  int variant = 0;                  // kernel variant (benchmarks): 0 = 4 loads in flight per
-                                    // lane, 1 = 8
+  int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads
+                                    // in flight; 1 = 8 in flight; 2 = 4 rows per warp, scales
+                                    // prefetched, butterfly reduction (MXFP8 M <= 2 and BF16;
+                                    // others fall back to 0)
 };
 
 // K-slices of the partial buffer for a format and K.

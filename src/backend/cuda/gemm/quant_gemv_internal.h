@@ -13,6 +13,6 @@ Status launch_bf16(const QuantGemvParams& p, int mt, cudaStream_t s);
 
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
-dim3 grid_for(const QuantGemvParams& p, int64_t slice);
+dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);
 
 }  // namespace m3::cuda::gemv
