@@ -293,7 +293,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
   char name[96];
   std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s", (long long)tokens,
-                unique, variant ? " v1" : "");
+                unique, variant == 1 ? " v1" : variant == 2 ? " v2" : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y})
     cudaFree(p);
@@ -412,6 +412,8 @@ int main(int argc, char** argv) {
     for (int64_t m : {int64_t{1}, int64_t{2}})
       bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 2);
   bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 2);
+  bench_moe(1, 2);
+  bench_moe(8, 2);
   std::vector<std::pair<Meas, Meas>> attn4k, attn32k;
   for (int64_t b : batches) {
     attn4k.push_back(bench_attention(b, 4096));

@@ -256,17 +256,22 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams
 // Variant 2 (latency-bound fix after the first H200 run, see docs/perf-log.md; not yet measured):
 //  * the block scales are loaded together with the weights, so no row waits for a second memory
 //    round trip;
-//  * a warp owns kRowsV2 = 4 weight rows: the 4 loads and their scales are issued before the
-//    first is used (8 rows needed 200+ registers), and the lane partial sums are reduced by one
-//    transposing butterfly (6 shuffles per 4 rows and activation row instead of 20).
+//  * a warp owns kRowsV2 = 4 weight rows (NVFP4: 2, for registers): their loads and scales are
+//    issued before the first is used (8 rows needed 200+ registers), and the lane partial sums
+//    are reduced by one transposing butterfly (6 shuffles per 4 rows and activation row instead
+//    of 20).
 // The sum order across lanes differs from variants 0/1 (results agree within rounding).
-constexpr int kRowsV2 = 4;
-constexpr int kLog2RowsV2 = 2;
+constexpr int kRowsV2 = 4;  // MXFP8 / BF16; NVFP4 uses 2 (registers)
+
+template <QuantFormat F>
+__host__ __device__ constexpr int rows_v2() { return F == QuantFormat::kNvfp4 ? 2 : kRowsV2; }
 
 template <QuantFormat F, int MT>
 __global__ void __launch_bounds__(kWarps * 32, 2) quant_gemv_kernel_v2(QuantGemvParams p) {
   using T = FormatTraits<F>;
   constexpr int E = T::kElemsPerLane;
+  constexpr int kRowsV2 = rows_v2<F>();
+  constexpr int kLog2RowsV2 = kRowsV2 == 4 ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t num_slices = p.k / T::kSlice;
   const int64_t row_tiles = (p.n + kRowsV2 - 1) / kRowsV2;

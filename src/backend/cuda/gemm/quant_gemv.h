@@ -55,9 +55,9 @@ struct QuantGemvParams {
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
   int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads
-                                    // in flight; 1 = 8 in flight; 2 = 4 rows per warp, scales
-                                    // prefetched, butterfly reduction (MXFP8 M <= 2 and BF16;
-                                    // others fall back to 0)
+                                    // in flight; 1 = 8 in flight; 2 = 4 rows per warp (NVFP4: 2),
+                                    // scales prefetched, butterfly reduction (MXFP8 MT = 4 falls
+                                    // back to 0)
 };
 
 // K-slices of the partial buffer for a format and K.
