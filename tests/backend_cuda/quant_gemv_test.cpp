@@ -299,6 +299,10 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
         yb[r * hidden + j] = (2 * gamma(inter + 2) + 4 * kU) * 1.01 * mg[j] + 1e-30;
     }
     expect_close(y.host(), yw, yb, fmt + " grouped down (f32)");
+    p.variant = 2;  // the grouped path of variant 2, same bound
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+    ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+    expect_close(y.host(), yw, yb, fmt + " grouped down (f32) variant 2");
   }
 }
 
