@@ -1,10 +1,13 @@
 #include "server/serve_command.h"
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "chat/parsers/output_parser.h"
 #include "server/fake/fake_backend.h"
@@ -200,6 +203,7 @@ const std::vector<Flag>& flags() {
       {"--fake-step-ms", true, nullptr, INT_FLAG(fake_step_ms, 0, 10000)},
       {"--fake-ready-after-ms", true, nullptr, INT_FLAG(fake_ready_after_ms, 0, 600000)},
       {"--fake-max-running", true, nullptr, INT_FLAG(fake_max_running, 1, 1000000)},
+      {"--fake-load-ms", true, nullptr, INT_FLAG(fake_load_ms, 0, 600000)},
   };
   return kFlags;
 }
@@ -300,45 +304,58 @@ int run_serve_command(const std::vector<std::string>& args, const ModelStackFact
     std::fputs(serve_help().c_str(), stdout);
     return 0;
   }
-  std::unique_ptr<InferenceBackend> backend;
-  std::unique_ptr<TextCodec> codec;
-  std::unique_ptr<ChatRenderer> renderer;
+  ModelStackFactory factory = make_model;
   if (f.fake_backend) {
-    FakeBackendOptions fo;
-    fo.context_length = f.server.context_length > 0 ? f.server.context_length : 8192;
-    fo.tokens_per_step = f.fake_tokens_per_step;
-    fo.step_ms = f.fake_step_ms;
-    fo.ready_after = std::chrono::milliseconds(f.fake_ready_after_ms);
-    fo.max_running = f.fake_max_running;
-    fo.max_waiting = f.max_queued_requests;
-    backend = std::make_unique<FakeBackend>(fo);
-    codec = std::make_unique<FakeCodec>();
-    renderer = std::make_unique<FakeRenderer>();
-  } else {
-    if (!make_model) {
-      std::fprintf(stderr, "m3serve serve: no model backend is linked in; use --fake-backend\n");
-      return 1;
-    }
-    auto stack = make_model(f);
-    if (!stack.is_ok()) {
-      std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
-      return 1;
-    }
-    backend = std::move(stack->backend);
-    codec = std::move(stack->codec);
-    renderer = std::move(stack->renderer);
+    factory = [](const ServeFlags& f) -> Result<ModelStack> {
+      std::this_thread::sleep_for(std::chrono::milliseconds(f.fake_load_ms));
+      FakeBackendOptions fo;
+      fo.context_length = f.server.context_length > 0 ? f.server.context_length : 8192;
+      fo.tokens_per_step = f.fake_tokens_per_step;
+      fo.step_ms = f.fake_step_ms;
+      fo.ready_after = std::chrono::milliseconds(f.fake_ready_after_ms);
+      fo.max_running = f.fake_max_running;
+      fo.max_waiting = f.max_queued_requests;
+      ModelStack stack;
+      stack.backend = std::make_unique<FakeBackend>(fo);
+      stack.codec = std::make_unique<FakeCodec>();
+      stack.renderer = std::make_unique<FakeRenderer>();
+      return stack;
+    };
   }
-  Server server(f.server, backend.get(), codec.get(), renderer.get());
+  if (!factory) {
+    std::fprintf(stderr, "m3serve serve: no model backend is linked in; use --fake-backend\n");
+    return 1;
+  }
+
+  DeferredModel model;  // declared first: outlives the server
+  Server server(f.server, model.backend(), model.codec(), model.renderer());
   Status s = server.start();
   if (!s.is_ok()) {
     std::fprintf(stderr, "m3serve serve: %s\n", s.message().c_str());
     return 1;
   }
-  std::fprintf(stderr, "m3serve: serving '%s' on http://%s:%u (%s backend)\n",
+  std::fprintf(stderr, "m3serve: serving '%s' on http://%s:%u (%s backend); loading the model\n",
                f.server.served_model_names.front().c_str(), f.server.host.c_str(), server.port(),
                f.fake_backend ? "fake" : "engine");
   std::fflush(stderr);
-  return server.wait_for_signal_and_drain();
+
+  std::atomic<bool> load_failed{false};
+  std::thread loader([&] {
+    auto stack = factory(f);
+    if (!stack.is_ok()) {
+      std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
+      load_failed.store(true);
+      std::raise(SIGTERM);  // ends wait_for_signal_and_drain()
+      return;
+    }
+    model.install(std::move(stack).value());
+    std::fprintf(stderr, "m3serve: model loaded\n");
+    std::fflush(stderr);
+  });
+  int rc = server.wait_for_signal_and_drain();
+  loader.join();
+  server.stop();
+  return load_failed.load() ? 1 : rc;
 }
 
 }  // namespace m3::server

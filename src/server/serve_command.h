@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "server/backend.h"
+#include "server/deferred_model.h"
 #include "server/model_frontend.h"
 #include "server/server_options.h"
 
@@ -35,6 +36,7 @@ struct ServeFlags {
   int32_t fake_tokens_per_step = 1;
   int32_t fake_step_ms = 2;
   int32_t fake_ready_after_ms = 0;
+  int32_t fake_load_ms = 0;  // the fake "checkpoint load" time (the deferred-model path)
   int32_t fake_max_running = 256;
   bool help = false;
 };
@@ -44,17 +46,14 @@ std::string serve_help();
 // Edit distance, for "did you mean" hints.
 size_t edit_distance(const std::string& a, const std::string& b);
 
-// The real model behind `serve` (backend, tokenizer, chat template). src/serving builds it and
-// src/cli passes the factory in, so the server layer stays free of engine headers.
-struct ModelStack {
-  std::unique_ptr<InferenceBackend> backend;
-  std::unique_ptr<TextCodec> codec;
-  std::unique_ptr<ChatRenderer> renderer;
-};
+// The real model behind `serve` (ModelStack: backend, tokenizer, chat template; defined in
+// deferred_model.h). src/serving builds it and src/cli passes the factory in, so the server layer
+// stays free of engine headers. The factory runs on a background thread while the server already
+// listens and answers /health with 503.
 using ModelStackFactory = std::function<Result<ModelStack>(const ServeFlags& flags)>;
 
-// The whole command: parse, build the backend (`make_model`, unless --fake-backend), serve until
-// SIGTERM.
+// The whole command: parse, listen, load the model (`make_model`, or the scripted fake backend
+// with --fake-backend), serve until SIGTERM, drain. A load failure exits with status 1.
 int run_serve_command(const std::vector<std::string>& args,
                       const ModelStackFactory& make_model = {});
 

@@ -71,14 +71,17 @@ test('--api-key covers every route but /health, /metrics included', async () => 
 });
 
 test('/health is 503 until loaded; /health_generate; /metrics names', async () => {
-  const srv = await startServer(['--fake-ready-after-ms', '1500']);
+  // The server listens at once and loads the model in the background (1.5 s here).
+  const srv = await startServer(['--fake-load-ms', '1500']);
   try {
     assert.equal((await fetch(`${srv.url}/health`)).status, 503);
     const early = await fetch(`${srv.url}/v1/chat/completions`, {
       method: 'POST', body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] }),
     });
     assert.equal(early.status, 503);
-    assert.equal((await early.json()).error.code, 'loading');
+    assert.match((await early.json()).error.message, /loading/);
+    const tok = await fetch(`${srv.url}/tokenize`, { method: 'POST', body: '{"prompt":"x"}' });
+    assert.equal(tok.status, 503);
     assert.ok(await waitFor(async () => (await fetch(`${srv.url}/health`)).status === 200, 5000));
     assert.equal((await fetch(`${srv.url}/health_generate`)).status, 200);
     await srv.client.chat.completions.create({ model: 'm3-tiny', messages: [{ role: 'user', content: script('abc', { tps: 1 }) }] });

@@ -284,7 +284,9 @@ TEST_F(ServerTest, DrainFinishesInFlightAndRefusesNew) {
   // About 30 tokens at 10 ms a step: finishes during the drain.
   a.send("POST", "/v1/chat/completions", chat_body("FAKE_STEP_MS=10", false));
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  Client b(port());  // connected before the drain
+  Client b(port());  // connected (and accepted: one request served) before the drain
+  b.send("GET", "/health");
+  ASSERT_EQ(b.read().status, 200);
   std::thread drainer([&] { EXPECT_TRUE(server_->drain()); });
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   b.send("POST", "/v1/chat/completions", chat_body("hi"));

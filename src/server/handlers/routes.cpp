@@ -42,6 +42,13 @@ bool ends_with(const std::string& s, std::string_view suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// A template that cannot render the request is the request's fault (400), unless the model is
+// not loaded yet (503).
+ApiError render_error(const Status& status) {
+  if (status.code() == StatusCode::kUnavailable) return from_status(status);
+  return bad_request("Cannot render the chat template: " + status.message(), "messages");
+}
+
 // Unavailable states refuse new generation with 503.
 std::optional<ApiError> check_available(ServerContext& ctx) {
   if (ctx.draining.load()) {
@@ -124,9 +131,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   json tools_for_template = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
   auto rendered = ctx.renderer->render(r.messages, tools_for_template, r.template_kwargs, true);
   if (!rendered.is_ok()) {
-    return send_error(
-        ctx, *responder,
-        bad_request("Cannot render the chat template: " + rendered.status().message(), "messages"));
+    return send_error(ctx, *responder, render_error(rendered.status()));
   }
   std::string prompt = std::move(rendered).value();
 
@@ -246,10 +251,7 @@ void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Respond
     bool add_gen = b.value("add_generation_prompt", true);
     auto rendered = ctx.renderer->render(r.messages, r.tools, r.template_kwargs, add_gen);
     if (!rendered.is_ok()) {
-      return send_error(
-          ctx, responder,
-          bad_request("Cannot render the chat template: " + rendered.status().message(),
-                      "messages"));
+      return send_error(ctx, responder, render_error(rendered.status()));
     }
     text = std::move(rendered).value();
   } else if (b.contains("prompt") && b["prompt"].is_string()) {

@@ -56,6 +56,8 @@ ApiError from_status(const Status& status) {
       return bad_request(status.message());
     case StatusCode::kResourceExhausted:
       return queue_full(status.message());
+    case StatusCode::kUnavailable:
+      return unavailable(status.message(), "unavailable");
     default:
       return internal_error(status.message());
   }

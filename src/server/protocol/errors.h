@@ -29,7 +29,7 @@ ApiError queue_full(std::string message);
 ApiError unavailable(std::string message, std::string code);
 ApiError internal_error(std::string message);
 // Maps a backend/front-end Status: invalid argument -> 400, resource exhausted -> 429,
-// unimplemented -> 400, anything else -> 500.
+// unavailable (loading, draining) -> 503, unimplemented -> 400, anything else -> 500.
 ApiError from_status(const Status& status);
 
 }  // namespace m3::server
