@@ -1,0 +1,148 @@
+#include "serving/engine_backend.h"
+
+#include <utility>
+
+namespace m3::serving {
+
+SamplingParams to_sampling_params(const server::SamplingOptions& o,
+                                  const SamplingParams& defaults) {
+  SamplingParams p = defaults;
+  if (o.temperature) p.temperature = static_cast<float>(*o.temperature);
+  if (o.top_p) p.top_p = static_cast<float>(*o.top_p);
+  if (o.top_k) p.top_k = *o.top_k;
+  if (o.min_p) p.min_p = static_cast<float>(*o.min_p);
+  if (o.presence_penalty) p.presence_penalty = static_cast<float>(*o.presence_penalty);
+  if (o.frequency_penalty) p.frequency_penalty = static_cast<float>(*o.frequency_penalty);
+  if (o.repetition_penalty) p.repetition_penalty = static_cast<float>(*o.repetition_penalty);
+  if (o.seed) p.seed = *o.seed;
+  p.n = 1;
+  if (o.max_tokens > 0) p.max_tokens = o.max_tokens;
+  p.min_tokens = o.min_tokens;
+  p.ignore_eos = o.ignore_eos;
+  p.stop = o.stop;
+  p.stop_token_ids = o.stop_token_ids;
+  return p;
+}
+
+server::BackendEvent to_backend_event(const RequestEvent& e) {
+  server::BackendEvent out;
+  out.time = e.time;
+  out.done = e.done;
+  out.cached_tokens = e.usage.cached_tokens;
+  for (const SeqDelta& d : e.seqs) {
+    if (d.seq_index != 0) continue;
+    for (const GeneratedToken& g : d.tokens) out.tokens.push_back(g.token);
+    out.text += d.text;
+    if (d.finish_reason) out.finish_reason = finish_reason_name(*d.finish_reason);
+  }
+  if (!e.error.is_ok()) {
+    out.error = e.error.message();
+    if (out.done) out.finish_reason = "error";
+  }
+  if (out.done && out.finish_reason.empty()) out.finish_reason = "abort";
+  if (!out.done) out.finish_reason.clear();
+  return out;
+}
+
+struct EngineBackend::Entry {
+  std::mutex mu;  // one deliverer at a time: events reach the callback in order
+  RequestHandle handle;
+  server::EventCallback on_event;
+  bool done = false;
+};
+
+EngineBackend::EngineBackend(std::unique_ptr<Engine> engine, int32_t context_length,
+                             std::shared_ptr<void> keepalive)
+    : keepalive_(std::move(keepalive)),
+      engine_(std::move(engine)),
+      context_length_(context_length) {
+  engine_->start();
+}
+
+EngineBackend::~EngineBackend() {
+  // The server is gone by now: no more callbacks. Dropping the handles cancels what is left; the
+  // engine's destructor then stops its thread.
+  closing_.store(true);
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live.swap(live_);
+  }
+  for (auto& [id, entry] : live) {
+    std::lock_guard<std::mutex> lock(entry->mu);
+    entry->handle.cancel();
+  }
+  engine_.reset();
+}
+
+Result<uint64_t> EngineBackend::submit(server::BackendRequest request,
+                                       server::EventCallback on_event) {
+  GenerateRequest g;
+  g.prompt_tokens = std::move(request.prompt_tokens);
+  g.params = to_sampling_params(request.sampling, engine_->default_sampling_params());
+  g.skip_special_tokens = request.skip_special_tokens;
+  g.tag = std::move(request.request_id);
+  auto handle = engine_->submit(std::move(g));
+  if (!handle.is_ok()) {
+    if (handle.status().code() == StatusCode::kResourceExhausted && engine_->is_draining()) {
+      return unavailable("the server is shutting down: " + handle.status().message());
+    }
+    return handle.status();
+  }
+  auto entry = std::make_shared<Entry>();
+  const uint64_t id = handle->id();
+  entry->handle = std::move(handle).value();
+  entry->on_event = std::move(on_event);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_[id] = entry;
+  }
+  // The stream must not own the entry (the entry owns the stream through the handle).
+  std::weak_ptr<Entry> weak = entry;
+  entry->handle.stream().set_notify([this, weak] {
+    if (auto e = weak.lock()) deliver(e);
+  });
+  return id;
+}
+
+void EngineBackend::deliver(const std::shared_ptr<Entry>& entry) {
+  bool finished = false;
+  {
+    std::lock_guard<std::mutex> lock(entry->mu);
+    if (entry->done) return;
+    while (auto ev = entry->handle.stream().try_next()) {
+      server::BackendEvent be = to_backend_event(*ev);
+      const bool done = be.done;
+      if (!closing_.load()) entry->on_event(std::move(be));
+      if (done) {
+        entry->done = true;
+        finished = true;
+        break;
+      }
+    }
+  }
+  if (finished) {
+    // The caller's shared_ptr keeps the entry (and its stream) alive until deliver() returns.
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(entry->handle.id());
+  }
+}
+
+void EngineBackend::cancel(uint64_t id) {
+  engine_->cancel(id);
+}
+
+server::BackendStats EngineBackend::stats() const {
+  const EngineStats s = engine_->stats();
+  server::BackendStats out;
+  out.num_requests_running = s.num_requests_running;
+  out.num_requests_waiting = s.num_requests_waiting;
+  out.kv_pages_used = s.kv_pages_used;
+  out.kv_pages_cached = s.kv_pages_cached;
+  out.kv_pages_total = s.kv_pages_total;
+  out.prefix_cache_hit_tokens_total = s.prefix_cache_hit_tokens_total;
+  out.num_preemptions_total = s.num_preemptions_total;
+  return out;
+}
+
+}  // namespace m3::serving

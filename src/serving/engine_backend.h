@@ -1,0 +1,52 @@
+// InferenceBackend (server/backend.h) over the Engine (engine/engine.h): maps the server's
+// sampling options onto the engine's SamplingParams (generation_config.json defaults for unset
+// fields), forwards the engine's per-step events as BackendEvents on the engine thread, and
+// reports the engine's stats for /metrics.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "engine/engine.h"
+#include "server/backend.h"
+
+namespace m3::serving {
+
+// SamplingOptions -> SamplingParams, starting from `defaults` (Engine::default_sampling_params()).
+SamplingParams to_sampling_params(const server::SamplingOptions& options,
+                                  const SamplingParams& defaults);
+// One engine event as the server sees it (sequence 0; the server asks for n = 1).
+server::BackendEvent to_backend_event(const RequestEvent& event);
+
+class EngineBackend final : public server::InferenceBackend {
+ public:
+  // `keepalive` is destroyed after the engine (the checkpoint the model's weights may map).
+  EngineBackend(std::unique_ptr<Engine> engine, int32_t context_length,
+                std::shared_ptr<void> keepalive = nullptr);
+  ~EngineBackend() override;
+
+  bool ready() const override { return true; }  // the model is loaded before construction
+  int32_t context_length() const override { return context_length_; }
+  // Errors: the engine's invalid arguments; kResourceExhausted when the waiting queue is full
+  // (429); kUnavailable when the engine is draining.
+  Result<uint64_t> submit(server::BackendRequest request, server::EventCallback on_event) override;
+  void cancel(uint64_t id) override;
+  server::BackendStats stats() const override;
+
+  Engine& engine() { return *engine_; }
+
+ private:
+  struct Entry;
+  void deliver(const std::shared_ptr<Entry>& entry);
+
+  std::shared_ptr<void> keepalive_;  // declared first: destroyed last
+  std::unique_ptr<Engine> engine_;
+  int32_t context_length_;
+  std::atomic<bool> closing_{false};
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> live_;  // requests not yet done
+};
+
+}  // namespace m3::serving

@@ -1,0 +1,106 @@
+#include "serving/engine_stack.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/cpu_model_runner.h"
+#include "model/minimax_m3/model_dir.h"
+#include "sample/sampling_params.h"
+#include "serving/engine_detokenizer.h"
+#include "serving/text_stream.h"
+
+namespace m3::serving {
+
+namespace fs = std::filesystem;
+
+Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
+  EngineStackOptions o;
+  if (f.device == "cuda") {
+    return Status(StatusCode::kUnimplemented,
+                  "--device cuda: the CUDA model runner is not wired into 'serve' yet; use "
+                  "--device cpu");
+  }
+  if (f.tp != 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "--tp " + std::to_string(f.tp) + ": tensor parallelism is not supported yet");
+  }
+  if (!f.speculative_algorithm.empty()) {
+    return Status(StatusCode::kUnimplemented, "--speculative-algorithm " + f.speculative_algorithm +
+                                                  ": speculative decoding is not supported yet");
+  }
+  if (f.load_format == "dummy") {
+    return Status(StatusCode::kUnimplemented, "--load-format dummy is not supported by 'serve'");
+  }
+  o.device = f.device;
+  o.context_length = f.server.context_length;
+  o.max_running_requests = f.max_running_requests;
+  o.chunked_prefill_size = f.chunked_prefill_size;
+  o.max_queued_requests = f.max_queued_requests;
+  return o;
+}
+
+Result<EngineStack> make_engine_stack(const std::string& model_path,
+                                      const EngineStackOptions& options) {
+  if (options.device != "auto" && options.device != "cpu") {
+    return invalid_argument("device '" + options.device + "': only cpu is supported");
+  }
+  if (!fs::is_directory(model_path)) {
+    return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
+  }
+  // Tokenizer and template first: they fail fast and cheaply.
+  M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, load_tokenizer(model_path));
+  M3_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_chat_template(model_path));
+
+  auto backend = std::make_unique<CpuBackend>(options.num_threads);
+  M3_ASSIGN_OR_RETURN(minimax_m3::LoadedModel loaded,
+                      minimax_m3::load_model_dir(model_path, backend.get()));
+
+  GenerationDefaults defaults;
+  const fs::path gen = fs::path(model_path) / "generation_config.json";
+  if (fs::exists(gen)) {
+    M3_ASSIGN_OR_RETURN(defaults, load_generation_config(gen.string()));
+  }
+  if (defaults.eos_token_ids.empty()) {
+    for (int64_t id : loaded.eos_token_ids) defaults.eos_token_ids.push_back(int32_t(id));
+  }
+
+  const int32_t max_positions =
+      static_cast<int32_t>(std::min<int64_t>(loaded.config.max_position_embeddings, INT32_MAX));
+  int32_t context_length = options.context_length > 0 ? options.context_length : max_positions;
+  if (context_length > max_positions) {
+    return invalid_argument("--context-length " + std::to_string(context_length) +
+                            " exceeds the model's max_position_embeddings " +
+                            std::to_string(max_positions) + " (" + model_path + "/config.json)");
+  }
+  const int32_t page_size = static_cast<int32_t>(loaded.config.index_block_size);
+
+  auto keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
+      new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
+  M3_ASSIGN_OR_RETURN(auto runner,
+                      MiniMaxM3ModelRunner::create(std::move(backend), std::move(loaded.model),
+                                                   options.kv_cache_bytes));
+
+  EngineConfig cfg;
+  cfg.scheduler.page_size = page_size;
+  cfg.scheduler.chunked_prefill_size =
+      options.chunked_prefill_size > 0 ? options.chunked_prefill_size : context_length;
+  if (options.max_running_requests > 0) {
+    cfg.scheduler.max_running_requests = options.max_running_requests;
+  }
+  cfg.scheduler.enable_prefix_cache = options.enable_prefix_cache;
+  cfg.context_length = context_length;
+  cfg.max_waiting_requests = options.max_queued_requests;
+  cfg.generation_defaults = defaults;
+  cfg.detokenizer = make_detokenizer_factory(tokenizer);
+  M3_ASSIGN_OR_RETURN(auto engine, Engine::create(std::move(cfg), std::move(runner)));
+
+  EngineStack stack;
+  stack.backend =
+      std::make_unique<EngineBackend>(std::move(engine), context_length, std::move(keepalive));
+  stack.codec = std::make_unique<TokenizerCodec>(tokenizer);
+  stack.renderer = std::make_unique<TemplateRenderer>(std::move(tmpl));
+  return stack;
+}
+
+}  // namespace m3::serving

@@ -1,0 +1,43 @@
+// make_engine_stack(): loads a MiniMax-M3 model directory (config.json, safetensors checkpoint,
+// tokenizer.json, chat template, generation_config.json) and builds what `m3serve serve` needs:
+// the Engine behind an EngineBackend, the TokenizerCodec and the TemplateRenderer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "server/serve_command.h"
+#include "serving/engine_backend.h"
+#include "serving/template_renderer.h"
+#include "serving/tokenizer_codec.h"
+
+namespace m3::serving {
+
+struct EngineStackOptions {
+  std::string device = "auto";          // auto or cpu (the CUDA runner is not wired in yet)
+  int32_t context_length = 0;           // 0: max_position_embeddings
+  int32_t max_running_requests = 0;     // 0: the scheduler's default (256)
+  int32_t chunked_prefill_size = 8192;  // -1 or 0: no chunking (the whole prompt at once)
+  int32_t max_queued_requests = 4096;
+  int64_t kv_cache_bytes = int64_t{512} << 20;  // CPU KV pool
+  int32_t num_threads = 0;                      // CPU threads for the model; 0: all cores
+  bool enable_prefix_cache = true;
+};
+
+// The engine flags of `m3serve serve` (src/server/serve_command.h). Unsupported values (tp > 1,
+// speculative decoding, --device cuda, --load-format dummy) are errors naming the flag.
+Result<EngineStackOptions> options_from_flags(const server::ServeFlags& flags);
+
+struct EngineStack {
+  std::unique_ptr<EngineBackend> backend;
+  std::unique_ptr<TokenizerCodec> codec;
+  std::unique_ptr<TemplateRenderer> renderer;
+};
+
+// Every error names the directory and the file at fault.
+Result<EngineStack> make_engine_stack(const std::string& model_path,
+                                      const EngineStackOptions& options);
+
+}  // namespace m3::serving

@@ -1,0 +1,259 @@
+// End-to-end on the real bundled model: `m3serve serve` (no --model-path: models/m3-tiny on the
+// CPU) driven by the official `openai` npm client. One server for the whole file (loading is
+// cheap, but generation is CPU time shared by the CI's two cores): short max_tokens throughout.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI from 'openai';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repoRoot = path.resolve(here, '..', '..', '..');
+const serverBin = process.env.M3SERVE_BIN ?? path.join(repoRoot, 'build', 'bin', 'm3serve');
+const golden = JSON.parse(readFileSync(path.join(repoRoot, 'tests/fixtures/m3_tiny/golden.json'), 'utf8'));
+const goldenCase = (name) => golden.cases.find((c) => c.name === name);
+const MODEL = 'm3-tiny';
+
+let srv;
+
+async function startServer(args) {
+  const proc = spawn(serverBin, ['serve', '--host', '127.0.0.1', '--port', '0', ...args],
+    { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
+    proc.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/on http:\/\/[^:]+:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    proc.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code}:\n${log}`));
+    });
+  });
+  const url = `http://127.0.0.1:${port}`;
+  // The server listens first and loads the model in the background (/health is 503 until then).
+  const loaded = await waitFor(async () => (await fetch(`${url}/health`)).status === 200, 60000, 50);
+  if (!loaded) throw new Error(`the model did not load:\n${log}`);
+  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  return {
+    url,
+    proc,
+    exited,
+    log: () => log,
+    client: new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 }),
+  };
+}
+
+async function metricValue(name) {
+  const text = await (await fetch(`${srv.url}/metrics`)).text();
+  for (const line of text.split('\n')) {
+    if (line.startsWith(name + '{')) return Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return NaN;
+}
+
+async function waitFor(pred, timeoutMs = 10000, stepMs = 25) {
+  const end = Date.now() + timeoutMs;
+  while (Date.now() < end) {
+    if (await pred()) return true;
+    await new Promise((r) => setTimeout(r, stepMs));
+  }
+  return false;
+}
+
+async function tokenize(body) {
+  const r = await fetch(`${srv.url}/tokenize`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  assert.equal(r.status, 200);
+  return r.json();
+}
+
+function fold(chunks) {
+  const out = { reasoning: '', content: '', toolCalls: [], finishReason: null, usage: null };
+  for (const c of chunks) {
+    if (c.usage) out.usage = c.usage;
+    for (const ch of c.choices ?? []) {
+      const d = ch.delta ?? {};
+      if (d.reasoning_content) {
+        assert.equal(out.content, '', 'reasoning after content');
+        out.reasoning += d.reasoning_content;
+      }
+      if (d.content) out.content += d.content;
+      for (const tc of d.tool_calls ?? []) {
+        if (tc.id) out.toolCalls.push({ id: tc.id, name: tc.function?.name, arguments: '' });
+        out.toolCalls[tc.index].arguments += tc.function?.arguments ?? '';
+      }
+      if (ch.finish_reason) out.finishReason = ch.finish_reason;
+    }
+  }
+  return out;
+}
+
+before(async () => {
+  srv = await startServer(['--max-running-requests', '32']);
+});
+
+after(async () => {
+  if (srv && srv.proc.exitCode === null) {
+    srv.proc.kill('SIGTERM');
+    const { code } = await srv.exited;
+    assert.equal(code, 0, srv.log());
+  }
+});
+
+const addQuestion = [{ role: 'user', content: 'What is 47 + 35?' }];
+
+test('health, models and the default model', async () => {
+  assert.equal((await fetch(`${srv.url}/health`)).status, 200);
+  const models = await srv.client.models.list();
+  assert.equal(models.data[0].id, MODEL);
+});
+
+test('chat, thinking enabled: reasoning_content then content; usage matches /tokenize', async () => {
+  const body = { model: MODEL, messages: addQuestion, temperature: 0, max_tokens: 96, thinking: { type: 'enabled' } };
+  const r = await srv.client.chat.completions.create(body);
+  const m = r.choices[0].message;
+  assert.ok(m.reasoning_content && m.reasoning_content.length > 0, JSON.stringify(m));
+  assert.ok(m.content && m.content.length > 0, JSON.stringify(m));
+  assert.ok(!m.content.includes('<mm:think>') && !m.content.includes('</mm:think>'), m.content);
+  assert.ok(!m.reasoning_content.includes('</mm:think>'), m.reasoning_content);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const tok = await tokenize({ model: MODEL, messages: addQuestion, thinking: { type: 'enabled' } });
+  assert.equal(r.usage.prompt_tokens, tok.count);
+  assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= 96);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+
+  // Streaming gives the same split, reasoning first.
+  const s = await srv.client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+  const chunks = [];
+  for await (const c of s) chunks.push(c);
+  const f = fold(chunks);
+  assert.equal(f.reasoning, m.reasoning_content);
+  assert.equal(f.content, m.content);
+  assert.equal(f.finishReason, 'stop');
+  assert.deepEqual(f.usage.completion_tokens, r.usage.completion_tokens);
+});
+
+test('chat, thinking disabled: content only (non-streaming and streaming)', async () => {
+  const c = goldenCase('arith_sub_disabled');
+  const body = { model: MODEL, messages: c.messages, temperature: 0, max_tokens: 48, thinking: { type: 'disabled' } };
+  const r = await srv.client.chat.completions.create(body);
+  const m = r.choices[0].message;
+  assert.ok(!m.reasoning_content, JSON.stringify(m));
+  assert.ok(m.content.length > 0);
+  assert.ok(!m.content.includes('mm:think'), m.content);
+  const s = await srv.client.chat.completions.create({ ...body, stream: true });
+  const chunks = [];
+  for await (const ch of s) chunks.push(ch);
+  const f = fold(chunks);
+  assert.equal(f.reasoning, '');
+  assert.equal(f.content, m.content);
+});
+
+test('tool call: OpenAI tool_calls with typed arguments', async () => {
+  const c = goldenCase('tool_weather_adaptive');
+  const r = await srv.client.chat.completions.create({
+    model: MODEL, messages: c.messages, tools: c.tools, temperature: 0, max_tokens: 80,
+  });
+  const choice = r.choices[0];
+  assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+  assert.equal(choice.message.tool_calls.length, 1);
+  const call = choice.message.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  const args = JSON.parse(call.function.arguments);
+  assert.equal(typeof args.city, 'string');
+  assert.ok(args.city.length > 0);
+  assert.equal(args.unit, 'fahrenheit');
+  assert.ok(!(choice.message.content ?? '').includes('minimax'), choice.message.content);
+});
+
+test('/v1/completions: text and usage consistent with /tokenize', async () => {
+  const prompt = 'What is 47 + 35?';
+  const r = await srv.client.completions.create({ model: MODEL, prompt, max_tokens: 8, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(typeof r.choices[0].text, 'string');
+  assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
+  const tok = await tokenize({ prompt });
+  assert.equal(r.usage.prompt_tokens, tok.count);
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
+  if (r.choices[0].finish_reason === 'length') assert.equal(r.usage.completion_tokens, 8);
+  // Token-id prompts: the rendered golden prompt gives the golden greedy continuation.
+  const c = goldenCase('chitchat_hello');
+  const ids = await srv.client.completions.create({ model: MODEL, prompt: c.prompt_ids, max_tokens: 16, temperature: 0 });
+  assert.equal(ids.usage.prompt_tokens, c.prompt_ids.length);
+  assert.equal(ids.usage.completion_tokens, c.output_ids.length);
+  assert.equal(ids.choices[0].finish_reason, 'stop');
+});
+
+test('a repeated long prompt is served from the prefix cache', async () => {
+  const c = goldenCase('tool_result_answer_multiturn');
+  const body = { model: MODEL, messages: c.messages, tools: c.tools, temperature: 0, max_tokens: 4 };
+  const first = await srv.client.chat.completions.create(body);
+  const second = await srv.client.chat.completions.create(body);
+  assert.ok(first.usage.prompt_tokens > 500);
+  const cached = second.usage.prompt_tokens_details?.cached_tokens ?? 0;
+  assert.ok(cached >= first.usage.prompt_tokens - 64, `cached ${cached} of ${first.usage.prompt_tokens}`);
+  assert.ok(cached < second.usage.prompt_tokens);
+});
+
+test('same seed, same sample at temperature 1', async () => {
+  const body = { model: MODEL, messages: [{ role: 'user', content: 'Hello!' }], temperature: 1, max_tokens: 24 };
+  const outs = [];
+  for (const seed of [7, 7, 8, 9]) {
+    const r = await srv.client.chat.completions.create({ ...body, seed });
+    const m = r.choices[0].message;
+    outs.push(`${m.reasoning_content ?? ''}|${m.content ?? ''}|${r.usage.completion_tokens}`);
+  }
+  assert.equal(outs[0], outs[1]);
+  assert.ok(new Set(outs).size >= 2, `seeds 7, 8, 9 all gave ${outs[0]}`);
+});
+
+test('20 concurrent streams all finish', async () => {
+  const runs = Array.from({ length: 20 }, async (_, i) => {
+    const s = await srv.client.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: `What is ${i} + ${2 * i}?` }],
+      max_tokens: 12, temperature: 0.7, seed: i, stream: true, stream_options: { include_usage: true },
+    });
+    const chunks = [];
+    for await (const c of s) chunks.push(c);
+    return fold(chunks);
+  });
+  const results = await Promise.all(runs);
+  for (const f of results) {
+    assert.ok(['stop', 'length'].includes(f.finishReason), JSON.stringify(f));
+    assert.ok(f.usage.completion_tokens >= 1 && f.usage.completion_tokens <= 12);
+  }
+  assert.ok(await waitFor(async () => (await metricValue('m3serve:num_requests_running')) === 0));
+});
+
+test('client disconnect mid-stream returns the KV pages', async () => {
+  assert.ok(await waitFor(async () => (await metricValue('m3serve:kv_pages_used')) === 0));
+  const baseline = await metricValue('m3serve:kv_pages_used');
+  const controller = new AbortController();
+  const s = await srv.client.chat.completions.create({
+    model: MODEL, messages: addQuestion, max_tokens: 3000, ignore_eos: true, temperature: 0, stream: true,
+  }, { signal: controller.signal });
+  let n = 0;
+  let sawPages = false;
+  let finishReason = null;
+  // The openai client ends the iteration quietly on abort (no AbortError).
+  for await (const c of s) {
+    finishReason = c.choices[0]?.finish_reason ?? finishReason;
+    if (++n === 5) sawPages = (await metricValue('m3serve:kv_pages_used')) > baseline;
+    if (n === 8) controller.abort();
+  }
+  assert.ok(n >= 8 && n < 1000, `chunks: ${n}`);
+  assert.equal(finishReason, null);
+  assert.ok(sawPages, 'the running request held no KV pages');
+  assert.ok(await waitFor(async () => (await metricValue('m3serve:kv_pages_used')) === baseline
+    && (await metricValue('m3serve:num_requests_running')) === 0), 'KV pages not returned');
+});
