@@ -6,7 +6,8 @@
 # call's time limit may cut it); prints a short table last. Needs .device/cuda from
 # tools/device/bundle.sh (carry: [".device/cuda"]).
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
-# sanitizer.log.
+# step-v0.log, step-v2.log, sanitizer.log (7; table-before-sanitizer.txt stays only when the
+# call's limit cut the sanitizer).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
@@ -44,6 +45,15 @@ run_bench() {
   cat "$OUT/bench.log" >>"$LOG"
 }
 run_bench
+# A whole decode step (2 layers + head, CUDA graph), GEMV variants 0 and 2; per-layer time
+# extrapolated to 60 layers.
+for v in 0 2; do
+  t0=$SECONDS
+  timeout 120 "$B/cuda_decode_step_bench" 2 "$v" >"$OUT/step-v$v.log" 2>&1
+  rc=$?
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
+  cat "$OUT/step-v$v.log" >>"$LOG"
+done
 run_test cuda_composite_ops_test 40
 run_test cuda_model_test 40
 
@@ -62,6 +72,9 @@ print_table() {
   echo
   echo "== benchmark"
   cat "$OUT/bench.log"
+  echo
+  echo "== decode step"
+  cat "$OUT"/step-v*.log 2>/dev/null
   echo
   echo "== summary"
   printf '%s\n' "${SUMMARY[@]}"

@@ -22,7 +22,8 @@ __global__ void qk_norm_rope_kernel(Args a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{8} + warp;  // t·H + h
   if (row >= p.t * p.h) return;
-  const float* x = p.x + row * 128;
+  const int64_t ld = p.ld_x > 0 ? p.ld_x : p.h * 128;
+  const float* x = p.x + (row / p.h) * ld + (row % p.h) * 128;
   float v[4], ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {

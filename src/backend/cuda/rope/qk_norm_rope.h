@@ -16,7 +16,8 @@ struct CUstream_st;
 namespace m3::cuda {
 
 struct QkNormRopeParams {
-  const float* x = nullptr;          // [T, H, D] float32 (projection output)
+  const float* x = nullptr;          // [T, H, D] float32 (projection output), token stride ld_x
+  int64_t ld_x = 0;                  // elements between tokens; 0 = H·D
   const uint16_t* weight = nullptr;  // [D] bf16 Gemma weight
   const int32_t* positions = nullptr;  // [T]
   uint16_t* out = nullptr;           // [T, H, D] bf16

@@ -1,0 +1,408 @@
+// A measured decode step of the MiniMax-M3.1-Flash architecture on one GPU with dummy weights in
+// the real formats: L MoE + MSA layers (all real-shape kernels chained: fused add+RMSNorm,
+// MXFP8 q|k|v|index GEMV, QK-norm+RoPE, bf16 paged KV write, indexer, block-sparse attention,
+// o_proj, router, expert grouping, NVFP4 experts with SwiGLU, MXFP8 shared expert, combine),
+// then the final norm, the BF16 lm_head and greedy argmax. Each (batch, context) step is
+// captured once into a CUDA graph and replayed; the median replay time is the step time.
+// 60-layer figures are extrapolated from the per-layer time (stated as such).
+//
+// Usage: cuda_decode_step_bench [layers=4] [gemv_variant=0] [results.tsv]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/kv/kv_write_bf16.h"
+#include "backend/cuda/moe/moe_combine.h"
+#include "backend/cuda/norm/add_rms_norm.h"
+#include "backend/cuda/rope/qk_norm_rope.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/sampling/argmax.h"
+#include "backend/cuda/f32_ops.h"
+
+namespace {
+
+using namespace m3;
+using namespace m3::cuda;
+
+constexpr double kHbm = 4.8e12;
+constexpr int64_t kHd = 6144, kH = 64, kHkv = 4, kD = 128, kHix = 4, kDix = 128, kS = 128;
+constexpr int64_t kTopK = 16, kE = 128, kK4 = 4, kI = 3072, kSI = 3072, kV = 200064;
+constexpr int64_t kQkv = kH * kD + 2 * kHkv * kD + kHix * kDix + kDix;  // 9856
+constexpr int64_t kOffK = kH * kD, kOffV = kOffK + kHkv * kD, kOffIq = kOffV + kHkv * kD,
+                  kOffIk = kOffIq + kHix * kDix;
+
+cudaStream_t g_s = nullptr;
+CUstream_st* st() { return g_s; }
+int g_variant = 0;
+uint64_t g_seed = 100;
+
+#define CHECK_OK(expr)                                                                  \
+  do {                                                                                  \
+    ::m3::Status s_ = (expr);                                                           \
+    if (!s_.is_ok()) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str()); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+#define CHECK_CUDA(expr) CHECK_OK([&]() -> ::m3::Status { M3_CUDA_RETURN_IF_ERROR(expr); return ::m3::Status::ok(); }())
+
+std::vector<void*> g_allocs;
+template <typename T>
+T* dalloc(int64_t count) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
+  g_allocs.push_back(p);
+  return static_cast<T*>(p);
+}
+template <typename T>
+T* dfill(int64_t count, DummyKind kind, float scale = 1.0f) {
+  T* p = dalloc<T>(count);
+  const int64_t n = (kind == DummyKind::kBf16Normal || kind == DummyKind::kF32Normal)
+                        ? count
+                        : count * static_cast<int64_t>(sizeof(T));
+  CHECK_OK(fill_dummy(p, n, kind, g_seed++, scale, st()));
+  return p;
+}
+
+struct QuantMatrix {  // G matrices [N, K] back to back
+  QuantFormat f;
+  int64_t n, k, g;
+  uint8_t *w = nullptr, *s = nullptr;
+  float* glob = nullptr;
+  double bytes_one() const {
+    const double e = double(n) * k;
+    return f == QuantFormat::kMxfp8 ? e * (1 + 1.0 / 32) : f == QuantFormat::kNvfp4 ? e * (0.5 + 1.0 / 16) : 2 * e;
+  }
+};
+QuantMatrix make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
+  QuantMatrix m{f, n, k, g};
+  const int64_t e = n * k * g;
+  if (f == QuantFormat::kMxfp8) {
+    m.w = dfill<uint8_t>(e, DummyKind::kE4m3Codes);
+    m.s = dfill<uint8_t>(e / 32, DummyKind::kE8m0Scales);
+  } else if (f == QuantFormat::kNvfp4) {
+    m.w = dfill<uint8_t>(e / 2, DummyKind::kE2m1Packed);
+    m.s = dfill<uint8_t>(e / 16, DummyKind::kE4m3Scales);
+    m.glob = dfill<float>(g, DummyKind::kF32Normal, 1e-3f);
+  } else {
+    m.w = reinterpret_cast<uint8_t*>(dfill<uint16_t>(e, DummyKind::kBf16Normal, 0.02f));
+    m.s = dalloc<uint8_t>(16);
+  }
+  return m;
+}
+
+struct Layer {
+  uint16_t *in_norm, *post_norm, *q_norm, *k_norm, *iq_norm, *ik_norm;
+  QuantMatrix qkv, o, shared_gu, shared_d, router, experts_gu, experts_d;
+  KvCacheBf16View cache;
+};
+
+// Scratch for one batch size.
+struct Scratch {
+  int64_t b;
+  float *residual, *delta, *qkv, *partial, *router_logits, *topk_w, *contrib, *shared, *moe_out,
+      *scores, *o_part, *ml, *logits;
+  uint16_t *h, *q, *k, *iq, *ik, *attn, *act, *act_s;
+  int32_t *topk_ids, *offs, *sorted, *active, *positions, *tables, *tokens, *selected;
+  // Random distinct experts per token, copied over the router's choice: dummy weights make the
+  // router saturate and pick the same experts for every token, which would understate the
+  // expert traffic of a real batch.
+  int32_t* random_ids;
+  float* residual0;  // the step's input, restored at the start of every replay
+  int64_t max_blocks;
+};
+
+void gemv(const QuantMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, float* partial,
+          GemvEpilogueParams e, const Scratch* grouped = nullptr, int64_t x_row_div = 1) {
+  QuantGemvParams p;
+  p.format = m.f;
+  p.x = x;
+  p.ldx = ldx;
+  p.x_row_div = x_row_div;
+  p.w = m.w;
+  p.w_scale = m.s;
+  p.w_global = m.glob;
+  p.num_groups = m.g;
+  if (grouped) {
+    p.group_offsets = grouped->offs;
+    p.sorted_rows = grouped->sorted;
+    p.active_groups = grouped->active;
+    p.num_slots = std::min<int64_t>(m.g, rows);
+  }
+  p.num_rows = rows;
+  p.n = m.n;
+  p.k = m.k;
+  p.partial = partial;
+  p.variant = g_variant;
+  CHECK_OK(launch_quant_gemv(p, st()));
+  e.partial = partial;
+  e.num_slices = quant_gemv_num_slices(m.f, m.k);
+  e.num_rows = rows;
+  e.n = m.n;
+  CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+}
+
+GemvEpilogueParams store(float* y, int64_t ldy) {
+  GemvEpilogueParams e;
+  e.y = y;
+  e.ldy = ldy;
+  return e;
+}
+GemvEpilogueParams swiglu(uint16_t* act) {
+  GemvEpilogueParams e;
+  e.kind = GemvEpilogue::kSwigluBf16;
+  e.act = act;
+  return e;
+}
+
+void qk_norm(const float* x, int64_t h, const uint16_t* w, uint16_t* out, const Scratch& s) {
+  QkNormRopeParams p;
+  p.x = x;
+  p.ld_x = kQkv;
+  p.weight = w;
+  p.positions = s.positions;
+  p.out = out;
+  p.t = s.b;
+  p.h = h;
+  CHECK_OK(launch_qk_norm_rope(p, st()));
+}
+
+void layer_step(const Layer& L, Scratch& s, bool first) {
+  const int64_t b = s.b;
+  // x = residual (+ previous delta); h = norm(x).
+  CHECK_OK(launch_add_rms_norm({s.residual, first ? nullptr : s.delta, L.in_norm, s.h, b, kHd, 1e-6f}, st()));
+  gemv(L.qkv, s.h, kHd, b, s.partial, store(s.qkv, kQkv));
+  qk_norm(s.qkv, kH, L.q_norm, s.q, s);
+  qk_norm(s.qkv + kOffK, kHkv, L.k_norm, s.k, s);
+  qk_norm(s.qkv + kOffIq, kHix, L.iq_norm, s.iq, s);
+  qk_norm(s.qkv + kOffIk, 1, L.ik_norm, s.ik, s);
+  KvWriteBf16Params kw;
+  kw.cache = L.cache;
+  kw.k = s.k;
+  kw.v = s.qkv + kOffV;
+  kw.ld_v = kQkv;
+  kw.idx_k = s.ik;
+  kw.positions = s.positions;
+  kw.block_tables = s.tables;
+  kw.batch = b;
+  kw.max_blocks = s.max_blocks;
+  CHECK_OK(launch_kv_write_bf16(kw, st()));
+  IndexerDecodeParams ip;
+  ip.iq = s.iq;
+  ip.cache = L.cache;
+  ip.positions = s.positions;
+  ip.block_tables = s.tables;
+  ip.batch = b;
+  ip.num_index_heads = kHix;
+  ip.max_blocks = s.max_blocks;
+  ip.top_k = kTopK;
+  ip.block_scores = s.scores;
+  ip.selected = s.selected;
+  CHECK_OK(launch_indexer_decode(ip, st()));
+  SparseDecodeParams ap;
+  ap.q = s.q;
+  ap.cache = L.cache;
+  ap.positions = s.positions;
+  ap.block_tables = s.tables;
+  ap.selected = s.selected;
+  ap.batch = b;
+  ap.num_heads = kH;
+  ap.max_blocks = s.max_blocks;
+  ap.top_k = kTopK;
+  ap.scale = 1.0f / std::sqrt(float(kD));
+  ap.o_partial = s.o_part;
+  ap.ml_partial = s.ml;
+  ap.out = s.attn;
+  CHECK_OK(launch_sparse_decode(ap, st()));
+  gemv(L.o, s.attn, kH * kD, b, s.partial, store(s.delta, kHd));
+  CHECK_OK(launch_add_rms_norm({s.residual, s.delta, L.post_norm, s.h, b, kHd, 1e-6f}, st()));
+  // MoE: router (bf16 weights here; fp32 in the checkpoint), top-4, grouping, experts, shared.
+  gemv(L.router, s.h, kHd, b, s.partial, store(s.router_logits, kE));
+  RouterTopkParams rp{s.router_logits, nullptr, s.topk_ids, s.topk_w, b, kE, kK4, 2.0f};
+  CHECK_OK(launch_router_topk(rp, g_s));
+  CHECK_CUDA(cudaMemcpyAsync(s.topk_ids, s.random_ids, sizeof(int32_t) * b * kK4,
+                             cudaMemcpyDeviceToDevice, g_s));
+  CHECK_OK(launch_group_by_expert({s.topk_ids, b * kK4, kE, s.offs, s.sorted, s.active}, st()));
+  gemv(L.experts_gu, s.h, kHd, b * kK4, s.partial, swiglu(s.act), &s, kK4);
+  gemv(L.experts_d, s.act, kI, b * kK4, s.partial, store(s.contrib, kHd), &s, 1);
+  gemv(L.shared_gu, s.h, kHd, b, s.partial, swiglu(s.act_s));
+  gemv(L.shared_d, s.act_s, kSI, b, s.partial, store(s.shared, kHd));
+  CHECK_OK(launch_moe_combine({s.contrib, s.topk_w, s.shared, s.delta, b, kK4, kHd}, st()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t layers = argc > 1 ? std::atoll(argv[1]) : 4;
+  g_variant = argc > 2 ? std::atoi(argv[2]) : 0;
+  FILE* tsv = argc > 3 ? std::fopen(argv[3], "w") : nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  std::printf("decode step: %lld MoE+MSA layers, GEMV variant %d, CUDA graph replay\n",
+              (long long)layers, g_variant);
+  // Weights.
+  std::vector<Layer> L(layers);
+  for (auto& l : L) {
+    l.in_norm = dfill<uint16_t>(kHd, DummyKind::kBf16Normal, 0.1f);
+    l.post_norm = dfill<uint16_t>(kHd, DummyKind::kBf16Normal, 0.1f);
+    l.q_norm = dfill<uint16_t>(kD, DummyKind::kBf16Normal, 0.1f);
+    l.k_norm = dfill<uint16_t>(kD, DummyKind::kBf16Normal, 0.1f);
+    l.iq_norm = dfill<uint16_t>(kDix, DummyKind::kBf16Normal, 0.1f);
+    l.ik_norm = dfill<uint16_t>(kDix, DummyKind::kBf16Normal, 0.1f);
+    l.qkv = make(QuantFormat::kMxfp8, kQkv, kHd);
+    l.o = make(QuantFormat::kMxfp8, kHd, kH * kD);
+    l.shared_gu = make(QuantFormat::kMxfp8, 2 * kSI, kHd);
+    l.shared_d = make(QuantFormat::kMxfp8, kHd, kSI);
+    l.router = make(QuantFormat::kBf16, kE, kHd);
+    l.experts_gu = make(QuantFormat::kNvfp4, 2 * kI, kHd, kE);
+    l.experts_d = make(QuantFormat::kNvfp4, kHd, kI, kE);
+  }
+  QuantMatrix lm_head = make(QuantFormat::kBf16, kV, kHd);
+  uint16_t* final_norm = dfill<uint16_t>(kHd, DummyKind::kBf16Normal, 0.1f);
+  const double dense_bytes = L[0].qkv.bytes_one() + L[0].o.bytes_one() +
+                             L[0].shared_gu.bytes_one() + L[0].shared_d.bytes_one() +
+                             L[0].router.bytes_one();
+  const double expert_bytes = L[0].experts_gu.bytes_one() + L[0].experts_d.bytes_one();
+
+  const int64_t batches[] = {1, 8, 32, 128};
+  const int64_t ctxs[] = {4096, 32768};
+  std::printf("%-22s %10s %10s %12s %9s %14s %12s\n", "config", "step(ms)", "layer(us)",
+              "layer GB", "HBM %", "60-layer ms*", "60-layer %*");
+  for (int64_t b : batches)
+    for (int64_t ctx : ctxs) {
+      // Caches for this configuration (one per layer), block tables, scratch.
+      const int64_t nb = ctx / kS, pages = b * nb + 1;
+      const size_t mark = g_allocs.size();
+      for (auto& l : L) {
+        l.cache = {dfill<uint16_t>(pages * kS * kHkv * kD, DummyKind::kBf16Normal),
+                   dfill<uint16_t>(pages * kS * kHkv * kD, DummyKind::kBf16Normal),
+                   dfill<uint16_t>(pages * kS * kDix, DummyKind::kBf16Normal),
+                   pages, kS, kHkv, kD, kDix};
+      }
+      Scratch s{};
+      s.b = b;
+      s.max_blocks = nb;
+      s.residual = dfill<float>(b * kHd, DummyKind::kF32Normal);
+      s.delta = dalloc<float>(b * kHd);
+      s.qkv = dalloc<float>(b * kQkv);
+      const int64_t max_partial = std::max<int64_t>({12 * b * kQkv, 16 * b * kHd, 6 * b * kK4 * 2 * kI,
+                                                     3 * b * kK4 * kHd, 24 * b * kE, 24 * b * kV});
+      s.partial = dalloc<float>(max_partial);
+      s.router_logits = dalloc<float>(b * kE);
+      s.topk_w = dalloc<float>(b * kK4);
+      s.contrib = dalloc<float>(b * kK4 * kHd);
+      s.shared = dalloc<float>(b * kHd);
+      s.scores = dalloc<float>(b * kHix * nb);
+      s.o_part = dalloc<float>(b * kH * kTopK * kD);
+      s.ml = dalloc<float>(b * kH * kTopK * 2);
+      s.logits = dalloc<float>(b * kV);
+      s.h = dalloc<uint16_t>(b * kHd);
+      s.q = dalloc<uint16_t>(b * kH * kD);
+      s.k = dalloc<uint16_t>(b * kHkv * kD);
+      s.iq = dalloc<uint16_t>(b * kHix * kDix);
+      s.ik = dalloc<uint16_t>(b * kDix);
+      s.attn = dalloc<uint16_t>(b * kH * kD);
+      s.act = dalloc<uint16_t>(b * kK4 * kI);
+      s.act_s = dalloc<uint16_t>(b * kSI);
+      s.topk_ids = dalloc<int32_t>(b * kK4);
+      s.offs = dalloc<int32_t>(kE + 1);
+      s.sorted = dalloc<int32_t>(b * kK4);
+      s.active = dalloc<int32_t>(kE);
+      s.tokens = dalloc<int32_t>(b);
+      s.selected = dalloc<int32_t>(b * kHix * kTopK);
+      s.random_ids = dalloc<int32_t>(b * kK4);
+      s.residual0 = dalloc<float>(b * kHd);
+      CHECK_CUDA(cudaMemcpy(s.residual0, s.residual, 4 * b * kHd, cudaMemcpyDeviceToDevice));
+      {
+        std::mt19937 rng(11);
+        std::vector<int32_t> ids(b * kK4);
+        for (int64_t t = 0; t < b; ++t) {
+          std::vector<int32_t> perm(kE);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), rng);
+          std::sort(perm.begin(), perm.begin() + kK4);
+          std::copy(perm.begin(), perm.begin() + kK4, ids.begin() + t * kK4);
+        }
+        CHECK_CUDA(cudaMemcpy(s.random_ids, ids.data(), 4 * b * kK4, cudaMemcpyHostToDevice));
+      }
+      std::vector<int32_t> pos(b, static_cast<int32_t>(ctx - 1)), tab(b * nb);
+      std::iota(tab.begin(), tab.end(), 1);
+      std::shuffle(tab.begin(), tab.end(), std::mt19937(7));
+      s.positions = dalloc<int32_t>(b);
+      s.tables = dalloc<int32_t>(b * nb);
+      CHECK_CUDA(cudaMemcpy(s.positions, pos.data(), 4 * b, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(s.tables, tab.data(), 4 * b * nb, cudaMemcpyHostToDevice));
+
+      auto step = [&](bool with_layers) {
+        CHECK_CUDA(cudaMemcpyAsync(s.residual, s.residual0, sizeof(float) * b * kHd,
+                                   cudaMemcpyDeviceToDevice, g_s));
+        if (with_layers)
+          for (int64_t i = 0; i < layers; ++i) layer_step(L[i], s, i == 0);
+        CHECK_OK(launch_add_rms_norm({s.residual, with_layers ? s.delta : nullptr, final_norm, s.h, b, kHd, 1e-6f}, st()));
+        gemv(lm_head, s.h, kHd, b, s.partial, store(s.logits, kV));
+        CHECK_OK(launch_argmax({s.logits, b, kV, kV, s.tokens}, st()));
+      };
+      auto graph_ms = [&](bool with_layers) {
+        step(with_layers);  // warm-up outside capture (cudaFuncSetAttribute etc.)
+        CHECK_CUDA(cudaStreamSynchronize(g_s));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaStreamBeginCapture(g_s, cudaStreamCaptureModeThreadLocal));
+        step(with_layers);
+        CHECK_CUDA(cudaStreamEndCapture(g_s, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        cudaEvent_t a, e;
+        CHECK_CUDA(cudaEventCreate(&a));
+        CHECK_CUDA(cudaEventCreate(&e));
+        std::vector<float> t;
+        for (int r = 0; r < 9; ++r) {
+          CHECK_CUDA(cudaEventRecord(a, g_s));
+          CHECK_CUDA(cudaGraphLaunch(exec, g_s));
+          CHECK_CUDA(cudaEventRecord(e, g_s));
+          CHECK_CUDA(cudaEventSynchronize(e));
+          float ms;
+          CHECK_CUDA(cudaEventElapsedTime(&ms, a, e));
+          t.push_back(ms);
+        }
+        std::sort(t.begin(), t.end());
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        return double(t[t.size() / 2]);
+      };
+      const double full = graph_ms(true), head = graph_ms(false);
+      const double per_layer_ms = (full - head) / layers;
+      // Bytes of one layer: dense weights, the distinct experts a step touches (expected count
+      // for uniform routing of b·4 picks), KV and index keys read, activations ignored.
+      const double touched = kE * (1.0 - std::pow(1.0 - double(kK4) / kE, double(b)));
+      const double kv = double(b) * (kHkv * kTopK * kS * kD * 2 * 2 + ctx * kDix * 2.0);
+      const double layer_bytes = dense_bytes + touched * expert_bytes / kE + kv;
+      const double rate = layer_bytes / (per_layer_ms * 1e-3);
+      const double step60 = 60 * per_layer_ms + head;
+      const double bytes60 = 60 * layer_bytes + lm_head.bytes_one();
+      char cfg[64];
+      std::snprintf(cfg, sizeof cfg, "B=%lld ctx=%lldK", (long long)b, (long long)(ctx / 1024));
+      std::printf("%-22s %10.3f %10.1f %12.3f %8.1f%% %14.2f %11.1f%%\n", cfg, full,
+                  per_layer_ms * 1e3, layer_bytes / 1e9, 100 * rate / kHbm, step60,
+                  100 * bytes60 / (step60 * 1e-3) / kHbm);
+      if (tsv)
+        std::fprintf(tsv, "%s\t%.4f\t%.2f\t%.0f\t%.4f\t%.3f\t%.4f\n", cfg, full, per_layer_ms * 1e3,
+                     layer_bytes, rate / kHbm, step60, bytes60 / (step60 * 1e-3) / kHbm);
+      std::fflush(stdout);
+      CHECK_CUDA(cudaStreamSynchronize(g_s));
+      for (size_t i = mark; i < g_allocs.size(); ++i) cudaFree(g_allocs[i]);
+      g_allocs.resize(mark);
+    }
+  std::printf("* extrapolated: 60 x (measured per-layer time) + measured final norm/lm_head/argmax; "
+              "all 60 layers taken as MoE (M3.1-Flash has 3 dense-MLP layers)\n");
+  if (tsv) std::fclose(tsv);
+  return 0;
+}
