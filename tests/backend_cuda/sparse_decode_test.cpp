@@ -305,3 +305,79 @@ TEST(QkNormRope, MatchesCpuNormThenRope) {
 
 }  // namespace
 }  // namespace m3
+
+#include "backend/cuda/kv/kv_write_bf16.h"
+#include "backend/cuda/moe/moe_combine.h"
+
+namespace m3 {
+namespace {
+
+// bf16 KV write: K and index keys copied, V rounded to bf16 (RNE), at page block_table[pos/S];
+// a -1 page writes nothing. Exact.
+TEST(KvWriteBf16, ExactAtThePage) {
+  const int64_t b = 3, pages = 5, S = 128, hkv = 4, d = 128, dix = 128, max_blocks = 3;
+  std::vector<int32_t> pos = {0, 300, 200}, tables = {2, -1, -1, 0, 1, 4, 3, -1, -1};
+  // seq 2: position 200 -> block 1 -> page -1: skipped.
+  std::vector<float> kf, ikf;
+  std::vector<uint16_t> kb, ikb;
+  bf16_randn(b * hkv * d, 90, 1.0f, &kf, &kb);
+  bf16_randn(b * dix, 91, 1.0f, &ikf, &ikb);
+  const int64_t ld_v = 1000;
+  auto v = cuda_test::randn(b * ld_v, 92);
+  const std::vector<uint16_t> zero_kv(pages * S * hkv * d, 0), zero_ik(pages * S * dix, 0);
+  Dev<uint16_t> ck(zero_kv), cv(zero_kv), cik(zero_ik), dk(kb), dik(ikb);
+  Dev<float> dv(v);
+  Dev<int32_t> dpos(pos), dtab(tables);
+  cuda::KvWriteBf16Params p;
+  p.cache = {ck.ptr(), cv.ptr(), cik.ptr(), pages, S, hkv, d, dix};
+  p.k = dk.ptr();
+  p.v = dv.ptr();
+  p.ld_v = ld_v;
+  p.idx_k = dik.ptr();
+  p.positions = dpos.ptr();
+  p.block_tables = dtab.ptr();
+  p.batch = b;
+  p.max_blocks = max_blocks;
+  ASSERT_TRUE(cuda::launch_kv_write_bf16(p, stream()).is_ok());
+  std::vector<uint16_t> wk = zero_kv, wv = zero_kv, wik = zero_ik;
+  for (int64_t s = 0; s < b; ++s) {
+    const int32_t page = tables[s * max_blocks + pos[s] / S];
+    if (page < 0) continue;
+    const int64_t slot = page * S + pos[s] % S;
+    for (int64_t i = 0; i < hkv * d; ++i) {
+      wk[slot * hkv * d + i] = kb[s * hkv * d + i];
+      wv[slot * hkv * d + i] = f32_to_bf16(v[s * ld_v + i]);
+    }
+    for (int64_t i = 0; i < dix; ++i) wik[slot * dix + i] = ikb[s * dix + i];
+  }
+  EXPECT_EQ(ck.host(), wk);
+  EXPECT_EQ(cv.host(), wv);
+  EXPECT_EQ(cik.host(), wik);
+  std::printf("[ %-40s ] exact\n", "kv_write_bf16");
+}
+
+// MoE combine: Σ_s w·contrib in ascending slot order plus the shared expert, the same float
+// operations as the CPU reference: exact.
+TEST(MoeCombine, ExactSlotOrder) {
+  const int64_t t = 5, k = 4, hd = 6144;
+  auto contrib = cuda_test::randn(t * k * hd, 93), w = cuda_test::randn(t * k, 94),
+       shared = cuda_test::randn(t * hd, 95);
+  std::vector<float> want(t * hd);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < hd; ++j) {
+      float o = 0;
+      for (int64_t s = 0; s < k; ++s) {
+        const float c = contrib[(i * k + s) * hd + j] * w[i * k + s];
+        o = s == 0 ? c : o + c;
+      }
+      want[i * hd + j] = o + shared[i * hd + j];
+    }
+  Dev<float> dc(contrib), dw(w), ds(shared);
+  auto out = Dev<float>::poisoned(t * hd);
+  ASSERT_TRUE(cuda::launch_moe_combine({dc.ptr(), dw.ptr(), ds.ptr(), out.ptr(), t, k, hd}, stream()).is_ok());
+  EXPECT_EQ(out.host(), want);
+  std::printf("[ %-40s ] exact\n", "moe_combine");
+}
+
+}  // namespace
+}  // namespace m3
