@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/model_command.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/runner.h"
 
@@ -34,33 +35,20 @@ constexpr const char* kGenerateUsage =
     "  --threads N            CPU threads (default: all cores)\n"
     "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n";
 
-bool parse_int(const std::string& s, int64_t* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end != s.c_str() + s.size()) return false;
-  *out = v;
-  return true;
-}
 
-bool parse_double(const std::string& s, double* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return false;
-  *out = v;
-  return true;
-}
 
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
-  std::string model_path, prompt_ids, format = "json", device = "cpu";
+  ModelCommandFlags flags;
+  std::string& model_path = flags.model_path;
+  std::string& prompt_ids = flags.prompt_ids;
+  std::string& format = flags.format;
+  std::string& device = flags.device;
+  bool& have_prompt = flags.have_prompt;
   int64_t threads = 0, chunk = 0, max_tokens = 32, seed = 0;
   double temperature = 0.0;
-  bool have_prompt = false, ignore_eos = false;
+  bool ignore_eos = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -117,30 +105,8 @@ int cmd_generate(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  if (model_path.empty() || !have_prompt) {
-    std::fprintf(stderr, "m3serve generate: --model-path and --prompt-ids are required\n\n%s",
-                 kGenerateUsage);
-    return 2;
-  }
-  if (format != "json") {
-    std::fprintf(stderr, "m3serve generate: --output-format '%s' is not supported (use json)\n",
-                 format.c_str());
-    return 2;
-  }
-  if (device == "cuda") {
-    std::fprintf(stderr, "m3serve generate: --device cuda: not built with the CUDA backend\n");
-    return 1;
-  }
-  if (device != "cpu") {
-    std::fprintf(stderr, "m3serve generate: --device must be cpu or cuda, got '%s'\n",
-                 device.c_str());
-    return 2;
-  }
-  auto ids = minimax_m3::parse_token_ids(prompt_ids);
-  if (!ids.is_ok()) {
-    std::fprintf(stderr, "m3serve generate: --prompt-ids: %s\n", ids.status().message().c_str());
-    return 2;
-  }
+  std::vector<int32_t> prompt;
+  if (int rc = check_model_command_flags("generate", flags, kGenerateUsage, &prompt); rc != 0) return rc;
 
   CpuBackend backend(static_cast<int>(threads));
   auto loaded = minimax_m3::load_model_dir(model_path, &backend);
@@ -149,7 +115,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     return 1;
   }
   const auto& cfg = loaded->config;
-  const int64_t total = static_cast<int64_t>(ids->size()) + max_tokens;
+  const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
   const int64_t pages = (total + cfg.index_block_size - 1) / cfg.index_block_size;
   minimax_m3::PagedKvCache cache(&backend, cfg, pages);
   minimax_m3::SimplePagePool pool(pages);
@@ -160,7 +126,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   opts.eos_token_ids = loaded->eos_token_ids;
   opts.ignore_eos = ignore_eos;
   opts.prefill_chunk = chunk;
-  auto out = minimax_m3::generate(loaded->model.get(), &cache, &pool, *ids, opts);
+  auto out = minimax_m3::generate(loaded->model.get(), &cache, &pool, prompt, opts);
   if (!out.is_ok()) {
     std::fprintf(stderr, "m3serve generate: %s\n", out.status().to_string().c_str());
     return 1;

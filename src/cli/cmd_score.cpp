@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/model_command.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/runner.h"
 
@@ -30,22 +31,17 @@ constexpr const char* kScoreUsage =
     "  --threads N            CPU threads (default: all cores)\n"
     "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n";
 
-bool parse_int(const std::string& s, int64_t* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end != s.c_str() + s.size()) return false;
-  *out = v;
-  return true;
-}
 
 }  // namespace
 
 int cmd_score(const std::vector<std::string>& args) {
-  std::string model_path, prompt_ids, format = "json", device = "cpu";
+  ModelCommandFlags flags;
+  std::string& model_path = flags.model_path;
+  std::string& prompt_ids = flags.prompt_ids;
+  std::string& format = flags.format;
+  std::string& device = flags.device;
+  bool& have_prompt = flags.have_prompt;
   int64_t threads = 0, chunk = 0;
-  bool have_prompt = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -92,30 +88,8 @@ int cmd_score(const std::vector<std::string>& args) {
       (key == "--threads" ? threads : chunk) = n;
     }
   }
-  if (model_path.empty() || !have_prompt) {
-    std::fprintf(stderr, "m3serve score: --model-path and --prompt-ids are required\n\n%s",
-                 kScoreUsage);
-    return 2;
-  }
-  if (format != "json") {
-    std::fprintf(stderr, "m3serve score: --output-format '%s' is not supported (use json)\n",
-                 format.c_str());
-    return 2;
-  }
-  if (device == "cuda") {
-    std::fprintf(stderr, "m3serve score: --device cuda: not built with the CUDA backend\n");
-    return 1;
-  }
-  if (device != "cpu") {
-    std::fprintf(stderr, "m3serve score: --device must be cpu or cuda, got '%s'\n",
-                 device.c_str());
-    return 2;
-  }
-  auto ids = minimax_m3::parse_token_ids(prompt_ids);
-  if (!ids.is_ok()) {
-    std::fprintf(stderr, "m3serve score: --prompt-ids: %s\n", ids.status().message().c_str());
-    return 2;
-  }
+  std::vector<int32_t> prompt;
+  if (int rc = check_model_command_flags("score", flags, kScoreUsage, &prompt); rc != 0) return rc;
 
   CpuBackend backend(static_cast<int>(threads));
   auto loaded = minimax_m3::load_model_dir(model_path, &backend);
@@ -124,13 +98,13 @@ int cmd_score(const std::vector<std::string>& args) {
     return 1;
   }
   const auto& cfg = loaded->config;
-  const int64_t n = static_cast<int64_t>(ids->size());
+  const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t pages = (n + cfg.index_block_size - 1) / cfg.index_block_size;
   minimax_m3::PagedKvCache cache(&backend, cfg, pages);
   minimax_m3::SimplePagePool pool(pages);
   minimax_m3::SequenceRunner seq(loaded->model.get(), &cache, &pool);
   std::vector<float> logits;
-  Status st = seq.append(*ids, chunk, true, &logits);
+  Status st = seq.append(prompt, chunk, true, &logits);
   if (!st.is_ok()) {
     std::fprintf(stderr, "m3serve score: %s\n", st.to_string().c_str());
     return 1;
