@@ -14,9 +14,9 @@ namespace m3 {
 
 struct GenerateRequest;
 
-class IncrementalDetokenizer {
+class TextDetokenizer {
  public:
-  virtual ~IncrementalDetokenizer() = default;
+  virtual ~TextDetokenizer() = default;
   // The bytes that `token` appends to the output text, given every token pushed before. May be
   // empty (a skipped special token) and may end inside a UTF-8 character (byte-level BPE); the
   // engine holds incomplete characters back until they complete.
@@ -26,6 +26,6 @@ class IncrementalDetokenizer {
 // Makes one detokenizer per sequence (it sees the request for the prompt and
 // skip_special_tokens). Called on the thread that calls Engine::submit().
 using DetokenizerFactory =
-    std::function<std::unique_ptr<IncrementalDetokenizer>(const GenerateRequest& request)>;
+    std::function<std::unique_ptr<TextDetokenizer>(const GenerateRequest& request)>;
 
 }  // namespace m3

@@ -14,7 +14,7 @@ struct Engine::SeqCtx {
   int32_t generated = 0;
   bool finished = false;
   PenaltyState penalties;
-  std::unique_ptr<IncrementalDetokenizer> detok;
+  std::unique_ptr<TextDetokenizer> detok;
   StopStringFilter stop;
 };
 

@@ -8,7 +8,6 @@
 #include "model/minimax_m3/model_dir.h"
 #include "sample/sampling_params.h"
 #include "serving/engine_detokenizer.h"
-#include "serving/text_stream.h"
 
 namespace m3::serving {
 

@@ -122,7 +122,7 @@ inline std::vector<int32_t> prompt_of(int32_t seed, int32_t len, int32_t vocab) 
 }
 
 // Detokenizer for tests: token t -> one lowercase letter ('a' + t % 26).
-class LetterDetokenizer : public IncrementalDetokenizer {
+class LetterDetokenizer : public TextDetokenizer {
  public:
   std::string push(int32_t token) override { return std::string(1, 'a' + token % 26); }
 };
