@@ -60,8 +60,8 @@ class DeferredCodec : public TextCodec {
 class DeferredRenderer : public ChatRenderer {
  public:
   std::atomic<const ChatRenderer*> inner{nullptr};
-  Result<std::string> render(const nlohmann::json& messages, const nlohmann::json& tools,
-                             const nlohmann::json& kwargs, bool add_gen) const override {
+  Result<std::string> render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                             const nlohmann::ordered_json& kwargs, bool add_gen) const override {
     auto* r = inner.load();
     if (!r) return loading();
     return r->render(messages, tools, kwargs, add_gen);

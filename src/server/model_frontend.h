@@ -32,8 +32,8 @@ class TextCodec {
 class ChatRenderer {
  public:
   virtual ~ChatRenderer() = default;
-  virtual Result<std::string> render(const nlohmann::json& messages, const nlohmann::json& tools,
-                                     const nlohmann::json& kwargs,
+  virtual Result<std::string> render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                     const nlohmann::ordered_json& kwargs,
                                      bool add_generation_prompt) const = 0;
 };
 

@@ -15,8 +15,8 @@ class TemplateRenderer final : public server::ChatRenderer {
   // `kwargs` (thinking_mode, reasoning_effort, the request's chat_template_kwargs) become template
   // variables, as transformers' apply_chat_template(**kwargs). Errors from the template (malformed
   // messages, raise_exception) are invalid arguments.
-  Result<std::string> render(const nlohmann::json& messages, const nlohmann::json& tools,
-                             const nlohmann::json& kwargs,
+  Result<std::string> render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                             const nlohmann::ordered_json& kwargs,
                              bool add_generation_prompt) const override;
 
   const ChatTemplate& chat_template() const { return tmpl_; }

@@ -17,7 +17,7 @@ namespace {
 
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 struct Response {
   int status = 0;

@@ -6,7 +6,7 @@
 namespace m3::server {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 ApiError chat_error(const std::string& body) {
   auto j = parse_json_body(body);

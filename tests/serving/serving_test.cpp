@@ -19,7 +19,7 @@ namespace m3::serving {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 const fs::path kModel = fs::path(M3_REPO_ROOT) / "models" / "m3-tiny";
 const fs::path kGolden = fs::path(M3_REPO_ROOT) / "tests" / "fixtures" / "m3_tiny" / "golden.json";
@@ -98,14 +98,13 @@ std::vector<int32_t> ids_of(const json& j) {
 }
 
 TEST_F(ServingTest, RenderedAndTokenizedChatEqualsGoldenPromptIds) {
-  // The cases without tools: the server hands the renderer nlohmann::json, whose objects have
-  // sorted keys, so tool schemas (rendered with tojson) come out in another key order than
-  // transformers' (see the report); messages render the same.
-  int checked = 0;
+  // Every case, tools included: requests are nlohmann::ordered_json end to end, so tool schemas
+  // render (tojson) in the client's key order, as transformers renders them.
+  int checked = 0, with_tools = 0;
   for (const auto& c : golden()["cases"]) {
-    if (!c["tools"].is_null()) continue;
+    if (!c["tools"].is_null()) ++with_tools;
     const json kwargs = c["chat_template_kwargs"];
-    auto text = stack_->renderer->render(c["messages"], json(), kwargs, true);
+    auto text = stack_->renderer->render(c["messages"], c["tools"], kwargs, true);
     ASSERT_TRUE(text.is_ok()) << c["name"] << ": " << text.status().to_string();
     EXPECT_EQ(*text, c["prompt_text"].get<std::string>()) << c["name"];
     auto ids = stack_->codec->encode(*text);
@@ -113,7 +112,8 @@ TEST_F(ServingTest, RenderedAndTokenizedChatEqualsGoldenPromptIds) {
     EXPECT_EQ(*ids, ids_of(c["prompt_ids"])) << c["name"];
     ++checked;
   }
-  EXPECT_GE(checked, 4);
+  EXPECT_GE(checked, 9);
+  EXPECT_GE(with_tools, 3);
 }
 
 TEST_F(ServingTest, CodecSpecialTokensAndRoundTrip) {

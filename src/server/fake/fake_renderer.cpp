@@ -2,7 +2,7 @@
 
 namespace m3::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 const std::string kNs = "]<]minimax[>[";

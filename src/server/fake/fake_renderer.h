@@ -11,12 +11,12 @@ namespace m3::server {
 
 class FakeRenderer : public ChatRenderer {
  public:
-  Result<std::string> render(const nlohmann::json& messages, const nlohmann::json& tools,
-                             const nlohmann::json& kwargs,
+  Result<std::string> render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                             const nlohmann::ordered_json& kwargs,
                              bool add_generation_prompt) const override;
 };
 
 // The namespaced XML for one value (what the template's to_xml macro produces).
-std::string minimax_m3_to_xml(const nlohmann::json& value);
+std::string minimax_m3_to_xml(const nlohmann::ordered_json& value);
 
 }  // namespace m3::server

@@ -6,7 +6,7 @@
 
 namespace m3::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string random_id(const char* prefix, size_t n) {
   static thread_local std::mt19937_64 rng(std::random_device{}());

@@ -54,8 +54,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void handle(BackendEvent& ev);
   void finish(const BackendEvent& ev);
   void emit_delta(chat::ParsedDelta&& d);
-  std::string chunk(nlohmann::json choice) const;
-  nlohmann::json usage_json() const;
+  std::string chunk(nlohmann::ordered_json choice) const;
+  nlohmann::ordered_json usage_json() const;
 
   ServerContext& ctx_;
   GenerationConfig cfg_;

@@ -2,8 +2,8 @@
 
 namespace m3::server {
 
-nlohmann::json ApiError::to_json() const {
-  nlohmann::json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+nlohmann::ordered_json ApiError::to_json() const {
+  nlohmann::ordered_json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;
   if (!code.empty()) e["code"] = code;
   return {{"error", e}};

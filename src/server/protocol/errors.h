@@ -15,7 +15,7 @@ struct ApiError {
   std::string param;  // the offending request field ("messages[2].content"), empty if none
   std::string code;   // machine-readable code, empty if none
 
-  nlohmann::json to_json() const;
+  nlohmann::ordered_json to_json() const;
   std::string body() const { return to_json().dump(); }
 };
 

@@ -15,7 +15,7 @@
 
 namespace m3::server {
 
-Parsed<nlohmann::json> convert_messages(const nlohmann::json& messages,
+Parsed<nlohmann::ordered_json> convert_messages(const nlohmann::ordered_json& messages,
                                         std::vector<ImageRef>& images);
 
 }  // namespace m3::server

@@ -36,15 +36,15 @@ struct CommonGeneration {
 
 struct ChatRequest {
   CommonGeneration gen;
-  nlohmann::json messages;  // the chat template's input form (messages.h)
+  nlohmann::ordered_json messages;  // the chat template's input form (messages.h)
   std::vector<ImageRef> images;
-  nlohmann::json tools;  // validated OpenAI tools array, or null
+  nlohmann::ordered_json tools;  // validated OpenAI tools array, or null
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;  // kNamed
   bool parallel_tool_calls = true;
   // Template variables: the request's chat_template_kwargs, with thinking_mode and
   // reasoning_effort resolved from the top-level fields.
-  nlohmann::json template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::string thinking_mode;  // "enabled", "disabled" or "adaptive" (what the template gets)
 };
 
@@ -55,10 +55,10 @@ struct CompletionRequest {
   bool echo = false;
 };
 
-Parsed<ChatRequest> parse_chat_request(const nlohmann::json& body);
-Parsed<CompletionRequest> parse_completion_request(const nlohmann::json& body);
+Parsed<ChatRequest> parse_chat_request(const nlohmann::ordered_json& body);
+Parsed<CompletionRequest> parse_completion_request(const nlohmann::ordered_json& body);
 
 // Body text -> JSON object, or a 400 for malformed JSON / a non-object.
-Parsed<nlohmann::json> parse_json_body(const std::string& body);
+Parsed<nlohmann::ordered_json> parse_json_body(const std::string& body);
 
 }  // namespace m3::server
