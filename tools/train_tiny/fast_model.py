@@ -126,6 +126,7 @@ class MoE(nn.Module):
         self.E, self.I, self.k, self.scale = E, I, c["topk_experts"], c["routed_scale"]
         self.alpha, self.limit = c["alpha"], c["limit"]
         self.last_counts = None
+        self.grouped = False  # set by train.py after checking torch._grouped_mm against the dense path
 
     def forward(self, h):
         B, L, H = h.shape
@@ -137,17 +138,48 @@ class MoE(nn.Module):
             tw = s.gather(1, idx)
             tw = tw / tw.sum(-1, keepdim=True) * self.scale
             wdense = torch.zeros_like(s).scatter(1, idx, tw)  # [N, E], zeros for unselected experts
+        counts = torch.zeros(self.E, device=x.device).scatter_add_(
+            0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
         if torch.is_grad_enabled():
-            self.last_counts = torch.zeros(self.E, device=x.device).scatter_add_(
-                0, idx.reshape(-1), torch.ones(idx.numel(), device=x.device))
+            self.last_counts = counts
         shared = self.shared_experts(x)
         dt = shared.dtype  # bf16 under autocast, else the weights' dtype: run the experts the same way
         xe, gu_w, dn_w = x.to(dt), self.experts.gate_up_proj.to(dt), self.experts.down_proj.to(dt)
+        if self.grouped and dt == torch.bfloat16:
+            routed = self._grouped_experts(xe, idx, tw, counts.long(), gu_w, dn_w)
+            return (routed + shared.to(routed.dtype)).view(B, L, H)
         gu = torch.matmul(xe.unsqueeze(0), gu_w.transpose(1, 2))  # [E, N, 2I], all experts densely
         a = swiglu_oai(gu[..., :self.I], gu[..., self.I:], self.alpha, self.limit)
         out = torch.matmul(a, dn_w.transpose(1, 2))  # [E, N, H]
         routed = torch.einsum("ne,enh->nh", wdense.to(out.dtype), out)  # zero weight off the top-k
         return (routed + shared.to(routed.dtype)).view(B, L, H)
+
+    ALIGN = 16  # rows per expert group are padded to this (the grouped GEMM's backward needs it)
+
+    def _grouped_experts(self, xe, idx, tw, counts, gu_w, dn_w):
+        """Only the top-k experts per token, with torch._grouped_mm (Hopper), no host sync: the
+        (token, expert) pairs are sorted by expert into a buffer whose groups start at multiples
+        of ALIGN; padding rows are zero and give zero output and zero gradient."""
+        N, H = xe.shape
+        k, E, A = idx.shape[1], self.E, self.ALIGN
+        flat_e = idx.reshape(-1)
+        order = torch.argsort(flat_e, stable=True)
+        sorted_e = flat_e.index_select(0, order)
+        padded = (counts + A - 1) // A * A
+        pend = torch.cumsum(padded, 0)
+        cstart = torch.cumsum(counts, 0) - counts
+        dest = (pend - padded).index_select(0, sorted_e) + (
+            torch.arange(N * k, device=xe.device) - cstart.index_select(0, sorted_e))
+        R = N * k + E * A  # static bound on the padded rows; the last group takes the remainder
+        offs = torch.cat([pend[:-1], pend.new_full((1,), R)]).to(torch.int32)
+        tok = order // k
+        xs = xe.new_zeros(R, H).index_copy(0, dest, xe.index_select(0, tok))
+        gu = torch._grouped_mm(xs, gu_w.transpose(1, 2), offs=offs)  # [R, 2I]
+        a = swiglu_oai(gu[:, :self.I], gu[:, self.I:], self.alpha, self.limit)
+        out = torch._grouped_mm(a, dn_w.transpose(1, 2), offs=offs)  # [R, H]
+        w = tw.reshape(-1).index_select(0, order).to(out.dtype)
+        contrib = out.index_select(0, dest) * w[:, None]
+        return out.new_zeros(N, H).index_add(0, tok, contrib)
 
 
 class Layer(nn.Module):

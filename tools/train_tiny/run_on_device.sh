@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train m3-tiny on the GPU machine in one go and pack the results into $OUT.
 #   bash tools/train_tiny/run_on_device.sh            (from the repository root, $OUT set by the device tool)
-# Environment: TRAIN_SECONDS (default 240), EVAL_SECONDS (default 90), N_TRAIN (default 150000),
+# Environment: TRAIN_SECONDS (default 360), EVAL_SECONDS (default 90), N_TRAIN (default 400000),
 # EVAL_BATCH (default 150), M3TINY_NO_FAST=1 (train with the transformers classes, the old slow path),
 # EXTRA_ARGS (more train.py arguments).
 # $OUT receives train.log, last_run.json and m3tiny.tar.gz (split into m3tiny.tar.gz.part-* when over
@@ -16,10 +16,10 @@ echo "repo $(pwd) work $WORK out $OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>&1 | head -3
 
 python3 tools/train_tiny/train.py \
-  --train-seconds "${TRAIN_SECONDS:-240}" \
+  --train-seconds "${TRAIN_SECONDS:-360}" \
   --eval-seconds "${EVAL_SECONDS:-90}" \
   --eval-batch "${EVAL_BATCH:-150}" \
-  --n-train "${N_TRAIN:-150000}" \
+  --n-train "${N_TRAIN:-400000}" \
   --out-model "$WORK/models/m3-tiny" \
   --out-fixtures "$WORK/tests/fixtures/m3_tiny" \
   --report "$WORK/tools/train_tiny/last_run.json" ${EXTRA_ARGS:-} 2>&1 | tee "$OUT/train.log"
