@@ -1,0 +1,132 @@
+// Prefill GEMMs on the tensor cores (many tokens, T = 128 .. 32K) for BF16, MXFP8 and NVFP4
+// weights. Hopper has no block-scaled FP4/FP8 tensor-core instruction, so a quantised weight
+// matrix is dequantised tile by tile into a reusable BF16 scratch buffer (exactly: every MXFP8
+// value e4m3·2^e and every NVFP4 value e2m1·e4m3 is a bf16 number) and multiplied with
+// cuBLASLt (BF16 inputs, float32 accumulation and output). The NVFP4 per-matrix multiplier is
+// applied by cuBLASLt as alpha (a device pointer), in float32, not folded into the bf16 values.
+// BF16 weights are used in place (no dequantisation).
+//
+// Cost of the dequantisation: 2 bytes written and read per weight element against 2·T flops per
+// element for the GEMM, i.e. < 1 % of the time at T >= 1K.
+//
+// Routed experts (moe): rows (token, slot) are grouped by expert (launch_group_by_expert), the
+// token activations gathered in that order, and only experts that received tokens are
+// dequantised; one cuBLASLt GEMM per active expert for gate|up, SwiGLU-OAI to bf16 activations,
+// one GEMM per expert for down, then the weighted combine over the slots in ascending order
+// (the CPU backend's order) plus the optional shared-expert output.
+//
+// This header includes no CUDA header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace m3::cuda {
+
+class CachingAllocator;
+
+// One weight matrix [n, k] (or num_groups of them back to back, for experts), formats as in
+// quant_gemv.h. K must be a multiple of 32 (MXFP8), 16 (NVFP4) or 8 (BF16).
+struct QuantWeight {
+  QuantFormat format = QuantFormat::kBf16;
+  const uint8_t* w = nullptr;        // [G, N, K] e4m3 | [G, N, K/2] packed e2m1 | [G, N, K] bf16
+  const uint8_t* w_scale = nullptr;  // [G, N, K/32] e8m0 | [G, N, K/16] e4m3 | unused
+  const float* w_global = nullptr;   // [G] NVFP4 multiplier (device); nullptr = 1
+  int64_t n = 0, k = 0;
+};
+
+// Bytes of one matrix's data / scales (the stride between experts).
+int64_t quant_weight_bytes(QuantFormat f, int64_t n, int64_t k);
+int64_t quant_scale_bytes(QuantFormat f, int64_t n, int64_t k);
+
+enum class PrefillOut : int { kF32 = 0, kBf16 = 1 };
+
+// y[M, N] (+)= x[M, K] · W[N, K]^T (· global), bf16 x, float32 accumulation.
+struct PrefillLinearParams {
+  const uint16_t* x = nullptr;  // [M, ldx] bf16 bits
+  int64_t ldx = 0, m = 0;
+  QuantWeight w;                // one matrix
+  void* y = nullptr;            // [M, ldy] float32 or bf16 (out)
+  int64_t ldy = 0;
+  PrefillOut out = PrefillOut::kF32;
+  bool accumulate = false;      // y += (float32 output only)
+};
+
+// out[t] = Σ_s weight[t, s] · down_e(SwiGLU-OAI(gate_up_e(x[t]))) (+ shared[t]), e = ids[t, s].
+// Ids outside [0, E) contribute nothing.
+struct PrefillMoeParams {
+  const uint16_t* x = nullptr;           // [T, hidden] bf16 bits
+  const int32_t* topk_ids = nullptr;     // [T, top_k] (device)
+  const float* topk_weights = nullptr;   // [T, top_k] (device)
+  QuantWeight w13;                       // [E, 2·inter, hidden] (gate rows then up rows)
+  QuantWeight w2;                        // [E, hidden, inter]
+  const float* shared = nullptr;         // [T, hidden] or nullptr
+  float* out = nullptr;                  // [T, hidden]
+  int64_t t = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0;
+  float alpha = 1.702f, limit = 7.0f;
+};
+
+struct PrefillMoeStats {
+  int64_t active_experts = 0;  // experts dequantised and multiplied in the last moe() call
+};
+
+class PrefillGemm {
+ public:
+  // `alloc` must outlive the object; scratch for one dequantised tile of at most
+  // `scratch_bytes` (a tile is a whole number of 128-row panels, at least one).
+  static Result<std::unique_ptr<PrefillGemm>> create(CachingAllocator* alloc,
+                                                     int64_t scratch_bytes = int64_t{128} << 20);
+  ~PrefillGemm();
+  PrefillGemm(const PrefillGemm&) = delete;
+  PrefillGemm& operator=(const PrefillGemm&) = delete;
+
+  Status linear(const PrefillLinearParams& p, CUstream_st* stream);
+  // Synchronises the stream once (the host needs the per-expert row counts).
+  Status moe(const PrefillMoeParams& p, CUstream_st* stream);
+  PrefillMoeStats last_moe_stats() const { return moe_stats_; }
+
+  struct Impl;
+
+ private:
+  PrefillGemm() = default;
+  std::unique_ptr<Impl> impl_;
+  PrefillMoeStats moe_stats_;
+};
+
+// Kernels (prefill_kernels.cu).
+
+// Dequantises rows [row0, row0 + rows) of one matrix to bf16 out[rows, K] (exact, see above;
+// the NVFP4 global multiplier is NOT applied).
+struct DequantBf16Params {
+  QuantWeight w;
+  int64_t row0 = 0, rows = 0;
+  uint16_t* out = nullptr;  // [rows, K] bf16 bits
+};
+Status launch_dequant_bf16(const DequantBf16Params& p, CUstream_st* stream);
+
+// y[i] = bf16(x[i]) (round to nearest even), n elements.
+Status launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, CUstream_st* stream);
+
+// out[i, :] = x[rows[i] / row_div, :] (bf16 rows of `dim`), i < num_rows.
+Status launch_gather_bf16(const uint16_t* x, const int32_t* rows, int64_t row_div,
+                          int64_t num_rows, int64_t dim, uint16_t* out, CUstream_st* stream);
+
+// act[r, i] = bf16(SwiGLU-OAI(h[r, i], h[r, I + i])), r < rows, i < I.
+Status launch_swiglu_oai_bf16(const float* h, int64_t rows, int64_t inter, float alpha,
+                              float limit, uint16_t* act, CUstream_st* stream);
+
+// inv[sorted_rows[i]] = i for i < num_rows (inv must be pre-filled with -1).
+Status launch_invert_rows(const int32_t* sorted_rows, int64_t num_rows, int32_t* inv,
+                          CUstream_st* stream);
+
+// out[t] = Σ_s w[t, s] · y[inv[t·K + s]] (ascending s, inv -1 skipped) (+ shared[t]).
+Status launch_moe_combine_sorted(const float* y, const int32_t* inv, const float* weights,
+                                 const float* shared, int64_t t, int64_t top_k, int64_t hidden,
+                                 float* out, CUstream_st* stream);
+
+}  // namespace m3::cuda

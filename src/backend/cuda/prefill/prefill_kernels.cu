@@ -1,0 +1,238 @@
+// Element-wise kernels of the prefill GEMM path (see prefill_gemm.h): exact dequantisation to
+// bf16, f32 -> bf16, bf16 row gather, SwiGLU-OAI to bf16, row inversion and the sorted combine.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/cuda/prefill/prefill_gemm.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int grid_for(int64_t n, int per_thread = 1) {
+  const int64_t work = (n + per_thread - 1) / per_thread;
+  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 65535 * 8));
+}
+
+// E4M3 (bias 7, no infinities, S.1111.111 = NaN) to float, exact.
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+  const uint32_t e = (b >> 3) & 0xF, m = b & 7;
+  float v;
+  if ((b & 0x7F) == 0x7F) {
+    v = __int_as_float(0x7FC00000);
+  } else if (e == 0) {
+    v = static_cast<float>(m) * 0.001953125f;  // m/8 · 2^-6
+  } else {
+    v = __int_as_float(static_cast<int>(((e + 120) << 23) | (m << 20)));
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+// E8M0 2^(s - 127); 0xFF is NaN.
+__device__ __forceinline__ float e8m0_to_float(uint32_t s) {
+  if (s == 0xFF) return __int_as_float(0x7FC00000);
+  if (s == 0) return __int_as_float(0x00400000);  // 2^-127 (subnormal)
+  return __int_as_float(static_cast<int>(s << 23));
+}
+
+__device__ __forceinline__ float e2m1_to_float(uint32_t c) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMag[c & 7];
+  return (c & 8) ? -v : v;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// One thread per 32-element MXFP8 block: 2×16-byte code loads, one scale, 4×16-byte stores.
+__global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ codes,
+                                     const uint8_t* __restrict__ scales, int64_t blocks,
+                                     uint16_t* __restrict__ out) {
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < blocks;
+       b += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 c0 = reinterpret_cast<const uint4*>(codes)[2 * b];
+    const uint4 c1 = reinterpret_cast<const uint4*>(codes)[2 * b + 1];
+    const float s = e8m0_to_float(scales[b]);
+    const uint32_t words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+    uint32_t o[16];
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const uint32_t v = words[w];
+      o[2 * w] = pack_bf16x2(e4m3_to_float(v & 0xFF) * s, e4m3_to_float((v >> 8) & 0xFF) * s);
+      o[2 * w + 1] =
+          pack_bf16x2(e4m3_to_float((v >> 16) & 0xFF) * s, e4m3_to_float(v >> 24) * s);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out) + 4 * b;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+  }
+}
+
+// One thread per 16-element NVFP4 block: one 8-byte load (element 2i in the low nibble), one
+// scale, 2×16-byte stores. e2m1·e4m3 has at most 6 significant bits: exact in bf16.
+__global__ void dequant_nvfp4_kernel(const uint8_t* __restrict__ packed,
+                                     const uint8_t* __restrict__ scales, int64_t blocks,
+                                     uint16_t* __restrict__ out) {
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < blocks;
+       b += int64_t{gridDim.x} * blockDim.x) {
+    const uint2 c = reinterpret_cast<const uint2*>(packed)[b];
+    const float s = e4m3_to_float(scales[b]);
+    const uint32_t words[2] = {c.x, c.y};
+    uint32_t o[8];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t byte = (words[w] >> (8 * j)) & 0xFF;
+        o[4 * w + j] = pack_bf16x2(e2m1_to_float(byte & 0xF) * s, e2m1_to_float(byte >> 4) * s);
+      }
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out) + 2 * b;
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
+                                   int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+    y[i] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+// One block per output row; 16-byte copies (dim % 8 == 0) else 2-byte.
+__global__ void gather_bf16_kernel(const uint16_t* __restrict__ x, const int32_t* __restrict__ rows,
+                                   int64_t row_div, int64_t dim, uint16_t* __restrict__ out) {
+  const int64_t i = blockIdx.x;
+  const int64_t src = rows[i] / row_div;
+  if (dim % 8 == 0) {
+    const uint4* s = reinterpret_cast<const uint4*>(x + src * dim);
+    uint4* d = reinterpret_cast<uint4*>(out + i * dim);
+    for (int64_t j = threadIdx.x; j < dim / 8; j += blockDim.x) d[j] = s[j];
+  } else {
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) out[i * dim + j] = x[src * dim + j];
+  }
+}
+
+// Same float expression as the float32 op (moe/swiglu_oai.cu), then bf16 rounding.
+__global__ void swiglu_oai_bf16_kernel(const float* __restrict__ h, int64_t rows, int64_t inter,
+                                       float alpha, float limit, uint16_t* __restrict__ act) {
+  const int64_t n = rows * inter;
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = idx / inter, i = idx % inter;
+    const float g = h[r * 2 * inter + i], u = h[r * 2 * inter + inter + i];
+    const float gc = fminf(g, limit);
+    const float uc = fminf(fmaxf(u, -limit), limit);
+    const float sig = 1.0f / __fadd_rn(1.0f, expf(-__fmul_rn(gc, alpha)));
+    const __nv_bfloat16 b = __float2bfloat16_rn(__fmul_rn(__fmul_rn(gc, sig), __fadd_rn(uc, 1.0f)));
+    act[idx] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+__global__ void invert_rows_kernel(const int32_t* __restrict__ sorted_rows, int64_t n,
+                                   int32_t* __restrict__ inv) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    inv[sorted_rows[i]] = static_cast<int32_t>(i);
+}
+
+// One block per token; every thread owns columns j, j + blockDim, ...
+__global__ void moe_combine_sorted_kernel(const float* __restrict__ y,
+                                          const int32_t* __restrict__ inv,
+                                          const float* __restrict__ weights,
+                                          const float* __restrict__ shared, int64_t top_k,
+                                          int64_t hidden, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < top_k; ++s) {
+      const int32_t r = inv[t * top_k + s];
+      if (r < 0) continue;
+      acc = __fadd_rn(acc, __fmul_rn(weights[t * top_k + s], y[int64_t{r} * hidden + j]));
+    }
+    if (shared != nullptr) acc = __fadd_rn(acc, shared[t * hidden + j]);
+    out[t * hidden + j] = acc;
+  }
+}
+
+}  // namespace
+
+Status launch_dequant_bf16(const DequantBf16Params& p, CUstream_st* stream) {
+  if (p.rows == 0) return Status::ok();
+  const QuantWeight& w = p.w;
+  if (w.format == QuantFormat::kMxfp8) {
+    if (w.k % 32 != 0) return invalid_argument("[cuda.dequant_bf16] MXFP8 K % 32 != 0");
+    const int64_t blocks = p.rows * w.k / 32;
+    const uint8_t* codes = w.w + p.row0 * w.k;
+    const uint8_t* scales = w.w_scale + p.row0 * (w.k / 32);
+    dequant_mxfp8_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(codes, scales, blocks, p.out);
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(dequant_mxfp8_kernel);
+  } else if (w.format == QuantFormat::kNvfp4) {
+    if (w.k % 16 != 0) return invalid_argument("[cuda.dequant_bf16] NVFP4 K % 16 != 0");
+    const int64_t blocks = p.rows * w.k / 16;
+    const uint8_t* packed = w.w + p.row0 * (w.k / 2);
+    const uint8_t* scales = w.w_scale + p.row0 * (w.k / 16);
+    dequant_nvfp4_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(packed, scales, blocks, p.out);
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(dequant_nvfp4_kernel);
+  } else {
+    M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(p.out, w.w + p.row0 * w.k * 2, p.rows * w.k * 2,
+                                            cudaMemcpyDeviceToDevice, stream));
+  }
+  return Status::ok();
+}
+
+Status launch_f32_to_bf16(const float* x, uint16_t* y, int64_t n, CUstream_st* stream) {
+  if (n == 0) return Status::ok();
+  f32_to_bf16_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(x, y, n);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(f32_to_bf16_kernel);
+  return Status::ok();
+}
+
+Status launch_gather_bf16(const uint16_t* x, const int32_t* rows, int64_t row_div,
+                          int64_t num_rows, int64_t dim, uint16_t* out, CUstream_st* stream) {
+  if (num_rows == 0) return Status::ok();
+  if (num_rows > INT32_MAX) return invalid_argument("[cuda.gather_bf16] too many rows");
+  gather_bf16_kernel<<<static_cast<unsigned>(num_rows), 128, 0, stream>>>(x, rows, row_div, dim,
+                                                                          out);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(gather_bf16_kernel);
+  return Status::ok();
+}
+
+Status launch_swiglu_oai_bf16(const float* h, int64_t rows, int64_t inter, float alpha,
+                              float limit, uint16_t* act, CUstream_st* stream) {
+  if (rows * inter == 0) return Status::ok();
+  swiglu_oai_bf16_kernel<<<grid_for(rows * inter, 4), kThreads, 0, stream>>>(h, rows, inter, alpha,
+                                                                            limit, act);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(swiglu_oai_bf16_kernel);
+  return Status::ok();
+}
+
+Status launch_invert_rows(const int32_t* sorted_rows, int64_t num_rows, int32_t* inv,
+                          CUstream_st* stream) {
+  if (num_rows == 0) return Status::ok();
+  invert_rows_kernel<<<grid_for(num_rows), kThreads, 0, stream>>>(sorted_rows, num_rows, inv);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(invert_rows_kernel);
+  return Status::ok();
+}
+
+Status launch_moe_combine_sorted(const float* y, const int32_t* inv, const float* weights,
+                                 const float* shared, int64_t t, int64_t top_k, int64_t hidden,
+                                 float* out, CUstream_st* stream) {
+  if (t == 0) return Status::ok();
+  if (t > INT32_MAX) return invalid_argument("[cuda.moe_combine_sorted] too many tokens");
+  moe_combine_sorted_kernel<<<static_cast<unsigned>(t), 256, 0, stream>>>(y, inv, weights, shared,
+                                                                          top_k, hidden, out);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(moe_combine_sorted_kernel);
+  return Status::ok();
+}
+
+}  // namespace m3::cuda
