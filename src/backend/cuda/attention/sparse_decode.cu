@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   const int32_t blk = sel[slot];
   bool skip = blk < 0 || blk > qb;
   for (int i = 0; i < slot && !skip; ++i) skip = sel[i] == blk;  // duplicates count once
-  const int64_t page = skip ? -1 : p.block_tables[b * p.max_blocks + blk];
+  const int64_t page = skip ? -1 : p.block_tables[b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride) + blk];
   float* mlp = p.ml_partial + ((b * p.num_heads + g * kGroup) * p.top_k + slot) * 2;
   float* op = p.o_partial + ((b * p.num_heads + g * kGroup) * p.top_k + slot) * kD;
   if (skip || page < 0 || page >= c.num_pages) {
@@ -152,9 +152,10 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   if (p.batch == 0) return Status::ok();
   const KvCacheBf16View& c = p.cache;
   if (c.head_dim != kD || c.page_size != kS || c.num_kv_heads * kGroup != p.num_heads ||
-      p.top_k <= 0 || p.top_k > 64)
+      p.top_k <= 0 || p.top_k > 65535 || p.batch > 65535)
     return invalid_argument("[cuda.sparse_decode] needs D = 128, page 128, 16 query heads per KV "
-                            "head, top_k in [1, 64]; got D " + std::to_string(c.head_dim) +
+                            "head, top_k in [1, 65535] (dense prefill rows select every block), "
+                            "batch <= 65535; got D " + std::to_string(c.head_dim) +
                             ", page " + std::to_string(c.page_size) + ", H " +
                             std::to_string(p.num_heads) + ", Hkv " +
                             std::to_string(c.num_kv_heads));

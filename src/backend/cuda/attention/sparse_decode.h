@@ -31,6 +31,8 @@ struct IndexerDecodeParams {
   const int32_t* block_tables = nullptr; // [B, max_blocks] page ids, -1 = none
   int64_t batch = 0, num_index_heads = 0, max_blocks = 0;
   int64_t top_k = 16, local_blocks = 1, init_blocks = 0;
+  int64_t block_table_stride = -1;       // row stride of block_tables; -1 = max_blocks, 0 = one
+                                         // table shared by every row (prefill: B = tokens)
   float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
   int32_t* selected = nullptr;           // [B, Hix, top_k] out: block ids by descending score
                                          // (ties: lower id), -1 = empty slot
@@ -46,6 +48,7 @@ struct SparseDecodeParams {
   const int32_t* block_tables = nullptr; // [B, max_blocks]
   const int32_t* selected = nullptr;     // [B, Hkv, top_k] block ids, -1 = empty (from the indexer)
   int64_t batch = 0, num_heads = 0, max_blocks = 0, top_k = 16;
+  int64_t block_table_stride = -1;       // as in IndexerDecodeParams
   float scale = 0.0f;                    // softmax scale (1/sqrt(D))
   float* o_partial = nullptr;            // [B, H, top_k, D] scratch: unnormalised per-block outputs
   float* ml_partial = nullptr;           // [B, H, top_k, 2] scratch: (max, sum of exp) per block

@@ -1,0 +1,52 @@
+// Attention for a prefill chunk of one sequence at the real shapes (bf16 cache and activations,
+// float32 math): the lightning indexer for T query tokens against the paged index-key cache
+// (block max-pool, forced init/local blocks, causal, top-k per KV group), then block-sparse paged
+// attention of the chunk over the selected blocks (causal within the chunk: a token sees keys at
+// positions <= its own). Dense causal attention (layers without sparse attention) selects every
+// block 0..b_q of each token.
+//
+// The chunk's K, V and index keys must already be in the cache (launch_kv_write_bf16). Each
+// token is one row of the decode kernels (sparse_decode.h) with the sequence's block table shared
+// by every row (block_table_stride 0), so one K/V page load serves the 16 query heads of a KV
+// group, and the semantics are exactly the decode path's. Tokens are processed in sub-chunks so
+// that the split-softmax scratch stays under `scratch_bytes`.
+//
+// This header includes no CUDA header.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/attention/sparse_decode.h"
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace m3::cuda {
+
+class CachingAllocator;
+
+struct PrefillAttentionParams {
+  const uint16_t* q = nullptr;           // [T, H, D] bf16 (normed + roped)
+  const uint16_t* iq = nullptr;          // [T, Hix, Dix] bf16 (normed + roped); unused if dense
+  KvCacheBf16View cache;
+  const int32_t* positions = nullptr;    // [T] (device), the chunk's positions
+  const int32_t* block_table = nullptr;  // [num_blocks] (device) the sequence's pages
+  int64_t t = 0, num_heads = 0, num_index_heads = 0, num_blocks = 0;
+  int64_t top_k = 16, local_blocks = 1, init_blocks = 0;
+  bool dense = false;                    // full causal attention (no indexer)
+  float scale = 0.0f;                    // 1/sqrt(D)
+  int32_t* selected = nullptr;           // [T, Hix, top_k] out (sparse only); nullptr: internal
+  uint16_t* out = nullptr;               // [T, H, D] bf16
+};
+
+// Requires D == Dix == 128, S == 128, H / Hkv == 16, Hix == Hkv (sparse) (checked by the decode
+// kernels). `alloc` provides the scratch (freed before return, stream-ordered).
+Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocator* alloc,
+                                CUstream_st* stream, int64_t scratch_bytes = int64_t{512} << 20);
+
+// selected[t, g, i] = b_q(t) - i for i <= b_q(t), else -1 (every block of a dense causal row).
+Status launch_dense_selection(const int32_t* positions, int64_t t, int64_t groups,
+                              int64_t page_size, int64_t top_k, int32_t* selected,
+                              CUstream_st* stream);
+
+}  // namespace m3::cuda

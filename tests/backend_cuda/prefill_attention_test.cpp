@@ -1,0 +1,209 @@
+// Prefill-chunk attention at the real shapes (src/backend/cuda/attention/sparse_prefill.h): the
+// indexer for T query tokens of one sequence and block-sparse (or dense causal) paged attention
+// of the chunk, against the CPU backend's float32 indexer_topk and paged_attention on the same
+// bf16-representable data. The scratch limit is small so that several sub-chunks run.
+// Selections must be equal except rounding ties (criterion of sparse_decode_test.cpp); the
+// attention bound is the one derived there (scores within gamma_{D+2}·Σ|q||k|·scale, softmax and
+// weighted sum within gamma_{n+8}·Σp|v|, both sides, plus the bf16 output rounding 2^-8).
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/runtime/caching_allocator.h"
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+
+namespace m3 {
+namespace {
+
+using cuda_test::Dev;
+using cuda_test::expect_close;
+using cuda_test::gamma;
+using cuda_test::gpu;
+using cuda_test::kU;
+
+CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
+
+void bf16_randn(int64_t n, uint32_t seed, float scale, std::vector<float>* f,
+                std::vector<uint16_t>* b) {
+  *f = cuda_test::randn(n, seed, scale);
+  b->resize(f->size());
+  for (size_t i = 0; i < f->size(); ++i) {
+    (*b)[i] = f32_to_bf16((*f)[i]);
+    (*f)[i] = bf16_to_f32((*b)[i]);
+  }
+}
+
+struct Case {
+  int64_t context;  // tokens in the sequence after the chunk
+  int64_t t;        // chunk tokens (the last t positions)
+  bool dense;
+  int64_t init_blocks;
+  int64_t scratch;
+};
+
+class PrefillAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PrefillAttention, MatchesCpu) {
+  const Case c = GetParam();
+  const int64_t H = 64, Hkv = 4, D = 128, Hix = 4, Dix = 128, S = 128, top_k = 16;
+  const int64_t nb = (c.context + S - 1) / S, pages = nb + 3;
+  std::vector<int32_t> table(nb);
+  std::iota(table.begin(), table.end(), 2);
+  std::mt19937 rng(70);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<int32_t> pos(c.t);
+  for (int64_t i = 0; i < c.t; ++i) pos[i] = static_cast<int32_t>(c.context - c.t + i);
+  std::vector<float> kf, vf, ikf, qf, iqf;
+  std::vector<uint16_t> kb, vb, ikb, qb, iqb;
+  bf16_randn(pages * S * Hkv * D, 71, 1.0f, &kf, &kb);
+  bf16_randn(pages * S * Hkv * D, 72, 1.0f, &vf, &vb);
+  bf16_randn(pages * S * Dix, 73, 1.0f, &ikf, &ikb);
+  bf16_randn(c.t * H * D, 74, 1.0f, &qf, &qb);
+  bf16_randn(c.t * Hix * Dix, 75, 1.0f, &iqf, &iqb);
+
+  Dev<uint16_t> dk(kb), dv(vb), dik(ikb), dq(qb), diq(iqb);
+  Dev<int32_t> dtab(table), dpos(pos);
+  auto dsel = Dev<int32_t>::poisoned(c.t * Hix * top_k);
+  auto dout = Dev<uint16_t>::poisoned(c.t * H * D);
+  static cuda::CachingAllocator alloc;
+  cuda::PrefillAttentionParams p;
+  p.q = dq.ptr();
+  p.iq = diq.ptr();
+  p.cache = {dk.ptr(), dv.ptr(), dik.ptr(), pages, S, Hkv, D, Dix};
+  p.positions = dpos.ptr();
+  p.block_table = dtab.ptr();
+  p.t = c.t;
+  p.num_heads = H;
+  p.num_index_heads = Hix;
+  p.num_blocks = nb;
+  p.top_k = top_k;
+  p.local_blocks = 1;
+  p.init_blocks = c.init_blocks;
+  p.dense = c.dense;
+  p.scale = 1.0f / std::sqrt(float(D));
+  p.selected = dsel.ptr();
+  p.out = dout.ptr();
+  Status st = cuda::launch_prefill_attention(p, &alloc, stream(), c.scratch);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  auto gout = dout.host();
+
+  KvLayerView hv{kf.data(), vf.data(), ikf.data(), pages, S, Hkv, D, Dix};
+  std::vector<int32_t> gsel;
+  if (!c.dense) {
+    gsel = dsel.host();
+    std::vector<int32_t> sel(c.t * Hix * top_k);
+    cuda_test::cpu()->indexer_topk({iqf.data(), hv, pos.data(), table.data(), sel.data(), c.t,
+                                    Hix, nb, top_k, 1, c.init_blocks});
+    int64_t ties = 0;
+    for (int64_t t = 0; t < c.t; ++t) {
+      const int64_t qblk = pos[t] / S;
+      for (int64_t h = 0; h < Hix; ++h) {
+        std::vector<double> bs(qblk + 1, -INFINITY);
+        double mag = 0;
+        for (int64_t j = 0; j <= pos[t]; ++j) {
+          const float* kr = ikf.data() + (table[j / S] * S + j % S) * Dix;
+          double s = 0, a = 0;
+          for (int64_t i = 0; i < Dix; ++i) {
+            s += double(iqf[(t * Hix + h) * Dix + i]) * kr[i];
+            a += std::abs(double(iqf[(t * Hix + h) * Dix + i]) * kr[i]);
+          }
+          bs[j / S] = std::max(bs[j / S], s);
+          mag = std::max(mag, a);
+        }
+        bs[qblk] = INFINITY;
+        for (int64_t i = 0; i < std::min(c.init_blocks, qblk + 1); ++i) bs[i] = INFINITY;
+        std::set<int32_t> seen;
+        for (int64_t s = 0; s < top_k; ++s) {
+          const size_t idx = static_cast<size_t>((t * Hix + h) * top_k + s);
+          const int32_t want = sel[idx], got = gsel[idx];
+          if (want == -1 || got == -1) {
+            ASSERT_EQ(got, want) << "token " << t << " head " << h << " slot " << s;
+            continue;
+          }
+          ASSERT_TRUE(seen.insert(got).second) << "duplicate block " << got;
+          if (got != want) {
+            ASSERT_TRUE(bs[got] == bs[want] ||
+                        std::abs(bs[got] - bs[want]) <= 2 * gamma(Dix) * mag)
+                << "token " << t << " head " << h << " slot " << s << ": gpu " << got << " cpu "
+                << want;
+            ++ties;
+          }
+        }
+      }
+    }
+    std::printf("[ %-40s ] T=%lld ctx=%lld exact except %lld rounding ties\n",
+                "prefill indexer bf16 real shapes", (long long)c.t, (long long)c.context,
+                (long long)ties);
+  }
+
+  std::vector<float> want(c.t * H * D), got(c.t * H * D);
+  cuda_test::cpu()->paged_attention({qf.data(), hv, pos.data(), table.data(),
+                                     c.dense ? nullptr : gsel.data(), want.data(), c.t, H, nb,
+                                     Hix, top_k, p.scale});
+  std::vector<double> bound(want.size());
+  for (int64_t t = 0; t < c.t; ++t) {
+    for (int64_t n = 0; n < H; ++n) {
+      const int64_t g = n / (H / Hkv);
+      std::set<int64_t> blocks;
+      if (c.dense) {
+        for (int64_t b = 0; b <= pos[t] / S; ++b) blocks.insert(b);
+      } else {
+        for (int64_t s = 0; s < top_k; ++s) {
+          const int32_t x = gsel[(t * Hix + g) * top_k + s];
+          if (x >= 0 && x <= pos[t] / S) blocks.insert(x);
+        }
+      }
+      std::vector<double> sc, mg;
+      std::vector<const float*> vr;
+      for (int64_t blk : blocks)
+        for (int64_t j = blk * S; j <= std::min<int64_t>(pos[t], (blk + 1) * S - 1); ++j) {
+          const int64_t row = (table[blk] * S + j % S) * Hkv + g;
+          double s = 0, a = 0;
+          for (int64_t i = 0; i < D; ++i) {
+            s += double(qf[(t * H + n) * D + i]) * kf[row * D + i];
+            a += std::abs(double(qf[(t * H + n) * D + i]) * kf[row * D + i]);
+          }
+          sc.push_back(s * p.scale);
+          mg.push_back(a * p.scale);
+          vr.push_back(vf.data() + row * D);
+        }
+      const double mx = *std::max_element(sc.begin(), sc.end());
+      double sum = 0, delta = 0;
+      for (size_t j = 0; j < sc.size(); ++j) {
+        sum += std::exp(sc[j] - mx);
+        delta = std::max(delta, gamma(D + 2) * mg[j] + kU * std::abs(sc[j]));
+      }
+      for (int64_t i = 0; i < D; ++i) {
+        double o = 0, pv = 0, dev = 0;
+        for (size_t j = 0; j < sc.size(); ++j) o += std::exp(sc[j] - mx) / sum * vr[j][i];
+        for (size_t j = 0; j < sc.size(); ++j) {
+          const double pj = std::exp(sc[j] - mx) / sum;
+          pv += pj * std::abs(vr[j][i]);
+          dev += pj * std::abs(vr[j][i] - o);
+        }
+        const size_t idx = static_cast<size_t>((t * H + n) * D + i);
+        got[idx] = bf16_to_f32(gout[idx]);
+        const double f32b = 2 * (2 * delta * dev + gamma(double(sc.size()) + 8) * pv);
+        bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
+      }
+    }
+  }
+  char what[96];
+  std::snprintf(what, sizeof(what), "prefill attention %s T=%lld ctx=%lld init%lld",
+                c.dense ? "dense" : "sparse", (long long)c.t, (long long)c.context,
+                (long long)c.init_blocks);
+  expect_close(got, want, bound, what);
+}
+
+constexpr int64_t kMiB = 1 << 20;
+INSTANTIATE_TEST_SUITE_P(
+    Chunks, PrefillAttention,
+    ::testing::Values(Case{40, 40, false, 0, 4 * kMiB},       // first chunk, one block
+                      Case{2948, 48, false, 0, 4 * kMiB},     // 24 blocks > top-16
+                      Case{2400, 130, false, 1, 64 * kMiB},   // chunk spans a block boundary
+                      Case{700, 64, true, 0, 16 * kMiB}));    // dense causal
+
+}  // namespace
+}  // namespace m3
