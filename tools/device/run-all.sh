@@ -56,6 +56,17 @@ for v in 0 2; do
 done
 run_test cuda_composite_ops_test 40
 run_test cuda_model_test 40
+# Prefill (issue 6): tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
+# CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
+# count stays within 8).
+run_test prefill_gemm_test 90
+run_test prefill_attention_test 90
+t0=$SECONDS
+echo "== cuda_prefill_bench" >>"$OUT/bench.log"
+timeout 150 "$B/cuda_prefill_bench" /tmp/prefill.tsv >/tmp/prefill.log 2>&1
+SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench "$?" "$((SECONDS - t0))")")
+{ cat /tmp/prefill.log; echo "== prefill tsv"; cat /tmp/prefill.tsv 2>/dev/null; } |
+  tee -a "$OUT/bench.log" >>"$LOG"
 
 # Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
 if compgen -G "tests/fixtures/golden/*" >/dev/null; then

@@ -1,0 +1,315 @@
+// Prefill throughput of the MiniMax-M3.1-Flash architecture on one GPU with dummy weights in the
+// real formats (src/backend/cuda/dummy), at T = 8K and 32K prompt tokens (one chunk each), on a
+// slice of two layers: one dense-MLP layer (layers 0-2) and one MoE layer (layers 3-59), both
+// with MSA sparse attention. Per layer the matrix work runs through the prefill path
+// (src/backend/cuda/prefill: exact bf16 dequantisation + cuBLASLt bf16, float32 accumulation):
+//   q|k|v|index projections  MXFP8 [9856 x 6144]      -> bf16
+//   indexer + block-sparse attention over the chunk (src/backend/cuda/attention/sparse_prefill)
+//   o_proj                   MXFP8 [6144 x 8192]      -> f32
+//   router                   BF16  [128 x 6144]       -> f32 (routing itself: uniform random
+//                                                        top-4, fixed per run)
+//   routed experts           NVFP4 128 x ([6144 x 6144] gate|up, [6144 x 3072] down), top-4
+//   shared expert            MXFP8 [6144 x 6144] + SwiGLU + [6144 x 3072]
+//   dense MLP (layers 0-2)   MXFP8 [24576 x 6144] + SwiGLU + [6144 x 12288]
+// Not included (memory-bound, small at these T): RMSNorms, QK-norm + RoPE, KV write, residual
+// adds, embedding; the lm_head (prefill needs only the last token's logits).
+// Each component is timed with CUDA events (median of 3 after 1 warm-up); the layer time is their
+// sum (NOT one measured launch sequence), and 60 layers = 3 dense + 57 MoE layers, extrapolated.
+// FLOPs count 2 per multiply-add of the GEMMs as executed (routed rows only), 4·H·D per attended
+// key (QK and PV; keys = min(causal keys, top-16 blocks)) and 2·Hix·Dix per indexer key.
+//
+// Usage: cuda_prefill_bench [results.tsv] [tokens...]   (default tokens: 8192 32768)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
+#include "backend/cuda/runtime/caching_allocator.h"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace {
+
+using namespace m3;
+using namespace m3::cuda;
+
+constexpr double kPeak = 830e12;  // bf16 dense, cuBLASLt on random data (../shared/docs/device.md)
+constexpr int64_t kHd = 6144, kH = 64, kHkv = 4, kD = 128, kHix = 4, kDix = 128, kS = 128;
+constexpr int64_t kTopK = 16, kE = 128, kK4 = 4, kI = 3072, kSI = 3072, kDI = 12288;
+constexpr int64_t kQkv = 9856;
+constexpr int kDenseLayers = 3, kMoeLayers = 57;
+
+cudaStream_t g_s = nullptr;
+CUstream_st* st() { return g_s; }
+uint64_t g_seed = 300;
+FILE* g_tsv = nullptr;
+
+#define CHECK_OK(expr)                                                                  \
+  do {                                                                                  \
+    ::m3::Status s_ = (expr);                                                           \
+    if (!s_.is_ok()) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str()); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+#define CHECK_CUDA(expr)                                   \
+  CHECK_OK([&]() -> ::m3::Status {                         \
+    M3_CUDA_RETURN_IF_ERROR(expr);                         \
+    return ::m3::Status::ok();                             \
+  }())
+
+std::vector<void*> g_allocs;
+template <typename T>
+T* dalloc(int64_t count) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
+  g_allocs.push_back(p);
+  return static_cast<T*>(p);
+}
+template <typename T>
+T* dfill(int64_t count, DummyKind kind, float scale = 1.0f) {
+  T* p = dalloc<T>(count);
+  const int64_t n = (kind == DummyKind::kBf16Normal || kind == DummyKind::kF32Normal)
+                        ? count
+                        : count * static_cast<int64_t>(sizeof(T));
+  CHECK_OK(fill_dummy(p, n, kind, g_seed++, scale, st()));
+  return p;
+}
+
+QuantWeight make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
+  QuantWeight w;
+  w.format = f;
+  w.n = n;
+  w.k = k;
+  const int64_t e = n * k * g;
+  if (f == QuantFormat::kMxfp8) {
+    w.w = dfill<uint8_t>(e, DummyKind::kE4m3Codes);
+    w.w_scale = dfill<uint8_t>(e / 32, DummyKind::kE8m0Scales);
+  } else if (f == QuantFormat::kNvfp4) {
+    w.w = dfill<uint8_t>(e / 2, DummyKind::kE2m1Packed);
+    w.w_scale = dfill<uint8_t>(e / 16, DummyKind::kE4m3Scales);
+    w.w_global = dfill<float>(g, DummyKind::kF32Normal, 1e-3f);
+  } else {
+    w.w = reinterpret_cast<uint8_t*>(dfill<uint16_t>(e, DummyKind::kBf16Normal, 0.02f));
+  }
+  return w;
+}
+
+template <typename F>
+double time_ms(F&& f) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  f();  // warm-up (plans, allocator)
+  CHECK_CUDA(cudaStreamSynchronize(g_s));
+  std::vector<float> ms;
+  for (int r = 0; r < 3; ++r) {
+    CHECK_CUDA(cudaEventRecord(a, g_s));
+    f();
+    CHECK_CUDA(cudaEventRecord(b, g_s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[1];
+}
+
+struct Row {
+  std::string name;
+  double ms, flops;
+};
+
+void report(int64_t t, const Row& r) {
+  const double tf = r.flops / (r.ms * 1e-3) / 1e12;
+  std::printf("T=%-6lld %-44s %10.3f ms %9.2f TFLOP %8.1f TFLOP/s %6.1f%% of 830\n",
+              (long long)t, r.name.c_str(), r.ms, r.flops / 1e12, tf, 100 * tf * 1e12 / kPeak);
+  if (g_tsv)
+    std::fprintf(g_tsv, "%lld\t%s\t%.4f\t%.6g\t%.3f\t%.4f\n", (long long)t, r.name.c_str(), r.ms,
+                 r.flops, tf, tf * 1e12 / kPeak);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> tokens;
+  for (int i = 2; i < argc; ++i) tokens.push_back(std::atoll(argv[i]));
+  if (tokens.empty()) tokens = {8192, 32768};
+  if (argc > 1 && std::string(argv[1]) != "-") g_tsv = std::fopen(argv[1], "w");
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs; peak used: %.0f TFLOP/s bf16\n", prop.name,
+              prop.multiProcessorCount, kPeak / 1e12);
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  if (g_tsv) std::fprintf(g_tsv, "tokens\tcomponent\tms\tflops\tTFLOP/s\tfrac_peak\n");
+  CachingAllocator alloc;
+  auto gemm_r = PrefillGemm::create(&alloc);
+  CHECK_OK(gemm_r.status());
+  PrefillGemm& gemm = **gemm_r;
+
+  // Weights of the two layers of the slice.
+  QuantWeight qkv = make(QuantFormat::kMxfp8, kQkv, kHd);
+  QuantWeight o_proj = make(QuantFormat::kMxfp8, kHd, kH * kD);
+  QuantWeight router = make(QuantFormat::kBf16, kE, kHd);
+  QuantWeight e13 = make(QuantFormat::kNvfp4, 2 * kI, kHd, kE);
+  QuantWeight e2 = make(QuantFormat::kNvfp4, kHd, kI, kE);
+  QuantWeight s13 = make(QuantFormat::kMxfp8, 2 * kSI, kHd);
+  QuantWeight s2 = make(QuantFormat::kMxfp8, kHd, kSI);
+  QuantWeight d13 = make(QuantFormat::kMxfp8, 2 * kDI, kHd);
+  QuantWeight d2 = make(QuantFormat::kMxfp8, kHd, kDI);
+
+  for (const int64_t t : tokens) {
+    const int64_t nb = (t + kS - 1) / kS;
+    std::vector<Row> attn_rows, moe_rows, dense_rows;
+    uint16_t* x = dfill<uint16_t>(t * kHd, DummyKind::kBf16Normal);
+    uint16_t* big_bf16 = dalloc<uint16_t>(t * std::max(kQkv, 2 * kDI));
+    float* y = dalloc<float>(t * std::max<int64_t>(kHd, 2 * kDI));
+    uint16_t* act = dalloc<uint16_t>(t * kDI);
+    float* moe_out = dalloc<float>(t * kHd);
+    auto lin = [&](const QuantWeight& w, const uint16_t* in, int64_t ldx, void* out,
+                   PrefillOut ot) {
+      PrefillLinearParams p;
+      p.x = in;
+      p.ldx = ldx;
+      p.m = t;
+      p.w = w;
+      p.y = out;
+      p.ldy = w.n;
+      p.out = ot;
+      CHECK_OK(gemm.linear(p, st()));
+    };
+    auto flops_of = [&](const QuantWeight& w, int64_t m) { return 2.0 * m * w.n * w.k; };
+    attn_rows.push_back({"mxfp8 qkv+indexer [9856x6144] -> bf16",
+                         time_ms([&] { lin(qkv, x, kHd, big_bf16, PrefillOut::kBf16); }),
+                         flops_of(qkv, t)});
+
+    // Attention over the chunk: dummy bf16 cache of the whole prompt, positions 0..T-1.
+    uint16_t* kc = dfill<uint16_t>(nb * kS * kHkv * kD, DummyKind::kBf16Normal);
+    uint16_t* vc = dfill<uint16_t>(nb * kS * kHkv * kD, DummyKind::kBf16Normal);
+    uint16_t* ikc = dfill<uint16_t>(nb * kS * kDix, DummyKind::kBf16Normal);
+    uint16_t* q = dfill<uint16_t>(t * kH * kD, DummyKind::kBf16Normal);
+    uint16_t* iq = dfill<uint16_t>(t * kHix * kDix, DummyKind::kBf16Normal);
+    std::vector<int32_t> hpos(t), htab(nb);
+    for (int64_t i = 0; i < t; ++i) hpos[i] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < nb; ++i) htab[i] = static_cast<int32_t>(i);
+    int32_t* dpos = dalloc<int32_t>(t);
+    int32_t* dtab = dalloc<int32_t>(nb);
+    CHECK_CUDA(cudaMemcpy(dpos, hpos.data(), t * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dtab, htab.data(), nb * 4, cudaMemcpyHostToDevice));
+    uint16_t* attn_out = dalloc<uint16_t>(t * kH * kD);
+    PrefillAttentionParams ap;
+    ap.q = q;
+    ap.iq = iq;
+    ap.cache = {kc, vc, ikc, nb, kS, kHkv, kD, kDix};
+    ap.positions = dpos;
+    ap.block_table = dtab;
+    ap.t = t;
+    ap.num_heads = kH;
+    ap.num_index_heads = kHix;
+    ap.num_blocks = nb;
+    ap.top_k = kTopK;
+    ap.init_blocks = 1;
+    ap.scale = 1.0f / std::sqrt(float(kD));
+    ap.out = attn_out;
+    double attn_keys = 0, idx_keys = 0;
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t qb = i / kS;
+      attn_keys += qb < kTopK ? double(i + 1) : double((kTopK - 1) * kS + i % kS + 1);
+      idx_keys += double(i + 1);
+    }
+    attn_rows.push_back({"indexer + sparse attention (chunk)",
+                         time_ms([&] { CHECK_OK(launch_prefill_attention(ap, &alloc, st())); }),
+                         4.0 * kH * kD * attn_keys + 2.0 * kHix * kDix * idx_keys});
+    attn_rows.push_back({"mxfp8 o_proj [6144x8192] -> f32",
+                         time_ms([&] { lin(o_proj, attn_out, kH * kD, y, PrefillOut::kF32); }),
+                         flops_of(o_proj, t)});
+
+    // MoE layer: router GEMM, routed experts (uniform random top-4, fixed), shared expert.
+    moe_rows.push_back({"bf16 router [128x6144] -> f32",
+                        time_ms([&] { lin(router, x, kHd, y, PrefillOut::kF32); }),
+                        flops_of(router, t)});
+    std::vector<int32_t> ids(t * kK4);
+    std::vector<float> wts(t * kK4, 0.25f);
+    std::mt19937 rng(7);
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<int32_t> c;
+      while (static_cast<int64_t>(c.size()) < kK4) {
+        const int32_t e = static_cast<int32_t>(rng() % kE);
+        if (std::find(c.begin(), c.end(), e) == c.end()) c.push_back(e);
+      }
+      std::sort(c.begin(), c.end());
+      std::copy(c.begin(), c.end(), ids.begin() + i * kK4);
+    }
+    int32_t* did = dalloc<int32_t>(t * kK4);
+    float* dw = dalloc<float>(t * kK4);
+    CHECK_CUDA(cudaMemcpy(did, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dw, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
+    PrefillMoeParams mp;
+    mp.x = x;
+    mp.topk_ids = did;
+    mp.topk_weights = dw;
+    mp.w13 = e13;
+    mp.w2 = e2;
+    mp.out = moe_out;
+    mp.t = t;
+    mp.hidden = kHd;
+    mp.inter = kI;
+    mp.num_experts = kE;
+    mp.top_k = kK4;
+    char name[96];
+    const double moe_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+    std::snprintf(name, sizeof name, "nvfp4 routed experts top-4 (%lld active)",
+                  (long long)gemm.last_moe_stats().active_experts);
+    moe_rows.push_back({name, moe_ms,
+                        2.0 * t * kK4 * (2 * kI * kHd + kHd * kI)});
+    auto mlp = [&](const QuantWeight& w13, const QuantWeight& w2, int64_t inter) {
+      lin(w13, x, kHd, y, PrefillOut::kF32);
+      CHECK_OK(launch_swiglu_oai_bf16(y, t, inter, 1.702f, 7.0f, act, st()));
+      lin(w2, act, inter, moe_out, PrefillOut::kF32);
+    };
+    moe_rows.push_back({"mxfp8 shared expert (gate|up, swiglu, down)",
+                        time_ms([&] { mlp(s13, s2, kSI); }),
+                        flops_of(s13, t) + flops_of(s2, t)});
+    dense_rows.push_back({"mxfp8 dense MLP (gate|up, swiglu, down)",
+                          time_ms([&] { mlp(d13, d2, kDI); }),
+                          flops_of(d13, t) + flops_of(d2, t)});
+
+    double attn_ms = 0, attn_fl = 0, moe_ms_sum = 0, moe_fl = 0, dense_ms = 0, dense_fl = 0;
+    for (auto& r : attn_rows) report(t, r), attn_ms += r.ms, attn_fl += r.flops;
+    for (auto& r : moe_rows) report(t, r), moe_ms_sum += r.ms, moe_fl += r.flops;
+    for (auto& r : dense_rows) report(t, r), dense_ms += r.ms, dense_fl += r.flops;
+    const Row moe_layer{"MoE layer (sum of the above)", attn_ms + moe_ms_sum, attn_fl + moe_fl};
+    const Row dense_layer{"dense-MLP layer (sum of the above)", attn_ms + dense_ms,
+                          attn_fl + dense_fl};
+    report(t, moe_layer);
+    report(t, dense_layer);
+    const Row model{"60 layers (3 dense + 57 MoE), extrapolated",
+                    kDenseLayers * dense_layer.ms + kMoeLayers * moe_layer.ms,
+                    kDenseLayers * dense_layer.flops + kMoeLayers * moe_layer.flops};
+    report(t, model);
+    std::printf("T=%-6lld prefill %.0f tokens/s (60 layers, extrapolated); %.2f GFLOP/token; "
+                "attention share %.0f%% of the MoE layer time\n\n",
+                (long long)t, t / (model.ms * 1e-3), model.flops / t / 1e9,
+                100 * attn_rows[1].ms / moe_layer.ms);
+    if (g_tsv)
+      std::fprintf(g_tsv, "%lld\tprefill tokens/s (60 layers, extrapolated)\t%.4f\t%.6g\t%.1f\t0\n",
+                   (long long)t, model.ms, model.flops, t / (model.ms * 1e-3));
+    // Free this T's activations (weights stay).
+    CHECK_CUDA(cudaStreamSynchronize(g_s));
+    alloc.release_cached();
+  }
+  if (g_tsv) std::fclose(g_tsv);
+  for (void* p : g_allocs) cudaFree(p);
+  return 0;
+}
