@@ -69,8 +69,10 @@ SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench "$?" "$((SECONDS - t
   tee -a "$OUT/bench.log" >>"$LOG"
 
 # Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
+# cuda_golden_test runs them and the bundled m3-tiny's greedy cases through CudaBackend (same
+# argmax / greedy checks as the CPU golden tests); it reads the fixtures from this directory.
 if compgen -G "tests/fixtures/golden/*" >/dev/null; then
-  note "golden fixtures present but no GPU runner for them yet (see docs/perf-log.md)"
+  run_test cuda_golden_test 120
 else
   note "golden fixtures: none in tests/fixtures/golden"
 fi
