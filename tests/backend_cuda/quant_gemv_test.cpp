@@ -147,7 +147,79 @@ TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
   expect_close(y.host(), want, bound, "  variant 2");
+  // Variant 3 (activations in shared memory, longer K-slices: its own slice count): same bound.
+  p.variant = 3;
+  e.num_slices = cuda::quant_gemv_num_slices(c.f, c.k, 3);
+  ASSERT_LE(e.num_slices, slices);
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  expect_close(y.host(), want, bound, "  variant 3");
 }
+
+// Variant 3 alone, at shapes variants 0-2 do not take (K % 32 only) and at the real shapes with
+// up to 8 activation rows (several shared-memory passes where rows exceed its capacity).
+class QuantGemvV3 : public ::testing::TestWithParam<DenseCase> {};
+
+TEST_P(QuantGemvV3, MatchesCpuOnDequantisedWeights) {
+  const DenseCase c = GetParam();
+  QMatrix w = make_matrix(c.f, c.n, c.k, 17);
+  std::vector<float> xf;
+  std::vector<uint16_t> xb;
+  make_x(c.m, c.k, 18, &xf, &xb);
+  std::vector<float> want(c.m * c.n), mag(c.m * c.n);
+  cuda_test::cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
+  auto ax = abs_of(xf), aw = abs_of(w.deq);
+  cuda_test::cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
+  Dev<uint16_t> dx(xb);
+  Dev<uint8_t> dw(w.data), ds(w.scale);
+  Dev<float> dg(std::vector<float>{w.global});
+  const int64_t slices = cuda::quant_gemv_num_slices(c.f, c.k, 3);
+  Dev<float> partial(std::vector<float>(slices * c.m * c.n));
+  cuda::QuantGemvParams p;
+  p.format = c.f;
+  p.x = dx.ptr();
+  p.ldx = c.k;
+  p.w = dw.ptr();
+  p.w_scale = ds.ptr();
+  p.w_global = dg.ptr();
+  p.num_rows = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.partial = partial.ptr();
+  p.variant = 3;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  auto y = Dev<float>::poisoned(c.m * c.n);
+  cuda::GemvEpilogueParams e;
+  e.partial = partial.ptr();
+  e.num_slices = slices;
+  e.num_rows = c.m;
+  e.n = c.n;
+  e.y = y.ptr();
+  e.ldy = c.n;
+  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  // Same bound as above: any summation order of the K products stays within gamma_{K+2}.
+  std::vector<double> bound(want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
+  expect_close(y.host(), want, bound,
+               std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " gemv v3 M" +
+                   std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QuantGemvV3,
+    ::testing::Values(DenseCase{QuantFormat::kMxfp8, 1, 9856, 6144},    // q|k|v|index
+                      DenseCase{QuantFormat::kMxfp8, 8, 6144, 8192},    // o_proj, batch 8
+                      DenseCase{QuantFormat::kMxfp8, 2, 6144, 3072},    // shared down
+                      DenseCase{QuantFormat::kMxfp8, 4, 2000, 12288},   // dense down
+                      DenseCase{QuantFormat::kMxfp8, 5, 1000, 1536},    // odd N, K = 3 chunks
+                      DenseCase{QuantFormat::kMxfp8, 7, 77, 96},        // K tail inside a chunk
+                      DenseCase{QuantFormat::kMxfp8, 3, 13, 2080},      // slice tail
+                      DenseCase{QuantFormat::kNvfp4, 1, 6144, 6144},    // expert w1|w3
+                      DenseCase{QuantFormat::kNvfp4, 1, 6144, 3072},    // expert w2
+                      DenseCase{QuantFormat::kNvfp4, 8, 1000, 3072},    // 2 shared-memory passes
+                      DenseCase{QuantFormat::kNvfp4, 6, 1000, 1536},
+                      DenseCase{QuantFormat::kNvfp4, 3, 77, 96}));
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, QuantGemvDense,
@@ -163,9 +235,29 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Grouped by expert: tokens × top_k routed rows, each through its expert; SwiGLU epilogue on the
 // gate|up product, then the down product with float32 output.
-TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
+// Routings: distinct experts per token (expert 6 idle), and one where expert 3 takes every
+// token (12 rows: more than variant 3 holds in shared memory, so it takes several passes).
+struct Routing {
+  int64_t tokens;
+  std::vector<int32_t> ids;  // [tokens * 3]
+};
+std::vector<Routing> routings() {
+  std::vector<Routing> r;
+  r.push_back({5, {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3}});
+  Routing heavy{12, {}};
+  for (int32_t t = 0; t < 12; ++t)
+    for (int32_t v : {3, (t % 3) + 4 + (t % 3 >= 2 ? 1 : 0), t % 3}) heavy.ids.push_back(v);
+  r.push_back(heavy);
+  return r;
+}
+
+class QuantGemvGrouped : public ::testing::TestWithParam<int> {};  // the GEMV variant
+
+TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
+  const int variant = GetParam();
+  for (const Routing& routing : routings())
   for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
-    const int64_t experts = 8, tokens = 5, top_k = 3, inter = 1024, hidden = 2048;
+    const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
     const int64_t rows = tokens * top_k;
     std::vector<QMatrix> up, down;
     std::vector<uint8_t> up_d, up_s, dn_d, dn_s;
@@ -180,13 +272,12 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       up_g.push_back(up[e].global);
       dn_g.push_back(down[e].global);
     }
-    // Routing: distinct experts per token; expert 6 gets none (its slot must stay idle).
-    std::vector<int32_t> ids = {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3};
+    const std::vector<int32_t>& ids = routing.ids;
     std::vector<float> xf;
     std::vector<uint16_t> xb;
     make_x(tokens, hidden, 9, &xf, &xb);
     Dev<int32_t> dids(ids), offs{std::vector<int32_t>(experts + 1)},
-        sorted{std::vector<int32_t>(rows)}, active{std::vector<int32_t>(experts)};
+        sorted{std::vector<int32_t>(rows)}, active{std::vector<int32_t>(std::min(experts, rows))};
     cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(), active.ptr()};
     ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
     // Exact expectations for the grouping.
@@ -197,7 +288,7 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       want_off[e + 1] = int32_t(want_sorted.size());
       if (want_off[e + 1] > want_off[e]) want_active.push_back(int32_t(e));
     }
-    while (want_active.size() < size_t(experts)) want_active.push_back(-1);
+    while (want_active.size() < size_t(std::min(experts, rows))) want_active.push_back(-1);
     ASSERT_EQ(offs.host(), want_off);
     ASSERT_EQ(sorted.host(), want_sorted);
     ASSERT_EQ(active.host(), want_active);
@@ -205,8 +296,8 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     Dev<uint16_t> dx(xb);
     Dev<uint8_t> dud(up_d), dus(up_s), ddd(dn_d), dds(dn_s);
     Dev<float> dug(up_g), ddg(dn_g);
-    const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden);
-    const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter);
+    const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden, variant);
+    const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter, variant);
     Dev<float> part_up(std::vector<float>(s_up * rows * 2 * inter)),
         part_dn(std::vector<float>(s_dn * rows * hidden));
     cuda::QuantGemvParams p;
@@ -226,6 +317,7 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     p.n = 2 * inter;
     p.k = hidden;
     p.partial = part_up.ptr();
+    p.variant = variant;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
     auto act = Dev<uint16_t>::poisoned(rows * inter);
     cuda::GemvEpilogueParams e;
@@ -263,7 +355,8 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
         act_bound[r * inter + i] = 2 * da + std::ldexp(std::abs(a[i]) + da, -8) + 1e-30;
       }
     }
-    const std::string fmt = f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4";
+    const std::string fmt = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " v" +
+                            std::to_string(variant) + " T" + std::to_string(tokens);
     expect_close(act_got, act_want, act_bound, fmt + " grouped gate|up + swiglu (bf16)");
 
     // Down projection of the GPU's bf16 activations (exact inputs for both sides).
@@ -299,12 +392,16 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
         yb[r * hidden + j] = (2 * gamma(inter + 2) + 4 * kU) * 1.01 * mg[j] + 1e-30;
     }
     expect_close(y.host(), yw, yb, fmt + " grouped down (f32)");
-    p.variant = 2;  // the grouped path of variant 2, same bound
-    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-    ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
-    expect_close(y.host(), yw, yb, fmt + " grouped down (f32) variant 2");
+    if (variant == 0) {
+      p.variant = 2;  // the grouped path of variant 2, same bound
+      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+      ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+      expect_close(y.host(), yw, yb, fmt + " grouped down (f32) variant 2");
+    }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, QuantGemvGrouped, ::testing::Values(0, 3));
 
 }  // namespace
 }  // namespace m3

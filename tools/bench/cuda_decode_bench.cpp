@@ -5,7 +5,9 @@
 // HBM roofline (and of the measured device-to-device copy rate). Weights and caches rotate over
 // several copies or routings so that the 60 MB L2 cannot serve repeated launches.
 //
-// Usage: cuda_decode_bench [results.tsv]   (prints a table; writes TSV rows when a path is given)
+// Usage: cuda_decode_bench [results.tsv] [variant=0]
+//   prints a table (writes TSV rows when a path is given); `variant` is the GEMV variant of the
+//   main rows and of the composed estimate (the other variants get comparison rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "backend/cuda/dummy/dummy_weights.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/sampling/sample.h"
 
 namespace {
 
@@ -158,7 +161,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   DenseWeights d = make_dense(f, n, k);
   uint16_t* x = static_cast<uint16_t*>(dalloc(2 * m * k));
   CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
-  const int64_t slices = quant_gemv_num_slices(f, k);
+  const int64_t slices = quant_gemv_num_slices(f, k, variant);
   float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
   float* y = static_cast<float*>(dalloc(4 * m * n));
   const int64_t wb = d.wbytes(), sb = d.sbytes();
@@ -236,8 +239,8 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   int32_t* offs = static_cast<int32_t*>(dalloc(4 * (E + 1)));
   int32_t* sorted = static_cast<int32_t*>(dalloc(4 * rows));
   int32_t* active = static_cast<int32_t*>(dalloc(4 * E));
-  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H);
-  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I);
+  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H, variant);
+  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I, variant);
   float* pu = static_cast<float*>(dalloc(4 * su * rows * 2 * I));
   float* pd = static_cast<float*>(dalloc(4 * sd * rows * H));
   uint16_t* act = static_cast<uint16_t*>(dalloc(2 * rows * I));
@@ -293,7 +296,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
   char name[96];
   std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s", (long long)tokens,
-                unique, variant == 1 ? " v1" : variant == 2 ? " v2" : "");
+                unique, variant ? (" v" + std::to_string(variant)).c_str() : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y})
     cudaFree(p);
@@ -302,6 +305,41 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
 }
 
 // Indexer + sparse attention for B sequences with `ctx` tokens each (query at position ctx-1).
+// GPU sampling of B rows of the 200064-token vocabulary: greedy, and temperature 0.8 with
+// top_k 50 + top_p 0.9 + min_p 0.02 (the radix-select path). Bytes: the logits once (the kernel
+// passes over each row ~12 times, from L2 after the first).
+void bench_sampling(int64_t batch, bool greedy) {
+  const int64_t V = 200064;
+  float* logits = static_cast<float*>(dalloc(4 * batch * V));
+  CHECK_OK(fill_dummy(logits, batch * V, DummyKind::kF32Normal, 21, 3.0f, st()));
+  std::vector<SampleRowParams> h(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    h[b].temperature = greedy ? 0.0f : 0.8f;
+    h[b].top_k = greedy ? 0 : 50;
+    h[b].top_p = greedy ? 1.0f : 0.9f;
+    h[b].min_p = greedy ? 0.0f : 0.02f;
+    h[b].seed = 5;
+    h[b].counter = static_cast<uint64_t>(b);
+  }
+  auto* rows = static_cast<SampleRowParams*>(dalloc(sizeof(SampleRowParams) * batch));
+  CHECK_CUDA(cudaMemcpy(rows, h.data(), sizeof(SampleRowParams) * batch, cudaMemcpyHostToDevice));
+  int32_t* out = static_cast<int32_t*>(dalloc(4 * batch));
+  SampleParams p;
+  p.logits = logits;
+  p.batch = batch;
+  p.vocab = V;
+  p.ld = V;
+  p.rows = rows;
+  p.out = out;
+  const double ms = time_ms([&](int) { CHECK_OK(launch_sample(p, st())); }, 10, 7);
+  report(std::string("sample ") + (greedy ? "greedy" : "T0.8 k50 p0.9 minp0.02") + " B=" +
+             std::to_string(batch) + " V=200064",
+         ms, 4.0 * batch * V, 0);
+  cudaFree(logits);
+  cudaFree(rows);
+  cudaFree(out);
+}
+
 std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
   const int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16;
   const int64_t nb = ctx / S, pages = batch * nb + 1;
@@ -370,6 +408,7 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
 
 int main(int argc, char** argv) {
   if (argc > 1) g_tsv = std::fopen(argv[1], "w");
+  const int main_variant = argc > 2 ? std::atoi(argv[2]) : 0;
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB, HBM %.0f GiB; roofline %.1f TB/s, %.0f TFLOP/s bf16\n",
@@ -395,13 +434,23 @@ int main(int argc, char** argv) {
                      {"mxfp8 dense down [6144x12288]", 6144, 12288}};
   std::vector<std::vector<Meas>> dense_ms(6);
   const int64_t batches[] = {1, 8, 32, 128};
+  std::printf("(main rows: GEMV variant %d)\n", main_variant);
   for (int i = 0; i < 6; ++i)
-    for (int64_t m : {int64_t{1}, int64_t{8}}) dense_ms[i].push_back(bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m));
+    for (int64_t m : {int64_t{1}, int64_t{8}})
+      dense_ms[i].push_back(bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n,
+                                        dense[i].k, m, main_variant));
   std::vector<Meas> lm_head;
   for (int64_t m : {int64_t{1}, int64_t{8}})
     lm_head.push_back(bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, m));
   std::vector<Meas> moe_ms;
-  for (int64_t b : batches) moe_ms.push_back(bench_moe(b));
+  for (int64_t b : batches) moe_ms.push_back(bench_moe(b, main_variant));
+  // Variant 3 (activations in shared memory, loads + scales in flight, 64 registers) beside the
+  // main rows when they are another variant; and variant 0 when the main rows are variant 3.
+  const int other = main_variant == 3 ? 0 : 3;
+  for (int i : {0, 1, 2, 3, 4, 5})
+    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
+      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, other);
+  for (int64_t b : batches) bench_moe(b, other);
   // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
   bench_moe(1, 1);
   bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);
@@ -414,6 +463,9 @@ int main(int argc, char** argv) {
   bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 2);
   bench_moe(1, 2);
   bench_moe(8, 2);
+  for (int64_t b : batches) bench_sampling(b, false);
+  bench_sampling(1, true);
+  bench_sampling(128, true);
   std::vector<std::pair<Meas, Meas>> attn4k, attn32k;
   for (int64_t b : batches) {
     attn4k.push_back(bench_attention(b, 4096));

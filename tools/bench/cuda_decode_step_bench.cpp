@@ -146,7 +146,7 @@ void gemv(const QuantMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, fl
   p.variant = g_variant;
   CHECK_OK(launch_quant_gemv(p, st()));
   e.partial = partial;
-  e.num_slices = quant_gemv_num_slices(m.f, m.k);
+  e.num_slices = quant_gemv_num_slices(m.f, m.k, g_variant);
   e.num_rows = rows;
   e.n = m.n;
   CHECK_OK(launch_quant_gemv_epilogue(e, st()));

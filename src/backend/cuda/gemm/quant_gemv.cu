@@ -5,6 +5,8 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
 
+#include <algorithm>
+
 namespace m3::cuda {
 
 namespace gemv {
@@ -18,12 +20,84 @@ dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp) {
 
 }  // namespace gemv
 
-int64_t quant_gemv_num_slices(QuantFormat f, int64_t k) {
+namespace gemv {
+
+namespace {
+// Chunks per K-slice of variant 3 (one 16-byte load per lane each, all issued together): the
+// spill-free configurations under the 64-register cap (ptxas -v), with slices that divide K where
+// possible. A function of (format, K) only, so callers size the partial buffer without the rows.
+// MXFP8: 4 (K % 2048 == 0) or 3 (K % 1536 == 0) or 4; NVFP4: 4 (one activation row per register
+// pass; more rows loop over the weights held in registers: 2+ rows per pass spill).
+int v3_chunks(QuantFormat f, int64_t k) {
+  if (f == QuantFormat::kMxfp8) return k % 2048 == 0 ? 4 : k % 1536 == 0 ? 3 : 4;
+  return 4;
+}
+int v3_mt(QuantFormat f, int64_t per_group) {
+  if (f == QuantFormat::kNvfp4) return 1;  // NVFP4 with 2+ rows per register pass spills
+  return per_group <= 1 ? 1 : per_group <= 2 ? 2 : 4;
+}
+int64_t v3_per_group(const QuantGemvParams& p) {
+  const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
+  return p.group_offsets ? (p.num_rows + slots - 1) / slots : p.num_rows;
+}
+int64_t v3_chunk_elems(QuantFormat f) { return f == QuantFormat::kMxfp8 ? 512 : 1024; }
+bool uses_v3(QuantFormat f, int variant) { return variant == 3 && f != QuantFormat::kBf16; }
+}  // namespace
+
+V3Plan plan_v3(const QuantGemvParams& p) {
+  V3Plan pl;
+  const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
+  const int64_t per_group = v3_per_group(p);
+  pl.mt = v3_mt(p.format, per_group);
+  pl.rw = 1;  // 2 rows per warp step spill under 64 registers
+  pl.kc = v3_chunks(p.format, p.k);
+  const int64_t slice_k = pl.kc * v3_chunk_elems(p.format);
+  pl.slices = (p.k + slice_k - 1) / slice_k;
+  // Activation rows in shared memory: up to 8 within 96 KB, a multiple of mt. Grouped rows are
+  // uneven across experts: room for twice the average (more rows take another pass).
+  const int64_t row_bytes = slice_k * 4;
+  int64_t cap = std::min<int64_t>(8, 98304 / row_bytes);
+  cap = std::max<int64_t>(pl.mt, cap / pl.mt * pl.mt);
+  const int64_t want = p.group_offsets ? 2 * per_group : per_group;
+  pl.p_rows = static_cast<int>(std::min<int64_t>(cap, (want + pl.mt - 1) / pl.mt * pl.mt));
+  pl.smem = static_cast<size_t>(pl.p_rows) * static_cast<size_t>(row_bytes);
+  // Warp steps per CTA: at least ~2 CTAs per resident slot (132 SMs x 4) before growing tiles,
+  // so the activation fill is amortised only where the grid is large anyway.
+  const int64_t row_tiles = (p.n + 8 * pl.rw - 1) / (8 * pl.rw);
+  const int64_t ctas1 = row_tiles * pl.slices * slots;
+  pl.iters = static_cast<int>(std::clamp<int64_t>(ctas1 / 1056, 1, 16));
+  const int64_t rows_per_cta = int64_t{8} * pl.rw * pl.iters;
+  pl.grid = dim3(static_cast<unsigned>((p.n + rows_per_cta - 1) / rows_per_cta * pl.slices),
+                 static_cast<unsigned>(slots));
+  return pl;
+}
+
+}  // namespace gemv
+
+int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {
+  if (gemv::uses_v3(f, variant)) {
+    const int64_t slice_k = gemv::v3_chunks(f, k) * gemv::v3_chunk_elems(f);
+    return (k + slice_k - 1) / slice_k;
+  }
   return f == QuantFormat::kMxfp8 ? k / 512 : f == QuantFormat::kNvfp4 ? k / 1024 : k / 256;
 }
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.num_rows == 0 || p.n == 0) return Status::ok();
+  if (gemv::uses_v3(p.format, p.variant)) {
+    if (p.k <= 0 || p.k % 32 != 0)
+      return invalid_argument("[cuda.quant_gemv] K = " + std::to_string(p.k) +
+                              " must be a positive multiple of 32 (variant 3)");
+    if (p.ldx % 8 != 0 || (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 ||
+        (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
+        (reinterpret_cast<uintptr_t>(p.w_scale) & 1) != 0)
+      return invalid_argument("[cuda.quant_gemv] x rows and weights must be 16-byte aligned");
+    if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
+      return invalid_argument("[cuda.quant_gemv] group_offsets and active_groups go together");
+    const gemv::V3Plan plan = gemv::plan_v3(p);
+    return p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8_v3(p, plan, stream)
+                                           : gemv::launch_nvfp4_v3(p, plan, stream);
+  }
   const int64_t slice = p.format == QuantFormat::kMxfp8   ? 512
                         : p.format == QuantFormat::kNvfp4 ? 1024
                                                           : 256;

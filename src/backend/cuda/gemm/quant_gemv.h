@@ -16,7 +16,7 @@
 //    checkpoints global = 1 / weight_global_scale; ModelOpt: weight_scale_2).
 //  * BF16 (lm_head, embeddings): [N, K] bf16, no scales.
 // Requirements: K % 512 == 0 (MXFP8), K % 1024 == 0 (NVFP4), K % 256 == 0 (BF16) (all MiniMax-M3
-// in-dims qualify),
+// in-dims qualify; variant 3: K % 32 == 0),
 // 16-byte aligned weight rows. Arithmetic is float32 throughout (products and sums), so there is no
 // range limit on the activations beyond float32.
 //
@@ -57,11 +57,15 @@ struct QuantGemvParams {
   int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads
                                     // in flight; 1 = 8 in flight; 2 = 4 rows per warp (NVFP4: 2),
                                     // scales prefetched, butterfly reduction (MXFP8 MT = 4 falls
-                                    // back to 0)
+                                    // back to 0); 3 = activations in shared memory, 6-8 loads in
+                                    // flight with their scales, <= 64 registers, K-slices of
+                                    // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0)
 };
 
-// K-slices of the partial buffer for a format and K.
-int64_t quant_gemv_num_slices(QuantFormat f, int64_t k);
+// K-slices of the partial buffer for a format, K and kernel variant (variant 3 cuts K into fewer,
+// longer slices; never more than variant 0's, so a buffer sized for variant 0 fits every variant).
+// The epilogue's num_slices must come from the same call.
+int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant = 0);
 
 enum class GemvEpilogue : int {
   kStoreF32 = 0,    // y[r, n] (+)= Σ_s partial[s, r, n]

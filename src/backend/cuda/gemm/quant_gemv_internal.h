@@ -11,6 +11,21 @@ Status launch_mxfp8(const QuantGemvParams& p, int mt, cudaStream_t s);
 Status launch_nvfp4(const QuantGemvParams& p, int mt, cudaStream_t s);
 Status launch_bf16(const QuantGemvParams& p, int mt, cudaStream_t s);
 
+// Variant 3 (quant_gemv_v3.cuh): the launch shape chosen on the host.
+struct V3Plan {
+  int kc = 4;          // chunks (one 16-byte load per lane per row) per K-slice
+  int mt = 1;          // activation rows per register pass
+  int rw = 2;          // weight rows per warp step
+  int p_rows = 1;      // activation rows in shared memory (a multiple of mt)
+  int iters = 1;       // warp steps per CTA
+  int64_t slices = 1;  // K-slices (partial planes)
+  size_t smem = 0;     // dynamic shared memory bytes
+  dim3 grid;
+};
+V3Plan plan_v3(const QuantGemvParams& p);
+Status launch_mxfp8_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
+Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
+
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
 dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);

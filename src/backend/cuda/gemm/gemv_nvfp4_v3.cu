@@ -1,0 +1,38 @@
+// NVFP4 instantiations of GEMV variant 3 (quant_gemv_v3.cuh): one activation row per register pass
+// (more rows loop over the weights held in registers), 4 chunks per K-slice (spill-free at 64
+// registers; 2+ rows per pass or 2-3 chunks spill).
+#include "backend/cuda/gemm/quant_gemv_internal.h"
+#include "backend/cuda/gemm/quant_gemv_v3.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace m3::cuda::gemv {
+
+namespace {
+
+template <int MT, int RW, int KC>
+Status launch(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  auto* kernel = quant_gemv_kernel_v3<QuantFormat::kNvfp4, MT, RW, KC>;
+  static bool raised = false;  // dynamic shared memory above 48 KB needs an opt-in once
+  if (!raised) {
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
+    raised = true;
+  }
+  kernel<<<plan.grid, kV3Threads, plan.smem, s>>>(p, plan.p_rows, plan.iters);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel_v3<nvfp4>");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  const int key = plan.mt * 10 + plan.kc;
+  switch (key) {
+    case 14: return launch<1, 1, 4>(p, plan, s);
+    default: break;
+  }
+  return invalid_argument("[cuda.quant_gemv] no NVFP4 variant-3 kernel for mt " +
+                          std::to_string(plan.mt) + ", chunks " + std::to_string(plan.kc));
+}
+
+}  // namespace m3::cuda::gemv
