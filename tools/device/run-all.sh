@@ -6,7 +6,7 @@
 # call's time limit may cut it); prints a short table last. Needs .device/cuda from
 # tools/device/bundle.sh (carry: [".device/cuda"]).
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
-# step-v0.log, step-v2.log, sanitizer.log (7; table-before-sanitizer.txt stays only when the
+# step.log, step.tsv, sanitizer.log (7; table-before-sanitizer.txt stays only when the
 # call's limit cut the sanitizer).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,24 +36,26 @@ run_test() {  # name limit
 run_test cuda_ops_test 40
 run_test quant_gemv_test 40
 run_test sparse_decode_test 40
+run_test sampling_test 60
 
 run_bench() {
   local t0=$SECONDS
-  timeout 80 "$B/cuda_decode_bench" "$OUT/bench.tsv" >"$OUT/bench.log" 2>&1
+  # Main rows and the composed estimate with GEMV variant 3; variant 0/2 rows beside them.
+  timeout 120 "$B/cuda_decode_bench" "$OUT/bench.tsv" 3 >"$OUT/bench.log" 2>&1
   local rc=$?
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
   cat "$OUT/bench.log" >>"$LOG"
 }
 run_bench
-# A whole decode step (2 layers + head, CUDA graph), GEMV variants 0 and 2; per-layer time
-# extrapolated to 60 layers.
-for v in 0 2; do
+# A whole decode step (2 layers + head + sampling, CUDA graph), GEMV variants 0 and 3; per-layer
+# time extrapolated to 60 layers; rows appended to step.tsv.
+for v in 0 3; do
   t0=$SECONDS
-  timeout 120 "$B/cuda_decode_step_bench" 2 "$v" >"$OUT/step-v$v.log" 2>&1
+  timeout 150 "$B/cuda_decode_step_bench" 2 "$v" "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
   rc=$?
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
-  cat "$OUT/step-v$v.log" >>"$LOG"
 done
+cat "$OUT/step.log" >>"$LOG"
 run_test cuda_composite_ops_test 40
 run_test cuda_model_test 40
 # Prefill (issue 6): tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
@@ -87,7 +89,7 @@ print_table() {
   cat "$OUT/bench.log"
   echo
   echo "== decode step"
-  cat "$OUT"/step-v*.log 2>/dev/null
+  cat "$OUT"/step.log 2>/dev/null
   echo
   echo "== summary"
   printf '%s\n' "${SUMMARY[@]}"
