@@ -3,7 +3,7 @@
 #   bash tools/train_tiny/run_on_device.sh            (from the repository root, $OUT set by the device tool)
 # Environment: TRAIN_SECONDS (default 360), EVAL_SECONDS (default 90), N_TRAIN (default 400000),
 # EVAL_BATCH (default 150), M3TINY_NO_FAST=1 (train with the transformers classes, the old slow path),
-# EXTRA_ARGS (more train.py arguments).
+# EXTRA_ARGS (more train.py arguments), INIT_FROM (continue from this m3-tiny folder, e.g. models/m3-tiny).
 # $OUT receives train.log, last_run.json and m3tiny.tar.gz (split into m3tiny.tar.gz.part-* when over
 # 15 MiB). Unpack at the repository root:
 #   cat m3tiny.tar.gz* | tar -xzf -       (gives models/m3-tiny/ and tests/fixtures/m3_tiny/)
@@ -22,7 +22,7 @@ python3 tools/train_tiny/train.py \
   --n-train "${N_TRAIN:-400000}" \
   --out-model "$WORK/models/m3-tiny" \
   --out-fixtures "$WORK/tests/fixtures/m3_tiny" \
-  --report "$WORK/tools/train_tiny/last_run.json" ${EXTRA_ARGS:-} 2>&1 | tee "$OUT/train.log"
+  --report "$WORK/tools/train_tiny/last_run.json" ${EXTRA_ARGS:-} ${INIT_FROM:+--init-from "$INIT_FROM"} 2>&1 | tee "$OUT/train.log"
 rc=${PIPESTATUS[0]}
 echo "train.py exit code $rc" | tee -a "$OUT/train.log"
 

@@ -57,6 +57,7 @@ ap.add_argument("--report", default="tools/train_tiny/last_run.json")
 ap.add_argument("--train-seconds", type=float, default=270.0)
 ap.add_argument("--n-train", type=int, default=60000)
 ap.add_argument("--seed", type=int, default=0)
+ap.add_argument("--init-from", default="", help="continue from this m3-tiny folder (its tokenizer and weights)")
 ap.add_argument("--max-len", type=int, default=1024)
 ap.add_argument("--batch-tokens", type=int, default=131072)
 ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -170,15 +171,20 @@ def _bpe_texts():
                 yield piece
 
 
-tok.train_from_iterator(_bpe_texts(), trainer=trainer)
-BPE_SIZE = tok.get_vocab_size()
-if BPE_SIZE != args.bpe_size:
-    warn("BPE vocab is %d, asked for %d" % (BPE_SIZE, args.bpe_size))
-for s in SPECIALS:  # one at a time, in offset order, so the ids are consecutive
-    if s in NON_SKIPPED:
-        tok.add_tokens([AddedToken(s, special=False, normalized=False)])
-    else:
-        tok.add_special_tokens([AddedToken(s, special=True, normalized=False)])
+if args.init_from:  # continue training an earlier m3-tiny: its tokenizer, unchanged
+    tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+    BPE_SIZE = tok.get_vocab_size() - len(SPECIALS)
+    log("tokenizer from %s (BPE %d)" % (args.init_from, BPE_SIZE))
+else:
+    tok.train_from_iterator(_bpe_texts(), trainer=trainer)
+    BPE_SIZE = tok.get_vocab_size()
+    if BPE_SIZE != args.bpe_size:
+        warn("BPE vocab is %d, asked for %d" % (BPE_SIZE, args.bpe_size))
+    for s in SPECIALS:  # one at a time, in offset order, so the ids are consecutive
+        if s in NON_SKIPPED:
+            tok.add_tokens([AddedToken(s, special=False, normalized=False)])
+        else:
+            tok.add_special_tokens([AddedToken(s, special=True, normalized=False)])
 VOCAB = tok.get_vocab_size()
 for i, s in enumerate(SPECIALS):
     tid = tok.token_to_id(s)
@@ -438,6 +444,42 @@ if MASK_MODE is None:
     raise SystemExit("no mask mode gives causal attention: refusing to train a leaking model")
 log("mask mode:", MASK_MODE)
 step_done("model", params=n_params, mask_mode=MASK_MODE)
+
+
+def load_init_weights(m, path):
+    """Weights of an earlier m3-tiny (checkpoint layout) into the text model, through the
+    transformers VL class (the reload check below proves that path reproduces a trained model).
+    Every language-model tensor must be found with its shape, else training starts from scratch."""
+    vl = VLClass.from_pretrained(path, dtype=torch.float32)
+    src = {}
+    for k, v in vl.state_dict().items():
+        for a, b in (("model.language_model.", "model."), ("language_model.model.", "model."),
+                     ("language_model.lm_head.", "lm_head.")):
+            if k.startswith(a):
+                k = b + k[len(a):]
+                break
+        src[k] = v
+    dst = m.state_dict()
+    missing = [k for k in dst if "rotary" not in k and "inv_freq" not in k and
+               (k not in src or tuple(src[k].shape) != tuple(dst[k].shape))]
+    if missing:
+        raise RuntimeError("no matching tensor for %s" % missing[:10])
+    with torch.no_grad():
+        for k in dst:
+            if k in src:
+                dst[k].copy_(src[k].to(dst[k].dtype))
+    del vl
+    return len(dst)
+
+
+if args.init_from:
+    try:
+        n_loaded = load_init_weights(model, args.init_from)
+        log("initial weights: %d tensors from %s" % (n_loaded, args.init_from))
+        REPORT["init_from"] = {"path": args.init_from, "tensors": n_loaded}
+    except Exception as e:  # noqa: BLE001
+        warn("could not load the initial weights from %s (%r): training from scratch" % (args.init_from, e))
+        traceback.print_exc()
 
 # ------------------------------------------------------------------------------------------------
 # 5b. Fast training model (tools/train_tiny/fast_model.py): same maths, SDPA, dense batched experts,
