@@ -202,7 +202,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   const float inv_t = 1.0f / rp.temperature;
   auto zat = [&](int i) {
     const float z = row[i] * inv_t;
-    return z != z ? -INFINITY : z;  // NaN never kept
+    // NaN is never kept; -0 becomes +0 so that the keys of equal floats are equal (the CPU
+    // compares floats: -0 == +0 is a tie broken by id).
+    return z != z ? -INFINITY : (z == 0.0f ? 0.0f : z);
   };
   float mx = -INFINITY;
   for (int i = tid; i < v; i += kThreads) mx = fmaxf(mx, zat(i));
@@ -331,6 +333,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   }
   const double u = uniform01(rp) * total;
   if (s > 0.0 && off <= u && u < off + s) {
+    bool found = false;
     for (int i0 = lo; i0 < hi; i0 += 32) {
       const int i = i0 + lane;
       const float e = i < hi ? kept_e(i) : 0.0f;
@@ -343,10 +346,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
       const unsigned hit = __ballot_sync(kFull, e > 0.0f && off + incl > u);
       if (hit) {
         if (lane == __ffs(hit) - 1) atomicMin(&sh.found, i);
+        found = true;
         break;
       }
       off += __shfl_sync(kFull, incl, 31);
     }
+    // The walk's sums round differently from s: u past them means this range's last kept token.
+    if (!found && lane == 0) atomicMin(&sh.found, last);
   }
   __syncthreads();
   if (tid == 0) {
