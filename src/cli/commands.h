@@ -15,6 +15,7 @@ struct Command {
   CommandFn run;
 };
 
+int cmd_bench(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_score(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);

@@ -12,6 +12,7 @@ namespace {
 
 // Add new subcommands here (one line each); keep the list sorted by name.
 const Command kCommands[] = {
+    {"bench", "benchmark a running OpenAI-compatible server (throughput, TTFT, ITL)", cmd_bench},
     {"detokenize", "JSON id arrays (one per line) -> JSON strings", cmd_detokenize},
     {"generate", "generate tokens from prompt token ids (JSON output)", cmd_generate},
     {"render-chat", "render a chat request with the model's chat template", cmd_render_chat},

@@ -1,0 +1,34 @@
+// The benchmark's report: a table like sglang.bench_serving's and the same numbers as JSON.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/stats.h"
+
+namespace m3::bench {
+
+// What the run was, printed above the numbers and stored in the JSON.
+struct RunDescription {
+  std::string backend;
+  std::string base_url;
+  std::string model;
+  std::string dataset;
+  double request_rate = 0;  // inf allowed
+  int max_concurrency = 0;  // 0: not set
+  int num_prompts = 0;
+  int random_input_len = 0;
+  int random_output_len = 0;
+  double random_range_ratio = 0;
+  unsigned long long seed = 0;
+};
+
+std::string format_table(const RunDescription& run, const Aggregate& a);
+
+// Flat keys as sglang writes them (completed, duration, mean_ttft_ms, p99_itl_ms, ...), plus
+// failed and the first errors (status and message) so a failing run explains itself.
+nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
+                               const std::vector<RequestResult>& results);
+
+}  // namespace m3::bench
