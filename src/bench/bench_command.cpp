@@ -1,8 +1,10 @@
 #include "bench/bench_command.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <unistd.h>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -46,7 +48,8 @@ traffic:
 output:
   --output-file F          write the JSON result to F
   --json                   print the JSON result on stdout instead of the table
-  --disable-progress       no progress line on stderr
+  --disable-progress       no progress line on stderr (shown only on a terminal anyway)
+  --warmup-requests N      send the first N prompts once, untimed, before the run (default 1)
 
 Exit status: 0 when every request succeeded, 1 when any failed, 2 for bad options.
 )";
@@ -79,7 +82,7 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
   BenchFlags f;
   std::string host = "127.0.0.1", port = "30000";
   f.run.request_rate = std::numeric_limits<double>::infinity();
-  f.run.progress = true;
+  f.run.progress = isatty(STDERR_FILENO) != 0;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
     std::string value;
@@ -162,6 +165,9 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
         M3_ASSIGN_OR_RETURN(double r, parse_double(flag, v));
         if (!(r > 0)) return invalid_argument("--request-rate must be positive (or inf)");
         f.run.request_rate = r;
+      } else if (flag == "--warmup-requests") {
+        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 0, 1'000'000));
+        f.warmup_requests = static_cast<int>(n);
       } else if (flag == "--output-file") {
         f.output_file = v;
       } else {
@@ -230,6 +236,21 @@ int run_bench_command(const std::vector<std::string>& args) {
                std::isinf(f.run.request_rate) ? "inf" : std::to_string(f.run.request_rate).c_str(),
                f.run.max_concurrency > 0 ? std::to_string(f.run.max_concurrency).c_str()
                                          : "not set");
+  std::fflush(stderr);
+  if (f.warmup_requests > 0) {
+    // Untimed, one at a time: first-request costs (connection setup, lazy allocations, caches)
+    // stay out of the numbers. A failure here is reported; the run then shows it per request.
+    RunOptions warm = f.run;
+    warm.progress = false;
+    warm.max_concurrency = 1;
+    warm.request_rate = std::numeric_limits<double>::infinity();
+    const size_t n = std::min(workload->size(), static_cast<size_t>(f.warmup_requests));
+    const std::vector<BenchRequest> first(workload->begin(), workload->begin() + n);
+    Result<RunOutput> w = run_benchmark(warm, first);
+    if (w && !w->results.empty() && !w->results[0].success) {
+      std::fprintf(stderr, "[bench] warm-up request failed: %s\n", w->results[0].error.c_str());
+    }
+  }
   Result<RunOutput> out = run_benchmark(f.run, *workload);
   if (!out) {
     std::fprintf(stderr, "m3serve bench: %s\n", out.status().message().c_str());
@@ -248,6 +269,7 @@ int run_bench_command(const std::vector<std::string>& args) {
   desc.random_output_len = f.workload.output_len;
   desc.random_range_ratio = f.workload.range_ratio;
   desc.seed = f.workload.seed;
+  desc.warmup_requests = f.warmup_requests;
   const nlohmann::ordered_json j = to_json(desc, agg, out->results);
   if (f.json_stdout) {
     std::printf("%s\n", j.dump(2).c_str());

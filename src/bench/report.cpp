@@ -104,6 +104,7 @@ nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
   j["random_output_len"] = run.random_output_len;
   j["random_range_ratio"] = run.random_range_ratio;
   j["seed"] = run.seed;
+  j["warmup_requests"] = run.warmup_requests;
   j["completed"] = a.completed;
   j["failed"] = a.failed;
   j["duration"] = a.duration_s;

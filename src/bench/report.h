@@ -22,6 +22,7 @@ struct RunDescription {
   int random_output_len = 0;
   double random_range_ratio = 0;
   unsigned long long seed = 0;
+  int warmup_requests = 0;
 };
 
 std::string format_table(const RunDescription& run, const Aggregate& a);
