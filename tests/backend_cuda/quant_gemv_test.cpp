@@ -201,9 +201,25 @@ TEST_P(QuantGemvV3, MatchesCpuOnDequantisedWeights) {
   std::vector<double> bound(want.size());
   for (size_t i = 0; i < want.size(); ++i)
     bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
-  expect_close(y.host(), want, bound,
+  const auto y3 = y.host();
+  expect_close(y3, want, bound,
                std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " gemv v3 M" +
                    std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
+  // The fused epilogue sums the same slices in the same order: bitwise equal, twice (the tile
+  // counters must come back to zero).
+  p.fuse_epilogue = true;
+  p.epilogue = e;
+  const int64_t counters = cuda::quant_gemv_num_tile_counters(p);
+  ASSERT_GT(counters, 0);
+  Dev<uint32_t> ctr(std::vector<uint32_t>(counters, 0));
+  p.tile_counters = ctr.ptr();
+  for (int rep = 0; rep < 2; ++rep) {
+    auto yf = Dev<float>::poisoned(c.m * c.n);
+    p.epilogue.y = yf.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+    EXPECT_EQ(yf.host(), y3) << "fused epilogue differs, launch " << rep;
+    EXPECT_EQ(ctr.host(), std::vector<uint32_t>(counters, 0)) << "tile counters not reset";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -249,6 +265,11 @@ std::vector<Routing> routings() {
     for (int32_t v : {3, (t % 3) + 4 + (t % 3 >= 2 ? 1 : 0), t % 3}) heavy.ids.push_back(v);
   r.push_back(heavy);
   return r;
+}
+
+std::string fmt_name(QuantFormat f, int variant, int64_t tokens) {
+  return std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " v" +
+         std::to_string(variant) + " T" + std::to_string(tokens);
 }
 
 class QuantGemvGrouped : public ::testing::TestWithParam<int> {};  // the GEMV variant
@@ -329,6 +350,19 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     e.act = act.ptr();
     ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
     auto act_h = act.host();
+    if (variant == 3) {  // fused SwiGLU epilogue: bitwise equal to the separate one
+      p.fuse_epilogue = true;
+      p.epilogue = e;
+      const int64_t counters = cuda::quant_gemv_num_tile_counters(p);
+      Dev<uint32_t> ctr(std::vector<uint32_t>(counters, 0));
+      p.tile_counters = ctr.ptr();
+      auto act_f = Dev<uint16_t>::poisoned(rows * inter);
+      p.epilogue.act = act_f.ptr();
+      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+      EXPECT_EQ(act_f.host(), act_h) << fmt_name(f, variant, tokens) << " fused swiglu differs";
+      EXPECT_EQ(ctr.host(), std::vector<uint32_t>(counters, 0)) << "tile counters not reset";
+      p.fuse_epilogue = false;
+    }
 
     // CPU: gate|up per row with the expert's dequantised weights, SwiGLU, bound propagated
     // through SwiGLU's derivative (see cuda_composite_ops_test.cpp) plus the bf16 rounding
@@ -355,8 +389,7 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
         act_bound[r * inter + i] = 2 * da + std::ldexp(std::abs(a[i]) + da, -8) + 1e-30;
       }
     }
-    const std::string fmt = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " v" +
-                            std::to_string(variant) + " T" + std::to_string(tokens);
+    const std::string fmt = fmt_name(f, variant, tokens);
     expect_close(act_got, act_want, act_bound, fmt + " grouped gate|up + swiglu (bf16)");
 
     // Down projection of the GPU's bf16 activations (exact inputs for both sides).
@@ -391,7 +424,21 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       for (int64_t j = 0; j < hidden; ++j)
         yb[r * hidden + j] = (2 * gamma(inter + 2) + 4 * kU) * 1.01 * mg[j] + 1e-30;
     }
-    expect_close(y.host(), yw, yb, fmt + " grouped down (f32)");
+    const auto y_h = y.host();
+    expect_close(y_h, yw, yb, fmt + " grouped down (f32)");
+    if (variant == 3) {  // fused f32 epilogue: bitwise equal
+      p.fuse_epilogue = true;
+      p.epilogue = e;
+      const int64_t counters = cuda::quant_gemv_num_tile_counters(p);
+      Dev<uint32_t> ctr(std::vector<uint32_t>(counters, 0));
+      p.tile_counters = ctr.ptr();
+      auto y_f = Dev<float>::poisoned(rows * hidden);
+      p.epilogue.y = y_f.ptr();
+      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+      EXPECT_EQ(y_f.host(), y_h) << fmt << " fused down differs";
+      EXPECT_EQ(ctr.host(), std::vector<uint32_t>(counters, 0)) << "tile counters not reset";
+      p.fuse_epilogue = false;
+    }
     if (variant == 0) {
       p.variant = 2;  // the grouped path of variant 2, same bound
       ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());

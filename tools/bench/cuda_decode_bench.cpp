@@ -5,7 +5,7 @@
 // HBM roofline (and of the measured device-to-device copy rate). Weights and caches rotate over
 // several copies or routings so that the 60 MB L2 cannot serve repeated launches.
 //
-// Usage: cuda_decode_bench [results.tsv] [variant=0]
+// Usage: cuda_decode_bench [results.tsv] [variant=0]   (variant 4 = 3 with the fused epilogue)
 //   prints a table (writes TSV rows when a path is given); `variant` is the GEMV variant of the
 //   main rows and of the composed estimate (the other variants get comparison rows).
 #include <cuda_runtime.h>
@@ -161,9 +161,14 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   DenseWeights d = make_dense(f, n, k);
   uint16_t* x = static_cast<uint16_t*>(dalloc(2 * m * k));
   CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
-  const int64_t slices = quant_gemv_num_slices(f, k, variant);
+  // Variant 4 = variant 3 with the fused split-K epilogue (one launch instead of two).
+  const bool fuse = variant == 4 && f != QuantFormat::kBf16;
+  const int kernel_variant = variant == 4 ? 3 : variant;
+  const int64_t slices = quant_gemv_num_slices(f, k, kernel_variant);
   float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
   float* y = static_cast<float*>(dalloc(4 * m * n));
+  uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
+  CHECK_CUDA(cudaMemset(counters, 0, 4 << 20));
   const int64_t wb = d.wbytes(), sb = d.sbytes();
   double ms = time_ms([&](int i) {
     const int64_t c = i % d.copies;
@@ -178,8 +183,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     p.n = n;
     p.k = k;
     p.partial = partial;
-    p.variant = variant;
-    CHECK_OK(launch_quant_gemv(p, st()));
+    p.variant = kernel_variant;
     GemvEpilogueParams e;
     e.partial = partial;
     e.num_slices = slices;
@@ -187,8 +191,11 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     e.n = n;
     e.y = y;
     e.ldy = n;
-    CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
+    CHECK_OK(launch_quant_gemv(p, st()));
+    if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
+  cudaFree(counters);
   const double bytes = double(d.bytes_one()) + 2.0 * m * k + 4.0 * m * n;
   report(name + " M=" + std::to_string(m) + (variant ? " v" + std::to_string(variant) : ""), ms,
          bytes, 2.0 * m * n * k);
@@ -239,8 +246,12 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   int32_t* offs = static_cast<int32_t*>(dalloc(4 * (E + 1)));
   int32_t* sorted = static_cast<int32_t*>(dalloc(4 * rows));
   int32_t* active = static_cast<int32_t*>(dalloc(4 * E));
-  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H, variant);
-  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I, variant);
+  const bool fuse = variant == 4;  // variant 3 with the fused split-K epilogue
+  const int kernel_variant = fuse ? 3 : variant;
+  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H, kernel_variant);
+  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I, kernel_variant);
+  uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
+  CHECK_CUDA(cudaMemset(counters, 0, 4 << 20));
   float* pu = static_cast<float*>(dalloc(4 * su * rows * 2 * I));
   float* pd = static_cast<float*>(dalloc(4 * sd * rows * H));
   uint16_t* act = static_cast<uint16_t*>(dalloc(2 * rows * I));
@@ -264,8 +275,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     p.n = 2 * I;
     p.k = H;
     p.partial = pu;
-    p.variant = variant;
-    CHECK_OK(launch_quant_gemv(p, st()));
+    p.variant = kernel_variant;
     GemvEpilogueParams e;
     e.kind = GemvEpilogue::kSwigluBf16;
     e.partial = pu;
@@ -273,7 +283,9 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     e.num_rows = rows;
     e.n = 2 * I;
     e.act = act;
-    CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
+    CHECK_OK(launch_quant_gemv(p, st()));
+    if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
     p.x = act;
     p.ldx = I;
     p.x_row_div = 1;
@@ -282,7 +294,6 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     p.n = H;
     p.k = I;
     p.partial = pd;
-    CHECK_OK(launch_quant_gemv(p, st()));
     e = {};
     e.partial = pd;
     e.num_slices = sd;
@@ -290,7 +301,9 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     e.n = H;
     e.y = y;
     e.ldy = H;
-    CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (fuse) p.epilogue = e;
+    CHECK_OK(launch_quant_gemv(p, st()));
+    if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   }, 10, 7);
   const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
@@ -298,7 +311,8 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s", (long long)tokens,
                 unique, variant ? (" v" + std::to_string(variant)).c_str() : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
-  for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y})
+  for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y,
+                                    counters})
     cudaFree(p);
   for (int32_t* p : ids) cudaFree(p);
   return {ms, bytes};
@@ -451,6 +465,11 @@ int main(int argc, char** argv) {
     for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
       bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, other);
   for (int64_t b : batches) bench_moe(b, other);
+  // Variant 4: variant 3 with the split-K epilogue fused (one launch per GEMV).
+  for (int i : {0, 1, 2, 3})
+    for (int64_t m : {int64_t{1}, int64_t{8}})
+      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 4);
+  for (int64_t b : {int64_t{1}, int64_t{8}}) bench_moe(b, 4);
   // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
   bench_moe(1, 1);
   bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);

@@ -18,6 +18,7 @@
 // (experts: 4 routed per token), attention 4·64·2048·128 per token, indexer 2·4·ctx·128 per token.
 //
 // Usage: cuda_decode_step_bench [layers=4] [gemv_variant=0] [results.tsv (appended)]
+//   gemv_variant 4 = variant 3 with the split-K epilogue fused into the GEMV.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,7 +56,9 @@ constexpr int64_t kOffK = kH * kD, kOffV = kOffK + kHkv * kD, kOffIq = kOffV + k
 
 cudaStream_t g_s = nullptr;
 CUstream_st* st() { return g_s; }
-int g_variant = 0;
+int g_variant = 0;  // GEMV variant; 4 = variant 3 with the fused split-K epilogue
+constexpr int64_t kTileCounters = 1 << 20;
+uint32_t* g_tile_counters = nullptr;  // zeroed once; fused GEMVs leave them zero
 uint64_t g_seed = 100;
 
 #define CHECK_OK(expr)                                                                  \
@@ -156,13 +159,25 @@ void gemv(const QuantMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, fl
   p.n = m.n;
   p.k = m.k;
   p.partial = partial;
-  p.variant = g_variant;
-  CHECK_OK(launch_quant_gemv(p, st()));
+  // Variant 4 = variant 3 with the split-K epilogue fused into the GEMV (BF16 keeps variant 0 and
+  // the separate epilogue).
+  const bool fuse = g_variant == 4 && m.f != QuantFormat::kBf16;
+  p.variant = g_variant == 4 ? 3 : g_variant;
   e.partial = partial;
-  e.num_slices = quant_gemv_num_slices(m.f, m.k, g_variant);
+  e.num_slices = quant_gemv_num_slices(m.f, m.k, p.variant);
   e.num_rows = rows;
   e.n = m.n;
-  CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+  if (fuse) {
+    p.fuse_epilogue = true;
+    p.epilogue = e;
+    p.tile_counters = g_tile_counters;
+    if (quant_gemv_num_tile_counters(p) > kTileCounters) {
+      std::fprintf(stderr, "tile counters: %lld needed\n", (long long)quant_gemv_num_tile_counters(p));
+      std::exit(1);
+    }
+  }
+  CHECK_OK(launch_quant_gemv(p, st()));
+  if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
 }
 
 GemvEpilogueParams store(float* y, int64_t ldy) {
@@ -288,6 +303,8 @@ int main(int argc, char** argv) {
                    "tbps60\tfrac_hbm60\tfrac_flops60\n");
   }
   CHECK_CUDA(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  g_tile_counters = dalloc<uint32_t>(kTileCounters);
+  CHECK_CUDA(cudaMemset(g_tile_counters, 0, sizeof(uint32_t) * kTileCounters));
   std::printf("decode step: %lld MoE+MSA layers + embedding + lm_head + sampling, GEMV variant %d, "
               "CUDA graph replay\n",
               (long long)layers, g_variant);

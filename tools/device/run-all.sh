@@ -47,9 +47,9 @@ run_bench() {
   cat "$OUT/bench.log" >>"$LOG"
 }
 run_bench
-# A whole decode step (2 layers + head + sampling, CUDA graph), GEMV variants 0 and 3; per-layer
-# time extrapolated to 60 layers; rows appended to step.tsv.
-for v in 0 3; do
+# A whole decode step (2 layers + head + sampling, CUDA graph), GEMV variants 0, 3 and 4 (3 with
+# the fused split-K epilogue); per-layer time extrapolated to 60 layers; rows appended to step.tsv.
+for v in 0 3 4; do
   t0=$SECONDS
   timeout 150 "$B/cuda_decode_step_bench" 2 "$v" "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
   rc=$?

@@ -9,9 +9,9 @@ namespace m3::cuda::gemv {
 
 namespace {
 
-template <int MT, int RW, int KC>
-Status launch(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
-  auto* kernel = quant_gemv_kernel_v3<QuantFormat::kNvfp4, MT, RW, KC>;
+template <int MT, int RW, int KC, bool FUSE>
+Status launch_one(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  auto* kernel = quant_gemv_kernel_v3<QuantFormat::kNvfp4, MT, RW, KC, FUSE>;
   static bool raised = false;  // dynamic shared memory above 48 KB needs an opt-in once
   if (!raised) {
     M3_CUDA_RETURN_IF_ERROR(
@@ -21,6 +21,12 @@ Status launch(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
   kernel<<<plan.grid, kV3Threads, plan.smem, s>>>(p, plan.p_rows, plan.iters);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel_v3<nvfp4>");
   return Status::ok();
+}
+
+template <int MT, int RW, int KC>
+Status launch(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  return p.fuse_epilogue ? launch_one<MT, RW, KC, true>(p, plan, s)
+                         : launch_one<MT, RW, KC, false>(p, plan, s);
 }
 
 }  // namespace

@@ -66,6 +66,10 @@ V3Plan plan_v3(const QuantGemvParams& p) {
   const int64_t row_tiles = (p.n + 8 * pl.rw - 1) / (8 * pl.rw);
   const int64_t ctas1 = row_tiles * pl.slices * slots;
   pl.iters = static_cast<int>(std::clamp<int64_t>(ctas1 / 1056, 1, 16));
+  if (p.fuse_epilogue && p.epilogue.kind == GemvEpilogue::kSwigluBf16) {
+    // Gate tile t pairs with up tile t + tiles/2: N/2 must be a whole number of tiles.
+    while (pl.iters > 1 && (p.n / 2) % (int64_t{8} * pl.rw * pl.iters) != 0) --pl.iters;
+  }
   const int64_t rows_per_cta = int64_t{8} * pl.rw * pl.iters;
   pl.grid = dim3(static_cast<unsigned>((p.n + rows_per_cta - 1) / rows_per_cta * pl.slices),
                  static_cast<unsigned>(slots));
@@ -73,6 +77,12 @@ V3Plan plan_v3(const QuantGemvParams& p) {
 }
 
 }  // namespace gemv
+
+int64_t quant_gemv_num_tile_counters(const QuantGemvParams& p) {
+  if (!gemv::uses_v3(p.format, p.variant)) return 0;
+  const gemv::V3Plan pl = gemv::plan_v3(p);
+  return int64_t{pl.grid.x} / pl.slices * pl.grid.y;
+}
 
 int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {
   if (gemv::uses_v3(f, variant)) {
@@ -84,6 +94,8 @@ int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.num_rows == 0 || p.n == 0) return Status::ok();
+  if (p.fuse_epilogue && !gemv::uses_v3(p.format, p.variant))
+    return invalid_argument("[cuda.quant_gemv] fuse_epilogue needs variant 3 (MXFP8/NVFP4)");
   if (gemv::uses_v3(p.format, p.variant)) {
     if (p.k <= 0 || p.k % 32 != 0)
       return invalid_argument("[cuda.quant_gemv] K = " + std::to_string(p.k) +
@@ -94,9 +106,26 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
       return invalid_argument("[cuda.quant_gemv] x rows and weights must be 16-byte aligned");
     if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
       return invalid_argument("[cuda.quant_gemv] group_offsets and active_groups go together");
-    const gemv::V3Plan plan = gemv::plan_v3(p);
-    return p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8_v3(p, plan, stream)
-                                           : gemv::launch_nvfp4_v3(p, plan, stream);
+    gemv::V3Plan plan = gemv::plan_v3(p);
+    QuantGemvParams q = p;
+    const bool swiglu = p.epilogue.kind == GemvEpilogue::kSwigluBf16;
+    if (p.fuse_epilogue) {
+      if (p.tile_counters == nullptr)
+        return invalid_argument("[cuda.quant_gemv] fuse_epilogue needs tile_counters");
+      if (swiglu && (p.n % 2 != 0 || (p.n / 2) % (int64_t{8} * plan.rw * plan.iters) != 0))
+        q.fuse_epilogue = false;  // gate/up tiles do not pair: separate epilogue below
+    }
+    M3_RETURN_IF_ERROR(p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8_v3(q, plan, stream)
+                                                       : gemv::launch_nvfp4_v3(q, plan, stream));
+    if (p.fuse_epilogue && !q.fuse_epilogue) {
+      GemvEpilogueParams e = p.epilogue;
+      e.partial = p.partial;
+      e.num_slices = plan.slices;
+      e.num_rows = p.num_rows;
+      e.n = p.n;
+      return launch_quant_gemv_epilogue(e, stream);
+    }
+    return Status::ok();
   }
   const int64_t slice = p.format == QuantFormat::kMxfp8   ? 512
                         : p.format == QuantFormat::kNvfp4 ? 1024

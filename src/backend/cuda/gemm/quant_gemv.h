@@ -33,6 +33,23 @@ namespace m3::cuda {
 
 enum class QuantFormat : int { kMxfp8 = 0, kNvfp4 = 1, kBf16 = 2 };
 
+enum class GemvEpilogue : int {
+  kStoreF32 = 0,    // y[r, n] (+)= Σ_s partial[s, r, n]
+  kSwigluBf16 = 1,  // act[r, i] = bf16(SwiGLU-OAI(gate = Σ_s partial[s, r, i],
+                    //                             up = Σ_s partial[s, r, N/2 + i])), i < N/2
+};
+
+struct GemvEpilogueParams {
+  GemvEpilogue kind = GemvEpilogue::kStoreF32;
+  const float* partial = nullptr;  // [num_slices, num_rows, N]
+  int64_t num_slices = 0, num_rows = 0, n = 0;
+  float* y = nullptr;              // kStoreF32: [num_rows, ldy]
+  int64_t ldy = 0;
+  bool accumulate = false;
+  uint16_t* act = nullptr;         // kSwigluBf16: [num_rows, N/2] bf16 bits
+  float alpha = 1.702f, limit = 7.0f;
+};
+
 struct QuantGemvParams {
   QuantFormat format = QuantFormat::kMxfp8;
   // Activations (bf16 bits).
@@ -60,29 +77,24 @@ struct QuantGemvParams {
                                     // back to 0); 3 = activations in shared memory, 6-8 loads in
                                     // flight with their scales, <= 64 registers, K-slices of
                                     // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0)
+  // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
+  // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
+  // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,
+  // ldy, accumulate, act, alpha, limit are used (partial, num_slices, num_rows, n come from
+  // here). tile_counters: zeroed once by the caller, >= quant_gemv_num_tile_counters(*this)
+  // entries; every launch leaves them zero again. `partial` is still the (global) scratch.
+  bool fuse_epilogue = false;
+  GemvEpilogueParams epilogue;
+  uint32_t* tile_counters = nullptr;
 };
+
+// Counters a fused-epilogue launch of these parameters needs (num_slots x row tiles).
+int64_t quant_gemv_num_tile_counters(const QuantGemvParams& p);
 
 // K-slices of the partial buffer for a format, K and kernel variant (variant 3 cuts K into fewer,
 // longer slices; never more than variant 0's, so a buffer sized for variant 0 fits every variant).
 // The epilogue's num_slices must come from the same call.
 int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant = 0);
-
-enum class GemvEpilogue : int {
-  kStoreF32 = 0,    // y[r, n] (+)= Σ_s partial[s, r, n]
-  kSwigluBf16 = 1,  // act[r, i] = bf16(SwiGLU-OAI(gate = Σ_s partial[s, r, i],
-                    //                             up = Σ_s partial[s, r, N/2 + i])), i < N/2
-};
-
-struct GemvEpilogueParams {
-  GemvEpilogue kind = GemvEpilogue::kStoreF32;
-  const float* partial = nullptr;  // [num_slices, num_rows, N]
-  int64_t num_slices = 0, num_rows = 0, n = 0;
-  float* y = nullptr;              // kStoreF32: [num_rows, ldy]
-  int64_t ldy = 0;
-  bool accumulate = false;
-  uint16_t* act = nullptr;         // kSwigluBf16: [num_rows, N/2] bf16 bits
-  float alpha = 1.702f, limit = 7.0f;
-};
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream);
 Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stream);
