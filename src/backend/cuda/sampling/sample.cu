@@ -14,6 +14,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
+constexpr uint32_t kNoBin = 0xFFFFFFFFu;
 
 // SplitMix64 and uniform01 exactly as src/sample/rng.h (the CPU sampler's counter-based RNG), so a
 // seed draws the same u on both sides.
@@ -38,15 +39,22 @@ __device__ __forceinline__ float z_of_key(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
 }
 
+using u64 = unsigned long long;
+// Probabilities in fixed point for the top_p select: e = exp(z - max) <= 1 times 2^40 as an
+// integer, so bin masses are exact, order-independent integer sums (deterministic; each term is
+// within 2^-41 of e, so a sum of 200064 terms is within 1e-7 of the real mass, which is >= 1).
+constexpr float kFx = 1099511627776.0f;  // 2^40
+
 struct Smem {
   uint32_t count[256];
-  double mass[256];
+  u64 mass[256];
+  u64 ured[kWarps];
   double dred[kWarps];
   float fred[kWarps];
   int32_t ired[kWarps];
   int32_t pick_d;
   uint32_t pick_rem;
-  double pick_above;
+  u64 pick_above;
   int32_t found;
   int32_t last_kept;
 };
@@ -64,22 +72,22 @@ __device__ __forceinline__ float block_max(float v, Smem& sh) {
   return v;
 }
 
-__device__ __forceinline__ double block_sum(double v, Smem& sh) {
+__device__ __forceinline__ u64 block_sum_u64(u64 v, Smem& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  if (lane == 0) sh.dred[warp] = v;
+  if (lane == 0) sh.ured[warp] = v;
   __syncthreads();
-  v = 0.0;
-  for (int w = 0; w < kWarps; ++w) v += sh.dred[w];  // fixed order: every thread the same sum
+  v = 0;
+  for (int w = 0; w < kWarps; ++w) v += sh.ured[w];
   __syncthreads();
   return v;
 }
 
 // Warp 0: the bin d (scanning bins 255 -> 0) at which the running sum of v, started at `above`,
 // first reaches `target`; writes d and the running sum before d (bins above d) to shared memory.
-// If rounding leaves the target unreached, the lowest non-empty bin is taken (the CPU then keeps
-// every candidate too). cnt tells which bins are non-empty.
+// If the target is not reached (top_p mass rounding), the lowest non-empty bin is taken (the CPU
+// then keeps every candidate too). cnt tells which bins are non-empty.
 template <typename T>
 __device__ void pick_desc(const T* v, const uint32_t* cnt, T target, T above, Smem& sh) {
   const int lane = threadIdx.x & 31;
@@ -119,7 +127,7 @@ __device__ void pick_desc(const T* v, const uint32_t* cnt, T target, T above, Sm
     if (d < 0) d = last >= 0 ? last : 255 - 8 * lane - 7, acc = acc_last;
     sh.pick_d = d;
     if constexpr (sizeof(T) == 8) {
-      sh.pick_above = static_cast<double>(acc);
+      sh.pick_above = acc;
     } else {
       sh.pick_rem = static_cast<uint32_t>(target - acc);  // counts: rank left inside bin d
     }
@@ -216,6 +224,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     return;
   }
   auto e_of = [&](float z) { return expf(z - mx); };
+  auto fx_of = [&](float z) { return __float2ull_rn(e_of(z) * kFx); };
 
   // top_k: the k-th largest key (radix select by counts), ties at it cut by id.
   const bool use_k = rp.top_k > 0 && rp.top_k < v;
@@ -226,9 +235,17 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int j = tid; j < 256; j += kThreads) sh.count[j] = 0;
       __syncthreads();
-      for (int i = tid; i < v; i += kThreads) {
-        const uint32_t key = key_of(zat(i));
-        if ((key & pmask) == prefix) atomicAdd(&sh.count[(key >> shift) & 255u], 1u);
+      // Warp-aggregated histogram: logits crowd a few bins (the first digit is the sign and the
+      // exponent), where per-lane shared atomics would serialise.
+      for (int base = 0; base < v; base += kThreads) {
+        const int i = base + tid;
+        uint32_t bin = kNoBin;
+        if (i < v) {
+          const uint32_t key = key_of(zat(i));
+          if ((key & pmask) == prefix) bin = (key >> shift) & 255u;
+        }
+        const unsigned grp = __match_any_sync(kFull, bin);
+        if (bin != kNoBin && lane == __ffs(grp) - 1) atomicAdd(&sh.count[bin], __popc(grp));
       }
       __syncthreads();
       if (warp == 0) pick_desc<uint32_t>(sh.count, sh.count, rem, 0u, sh);
@@ -253,28 +270,46 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   uint32_t tp = 0;
   int32_t idp = INT_MAX;
   if (use_p) {
-    double tot = 0.0;
+    u64 tot = 0;
     for (int i = tid; i < v; i += kThreads) {
       const float z = zat(i);
-      if (kept_k(i, key_of(z))) tot += e_of(z);
+      if (kept_k(i, key_of(z))) tot += fx_of(z);
     }
-    tot = block_sum(tot, sh);
-    const double target = static_cast<double>(rp.top_p) * tot;
-    double above = 0.0;
+    tot = block_sum_u64(tot, sh);
+    const u64 target = static_cast<u64>(ceil(static_cast<double>(rp.top_p) * static_cast<double>(tot)));
+    u64 above = 0;
     uint32_t prefix = 0, pmask = 0, cnt_eq = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int j = tid; j < 256; j += kThreads) sh.count[j] = 0, sh.mass[j] = 0.0;
+      for (int j = tid; j < 256; j += kThreads) sh.count[j] = 0, sh.mass[j] = 0;
       __syncthreads();
-      for (int i = tid; i < v; i += kThreads) {
-        const float z = zat(i);
-        const uint32_t key = key_of(z);
-        if ((key & pmask) == prefix && kept_k(i, key)) {
-          atomicAdd(&sh.count[(key >> shift) & 255u], 1u);
-          atomicAdd(&sh.mass[(key >> shift) & 255u], static_cast<double>(e_of(z)));
+      // Warp-aggregated: one pair of shared atomics per distinct bin in a warp's 32 elements.
+      for (int base = 0; base < v; base += kThreads) {
+        const int i = base + tid;
+        uint32_t bin = kNoBin;
+        u64 fx = 0;
+        if (i < v) {
+          const float z = zat(i);
+          const uint32_t key = key_of(z);
+          if ((key & pmask) == prefix && kept_k(i, key)) bin = (key >> shift) & 255u, fx = fx_of(z);
+        }
+        unsigned todo = __ballot_sync(kFull, bin != kNoBin);
+        while (todo) {
+          const int leader = __ffs(todo) - 1;
+          const uint32_t lb = __shfl_sync(kFull, bin, leader);
+          const bool mine = bin == lb;
+          const unsigned m = __ballot_sync(kFull, mine);
+          u64 sum = mine ? fx : 0;
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);
+          if (lane == leader) {
+            atomicAdd(&sh.count[lb], static_cast<uint32_t>(__popc(m)));
+            atomicAdd(&sh.mass[lb], sum);
+          }
+          todo &= ~m;
         }
       }
       __syncthreads();
-      if (warp == 0) pick_desc<double>(sh.mass, sh.count, target, above, sh);
+      if (warp == 0) pick_desc<u64>(sh.mass, sh.count, target, above, sh);
       __syncthreads();
       const uint32_t d = static_cast<uint32_t>(sh.pick_d);
       above = sh.pick_above;
@@ -286,9 +321,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     tp = prefix;
     // Tokens of the threshold key (equal z, equal mass e) in ascending id order: the first j
     // whose running mass reaches the target.
-    const double e_tau = static_cast<double>(e_of(z_of_key(tp)));
-    double need = e_tau > 0.0 ? ceil((target - above) / e_tau) : static_cast<double>(cnt_eq);
-    need = fmin(fmax(need, 1.0), static_cast<double>(cnt_eq));
+    const u64 e_tau = fx_of(z_of_key(tp));
+    u64 need = cnt_eq;
+    if (e_tau > 0) need = target > above ? (target - above + e_tau - 1) / e_tau : 1;
+    need = need < 1 ? 1 : need > cnt_eq ? cnt_eq : need;
     const uint32_t j = static_cast<uint32_t>(need);
     if (cnt_eq > j)
       idp = nth_id(

@@ -9,15 +9,16 @@
 //         src/sample/rng.h) picks the first kept token, in ascending id order, whose cumulative
 //         kept mass exceeds u · (kept mass).
 //
-// Differences from the CPU, all within float rounding: exp is float32 (the CPU uses double), mass
-// sums are double but summed in another order. So the kept set and the token equal the CPU's
-// unless a cut (top_p's cumulative mass against top_p · total, min_p's ratio, u against a
+// Differences from the CPU, all within float rounding: exp is float32 (the CPU uses double); the
+// top_p masses are exact integer sums of exp(z - max)·2^40 (deterministic, within 1e-7 of the
+// real mass); the draw sums doubles in another order. So the kept set and the token equal the
+// CPU's unless a cut (top_p's cumulative mass against top_p · total, min_p's ratio, u against a
 // cumulative mass) falls within ~1e-6 relative of a boundary.
 //
 // Method (no sort): one CTA of 1024 threads per row; top_k and top_p thresholds by a 4-pass
-// 8-bit radix select on an order-preserving key of z (counts for top_k, masses for top_p), ties
-// at the threshold resolved by the lowest ids; the draw by a block scan over contiguous id
-// segments. About 12 passes over the row (from L2 after the first); no workspace in global memory.
+// 8-bit radix select on an order-preserving key of z (counts for top_k, masses for top_p;
+// warp-aggregated shared-memory histograms), ties at the threshold resolved by the lowest ids; the
+// draw by a scan over contiguous per-warp id ranges. About 12 passes over the row (from L2 after the first); no workspace in global memory.
 // This header includes no CUDA header.
 #pragma once
 
