@@ -34,7 +34,7 @@ run_test() {  # name limit
   note "test $t rc=$rc ($((SECONDS - t0))s)"
 }
 run_test cuda_ops_test 40
-run_test quant_gemv_test 40
+run_test quant_gemv_test 90
 run_test sparse_decode_test 40
 run_test sampling_test 60
 
