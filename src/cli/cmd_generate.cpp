@@ -2,7 +2,7 @@
 // {"output_ids": [...]} as JSON.
 //   m3serve generate --model-path DIR --prompt-ids 1,2,3 [--max-tokens 32] [--temperature 0]
 //                    [--seed S] [--ignore-eos] [--output-format json] [--device cpu]
-//                    [--threads N] [--prefill-chunk N]
+//                    [--threads N] [--prefill-chunk N] [--load-format dummy [--num-layers N]]
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "cli/model_command.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/runner.h"
@@ -33,7 +33,10 @@ constexpr const char* kGenerateUsage =
     "  --output-format json   output format (only json)\n"
     "  --device cpu|cuda      compute device (default cpu)\n"
     "  --threads N            CPU threads (default: all cores)\n"
-    "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n";
+    "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n"
+    "  --load-format FMT      auto | safetensors | dummy (random weights in the real storage\n"
+    "                         formats; --model-path optional: built-in MiniMax-M3.1-Flash config)\n"
+    "  --num-layers N         with dummy: keep the first N layers\n";
 
 
 
@@ -66,7 +69,8 @@ int cmd_generate(const std::vector<std::string>& args) {
     }
     static const char* kValued[] = {"--model-path", "--prompt-ids",  "--output-format",
                                     "--device",     "--threads",     "--prefill-chunk",
-                                    "--max-tokens", "--temperature", "--seed"};
+                                    "--max-tokens", "--temperature", "--seed",
+                                    "--load-format", "--num-layers"};
     bool known = false;
     for (const char* k : kValued) known |= key == k;
     if (!known) {
@@ -86,6 +90,10 @@ int cmd_generate(const std::vector<std::string>& args) {
     if (key == "--prompt-ids") prompt_ids = v, have_prompt = true;
     if (key == "--output-format") format = v;
     if (key == "--device") device = v;
+    if (int rc = 0; take_load_flags("generate", key, v, &flags, &rc)) {
+      if (rc != 0) return rc;
+      continue;
+    }
     if (key == "--threads" || key == "--prefill-chunk" || key == "--max-tokens" ||
         key == "--seed") {
       int64_t n;
@@ -108,8 +116,13 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::vector<int32_t> prompt;
   if (int rc = check_model_command_flags("generate", flags, kGenerateUsage, &prompt); rc != 0) return rc;
 
-  CpuBackend backend(static_cast<int>(threads));
-  auto loaded = minimax_m3::load_model_dir(model_path, &backend);
+  auto made = make_backend(device, static_cast<int>(threads));
+  if (!made.is_ok()) {
+    std::fprintf(stderr, "m3serve generate: %s\n", made.status().message().c_str());
+    return 1;
+  }
+  Backend& backend = **made;
+  auto loaded = load_model(model_path, flags.load_format, flags.num_layers, &backend);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "m3serve generate: %s\n", loaded.status().to_string().c_str());
     return 1;

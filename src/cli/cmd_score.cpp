@@ -1,7 +1,7 @@
 // m3serve score: run a prompt (token ids) through the model once and print, as JSON, the argmax
 // of every position and the logits of the last position.
 //   m3serve score --model-path DIR --prompt-ids 1,2,3 [--output-format json] [--device cpu]
-//                 [--threads N] [--prefill-chunk N]
+//                 [--threads N] [--prefill-chunk N] [--load-format dummy [--num-layers N]]
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "cli/model_command.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/runner.h"
@@ -29,7 +29,10 @@ constexpr const char* kScoreUsage =
     "  --output-format json   output format (only json)\n"
     "  --device cpu|cuda      compute device (default cpu)\n"
     "  --threads N            CPU threads (default: all cores)\n"
-    "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n";
+    "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n"
+    "  --load-format FMT      auto | safetensors | dummy (random weights in the real storage\n"
+    "                         formats; --model-path optional: built-in MiniMax-M3.1-Flash config)\n"
+    "  --num-layers N         with dummy: keep the first N layers\n";
 
 
 }  // namespace
@@ -64,7 +67,8 @@ int cmd_score(const std::vector<std::string>& args) {
     };
     std::string v;
     if (key == "--model-path" || key == "--prompt-ids" || key == "--output-format" ||
-        key == "--device" || key == "--threads" || key == "--prefill-chunk") {
+        key == "--device" || key == "--threads" || key == "--prefill-chunk" ||
+        key == "--load-format" || key == "--num-layers") {
       if (!take(&v)) {
         std::fprintf(stderr, "m3serve score: %s needs a value\n", key.c_str());
         return 2;
@@ -78,6 +82,10 @@ int cmd_score(const std::vector<std::string>& args) {
     if (key == "--prompt-ids") prompt_ids = v, have_prompt = true;
     if (key == "--output-format") format = v;
     if (key == "--device") device = v;
+    if (int rc = 0; take_load_flags("score", key, v, &flags, &rc)) {
+      if (rc != 0) return rc;
+      continue;
+    }
     if ((key == "--threads" || key == "--prefill-chunk")) {
       int64_t n;
       if (!parse_int(v, &n) || n < 0) {
@@ -91,8 +99,13 @@ int cmd_score(const std::vector<std::string>& args) {
   std::vector<int32_t> prompt;
   if (int rc = check_model_command_flags("score", flags, kScoreUsage, &prompt); rc != 0) return rc;
 
-  CpuBackend backend(static_cast<int>(threads));
-  auto loaded = minimax_m3::load_model_dir(model_path, &backend);
+  auto made = make_backend(device, static_cast<int>(threads));
+  if (!made.is_ok()) {
+    std::fprintf(stderr, "m3serve score: %s\n", made.status().message().c_str());
+    return 1;
+  }
+  Backend& backend = **made;
+  auto loaded = load_model(model_path, flags.load_format, flags.num_layers, &backend);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "m3serve score: %s\n", loaded.status().to_string().c_str());
     return 1;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/device.h"
 #include "model/minimax_m3/runner.h"
 
 namespace m3::cli {
@@ -29,11 +30,40 @@ bool parse_double(const std::string& s, double* out) {
   return true;
 }
 
+bool take_load_flags(const char* command, const std::string& key, const std::string& value,
+                     ModelCommandFlags* flags, int* rc) {
+  if (key == "--load-format") {
+    if (value != "auto" && value != "safetensors" && value != "dummy") {
+      std::fprintf(stderr, "m3serve %s: --load-format must be auto, safetensors or dummy, got "
+                   "'%s'\n", command, value.c_str());
+      *rc = 2;
+    }
+    flags->load_format = value;
+    return true;
+  }
+  if (key == "--num-layers") {
+    int64_t n = 0;
+    if (!parse_int(value, &n) || n <= 0) {
+      std::fprintf(stderr, "m3serve %s: --num-layers expects a positive integer, got '%s'\n",
+                   command, value.c_str());
+      *rc = 2;
+    }
+    flags->num_layers = n;
+    return true;
+  }
+  return false;
+}
+
 int check_model_command_flags(const char* command, const ModelCommandFlags& flags,
                               const char* usage, std::vector<int32_t>* ids) {
-  if (flags.model_path.empty() || !flags.have_prompt) {
+  const bool dummy = flags.load_format == "dummy";
+  if ((flags.model_path.empty() && !dummy) || !flags.have_prompt) {
     std::fprintf(stderr, "m3serve %s: --model-path and --prompt-ids are required\n\n%s", command,
                  usage);
+    return 2;
+  }
+  if (flags.num_layers > 0 && !dummy) {
+    std::fprintf(stderr, "m3serve %s: --num-layers needs --load-format dummy\n", command);
     return 2;
   }
   if (flags.format != "json") {
@@ -41,11 +71,14 @@ int check_model_command_flags(const char* command, const ModelCommandFlags& flag
                  command, flags.format.c_str());
     return 2;
   }
-  if (flags.device == "cuda") {
-    std::fprintf(stderr, "m3serve %s: --device cuda: not built with the CUDA backend\n", command);
+  if (flags.device == "cuda" && !cuda_built_in()) {
+    std::fprintf(stderr,
+                 "m3serve %s: --device cuda: this m3serve was built without the CUDA backend "
+                 "(configure with -DM3_CUDA=ON where nvcc is installed)\n",
+                 command);
     return 1;
   }
-  if (flags.device != "cpu") {
+  if (flags.device != "cpu" && flags.device != "cuda") {
     std::fprintf(stderr, "m3serve %s: --device must be cpu or cuda, got '%s'\n", command,
                  flags.device.c_str());
     return 2;

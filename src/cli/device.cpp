@@ -1,0 +1,46 @@
+#include "cli/device.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/minimax_m3/dummy_weights.h"
+#if defined(M3_HAVE_CUDA)
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace m3::cli {
+
+bool cuda_built_in() {
+#if defined(M3_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(threads));
+  if (device != "cuda")
+    return invalid_argument("--device must be cpu or cuda, got '" + device + "'");
+#if defined(M3_HAVE_CUDA)
+  auto be = CudaBackend::create(0);
+  if (!be.is_ok())
+    return Status(StatusCode::kNotFound, "--device cuda: no usable GPU: " + be.status().message());
+  return std::unique_ptr<Backend>(std::move(be).value());
+#else
+  return Status(StatusCode::kUnimplemented,
+                "--device cuda: this m3serve was built without the CUDA backend (configure with "
+                "-DM3_CUDA=ON where nvcc is installed; 'm3serve version' says 'cuda: no')");
+#endif
+}
+
+Result<minimax_m3::LoadedModel> load_model(const std::string& model_path,
+                                           const std::string& load_format, int64_t num_layers,
+                                           Backend* backend) {
+  if (load_format == "dummy") return minimax_m3::load_dummy_model(model_path, num_layers, backend);
+  if (load_format != "auto" && load_format != "safetensors")
+    return invalid_argument("--load-format must be auto, safetensors or dummy, got '" +
+                            load_format + "'");
+  if (num_layers > 0) return invalid_argument("--num-layers needs --load-format dummy");
+  return minimax_m3::load_model_dir(model_path, backend);
+}
+
+}  // namespace m3::cli

@@ -1,0 +1,31 @@
+// The compute device of the model commands (--device cpu|cuda) and how their model is loaded
+// (--load-format auto|safetensors|dummy).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/minimax_m3/model_dir.h"
+
+namespace m3::cli {
+
+// True when this binary has the CUDA backend built in.
+bool cuda_built_in();
+
+// "cpu": the CPU backend with `threads` threads (0: all cores). "cuda": the CUDA backend on GPU 0
+// (an error naming the reason when the binary was built without CUDA or no usable GPU is
+// present). Anything else: invalid_argument.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
+
+// "auto" / "safetensors": the checkpoint in `model_path`; "dummy": random weights in the real
+// storage formats (model/minimax_m3/dummy_weights.h) for model_path's config.json, or the
+// built-in MiniMax-M3.1-Flash config when model_path is empty; num_layers > 0 keeps the first
+// num_layers layers (dummy only).
+Result<minimax_m3::LoadedModel> load_model(const std::string& model_path,
+                                           const std::string& load_format, int64_t num_layers,
+                                           Backend* backend);
+
+}  // namespace m3::cli

@@ -1,0 +1,161 @@
+#include "model/minimax_m3/dummy_weights.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "quant/mxfp8.h"
+#include "quant/nvfp4.h"
+
+namespace m3::minimax_m3 {
+namespace {
+
+const std::string kPrefix = "model.";
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t name_seed(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Approximately N(0, sigma²): sum of four uniforms (Irwin-Hall), variance 4/12.
+std::vector<float> normal(int64_t n, uint64_t seed, float sigma) {
+  std::vector<float> v(static_cast<size_t>(n));
+  const float k = sigma * std::sqrt(3.0f) / 65536.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = splitmix(seed ^ splitmix(static_cast<uint64_t>(i)));
+    const int32_t s = static_cast<int32_t>(h & 0xFFFF) + static_cast<int32_t>((h >> 16) & 0xFFFF) +
+                      static_cast<int32_t>((h >> 32) & 0xFFFF) + static_cast<int32_t>(h >> 48) -
+                      2 * 65535;
+    v[static_cast<size_t>(i)] = static_cast<float>(s) * k;
+  }
+  return v;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+MiniMaxM3Config builtin_m3_flash_config(int64_t num_layers) {
+  MiniMaxM3Config c;  // the struct's defaults are the M3 / M3.1-Flash values (§1.2)
+  c.model_type = "minimax_m3_vl";
+  c.num_hidden_layers = num_layers > 0 ? num_layers : 60;
+  c.index_init_blocks = 1;  // RTP's M3.1 test config (§1.3)
+  c.layer_types.assign(static_cast<size_t>(c.num_hidden_layers), AttentionKind::kSparse);
+  c.mlp_layer_types.assign(static_cast<size_t>(c.num_hidden_layers), MlpKind::kMoe);
+  for (int64_t i = 0; i < std::min<int64_t>(3, c.num_hidden_layers); ++i)
+    c.mlp_layer_types[static_cast<size_t>(i)] = MlpKind::kDense;
+  c.source = "built-in MiniMax-M3.1-Flash config";
+  return c;
+}
+
+DummyWeightSource::DummyWeightSource(const MiniMaxM3Config& c) {
+  auto add = [&](const std::string& n) { names_.push_back(n); };
+  add(kPrefix + "embed_tokens.weight");
+  add(kPrefix + "norm.weight");
+  if (!c.tie_word_embeddings) add("lm_head.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = kPrefix + "layers." + std::to_string(i) + ".";
+    for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight",
+                          "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                          "self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+      add(p + n);
+    if (c.layer_types[static_cast<size_t>(i)] == AttentionKind::kSparse)
+      for (const char* n : {"self_attn.index_q_proj.weight", "self_attn.index_k_proj.weight",
+                            "self_attn.index_q_norm.weight", "self_attn.index_k_norm.weight"})
+        add(p + n);
+    if (c.mlp_layer_types[static_cast<size_t>(i)] == MlpKind::kDense) {
+      for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+        add(p + n);
+      continue;
+    }
+    const std::string m = p + "block_sparse_moe.";
+    add(m + "gate.weight");
+    if (c.use_routing_bias) add(m + "e_score_correction_bias");
+    for (int64_t e = 0; e < c.num_local_experts; ++e)
+      for (const char* w : {"w1.weight", "w2.weight", "w3.weight"})
+        add(m + "experts." + std::to_string(e) + "." + w);
+    if (c.shared_intermediate_size * c.n_shared_experts > 0)
+      for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+        add(m + "shared_experts." + n);
+  }
+  std::sort(names_.begin(), names_.end());
+}
+
+bool DummyWeightSource::has(const std::string& name) const {
+  return std::binary_search(names_.begin(), names_.end(), name);
+}
+
+Result<WeightFormat> DummyWeightSource::format(const std::string& name) const {
+  if (!has(name)) return not_found("[dummy weights] no tensor '" + name + "'");
+  if (name.find(".experts.") != std::string::npos) return WeightFormat::kNvfp4Compressed;
+  if (ends_with(name, "_proj.weight")) return WeightFormat::kMxfp8;
+  if (ends_with(name, "e_score_correction_bias")) return WeightFormat::kF32;
+  return WeightFormat::kBF16;
+}
+
+Result<HostTensorF32> DummyWeightSource::load_f32(const std::string& name,
+                                                  const std::vector<int64_t>& shape) const {
+  M3_ASSIGN_OR_RETURN(WeightFormat f, format(name));
+  HostTensorF32 t;
+  t.shape = shape;
+  const int64_t n = t.numel();
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const int64_t rows = cols > 0 ? n / cols : 0;
+  const uint64_t seed = name_seed(name);
+  // Norm weights multiply (1 + w) (Gemma): small values; the routing bias is small too.
+  const bool small = ends_with(name, "norm.weight") || ends_with(name, "correction_bias");
+  std::vector<float> w = normal(n, seed, small ? 0.01f : 0.02f);
+  t.data.resize(static_cast<size_t>(n));
+  if (f == WeightFormat::kMxfp8 && cols % 32 == 0 && shape.size() == 2) {
+    M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(w.data(), rows, cols));
+    M3_RETURN_IF_ERROR(dequantize_mxfp8(q.codes.data(), q.scales.data(), rows, cols,
+                                        t.data.data()));
+  } else if (f == WeightFormat::kNvfp4Compressed && cols % 16 == 0 && shape.size() == 2) {
+    M3_ASSIGN_OR_RETURN(Nvfp4Tensor q,
+                        quantize_nvfp4(w.data(), rows, cols, Nvfp4GlobalScale::kDivide));
+    M3_RETURN_IF_ERROR(dequantize_nvfp4(q.packed.data(), q.scales.data(), q.global_scale,
+                                        Nvfp4GlobalScale::kDivide, rows, cols, t.data.data()));
+  } else if (f == WeightFormat::kF32) {
+    t.data = std::move(w);
+  } else {  // BF16 (and quantised tensors whose in-dim is not a block multiple)
+    for (int64_t i = 0; i < n; ++i)
+      t.data[static_cast<size_t>(i)] = bf16_to_f32(f32_to_bf16(w[static_cast<size_t>(i)]));
+  }
+  return t;
+}
+
+Result<LoadedModel> load_dummy_model(const std::string& dir, int64_t num_layers,
+                                     Backend* backend) {
+  LoadedModel lm;
+  if (dir.empty()) {
+    lm.config = builtin_m3_flash_config(num_layers);
+  } else {
+    M3_ASSIGN_OR_RETURN(lm.config, load_minimax_m3_config(dir));
+    if (num_layers > 0 && num_layers < lm.config.num_hidden_layers) {
+      lm.config.num_hidden_layers = num_layers;
+      lm.config.layer_types.resize(static_cast<size_t>(num_layers));
+      lm.config.mlp_layer_types.resize(static_cast<size_t>(num_layers));
+    }
+  }
+  auto src = std::make_unique<DummyWeightSource>(lm.config);
+  M3_ASSIGN_OR_RETURN(lm.model, Model::load(lm.config, *src, backend));
+  lm.weights = std::move(src);
+  if (!dir.empty()) {
+    M3_ASSIGN_OR_RETURN(lm.eos_token_ids, read_generation_eos(dir));
+  }
+  if (lm.eos_token_ids.empty()) lm.eos_token_ids = lm.config.eos_token_ids;
+  return lm;
+}
+
+}  // namespace m3::minimax_m3
