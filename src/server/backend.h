@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -37,6 +38,17 @@ struct SamplingOptions {
   bool ignore_eos = false;
   std::vector<std::string> stop;        // stop strings: text cut before the match
   std::vector<int32_t> stop_token_ids;  // in addition to EOS
+  // Per-token logprobs in the events: the sampled token's, and the top `top_logprobs`
+  // alternatives. Raw logprobs of the model's distribution (log_softmax of the logits before
+  // temperature, penalties, top-k/p), as vLLM returns by default.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+};
+
+// One generated token's logprobs (BackendEvent::logprobs, when SamplingOptions::logprobs).
+struct TokenLogprobs {
+  float logprob = 0.0f;                          // of the sampled token
+  std::vector<std::pair<int32_t, float>> top;    // (token, logprob), descending, ties id asc
 };
 
 struct BackendRequest {
@@ -49,6 +61,7 @@ struct BackendRequest {
 // One step's worth of progress of one request (several tokens with speculative decoding).
 struct BackendEvent {
   std::vector<int32_t> tokens;  // new tokens (a final EOS / stop token included)
+  std::vector<TokenLogprobs> logprobs;  // one per token when logprobs were asked for, else empty
   std::string text;             // their text: whole UTF-8 characters, stop strings removed
   bool done = false;            // last event of the request
   std::string finish_reason;    // on done: "stop", "length", "abort" or "error"

@@ -15,7 +15,11 @@ SamplingParams to_sampling_params(const server::SamplingOptions& o,
   if (o.frequency_penalty) p.frequency_penalty = static_cast<float>(*o.frequency_penalty);
   if (o.repetition_penalty) p.repetition_penalty = static_cast<float>(*o.repetition_penalty);
   if (o.seed) p.seed = *o.seed;
-  p.n = 1;
+  p.n = 1;  // the server submits n > 1 as n requests, one per choice
+  // Raw logprobs of the model's output distribution, before temperature and the other logits
+  // processors (vLLM's default logprobs mode): the sampler computes them (sample/sampler.h).
+  p.logprobs = o.logprobs;
+  p.top_logprobs = o.logprobs ? o.top_logprobs : 0;
   if (o.max_tokens > 0) p.max_tokens = o.max_tokens;
   p.min_tokens = o.min_tokens;
   p.ignore_eos = o.ignore_eos;
@@ -24,14 +28,22 @@ SamplingParams to_sampling_params(const server::SamplingOptions& o,
   return p;
 }
 
-server::BackendEvent to_backend_event(const RequestEvent& e) {
+server::BackendEvent to_backend_event(const RequestEvent& e, bool with_logprobs) {
   server::BackendEvent out;
   out.time = e.time;
   out.done = e.done;
   out.cached_tokens = e.usage.cached_tokens;
   for (const SeqDelta& d : e.seqs) {
     if (d.seq_index != 0) continue;
-    for (const GeneratedToken& g : d.tokens) out.tokens.push_back(g.token);
+    for (const GeneratedToken& g : d.tokens) {
+      out.tokens.push_back(g.token);
+      if (!with_logprobs) continue;
+      server::TokenLogprobs lp;
+      lp.logprob = g.logprob;
+      lp.top.reserve(g.top_logprobs.size());
+      for (const TokenLogprob& t : g.top_logprobs) lp.top.emplace_back(t.token, t.logprob);
+      out.logprobs.push_back(std::move(lp));
+    }
     out.text += d.text;
     if (d.finish_reason) out.finish_reason = finish_reason_name(*d.finish_reason);
   }
@@ -48,14 +60,18 @@ struct EngineBackend::Entry {
   std::mutex mu;  // one deliverer at a time: events reach the callback in order
   RequestHandle handle;
   server::EventCallback on_event;
+  bool logprobs = false;
+  std::string tag;  // unique among live requests (the DetokenizerTails key)
   bool done = false;
 };
 
 EngineBackend::EngineBackend(std::unique_ptr<Engine> engine, int32_t context_length,
-                             std::shared_ptr<void> keepalive)
+                             std::shared_ptr<void> keepalive,
+                             std::shared_ptr<DetokenizerTails> tails)
     : keepalive_(std::move(keepalive)),
       engine_(std::move(engine)),
-      context_length_(context_length) {
+      context_length_(context_length),
+      tails_(std::move(tails)) {
   engine_->start();
 }
 
@@ -77,13 +93,17 @@ EngineBackend::~EngineBackend() {
 
 Result<uint64_t> EngineBackend::submit(server::BackendRequest request,
                                        server::EventCallback on_event) {
+  const bool logprobs = request.sampling.logprobs;
   GenerateRequest g;
   g.prompt_tokens = std::move(request.prompt_tokens);
   g.params = to_sampling_params(request.sampling, engine_->default_sampling_params());
   g.skip_special_tokens = request.skip_special_tokens;
-  g.tag = std::move(request.request_id);
+  // The OpenAI id plus a counter: unique, so the detokenizer registry has one entry per request.
+  g.tag = std::move(request.request_id) + "#" + std::to_string(next_tag_.fetch_add(1));
+  const std::string tag = g.tag;
   auto handle = engine_->submit(std::move(g));
   if (!handle.is_ok()) {
+    if (tails_) tails_->drop(tag);
     if (handle.status().code() == StatusCode::kResourceExhausted && engine_->is_draining()) {
       return unavailable("the server is shutting down: " + handle.status().message());
     }
@@ -93,6 +113,8 @@ Result<uint64_t> EngineBackend::submit(server::BackendRequest request,
   const uint64_t id = handle->id();
   entry->handle = std::move(handle).value();
   entry->on_event = std::move(on_event);
+  entry->logprobs = logprobs;
+  entry->tag = tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
     live_[id] = entry;
@@ -111,8 +133,16 @@ void EngineBackend::deliver(const std::shared_ptr<Entry>& entry) {
     std::lock_guard<std::mutex> lock(entry->mu);
     if (entry->done) return;
     while (auto ev = entry->handle.stream().try_next()) {
-      server::BackendEvent be = to_backend_event(*ev);
+      server::BackendEvent be = to_backend_event(*ev, entry->logprobs);
       const bool done = be.done;
+      if (done && tails_) {
+        // The detokenizer's incomplete UTF-8 tail, unless a stop string cut the text (what
+        // followed the match is dropped) or the request failed.
+        bool stopped_by_string = false;
+        for (const SeqDelta& d : ev->seqs) stopped_by_string |= !d.stop_string.empty();
+        std::string tail = tails_->flush(entry->tag);
+        if (!stopped_by_string && be.finish_reason != "error") be.text += tail;
+      }
       if (!closing_.load()) entry->on_event(std::move(be));
       if (done) {
         entry->done = true;

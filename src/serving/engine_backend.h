@@ -11,20 +11,25 @@
 
 #include "engine/engine.h"
 #include "server/backend.h"
+#include "serving/engine_detokenizer.h"
 
 namespace m3::serving {
 
 // SamplingOptions -> SamplingParams, starting from `defaults` (Engine::default_sampling_params()).
 SamplingParams to_sampling_params(const server::SamplingOptions& options,
                                   const SamplingParams& defaults);
-// One engine event as the server sees it (sequence 0; the server asks for n = 1).
-server::BackendEvent to_backend_event(const RequestEvent& event);
+// One engine event as the server sees it (sequence 0: the server submits one request per
+// choice); with_logprobs copies each token's logprobs (BackendEvent::logprobs).
+server::BackendEvent to_backend_event(const RequestEvent& event, bool with_logprobs = false);
 
 class EngineBackend final : public server::InferenceBackend {
  public:
   // `keepalive` is destroyed after the engine (the checkpoint the model's weights may map).
+  // `tails`: the registry the engine's detokenizer factory fills (engine_detokenizer.h); each
+  // request's held-back incomplete UTF-8 tail is then flushed, as U+FFFD, into its last event.
   EngineBackend(std::unique_ptr<Engine> engine, int32_t context_length,
-                std::shared_ptr<void> keepalive = nullptr);
+                std::shared_ptr<void> keepalive = nullptr,
+                std::shared_ptr<DetokenizerTails> tails = nullptr);
   ~EngineBackend() override;
 
   bool ready() const override { return true; }  // the model is loaded before construction
@@ -44,6 +49,8 @@ class EngineBackend final : public server::InferenceBackend {
   std::shared_ptr<void> keepalive_;  // declared first: destroyed last
   std::unique_ptr<Engine> engine_;
   int32_t context_length_;
+  std::shared_ptr<DetokenizerTails> tails_;
+  std::atomic<uint64_t> next_tag_{0};
   std::atomic<bool> closing_{false};
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Entry>> live_;  // requests not yet done

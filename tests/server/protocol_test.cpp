@@ -48,12 +48,16 @@ TEST(Protocol, InvalidParametersNameTheField) {
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"temperature":-1})").param, "temperature");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"top_p":1.5})").param, "top_p");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"max_tokens":0})").param, "max_tokens");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"n":2})").param, "n");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"n":17})").param, "n");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"n":0})").param, "n");
   EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"stop":[1]})").param, "stop");
   EXPECT_EQ(
       chat_error(std::string("{") + kMsg + R"(,"stream_options":{"include_usage":true}})").param,
       "stream_options");
-  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"logprobs":true})").param, "logprobs");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"logprobs":1})").param, "logprobs");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"top_logprobs":3})").param, "top_logprobs");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"logprobs":true,"top_logprobs":21})").param,
+            "top_logprobs");
   EXPECT_EQ(
       chat_error(std::string("{") + kMsg + R"(,"response_format":{"type":"json_object"}})").param,
       "response_format.type");
@@ -191,6 +195,32 @@ TEST(Protocol, CompletionPrompt) {
   auto batch = parse_completion_request(json::parse(R"({"prompt":["a","b"]})"));
   ASSERT_TRUE(std::holds_alternative<ApiError>(batch));
   EXPECT_EQ(std::get<ApiError>(batch).param, "prompt");
+}
+
+TEST(Protocol, ChoicesAndLogprobs) {
+  ChatRequest c = chat_ok(std::string("{") + kMsg + R"(,"n":16,"logprobs":true,"top_logprobs":20})");
+  EXPECT_EQ(c.gen.n, 16);
+  EXPECT_TRUE(c.gen.sampling.logprobs);
+  EXPECT_EQ(c.gen.sampling.top_logprobs, 20);
+  ChatRequest plain = chat_ok(std::string("{") + kMsg + "}");
+  EXPECT_EQ(plain.gen.n, 1);
+  EXPECT_FALSE(plain.gen.sampling.logprobs);
+  // The limit is in the message.
+  ApiError e = chat_error(std::string("{") + kMsg + R"(,"n":17})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("16"), std::string::npos) << e.message;
+
+  auto ok = parse_completion_request(json::parse(R"({"prompt":"abc","logprobs":0,"n":3})"));
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ok));
+  EXPECT_TRUE(std::get<CompletionRequest>(ok).gen.sampling.logprobs);
+  EXPECT_EQ(std::get<CompletionRequest>(ok).gen.sampling.top_logprobs, 0);
+  EXPECT_EQ(std::get<CompletionRequest>(ok).gen.n, 3);
+  for (const char* body : {R"({"prompt":"abc","logprobs":6})", R"({"prompt":"abc","logprobs":true})",
+                           R"({"prompt":"abc","logprobs":2,"echo":true})"}) {
+    auto r = parse_completion_request(json::parse(body));
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << body;
+    EXPECT_EQ(std::get<ApiError>(r).param, "logprobs") << body;
+  }
 }
 
 }  // namespace

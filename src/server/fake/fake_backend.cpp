@@ -49,6 +49,19 @@ size_t utf8_incomplete_tail(const std::string& s) {
   return 0;
 }
 
+// A made-up distribution in which the generated token is the most likely (as greedy decoding
+// picks it): logprob(token) = -ln 2, then the next byte ids at -ln 2 * (k + 1).
+TokenLogprobs fake_logprobs(int32_t token, int32_t top) {
+  const float ln2 = 0.69314718f;
+  TokenLogprobs lp;
+  lp.logprob = -ln2;
+  for (int32_t k = 0; k < top; ++k) {
+    int32_t id = k == 0 ? token : (token + k) % 256;
+    lp.top.emplace_back(id, -ln2 * static_cast<float>(k + 1));
+  }
+  return lp;
+}
+
 }  // namespace
 
 FakeBackend::FakeBackend(FakeBackendOptions options) : options_(options) {
@@ -84,6 +97,10 @@ Result<uint64_t> FakeBackend::submit(BackendRequest request, EventCallback on_ev
     auto decoded = base64_decode(b64);
     if (!decoded) return invalid_argument("FAKE_OUTPUT_B64 is not valid base64");
     text = *decoded;
+  }
+  if (prompt.find("FAKE_ECHO_SEED") != std::string::npos) {
+    const auto& seed = request.sampling.seed;
+    text = "seed " + (seed ? std::to_string(*seed) : std::string("none"));
   }
   r->output = codec_.encode(text).value();
   r->infinite = prompt.find("FAKE_INFINITE") != std::string::npos;
@@ -159,6 +176,7 @@ BackendEvent FakeBackend::step_request(Req& r, Clock::time_point now) {
       break;
     }
     ev.tokens.push_back(tok);
+    if (sp.logprobs) ev.logprobs.push_back(fake_logprobs(tok, sp.top_logprobs));
     ++r.generated;
     bool is_stop_id = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) !=
                       sp.stop_token_ids.end();

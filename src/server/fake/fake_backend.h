@@ -10,6 +10,8 @@
 //   FAKE_STEP_MS=<n>           time between steps of this request
 //   FAKE_INFINITE              never ends by itself (until max_tokens or cancel)
 //   FAKE_ERROR                 fails with an error event after the first step
+//   FAKE_ECHO_SEED             the output is "seed <the request's seed>" (or "seed none")
+// With logprobs asked for, each token gets a made-up distribution in which it is the most likely.
 // Without FAKE_OUTPUT_B64 the output is "Hello from the fake backend." and EOS.
 #pragma once
 

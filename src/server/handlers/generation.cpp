@@ -16,6 +16,15 @@ std::string random_id(const char* prefix, size_t n) {
   return s;
 }
 
+uint64_t choice_seed(uint64_t seed, int32_t index) {
+  if (index == 0) return seed;
+  // SplitMix64 finalizer of seed + index * golden ratio: well-spread, deterministic.
+  uint64_t z = seed + static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 namespace {
 
 std::string sse(const json& j) {
@@ -33,64 +42,100 @@ GenerationJob::GenerationJob(ServerContext& ctx, GenerationConfig config,
     : ctx_(ctx), cfg_(std::move(config)), responder_(std::move(responder)) {
   ctx_.in_flight.fetch_add(1);
   ctx_.metrics->requests_in_flight.fetch_add(1);
-  if (cfg_.run_parsers) parser_.emplace(cfg_.parser);
-  in_reasoning_ = cfg_.starts_in_reasoning;
+  if (cfg_.n < 1) cfg_.n = 1;
+  for (int32_t i = 0; i < cfg_.n; ++i) {
+    auto c = std::make_unique<Choice>();
+    c->index = i;
+    if (cfg_.run_parsers) c->parser.emplace(cfg_.parser);
+    if (cfg_.logprobs) c->logprobs.emplace(ctx_.codec, cfg_.chat, utf8_length(cfg_.echo));
+    c->in_reasoning = cfg_.starts_in_reasoning;
+    choices_.push_back(std::move(c));
+  }
 }
 
 GenerationJob::~GenerationJob() {
-  if (has_id_.load()) {
+  {
     std::lock_guard lock(ctx_.live_mu);
-    ctx_.live_ids.erase(backend_id_.load());
+    for (const auto& c : choices_) {
+      if (c->has_id.load()) ctx_.live_ids.erase(c->backend_id.load());
+    }
   }
   ctx_.metrics->requests_in_flight.fetch_sub(1);
   ctx_.in_flight.fetch_sub(1);
 }
 
-EventCallback GenerationJob::callback() {
-  return [self = shared_from_this()](BackendEvent ev) { self->on_event(std::move(ev)); };
+EventCallback GenerationJob::callback(int32_t index) {
+  return
+      [self = shared_from_this(), index](BackendEvent ev) { self->on_event(index, std::move(ev)); };
 }
 
-void GenerationJob::started(uint64_t backend_id) {
-  backend_id_.store(backend_id);
+void GenerationJob::started(int32_t index, uint64_t backend_id) {
+  Choice& c = *choices_.at(index);
+  c.backend_id.store(backend_id);
   {
     std::lock_guard lock(ctx_.live_mu);
     ctx_.live_ids.insert(backend_id);
   }
-  has_id_.store(true);
+  c.has_id.store(true);
+}
+
+void GenerationJob::all_started() {
   std::weak_ptr<GenerationJob> weak = weak_from_this();
   responder_->on_disconnect([weak] {
     if (auto self = weak.lock()) self->cancel();
   });
+  {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    if (!pending_.empty() && !drain_posted_) {
+      drain_posted_ = true;
+      responder_->post([self = shared_from_this()] { self->drain(); });
+    }
+  }
   if (cancel_requested_.load()) cancel();
+}
+
+void GenerationJob::abandon() {
+  {
+    std::lock_guard lock(mu_);
+    abandoned_ = true;
+    pending_.clear();
+  }
+  cancel();
 }
 
 void GenerationJob::cancel() {
   cancel_requested_.store(true);
-  if (has_id_.load()) ctx_.backend->cancel(backend_id_.load());
+  for (const auto& c : choices_) {
+    if (c->has_id.load()) ctx_.backend->cancel(c->backend_id.load());
+  }
 }
 
-void GenerationJob::on_event(BackendEvent ev) {
+void GenerationJob::on_event(int32_t index, BackendEvent ev) {
   std::lock_guard lock(mu_);
-  pending_.push_back(std::move(ev));
-  if (drain_posted_) return;
+  if (abandoned_) return;
+  pending_.emplace_back(index, std::move(ev));
+  if (drain_posted_ || !released_) return;
   drain_posted_ = true;
   responder_->post([self = shared_from_this()] { self->drain(); });
 }
 
 void GenerationJob::drain() {
-  std::deque<BackendEvent> events;
+  std::deque<std::pair<int32_t, BackendEvent>> events;
   {
     std::lock_guard lock(mu_);
     events.swap(pending_);
     drain_posted_ = false;
   }
-  for (auto& ev : events) {
-    if (finished_) break;
-    handle(ev);
+  for (auto& [index, ev] : events) {
+    if (done_) break;
+    Choice& c = *choices_.at(index);
+    if (!c.finished) handle(c, ev);
   }
 }
 
-std::string GenerationJob::chunk(json choice) const {
+std::string GenerationJob::chunk(Choice& c, json choice) {
+  if (c.logprobs && c.logprobs->has_pending()) choice["logprobs"] = c.logprobs->take();
   json j = {{"id", cfg_.id},
             {"object", cfg_.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", cfg_.created},
@@ -100,110 +145,141 @@ std::string GenerationJob::chunk(json choice) const {
 }
 
 json GenerationJob::usage_json() const {
+  // The prompt is counted once; completion (and reasoning) tokens are summed over the choices.
+  int32_t completion = 0, reasoning = 0;
+  for (const auto& c : choices_) {
+    completion += c->completion_tokens;
+    reasoning += c->reasoning_tokens;
+  }
   return {{"prompt_tokens", cfg_.prompt_tokens},
-          {"completion_tokens", completion_tokens_},
-          {"total_tokens", cfg_.prompt_tokens + completion_tokens_},
+          {"completion_tokens", completion},
+          {"total_tokens", cfg_.prompt_tokens + completion},
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}},
-          {"completion_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}}};
+          {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
 }
 
-void GenerationJob::emit_delta(chat::ParsedDelta&& d) {
+void GenerationJob::emit_delta(Choice& c, chat::ParsedDelta&& d) {
   if (d.empty()) return;
   // Every call gets an id when it begins (the same id in the streamed and whole forms).
-  for (const auto& c : d.tool_calls) {
-    if (c.begins) tool_call_ids_.push_back(random_id("call_"));
+  for (const auto& call : d.tool_calls) {
+    if (call.begins) c.tool_call_ids.push_back(random_id("call_"));
   }
   if (!cfg_.stream) {
-    message_.append(std::move(d));
+    c.message.append(std::move(d));
     return;
   }
   auto base = [&](json delta) {
-    return json{{"index", 0},
+    return json{{"index", c.index},
                 {"delta", std::move(delta)},
                 {"logprobs", nullptr},
                 {"finish_reason", nullptr}};
   };
   std::string out;
   if (!cfg_.chat) {
-    out += chunk(
-        {{"index", 0}, {"text", d.content}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+    out += chunk(c, {{"index", c.index},
+                     {"text", d.content},
+                     {"logprobs", nullptr},
+                     {"finish_reason", nullptr}});
   } else {
-    if (!d.reasoning.empty()) out += chunk(base({{"reasoning_content", d.reasoning}}));
-    if (!d.content.empty()) out += chunk(base({{"content", d.content}}));
+    if (!d.reasoning.empty()) out += chunk(c, base({{"reasoning_content", d.reasoning}}));
+    if (!d.content.empty()) out += chunk(c, base({{"content", d.content}}));
     if (!d.tool_calls.empty()) {
       json calls = json::array();
-      for (const auto& c : d.tool_calls) {
-        json fn = {{"arguments", c.arguments}};
-        json call = {{"index", c.index}};
-        if (c.begins) {
-          fn["name"] = c.name;
-          call["id"] = tool_call_ids_.at(c.index);
-          call["type"] = "function";
+      for (const auto& call : d.tool_calls) {
+        json fn = {{"arguments", call.arguments}};
+        json j = {{"index", call.index}};
+        if (call.begins) {
+          fn["name"] = call.name;
+          j["id"] = c.tool_call_ids.at(call.index);
+          j["type"] = "function";
         }
-        call["function"] = std::move(fn);
-        calls.push_back(std::move(call));
+        j["function"] = std::move(fn);
+        calls.push_back(std::move(j));
       }
-      out += chunk(base({{"tool_calls", std::move(calls)}}));
+      out += chunk(c, base({{"tool_calls", std::move(calls)}}));
     }
   }
   if (!out.empty()) responder_->send_event(std::move(out));
 }
 
-void GenerationJob::handle(BackendEvent& ev) {
+void GenerationJob::handle(Choice& c, BackendEvent& ev) {
   auto now = ev.time;
   if (cfg_.stream && !stream_started_) {
     stream_started_ = true;
     responder_->start_stream();
-    if (cfg_.chat) {
-      responder_->send_event(chunk({{"index", 0},
-                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                    {"logprobs", nullptr},
-                                    {"finish_reason", nullptr}}));
+  }
+  if (!c.started) {
+    c.started = true;
+    if (cfg_.stream) {
+      if (cfg_.chat) {
+        responder_->send_event(chunk(c, {{"index", c.index},
+                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}));
+      }
+      if (!cfg_.echo.empty()) {
+        responder_->send_event(chunk(c, {{"index", c.index},
+                                         {"text", cfg_.echo},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}));
+      }
     }
-    if (!cfg_.echo.empty()) {
-      responder_->send_event(chunk(
-          {{"index", 0}, {"text", cfg_.echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-    }
-    if (parser_ && !cfg_.prefill.empty()) emit_delta(parser_->feed(cfg_.prefill));
-  } else if (!cfg_.stream && !stream_started_) {
-    stream_started_ = true;
-    if (parser_ && !cfg_.prefill.empty()) emit_delta(parser_->feed(cfg_.prefill));
+    if (c.parser && !cfg_.prefill.empty()) emit_delta(c, c.parser->feed(cfg_.prefill));
   }
   cached_tokens_ = std::max(cached_tokens_, ev.cached_tokens);
   if (!ev.tokens.empty()) {
     auto& m = *ctx_.metrics;
-    if (!last_token_time_) {
+    if (!first_token_seen_) {
+      first_token_seen_ = true;
       m.time_to_first_token.observe(seconds(now - cfg_.arrival));
-    } else {
+    } else if (c.last_token_time) {
       // A step's gap is shared by the tokens it produced (speculative decoding: several).
-      double gap = seconds(now - *last_token_time_) / double(ev.tokens.size());
+      double gap = seconds(now - *c.last_token_time) / double(ev.tokens.size());
       for (size_t i = 0; i < ev.tokens.size(); ++i) m.inter_token_latency.observe(gap);
     }
-    last_token_time_ = now;
-    completion_tokens_ += static_cast<int32_t>(ev.tokens.size());
+    c.last_token_time = now;
+    c.completion_tokens += static_cast<int32_t>(ev.tokens.size());
     for (int32_t t : ev.tokens) {
-      if (cfg_.think_open_id && t == *cfg_.think_open_id) in_reasoning_ = true;
-      if (in_reasoning_) ++reasoning_tokens_;
-      if (cfg_.think_close_id && t == *cfg_.think_close_id) in_reasoning_ = false;
+      if (cfg_.think_open_id && t == *cfg_.think_open_id) c.in_reasoning = true;
+      if (c.in_reasoning) ++c.reasoning_tokens;
+      if (cfg_.think_close_id && t == *cfg_.think_close_id) c.in_reasoning = false;
     }
+    // Before the text: the chunk that carries this event's text carries its logprobs. Tokens
+    // whose text is held back (an incomplete character, a parser marker) ride on a later chunk.
+    if (c.logprobs) c.logprobs->add(ev.tokens, ev.logprobs);
   }
   if (!ev.text.empty()) {
-    if (parser_) {
-      emit_delta(parser_->feed(ev.text));
+    if (c.parser) {
+      emit_delta(c, c.parser->feed(ev.text));
     } else {
       chat::ParsedDelta d;
       d.content = ev.text;
-      emit_delta(std::move(d));
+      emit_delta(c, std::move(d));
     }
   }
-  if (ev.done) finish(ev);
+  if (ev.done) finish_choice(c, ev);
 }
 
-void GenerationJob::finish(const BackendEvent& ev) {
-  finished_ = true;
-  if (parser_) emit_delta(parser_->finish());
+void GenerationJob::fail(const std::string& error) {
+  done_ = true;
+  cancel();  // the other choices
+  ctx_.metrics->count_finished("error");
+  ApiError e = internal_error("Generation failed: " + error);
+  if (cfg_.stream) {
+    responder_->send_event(sse(e.to_json()));
+    responder_->send_event("data: [DONE]\n\n");
+    responder_->end_stream();
+  } else {
+    responder_->send(e.status, "application/json", e.body());
+  }
+}
+
+void GenerationJob::finish_choice(Choice& c, const BackendEvent& ev) {
+  c.finished = true;
+  if (c.parser) emit_delta(c, c.parser->finish());
   std::string reason = ev.finish_reason.empty() ? "stop" : ev.finish_reason;
   if (cfg_.health) {
+    done_ = true;
     if (reason == "error" || reason == "abort") {
       ApiError e = unavailable(reason == "abort" ? "Generation did not finish in time."
                                                  : "Generation failed: " + ev.error,
@@ -214,89 +290,100 @@ void GenerationJob::finish(const BackendEvent& ev) {
     }
     return;
   }
-  bool has_calls = !tool_call_ids_.empty();
-  if (reason == "stop" && has_calls) reason = "tool_calls";
+  if (reason == "error") return fail(ev.error);
+  if (reason == "stop" && !c.tool_call_ids.empty()) reason = "tool_calls";
+  c.finish_reason = reason;
 
+  const bool gone = responder_->disconnected();
+  if (cfg_.stream && !gone) {
+    if (cfg_.chat) {
+      responder_->send_event(chunk(c, {{"index", c.index},
+                                       {"delta", json::object()},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", reason}}));
+    } else {
+      responder_->send_event(chunk(
+          c, {{"index", c.index}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}}));
+    }
+  }
+  for (const auto& other : choices_) {
+    if (!other->finished) return;
+  }
+  finish_all(ev.time);
+}
+
+json GenerationJob::final_choice(Choice& c) {
+  json logprobs = c.logprobs ? c.logprobs->take(/*even_if_empty=*/true) : json(nullptr);
+  if (!cfg_.chat) {
+    return {{"index", c.index},
+            {"text", cfg_.echo + c.message.content},
+            {"logprobs", std::move(logprobs)},
+            {"finish_reason", c.finish_reason}};
+  }
+  const bool has_calls = !c.tool_call_ids.empty();
+  json msg = {{"role", "assistant"}};
+  msg["content"] =
+      (c.message.content.empty() && has_calls) ? json(nullptr) : json(c.message.content);
+  if (cfg_.reasoning_field) {
+    msg["reasoning_content"] =
+        c.message.reasoning.empty() ? json(nullptr) : json(c.message.reasoning);
+  }
+  if (has_calls) {
+    json calls = json::array();
+    for (const auto& call : c.message.tool_calls) {
+      calls.push_back({{"id", c.tool_call_ids.at(call.index)},
+                       {"type", "function"},
+                       {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+    }
+    msg["tool_calls"] = std::move(calls);
+  }
+  return {{"index", c.index},
+          {"message", std::move(msg)},
+          {"logprobs", std::move(logprobs)},
+          {"finish_reason", c.finish_reason}};
+}
+
+void GenerationJob::finish_all(std::chrono::steady_clock::time_point now) {
+  done_ = true;
+  int32_t completion = 0, reasoning = 0;
+  for (const auto& c : choices_) {
+    completion += c->completion_tokens;
+    reasoning += c->reasoning_tokens;
+  }
+  // One request, one finish: counted with the first choice's reason.
   auto& m = *ctx_.metrics;
+  const std::string& reason = choices_.front()->finish_reason;
   m.count_finished(reason);
   m.prompt_tokens_total.fetch_add(cfg_.prompt_tokens);
-  m.generation_tokens_total.fetch_add(completion_tokens_);
-  m.reasoning_tokens_total.fetch_add(reasoning_tokens_);
-  m.e2e_request_latency.observe(seconds(ev.time - cfg_.arrival));
+  m.generation_tokens_total.fetch_add(completion);
+  m.reasoning_tokens_total.fetch_add(reasoning);
+  m.e2e_request_latency.observe(seconds(now - cfg_.arrival));
   m.request_prompt_tokens.observe(cfg_.prompt_tokens);
-  m.request_generation_tokens.observe(completion_tokens_);
+  m.request_generation_tokens.observe(completion);
 
-  if (reason == "abort" && responder_->disconnected()) return;  // nobody to tell
+  if (responder_->disconnected()) return;  // nobody to tell
 
   if (cfg_.stream) {
-    if (reason == "error") {
-      ApiError e = internal_error("Generation failed: " + ev.error);
-      responder_->send_event(sse(e.to_json()));
-    } else {
-      std::string out;
-      if (cfg_.chat) {
-        out += chunk({{"index", 0},
-                      {"delta", json::object()},
-                      {"logprobs", nullptr},
-                      {"finish_reason", reason}});
-      } else {
-        out +=
-            chunk({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}});
-      }
-      if (cfg_.include_usage) {
-        json u = {{"id", cfg_.id},
-                  {"object", cfg_.chat ? "chat.completion.chunk" : "text_completion"},
-                  {"created", cfg_.created},
-                  {"model", cfg_.model},
-                  {"choices", json::array()},
-                  {"usage", usage_json()}};
-        out += sse(u);
-      }
-      responder_->send_event(std::move(out));
+    if (cfg_.include_usage) {
+      json u = {{"id", cfg_.id},
+                {"object", cfg_.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", cfg_.created},
+                {"model", cfg_.model},
+                {"choices", json::array()},
+                {"usage", usage_json()}};
+      responder_->send_event(sse(u));
     }
     responder_->send_event("data: [DONE]\n\n");
     responder_->end_stream();
     return;
   }
-
-  if (reason == "error") {
-    ApiError e = internal_error("Generation failed: " + ev.error);
-    responder_->send(e.status, "application/json", e.body());
-    return;
-  }
-  json choice;
-  if (cfg_.chat) {
-    json msg = {{"role", "assistant"}};
-    msg["content"] =
-        (message_.content.empty() && has_calls) ? json(nullptr) : json(message_.content);
-    if (cfg_.reasoning_field) {
-      msg["reasoning_content"] =
-          message_.reasoning.empty() ? json(nullptr) : json(message_.reasoning);
-    }
-    if (has_calls) {
-      json calls = json::array();
-      for (const auto& c : message_.tool_calls) {
-        calls.push_back({{"id", tool_call_ids_.at(c.index)},
-                         {"type", "function"},
-                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-      }
-      msg["tool_calls"] = std::move(calls);
-    }
-    choice = {{"index", 0},
-              {"message", std::move(msg)},
-              {"logprobs", nullptr},
-              {"finish_reason", reason}};
-  } else {
-    choice = {{"index", 0},
-              {"text", cfg_.echo + message_.content},
-              {"logprobs", nullptr},
-              {"finish_reason", reason}};
-  }
+  json choices = json::array();
+  for (auto& c : choices_) choices.push_back(final_choice(*c));
   json body = {{"id", cfg_.id},
                {"object", cfg_.chat ? "chat.completion" : "text_completion"},
                {"created", cfg_.created},
                {"model", cfg_.model},
-               {"choices", json::array({std::move(choice)})},
+               {"choices", std::move(choices)},
                {"usage", usage_json()}};
   responder_->send(200, "application/json",
                    body.dump(-1, ' ', false, json::error_handler_t::replace));

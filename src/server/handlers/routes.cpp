@@ -2,6 +2,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -96,13 +97,25 @@ bool parsers_enabled(const std::string& name) {
   return !name.empty() && name != "none";
 }
 
+// Submits one backend request per choice (each with its derived seed) and starts the job.
 void submit_job(ServerContext& ctx, std::shared_ptr<http::Responder> responder,
                 GenerationConfig cfg, BackendRequest breq) {
   if (auto e = check_available(ctx)) return send_error(ctx, *responder, *e);
+  const int32_t n = std::max(1, cfg.n);
+  const std::string id = cfg.id;
   auto job = std::make_shared<GenerationJob>(ctx, std::move(cfg), responder);
-  auto id = ctx.backend->submit(std::move(breq), job->callback());
-  if (!id.is_ok()) return send_error(ctx, *responder, from_status(id.status()));
-  job->started(*id);
+  for (int32_t i = 0; i < n; ++i) {
+    BackendRequest b = i + 1 < n ? breq : std::move(breq);
+    if (n > 1) b.request_id = id + "-" + std::to_string(i);
+    if (b.sampling.seed) b.sampling.seed = choice_seed(*b.sampling.seed, i);
+    auto backend_id = ctx.backend->submit(std::move(b), job->callback(i));
+    if (!backend_id.is_ok()) {
+      job->abandon();
+      return send_error(ctx, *responder, from_status(backend_id.status()));
+    }
+    job->started(i, *backend_id);
+  }
+  job->all_started();
 }
 
 void handle_chat(ServerContext& ctx, const http::Request& req,
@@ -143,6 +156,8 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   cfg.model = ctx.model_name();
   cfg.created = unix_now();
   cfg.arrival = req.received;
+  cfg.n = r.gen.n;
+  cfg.logprobs = r.gen.sampling.logprobs;
   cfg.run_parsers = reasoning_on || tools_on;
   cfg.reasoning_field = reasoning_on;
   cfg.parser.reasoning = reasoning_on;
@@ -227,6 +242,8 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
   cfg.created = unix_now();
   cfg.arrival = req.received;
   cfg.prompt_tokens = static_cast<int32_t>(tokens.size());
+  cfg.n = r.gen.n;
+  cfg.logprobs = r.gen.sampling.logprobs;
   if (r.echo) cfg.echo = prompt_text;
   auto mt = resolve_max_tokens(ctx, cfg.prompt_tokens, r.gen.max_tokens, "prompt");
   if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
@@ -314,12 +331,14 @@ void handle_health_generate(ServerContext& ctx, std::shared_ptr<http::Responder>
   breq.prompt_tokens = tokens.is_ok() && !tokens->empty() ? *tokens : std::vector<int32_t>{0};
   breq.sampling.max_tokens = 1;
   auto job = std::make_shared<GenerationJob>(ctx, std::move(cfg), responder);
-  auto id = ctx.backend->submit(std::move(breq), job->callback());
+  auto id = ctx.backend->submit(std::move(breq), job->callback(0));
   if (!id.is_ok()) {
+    job->abandon();
     return responder->send(503, "application/json",
                            unavailable(id.status().message(), "health_generate_failed").body());
   }
-  job->started(*id);
+  job->started(0, *id);
+  job->all_started();
   // The watchdog holds the job weakly: it ends as soon as the job does.
   std::weak_ptr<GenerationJob> weak = job;
   auto deadline = std::chrono::steady_clock::now() + ctx.options.health_generate_timeout;

@@ -65,7 +65,8 @@ class Session : public std::enable_shared_from_this<Session> {
     out += "Content-Type: " + content_type + "\r\n";
     out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
     for (const auto& [k, v] : headers) out += k + ": " + v + "\r\n";
-    out += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    promised_keep_alive_ = keep_alive();
+    out += promised_keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     out += body;
     response_done_ = true;
     queue(std::move(out));
@@ -79,7 +80,8 @@ class Session : public std::enable_shared_from_this<Session> {
         "Content-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
         "X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n";
     for (const auto& [k, v] : headers) out += k + ": " + v + "\r\n";
-    out += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    promised_keep_alive_ = keep_alive();
+    out += promised_keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     queue(std::move(out));
   }
   void send_event(uint64_t gen, const std::string& event) {
@@ -236,7 +238,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!outq_.empty()) return do_write();
     if (!response_done_) return;
     on_disconnect_.clear();  // the response is complete: nothing to cancel any more
-    if (!keep_alive()) return linger_close();
+    // What the response header told the client: a drain that began while the response was on
+    // the wire still reads the next request (and answers it 503, Connection: close) rather than
+    // closing a connection the client was told stays open.
+    if (!promised_keep_alive_) return linger_close();
     // Stop watching (no other operation is pending now) and read the next request.
     if (watching_) {
       beast::error_code ignored;
@@ -285,6 +290,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool watching_ = false;
   bool closed_ = false;
   bool keep_alive_ = true;
+  bool promised_keep_alive_ = false;  // the Connection header of the current response
   uint64_t gen_ = 0;  // request number on this connection
   bool response_started_ = false;
   bool response_done_ = true;

@@ -108,8 +108,12 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
   if (i) s.min_tokens = static_cast<int32_t>(*i);
   M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
   i.reset();
-  M3_TRY(get_int(body, "n", 1, 128, i));
-  if (i && *i != 1) return bad_request("Only n = 1 is supported for now.", "n");
+  // n: a wrong type or a value outside 1..kMaxChoices is a 400 naming 'n' and the limit.
+  if (auto e = get_int(body, "n", 1, kMaxChoices, i)) {
+    e->message += " At most " + std::to_string(kMaxChoices) + " choices per request.";
+    return e;
+  }
+  if (i) g.n = static_cast<int32_t>(*i);
   i.reset();
   M3_TRY(get_int(body, "best_of", 1, 128, i));
   if (i && *i != 1) return bad_request("'best_of' is not supported.", "best_of");
@@ -141,14 +145,25 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
       s.stop_token_ids.push_back(x.get<int32_t>());
     }
   }
-  bool logprobs = false;
   if (chat) {
-    M3_TRY(get_bool(body, "logprobs", logprobs));
-  } else if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
-    logprobs = true;
-  }
-  if (logprobs) {
-    return bad_request("'logprobs' is not supported yet.", "logprobs", "unsupported_parameter");
+    // Chat: logprobs is a boolean; top_logprobs 0..20 needs logprobs true (OpenAI).
+    M3_TRY(get_bool(body, "logprobs", s.logprobs));
+    i.reset();
+    M3_TRY(get_int(body, "top_logprobs", 0, kMaxChatTopLogprobs, i));
+    if (i) {
+      if (!s.logprobs) {
+        return bad_request("'top_logprobs' needs 'logprobs' to be true.", "top_logprobs");
+      }
+      s.top_logprobs = static_cast<int32_t>(*i);
+    }
+  } else {
+    // Completions: logprobs is the number of alternatives, 0..5 (0: the sampled token only).
+    i.reset();
+    M3_TRY(get_int(body, "logprobs", 0, kMaxCompletionLogprobs, i));
+    if (i) {
+      s.logprobs = true;
+      s.top_logprobs = static_cast<int32_t>(*i);
+    }
   }
   if (auto it = body.find("user"); it != body.end() && it->is_string())
     g.user = it->get<std::string>();
@@ -367,6 +382,11 @@ Parsed<CompletionRequest> parse_completion_request(const json& body) {
     return bad_request("'prompt' must not be empty.", "prompt");
   }
   M3_TRY(get_bool(body, "echo", r.echo));
+  if (r.echo && r.gen.sampling.logprobs) {
+    // vLLM then also returns the prompt's logprobs, which the engine does not compute yet.
+    return bad_request("'echo' with 'logprobs' needs prompt logprobs, which are not supported yet.",
+                       "logprobs", "unsupported_parameter");
+  }
   if (auto s = body.find("suffix"); s != body.end() && !s->is_null()) {
     return bad_request("'suffix' is not supported.", "suffix", "unsupported_parameter");
   }

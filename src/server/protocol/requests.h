@@ -25,12 +25,21 @@ struct ImageRef {
   std::string param;  // "messages[0].content[1].image_url.url"
 };
 
+// Upper bound on `n`: each choice is its own engine request (sharing the prompt's KV pages
+// through the prefix cache), so n multiplies the decode work of one HTTP request.
+inline constexpr int32_t kMaxChoices = 16;
+// OpenAI's bounds: chat top_logprobs 0..20, completions logprobs 0..5.
+inline constexpr int32_t kMaxChatTopLogprobs = 20;
+inline constexpr int32_t kMaxCompletionLogprobs = 5;
+
 struct CommonGeneration {
   std::string model;  // empty when the client sent none
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
   std::optional<int32_t> max_tokens;  // max_tokens / max_completion_tokens
   SamplingOptions sampling;           // max_tokens filled in later from the context length
+                                      // (logprobs / top_logprobs are set here too)
+  int32_t n = 1;                      // independent choices, 1..kMaxChoices
   std::string user;
 };
 

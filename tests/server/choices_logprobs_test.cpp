@@ -1,0 +1,268 @@
+// n > 1 and logprobs over HTTP against the fake backend: n independent choices (indices, usage
+// summed over choices with the prompt once, per-choice seeds that differ but reproduce, cancel
+// of every choice on disconnect), and OpenAI's logprobs shapes for chat and completions,
+// streaming and not.
+#include <cmath>
+#include <map>
+
+#include "server/handlers/generation.h"
+#include "server/handlers/logprobs_json.h"
+#include "test_client.h"
+
+namespace m3::server {
+namespace {
+
+using namespace testing_http;
+
+std::string completion_body(const std::string& prompt, bool stream, const std::string& extra) {
+  json b = {{"model", "m3-tiny"}, {"prompt", prompt}, {"stream", stream}, {"max_tokens", 100}};
+  std::string s = b.dump();
+  if (!extra.empty()) s = s.substr(0, s.size() - 1) + "," + extra + "}";
+  return s;
+}
+
+TEST_F(ServerTest, ChatNChoicesNonStreaming) {
+  start();
+  Client c(port());
+  c.send("POST", "/v1/chat/completions", chat_body("hi"));
+  Response one = c.read();
+  ASSERT_EQ(one.status, 200) << one.body;
+  json u1 = json::parse(one.body)["usage"];
+  c.send("POST", "/v1/chat/completions", chat_body("hi", false, R"("n":3)"));
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], "Hello from the fake backend.");
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "stop");
+    EXPECT_TRUE(j["choices"][i]["logprobs"].is_null());
+  }
+  // The prompt once, the completions summed.
+  EXPECT_EQ(j["usage"]["prompt_tokens"], u1["prompt_tokens"]);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3 * u1["completion_tokens"].get<int>());
+  EXPECT_EQ(j["usage"]["total_tokens"],
+            u1["prompt_tokens"].get<int>() + 3 * u1["completion_tokens"].get<int>());
+}
+
+TEST_F(ServerTest, ChatNChoicesStreaming) {
+  start();
+  Client c(port());
+  c.send("POST", "/v1/chat/completions",
+         chat_body("hi", true, R"("n":4,"stream_options":{"include_usage":true})"));
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  bool done = false;
+  auto events = sse_events(r.body, &done);
+  EXPECT_TRUE(done);
+  std::map<int, std::string> text;
+  std::map<int, int> roles, finishes;
+  json usage;
+  for (const auto& e : events) {
+    if (e.contains("usage") && !e["usage"].is_null()) {
+      EXPECT_TRUE(e["choices"].empty());
+      usage = e["usage"];
+      continue;
+    }
+    ASSERT_EQ(e["choices"].size(), 1u);
+    const json& ch = e["choices"][0];
+    int i = ch["index"];
+    EXPECT_EQ(finishes[i], 0) << "a chunk after choice " << i << " finished";
+    if (ch["delta"].contains("role")) ++roles[i];
+    if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finishes[i];
+  }
+  ASSERT_EQ(text.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(text[i], "Hello from the fake backend.") << i;
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage["completion_tokens"].get<int>() % 4, 0);
+  EXPECT_GT(usage["completion_tokens"].get<int>(), 0);
+}
+
+TEST_F(ServerTest, SeededChoicesDifferAndReproduce) {
+  start();
+  Client c(port());
+  auto run = [&](const std::string& extra) {
+    c.send("POST", "/v1/chat/completions", chat_body("FAKE_ECHO_SEED", false, extra));
+    Response r = c.read();
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::vector<std::string> out;
+    const json j = json::parse(r.body);
+    for (const auto& ch : j["choices"]) out.push_back(ch["message"]["content"]);
+    return out;
+  };
+  auto a = run(R"("n":3,"seed":42)");
+  auto b = run(R"("n":3,"seed":42)");
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b);             // reproducible
+  EXPECT_EQ(a[0], "seed 42");  // choice 0 keeps the seed (n = 1 is unchanged)
+  EXPECT_NE(a[0], a[1]);
+  EXPECT_NE(a[1], a[2]);
+  EXPECT_NE(a[0], a[2]);
+  EXPECT_EQ(a[1], "seed " + std::to_string(choice_seed(42, 1)));
+  EXPECT_EQ(run(R"("n":2)")[0], "seed none");
+}
+
+TEST_F(ServerTest, DisconnectCancelsEveryChoice) {
+  start();
+  {
+    Client c(port());
+    c.send("POST", "/v1/chat/completions", chat_body("FAKE_INFINITE", true, R"("n":3)"));
+    c.read_some(10);
+    c.close();
+  }
+  EXPECT_TRUE(wait_cancelled(3));
+  {
+    Client c(port());
+    c.send("POST", "/v1/completions", completion_body("FAKE_INFINITE", false, R"("n":5)"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    c.close();
+  }
+  EXPECT_TRUE(wait_cancelled(8));
+}
+
+TEST_F(ServerTest, TooManyChoicesIs400NamingTheLimit) {
+  start();
+  Client c(port());
+  c.send("POST", "/v1/chat/completions", chat_body("hi", false, R"("n":17)"));
+  Response r = c.read();
+  EXPECT_EQ(r.status, 400);
+  json e = json::parse(r.body)["error"];
+  EXPECT_EQ(e["param"], "n");
+  EXPECT_NE(e["message"].get<std::string>().find("16"), std::string::npos);
+}
+
+// Checks one chat logprobs entry: shape, bytes, top list sorted with `top` entries, and the
+// generated token (the fake backend's most likely) at its head.
+void check_chat_entry(const json& e, int top) {
+  ASSERT_TRUE(e["token"].is_string());
+  const std::string tok = e["token"];
+  json bytes = json::array();
+  for (unsigned char ch : tok) bytes.push_back(static_cast<int>(ch));
+  EXPECT_EQ(e["bytes"], bytes);
+  ASSERT_EQ(e["top_logprobs"].size(), static_cast<size_t>(top));
+  double max_p = 0;
+  for (size_t k = 0; k < e["top_logprobs"].size(); ++k) {
+    const json& t = e["top_logprobs"][k];
+    EXPECT_TRUE(t["token"].is_string());
+    EXPECT_TRUE(t["bytes"].is_array());
+    if (k > 0) {
+      EXPECT_GE(e["top_logprobs"][k - 1]["logprob"].get<double>(), t["logprob"].get<double>());
+    }
+    max_p = std::max(max_p, std::exp(t["logprob"].get<double>()));
+  }
+  if (top > 0) {
+    EXPECT_EQ(e["top_logprobs"][0]["token"], tok);
+    EXPECT_DOUBLE_EQ(std::exp(e["logprob"].get<double>()), max_p);
+  }
+}
+
+TEST_F(ServerTest, ChatLogprobsNonStreaming) {
+  start();
+  Client c(port());
+  c.send("POST", "/v1/chat/completions",
+         chat_body("FAKE_OUTPUT_B64=" + b64("Hi é"), false,
+                   R"("logprobs":true,"top_logprobs":3,"n":2)"));
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  int total = 0;
+  for (const auto& ch : j["choices"]) {
+    const json& content = ch["logprobs"]["content"];
+    ASSERT_TRUE(content.is_array()) << ch.dump();
+    total += static_cast<int>(content.size());
+    for (const auto& e : content) check_chat_entry(e, 3);
+    // The fake codec's tokens are bytes: 'H', 'i', ' ', then é's two bytes, each decoding alone
+    // to U+FFFD, then EOS.
+    ASSERT_GE(content.size(), 5u);
+    EXPECT_EQ(content[0]["token"], "H");
+    EXPECT_EQ(content[0]["bytes"], json::array({72}));
+    EXPECT_EQ(content[3]["token"], "\xEF\xBF\xBD");
+  }
+  EXPECT_EQ(total, j["usage"]["completion_tokens"]);
+  // Without top_logprobs: entries with empty top lists.
+  c.send("POST", "/v1/chat/completions", chat_body("hi", false, R"("logprobs":true)"));
+  r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json plain = json::parse(r.body);
+  ASSERT_FALSE(plain["choices"][0]["logprobs"]["content"].empty());
+  for (const auto& e : plain["choices"][0]["logprobs"]["content"]) check_chat_entry(e, 0);
+}
+
+TEST_F(ServerTest, ChatLogprobsStreaming) {
+  start();
+  Client c(port());
+  c.send("POST", "/v1/chat/completions",
+         chat_body("hi", true,
+                   R"("logprobs":true,"top_logprobs":5,"stream_options":{"include_usage":true})"));
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  int entries = 0, completion = -1;
+  for (const auto& e : sse_events(r.body)) {
+    if (e.contains("usage") && !e["usage"].is_null()) completion = e["usage"]["completion_tokens"];
+    for (const auto& ch : e["choices"]) {
+      if (ch["logprobs"].is_null()) continue;
+      for (const auto& x : ch["logprobs"]["content"]) {
+        check_chat_entry(x, 5);
+        ++entries;
+      }
+    }
+  }
+  EXPECT_GT(entries, 0);
+  EXPECT_EQ(entries, completion);  // every token, EOS included, once
+}
+
+TEST_F(ServerTest, CompletionLogprobs) {
+  start();
+  Client c(port());
+  for (bool stream : {false, true}) {
+    c.send("POST", "/v1/completions", completion_body("hi", stream, R"("logprobs":2)"));
+    Response r = c.read();
+    ASSERT_EQ(r.status, 200) << r.body;
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+    std::string text;
+    auto take = [&](const json& ch) {
+      text += ch["text"].get<std::string>();
+      if (ch["logprobs"].is_null()) return;
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        ASSERT_TRUE(ch["logprobs"][k].is_array()) << k;
+      for (const auto& x : ch["logprobs"]["tokens"]) tokens.push_back(x);
+      for (const auto& x : ch["logprobs"]["token_logprobs"]) lps.push_back(x);
+      for (const auto& x : ch["logprobs"]["top_logprobs"]) tops.push_back(x);
+      for (const auto& x : ch["logprobs"]["text_offset"]) offs.push_back(x);
+    };
+    if (stream) {
+      for (const auto& e : sse_events(r.body))
+        for (const auto& ch : e["choices"]) take(ch);
+    } else {
+      take(json::parse(r.body)["choices"][0]);
+    }
+    EXPECT_EQ(text, "Hello from the fake backend.");
+    ASSERT_GT(tokens.size(), 1u);
+    ASSERT_EQ(lps.size(), tokens.size());
+    ASSERT_EQ(tops.size(), tokens.size());
+    ASSERT_EQ(offs.size(), tokens.size());
+    int64_t expect_off = 0;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      EXPECT_EQ(offs[i], expect_off) << i;
+      expect_off += utf8_length(tokens[i].get<std::string>());
+      ASSERT_EQ(tops[i].size(), 2u) << tops[i].dump();
+      double prev = 0;
+      for (const auto& [tok, lp] : tops[i].items()) {
+        EXPECT_LE(lp.get<double>(), prev);
+        prev = lp.get<double>();
+      }
+      // Greedy: the generated token is the most likely.
+      EXPECT_EQ(tops[i].begin().key(), tokens[i].get<std::string>());
+      EXPECT_DOUBLE_EQ(tops[i].begin().value().get<double>(), lps[i].get<double>());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace m3::server
