@@ -123,6 +123,10 @@ const std::vector<Flag>& flags() {
        INT_FLAG(max_running_requests, 1, INT32_MAX)},
       {"--max-queued-requests", true, "waiting requests before 429 (default 4096)",
        INT_FLAG(max_queued_requests, 1, INT32_MAX)},
+      {"--kv-cache-bytes", true,
+       "CPU KV cache pool in bytes (default 536870912); must hold one request of the context "
+       "length",
+       INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
       {"--mem-fraction-static", true, "GPU memory fraction for weights + KV cache",
        [](ServeFlags& f, const std::string& v) {
          auto r = to_double("--mem-fraction-static", v, 0.0, 1.0);

@@ -25,6 +25,7 @@ struct ServeFlags {
   int32_t chunked_prefill_size = 8192;
   int32_t max_running_requests = 0;
   int32_t max_queued_requests = 4096;
+  int64_t kv_cache_bytes = 0;  // CPU KV pool; 0: the serving default (512 MiB)
   double mem_fraction_static = 0.0;
   int32_t tp = 1;
   std::string speculative_algorithm;

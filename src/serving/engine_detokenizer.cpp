@@ -7,24 +7,56 @@ namespace m3::serving {
 
 namespace {
 
-// The engine's TextDetokenizer over the tokenizer's streaming detokenizer.
+// The engine's TextDetokenizer over the tokenizer's streaming detokenizer (shared with
+// DetokenizerTails, which flushes it at the end of the request).
 class StreamDetokenizer final : public m3::TextDetokenizer {
  public:
-  StreamDetokenizer(std::shared_ptr<const Tokenizer> tokenizer, bool skip_special_tokens)
-      : tokenizer_(std::move(tokenizer)), detok_(*tokenizer_, skip_special_tokens) {}
-  std::string push(int32_t token) override { return detok_.feed(token); }
+  StreamDetokenizer(std::shared_ptr<const Tokenizer> tokenizer,
+                    std::shared_ptr<IncrementalDetokenizer> detok)
+      : tokenizer_(std::move(tokenizer)), detok_(std::move(detok)) {}
+  std::string push(int32_t token) override { return detok_->feed(token); }
 
  private:
   std::shared_ptr<const Tokenizer> tokenizer_;  // keeps the tokenizer alive for detok_
-  IncrementalDetokenizer detok_;
+  std::shared_ptr<IncrementalDetokenizer> detok_;
 };
 
 }  // namespace
 
-DetokenizerFactory make_detokenizer_factory(std::shared_ptr<const Tokenizer> tokenizer) {
-  return [tokenizer = std::move(tokenizer)](
+void DetokenizerTails::add(const std::string& tag, std::shared_ptr<IncrementalDetokenizer> detok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_[tag] = std::move(detok);
+}
+
+std::string DetokenizerTails::flush(const std::string& tag) {
+  std::shared_ptr<IncrementalDetokenizer> detok;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(tag);
+    if (it == live_.end()) return {};
+    detok = std::move(it->second);
+    live_.erase(it);
+  }
+  return detok->flush();
+}
+
+void DetokenizerTails::drop(const std::string& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_.erase(tag);
+}
+
+size_t DetokenizerTails::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.size();
+}
+
+DetokenizerFactory make_detokenizer_factory(std::shared_ptr<const Tokenizer> tokenizer,
+                                            std::shared_ptr<DetokenizerTails> tails) {
+  return [tokenizer = std::move(tokenizer), tails = std::move(tails)](
              const GenerateRequest& request) -> std::unique_ptr<m3::TextDetokenizer> {
-    return std::make_unique<StreamDetokenizer>(tokenizer, request.skip_special_tokens);
+    auto detok = std::make_shared<IncrementalDetokenizer>(*tokenizer, request.skip_special_tokens);
+    if (tails) tails->add(request.tag, detok);
+    return std::make_unique<StreamDetokenizer>(tokenizer, std::move(detok));
   };
 }
 

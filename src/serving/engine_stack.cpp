@@ -1,6 +1,7 @@
 #include "serving/engine_stack.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.h"
@@ -36,6 +37,7 @@ Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
   o.max_running_requests = f.max_running_requests;
   o.chunked_prefill_size = f.chunked_prefill_size;
   o.max_queued_requests = f.max_queued_requests;
+  if (f.kv_cache_bytes > 0) o.kv_cache_bytes = f.kv_cache_bytes;
   return o;
 }
 
@@ -74,6 +76,27 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   }
   const int32_t page_size = static_cast<int32_t>(loaded.config.index_block_size);
 
+  // The pool must hold one request of the full context length (the engine refuses a request
+  // whose prompt + max_tokens - 1 tokens exceed the pool, so a smaller pool serves nothing long).
+  const int64_t page_bytes = MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
+  const int64_t pages = page_bytes > 0 ? options.kv_cache_bytes / page_bytes : 0;
+  const int64_t needed_pages = (int64_t{context_length} - 1 + page_size - 1) / page_size;
+  if (pages < std::max<int64_t>(needed_pages, 1)) {
+    return invalid_argument(
+        "--kv-cache-bytes " + std::to_string(options.kv_cache_bytes) + " holds " +
+        std::to_string(pages) + " KV pages of " + std::to_string(page_size) + " tokens (" +
+        std::to_string(page_bytes) + " bytes each); one request of the context length " +
+        std::to_string(context_length) + " needs " + std::to_string(needed_pages) + " pages = " +
+        std::to_string(needed_pages * page_bytes) +
+        " bytes. Raise --kv-cache-bytes or lower --context-length.");
+  }
+  std::fprintf(stderr,
+               "m3serve: KV cache %lld bytes (--kv-cache-bytes): %lld pages of %d tokens, "
+               "%lld bytes per page, %lld tokens\n",
+               static_cast<long long>(options.kv_cache_bytes), static_cast<long long>(pages),
+               page_size, static_cast<long long>(page_bytes),
+               static_cast<long long>(pages * page_size));
+
   auto keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
       new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
   M3_ASSIGN_OR_RETURN(auto runner,
@@ -91,12 +114,13 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   cfg.context_length = context_length;
   cfg.max_waiting_requests = options.max_queued_requests;
   cfg.generation_defaults = defaults;
-  cfg.detokenizer = make_detokenizer_factory(tokenizer);
+  auto tails = std::make_shared<DetokenizerTails>();
+  cfg.detokenizer = make_detokenizer_factory(tokenizer, tails);
   M3_ASSIGN_OR_RETURN(auto engine, Engine::create(std::move(cfg), std::move(runner)));
 
   EngineStack stack;
-  stack.backend =
-      std::make_unique<EngineBackend>(std::move(engine), context_length, std::move(keepalive));
+  stack.backend = std::make_unique<EngineBackend>(std::move(engine), context_length,
+                                                  std::move(keepalive), std::move(tails));
   stack.codec = std::make_unique<TokenizerCodec>(tokenizer);
   stack.renderer = std::make_unique<TemplateRenderer>(std::move(tmpl));
   return stack;

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/request.h"
+#include "serving/engine_detokenizer.h"
 #include "serving/engine_stack.h"
 
 namespace m3::serving {
@@ -310,6 +312,115 @@ TEST(SamplingOptions, UnsetFieldsTakeTheGenerationConfigDefaults) {
   EXPECT_TRUE(p.ignore_eos);
   EXPECT_EQ(p.stop, std::vector<std::string>{"x"});
   EXPECT_EQ(p.stop_token_ids, std::vector<int32_t>{9});
+}
+
+TEST_F(ServingTest, GreedyLogprobsAreRawAndSorted) {
+  const auto& c = golden_case("chitchat_hello");
+  server::BackendRequest r;
+  r.request_id = "logprobs";
+  r.prompt_tokens = ids_of(c["prompt_ids"]);
+  r.sampling.temperature = 0.0;
+  r.sampling.repetition_penalty = 1.0;  // greedy on the raw logits: the argmax is the top entry
+  r.sampling.max_tokens = 8;
+  r.sampling.logprobs = true;
+  r.sampling.top_logprobs = 5;
+  Collector col;
+  ASSERT_TRUE(stack_->backend->submit(r, col.callback()).is_ok());
+  ASSERT_TRUE(col.wait_done());
+  size_t n = 0;
+  for (const auto& e : col.events) {
+    ASSERT_EQ(e.logprobs.size(), e.tokens.size());
+    for (size_t i = 0; i < e.tokens.size(); ++i, ++n) {
+      const auto& lp = e.logprobs[i];
+      ASSERT_EQ(lp.top.size(), 5u);
+      EXPECT_EQ(lp.top[0].first, e.tokens[i]);
+      EXPECT_EQ(lp.top[0].second, lp.logprob);
+      EXPECT_LE(lp.logprob, 0.0f);
+      for (size_t k = 1; k < lp.top.size(); ++k) EXPECT_GE(lp.top[k - 1].second, lp.top[k].second);
+    }
+  }
+  EXPECT_EQ(n, col.tokens().size());
+  EXPECT_GT(n, 0u);
+  // Without logprobs the events carry none.
+  r.sampling.logprobs = false;
+  r.sampling.top_logprobs = 0;
+  Collector plain;
+  ASSERT_TRUE(stack_->backend->submit(r, plain.callback()).is_ok());
+  ASSERT_TRUE(plain.wait_done());
+  for (const auto& e : plain.events) EXPECT_TRUE(e.logprobs.empty());
+}
+
+TEST_F(ServingTest, DetokenizerFlushesAnIncompleteTailAsReplacementCharacter) {
+  auto tok = load_tokenizer(kModel.string());
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  // A character the small vocabulary splits into byte pieces: its tokens but the last end the
+  // output mid-character.
+  const std::string kReplacement = "\xEF\xBF\xBD";
+  std::vector<int32_t> ids;
+  for (const char* text : {"Hi \xF0\x9F\x98\x80", "Hi \xE4\xB8\xAD", "Hi \xC3\xA9"}) {
+    auto all = stack_->codec->encode(text);
+    ASSERT_TRUE(all.is_ok());
+    if (all->size() < 2) continue;
+    std::vector<int32_t> cut(all->begin(), all->end() - 1);
+    auto t = stack_->codec->decode(cut, true);
+    if (t.is_ok() && t->size() >= kReplacement.size() &&
+        t->compare(t->size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0) {
+      ids = cut;
+      break;
+    }
+  }
+  ASSERT_FALSE(ids.empty()) << "no character is split into byte pieces by this vocabulary";
+
+  auto tails = std::make_shared<DetokenizerTails>();
+  DetokenizerFactory factory = make_detokenizer_factory(*tok, tails);
+  GenerateRequest req;
+  req.tag = "req-1";
+  auto detok = factory(req);
+  EXPECT_EQ(tails->size(), 1u);
+  std::string streamed;
+  for (int32_t id : ids) streamed += detok->push(id);
+  // The pieces are held back: they may complete with the next token.
+  EXPECT_EQ(streamed, "Hi ");
+  const std::string tail = tails->flush("req-1");
+  EXPECT_EQ(tail, kReplacement);
+  EXPECT_EQ(tails->size(), 0u);
+  // Streamed + flushed equals the whole decode (HF's errors="replace").
+  auto whole = stack_->codec->decode(ids, true);
+  ASSERT_TRUE(whole.is_ok());
+  EXPECT_EQ(streamed + tail, *whole);
+  EXPECT_EQ(tails->flush("req-1"), "");  // once
+  tails->drop("unknown");
+}
+
+TEST(EngineStack, KvCacheBytesSizesThePoolAndIsValidated) {
+  EngineStackOptions o;
+  o.num_threads = 1;
+  o.kv_cache_bytes = 4096;  // not even one page
+  auto small = make_engine_stack(kModel.string(), o);
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  const std::string msg = small.status().message();
+  EXPECT_NE(msg.find("--kv-cache-bytes 4096"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("context length 4096"), std::string::npos) << msg;
+
+  // Twice the pool, twice the pages (the page size does not depend on the budget).
+  o.kv_cache_bytes = int64_t{16} << 20;
+  auto a = make_engine_stack(kModel.string(), o);
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  const int32_t pages_a = a->backend->stats().kv_pages_total;
+  o.kv_cache_bytes = int64_t{32} << 20;
+  auto b = make_engine_stack(kModel.string(), o);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  const int32_t pages_b = b->backend->stats().kv_pages_total;
+  EXPECT_GT(pages_a, 0);
+  EXPECT_LE(std::abs(pages_b - 2 * pages_a), 1) << pages_a << " " << pages_b;
+
+  server::ServeFlags flags;
+  flags.kv_cache_bytes = 123456789;
+  auto from = options_from_flags(flags);
+  ASSERT_TRUE(from.is_ok());
+  EXPECT_EQ(from->kv_cache_bytes, 123456789);
+  EXPECT_EQ(options_from_flags(server::ServeFlags{})->kv_cache_bytes, int64_t{512} << 20);
 }
 
 TEST(EngineStack, MissingModelDirectoryIsNamed) {
