@@ -44,6 +44,8 @@ workload:
   --disable-ignore-eos     let requests stop at EOS (default: ignore_eos, fixed output lengths)
 traffic:
   --max-concurrency C      at most C requests in flight (default: no limit)
+  --request-timeout S      a request without its whole response after S seconds fails
+                           (default 0: no limit)
   --request-rate R         requests/s, Poisson arrivals; inf sends all at once (default inf)
 output:
   --output-file F          write the JSON result to F
@@ -168,6 +170,12 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
       } else if (flag == "--warmup-requests") {
         M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 0, 1'000'000));
         f.warmup_requests = static_cast<int>(n);
+      } else if (flag == "--request-timeout") {
+        M3_ASSIGN_OR_RETURN(double t, parse_double(flag, v));
+        if (!(t >= 0) || std::isinf(t)) {
+          return invalid_argument("--request-timeout must be a finite number of seconds >= 0");
+        }
+        f.run.timeout_s = t;
       } else if (flag == "--output-file") {
         f.output_file = v;
       } else {

@@ -3,10 +3,14 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdio>
 #include <limits>
+#include <memory>
 
 namespace m3::bench {
 
@@ -66,10 +70,39 @@ net::awaitable<HttpOutcome> http_exchange(const tcp::resolver::results_type& add
                                           BodySink on_body) {
   HttpOutcome out;
   tcp::socket socket(co_await net::this_coro::executor);
+  // The deadline closes the socket, which ends whichever operation is pending with an error.
+  // A handler already queued when the exchange ends still runs (with success) after this frame
+  // is gone, so it checks `alive`, which the frame clears on every way out.
+  net::steady_timer deadline(socket.get_executor());
+  bool timed_out = false;
+  auto alive = std::make_shared<bool>(true);
+  struct ClearOnExit {
+    std::shared_ptr<bool> flag;
+    ~ClearOnExit() { *flag = false; }
+  } clear_on_exit{alive};
+  if (req.timeout_s > 0) {
+    deadline.expires_after(std::chrono::duration_cast<net::steady_timer::duration>(
+        std::chrono::duration<double>(req.timeout_s)));
+    deadline.async_wait([&socket, &timed_out, alive](const beast::error_code& e) {
+      if (e || !*alive) return;
+      timed_out = true;
+      beast::error_code ignored;
+      socket.close(ignored);
+    });
+  }
+  auto failure = [&](const std::string& what, const beast::error_code& e) {
+    if (timed_out) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "no complete response within %.1f s (%s)", req.timeout_s,
+                    what.c_str());
+      return std::string(buf);
+    }
+    return what + ": " + e.message();
+  };
   beast::error_code ec;
   co_await net::async_connect(socket, addrs, net::redirect_error(net::use_awaitable, ec));
   if (ec) {
-    out.transport = "connect to " + ep.host + ":" + ep.port + ": " + ec.message();
+    out.transport = failure("connect to " + ep.host + ":" + ep.port, ec);
     co_return out;
   }
   socket.set_option(tcp::no_delay(true), ec);
@@ -87,7 +120,7 @@ net::awaitable<HttpOutcome> http_exchange(const tcp::resolver::results_type& add
   msg.prepare_payload();
   co_await http::async_write(socket, msg, net::redirect_error(net::use_awaitable, ec));
   if (ec) {
-    out.transport = "send to " + ep.host + ":" + ep.port + ": " + ec.message();
+    out.transport = failure("send to " + ep.host + ":" + ep.port, ec);
     co_return out;
   }
 
@@ -97,7 +130,7 @@ net::awaitable<HttpOutcome> http_exchange(const tcp::resolver::results_type& add
   co_await http::async_read_header(socket, buffer, parser,
                                    net::redirect_error(net::use_awaitable, ec));
   if (ec) {
-    out.transport = "read response header: " + ec.message();
+    out.transport = failure("read response header", ec);
     co_return out;
   }
   out.status = parser.get().result_int();
@@ -113,11 +146,12 @@ net::awaitable<HttpOutcome> http_exchange(const tcp::resolver::results_type& add
     const size_t got = sizeof(chunk) - parser.get().body().size;
     if (got > 0) on_body(std::string_view(chunk, got));
     if (ec) {
-      out.transport = "read response body: " + ec.message();
+      out.transport = failure("read response body", ec);
       break;
     }
   }
   socket.shutdown(tcp::socket::shutdown_both, ec);
+  deadline.cancel();
   co_return out;
 }
 
@@ -131,6 +165,7 @@ Result<std::string> http_get(const Endpoint& ep, const std::string& target,
   req.method = "GET";
   req.target = target;
   req.api_key = api_key;
+  req.timeout_s = 30;
   net::co_spawn(
       io,
       [&]() -> net::awaitable<void> {

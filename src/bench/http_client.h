@@ -31,6 +31,7 @@ struct HttpRequest {
   std::string target;           // path and query, prefix included
   std::string body;             // JSON; empty for GET
   std::string api_key;          // sent as "Authorization: Bearer <key>" when not empty
+  double timeout_s = 0;         // whole exchange, connect to last byte; 0: no limit
 };
 
 struct HttpOutcome {
@@ -51,7 +52,7 @@ boost::asio::awaitable<HttpOutcome> http_exchange(
 Result<boost::asio::ip::tcp::resolver::results_type> resolve(boost::asio::io_context& io,
                                                              const Endpoint& ep);
 
-// A blocking GET of a whole (small) body, for GET /v1/models before the run.
+// A blocking GET of a whole (small) body, for GET /v1/models before the run (30 s limit).
 Result<std::string> http_get(const Endpoint& ep, const std::string& target,
                              const std::string& api_key);
 

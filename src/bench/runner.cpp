@@ -76,6 +76,7 @@ class Run {
     http.target = options_.endpoint.path_prefix + backend_path(options_.backend);
     http.body = request_body(options_.backend, options_.params, request);
     http.api_key = options_.api_key;
+    http.timeout_s = options_.timeout_s;
     HttpOutcome outcome;
     try {
       outcome = co_await http_exchange(addrs_, options_.endpoint, http, [&](std::string_view b) {
