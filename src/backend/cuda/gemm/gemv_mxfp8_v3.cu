@@ -17,7 +17,21 @@ Status launch_one(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) 
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
     raised = true;
   }
-  kernel<<<plan.grid, kV3Threads, plan.smem, s>>>(p, plan.p_rows, plan.iters);
+  // CTAs resident at this shared-memory size (occupancy x SMs), cached per instantiation.
+  static size_t occ_smem = ~size_t{0};
+  static int resident = 0;
+  if (occ_smem != plan.smem) {
+    int occ = 0, dev = 0, sms = 0;
+    M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+    M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kV3Threads, plan.smem));
+    resident = (occ > 0 ? occ : 1) * sms;
+    occ_smem = plan.smem;
+  }
+  V3Plan pl = plan;
+  choose_iters_v3(p, resident, &pl);
+  kernel<<<pl.grid, kV3Threads, pl.smem, s>>>(p, pl.p_rows, pl.iters);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel_v3<mxfp8>");
   return Status::ok();
 }

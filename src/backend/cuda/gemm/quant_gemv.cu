@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace m3::cuda {
 
@@ -76,12 +77,35 @@ V3Plan plan_v3(const QuantGemvParams& p) {
   return pl;
 }
 
+void choose_iters_v3(const QuantGemvParams& p, int resident, V3Plan* plan) {
+  const int64_t slots = plan->grid.y;
+  const double slice_k = static_cast<double>(plan->kc * v3_chunk_elems(p.format));
+  const double w_bytes_per_row = slice_k * (p.format == QuantFormat::kMxfp8 ? 1.0 : 0.5);
+  const double x_bytes = plan->p_rows * slice_k * 2.0;
+  const bool pair = p.fuse_epilogue && p.epilogue.kind == GemvEpilogue::kSwigluBf16;
+  double best = 1e300;
+  int best_iters = plan->iters;
+  for (int it = 1; it <= 16; ++it) {
+    const int64_t rows = int64_t{8} * plan->rw * it;
+    if (pair && (p.n / 2) % rows != 0) continue;
+    const int64_t ctas = (p.n + rows - 1) / rows * plan->slices * slots;
+    const double waves = static_cast<double>(ctas) / std::max(1, resident);
+    const double eff = waves / std::ceil(waves);
+    const double cost = (1.0 + x_bytes / (rows * w_bytes_per_row) / 3.0) / eff;
+    if (cost < best - 1e-9) best = cost, best_iters = it;
+  }
+  plan->iters = best_iters;
+  const int64_t rows = int64_t{8} * plan->rw * best_iters;
+  plan->grid.x = static_cast<unsigned>((p.n + rows - 1) / rows * plan->slices);
+}
+
 }  // namespace gemv
 
 int64_t quant_gemv_num_tile_counters(const QuantGemvParams& p) {
   if (!gemv::uses_v3(p.format, p.variant)) return 0;
   const gemv::V3Plan pl = gemv::plan_v3(p);
-  return int64_t{pl.grid.x} / pl.slices * pl.grid.y;
+  // Upper bound over the launcher's choice of warp steps per CTA (at least 1: 8 rows per tile).
+  return (p.n + 8 * pl.rw - 1) / (8 * pl.rw) * pl.grid.y;
 }
 
 int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {

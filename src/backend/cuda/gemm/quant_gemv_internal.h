@@ -23,6 +23,10 @@ struct V3Plan {
   dim3 grid;
 };
 V3Plan plan_v3(const QuantGemvParams& p);
+// Warp steps per CTA for `resident` co-resident CTAs (occupancy x SMs): the fewest waves lost to
+// a partial last wave, weighed against the activation fill each CTA pays (an L2 read of its
+// rows, ~1/3 the cost of an HBM byte); updates plan.iters and plan.grid.
+void choose_iters_v3(const QuantGemvParams& p, int resident, V3Plan* plan);
 Status launch_mxfp8_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 
