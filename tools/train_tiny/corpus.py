@@ -277,6 +277,15 @@ def pool(name, split):
 REGIONS = sorted({t.split("/")[0] for t in TIMEZONES if "/" in t})
 POOL_WORDS = sorted({w for k in ("subject", "body", "title", "qa", "qb") for v in POOLS[k][0] for w in v.split()})
 FRESH_SHARE = 0.6  # share of training values made up on the spot
+# Letter pieces of the tokenizer's vocabulary (set_copy_pieces, when the tokenizer exists before the
+# corpus): made-up values built from them make every token a copy target. Without them, tokens that
+# occur only in held-out values ("eva", "lobby", "é") were never copied in training and the model
+# replaced them by familiar ones.
+COPY_PIECES = []
+
+
+def set_copy_pieces(pieces):
+    COPY_PIECES[:] = sorted({p for p in pieces if len(p) >= 2 and p.isalpha()})
 
 
 def fresh_value(rng, name):
@@ -286,6 +295,8 @@ def fresh_value(rng, name):
     cons, vows = "bcdfghjklmnprstvwz", "aeiouy"
 
     def word(lo, hi):
+        if COPY_PIECES and rng.random() < 0.5:
+            return "".join(rng.choice(COPY_PIECES) for _ in range(rng.randint(1, max(1, hi - 1)))).lower()
         w = "".join(rng.choice(cons) + rng.choice(vows) + (rng.choice(cons) if rng.random() < 0.35 else "")
                     for _ in range(rng.randint(lo, hi)))
         return w

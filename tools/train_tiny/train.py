@@ -121,6 +121,10 @@ def _render_one(sample):
     return text, corpus.trainable_spans(text)
 
 
+if args.init_from:  # the tokenizer is known before the corpus: made-up values use its pieces
+    _vocab_tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
+    corpus.set_copy_pieces([_vocab_tok.decode([i]).strip() for i in range(_vocab_tok.get_vocab_size())])
+    log("copy pieces from the tokenizer: %d" % len(corpus.COPY_PIECES))
 samples = corpus.training_corpus(args.n_train, args.seed)
 if args.workers > 1:
     import multiprocessing as mp
