@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "server/serve_command.h"
 #include "serving/engine_stack.h"
 
@@ -31,6 +32,7 @@ std::string default_model_path() {
 Result<server::ModelStack> make_model(const server::ServeFlags& flags) {
   const std::string path = flags.model_path.empty() ? default_model_path() : flags.model_path;
   M3_ASSIGN_OR_RETURN(serving::EngineStackOptions options, serving::options_from_flags(flags));
+  options.make_backend = make_backend;  // --device cuda: CudaBackend when built in
   M3_ASSIGN_OR_RETURN(serving::EngineStack stack, serving::make_engine_stack(path, options));
   server::ModelStack out;
   out.backend = std::move(stack.backend);

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/cpu_model_runner.h"
+#include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"
 #include "sample/sampling_params.h"
 #include "serving/engine_detokenizer.h"
@@ -16,11 +17,6 @@ namespace fs = std::filesystem;
 
 Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
   EngineStackOptions o;
-  if (f.device == "cuda") {
-    return Status(StatusCode::kUnimplemented,
-                  "--device cuda: the CUDA model runner is not wired into 'serve' yet; use "
-                  "--device cpu");
-  }
   if (f.tp != 1) {
     return Status(StatusCode::kUnimplemented,
                   "--tp " + std::to_string(f.tp) + ": tensor parallelism is not supported yet");
@@ -29,9 +25,7 @@ Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
     return Status(StatusCode::kUnimplemented, "--speculative-algorithm " + f.speculative_algorithm +
                                                   ": speculative decoding is not supported yet");
   }
-  if (f.load_format == "dummy") {
-    return Status(StatusCode::kUnimplemented, "--load-format dummy is not supported by 'serve'");
-  }
+  o.dummy_weights = f.load_format == "dummy";
   o.device = f.device;
   o.context_length = f.server.context_length;
   o.max_running_requests = f.max_running_requests;
@@ -43,8 +37,11 @@ Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
 
 Result<EngineStack> make_engine_stack(const std::string& model_path,
                                       const EngineStackOptions& options) {
-  if (options.device != "auto" && options.device != "cpu") {
-    return invalid_argument("device '" + options.device + "': only cpu is supported");
+  if (options.device != "auto" && options.device != "cpu" && options.device != "cuda") {
+    return invalid_argument("--device '" + options.device + "': allowed: auto, cpu, cuda");
+  }
+  if (options.device == "cuda" && !options.make_backend) {
+    return Status(StatusCode::kUnimplemented, "--device cuda: no CUDA backend factory given");
   }
   if (!fs::is_directory(model_path)) {
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
@@ -53,9 +50,17 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, load_tokenizer(model_path));
   M3_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_chat_template(model_path));
 
-  auto backend = std::make_unique<CpuBackend>(options.num_threads);
+  std::unique_ptr<Backend> backend;
+  if (options.make_backend) {
+    M3_ASSIGN_OR_RETURN(backend, options.make_backend(options.device == "cuda" ? "cuda" : "cpu",
+                                                      options.num_threads));
+  } else {
+    backend = std::make_unique<CpuBackend>(options.num_threads);
+  }
   M3_ASSIGN_OR_RETURN(minimax_m3::LoadedModel loaded,
-                      minimax_m3::load_model_dir(model_path, backend.get()));
+                      options.dummy_weights
+                          ? minimax_m3::load_dummy_model(model_path, 0, backend.get())
+                          : minimax_m3::load_model_dir(model_path, backend.get()));
 
   GenerationDefaults defaults;
   const fs::path gen = fs::path(model_path) / "generation_config.json";

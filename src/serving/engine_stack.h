@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "server/serve_command.h"
 #include "serving/engine_backend.h"
@@ -16,7 +18,12 @@
 namespace m3::serving {
 
 struct EngineStackOptions {
-  std::string device = "auto";          // auto or cpu (the CUDA runner is not wired in yet)
+  std::string device = "auto";          // auto (= cpu), cpu or cuda (needs make_backend)
+  // Builds the model's backend for `device` ("cpu" or "cuda") with `threads` CPU threads; set
+  // by the CLI, which links the CUDA backend. Null: the CPU backend.
+  std::function<Result<std::unique_ptr<Backend>>(const std::string& device, int threads)>
+      make_backend;
+  bool dummy_weights = false;  // --load-format dummy: random weights for the directory's config
   int32_t context_length = 0;           // 0: max_position_embeddings
   int32_t max_running_requests = 0;     // 0: the scheduler's default (256)
   int32_t chunked_prefill_size = 8192;  // -1 or 0: no chunking (the whole prompt at once)
@@ -27,7 +34,7 @@ struct EngineStackOptions {
 };
 
 // The engine flags of `m3serve serve` (src/server/serve_command.h). Unsupported values (tp > 1,
-// speculative decoding, --device cuda, --load-format dummy) are errors naming the flag.
+// speculative decoding) are errors naming the flag.
 Result<EngineStackOptions> options_from_flags(const server::ServeFlags& flags);
 
 struct EngineStack {
