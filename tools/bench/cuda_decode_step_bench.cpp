@@ -129,8 +129,8 @@ struct Scratch {
       *scores, *o_part, *ml, *logits;
   uint16_t *h, *q, *k, *iq, *ik, *attn, *act, *act_s;
   int32_t *topk_ids, *offs, *sorted, *active, *positions, *tables, *tokens, *selected;
-  // Random distinct experts per token, copied over the router's choice: dummy weights make the
-  // router saturate and pick the same experts for every token, which would understate the
+  // Random distinct experts per token, grouped instead of the router's choice: dummy weights make
+  // the router saturate and pick the same experts for every token, which would understate the
   // expert traffic of a real batch.
   int32_t* random_ids;
   float* embed_table;  // [V, H] float32 (the checkpoint's is bf16: 2x the bytes of B rows here)
@@ -266,10 +266,10 @@ void layer_step(const Layer& L, Scratch& s, bool first, Stages st_on) {
   gemv(L.router, s.h, kHd, b, s.partial, store(s.router_logits, kE));
   RouterTopkParams rp{s.router_logits, nullptr, s.topk_ids, s.topk_w, b, kE, kK4, 2.0f};
   CHECK_OK(launch_router_topk(rp, g_s));
-  CHECK_CUDA(cudaMemcpyAsync(s.topk_ids, s.random_ids, sizeof(int32_t) * b * kK4,
-                             cudaMemcpyDeviceToDevice, g_s));
   if (st_on.experts) {
-    CHECK_OK(launch_group_by_expert({s.topk_ids, b * kK4, kE, s.offs, s.sorted, s.active}, st()));
+    // Grouped by the random routing (see Scratch::random_ids), not the router's saturated choice;
+    // the router still runs for its time and its weights feed the combine.
+    CHECK_OK(launch_group_by_expert({s.random_ids, b * kK4, kE, s.offs, s.sorted, s.active}, st()));
     gemv(L.experts_gu, s.h, kHd, b * kK4, s.partial, swiglu(s.act), &s, kK4);
     gemv(L.experts_d, s.act, kI, b * kK4, s.partial, store(s.contrib, kHd), &s, 1);
   }
