@@ -38,6 +38,7 @@ struct SamplingOptions {
   bool ignore_eos = false;
   std::vector<std::string> stop;        // stop strings: text cut before the match
   std::vector<int32_t> stop_token_ids;  // in addition to EOS
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> added to its logit
   // Per-token logprobs in the events: the sampled token's, and the top `top_logprobs`
   // alternatives. Raw logprobs of the model's distribution (log_softmax of the logits before
   // temperature, penalties, top-k/p), as vLLM returns by default.

@@ -25,6 +25,7 @@ SamplingParams to_sampling_params(const server::SamplingOptions& o,
   p.ignore_eos = o.ignore_eos;
   p.stop = o.stop;
   p.stop_token_ids = o.stop_token_ids;
+  p.logit_bias = o.logit_bias;
   return p;
 }
 

@@ -197,6 +197,17 @@ TEST(Protocol, CompletionPrompt) {
   EXPECT_EQ(std::get<ApiError>(batch).param, "prompt");
 }
 
+TEST(Protocol, LogitBias) {
+  ChatRequest c = chat_ok(std::string("{") + kMsg + R"(,"logit_bias":{"17":-100,"42":5.5}})");
+  ASSERT_EQ(c.gen.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(c.gen.sampling.logit_bias[0], (std::pair<int32_t, float>{17, -100.0f}));
+  EXPECT_EQ(c.gen.sampling.logit_bias[1], (std::pair<int32_t, float>{42, 5.5f}));
+  for (const char* bad : {R"("logit_bias":[1])", R"("logit_bias":{"x":1})", R"("logit_bias":{"-1":1})",
+                          R"("logit_bias":{"5":101})", R"("logit_bias":{"5":"a"})"}) {
+    EXPECT_EQ(chat_error(std::string("{") + kMsg + "," + bad + "}").param, "logit_bias") << bad;
+  }
+}
+
 TEST(Protocol, ChoicesAndLogprobs) {
   ChatRequest c = chat_ok(std::string("{") + kMsg + R"(,"n":16,"logprobs":true,"top_logprobs":20})");
   EXPECT_EQ(c.gen.n, 16);

@@ -145,6 +145,37 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
       s.stop_token_ids.push_back(x.get<int32_t>());
     }
   }
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    // OpenAI: {"<token id>": bias in [-100, 100]}; ids are checked against the vocabulary by the
+    // backend (a 400 naming logit_bias).
+    if (!it->is_object()) {
+      return bad_request("'logit_bias' must be an object mapping token ids to numbers.",
+                         "logit_bias");
+    }
+    if (it->size() > 300) {
+      return bad_request("'logit_bias' may bias at most 300 tokens.", "logit_bias");
+    }
+    for (const auto& [key, value] : it->items()) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX) {
+        return bad_request("'logit_bias' keys must be token ids; got '" + key + "'.",
+                           "logit_bias");
+      }
+      if (!value.is_number() || !std::isfinite(value.get<double>()) ||
+          value.get<double>() < -100.0 || value.get<double>() > 100.0) {
+        return bad_request("'logit_bias' values must be numbers between -100 and 100; got " +
+                               value.dump() + " for token " + key + ".",
+                           "logit_bias");
+      }
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+    }
+  }
   if (chat) {
     // Chat: logprobs is a boolean; top_logprobs 0..20 needs logprobs true (OpenAI).
     M3_TRY(get_bool(body, "logprobs", s.logprobs));

@@ -1,5 +1,5 @@
-// n > 1, logprobs and --kv-cache-bytes end to end on the real bundled model, through the
-// official `openai` npm client against `m3serve serve`.
+// n > 1, logprobs, --kv-cache-bytes and the detokenizer's end-of-request flush, end to end on
+// the real bundled model, through the official `openai` npm client against `m3serve serve`.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { MODEL, startServer, stopServer, metricValue, serveExpectingFailure } from './helpers.mjs';
@@ -142,4 +142,32 @@ test('disconnect cancels every choice', async () => {
     await new Promise((r) => setTimeout(r, 50));
   }
   assert.equal(await metricValue(srv, 'm3serve:num_requests_running'), 0);
+});
+
+async function post(route, body) {
+  const r = await fetch(`${srv.url}${route}`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  assert.equal(r.status, 200);
+  return r.json();
+}
+
+test('a completion that ends mid-character ends with U+FFFD (not dropped)', async () => {
+  // A token that is a lone piece of a character the vocabulary splits into bytes.
+  let piece = null;
+  for (const text of ['\u{1F600}', '\u4E2D', '\u00E9']) {
+    const { tokens } = await post('/tokenize', { prompt: text });
+    if (tokens.length < 2) continue;
+    const { prompt } = await post('/detokenize', { tokens: [tokens[0]] });
+    if (prompt === '\uFFFD') { piece = tokens[0]; break; }
+  }
+  assert.notEqual(piece, null, 'no character is split into byte pieces');
+  const body = { model: MODEL, prompt: 'Hello', max_tokens: 1, temperature: 0, logit_bias: { [piece]: 100 } };
+  const r = await srv.client.completions.create(body);
+  assert.equal(r.choices[0].text, '\uFFFD');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  const s = await srv.client.completions.create({ ...body, stream: true });
+  let text = '';
+  for await (const c of s) text += c.choices[0]?.text ?? '';
+  assert.equal(text, '\uFFFD');
 });
