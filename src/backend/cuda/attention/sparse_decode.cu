@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   const int32_t blk = sel[slot];
   bool skip = blk < 0 || blk > qb;
   for (int i = 0; i < slot && !skip; ++i) skip = sel[i] == blk;  // duplicates count once
-  const int64_t page = skip ? -1 : p.block_tables[b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride) + blk];
+  const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
+  const int64_t page = skip ? -1 : p.block_tables[row + blk];
   float* mlp = p.ml_partial + ((b * p.num_heads + g * kGroup) * p.top_k + slot) * 2;
   float* op = p.o_partial + ((b * p.num_heads + g * kGroup) * p.top_k + slot) * kD;
   if (skip || page < 0 || page >= c.num_pages) {

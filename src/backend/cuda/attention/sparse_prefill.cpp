@@ -29,14 +29,21 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
                             std::to_string(hkv) + ")");
   // Dense rows select every causal block: top_k = num_blocks.
   const int64_t top_k = p.dense ? p.num_blocks : p.top_k;
+  const bool mma = p.variant == 1;
+  if (mma && p.dense) {  // no selection, no split scratch: one launch for the whole chunk
+    PrefillAttentionParams whole = p;
+    return launch_prefill_attention_mma(whole, nullptr, 0, stream);
+  }
   const int64_t per_token =
-      p.num_heads * top_k * (d + 2) * 4 + hkv * top_k * 4 +
+      (mma ? 0 : p.num_heads * top_k * (d + 2) * 4) + hkv * top_k * 4 +
       (p.dense ? 0 : p.num_index_heads * p.num_blocks * 4);
   const int64_t chunk =
       std::clamp<int64_t>(scratch_bytes / per_token, 1, std::min<int64_t>(p.t, 65535));
   Scoped s_op{alloc}, s_ml{alloc}, s_sc{alloc}, s_sel{alloc};
-  M3_ASSIGN_OR_RETURN(s_op.p, alloc->allocate(chunk * p.num_heads * top_k * d * 4));
-  M3_ASSIGN_OR_RETURN(s_ml.p, alloc->allocate(chunk * p.num_heads * top_k * 2 * 4));
+  if (!mma) {
+    M3_ASSIGN_OR_RETURN(s_op.p, alloc->allocate(chunk * p.num_heads * top_k * d * 4));
+    M3_ASSIGN_OR_RETURN(s_ml.p, alloc->allocate(chunk * p.num_heads * top_k * 2 * 4));
+  }
   if (!p.dense) {
     M3_ASSIGN_OR_RETURN(s_sc.p, alloc->allocate(chunk * p.num_index_heads * p.num_blocks * 4));
   }
@@ -68,6 +75,15 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
       ip.block_scores = static_cast<float*>(s_sc.p);
       ip.selected = sel;
       M3_RETURN_IF_ERROR(launch_indexer_decode(ip, stream));
+    }
+    if (mma) {
+      PrefillAttentionParams sub = p;
+      sub.q = p.q + t0 * p.num_heads * d;
+      sub.positions = p.positions + t0;
+      sub.t = n;
+      sub.out = p.out + t0 * p.num_heads * d;
+      M3_RETURN_IF_ERROR(launch_prefill_attention_mma(sub, sel, top_k, stream));
+      continue;
     }
     SparseDecodeParams ap;
     ap.q = p.q + t0 * p.num_heads * d;

@@ -37,12 +37,21 @@ struct PrefillAttentionParams {
   float scale = 0.0f;                    // 1/sqrt(D)
   int32_t* selected = nullptr;           // [T, Hix, top_k] out (sparse only); nullptr: internal
   uint16_t* out = nullptr;               // [T, H, D] bf16
+  // 0: the decode kernels per token (split over blocks + combine; CUDA cores).
+  // 1: tensor cores (mma.sync bf16): one warp per (token, KV group), online softmax over the
+  //    blocks, P rounded to bf16 for P·V (sparse_prefill_mma.cu).
+  int variant = 0;
 };
 
 // Requires D == Dix == 128, S == 128, H / Hkv == 16, Hix == Hkv (sparse) (checked by the decode
 // kernels). `alloc` provides the scratch (freed before return, stream-ordered).
 Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocator* alloc,
                                 CUstream_st* stream, int64_t scratch_bytes = int64_t{512} << 20);
+
+// Variant 1 on a chunk whose selection is ready: `selected` [T, Hkv, top_k] (nullptr: dense,
+// every block 0..b_q). p.selected, p.iq and p.dense are not read.
+Status launch_prefill_attention_mma(const PrefillAttentionParams& p, const int32_t* selected,
+                                    int64_t top_k, CUstream_st* stream);
 
 // selected[t, g, i] = b_q(t) - i for i <= b_q(t), else -1 (every block of a dense causal row).
 Status launch_dense_selection(const int32_t* positions, int64_t t, int64_t groups,

@@ -22,7 +22,8 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   const int64_t hix = p.num_index_heads;
   const int64_t pos = p.positions[b];
   float* out = p.block_scores + b * hix * p.max_blocks + blk;
-  const int64_t page = blk <= pos / kS ? p.block_tables[b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride) + blk] : -1;
+  const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
+  const int64_t page = blk <= pos / kS ? p.block_tables[row + blk] : -1;
   if (page < 0 || page >= p.cache.num_pages) {
     if (tid < hix) out[tid * p.max_blocks] = -INFINITY;
     return;

@@ -70,7 +70,8 @@ __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ codes,
     }
     uint4* dst = reinterpret_cast<uint4*>(out) + 4 * b;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+    for (int q = 0; q < 4; ++q)
+      dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
   }
 }
 
