@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <fstream>
 #include <limits>
@@ -42,6 +44,7 @@ workload:
   --seed S                 workload and arrival seed (default 1)
   --temperature T          sampling temperature (default 0)
   --disable-ignore-eos     let requests stop at EOS (default: ignore_eos, fixed output lengths)
+  --extra-request-body J   a JSON object merged into every request body, e.g. '{"top_p":0.9}'
 traffic:
   --max-concurrency C      at most C requests in flight (default: no limit)
   --request-timeout S      a request without its whole response after S seconds fails
@@ -50,6 +53,8 @@ traffic:
 output:
   --output-file F          write the JSON result to F
   --json                   print the JSON result on stdout instead of the table
+  --output-details         add per-request arrays to the JSON (input_lens, output_lens, ttfts,
+                           itls, request_errors)
   --disable-progress       no progress line on stderr (shown only on a terminal anyway)
   --warmup-requests N      send the first N prompts once, untimed, before the run (default 1)
 
@@ -103,6 +108,8 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
       f.help = true;
     } else if (flag == "--json") {
       f.json_stdout = true;
+    } else if (flag == "--output-details") {
+      f.output_details = true;
     } else if (flag == "--disable-progress") {
       f.run.progress = false;
     } else if (flag == "--disable-ignore-eos") {
@@ -176,12 +183,20 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
           return invalid_argument("--request-timeout must be a finite number of seconds >= 0");
         }
         f.run.timeout_s = t;
+      } else if (flag == "--extra-request-body") {
+        const auto j = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_object()) return invalid_argument("--extra-request-body must be a JSON object");
+        f.run.params.extra_body = v;
       } else if (flag == "--output-file") {
         f.output_file = v;
       } else {
         return invalid_argument("unknown option '" + flag + "' (see 'm3serve bench --help')");
       }
     }
+  }
+  if (f.run.api_key.empty()) {
+    // As sglang.bench_serving does: OpenAI-style auth from the environment.
+    if (const char* key = std::getenv("OPENAI_API_KEY"); key != nullptr) f.run.api_key = key;
   }
   if (f.base_url.empty()) {
     const bool v6 = host.find(':') != std::string::npos;
@@ -223,6 +238,11 @@ int run_bench_command(const std::vector<std::string>& args) {
   if (f.help) {
     std::fputs(kUsage, stdout);
     return 0;
+  }
+  // One socket per request in flight: lift the soft descriptor limit (often 1024) to the hard one.
+  if (rlimit lim{}; getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
   }
   if (f.run.params.model.empty()) {
     Result<std::string> model = first_model(f.run);
@@ -278,7 +298,7 @@ int run_bench_command(const std::vector<std::string>& args) {
   desc.random_range_ratio = f.workload.range_ratio;
   desc.seed = f.workload.seed;
   desc.warmup_requests = f.warmup_requests;
-  const nlohmann::ordered_json j = to_json(desc, agg, out->results);
+  const nlohmann::ordered_json j = to_json(desc, agg, out->results, f.output_details);
   if (f.json_stdout) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {

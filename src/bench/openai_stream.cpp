@@ -34,6 +34,9 @@ std::string request_body(Backend backend, const GenerationParams& params,
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   if (params.ignore_eos) body["ignore_eos"] = true;
+  if (!params.extra_body.empty()) {
+    body.update(json::parse(params.extra_body, nullptr, /*allow_exceptions=*/false));
+  }
   return body.dump();
 }
 

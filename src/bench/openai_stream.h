@@ -22,10 +22,12 @@ struct GenerationParams {
   std::string model;
   bool ignore_eos = true;     // fixed output lengths (max_tokens each), like sglang's random set
   double temperature = 0.0;
+  std::string extra_body;  // a JSON object merged over the body (--extra-request-body); may be ""
 };
 
 // The JSON body: stream with usage, max_tokens = the request's output length, prompt as token
 // ids (completions with ids) or text (completions with text, or one user message for chat).
+// params.extra_body must already be a valid JSON object (the flag parser checks it).
 std::string request_body(Backend backend, const GenerationParams& params,
                          const BenchRequest& request);
 

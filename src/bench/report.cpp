@@ -87,7 +87,7 @@ std::string format_table(const RunDescription& run, const Aggregate& a) {
 }
 
 nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
-                               const std::vector<RequestResult>& results) {
+                               const std::vector<RequestResult>& results, bool details) {
   nlohmann::ordered_json j;
   j["backend"] = run.backend;
   j["base_url"] = run.base_url;
@@ -130,6 +130,25 @@ nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
     errors.push_back({{"http_status", key.first}, {"message", key.second}, {"count", n}});
   }
   j["errors"] = errors;
+  if (details) {
+    // Built apart and moved in: ordered_json keeps members in a vector, so references into
+    // `j` do not survive the next insertion.
+    auto in = nlohmann::ordered_json::array(), out = nlohmann::ordered_json::array();
+    auto ttfts = nlohmann::ordered_json::array(), itls = nlohmann::ordered_json::array();
+    auto errs = nlohmann::ordered_json::array();
+    for (const RequestResult& r : results) {
+      in.push_back(r.prompt_tokens);
+      out.push_back(r.output_tokens);
+      ttfts.push_back(r.ttft_s);
+      itls.push_back(r.itl_s);
+      errs.push_back(r.error);
+    }
+    j["input_lens"] = std::move(in);
+    j["output_lens"] = std::move(out);
+    j["ttfts"] = std::move(ttfts);
+    j["itls"] = std::move(itls);
+    j["request_errors"] = std::move(errs);
+  }
   return j;
 }
 

@@ -28,8 +28,11 @@ struct RunDescription {
 std::string format_table(const RunDescription& run, const Aggregate& a);
 
 // Flat keys as sglang writes them (completed, duration, mean_ttft_ms, p99_itl_ms, ...), plus
-// failed and the first errors (status and message) so a failing run explains itself.
+// failed and the first errors (status and message) so a failing run explains itself. With
+// `details`, per-request arrays in workload order too: input_lens, output_lens, ttfts (s),
+// itls (s, one array per request), request_errors ("" for a success), as sglang's
+// --output-details.
 nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
-                               const std::vector<RequestResult>& results);
+                               const std::vector<RequestResult>& results, bool details = false);
 
 }  // namespace m3::bench

@@ -203,12 +203,21 @@ TEST_F(bench_e2e, ChatWithRequestRate) {
   const BenchRun r = run_bench("--port " + server_->port() +
                                " --backend openai-chat --model m3-tiny --num-prompts 4"
                                " --request-rate 20 --random-input-len 16 --random-output-len 6"
-                               " --json");
+                               " --json --output-details");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.result["completed"], 4);
   EXPECT_EQ(r.result["total_output_tokens"], 4 * 6);
   EXPECT_EQ(r.result["request_rate"], 20.0);
   EXPECT_NE(r.output.find("\"mean_ttft_ms\""), std::string::npos);  // --json: JSON on stdout
+  // --output-details: one entry per request, in workload order.
+  ASSERT_EQ(r.result["ttfts"].size(), 4u);
+  ASSERT_EQ(r.result["itls"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.result["output_lens"][i], 6);
+    EXPECT_GT(r.result["input_lens"][i].get<int>(), 16);  // 16 words inside the chat template
+    EXPECT_GT(r.result["ttfts"][i].get<double>(), 0.0);
+    EXPECT_EQ(r.result["request_errors"][i], "");
+  }
 }
 
 // A port nobody listens on: bind one, read its number, close it.

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_command.h"
@@ -106,9 +107,13 @@ TEST(bench_stream, RequestBodies) {
   req.prompt_ids.clear();
   req.prompt_text = "hello world";
   params.ignore_eos = false;
+  params.extra_body = R"({"top_p":0.9,"temperature":0.6})";
   body = nlohmann::json::parse(request_body(Backend::kOpenAiChat, params, req));
   EXPECT_EQ(body["messages"][0]["content"], "hello world");
   EXPECT_FALSE(body.contains("ignore_eos"));
+  EXPECT_EQ(body["top_p"], 0.9);
+  EXPECT_EQ(body["temperature"], 0.6);  // the extra body wins over the flag's default
+  EXPECT_EQ(body["stream"], true);
 }
 
 TEST(bench_flags, DefaultsAndValues) {
@@ -135,6 +140,16 @@ TEST(bench_flags, DefaultsAndValues) {
   EXPECT_EQ(f->run.endpoint.path_prefix, "/api");
 }
 
+TEST(bench_flags, ApiKeyFromTheEnvironmentUnlessGiven) {
+  setenv("OPENAI_API_KEY", "from-env", 1);
+  auto f = parse_bench_flags({});
+  auto g = parse_bench_flags({"--api-key", "flag"});
+  unsetenv("OPENAI_API_KEY");
+  ASSERT_TRUE(f.is_ok() && g.is_ok());
+  EXPECT_EQ(f->run.api_key, "from-env");
+  EXPECT_EQ(g->run.api_key, "flag");
+}
+
 TEST(bench_flags, ErrorsNameTheFlag) {
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"--max-concurrency", "0"},
@@ -142,6 +157,8 @@ TEST(bench_flags, ErrorsNameTheFlag) {
                                              {"--num-prompts", "ten"},
                                              {"--backend", "grpc"},
                                              {"--base-url", "https://x"},
+                                             {"--extra-request-body", "[1]"},
+                                             {"--request-timeout", "-2"},
                                              {"--port"},
                                              {"--frobnicate", "1"}}) {
     auto f = parse_bench_flags(args);
