@@ -33,6 +33,8 @@ struct IndexerDecodeParams {
   int64_t top_k = 16, local_blocks = 1, init_blocks = 0;
   int64_t block_table_stride = -1;       // row stride of block_tables; -1 = max_blocks, 0 = one
                                          // table shared by every row (prefill: B = tokens)
+  bool scores_ready = false;             // block_scores already holds the max-pooled scores
+                                         // (-inf past b_q and for missing pages): top-k only
   float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
   int32_t* selected = nullptr;           // [B, Hix, top_k] out: block ids by descending score
                                          // (ties: lower id), -1 = empty slot

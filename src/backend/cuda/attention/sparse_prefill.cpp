@@ -1,8 +1,11 @@
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
+#include "backend/cuda/runtime/cuda_check.h"
 
 namespace m3::cuda {
 namespace {
@@ -34,9 +37,13 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
     PrefillAttentionParams whole = p;
     return launch_prefill_attention_mma(whole, nullptr, 0, stream);
   }
+  const bool gemm_indexer = !p.dense && p.indexer_variant == 1;
+  if (gemm_indexer && p.gemm == nullptr)
+    return invalid_argument("[cuda.prefill_attention] indexer_variant 1 needs a PrefillGemm");
   const int64_t per_token =
       (mma ? 0 : p.num_heads * top_k * (d + 2) * 4) + hkv * top_k * 4 +
-      (p.dense ? 0 : p.num_index_heads * p.num_blocks * 4);
+      (p.dense ? 0 : p.num_index_heads * p.num_blocks * 4) +
+      (gemm_indexer ? p.num_index_heads * p.num_blocks * p.cache.page_size * 4 : 0);
   const int64_t chunk =
       std::clamp<int64_t>(scratch_bytes / per_token, 1, std::min<int64_t>(p.t, 65535));
   Scoped s_op{alloc}, s_ml{alloc}, s_sc{alloc}, s_sel{alloc};
@@ -46,6 +53,20 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
   }
   if (!p.dense) {
     M3_ASSIGN_OR_RETURN(s_sc.p, alloc->allocate(chunk * p.num_index_heads * p.num_blocks * 4));
+  }
+  Scoped s_keys{alloc}, s_scores{alloc};
+  std::vector<int32_t> host_pos;
+  if (gemm_indexer) {
+    const int64_t dix = p.cache.index_head_dim, ps = p.cache.page_size;
+    M3_ASSIGN_OR_RETURN(s_keys.p, alloc->allocate(p.num_blocks * ps * dix * 2));
+    M3_ASSIGN_OR_RETURN(s_scores.p,
+                        alloc->allocate(chunk * p.num_index_heads * p.num_blocks * ps * 4));
+    M3_RETURN_IF_ERROR(launch_gather_index_keys(p.cache, p.block_table, p.num_blocks,
+                                                static_cast<uint16_t*>(s_keys.p), stream));
+    host_pos.resize(static_cast<size_t>(p.t));
+    M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_pos.data(), p.positions, p.t * 4,
+                                            cudaMemcpyDeviceToHost, stream));
+    M3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   }
   int32_t* selected = p.selected;
   if (selected == nullptr || p.dense) {
@@ -74,6 +95,31 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
       ip.init_blocks = p.init_blocks;
       ip.block_scores = static_cast<float*>(s_sc.p);
       ip.selected = sel;
+      if (gemm_indexer) {
+        // Token scores for the blocks this sub-chunk can see, then the block max-pool.
+        const int64_t ps = p.cache.page_size, dix = p.cache.index_head_dim;
+        int64_t max_pos = 0;
+        for (int64_t i = t0; i < t0 + n; ++i)
+          max_pos = std::max<int64_t>(max_pos, host_pos[static_cast<size_t>(i)]);
+        const int64_t nb_sub = std::min(p.num_blocks, max_pos / ps + 1);
+        PrefillLinearParams lp;
+        lp.x = p.iq + t0 * p.num_index_heads * dix;
+        lp.ldx = dix;
+        lp.m = n * p.num_index_heads;
+        lp.w.format = QuantFormat::kBf16;
+        lp.w.w = static_cast<const uint8_t*>(s_keys.p);
+        lp.w.n = nb_sub * ps;
+        lp.w.k = dix;
+        lp.y = s_scores.p;
+        lp.ldy = nb_sub * ps;
+        lp.out = PrefillOut::kF32;
+        M3_RETURN_IF_ERROR(p.gemm->linear(lp, stream));
+        M3_RETURN_IF_ERROR(launch_index_maxpool(
+            static_cast<const float*>(s_scores.p), nb_sub * ps, nb_sub, p.positions + t0,
+            p.block_table, p.cache.num_pages, n, p.num_index_heads, p.num_blocks,
+            static_cast<float*>(s_sc.p), stream));
+        ip.scores_ready = true;
+      }
       M3_RETURN_IF_ERROR(launch_indexer_decode(ip, stream));
     }
     if (mma) {

@@ -24,6 +24,7 @@ struct CUstream_st;
 namespace m3::cuda {
 
 class CachingAllocator;
+class PrefillGemm;
 
 struct PrefillAttentionParams {
   const uint16_t* q = nullptr;           // [T, H, D] bf16 (normed + roped)
@@ -41,6 +42,11 @@ struct PrefillAttentionParams {
   // 1: tensor cores (mma.sync bf16): one warp per (token, KV group), online softmax over the
   //    blocks, P rounded to bf16 for P·V (sparse_prefill_mma.cu).
   int variant = 0;
+  // Indexer: 0: the decode indexer kernel per token; 1: one cuBLASLt GEMM per sub-chunk for the
+  // token scores (needs `gemm`) + max-pool (prefill_indexer.cu). Variant 1 reads the positions
+  // on the host once (one synchronisation) to bound the GEMM by the chunk's causal limit.
+  int indexer_variant = 0;
+  PrefillGemm* gemm = nullptr;
 };
 
 // Requires D == Dix == 128, S == 128, H / Hkv == 16, Hix == Hkv (sparse) (checked by the decode
@@ -52,6 +58,15 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
 // every block 0..b_q). p.selected, p.iq and p.dense are not read.
 Status launch_prefill_attention_mma(const PrefillAttentionParams& p, const int32_t* selected,
                                     int64_t top_k, CUstream_st* stream);
+
+// prefill_indexer.cu: out[blk] = the 128 x 128 index keys of page block_table[blk] (zeros for
+// a missing page), and block scores from token scores (see that file).
+Status launch_gather_index_keys(const KvCacheBf16View& cache, const int32_t* block_table,
+                                int64_t num_blocks, uint16_t* out, CUstream_st* stream);
+Status launch_index_maxpool(const float* scores, int64_t ld, int64_t blocks_computed,
+                            const int32_t* positions, const int32_t* block_table,
+                            int64_t num_pages, int64_t t, int64_t hix, int64_t nb,
+                            float* block_scores, CUstream_st* stream);
 
 // selected[t, g, i] = b_q(t) - i for i <= b_q(t), else -1 (every block of a dense causal row).
 Status launch_dense_selection(const int32_t* positions, int64_t t, int64_t groups,

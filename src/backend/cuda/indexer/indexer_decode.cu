@@ -115,9 +115,11 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
       p.num_index_heads > kMaxHix || p.cache.idx_k == nullptr || p.max_blocks <= 0)
     return invalid_argument("[cuda.indexer_decode] needs Dix = 128, page 128, 1..8 index heads "
                             "and an index-key cache");
-  dim3 grid(static_cast<unsigned>(p.max_blocks), static_cast<unsigned>(p.batch));
-  indexer_score_kernel<<<grid, kThreads, 0, stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_score_kernel);
+  if (!p.scores_ready) {
+    dim3 grid(static_cast<unsigned>(p.max_blocks), static_cast<unsigned>(p.batch));
+    indexer_score_kernel<<<grid, kThreads, 0, stream>>>(p);
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_score_kernel);
+  }
   indexer_topk_kernel<<<static_cast<unsigned>(p.batch * p.num_index_heads), 256, 0, stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_topk_kernel);
   return Status::ok();
