@@ -1,12 +1,13 @@
 #include "bench/bench_command.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sys/resource.h>
-#include <unistd.h>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -161,7 +162,8 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
         M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 100'000'000));
         f.workload.vocab_size = static_cast<int>(n);
       } else if (flag == "--seed") {
-        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 0, std::numeric_limits<long long>::max()));
+        M3_ASSIGN_OR_RETURN(long long n,
+                            parse_int(flag, v, 0, std::numeric_limits<long long>::max()));
         f.workload.seed = static_cast<uint64_t>(n);
       } else if (flag == "--temperature") {
         M3_ASSIGN_OR_RETURN(double t, parse_double(flag, v));
@@ -258,12 +260,12 @@ int run_bench_command(const std::vector<std::string>& args) {
     std::fprintf(stderr, "m3serve bench: %s\n", workload.status().message().c_str());
     return 2;
   }
-  std::fprintf(stderr, "[bench] %d requests to %s%s (model %s), rate %s, concurrency %s\n",
-               f.workload.num_prompts, f.base_url.c_str(), backend_path(f.run.backend),
-               f.run.params.model.c_str(),
-               std::isinf(f.run.request_rate) ? "inf" : std::to_string(f.run.request_rate).c_str(),
-               f.run.max_concurrency > 0 ? std::to_string(f.run.max_concurrency).c_str()
-                                         : "not set");
+  std::fprintf(
+      stderr, "[bench] %d requests to %s%s (model %s), rate %s, concurrency %s\n",
+      f.workload.num_prompts, f.base_url.c_str(), backend_path(f.run.backend),
+      f.run.params.model.c_str(),
+      std::isinf(f.run.request_rate) ? "inf" : std::to_string(f.run.request_rate).c_str(),
+      f.run.max_concurrency > 0 ? std::to_string(f.run.max_concurrency).c_str() : "not set");
   std::fflush(stderr);
   if (f.warmup_requests > 0) {
     // Untimed, one at a time: first-request costs (connection setup, lazy allocations, caches)

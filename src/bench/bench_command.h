@@ -13,11 +13,11 @@ namespace m3::bench {
 struct BenchFlags {
   RunOptions run;
   WorkloadOptions workload;
-  std::string base_url;     // as given, or built from --host/--port
-  std::string output_file;  // JSON result; empty: none
-  bool json_stdout = false;  // --json: the JSON on stdout instead of the table
+  std::string base_url;         // as given, or built from --host/--port
+  std::string output_file;      // JSON result; empty: none
+  bool json_stdout = false;     // --json: the JSON on stdout instead of the table
   bool output_details = false;  // per-request arrays in the JSON
-  int warmup_requests = 1;   // untimed requests before the run, as sglang's initial test run
+  int warmup_requests = 1;      // untimed requests before the run, as sglang's initial test run
   bool help = false;
 };
 

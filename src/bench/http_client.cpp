@@ -169,8 +169,8 @@ Result<std::string> http_get(const Endpoint& ep, const std::string& target,
   net::co_spawn(
       io,
       [&]() -> net::awaitable<void> {
-        outcome = co_await http_exchange(addrs, ep, req,
-                                         [&](std::string_view b) { body.append(b); });
+        outcome =
+            co_await http_exchange(addrs, ep, req, [&](std::string_view b) { body.append(b); });
       },
       [&](std::exception_ptr e) {
         if (!e) return;

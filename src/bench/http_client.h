@@ -3,9 +3,10 @@
 // arrives so the caller can timestamp streamed tokens. Plain http:// only.
 #pragma once
 
-// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+// clang-format off
+// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>: include it first.
 #include <utility>
-
+// clang-format on
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <functional>

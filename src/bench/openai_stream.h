@@ -20,7 +20,7 @@ const char* backend_name(Backend backend);
 
 struct GenerationParams {
   std::string model;
-  bool ignore_eos = true;     // fixed output lengths (max_tokens each), like sglang's random set
+  bool ignore_eos = true;  // fixed output lengths (max_tokens each), like sglang's random set
   double temperature = 0.0;
   std::string extra_body;  // a JSON object merged over the body (--extra-request-body); may be ""
 };

@@ -24,8 +24,8 @@ struct RunOptions {
   int max_concurrency = 0;  // 0: no limit
   double request_rate = 0;  // requests/s; infinity sends everything at once
   uint64_t seed = 1;
-  double timeout_s = 0;     // per request, connect to last byte; 0: no limit
-  bool progress = false;    // a line on stderr as requests finish
+  double timeout_s = 0;   // per request, connect to last byte; 0: no limit
+  bool progress = false;  // a line on stderr as requests finish
 };
 
 struct RunOutput {

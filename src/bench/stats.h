@@ -26,13 +26,13 @@ Summary summarize(const std::vector<double>& values);
 // One request's outcome. Times are seconds.
 struct RequestResult {
   bool success = false;
-  int http_status = 0;   // 0 when no HTTP response came (connection refused, reset)
-  std::string error;     // why it failed; empty on success
+  int http_status = 0;    // 0 when no HTTP response came (connection refused, reset)
+  std::string error;      // why it failed; empty on success
   int prompt_tokens = 0;  // reported by the server's usage, else the planned length
   int output_tokens = 0;  // reported by the server's usage, else the number of text chunks
   double start_s = 0;     // send time, relative to the benchmark start
   double ttft_s = 0;
-  double latency_s = 0;   // E2E
+  double latency_s = 0;  // E2E
   std::vector<double> itl_s;
 };
 

@@ -20,7 +20,9 @@ constexpr const char* kWords[] = {
 constexpr int kNumWords = sizeof(kWords) / sizeof(kWords[0]);
 
 // A uniform double in [0, 1) from 53 random bits (portable, unlike std::generate_canonical).
-double unit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+double unit(std::mt19937_64& rng) {
+  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
 
 // A uniform integer in [lo, hi]; the modulo bias is below 2^-40 for the ranges used here.
 int uniform_int(std::mt19937_64& rng, int lo, int hi) {

@@ -23,8 +23,8 @@ struct WorkloadOptions {
   int output_len = 1024;
   double range_ratio = 0.0;  // 0: exact lengths; 1: uniform in [1, len]
   uint64_t seed = 1;
-  int vocab_size = 4032;     // token ids are drawn from [0, vocab_size)
-  bool token_ids = true;     // true: prompt_ids; false: prompt_text of random words
+  int vocab_size = 4032;  // token ids are drawn from [0, vocab_size)
+  bool token_ids = true;  // true: prompt_ids; false: prompt_text of random words
 };
 
 struct BenchRequest {

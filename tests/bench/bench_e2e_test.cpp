@@ -245,8 +245,7 @@ TEST(bench_e2e_dead, RequestsToADeadPortFailCleanly) {
   ASSERT_EQ(r.result["errors"].size(), 1u);
   EXPECT_EQ(r.result["errors"][0]["count"], 5);
   EXPECT_EQ(r.result["errors"][0]["http_status"], 0);
-  EXPECT_NE(r.result["errors"][0]["message"].get<std::string>().find("connect"),
-            std::string::npos);
+  EXPECT_NE(r.result["errors"][0]["message"].get<std::string>().find("connect"), std::string::npos);
   EXPECT_NE(r.output.find("Failed requests:"), std::string::npos);
 
   // Without --model the model lookup fails first, with a message and exit 1.

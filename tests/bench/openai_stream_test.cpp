@@ -1,4 +1,6 @@
 // Reading one streamed response into timings and counts; request bodies; flag parsing.
+#include "bench/openai_stream.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,12 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_command.h"
-#include "bench/openai_stream.h"
 
 namespace m3::bench {
 namespace {
 
-std::string event(const std::string& json) { return "data: " + json + "\n\n"; }
+std::string event(const std::string& json) {
+  return "data: " + json + "\n\n";
+}
 std::string text_chunk(const std::string& text) {
   return event(R"({"choices":[{"index":0,"text":")" + text + R"(","finish_reason":null}]})");
 }
@@ -123,8 +126,8 @@ TEST(bench_flags, DefaultsAndValues) {
   EXPECT_TRUE(std::isinf(f->run.request_rate));
   EXPECT_EQ(f->run.max_concurrency, 0);
   f = parse_bench_flags({"--port", "8000", "--num-prompts", "16", "--max-concurrency=4",
-                         "--request-rate", "2.5", "--random-input-len", "32",
-                         "--random-output-len", "8", "--backend", "openai-chat"});
+                         "--request-rate", "2.5", "--random-input-len", "32", "--random-output-len",
+                         "8", "--backend", "openai-chat"});
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   EXPECT_EQ(f->run.endpoint.port, "8000");
   EXPECT_EQ(f->workload.num_prompts, 16);

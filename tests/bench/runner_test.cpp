@@ -2,6 +2,8 @@
 // connection) that streams a known SSE response with chunked transfer encoding, or fails in a
 // chosen way. Checks the concurrency cap exactly (the server counts connections in flight),
 // arrival times against the Poisson schedule, and that every failure mode is a failed request.
+#include "bench/runner.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -17,8 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "bench/runner.h"
-
 namespace m3::bench {
 namespace {
 
@@ -26,7 +26,8 @@ enum class Mode { kStream, kError500, kCutMidStream, kHang };
 
 class ScriptedServer {
  public:
-  ScriptedServer(Mode mode, int chunks, int gap_ms) : mode_(mode), chunks_(chunks), gap_ms_(gap_ms) {
+  ScriptedServer(Mode mode, int chunks, int gap_ms)
+      : mode_(mode), chunks_(chunks), gap_ms_(gap_ms) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -78,7 +79,8 @@ class ScriptedServer {
   void serve(int fd) {
     ++connections_;
     const int now = ++in_flight_;
-    for (int seen = max_in_flight_; now > seen && !max_in_flight_.compare_exchange_weak(seen, now);) {
+    for (int seen = max_in_flight_;
+         now > seen && !max_in_flight_.compare_exchange_weak(seen, now);) {
     }
     // Read the request head and its Content-Length body.
     std::string req;
@@ -99,14 +101,17 @@ class ScriptedServer {
     const auto sleep = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms_)); };
     if (mode_ == Mode::kError500) {
       const std::string body = R"({"error":{"message":"overloaded","code":500}})";
-      send_all(fd, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-                   "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+      send_all(fd,
+               "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+               "Content-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
     } else if (mode_ == Mode::kHang) {
       while (!stopping_ && recv(fd, buf, sizeof buf, 0) > 0) {
       }
     } else {
-      send_all(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                   "Transfer-Encoding: chunked\r\n\r\n");
+      send_all(fd,
+               "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n");
       for (int i = 0; i < chunks_; ++i) {
         if (i) sleep();
         send_all(fd, chunk("data: {\"choices\":[{\"index\":0,\"text\":\"t" + std::to_string(i) +
@@ -115,7 +120,8 @@ class ScriptedServer {
       }
       if (mode_ == Mode::kStream) {
         send_all(fd, chunk("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,"
-                           "\"completion_tokens\":" + std::to_string(chunks_) + "}}\n\n"));
+                           "\"completion_tokens\":" +
+                           std::to_string(chunks_) + "}}\n\n"));
         send_all(fd, chunk("data: [DONE]\n\n") + "0\r\n\r\n");
       }
     }

@@ -1,10 +1,10 @@
 // The SSE parser must give the same events however the stream is cut into reads: inside
 // "data:", inside CRLF, inside a multi-byte UTF-8 character.
+#include "bench/sse_parser.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include "bench/sse_parser.h"
 
 namespace m3::bench {
 namespace {
@@ -38,7 +38,9 @@ std::vector<std::string> parse_pieces(const std::vector<std::string_view>& piece
   return out;
 }
 
-TEST(bench_sse, WholeStream) { EXPECT_EQ(parse_pieces({kStream}), kEvents); }
+TEST(bench_sse, WholeStream) {
+  EXPECT_EQ(parse_pieces({kStream}), kEvents);
+}
 
 TEST(bench_sse, EveryTwoAndThreeWaySplit) {
   const std::string_view s(kStream);

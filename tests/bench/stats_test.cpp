@@ -1,8 +1,8 @@
 // Percentiles and aggregates against values computed by hand (numpy's linear interpolation:
 // rank = p/100 * (n-1)).
-#include <gtest/gtest.h>
-
 #include "bench/stats.h"
+
+#include <gtest/gtest.h>
 
 namespace m3::bench {
 namespace {

@@ -1,13 +1,13 @@
 // Workload lengths and ids stay in their ranges; Poisson arrivals have the statistics of a
 // Poisson process (bounds derived from the sampling distribution, 5 standard deviations).
+#include "bench/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
-
-#include "bench/workload.h"
 
 namespace m3::bench {
 namespace {
