@@ -57,10 +57,15 @@ output:
   --output-details         add per-request arrays to the JSON (input_lens, output_lens, ttfts,
                            itls, request_errors)
   --disable-progress       no progress line on stderr (shown only on a terminal anyway)
-  --warmup-requests N      send the first N prompts once, untimed, before the run (default 1)
+  --warmup-requests N      send the first N prompts once (at most 16 output tokens),
+                           untimed, before the run (default 1)
 
 Exit status: 0 when every request succeeded, 1 when any failed, 2 for bad options.
 )";
+
+// Warm-up requests generate only this many tokens: enough to exercise decode, cheap on a slow
+// server with long outputs.
+constexpr int kWarmupOutputLen = 16;
 
 Result<long long> parse_int(const std::string& flag, const std::string& v, long long lo,
                             long long hi) {
@@ -275,7 +280,8 @@ int run_bench_command(const std::vector<std::string>& args) {
     warm.max_concurrency = 1;
     warm.request_rate = std::numeric_limits<double>::infinity();
     const size_t n = std::min(workload->size(), static_cast<size_t>(f.warmup_requests));
-    const std::vector<BenchRequest> first(workload->begin(), workload->begin() + n);
+    std::vector<BenchRequest> first(workload->begin(), workload->begin() + n);
+    for (BenchRequest& r : first) r.output_len = std::min(r.output_len, kWarmupOutputLen);
     Result<RunOutput> w = run_benchmark(warm, first);
     if (w && !w->results.empty() && !w->results[0].success) {
       std::fprintf(stderr, "[bench] warm-up request failed: %s\n", w->results[0].error.c_str());
