@@ -27,7 +27,7 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
   return std::unique_ptr<Backend>(std::move(be).value());
 #else
   return Status(StatusCode::kUnimplemented,
-                "--device cuda: this m3serve was built without the CUDA backend (configure with "
+                "--device cuda: this m3serve was not built with the CUDA backend (configure with "
                 "-DM3_CUDA=ON where nvcc is installed; 'm3serve version' says 'cuda: no')");
 #endif
 }

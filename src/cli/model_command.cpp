@@ -73,7 +73,7 @@ int check_model_command_flags(const char* command, const ModelCommandFlags& flag
   }
   if (flags.device == "cuda" && !cuda_built_in()) {
     std::fprintf(stderr,
-                 "m3serve %s: --device cuda: this m3serve was built without the CUDA backend "
+                 "m3serve %s: --device cuda: this m3serve was not built with the CUDA backend "
                  "(configure with -DM3_CUDA=ON where nvcc is installed)\n",
                  command);
     return 1;
