@@ -70,6 +70,24 @@ SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench "$?" "$((SECONDS - t
 { cat /tmp/prefill.log; echo "== prefill tsv"; cat /tmp/prefill.tsv 2>/dev/null; } |
   tee -a "$OUT/bench.log" >>"$LOG"
 
+# m3serve --device cuda (issue 6): the bundled model's greedy tokens on the GPU equal the CPU's,
+# and --load-format dummy runs the built-in MiniMax-M3.1-Flash config (1 layer, real shapes).
+if [ -x "$B/m3serve" ]; then
+  t0=$SECONDS
+  gen=(generate --model-path models/m3-tiny --prompt-ids 4066,1,2,3,4,5 --max-tokens 16)
+  cpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cpu 2>&1)
+  gpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cuda 2>&1)
+  note "m3serve generate m3-tiny --device cpu:  $cpu_out"
+  note "m3serve generate m3-tiny --device cuda: $gpu_out"
+  same=no
+  [ -n "$gpu_out" ] && [ "$cpu_out" = "$gpu_out" ] && same=yes
+  timeout 150 "$B/m3serve" score --load-format dummy --num-layers 1 --device cuda \
+    --prompt-ids 1,2,3 2>&1 | cut -c1-160 >>"$LOG"
+  dummy_rc=${PIPESTATUS[0]}
+  SUMMARY+=("$(printf '%-26s same-as-cpu=%s dummy-rc=%s %4ss' 'm3serve --device cuda' "$same" \
+    "$dummy_rc" "$((SECONDS - t0))")")
+fi
+
 # Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
 # cuda_golden_test runs them and the bundled m3-tiny's greedy cases through CudaBackend (same
 # argmax / greedy checks as the CPU golden tests); it reads the fixtures from this directory.
