@@ -66,6 +66,15 @@ TEST_P(PrefillAttention, MatchesCpu) {
   bf16_randn(c.t * H * D, 74, 1.0f, &qf, &qb);
   bf16_randn(c.t * Hix * Dix, 75, 1.0f, &iqf, &iqb);
 
+  // The unwritten tail of the last block holds NaN bit patterns on the GPU (never read as
+  // values: keys past a token's position must not reach the output even with weight 0).
+  for (int64_t j = c.context; j < nb * S; ++j)
+    for (int64_t i = 0; i < Hkv * D; ++i) {
+      kb[(table[j / S] * S + j % S) * Hkv * D + i] = 0x7FC0;
+      vb[(table[j / S] * S + j % S) * Hkv * D + i] = 0x7FC0;
+    }
+  for (int64_t j = c.context; j < nb * S; ++j)
+    for (int64_t i = 0; i < Dix; ++i) ikb[(table[j / S] * S + j % S) * Dix + i] = 0x7FC0;
   Dev<uint16_t> dk(kb), dv(vb), dik(ikb), dq(qb), diq(iqb);
   Dev<int32_t> dtab(table), dpos(pos);
   auto dsel = Dev<int32_t>::poisoned(c.t * Hix * top_k);

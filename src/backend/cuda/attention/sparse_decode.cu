@@ -55,7 +55,10 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   for (int i = tid; i < kS * (kD / 8); i += kThreads) {
     const int s = i / (kD / 8), piece = i % (kD / 8);
     const uint4 kv = __ldg(kg + s * row_stride + piece);
-    const uint4 vv = __ldg(vg + s * row_stride + piece);
+    // V rows past the query's position are zeroed: a page's unwritten tail may hold NaN bit
+    // patterns, and their weight 0 would still give 0 · NaN = NaN.
+    const uint4 vv = int64_t{blk} * kS + s <= pos ? __ldg(vg + s * row_stride + piece)
+                                                  : make_uint4(0, 0, 0, 0);
     sm.k[s][piece * 4 + 0] = kv.x, sm.k[s][piece * 4 + 1] = kv.y;
     sm.k[s][piece * 4 + 2] = kv.z, sm.k[s][piece * 4 + 3] = kv.w;
     *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vv;

@@ -179,12 +179,17 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_mma_kernel(MmaP
       const uint16_t* v1 = v0 + kstride;
       const uint16_t* v8 = v0 + 8 * kstride;
       const uint16_t* v9 = v0 + 9 * kstride;
+      // Rows of keys past the token's position are never read: a page's unwritten tail may hold
+      // NaN bit patterns, and 0 · NaN would poison O.
+      const int64_t key0 = base + kk * 16 + 2 * ci;
+      const bool r0 = key0 <= pos, r1 = key0 + 1 <= pos, r8 = key0 + 8 <= pos,
+                 r9 = key0 + 9 <= pos;
 #pragma unroll
       for (int dt = 0; dt < 16; ++dt) {
         const int d = dt * 8 + gi;
-        const uint32_t b0 = uint32_t{__ldg(v0 + d)} | (uint32_t{__ldg(v1 + d)} << 16);
-        const uint32_t b1 = uint32_t{__ldg(v8 + d)} | (uint32_t{__ldg(v9 + d)} << 16);
-        mma_bf16(o[dt], pa, b0, b1);
+        const uint32_t e0 = r0 ? __ldg(v0 + d) : 0u, e1 = r1 ? __ldg(v1 + d) : 0u;
+        const uint32_t e8 = r8 ? __ldg(v8 + d) : 0u, e9 = r9 ? __ldg(v9 + d) : 0u;
+        mma_bf16(o[dt], pa, e0 | (e1 << 16), e8 | (e9 << 16));
       }
     }
     }  // half
