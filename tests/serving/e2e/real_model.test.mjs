@@ -217,8 +217,15 @@ test('same seed, same sample at temperature 1', async () => {
   assert.ok(new Set(outs).size >= 2, `seeds 7, 8, 9 all gave ${outs[0]}`);
 });
 
-test('20 concurrent streams all finish', async () => {
-  const runs = Array.from({ length: 20 }, async (_, i) => {
+test('100 concurrent streams all finish, each with its own usage', async () => {
+  const N = 100;
+  let peakRunning = 0;
+  const poll = setInterval(async () => {
+    try {
+      peakRunning = Math.max(peakRunning, await metricValue('m3serve:num_requests_running'));
+    } catch { /* busy */ }
+  }, 20);
+  const runs = Array.from({ length: N }, async (_, i) => {
     const s = await srv.client.chat.completions.create({
       model: MODEL, messages: [{ role: 'user', content: `What is ${i} + ${2 * i}?` }],
       max_tokens: 12, temperature: 0.7, seed: i, stream: true, stream_options: { include_usage: true },
@@ -228,11 +235,18 @@ test('20 concurrent streams all finish', async () => {
     return fold(chunks);
   });
   const results = await Promise.all(runs);
+  clearInterval(poll);
+  assert.equal(results.length, N);
   for (const f of results) {
     assert.ok(['stop', 'length'].includes(f.finishReason), JSON.stringify(f));
     assert.ok(f.usage.completion_tokens >= 1 && f.usage.completion_tokens <= 12);
+    assert.ok(f.usage.prompt_tokens > 0);
+    if (f.finishReason === 'length') assert.equal(f.usage.completion_tokens, 12);
   }
-  assert.ok(await waitFor(async () => (await metricValue('m3serve:num_requests_running')) === 0));
+  // They really ran together: --max-running-requests 32 is reached (the rest wait their turn).
+  assert.ok(peakRunning >= 16, `peak running ${peakRunning}`);
+  assert.ok(await waitFor(async () => (await metricValue('m3serve:num_requests_running')) === 0
+    && (await metricValue('m3serve:num_requests_waiting')) === 0));
 });
 
 test('client disconnect mid-stream returns the KV pages', async () => {
