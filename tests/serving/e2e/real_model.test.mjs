@@ -130,6 +130,9 @@ test('chat, thinking enabled: reasoning_content then content; usage matches /tok
   assert.equal(r.usage.prompt_tokens, tok.count);
   assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= 96);
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  // The reasoning tokens are counted: some, and fewer than all (content follows).
+  const rt = r.usage.completion_tokens_details.reasoning_tokens;
+  assert.ok(rt > 0 && rt < r.usage.completion_tokens, JSON.stringify(r.usage));
 
   // Streaming gives the same split, reasoning first.
   const s = await srv.client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
@@ -140,6 +143,7 @@ test('chat, thinking enabled: reasoning_content then content; usage matches /tok
   assert.equal(f.content, m.content);
   assert.equal(f.finishReason, 'stop');
   assert.deepEqual(f.usage.completion_tokens, r.usage.completion_tokens);
+  assert.equal(f.usage.completion_tokens_details.reasoning_tokens, rt);
 });
 
 test('chat, thinking disabled: content only (non-streaming and streaming)', async () => {
