@@ -164,6 +164,8 @@ test('chat, thinking disabled: content only (non-streaming and streaming)', asyn
 
 // The golden greedy output's tool call (name and parameters), read from its XML so the test
 // follows the bundled model when it is retrained.
+const expectedToolName = (c) => goldenToolCall(c).name;
+
 function goldenToolCall(c) {
   const NS = ']<]minimax[>[';
   const start = c.output_text.indexOf(`${NS}<invoke name="`);
@@ -194,6 +196,38 @@ test('tool call: OpenAI tool_calls with typed arguments', async () => {
   assert.deepEqual(JSON.parse(call.function.arguments), expected.args);
   assert.ok(!(choice.message.content ?? '').includes('minimax'), choice.message.content);
   assert.ok(!(choice.message.reasoning_content ?? '').includes('minimax'));
+});
+
+test('tool_choice none / required / named on the bundled model (streamed == whole)', async () => {
+  const c = goldenCase('tool_weather_adaptive');
+  const names = c.tools.map((t) => t.function.name);
+  const ask = (tool_choice, extra = {}) => srv.client.chat.completions.create({
+    model: MODEL, messages: c.messages, tools: c.tools, tool_choice, temperature: 0, max_tokens: 64, ...extra,
+  });
+  // none: the tools leave the prompt and no call is parsed; no markup reaches the content.
+  const none = await ask('none');
+  assert.equal(none.choices[0].message.tool_calls, undefined, JSON.stringify(none.choices[0].message));
+  assert.notEqual(none.choices[0].finish_reason, 'tool_calls');
+  assert.ok(!(none.choices[0].message.content ?? '').includes('minimax'), none.choices[0].message.content);
+  // required: some declared tool is called, arguments are a JSON object.
+  const req = await ask('required');
+  const rc = req.choices[0].message.tool_calls;
+  assert.ok(rc?.length >= 1, JSON.stringify(req.choices[0].message));
+  assert.ok(names.includes(rc[0].function.name), rc[0].function.name);
+  assert.equal(typeof JSON.parse(rc[0].function.arguments), 'object');
+  // named: that tool is called even though the request asks about the weather.
+  const forced = c.tools.find((t) => t.function.name !== expectedToolName(c)).function.name;
+  const named = await ask({ type: 'function', function: { name: forced } });
+  const nc = named.choices[0].message.tool_calls;
+  assert.equal(nc?.[0]?.function.name, forced, JSON.stringify(named.choices[0].message));
+  assert.equal(typeof JSON.parse(nc[0].function.arguments), 'object');
+  const s = await ask({ type: 'function', function: { name: forced } }, { stream: true });
+  const chunks = [];
+  for await (const ch of s) chunks.push(ch);
+  const f = fold(chunks);
+  assert.deepEqual(f.toolCalls.map((t) => [t.name, t.arguments]),
+    nc.map((t) => [t.function.name, t.function.arguments]));
+  assert.equal(f.finishReason, named.choices[0].finish_reason);
 });
 
 test('/v1/completions: text and usage consistent with /tokenize', async () => {
