@@ -8,7 +8,13 @@
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
 # step.log, step.tsv, sanitizer.log (7; table-before-sanitizer.txt stays only when the
 # call's limit cut the sanitizer).
+# Usage: run-all.sh [all|tests|bench]. Everything at once can outlast one device command
+# (10 minutes) when a kernel misbehaves: 'tests' (op tests, m3serve --device cuda, goldens,
+# sanitizer) and 'bench' (decode, decode step, prefill) fit one command each.
 set -uo pipefail
+PART=${1:-all}
+case "$PART" in all | tests | bench) ;; *) echo "usage: run-all.sh [all|tests|bench]" >&2; exit 2 ;; esac
+want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 B=.device/cuda
@@ -33,10 +39,12 @@ run_test() {  # name limit
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss  failed-lines=%s' "$t" "$rc" "$((SECONDS - t0))" "$failed")")
   note "test $t rc=$rc ($((SECONDS - t0))s)"
 }
-run_test cuda_ops_test 40
-run_test quant_gemv_test 90
-run_test sparse_decode_test 40
-run_test sampling_test 60
+if want tests; then
+  run_test cuda_ops_test 40
+  run_test quant_gemv_test 90
+  run_test sparse_decode_test 40
+  run_test sampling_test 60
+fi
 
 run_bench() {
   local t0=$SECONDS
@@ -46,33 +54,41 @@ run_bench() {
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
   cat "$OUT/bench.log" >>"$LOG"
 }
-run_bench
+want bench && run_bench
 # A whole decode step (2 layers + head + sampling, CUDA graph), GEMV variants 0, 3 and 4 (3 with
 # the fused split-K epilogue); per-layer time extrapolated to 60 layers; rows appended to step.tsv.
-for v in 0 3 4; do
-  t0=$SECONDS
-  timeout 150 "$B/cuda_decode_step_bench" 2 "$v" "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
-  rc=$?
-  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
-done
-cat "$OUT/step.log" >>"$LOG"
-run_test cuda_composite_ops_test 40
-run_test cuda_model_test 40
+if want bench; then
+  for v in 0 3 4; do
+    t0=$SECONDS
+    timeout 150 "$B/cuda_decode_step_bench" 2 "$v" "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
+    rc=$?
+    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
+  done
+  cat "$OUT/step.log" >>"$LOG"
+fi
+if want tests; then
+  run_test cuda_composite_ops_test 40
+  run_test cuda_model_test 40
+fi
 # Prefill (issue 6): tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
-run_test prefill_gemm_test 90
-run_test prefill_attention_test 90
-t0=$SECONDS
-echo "== cuda_prefill_bench" >>"$OUT/bench.log"
-timeout 150 "$B/cuda_prefill_bench" /tmp/prefill.tsv >/tmp/prefill.log 2>&1
-SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench "$?" "$((SECONDS - t0))")")
-{ cat /tmp/prefill.log; echo "== prefill tsv"; cat /tmp/prefill.tsv 2>/dev/null; } |
-  tee -a "$OUT/bench.log" >>"$LOG"
+if want tests; then
+  run_test prefill_gemm_test 90
+  run_test prefill_attention_test 90
+fi
+if want bench; then
+  t0=$SECONDS
+  echo "== cuda_prefill_bench" >>"$OUT/bench.log"
+  timeout 150 "$B/cuda_prefill_bench" /tmp/prefill.tsv >/tmp/prefill.log 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench "$?" "$((SECONDS - t0))")")
+  { cat /tmp/prefill.log; echo "== prefill tsv"; cat /tmp/prefill.tsv 2>/dev/null; } |
+    tee -a "$OUT/bench.log" >>"$LOG"
+fi
 
 # m3serve --device cuda (issue 6): the bundled model's greedy tokens on the GPU equal the CPU's,
 # and --load-format dummy runs the built-in MiniMax-M3.1-Flash config (1 layer, real shapes).
-if [ -x "$B/m3serve" ]; then
+if want tests && [ -x "$B/m3serve" ]; then
   t0=$SECONDS
   gen=(generate --model-path models/m3-tiny --prompt-ids 4066,1,2,3,4,5 --max-tokens 16)
   cpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cpu 2>&1)
@@ -91,7 +107,9 @@ fi
 # Golden fixtures (tests/fixtures/golden, from tools/reference): run end to end when present.
 # cuda_golden_test runs them and the bundled m3-tiny's greedy cases through CudaBackend (same
 # argmax / greedy checks as the CPU golden tests); it reads the fixtures from this directory.
-if compgen -G "tests/fixtures/golden/*" >/dev/null; then
+if ! want tests; then
+  :
+elif compgen -G "tests/fixtures/golden/*" >/dev/null; then
   run_test cuda_golden_test 120
 else
   note "golden fixtures: none in tests/fixtures/golden"
@@ -100,11 +118,11 @@ fi
 print_table() {
   echo
   echo "== worst elements (|gpu - cpu| / bound; <= 1 passes)"
-  grep -E '^\[ .* \] ' "$OUT/tests.log" |
+  grep -E '^\[ .* \] ' "$OUT/tests.log" 2>/dev/null |
     grep -v -E '^\[ (RUN|       OK|  FAILED|  PASSED|----------|==========)' | cut -c1-150
   echo
   echo "== benchmark"
-  cat "$OUT/bench.log"
+  cat "$OUT/bench.log" 2>/dev/null
   echo
   echo "== decode step"
   cat "$OUT"/step.log 2>/dev/null
@@ -115,7 +133,9 @@ print_table() {
 print_table >"$OUT/table-before-sanitizer.txt"
 
 # compute-sanitizer on the op tests (small shapes only, to fit the time budget).
-if command -v compute-sanitizer >/dev/null; then
+if ! want tests; then
+  :
+elif command -v compute-sanitizer >/dev/null; then
   t0=$SECONDS
   timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
     --gtest_filter='CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:*CudaLinear.*/1:CudaCachingAllocator.*' \
