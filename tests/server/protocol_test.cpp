@@ -69,6 +69,51 @@ TEST(Protocol, InvalidParametersNameTheField) {
       "messages[0].content[0].type");
 }
 
+// Every sampling control of issue 5 reaches the backend's SamplingOptions unchanged, and a bad
+// value is a 400 naming it. max_completion_tokens wins over the deprecated max_tokens.
+TEST(Protocol, SamplingFieldsReachTheRequest) {
+  auto r = chat_ok(std::string("{") + kMsg +
+                   R"(,"temperature":0.5,"top_p":0.9,"top_k":7,"min_p":0.05,)"
+                   R"("presence_penalty":0.25,"frequency_penalty":-0.5,"repetition_penalty":1.1,)"
+                   R"("seed":42,"min_tokens":3,"ignore_eos":true,"stop":["END","\n\n"],)"
+                   R"("stop_token_ids":[5,9],"max_tokens":100,"max_completion_tokens":20})");
+  const SamplingOptions& s = r.gen.sampling;
+  EXPECT_EQ(s.temperature, 0.5);
+  EXPECT_EQ(s.top_p, 0.9);
+  EXPECT_EQ(s.top_k, 7);
+  EXPECT_EQ(s.min_p, 0.05);
+  EXPECT_EQ(s.presence_penalty, 0.25);
+  EXPECT_EQ(s.frequency_penalty, -0.5);
+  EXPECT_EQ(s.repetition_penalty, 1.1);
+  EXPECT_EQ(s.seed, 42u);
+  EXPECT_EQ(s.min_tokens, 3);
+  EXPECT_TRUE(s.ignore_eos);
+  EXPECT_EQ(s.stop, (std::vector<std::string>{"END", "\n\n"}));
+  EXPECT_EQ(s.stop_token_ids, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(r.gen.max_tokens, 20);
+  EXPECT_EQ(chat_ok(std::string("{") + kMsg + R"(,"max_completion_tokens":33})").gen.max_tokens,
+            33);
+  // Unset fields stay unset, so the backend applies generation_config.json's defaults.
+  auto d = chat_ok(std::string("{") + kMsg + "}");
+  EXPECT_FALSE(d.gen.sampling.temperature || d.gen.sampling.top_p || d.gen.sampling.top_k ||
+               d.gen.sampling.min_p || d.gen.sampling.repetition_penalty || d.gen.max_tokens);
+  EXPECT_FALSE(d.gen.sampling.ignore_eos);
+
+  for (const auto& [field, bad] :
+       std::vector<std::pair<std::string, std::string>>{{"min_p", "1.5"},
+                                                        {"top_k", "-2"},
+                                                        {"presence_penalty", "3"},
+                                                        {"frequency_penalty", "-2.5"},
+                                                        {"repetition_penalty", "0"},
+                                                        {"ignore_eos", "\"yes\""},
+                                                        {"stop_token_ids", "[\"a\"]"},
+                                                        {"max_completion_tokens", "0"},
+                                                        {"seed", "\"x\""}}) {
+    EXPECT_EQ(chat_error(std::string("{") + kMsg + ",\"" + field + "\":" + bad + "}").param, field)
+        << field << "=" << bad;
+  }
+}
+
 TEST(Protocol, ThinkingField) {
   auto e = chat_error(std::string("{") + kMsg + R"(,"thinking":{"type":"on"}})");
   EXPECT_EQ(e.status, 400);

@@ -266,7 +266,9 @@ void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Respond
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ctx, responder, *e);
     ChatRequest& r = std::get<ChatRequest>(parsed);
     bool add_gen = b.value("add_generation_prompt", true);
-    auto rendered = ctx.renderer->render(r.messages, r.tools, r.template_kwargs, add_gen);
+    // As for chat: tool_choice none leaves the tools out of the prompt (counts match usage).
+    json tools = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
+    auto rendered = ctx.renderer->render(r.messages, tools, r.template_kwargs, add_gen);
     if (!rendered.is_ok()) {
       return send_error(ctx, responder, render_error(rendered.status()));
     }

@@ -209,6 +209,9 @@ test('tool_choice none / required / named on the bundled model (streamed == whol
   assert.equal(none.choices[0].message.tool_calls, undefined, JSON.stringify(none.choices[0].message));
   assert.notEqual(none.choices[0].finish_reason, 'tool_calls');
   assert.ok(!(none.choices[0].message.content ?? '').includes('minimax'), none.choices[0].message.content);
+  const tokNone = await tokenize({ messages: c.messages, tools: c.tools, tool_choice: 'none' });
+  assert.equal(none.usage.prompt_tokens, tokNone.count);
+  assert.ok(tokNone.count < (await tokenize({ messages: c.messages, tools: c.tools })).count);
   // required: some declared tool is called, arguments are a JSON object.
   const req = await ask('required');
   const rc = req.choices[0].message.tool_calls;
