@@ -254,3 +254,52 @@ test('SIGTERM drains the in-flight request, refuses new ones, then exits 0', asy
   const { code } = await srv.exited;
   assert.equal(code, 0, srv.log());
 });
+
+test('/metrics on the bundled model: the listed names, histograms counting, prefix hits', async () => {
+  const srv = await startServer([]);
+  try {
+    const M = '{model_name="m3-tiny"}';
+    const text = async () => (await fetch(`${srv.url}/metrics`)).text();
+    const value = (t, name) => {
+      const l = t.split('\n').find((x) => x.startsWith(name + ' '));
+      return l === undefined ? NaN : Number(l.slice(l.lastIndexOf(' ') + 1));
+    };
+    // The page is the model's index block (128 tokens for MiniMax-M3, 32 for m3-tiny): from the log.
+    const page = Number(srv.log().match(/pages of (\d+) tokens/)[1]);
+    assert.ok(page > 0);
+    // A prompt of several full pages, asked twice: the second is a prefix-cache hit.
+    const tools = [{ type: 'function', function: { name: 'lookup', description: 'x'.repeat(1200),
+      parameters: { type: 'object', properties: { q: { type: 'string' } } } } }];
+    const body = { model: MODEL, messages: [{ role: 'user', content: 'Hello!' }], tools, max_tokens: 6, temperature: 0 };
+    const first = await srv.client.chat.completions.create(body);
+    assert.ok(first.usage.prompt_tokens > 4 * page, `prompt ${first.usage.prompt_tokens}`);
+    const before = await text();
+    const second = await srv.client.chat.completions.create(body);
+    const cached = second.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(cached >= 4 * page && cached % page === 0 && cached < second.usage.prompt_tokens, `cached ${cached}`);
+    const after = await text();
+    for (const name of ['num_requests_running', 'num_requests_waiting', 'kv_pages_used', 'kv_pages_cached',
+      'kv_pages_total', 'prefix_cache_hit_tokens_total']) {
+      assert.ok(Number.isFinite(value(after, `m3serve:${name}${M}`)), `m3serve:${name} missing:\n${after}`);
+    }
+    for (const h of ['time_to_first_token_seconds', 'inter_token_latency_seconds']) {
+      assert.match(after, new RegExp(`# TYPE m3serve:${h} histogram`));
+      assert.ok(value(after, `m3serve:${h}_bucket{model_name="m3-tiny",le="+Inf"}`) >= 2
+        || value(after, `m3serve:${h}_count${M}`) >= 2, h);
+    }
+    assert.equal(value(after, `m3serve:time_to_first_token_seconds_count${M}`), 2);
+    // Every generated token but the first of each request is one inter-token interval.
+    assert.equal(value(after, `m3serve:inter_token_latency_seconds_count${M}`),
+      first.usage.completion_tokens - 1 + second.usage.completion_tokens - 1);
+    assert.equal(value(after, `m3serve:prefix_cache_hit_tokens_total${M}`)
+      - value(before, `m3serve:prefix_cache_hit_tokens_total${M}`), cached);
+    // Finished requests leave their full pages in the cache, none in use (the engine frees them
+    // at the end of the step that finished them, which may be just after the response went out).
+    assert.ok(await waitFor(async () => value(await text(), `m3serve:kv_pages_used${M}`) === 0));
+    const idle = await text();
+    assert.ok(value(idle, `m3serve:kv_pages_cached${M}`) >= cached / page);
+    assert.equal(value(idle, `m3serve:num_requests_running${M}`), 0);
+  } finally {
+    assert.equal(await stopServer(srv), 0, srv.log());
+  }
+});
