@@ -9,15 +9,8 @@
 
 #include "cuda_test_util.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
-
-using cuda_test::Dev;
-using cuda_test::expect_close;
-using cuda_test::gamma;
-using cuda_test::gpu;
-using cuda_test::kU;
-using cuda_test::randn;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -67,9 +60,8 @@ TEST_P(CudaMoeExperts, MatchesCpu) {
     }
   }
   std::vector<float> want(c.m * c.hidden);
-  cuda_test::cpu()->moe_experts({x.data(), h13.data(), h2.data(), ids.data(), wts.data(),
-                                 want.data(), c.m, c.hidden, c.inter, c.experts, c.top_k, alpha,
-                                 limit});
+  cpu()->moe_experts({x.data(), h13.data(), h2.data(), ids.data(), wts.data(), want.data(), c.m,
+                      c.hidden, c.inter, c.experts, c.top_k, alpha, limit});
   Dev<float> dx(x), dw(wts);
   Dev<int32_t> di(ids);
   auto dout = Dev<float>::poisoned(c.m * c.hidden);
@@ -181,8 +173,8 @@ TEST_P(CudaIndexerTopk, MatchesCpu) {
   std::vector<float> dummy(f.pages * f.ps * 8);
   KvLayerView hv{dummy.data(), dummy.data(), f.ik.data(), f.pages, f.ps, 1, 8, c.dix};
   std::vector<int32_t> sel(c.t * c.hix * c.top_k);
-  cuda_test::cpu()->indexer_topk({iq.data(), hv, pos.data(), f.table.data(), sel.data(), c.t,
-                                  c.hix, nb, c.top_k, c.local, c.init});
+  cpu()->indexer_topk({iq.data(), hv, pos.data(), f.table.data(), sel.data(), c.t, c.hix, nb,
+                       c.top_k, c.local, c.init});
   Dev<float> dq(iq), dik(f.ik), dd(dummy);
   Dev<int32_t> dpos(pos), dtab(f.table);
   auto dsel = Dev<int32_t>::poisoned(c.t * c.hix * c.top_k);
@@ -273,8 +265,8 @@ TEST_P(CudaPagedAttention, MatchesCpu) {
   KvLayerView hv{f.k.data(), f.v.data(), nullptr, f.pages, f.ps, c.hkv, c.d, 0};
   const int32_t* hsel = c.sparse ? sel.data() : nullptr;
   std::vector<float> want(c.t * c.h * c.d);
-  cuda_test::cpu()->paged_attention({q.data(), hv, pos.data(), f.table.data(), hsel, want.data(),
-                                     c.t, c.h, nb, c.hkv, c.top_k, scale});
+  cpu()->paged_attention({q.data(), hv, pos.data(), f.table.data(), hsel, want.data(), c.t, c.h, nb,
+                          c.hkv, c.top_k, scale});
   Dev<float> dq(q), dk(f.k), dv(f.v);
   Dev<int32_t> dpos(pos), dtab(f.table), dsel(sel);
   auto dout = Dev<float>::poisoned(c.t * c.h * c.d);
@@ -339,4 +331,4 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{2, 64, 4, 128, 128, 16, 700, false}));
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test

@@ -10,15 +10,8 @@
 
 #include "cuda_test_util.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
-
-using cuda_test::Dev;
-using cuda_test::expect_close;
-using cuda_test::gamma;
-using cuda_test::gpu;
-using cuda_test::kU;
-using cuda_test::randn;
 
 // ---------------------------------------------------------------------------------------------
 // linear: both results lie within gamma_K·Σ|x||w| of the exact dot product whatever the
@@ -34,7 +27,7 @@ TEST_P(CudaLinear, MatchesCpu) {
   auto x = randn(m * k, 1), w = randn(n * k, 2, 0.05f);
   for (bool acc : {false, true}) {
     std::vector<float> want(static_cast<size_t>(m * n), acc ? 0.75f : 0.0f);
-    cuda_test::cpu()->linear({x.data(), w.data(), want.data(), m, n, k, acc});
+    cpu()->linear({x.data(), w.data(), want.data(), m, n, k, acc});
     Dev<float> dx(x), dw(w);
     auto dy = acc ? Dev<float>(std::vector<float>(want.size(), 0.75f))
                   : Dev<float>::poisoned(m * n);
@@ -67,7 +60,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
     auto x = randn(rows * dim, 3, 3.0f), w = randn(dim, 4, 0.5f);
     for (bool unit : {true, false}) {
       std::vector<float> want(x.size());
-      cuda_test::cpu()->rms_norm({x.data(), w.data(), want.data(), rows, dim, 1e-6f, unit});
+      cpu()->rms_norm({x.data(), w.data(), want.data(), rows, dim, 1e-6f, unit});
       Dev<float> dx(x), dw(w);
       auto dy = Dev<float>::poisoned(rows * dim);
       gpu()->rms_norm({dx.ptr(), dw.ptr(), dy.ptr(), rows, dim, 1e-6f, unit});
@@ -97,7 +90,7 @@ TEST(CudaRope, MatchesCpu) {
               C{12, 2, 16, 32, 16}, C{12, 1, 32, 32, 32}}) {
     auto x = randn(c.t * c.h * c.d, 7);
     auto want = x;
-    cuda_test::cpu()->rope({want.data(), pos.data(), c.t, c.h, c.d, c.rotary_dim, c.rot_width, 5e6});
+    cpu()->rope({want.data(), pos.data(), c.t, c.h, c.d, c.rotary_dim, c.rot_width, 5e6});
     Dev<float> dx(x);
     Dev<int32_t> dp(pos);
     gpu()->rope({dx.ptr(), dp.ptr(), c.t, c.h, c.d, c.rotary_dim, c.rot_width, 5e6});
@@ -124,7 +117,7 @@ TEST(CudaSwigluOai, MatchesCpu) {
     auto gu = randn(m * 2 * inter, 8, 5.0f);
     gu[0] = 7.0f, gu[inter] = -7.0f, gu[1] = 7.5f, gu[inter + 1] = 9.0f;
     std::vector<float> want(m * inter);
-    cuda_test::cpu()->swiglu_oai({gu.data(), want.data(), m, inter, 1.702f, 7.0f});
+    cpu()->swiglu_oai({gu.data(), want.data(), m, inter, 1.702f, 7.0f});
     Dev<float> dg(gu);
     auto dout = Dev<float>::poisoned(m * inter);
     gpu()->swiglu_oai({dg.ptr(), dout.ptr(), m, inter, 1.702f, 7.0f});
@@ -142,7 +135,7 @@ TEST(CudaExactOps, AddEmbeddingGatherKvWrite) {
   const int64_t n = 100003;
   auto a = randn(n, 9), b = randn(n, 10);
   std::vector<float> want(n);
-  cuda_test::cpu()->add({a.data(), b.data(), want.data(), n});
+  cpu()->add({a.data(), b.data(), want.data(), n});
   Dev<float> da(a), db(b);
   gpu()->add({da.ptr(), db.ptr(), da.ptr(), n});
   EXPECT_EQ(da.host(), want) << "add";
@@ -151,7 +144,7 @@ TEST(CudaExactOps, AddEmbeddingGatherKvWrite) {
   auto table = randn(vocab * dim, 11);
   std::vector<int32_t> ids = {0, 999, 5, 5, 17, 400, 1, 998, 3};
   std::vector<float> emb(t * dim);
-  cuda_test::cpu()->embedding({table.data(), ids.data(), emb.data(), t, vocab, dim});
+  cpu()->embedding({table.data(), ids.data(), emb.data(), t, vocab, dim});
   Dev<float> dt(table);
   Dev<int32_t> di(ids);
   auto de = Dev<float>::poisoned(t * dim);
@@ -160,7 +153,7 @@ TEST(CudaExactOps, AddEmbeddingGatherKvWrite) {
 
   std::vector<int32_t> rows = {8, 0, 3, 3};
   std::vector<float> g(rows.size() * dim);
-  cuda_test::cpu()->gather_rows({emb.data(), rows.data(), g.data(), 4, dim});
+  cpu()->gather_rows({emb.data(), rows.data(), g.data(), 4, dim});
   Dev<int32_t> dr(rows);
   auto dg = Dev<float>::poisoned(4 * dim);
   gpu()->gather_rows({de.ptr(), dr.ptr(), dg.ptr(), 4, dim});
@@ -174,7 +167,7 @@ TEST(CudaExactOps, AddEmbeddingGatherKvWrite) {
   auto k = randn(tt * hkv * d, 12), v = randn(tt * hkv * d, 13), ik = randn(tt * dix, 14);
   std::vector<float> ck(pages * ps * hkv * d, 0.5f), cv = ck, cik(pages * ps * dix, 0.5f);
   KvLayerView hv{ck.data(), cv.data(), cik.data(), pages, ps, hkv, d, dix};
-  cuda_test::cpu()->kv_write({hv, k.data(), v.data(), ik.data(), pos.data(), table_ids.data(), tt, 4});
+  cpu()->kv_write({hv, k.data(), v.data(), ik.data(), pos.data(), table_ids.data(), tt, 4});
   Dev<float> dck(std::vector<float>(ck.size(), 0.5f)), dcv(std::vector<float>(cv.size(), 0.5f)),
       dcik(std::vector<float>(cik.size(), 0.5f)), dk(k), dv(v), dik(ik);
   Dev<int32_t> dpos(pos), dtab(table_ids);
@@ -198,7 +191,7 @@ TEST(CudaRouterTopk, MatchesCpu) {
     auto logits = randn(m * e, 20, 2.0f), bias = randn(e, 21, 0.3f);
     std::vector<int32_t> ids(m * k);
     std::vector<float> wts(m * k);
-    cuda_test::cpu()->router_topk({logits.data(), bias.data(), ids.data(), wts.data(), m, e, k, 2.0f});
+    cpu()->router_topk({logits.data(), bias.data(), ids.data(), wts.data(), m, e, k, 2.0f});
     Dev<float> dl(logits), db(bias);
     auto di = Dev<int32_t>::poisoned(m * k);
     auto dw = Dev<float>::poisoned(m * k);
@@ -234,16 +227,16 @@ TEST(CudaRouterTopk, MatchesCpu) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 // The caching allocator: freed blocks are reused for requests of at most their size and at least
 // half of it; sizes are rounded (512 B below 1 MiB, 2 MiB above); stats add up.
 TEST(CudaCachingAllocator, ReusesFreedBlocks) {
   // Sizes no other test uses, so the cache holds nothing that fits them at first.
-  auto* be = cuda_test::gpu();
+  auto* be = gpu();
   be->synchronize();
   const int64_t small = 123 * 512 + 7, large = (int64_t{37} << 20) + 3;  // -> 63488, 38 MiB
   const auto s0 = be->allocator_stats();
@@ -274,11 +267,11 @@ TEST(CudaCachingAllocator, ReusesFreedBlocks) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
 
 #include "backend/cuda/sampling/argmax.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 // Greedy sampling: exact ids, ties to the lowest id, NaN never chosen, all-NaN row -> -1.
@@ -306,24 +299,24 @@ TEST(CudaArgmax, ExactWithTiesAndNan) {
   Dev<float> dl(logits);
   auto dout = Dev<int32_t>::poisoned(b);
   cuda::ArgmaxParams p{dl.ptr(), b, v, v, dout.ptr()};
-  ASSERT_TRUE(cuda::launch_argmax(p, static_cast<CUstream_st*>(gpu()->stream())).is_ok());
+  ASSERT_TRUE(cuda::launch_argmax(p, stream()).is_ok());
   EXPECT_EQ(dout.host(), want);
   std::printf("[ %-40s ] exact (B=%lld, V=%lld)\n", "argmax", (long long)b, (long long)v);
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
 
 #include "backend/cuda/dummy/dummy_weights.h"
 #include "core/dtype.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 // Dummy weights: valid codes only (no E4M3 NaN), scales in their documented ranges, bf16 values
 // with the asked standard deviation, and contents that depend only on (kind, seed, index).
 TEST(CudaDummyWeights, ValidCodesAndStatistics) {
-  auto* s = static_cast<CUstream_st*>(gpu()->stream());
+  auto* s = stream();
   const int64_t n = 1 << 20;
   auto codes = Dev<uint8_t>::poisoned(n), e8 = Dev<uint8_t>::poisoned(n),
        e4 = Dev<uint8_t>::poisoned(n);
@@ -354,4 +347,4 @@ TEST(CudaDummyWeights, ValidCodesAndStatistics) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test

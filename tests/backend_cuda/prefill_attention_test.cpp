@@ -15,26 +15,8 @@
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
-
-using cuda_test::Dev;
-using cuda_test::expect_close;
-using cuda_test::gamma;
-using cuda_test::gpu;
-using cuda_test::kU;
-
-CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
-
-void bf16_randn(int64_t n, uint32_t seed, float scale, std::vector<float>* f,
-                std::vector<uint16_t>* b) {
-  *f = cuda_test::randn(n, seed, scale);
-  b->resize(f->size());
-  for (size_t i = 0; i < f->size(); ++i) {
-    (*b)[i] = f32_to_bf16((*f)[i]);
-    (*f)[i] = bf16_to_f32((*b)[i]);
-  }
-}
 
 struct Case {
   int64_t context;  // tokens in the sequence after the chunk
@@ -111,8 +93,8 @@ TEST_P(PrefillAttention, MatchesCpu) {
   if (!c.dense) {
     gsel = dsel.host();
     std::vector<int32_t> sel(c.t * Hix * top_k);
-    cuda_test::cpu()->indexer_topk({iqf.data(), hv, pos.data(), table.data(), sel.data(), c.t,
-                                    Hix, nb, top_k, 1, c.init_blocks});
+    cpu()->indexer_topk({iqf.data(), hv, pos.data(), table.data(), sel.data(), c.t, Hix, nb, top_k,
+                         1, c.init_blocks});
     int64_t ties = 0;
     for (int64_t t = 0; t < c.t; ++t) {
       const int64_t qblk = pos[t] / S;
@@ -159,9 +141,8 @@ TEST_P(PrefillAttention, MatchesCpu) {
   }
 
   std::vector<float> want(c.t * H * D), got(c.t * H * D);
-  cuda_test::cpu()->paged_attention({qf.data(), hv, pos.data(), table.data(),
-                                     c.dense ? nullptr : gsel.data(), want.data(), c.t, H, nb,
-                                     Hix, top_k, p.scale});
+  cpu()->paged_attention({qf.data(), hv, pos.data(), table.data(), c.dense ? nullptr : gsel.data(),
+                          want.data(), c.t, H, nb, Hix, top_k, p.scale});
   std::vector<double> bound(want.size());
   for (int64_t t = 0; t < c.t; ++t) {
     for (int64_t n = 0; n < H; ++n) {
@@ -175,39 +156,16 @@ TEST_P(PrefillAttention, MatchesCpu) {
           if (x >= 0 && x <= pos[t] / S) blocks.insert(x);
         }
       }
-      std::vector<double> sc, mg;
-      std::vector<const float*> vr;
-      for (int64_t blk : blocks)
-        for (int64_t j = blk * S; j <= std::min<int64_t>(pos[t], (blk + 1) * S - 1); ++j) {
-          const int64_t row = (table[blk] * S + j % S) * Hkv + g;
-          double s = 0, a = 0;
-          for (int64_t i = 0; i < D; ++i) {
-            s += double(qf[(t * H + n) * D + i]) * kf[row * D + i];
-            a += std::abs(double(qf[(t * H + n) * D + i]) * kf[row * D + i]);
-          }
-          sc.push_back(s * p.scale);
-          mg.push_back(a * p.scale);
-          vr.push_back(vf.data() + row * D);
-        }
-      const double mx = *std::max_element(sc.begin(), sc.end());
-      double sum = 0, delta = 0;
-      for (size_t j = 0; j < sc.size(); ++j) {
-        sum += std::exp(sc[j] - mx);
-        delta = std::max(delta, gamma(D + 2) * mg[j] + kU * std::abs(sc[j]));
-      }
+      const AttentionRef r = attention_ref(qf.data() + (t * H + n) * D,
+                                           kv_rows(blocks, pos[t], table.data(), S, Hkv, g),
+                                           kf.data(), vf.data(), D, p.scale);
       for (int64_t i = 0; i < D; ++i) {
-        double o = 0, pv = 0, dev = 0;
-        for (size_t j = 0; j < sc.size(); ++j) o += std::exp(sc[j] - mx) / sum * vr[j][i];
-        for (size_t j = 0; j < sc.size(); ++j) {
-          const double pj = std::exp(sc[j] - mx) / sum;
-          pv += pj * std::abs(vr[j][i]);
-          dev += pj * std::abs(vr[j][i] - o);
-        }
+        const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
         const size_t idx = static_cast<size_t>((t * H + n) * D + i);
         got[idx] = bf16_to_f32(gout[idx]);
         // Variant 1 rounds P to bf16 (for both the weights and their sum): the weights move by
         // at most 2·2^-8/(1 - 2^-8) relatively, so the mean moves by at most that · Σw|v - o|.
-        const double f32b = 2 * (2 * delta * dev + gamma(double(sc.size()) + 8) * pv) +
+        const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv) +
                             (c.variant == 1 ? std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8)) : 0);
         bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
       }
@@ -236,4 +194,4 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2400, 130, false, 1, 64 * kMiB, 1, 1}));
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test

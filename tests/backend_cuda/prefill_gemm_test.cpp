@@ -28,19 +28,11 @@
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 using cuda::PrefillOut;
 using cuda::QuantFormat;
-using cuda_test::Dev;
-using cuda_test::expect_close;
-using cuda_test::gamma;
-using cuda_test::gpu;
-using cuda_test::kU;
-using cuda_test::randn;
-
-CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
 
 cuda::CachingAllocator* allocator() {
   static cuda::CachingAllocator a;
@@ -95,21 +87,6 @@ QMatrices make_matrices(QuantFormat f, int64_t g, int64_t n, int64_t k, uint32_t
   }
   if (m.scale.empty()) m.scale.assign(16, 0);
   return m;
-}
-
-void make_x(int64_t rows, int64_t k, uint32_t seed, std::vector<float>* xf,
-            std::vector<uint16_t>* xb) {
-  *xf = randn(rows * k, seed, 1.0f);
-  xb->resize(xf->size());
-  for (size_t i = 0; i < xf->size(); ++i) {
-    (*xb)[i] = f32_to_bf16((*xf)[i]);
-    (*xf)[i] = bf16_to_f32((*xb)[i]);
-  }
-}
-
-std::vector<float> abs_of(std::vector<float> v) {
-  for (float& x : v) x = std::abs(x);
-  return v;
 }
 
 struct Uploaded {
@@ -172,13 +149,13 @@ TEST_P(PrefillLinear, MatchesCpuOnDequantisedWeights) {
   QMatrices w = make_matrices(c.f, 1, c.n, c.k, 7);
   std::vector<float> xf;
   std::vector<uint16_t> xb;
-  make_x(c.m, c.k, 8, &xf, &xb);
+  bf16_randn(c.m * c.k, 8, 1.0f, &xf, &xb);
   std::vector<float> want(c.m * c.n), mag(c.m * c.n);
   std::vector<float> y0 = randn(c.m * c.n, 9, 1.0f);
   if (c.accumulate) want = y0;
-  cuda_test::cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, c.accumulate});
+  cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, c.accumulate});
   auto ax = abs_of(xf), aw = abs_of(w.deq);
-  cuda_test::cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
+  cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
 
   auto gemm = cuda::PrefillGemm::create(allocator(), c.scratch);
   ASSERT_TRUE(gemm.is_ok()) << gemm.status().to_string();
@@ -251,7 +228,7 @@ TEST_P(PrefillMoe, MatchesCpuMoeExperts) {
   QMatrices w2 = make_matrices(f, c.experts, c.hidden, c.inter, 300);
   std::vector<float> xf;
   std::vector<uint16_t> xb;
-  make_x(c.t, c.hidden, 21, &xf, &xb);
+  bf16_randn(c.t * c.hidden, 21, 1.0f, &xf, &xb);
   // Routing: distinct experts per token, ascending; skewed (expert 0 popular, the last unused).
   std::vector<int32_t> ids(c.t * c.top_k);
   std::vector<float> wts(c.t * c.top_k);
@@ -294,7 +271,7 @@ TEST_P(PrefillMoe, MatchesCpuMoeExperts) {
   mp.inter = c.inter;
   mp.num_experts = c.experts;
   mp.top_k = c.top_k;
-  cuda_test::cpu()->moe_experts(mp);
+  cpu()->moe_experts(mp);
 
   const double alpha = 1.702, lim = 7.0;
   const double d1 = 3 * gamma(static_cast<double>(c.hidden + 2)) + 4 * kU;
@@ -374,4 +351,4 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PrefillMoe,
                                            MoeCase{200, 1024, 512, 17, 4, true}));
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test

@@ -17,18 +17,10 @@
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 using cuda::QuantFormat;
-using cuda_test::Dev;
-using cuda_test::expect_close;
-using cuda_test::gamma;
-using cuda_test::gpu;
-using cuda_test::kU;
-using cuda_test::randn;
-
-CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
 
 // One quantised matrix [n, k] with its dequantised float copy.
 struct QMatrix {
@@ -68,64 +60,70 @@ QMatrix make_matrix(QuantFormat f, int64_t n, int64_t k, uint32_t seed) {
   return m;
 }
 
-// bf16-representable activations and their bf16 bits.
-void make_x(int64_t rows, int64_t k, uint32_t seed, std::vector<float>* xf,
-            std::vector<uint16_t>* xb) {
-  *xf = randn(rows * k, seed, 1.0f);
-  xb->resize(xf->size());
-  for (size_t i = 0; i < xf->size(); ++i) {
-    (*xb)[i] = f32_to_bf16((*xf)[i]);
-    (*xf)[i] = bf16_to_f32((*xb)[i]);
-  }
-}
-
-std::vector<float> abs_of(std::vector<float> v) {
-  for (float& x : v) x = std::abs(x);
-  return v;
-}
-
 struct DenseCase {
   QuantFormat f;
   int64_t m, n, k;
 };
 class QuantGemvDense : public ::testing::TestWithParam<DenseCase> {};
 
+// One dense problem on the device: weights (seed_w), bf16 activations (seed_x), the CPU result
+// and Σ|x||w| (for the bound), the GEMV parameters for `variant` (its slice count: partial sized
+// for it) and the store epilogue into y (poisoned).
+struct Dense {
+  QMatrix w;
+  std::vector<float> xf, want, mag;
+  std::vector<uint16_t> xb;
+  int64_t slices;
+  Dev<uint16_t> dx;
+  Dev<uint8_t> dw, ds;
+  Dev<float> dg, partial, y;
+  cuda::QuantGemvParams p;
+  cuda::GemvEpilogueParams e;
+  Dense(const DenseCase& c, uint32_t seed_w, uint32_t seed_x, int variant)
+      : w(make_matrix(c.f, c.n, c.k, seed_w)),
+        xf(randn(c.m * c.k, seed_x, 1.0f)),
+        want(c.m * c.n),
+        mag(c.m * c.n),
+        xb(to_bf16(&xf)),
+        slices(cuda::quant_gemv_num_slices(c.f, c.k, variant)),
+        dx(xb),
+        dw(w.data),
+        ds(w.scale),
+        dg(std::vector<float>{w.global}),
+        partial(std::vector<float>(slices * c.m * c.n)),
+        y(Dev<float>::poisoned(c.m * c.n)) {
+    cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
+    auto ax = abs_of(xf), aw = abs_of(w.deq);
+    cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
+    p.format = c.f;
+    p.x = dx.ptr();
+    p.ldx = c.k;
+    p.w = dw.ptr();
+    p.w_scale = ds.ptr();
+    p.w_global = dg.ptr();
+    p.num_rows = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.partial = partial.ptr();
+    p.variant = variant;
+    e.partial = partial.ptr();
+    e.num_slices = slices;
+    e.num_rows = c.m;
+    e.n = c.n;
+    e.y = y.ptr();
+    e.ldy = c.n;
+  }
+};
+
 TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
   const DenseCase c = GetParam();
-  QMatrix w = make_matrix(c.f, c.n, c.k, 7);
-  std::vector<float> xf;
-  std::vector<uint16_t> xb;
-  make_x(c.m, c.k, 8, &xf, &xb);
-  std::vector<float> want(c.m * c.n), mag(c.m * c.n);
-  cuda_test::cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
-  auto ax = abs_of(xf), aw = abs_of(w.deq);
-  cuda_test::cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
-
-  Dev<uint16_t> dx(xb);
-  Dev<uint8_t> dw(w.data), ds(w.scale);
-  Dev<float> dg(std::vector<float>{w.global});
-  const int64_t slices = cuda::quant_gemv_num_slices(c.f, c.k);
-  Dev<float> partial(std::vector<float>(slices * c.m * c.n));
-  cuda::QuantGemvParams p;
-  p.format = c.f;
-  p.x = dx.ptr();
-  p.ldx = c.k;
-  p.w = dw.ptr();
-  p.w_scale = ds.ptr();
-  p.w_global = dg.ptr();
-  p.num_rows = c.m;
-  p.n = c.n;
-  p.k = c.k;
-  p.partial = partial.ptr();
+  Dense d(c, 7, 8, 0);
+  const std::vector<float>&want = d.want, &mag = d.mag;
+  const int64_t slices = d.slices;
+  cuda::QuantGemvParams& p = d.p;
+  cuda::GemvEpilogueParams& e = d.e;
+  Dev<float>& y = d.y;
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  auto y = Dev<float>::poisoned(c.m * c.n);
-  cuda::GemvEpilogueParams e;
-  e.partial = partial.ptr();
-  e.num_slices = slices;
-  e.num_rows = c.m;
-  e.n = c.n;
-  e.y = y.ptr();
-  e.ldy = c.n;
   ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
   std::vector<double> bound(want.size());
   for (size_t i = 0; i < want.size(); ++i)
@@ -162,40 +160,12 @@ class QuantGemvV3 : public ::testing::TestWithParam<DenseCase> {};
 
 TEST_P(QuantGemvV3, MatchesCpuOnDequantisedWeights) {
   const DenseCase c = GetParam();
-  QMatrix w = make_matrix(c.f, c.n, c.k, 17);
-  std::vector<float> xf;
-  std::vector<uint16_t> xb;
-  make_x(c.m, c.k, 18, &xf, &xb);
-  std::vector<float> want(c.m * c.n), mag(c.m * c.n);
-  cuda_test::cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
-  auto ax = abs_of(xf), aw = abs_of(w.deq);
-  cuda_test::cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
-  Dev<uint16_t> dx(xb);
-  Dev<uint8_t> dw(w.data), ds(w.scale);
-  Dev<float> dg(std::vector<float>{w.global});
-  const int64_t slices = cuda::quant_gemv_num_slices(c.f, c.k, 3);
-  Dev<float> partial(std::vector<float>(slices * c.m * c.n));
-  cuda::QuantGemvParams p;
-  p.format = c.f;
-  p.x = dx.ptr();
-  p.ldx = c.k;
-  p.w = dw.ptr();
-  p.w_scale = ds.ptr();
-  p.w_global = dg.ptr();
-  p.num_rows = c.m;
-  p.n = c.n;
-  p.k = c.k;
-  p.partial = partial.ptr();
-  p.variant = 3;
+  Dense d(c, 17, 18, 3);
+  const std::vector<float>&want = d.want, &mag = d.mag;
+  cuda::QuantGemvParams& p = d.p;
+  cuda::GemvEpilogueParams& e = d.e;
+  Dev<float>& y = d.y;
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  auto y = Dev<float>::poisoned(c.m * c.n);
-  cuda::GemvEpilogueParams e;
-  e.partial = partial.ptr();
-  e.num_slices = slices;
-  e.num_rows = c.m;
-  e.n = c.n;
-  e.y = y.ptr();
-  e.ldy = c.n;
   ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
   // Same bound as above: any summation order of the K products stays within gamma_{K+2}.
   std::vector<double> bound(want.size());
@@ -296,7 +266,7 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     const std::vector<int32_t>& ids = routing.ids;
     std::vector<float> xf;
     std::vector<uint16_t> xb;
-    make_x(tokens, hidden, 9, &xf, &xb);
+    bf16_randn(tokens * hidden, 9, 1.0f, &xf, &xb);
     Dev<int32_t> dids(ids), offs{std::vector<int32_t>(experts + 1)},
         sorted{std::vector<int32_t>(rows)}, active{std::vector<int32_t>(std::min(experts, rows))};
     cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(), active.ptr()};
@@ -374,10 +344,10 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       const float* xr = xf.data() + (r / top_k) * hidden;
       std::vector<float> gu(2 * inter), mg(2 * inter);
       auto ax = abs_of(std::vector<float>(xr, xr + hidden)), aw = abs_of(w.deq);
-      cuda_test::cpu()->linear({xr, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
-      cuda_test::cpu()->linear({ax.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
+      cpu()->linear({xr, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
+      cpu()->linear({ax.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
       std::vector<float> a(inter);
-      cuda_test::cpu()->swiglu_oai({gu.data(), a.data(), 1, inter, 1.702f, 7.0f});
+      cpu()->swiglu_oai({gu.data(), a.data(), 1, inter, 1.702f, 7.0f});
       for (int64_t i = 0; i < inter; ++i) {
         const double dgu = (2 * gamma(hidden + 2) + 4 * kU) * 1.01;
         const double gc = std::min<double>(gu[i], 7.0);
@@ -419,8 +389,8 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       const float* ar = act_got.data() + r * inter;
       auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
       std::vector<float> mg(hidden);
-      cuda_test::cpu()->linear({ar, w.deq.data(), yw.data() + r * hidden, 1, hidden, inter, false});
-      cuda_test::cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
+      cpu()->linear({ar, w.deq.data(), yw.data() + r * hidden, 1, hidden, inter, false});
+      cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
       for (int64_t j = 0; j < hidden; ++j)
         yb[r * hidden + j] = (2 * gamma(inter + 2) + 4 * kU) * 1.01 * mg[j] + 1e-30;
     }
@@ -451,4 +421,4 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
 INSTANTIATE_TEST_SUITE_P(Variants, QuantGemvGrouped, ::testing::Values(0, 3));
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test

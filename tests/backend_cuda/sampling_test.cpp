@@ -16,13 +16,8 @@
 #include "cuda_test_util.h"
 #include "sample/sampler.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
-
-using cuda_test::Dev;
-using cuda_test::gpu;
-
-CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
 
 constexpr double kMargin = 1e-5;
 
@@ -141,7 +136,7 @@ GpuRun run_gpu(const std::vector<float>& logits, int64_t batch, int64_t vocab,
 
 // Logits: normal with a per-row scale; some rows rounded to a coarse grid (many exact ties).
 std::vector<float> make_logits(int64_t batch, int64_t vocab, uint32_t seed) {
-  std::vector<float> l = cuda_test::randn(batch * vocab, seed, 1.0f);
+  std::vector<float> l = randn(batch * vocab, seed, 1.0f);
   for (int64_t b = 0; b < batch; ++b) {
     const float scale = 1.0f + float(b % 5);
     for (int64_t i = 0; i < vocab; ++i) {
@@ -212,7 +207,7 @@ TEST(CudaSample, MatchesCpuSamplerOddVocab) { check_batch(24, 1001, 7); }
 // chi-square with 9 degrees of freedom below its 1 - 1e-6 quantile (Wilson-Hilferty).
 TEST(CudaSample, DistributionChiSquare) {
   const int64_t vocab = 64, batch = 128, launches = 160, k = 10;
-  std::vector<float> one = cuda_test::randn(vocab, 11, 1.0f);
+  std::vector<float> one = randn(vocab, 11, 1.0f);
   std::vector<float> logits;
   for (int64_t b = 0; b < batch; ++b) logits.insert(logits.end(), one.begin(), one.end());
   std::vector<int64_t> counts(vocab, 0);
@@ -255,4 +250,4 @@ TEST(CudaSample, DistributionChiSquare) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test

@@ -10,27 +10,8 @@
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
-
-using cuda_test::Dev;
-using cuda_test::expect_close;
-using cuda_test::gamma;
-using cuda_test::gpu;
-using cuda_test::kU;
-
-CUstream_st* stream() { return static_cast<CUstream_st*>(gpu()->stream()); }
-
-// Random values rounded to bf16: float copy and bits.
-void bf16_randn(int64_t n, uint32_t seed, float scale, std::vector<float>* f,
-                std::vector<uint16_t>* b) {
-  *f = cuda_test::randn(n, seed, scale);
-  b->resize(f->size());
-  for (size_t i = 0; i < f->size(); ++i) {
-    (*b)[i] = f32_to_bf16((*f)[i]);
-    (*f)[i] = bf16_to_f32((*b)[i]);
-  }
-}
 
 TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
   const int64_t H = 64, Hkv = 4, D = 128, Hix = 4, Dix = 128, S = 128, top_k = 16;
@@ -86,9 +67,9 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t nb = (lens[b] + S - 1) / S;
       std::vector<int32_t> sel(Hix * top_k);
-      cuda_test::cpu()->indexer_topk({iqf.data() + b * Hix * Dix, hv, pos.data() + b,
-                                      tables.data() + b * max_blocks, sel.data(), 1, Hix, nb,
-                                      top_k, 1, init_blocks});
+      cpu()->indexer_topk({iqf.data() + b * Hix * Dix, hv, pos.data() + b,
+                           tables.data() + b * max_blocks, sel.data(), 1, Hix, nb, top_k, 1,
+                           init_blocks});
       for (int64_t h = 0; h < Hix; ++h) {
         // Double block scores for the tie check.
         std::vector<double> bs(nb, -INFINITY);
@@ -149,9 +130,9 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     std::vector<double> bound(B * H * D);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t nb = (lens[b] + S - 1) / S;
-      cuda_test::cpu()->paged_attention({qf.data() + b * H * D, hv, pos.data() + b,
-                                         tables.data() + b * max_blocks, gsel.data() + b * Hix * top_k,
-                                         want.data() + b * H * D, 1, H, nb, Hix, top_k, ap.scale});
+      cpu()->paged_attention({qf.data() + b * H * D, hv, pos.data() + b,
+                              tables.data() + b * max_blocks, gsel.data() + b * Hix * top_k,
+                              want.data() + b * H * D, 1, H, nb, Hix, top_k, ap.scale});
       // Bound as in cuda_composite_ops_test.cpp (scores within gamma_{D+2}·Σ|q||k|·scale, softmax
       // and weighted sum within gamma_{n+8}·Σp|v|, both sides) plus the bf16 output rounding
       // (unit roundoff 2^-8; an earlier 2^-9 was wrong: the GPU run showed errors of 2^-8·|o|).
@@ -162,37 +143,15 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
           const int32_t x = gsel[(b * Hix + g) * top_k + s];
           if (x >= 0 && x <= pos[b] / S) blocks.insert(x);
         }
-        std::vector<double> sc, mg;
-        std::vector<const float*> vr;
-        for (int64_t blk : blocks)
-          for (int64_t j = blk * S; j <= std::min<int64_t>(pos[b], (blk + 1) * S - 1); ++j) {
-            const int64_t row = (tables[b * max_blocks + blk] * S + j % S) * Hkv + g;
-            double s = 0, a = 0;
-            for (int64_t i = 0; i < D; ++i) {
-              s += double(qf[(b * H + n) * D + i]) * kf[row * D + i];
-              a += std::abs(double(qf[(b * H + n) * D + i]) * kf[row * D + i]);
-            }
-            sc.push_back(s * ap.scale);
-            mg.push_back(a * ap.scale);
-            vr.push_back(vf.data() + row * D);
-          }
-        const double mx = *std::max_element(sc.begin(), sc.end());
-        double sum = 0, delta = 0;
-        for (size_t j = 0; j < sc.size(); ++j) {
-          sum += std::exp(sc[j] - mx);
-          delta = std::max(delta, gamma(D + 2) * mg[j] + kU * std::abs(sc[j]));
-        }
+        const AttentionRef r =
+            attention_ref(qf.data() + (b * H + n) * D,
+                          kv_rows(blocks, pos[b], tables.data() + b * max_blocks, S, Hkv, g),
+                          kf.data(), vf.data(), D, ap.scale);
         for (int64_t i = 0; i < D; ++i) {
-          double o = 0, pv = 0, dev = 0;
-          for (size_t j = 0; j < sc.size(); ++j) o += std::exp(sc[j] - mx) / sum * vr[j][i];
-          for (size_t j = 0; j < sc.size(); ++j) {
-            const double pj = std::exp(sc[j] - mx) / sum;
-            pv += pj * std::abs(vr[j][i]);
-            dev += pj * std::abs(vr[j][i] - o);
-          }
+          const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
           const size_t idx = (b * H + n) * D + i;
           got[idx] = bf16_to_f32(gout[idx]);
-          const double f32b = 2 * (2 * delta * dev + gamma(double(sc.size()) + 8) * pv);
+          const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv);
           bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
         }
       }
@@ -203,11 +162,11 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
 
 #include "backend/cuda/norm/add_rms_norm.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 // Fused residual add + Gemma RMSNorm (bf16 output) against the CPU add and rms_norm: the
@@ -216,13 +175,13 @@ namespace {
 TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
   for (int64_t t : {1, 5, 33}) {
     const int64_t hd = 6144;
-    auto r = cuda_test::randn(t * hd, 70, 2.0f), dlt = cuda_test::randn(t * hd, 71, 1.0f);
+    auto r = randn(t * hd, 70, 2.0f), dlt = randn(t * hd, 71, 1.0f);
     std::vector<float> wf;
     std::vector<uint16_t> wb;
     bf16_randn(hd, 72, 0.3f, &wf, &wb);
     std::vector<float> want_r(r.size()), want(r.size());
-    cuda_test::cpu()->add({r.data(), dlt.data(), want_r.data(), t * hd});
-    cuda_test::cpu()->rms_norm({want_r.data(), wf.data(), want.data(), t, hd, 1e-6f, true});
+    cpu()->add({r.data(), dlt.data(), want_r.data(), t * hd});
+    cpu()->rms_norm({want_r.data(), wf.data(), want.data(), t, hd, 1e-6f, true});
     Dev<float> dr(r), dd(dlt);
     Dev<uint16_t> dw(wb);
     auto dout = Dev<uint16_t>::poisoned(t * hd);
@@ -242,11 +201,11 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
 
 #include "backend/cuda/rope/qk_norm_rope.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 // Fused per-head Gemma norm + partial RoPE (bf16 out) against the CPU rms_norm then rope. The
@@ -259,16 +218,16 @@ TEST(QkNormRope, MatchesCpuNormThenRope) {
   };
   for (C c : {C{3, 64, 64, 64}, C{5, 4, 64, 64}, C{2, 1, 64, 64}, C{4, 4, 32, 32}}) {
     const int64_t d = 128;
-    auto x = cuda_test::randn(c.t * c.h * d, 80, 3.0f);
+    auto x = randn(c.t * c.h * d, 80, 3.0f);
     std::vector<float> wf;
     std::vector<uint16_t> wb;
     bf16_randn(d, 81, 0.3f, &wf, &wb);
     std::vector<int32_t> pos(c.t);
     for (int64_t i = 0; i < c.t; ++i) pos[i] = static_cast<int32_t>(i * 9973 + 5);
     std::vector<float> y(x.size());
-    cuda_test::cpu()->rms_norm({x.data(), wf.data(), y.data(), c.t * c.h, d, 1e-6f, true});
+    cpu()->rms_norm({x.data(), wf.data(), y.data(), c.t * c.h, d, 1e-6f, true});
     std::vector<float> want = y;
-    cuda_test::cpu()->rope({want.data(), pos.data(), c.t, c.h, d, c.rotary_dim, c.rot_width, 5e6});
+    cpu()->rope({want.data(), pos.data(), c.t, c.h, d, c.rotary_dim, c.rot_width, 5e6});
     Dev<float> dx(x);
     Dev<uint16_t> dw(wb);
     Dev<int32_t> dp(pos);
@@ -304,12 +263,12 @@ TEST(QkNormRope, MatchesCpuNormThenRope) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
 
 #include "backend/cuda/kv/kv_write_bf16.h"
 #include "backend/cuda/moe/moe_combine.h"
 
-namespace m3 {
+namespace m3::cuda_test {
 namespace {
 
 // bf16 KV write: K and index keys copied, V rounded to bf16 (RNE), at page block_table[pos/S];
@@ -323,7 +282,7 @@ TEST(KvWriteBf16, ExactAtThePage) {
   bf16_randn(b * hkv * d, 90, 1.0f, &kf, &kb);
   bf16_randn(b * dix, 91, 1.0f, &ikf, &ikb);
   const int64_t ld_v = 1000;
-  auto v = cuda_test::randn(b * ld_v, 92);
+  auto v = randn(b * ld_v, 92);
   const std::vector<uint16_t> zero_kv(pages * S * hkv * d, 0), zero_ik(pages * S * dix, 0);
   Dev<uint16_t> ck(zero_kv), cv(zero_kv), cik(zero_ik), dk(kb), dik(ikb);
   Dev<float> dv(v);
@@ -360,8 +319,7 @@ TEST(KvWriteBf16, ExactAtThePage) {
 // operations as the CPU reference: exact.
 TEST(MoeCombine, ExactSlotOrder) {
   const int64_t t = 5, k = 4, hd = 6144;
-  auto contrib = cuda_test::randn(t * k * hd, 93), w = cuda_test::randn(t * k, 94),
-       shared = cuda_test::randn(t * hd, 95);
+  auto contrib = randn(t * k * hd, 93), w = randn(t * k, 94), shared = randn(t * hd, 95);
   std::vector<float> want(t * hd);
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < hd; ++j) {
@@ -380,4 +338,4 @@ TEST(MoeCombine, ExactSlotOrder) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::cuda_test
