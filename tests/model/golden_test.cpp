@@ -16,57 +16,26 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
-#include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "golden_fixture.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/runner.h"
 
-namespace m3 {
+namespace m3::golden {
 namespace {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-
-constexpr double kRelTol = 5e-5;
 double worst_ratio_ = 0;  // largest |err| / tol of the current prompt, for the log
-
-std::vector<std::string> fixture_dirs() {
-  std::vector<std::string> dirs;
-  fs::path root = fs::path(M3_REPO_ROOT) / "tests" / "fixtures" / "golden";
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return dirs;
-  for (const auto& e : fs::directory_iterator(root, ec))
-    if (e.is_directory() && fs::exists(e.path() / "expected.json")) dirs.push_back(e.path().string());
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-double row_tol(const std::vector<double>& ref) {
-  double scale = 1.0;
-  for (double x : ref) scale = std::max(scale, std::abs(x));
-  return kRelTol * scale;
-}
 
 // Worst |ours - ref| / tol over a row; reports the id.
 void expect_row_close(const float* ours, const std::vector<double>& ref, const std::string& what) {
-  double tol = row_tol(ref), worst = 0;
-  size_t worst_v = 0;
-  for (size_t v = 0; v < ref.size(); ++v) {
-    double r = std::abs(ours[v] - ref[v]) / tol;
-    if (!(r <= worst)) worst = r, worst_v = v;  // NaN counts as worst
-  }
-  worst_ratio_ = std::max(worst_ratio_, worst);
-  EXPECT_LE(worst, 1.0) << what << ": worst id " << worst_v << " ours " << ours[worst_v]
-                        << " ref " << ref[worst_v] << " tol " << tol;
+  const RowError e = row_error(ours, ref);
+  worst_ratio_ = std::max(worst_ratio_, e.worst);
+  EXPECT_LE(e.worst, 1.0) << what << ": worst id " << e.id << " ours " << ours[e.id] << " ref "
+                          << ref[e.id] << " tol " << e.tol;
 }
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
@@ -74,10 +43,7 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenTest, MatchesReference) {
   const std::string dir = GetParam();
   if (dir.empty()) GTEST_SKIP() << "no fixture with an expected.json under tests/fixtures/golden";
-  std::ifstream in(fs::path(dir) / "expected.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json expected = json::parse(ss.str());
+  json expected = read_json(fs::path(dir) / "expected.json");
   ASSERT_TRUE(expected.contains("prompts") && expected["prompts"].is_array());
 
   CpuBackend backend(2);
@@ -94,8 +60,8 @@ TEST_P(GoldenTest, MatchesReference) {
     std::vector<int32_t> ids = p.at("ids").get<std::vector<int32_t>>();
     const int64_t n = static_cast<int64_t>(ids.size());
     const json& greedy = p.contains("greedy") ? p["greedy"] : json();
-    const int64_t max_new = greedy.is_object() ? greedy.value("max_tokens", 0) : 0;
-    const int64_t pages = (n + max_new + cfg.index_block_size - 1) / cfg.index_block_size + 1;
+    const int64_t max_new = greedy_max_tokens(p);
+    const int64_t pages = pages_for(cfg, n + max_new);
     minimax_m3::PagedKvCache cache(&backend, cfg, pages);
     minimax_m3::SimplePagePool pool(pages);
 
@@ -107,43 +73,17 @@ TEST_P(GoldenTest, MatchesReference) {
       ASSERT_TRUE(st.is_ok()) << tag << ": " << st.to_string();
     }
     auto row = [&](int64_t t) { return logits.data() + t * vocab; };
-    // Near-tie threshold: twice the logit tolerance at the logit scale of this prompt.
-    double scale = 1.0;
-    for (float x : logits) scale = std::max(scale, static_cast<double>(std::abs(x)));
-    const double near_tie = 2 * kRelTol * scale;
+    const double near_tie = near_tie_threshold(logits);
 
     // Argmax per position, where the reference is not at a near-tie.
-    std::vector<int32_t> want_argmax = p.at("argmax").get<std::vector<int32_t>>();
-    ASSERT_EQ(static_cast<int64_t>(want_argmax.size()), n) << tag;
-    std::vector<double> margins = p.value("argmax_margin", std::vector<double>{});
-    int skipped = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      int32_t got = minimax_m3::argmax(std::span<const float>(row(t), vocab));
-      double margin = t < static_cast<int64_t>(margins.size()) ? margins[t] : INFINITY;
-      if (margin <= near_tie) {
-        ++skipped;
-        continue;
-      }
-      EXPECT_EQ(got, want_argmax[t]) << tag << " position " << t << " (ref margin " << margin
-                                     << ")";
-    }
+    ArgmaxCount argmax_count;
+    ASSERT_NO_FATAL_FAILURE(check_argmax(p, logits, n, vocab, near_tie, tag, &argmax_count));
 
     // Logits: last position, selected positions, or all positions.
-    if (p.contains("last_logits"))
-      expect_row_close(row(n - 1), p["last_logits"].get<std::vector<double>>(), tag + " last");
-    if (p.contains("logits_at"))
-      for (const auto& [pos, vals] : p["logits_at"].items()) {
-        int64_t t = std::stoll(pos);
-        ASSERT_LT(t, n) << tag;
-        expect_row_close(row(t), vals.get<std::vector<double>>(), tag + " position " + pos);
-      }
-    if (p.contains("logits")) {
-      const json& all = p["logits"];
-      ASSERT_EQ(static_cast<int64_t>(all.size()), n) << tag;
-      for (int64_t t = 0; t < n; ++t)
-        expect_row_close(row(t), all[t].get<std::vector<double>>(),
-                         tag + " position " + std::to_string(t));
-    }
+    ASSERT_NO_FATAL_FAILURE(for_each_logit_row(
+        p, n, tag, [&](int64_t t, const std::vector<double>& ref, const std::string& what) {
+          expect_row_close(row(t), ref, what);
+        }));
 
     // Incremental decode and chunked prefill reproduce the one-shot prefill (bitwise on the CPU).
     for (int64_t chunk : {int64_t{1}, int64_t{7}}) {
@@ -165,12 +105,7 @@ TEST_P(GoldenTest, MatchesReference) {
       opts.ignore_eos = static_cast<int64_t>(want.size()) == max_new;
       auto got = minimax_m3::generate(model, &cache, &pool, ids, opts);
       ASSERT_TRUE(got.is_ok()) << tag << ": " << got.status().to_string();
-      size_t limit = want.size();
-      for (size_t i = 0; i < gm.size() && i < want.size(); ++i)
-        if (gm[i] <= near_tie) {
-          limit = i + 1;  // compare up to the near-tie, not beyond
-          break;
-        }
+      const size_t limit = greedy_compare_limit(want, gm, near_tie);
       ASSERT_GE(got->size(), limit) << tag;
       for (size_t i = 0; i < limit; ++i)
         ASSERT_EQ((*got)[i], want[i]) << tag << " greedy token " << i;
@@ -179,27 +114,16 @@ TEST_P(GoldenTest, MatchesReference) {
       }
     }
     EXPECT_EQ(pool.num_free(), pages) << tag << ": pages leaked";
-    std::printf("[ golden ] %s: worst logit error %.3g of the tolerance; %d positions at a "
-                "reference near-tie\n",
-                tag.c_str(), worst_ratio_, skipped);
+    std::printf(
+        "[ golden ] %s: worst logit error %.3g of the tolerance; %d positions at a "
+        "reference near-tie\n",
+        tag.c_str(), worst_ratio_, argmax_count.skipped);
     worst_ratio_ = 0;
   }
 }
 
-std::vector<std::string> fixture_names_or_placeholder() {
-  auto d = fixture_dirs();
-  if (d.empty()) d.push_back("");  // keeps the suite instantiated; skipped below
-  return d;
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, GoldenTest, ::testing::ValuesIn(fixture_names_or_placeholder()),
-    [](const ::testing::TestParamInfo<std::string>& info) {
-      std::string n = info.param.empty() ? "none" : fs::path(info.param).filename().string();
-      for (char& ch : n)
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(fixture_names_or_placeholder()),
+                         fixture_test_name);
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::golden

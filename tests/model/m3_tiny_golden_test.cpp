@@ -7,32 +7,28 @@
 // topk_blocks x block_size, so MSA block selection is active there.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "golden_fixture.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/runner.h"
 
-namespace m3 {
+namespace m3::golden {
 namespace {
 
-namespace fs = std::filesystem;
-
-const fs::path kModelDir = fs::path(M3_REPO_ROOT) / "models" / "m3-tiny";
-const fs::path kGolden = fs::path(M3_REPO_ROOT) / "tests" / "fixtures" / "m3_tiny" / "golden.json";
-
 TEST(M3TinyGolden, GreedyOutputEqualsTransformers) {
-  std::ifstream in(kGolden);
-  ASSERT_TRUE(in) << "missing " << kGolden;
+  const fs::path golden_path = m3_tiny_golden_path();
+  std::ifstream in(golden_path);
+  ASSERT_TRUE(in) << "missing " << golden_path;
   nlohmann::json golden = nlohmann::json::parse(in);
   ASSERT_GE(golden.at("cases").size(), 5u);
 
   CpuBackend backend(2);
-  auto loaded = minimax_m3::load_model_dir(kModelDir.string(), &backend);
+  auto loaded = minimax_m3::load_model_dir(m3_tiny_model_dir().string(), &backend);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const MiniMaxM3Config& cfg = loaded->config;
 
@@ -45,15 +41,8 @@ TEST(M3TinyGolden, GreedyOutputEqualsTransformers) {
     if (static_cast<int64_t>(prompt.size()) > cfg.index_topk_blocks * cfg.index_block_size)
       saw_sparse_regime = true;
 
-    int64_t total = static_cast<int64_t>(prompt.size() + want.size());
-    int64_t pages = (total + cfg.index_block_size - 1) / cfg.index_block_size + 1;
-    minimax_m3::PagedKvCache cache(&backend, cfg, pages);
-    minimax_m3::SimplePagePool pool(pages);
-    minimax_m3::GenerateOptions opts;
-    opts.max_tokens = static_cast<int64_t>(want.size());
-    opts.temperature = 0.0;
-    opts.ignore_eos = true;
-    auto got = minimax_m3::generate(loaded->model.get(), &cache, &pool, prompt, opts);
+    auto got = greedy_tokens(loaded->model.get(), &backend, cfg, prompt,
+                             static_cast<int64_t>(want.size()));
     ASSERT_TRUE(got.is_ok()) << name << ": " << got.status().to_string();
     EXPECT_EQ(*got, want) << "case " << name << " (prompt " << prompt.size() << " tokens)";
   }
@@ -61,4 +50,4 @@ TEST(M3TinyGolden, GreedyOutputEqualsTransformers) {
 }
 
 }  // namespace
-}  // namespace m3
+}  // namespace m3::golden
