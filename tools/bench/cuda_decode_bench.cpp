@@ -24,29 +24,19 @@
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/sampling/sample.h"
+#include "cuda_bench_util.h"
 
 namespace {
 
 using namespace m3;
 using namespace m3::cuda;
+using namespace m3::cuda_bench;
 
 constexpr double kHbm = 4.8e12;        // H200 datasheet HBM bandwidth, bytes/s
 constexpr double kBf16Flops = 830e12;  // measured cuBLASLt bf16 ceiling (device.md)
 
-cudaStream_t g_stream = nullptr;
-CUstream_st* st() { return g_stream; }
 double g_copy_rate = 0;  // measured D2D bytes/s (read + write)
 FILE* g_tsv = nullptr;
-
-#define CHECK_OK(expr)                                                                        \
-  do {                                                                                        \
-    ::m3::Status s_ = (expr);                                                                 \
-    if (!s_.is_ok()) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str());       \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_CUDA(expr) CHECK_OK([&]() -> ::m3::Status { M3_CUDA_RETURN_IF_ERROR(expr); return ::m3::Status::ok(); }())
 
 void* dalloc(int64_t bytes) {
   void* p = nullptr;
@@ -56,26 +46,7 @@ void* dalloc(int64_t bytes) {
 
 // Median milliseconds per call of fn(iteration) over `reps` timed batches of `iters` calls.
 double time_ms(const std::function<void(int)>& fn, int iters = 20, int reps = 7) {
-  for (int i = 0; i < 3; ++i) fn(i);
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<double> t;
-  int it = 0;
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, g_stream));
-    for (int i = 0; i < iters; ++i) fn(it++);
-    CHECK_CUDA(cudaEventRecord(b, g_stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / iters);
-  }
-  CHECK_CUDA(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return t[t.size() / 2];
+  return median_ms(fn, 3, reps, iters);
 }
 
 struct Meas {

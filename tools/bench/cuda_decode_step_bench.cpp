@@ -32,6 +32,7 @@
 
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/kv/kv_write_bf16.h"
 #include "backend/cuda/moe/moe_combine.h"
@@ -39,12 +40,13 @@
 #include "backend/cuda/rope/qk_norm_rope.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/sampling/sample.h"
-#include "backend/cuda/f32_ops.h"
+#include "cuda_bench_util.h"
 
 namespace {
 
 using namespace m3;
 using namespace m3::cuda;
+using namespace m3::cuda_bench;
 
 constexpr double kHbm = 4.8e12;
 constexpr double kFlops = 830e12;  // bf16 dense matrix rate (measured cuBLASLt, device.md)
@@ -54,40 +56,9 @@ constexpr int64_t kQkv = kH * kD + 2 * kHkv * kD + kHix * kDix + kDix;  // 9856
 constexpr int64_t kOffK = kH * kD, kOffV = kOffK + kHkv * kD, kOffIq = kOffV + kHkv * kD,
                   kOffIk = kOffIq + kHix * kDix;
 
-cudaStream_t g_s = nullptr;
-CUstream_st* st() { return g_s; }
 int g_variant = 0;  // GEMV variant; 4 = variant 3 with the fused split-K epilogue
 constexpr int64_t kTileCounters = 1 << 20;
 uint32_t* g_tile_counters = nullptr;  // zeroed once; fused GEMVs leave them zero
-uint64_t g_seed = 100;
-
-#define CHECK_OK(expr)                                                                  \
-  do {                                                                                  \
-    ::m3::Status s_ = (expr);                                                           \
-    if (!s_.is_ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str()); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-#define CHECK_CUDA(expr) CHECK_OK([&]() -> ::m3::Status { M3_CUDA_RETURN_IF_ERROR(expr); return ::m3::Status::ok(); }())
-
-std::vector<void*> g_allocs;
-template <typename T>
-T* dalloc(int64_t count) {
-  void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
-  g_allocs.push_back(p);
-  return static_cast<T*>(p);
-}
-template <typename T>
-T* dfill(int64_t count, DummyKind kind, float scale = 1.0f) {
-  T* p = dalloc<T>(count);
-  const int64_t n = (kind == DummyKind::kBf16Normal || kind == DummyKind::kF32Normal)
-                        ? count
-                        : count * static_cast<int64_t>(sizeof(T));
-  CHECK_OK(fill_dummy(p, n, kind, g_seed++, scale, st()));
-  return p;
-}
 
 struct QuantMatrix {  // G matrices [N, K] back to back
   QuantFormat f;
@@ -265,7 +236,7 @@ void layer_step(const Layer& L, Scratch& s, bool first, Stages st_on) {
   // MoE: router (bf16 weights here; fp32 in the checkpoint), top-4, grouping, experts, shared.
   gemv(L.router, s.h, kHd, b, s.partial, store(s.router_logits, kE));
   RouterTopkParams rp{s.router_logits, nullptr, s.topk_ids, s.topk_w, b, kE, kK4, 2.0f};
-  CHECK_OK(launch_router_topk(rp, g_s));
+  CHECK_OK(launch_router_topk(rp, g_stream));
   if (st_on.experts) {
     // Grouped by the random routing (see Scratch::random_ids), not the router's saturated choice;
     // the router still runs for its time and its weights feed the combine.
@@ -288,6 +259,7 @@ struct Row {  // one configuration's results (60-layer figures extrapolated)
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_seed = 100;
   const int64_t layers = argc > 1 ? std::atoll(argv[1]) : 4;
   g_variant = argc > 2 ? std::atoi(argv[2]) : 0;
   FILE* tsv = nullptr;
@@ -302,7 +274,7 @@ int main(int argc, char** argv) {
                    "layer_bytes\tlayer_flops\tlayer_frac_hbm\tstep60_ms\tbytes60\tflops60\t"
                    "tbps60\tfrac_hbm60\tfrac_flops60\n");
   }
-  CHECK_CUDA(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   g_tile_counters = dalloc<uint32_t>(kTileCounters);
   CHECK_CUDA(cudaMemset(g_tile_counters, 0, sizeof(uint32_t) * kTileCounters));
   std::printf("decode step: %lld MoE+MSA layers + embedding + lm_head + sampling, GEMV variant %d, "
@@ -431,7 +403,7 @@ int main(int argc, char** argv) {
         ep.t = b;
         ep.vocab = kV;
         ep.dim = kHd;
-        CHECK_OK(launch_embedding(ep, g_s));
+        CHECK_OK(launch_embedding(ep, g_stream));
         if (with_layers)
           for (int64_t i = 0; i < layers; ++i) layer_step(L[i], s, i == 0, on);
         CHECK_OK(launch_add_rms_norm({s.residual, with_layers ? s.delta : nullptr, final_norm, s.h, b, kHd, 1e-6f}, st()));
@@ -447,33 +419,19 @@ int main(int argc, char** argv) {
       };
       auto graph_ms = [&](bool with_layers, Stages on) {
         step(with_layers, on);  // warm-up outside capture (cudaFuncSetAttribute etc.)
-        CHECK_CUDA(cudaStreamSynchronize(g_s));
+        CHECK_CUDA(cudaStreamSynchronize(g_stream));
         cudaGraph_t graph;
         cudaGraphExec_t exec;
-        CHECK_CUDA(cudaStreamBeginCapture(g_s, cudaStreamCaptureModeThreadLocal));
+        CHECK_CUDA(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
         step(with_layers, on);
-        CHECK_CUDA(cudaStreamEndCapture(g_s, &graph));
+        CHECK_CUDA(cudaStreamEndCapture(g_stream, &graph));
         CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        cudaEvent_t a, e;
-        CHECK_CUDA(cudaEventCreate(&a));
-        CHECK_CUDA(cudaEventCreate(&e));
-        CHECK_CUDA(cudaGraphLaunch(exec, g_s));  // one untimed replay
-        std::vector<float> t;
-        for (int r = 0; r < 9; ++r) {
-          CHECK_CUDA(cudaEventRecord(a, g_s));
-          CHECK_CUDA(cudaGraphLaunch(exec, g_s));
-          CHECK_CUDA(cudaEventRecord(e, g_s));
-          CHECK_CUDA(cudaEventSynchronize(e));
-          float ms;
-          CHECK_CUDA(cudaEventElapsedTime(&ms, a, e));
-          t.push_back(ms);
-        }
-        std::sort(t.begin(), t.end());
+        // Median of 9 replays after one untimed replay.
+        const double ms =
+            median_ms([&](int) { CHECK_CUDA(cudaGraphLaunch(exec, g_stream)); }, 1, 9);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
-        cudaEventDestroy(a);
-        cudaEventDestroy(e);
-        return double(t[t.size() / 2]);
+        return ms;
       };
       const double full = graph_ms(true, {}), head = graph_ms(false, {});
       const double no_experts = graph_ms(true, {true, false});
@@ -514,7 +472,7 @@ int main(int argc, char** argv) {
                      r.bytes60, r.flops60, rate60 / 1e12, rate60 / kHbm, frac_flops60);
       rows.push_back(r);
       std::fflush(stdout);
-      CHECK_CUDA(cudaStreamSynchronize(g_s));
+      CHECK_CUDA(cudaStreamSynchronize(g_stream));
       for (size_t i = mark; i < g_allocs.size(); ++i) cudaFree(g_allocs[i]);
       g_allocs.resize(mark);
     }

@@ -35,11 +35,13 @@
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "cuda_bench_util.h"
 
 namespace {
 
 using namespace m3;
 using namespace m3::cuda;
+using namespace m3::cuda_bench;
 
 constexpr double kPeak = 830e12;  // bf16 dense, cuBLASLt on random data (../shared/docs/device.md)
 constexpr int64_t kHd = 6144, kH = 64, kHkv = 4, kD = 128, kHix = 4, kDix = 128, kS = 128;
@@ -47,42 +49,7 @@ constexpr int64_t kTopK = 16, kE = 128, kK4 = 4, kI = 3072, kSI = 3072, kDI = 12
 constexpr int64_t kQkv = 9856;
 constexpr int kDenseLayers = 3, kMoeLayers = 57;
 
-cudaStream_t g_s = nullptr;
-CUstream_st* st() { return g_s; }
-uint64_t g_seed = 300;
 FILE* g_tsv = nullptr;
-
-#define CHECK_OK(expr)                                                                  \
-  do {                                                                                  \
-    ::m3::Status s_ = (expr);                                                           \
-    if (!s_.is_ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str()); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-#define CHECK_CUDA(expr)                                   \
-  CHECK_OK([&]() -> ::m3::Status {                         \
-    M3_CUDA_RETURN_IF_ERROR(expr);                         \
-    return ::m3::Status::ok();                             \
-  }())
-
-std::vector<void*> g_allocs;
-template <typename T>
-T* dalloc(int64_t count) {
-  void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
-  g_allocs.push_back(p);
-  return static_cast<T*>(p);
-}
-template <typename T>
-T* dfill(int64_t count, DummyKind kind, float scale = 1.0f) {
-  T* p = dalloc<T>(count);
-  const int64_t n = (kind == DummyKind::kBf16Normal || kind == DummyKind::kF32Normal)
-                        ? count
-                        : count * static_cast<int64_t>(sizeof(T));
-  CHECK_OK(fill_dummy(p, n, kind, g_seed++, scale, st()));
-  return p;
-}
 
 QuantWeight make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
   QuantWeight w;
@@ -103,27 +70,10 @@ QuantWeight make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
   return w;
 }
 
+// Median of 3 timed calls after 1 warm-up (plans, allocator).
 template <typename F>
 double time_ms(F&& f) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  f();  // warm-up (plans, allocator)
-  CHECK_CUDA(cudaStreamSynchronize(g_s));
-  std::vector<float> ms;
-  for (int r = 0; r < 3; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, g_s));
-    f();
-    CHECK_CUDA(cudaEventRecord(b, g_s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[1];
+  return median_ms([&](int) { f(); }, 1, 3);
 }
 
 struct Row {
@@ -143,6 +93,7 @@ void report(int64_t t, const Row& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_seed = 300;
   std::vector<int64_t> tokens;
   for (int i = 2; i < argc; ++i) tokens.push_back(std::atoll(argv[i]));
   if (tokens.empty()) tokens = {8192, 32768};
@@ -151,7 +102,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; peak used: %.0f TFLOP/s bf16\n", prop.name,
               prop.multiProcessorCount, kPeak / 1e12);
-  CHECK_CUDA(cudaStreamCreateWithFlags(&g_s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   if (g_tsv) std::fprintf(g_tsv, "tokens\tcomponent\tms\tflops\tTFLOP/s\tfrac_peak\n");
   CachingAllocator alloc;
   auto gemm_r = PrefillGemm::create(&alloc);
@@ -322,7 +273,7 @@ int main(int argc, char** argv) {
       std::fprintf(g_tsv, "%lld\tprefill tokens/s (60 layers, extrapolated)\t%.4f\t%.6g\t%.1f\t0\n",
                    (long long)t, model.ms, model.flops, t / (model.ms * 1e-3));
     // Free this T's activations (weights stay).
-    CHECK_CUDA(cudaStreamSynchronize(g_s));
+    CHECK_CUDA(cudaStreamSynchronize(g_stream));
     alloc.release_cached();
   }
   if (g_tsv) std::fclose(g_tsv);
