@@ -9,38 +9,9 @@ namespace m3::cuda::gemv {
 
 namespace {
 
-template <int MT, int RW, int KC, bool FUSE>
-Status launch_one(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
-  auto* kernel = quant_gemv_kernel_v3<QuantFormat::kNvfp4, MT, RW, KC, FUSE>;
-  static bool raised = false;  // dynamic shared memory above 48 KB needs an opt-in once
-  if (!raised) {
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
-    raised = true;
-  }
-  // CTAs resident at this shared-memory size (occupancy x SMs), cached per instantiation.
-  static size_t occ_smem = ~size_t{0};
-  static int resident = 0;
-  if (occ_smem != plan.smem) {
-    int occ = 0, dev = 0, sms = 0;
-    M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-    M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kV3Threads, plan.smem));
-    resident = (occ > 0 ? occ : 1) * sms;
-    occ_smem = plan.smem;
-  }
-  V3Plan pl = plan;
-  choose_iters_v3(p, resident, &pl);
-  kernel<<<pl.grid, kV3Threads, pl.smem, s>>>(p, pl.p_rows, pl.iters);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR("quant_gemv_kernel_v3<nvfp4>");
-  return Status::ok();
-}
-
 template <int MT, int RW, int KC>
 Status launch(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
-  return p.fuse_epilogue ? launch_one<MT, RW, KC, true>(p, plan, s)
-                         : launch_one<MT, RW, KC, false>(p, plan, s);
+  return launch_v3<QuantFormat::kNvfp4, MT, RW, KC>(p, plan, s);
 }
 
 }  // namespace

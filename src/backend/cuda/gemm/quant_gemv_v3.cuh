@@ -23,6 +23,8 @@
 #pragma once
 
 #include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/gemm/quant_gemv_internal.h"
+#include "backend/cuda/runtime/cuda_check.h"
 
 namespace m3::cuda::gemv {
 
@@ -307,6 +309,44 @@ __global__ void __launch_bounds__(kV3Threads, 4)
     }
   }
   if constexpr (FUSE) fused_epilogue_v3(p, kSliceK, 8 * RW * iters);
+}
+
+// Launches one instantiation of the kernel above with the host plan (quant_gemv_internal.h),
+// shared by the per-format instantiation files (gemv_mxfp8_v3.cu, gemv_nvfp4_v3.cu). The
+// shared-memory opt-in and the resident-CTA count are cached per instantiation.
+template <QuantFormat F, int MT, int RW, int KC, bool FUSE>
+Status launch_v3_one(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  auto* kernel = quant_gemv_kernel_v3<F, MT, RW, KC, FUSE>;
+  static bool raised = false;  // dynamic shared memory above 48 KB needs an opt-in once
+  if (!raised) {
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
+    raised = true;
+  }
+  // CTAs resident at this shared-memory size (occupancy x SMs), cached per instantiation.
+  static size_t occ_smem = ~size_t{0};
+  static int resident = 0;
+  if (occ_smem != plan.smem) {
+    int occ = 0, dev = 0, sms = 0;
+    M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+    M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kV3Threads, plan.smem));
+    resident = (occ > 0 ? occ : 1) * sms;
+    occ_smem = plan.smem;
+  }
+  V3Plan pl = plan;
+  choose_iters_v3(p, resident, &pl);
+  kernel<<<pl.grid, kV3Threads, pl.smem, s>>>(p, pl.p_rows, pl.iters);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(F == QuantFormat::kMxfp8 ? "quant_gemv_kernel_v3<mxfp8>"
+                                                          : "quant_gemv_kernel_v3<nvfp4>");
+  return Status::ok();
+}
+
+template <QuantFormat F, int MT, int RW, int KC>
+Status launch_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  return p.fuse_epilogue ? launch_v3_one<F, MT, RW, KC, true>(p, plan, s)
+                         : launch_v3_one<F, MT, RW, KC, false>(p, plan, s);
 }
 
 }  // namespace m3::cuda::gemv
