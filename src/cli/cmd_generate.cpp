@@ -22,97 +22,49 @@ namespace {
 constexpr const char* kGenerateUsage =
     "usage: m3serve generate --model-path DIR --prompt-ids 1,2,3 [options]\n\n"
     "Generates tokens after the prompt and prints {\"output_ids\": [...]}.\n\n"
-    "options:\n"
-    "  --model-path DIR       Hugging Face model directory (config.json, *.safetensors)\n"
-    "  --prompt-ids LIST      comma-separated token ids\n"
+    "options:\n" M3_CLI_MODEL_INPUT_OPTIONS
     "  --max-tokens N         tokens to generate (default 32)\n"
     "  --temperature T        0 = greedy (default); > 0 samples from softmax(logits / T)\n"
     "  --seed S               sampling seed (default 0)\n"
     "  --ignore-eos           do not stop at the end-of-sequence token\n"
-    "                         (eos from generation_config.json, else config.json)\n"
-    "  --output-format json   output format (only json)\n"
-    "  --device cpu|cuda      compute device (default cpu)\n"
-    "  --threads N            CPU threads (default: all cores)\n"
-    "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n"
-    "  --load-format FMT      auto | safetensors | dummy (random weights in the real storage\n"
-    "                         formats; --model-path optional: built-in MiniMax-M3.1-Flash config)\n"
-    "  --num-layers N         with dummy: keep the first N layers\n";
-
-
+    "                         (eos from generation_config.json, else "
+    "config.json)\n" M3_CLI_MODEL_RUN_OPTIONS;
 
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
   ModelCommandFlags flags;
-  std::string& model_path = flags.model_path;
-  std::string& prompt_ids = flags.prompt_ids;
-  std::string& format = flags.format;
-  std::string& device = flags.device;
-  bool& have_prompt = flags.have_prompt;
-  int64_t threads = 0, chunk = 0, max_tokens = 32, seed = 0;
+  int64_t max_tokens = 32, seed = 0;
   double temperature = 0.0;
   bool ignore_eos = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kGenerateUsage);
+  auto extra = [&](const std::string& key, const std::string& v) {
+    if (key == "--ignore-eos") {
+      ignore_eos = true;
       return 0;
     }
-    if (a == "--ignore-eos") {
-      ignore_eos = true;
-      continue;
-    }
-    std::string key = a, v;
-    bool inline_value = false;
-    if (size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      key = a.substr(0, eq), v = a.substr(eq + 1), inline_value = true;
-    }
-    static const char* kValued[] = {"--model-path", "--prompt-ids",  "--output-format",
-                                    "--device",     "--threads",     "--prefill-chunk",
-                                    "--max-tokens", "--temperature", "--seed",
-                                    "--load-format", "--num-layers"};
-    bool known = false;
-    for (const char* k : kValued) known |= key == k;
-    if (!known) {
-      std::fprintf(stderr,
-                   "m3serve generate: unknown option '%s' (see 'm3serve generate --help')\n",
-                   a.c_str());
-      return 2;
-    }
-    if (!inline_value) {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "m3serve generate: %s needs a value\n", key.c_str());
-        return 2;
-      }
-      v = args[++i];
-    }
-    if (key == "--model-path") model_path = v;
-    if (key == "--prompt-ids") prompt_ids = v, have_prompt = true;
-    if (key == "--output-format") format = v;
-    if (key == "--device") device = v;
-    if (int rc = 0; take_load_flags("generate", key, v, &flags, &rc)) {
-      if (rc != 0) return rc;
-      continue;
-    }
-    if (key == "--threads" || key == "--prefill-chunk" || key == "--max-tokens" ||
-        key == "--seed") {
+    if (key == "--max-tokens" || key == "--seed") {
       int64_t n;
       if (!parse_int(v, &n) || n < 0) {
         std::fprintf(stderr, "m3serve generate: %s expects a non-negative integer, got '%s'\n",
                      key.c_str(), v.c_str());
         return 2;
       }
-      if (key == "--threads") threads = n;
-      if (key == "--prefill-chunk") chunk = n;
-      if (key == "--max-tokens") max_tokens = n;
-      if (key == "--seed") seed = n;
+      (key == "--max-tokens" ? max_tokens : seed) = n;
     }
     if (key == "--temperature" && (!parse_double(v, &temperature) || temperature < 0)) {
       std::fprintf(stderr, "m3serve generate: --temperature expects a number >= 0, got '%s'\n",
                    v.c_str());
       return 2;
     }
-  }
+    return 0;
+  };
+  if (int rc = 0;
+      !parse_model_command_args("generate", args, kGenerateUsage, {"--ignore-eos"},
+                                {"--max-tokens", "--temperature", "--seed"}, extra, &flags, &rc))
+    return rc;
+  const std::string& model_path = flags.model_path;
+  const std::string& device = flags.device;
+  const int64_t threads = flags.threads, chunk = flags.prefill_chunk;
   std::vector<int32_t> prompt;
   if (int rc = check_model_command_flags("generate", flags, kGenerateUsage, &prompt); rc != 0) return rc;
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "cli/device.h"
 #include "model/minimax_m3/runner.h"
@@ -52,6 +54,77 @@ bool take_load_flags(const char* command, const std::string& key, const std::str
     return true;
   }
   return false;
+}
+
+bool parse_model_command_args(
+    const char* command, const std::vector<std::string>& args, const char* usage,
+    const std::vector<std::string>& switches, const std::vector<std::string>& valued,
+    const std::function<int(const std::string&, const std::string&)>& extra,
+    ModelCommandFlags* flags, int* rc) {
+  static const char* kShared[] = {"--model-path",  "--prompt-ids", "--output-format",
+                                  "--device",      "--threads",    "--prefill-chunk",
+                                  "--load-format", "--num-layers"};
+  auto is_one_of = [](const std::string& key, const auto& names) {
+    for (const auto& k : names)
+      if (key == k) return true;
+    return false;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", usage);
+      *rc = 0;
+      return false;
+    }
+    if (is_one_of(a, switches)) {
+      if ((*rc = extra(a, "")) != 0) return false;
+      continue;
+    }
+    std::string key = a, v;
+    bool inline_value = false;
+    if (size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = a.substr(0, eq), v = a.substr(eq + 1), inline_value = true;
+    }
+    const bool own = is_one_of(key, valued);
+    if (!own && !is_one_of(key, kShared)) {
+      std::fprintf(stderr, "m3serve %s: unknown option '%s' (see 'm3serve %s --help')\n", command,
+                   a.c_str(), command);
+      *rc = 2;
+      return false;
+    }
+    if (!inline_value) {
+      if (i + 1 >= args.size()) {
+        std::fprintf(stderr, "m3serve %s: %s needs a value\n", command, key.c_str());
+        *rc = 2;
+        return false;
+      }
+      v = args[++i];
+    }
+    if (own) {
+      if ((*rc = extra(key, v)) != 0) return false;
+      continue;
+    }
+    if (key == "--model-path") flags->model_path = v;
+    if (key == "--prompt-ids") flags->prompt_ids = v, flags->have_prompt = true;
+    if (key == "--output-format") flags->format = v;
+    if (key == "--device") flags->device = v;
+    if (int load_rc = 0; take_load_flags(command, key, v, flags, &load_rc)) {
+      if ((*rc = load_rc) != 0) return false;
+      continue;
+    }
+    if (key == "--threads" || key == "--prefill-chunk") {
+      int64_t n;
+      if (!parse_int(v, &n) || n < 0) {
+        std::fprintf(stderr, "m3serve %s: %s expects a non-negative integer, got '%s'\n", command,
+                     key.c_str(), v.c_str());
+        *rc = 2;
+        return false;
+      }
+      (key == "--threads" ? flags->threads : flags->prefill_chunk) = n;
+    }
+  }
+  *rc = 0;
+  return true;
 }
 
 int check_model_command_flags(const char* command, const ModelCommandFlags& flags,

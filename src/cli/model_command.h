@@ -2,8 +2,24 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+// Usage text of the shared flags: what the command reads (first in the options list) and how it
+// runs (last), so that each command's usage string is one literal.
+#define M3_CLI_MODEL_INPUT_OPTIONS                                                       \
+  "  --model-path DIR       Hugging Face model directory (config.json, *.safetensors)\n" \
+  "  --prompt-ids LIST      comma-separated token ids\n"
+#define M3_CLI_MODEL_RUN_OPTIONS                                                              \
+  "  --output-format json   output format (only json)\n"                                      \
+  "  --device cpu|cuda      compute device (default cpu)\n"                                   \
+  "  --threads N            CPU threads (default: all cores)\n"                               \
+  "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n"             \
+  "  --load-format FMT      auto | safetensors | dummy (random weights in the real storage\n" \
+  "                         formats; --model-path optional: built-in MiniMax-M3.1-Flash "     \
+  "config)\n"                                                                                 \
+  "  --num-layers N         with dummy: keep the first N layers\n"
 
 namespace m3::cli {
 
@@ -16,8 +32,23 @@ struct ModelCommandFlags {
   std::string model_path, prompt_ids, format = "json", device = "cpu";
   std::string load_format = "auto";  // auto | safetensors | dummy
   int64_t num_layers = 0;            // --num-layers (dummy only); 0: the config's
+  int64_t threads = 0;               // --threads; 0: all cores
+  int64_t prefill_chunk = 0;         // --prefill-chunk; 0: one chunk
   bool have_prompt = false;
 };
+
+// Walks a model command's arguments: --help / -h prints `usage`; the shared flags (--model-path,
+// --prompt-ids, --output-format, --device, --threads, --prefill-chunk, --load-format,
+// --num-layers; "--key value" or "--key=value") go into `flags`; the command's own `switches`
+// (no value, exact match) and `valued` flags go to extra(key, value) (value "" for a switch),
+// which returns 0 or, after printing its error, the exit code. Anything else is an error.
+// Returns true when the command should run; otherwise *rc is the exit code (0 after --help,
+// 2 for bad usage).
+bool parse_model_command_args(
+    const char* command, const std::vector<std::string>& args, const char* usage,
+    const std::vector<std::string>& switches, const std::vector<std::string>& valued,
+    const std::function<int(const std::string&, const std::string&)>& extra,
+    ModelCommandFlags* flags, int* rc);
 
 // Parses --load-format / --num-layers into `flags` when `key` is one of them (returns true; on a
 // bad value prints the error and sets *rc = 2).
