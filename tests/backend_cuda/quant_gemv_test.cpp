@@ -67,11 +67,13 @@ struct DenseCase {
 class QuantGemvDense : public ::testing::TestWithParam<DenseCase> {};
 
 // One dense problem on the device: weights (seed_w), bf16 activations (seed_x), the CPU result
-// and Σ|x||w| (for the bound), the GEMV parameters for `variant` (its slice count: partial sized
-// for it) and the store epilogue into y (poisoned).
+// and Σ|x||w|, the bound (see the top of the file; any summation order of the K products stays
+// within gamma_{K+2}), the GEMV parameters for `variant` (its slice count: partial sized for it)
+// and the store epilogue into y (poisoned).
 struct Dense {
   QMatrix w;
   std::vector<float> xf, want, mag;
+  std::vector<double> bound;
   std::vector<uint16_t> xb;
   int64_t slices;
   Dev<uint16_t> dx;
@@ -84,6 +86,7 @@ struct Dense {
         xf(randn(c.m * c.k, seed_x, 1.0f)),
         want(c.m * c.n),
         mag(c.m * c.n),
+        bound(want.size()),
         xb(to_bf16(&xf)),
         slices(cuda::quant_gemv_num_slices(c.f, c.k, variant)),
         dx(xb),
@@ -95,6 +98,8 @@ struct Dense {
     cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
     auto ax = abs_of(xf), aw = abs_of(w.deq);
     cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
+    for (size_t i = 0; i < want.size(); ++i)
+      bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
     p.format = c.f;
     p.x = dx.ptr();
     p.ldx = c.k;
@@ -115,19 +120,21 @@ struct Dense {
   }
 };
 
+// The GEMV, then its split-K epilogue.
+void launch(const cuda::QuantGemvParams& p, const cuda::GemvEpilogueParams& e) {
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+}
+
 TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
   const DenseCase c = GetParam();
   Dense d(c, 7, 8, 0);
-  const std::vector<float>&want = d.want, &mag = d.mag;
-  const int64_t slices = d.slices;
+  const std::vector<float>& want = d.want;
+  const std::vector<double>& bound = d.bound;
   cuda::QuantGemvParams& p = d.p;
   cuda::GemvEpilogueParams& e = d.e;
   Dev<float>& y = d.y;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
-  std::vector<double> bound(want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
+  ASSERT_NO_FATAL_FAILURE(launch(p, e));
   auto y0 = y.host();
   expect_close(y0, want, bound,
                std::string(c.f == QuantFormat::kMxfp8   ? "mxfp8"
@@ -137,20 +144,17 @@ TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
                    std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
   // Variant 1 (8 loads in flight) does the same arithmetic in the same order: bitwise equal.
   p.variant = 1;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  ASSERT_NO_FATAL_FAILURE(launch(p, e));
   EXPECT_EQ(y.host(), y0) << "variant 1 differs from variant 0";
   // Variant 2 (another lane summation order; falls back to 0 where it is not built): same bound.
   p.variant = 2;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  ASSERT_NO_FATAL_FAILURE(launch(p, e));
   expect_close(y.host(), want, bound, "  variant 2");
   // Variant 3 (activations in shared memory, longer K-slices: its own slice count): same bound.
   p.variant = 3;
   e.num_slices = cuda::quant_gemv_num_slices(c.f, c.k, 3);
-  ASSERT_LE(e.num_slices, slices);
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  ASSERT_LE(e.num_slices, d.slices);
+  ASSERT_NO_FATAL_FAILURE(launch(p, e));
   expect_close(y.host(), want, bound, "  variant 3");
 }
 
@@ -161,16 +165,13 @@ class QuantGemvV3 : public ::testing::TestWithParam<DenseCase> {};
 TEST_P(QuantGemvV3, MatchesCpuOnDequantisedWeights) {
   const DenseCase c = GetParam();
   Dense d(c, 17, 18, 3);
-  const std::vector<float>&want = d.want, &mag = d.mag;
   cuda::QuantGemvParams& p = d.p;
   cuda::GemvEpilogueParams& e = d.e;
   Dev<float>& y = d.y;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+  ASSERT_NO_FATAL_FAILURE(launch(p, e));
   // Same bound as above: any summation order of the K products stays within gamma_{K+2}.
-  std::vector<double> bound(want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    bound[i] = (2 * gamma(c.k + 2) + 4 * kU) * 1.01 * mag[i] + 1e-30;
+  const std::vector<float>& want = d.want;
+  const std::vector<double>& bound = d.bound;
   const auto y3 = y.host();
   expect_close(y3, want, bound,
                std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " gemv v3 M" +
