@@ -85,6 +85,19 @@ inline int64_t pages_for(const MiniMaxM3Config& cfg, int64_t tokens) {
   return (tokens + cfg.index_block_size - 1) / cfg.index_block_size + 1;
 }
 
+// "<fixture name> prompt <i>", for messages.
+inline std::string prompt_tag(const std::string& dir, int i) {
+  return fs::path(dir).filename().string() + " prompt " + std::to_string(i);
+}
+
+// One prefill of `ids` in a fresh sequence, logits of every position into *logits.
+inline Status prefill_logits(minimax_m3::Model* model, minimax_m3::PagedKvCache* cache,
+                             minimax_m3::SimplePagePool* pool, const std::vector<int32_t>& ids,
+                             std::vector<float>* logits) {
+  minimax_m3::SequenceRunner seq(model, cache, pool);
+  return seq.append(ids, 0, true, logits);
+}
+
 // The logit tolerance of a reference row.
 inline double row_tol(const std::vector<double>& ref) {
   double scale = 1.0;

@@ -55,8 +55,7 @@ TEST_P(GoldenTest, MatchesReference) {
 
   int prompt_no = 0;
   for (const json& p : expected["prompts"]) {
-    const std::string tag = fs::path(dir).filename().string() + " prompt " +
-                            std::to_string(prompt_no++);
+    const std::string tag = prompt_tag(dir, prompt_no++);
     std::vector<int32_t> ids = p.at("ids").get<std::vector<int32_t>>();
     const int64_t n = static_cast<int64_t>(ids.size());
     const json& greedy = p.contains("greedy") ? p["greedy"] : json();
@@ -67,11 +66,8 @@ TEST_P(GoldenTest, MatchesReference) {
 
     // One prefill, logits of every position.
     std::vector<float> logits;
-    {
-      minimax_m3::SequenceRunner seq(model, &cache, &pool);
-      Status st = seq.append(ids, 0, true, &logits);
-      ASSERT_TRUE(st.is_ok()) << tag << ": " << st.to_string();
-    }
+    Status st = prefill_logits(model, &cache, &pool, ids, &logits);
+    ASSERT_TRUE(st.is_ok()) << tag << ": " << st.to_string();
     auto row = [&](int64_t t) { return logits.data() + t * vocab; };
     const double near_tie = near_tie_threshold(logits);
 
