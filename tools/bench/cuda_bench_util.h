@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/status.h"
 
@@ -85,6 +86,30 @@ double median_ms(F&& fn, int warmup, int reps, int iters = 1) {
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// G dummy matrices [n, k] of format f back to back, in their storage layout: codes (bf16 values
+// for kBf16), block scales and the NVFP4 global multipliers (nullptr where the format has none).
+struct DummyMatrices {
+  uint8_t* w = nullptr;
+  uint8_t* scale = nullptr;
+  float* global = nullptr;
+};
+inline DummyMatrices dummy_matrices(cuda::QuantFormat f, int64_t n, int64_t k, int64_t g) {
+  using cuda::DummyKind;
+  DummyMatrices m;
+  const int64_t e = n * k * g;
+  if (f == cuda::QuantFormat::kMxfp8) {
+    m.w = dfill<uint8_t>(e, DummyKind::kE4m3Codes);
+    m.scale = dfill<uint8_t>(e / 32, DummyKind::kE8m0Scales);
+  } else if (f == cuda::QuantFormat::kNvfp4) {
+    m.w = dfill<uint8_t>(e / 2, DummyKind::kE2m1Packed);
+    m.scale = dfill<uint8_t>(e / 16, DummyKind::kE4m3Scales);
+    m.global = dfill<float>(g, DummyKind::kF32Normal, 1e-3f);
+  } else {
+    m.w = reinterpret_cast<uint8_t*>(dfill<uint16_t>(e, DummyKind::kBf16Normal, 0.02f));
+  }
+  return m;
 }
 
 }  // namespace m3::cuda_bench

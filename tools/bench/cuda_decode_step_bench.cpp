@@ -72,18 +72,9 @@ struct QuantMatrix {  // G matrices [N, K] back to back
 };
 QuantMatrix make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
   QuantMatrix m{f, n, k, g};
-  const int64_t e = n * k * g;
-  if (f == QuantFormat::kMxfp8) {
-    m.w = dfill<uint8_t>(e, DummyKind::kE4m3Codes);
-    m.s = dfill<uint8_t>(e / 32, DummyKind::kE8m0Scales);
-  } else if (f == QuantFormat::kNvfp4) {
-    m.w = dfill<uint8_t>(e / 2, DummyKind::kE2m1Packed);
-    m.s = dfill<uint8_t>(e / 16, DummyKind::kE4m3Scales);
-    m.glob = dfill<float>(g, DummyKind::kF32Normal, 1e-3f);
-  } else {
-    m.w = reinterpret_cast<uint8_t*>(dfill<uint16_t>(e, DummyKind::kBf16Normal, 0.02f));
-    m.s = dalloc<uint8_t>(16);
-  }
+  const DummyMatrices d = dummy_matrices(f, n, k, g);
+  m.w = d.w, m.s = d.scale, m.glob = d.global;
+  if (f == QuantFormat::kBf16) m.s = dalloc<uint8_t>(16);  // unused, but not null
   return m;
 }
 

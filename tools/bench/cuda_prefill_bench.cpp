@@ -56,17 +56,8 @@ QuantWeight make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
   w.format = f;
   w.n = n;
   w.k = k;
-  const int64_t e = n * k * g;
-  if (f == QuantFormat::kMxfp8) {
-    w.w = dfill<uint8_t>(e, DummyKind::kE4m3Codes);
-    w.w_scale = dfill<uint8_t>(e / 32, DummyKind::kE8m0Scales);
-  } else if (f == QuantFormat::kNvfp4) {
-    w.w = dfill<uint8_t>(e / 2, DummyKind::kE2m1Packed);
-    w.w_scale = dfill<uint8_t>(e / 16, DummyKind::kE4m3Scales);
-    w.w_global = dfill<float>(g, DummyKind::kF32Normal, 1e-3f);
-  } else {
-    w.w = reinterpret_cast<uint8_t*>(dfill<uint16_t>(e, DummyKind::kBf16Normal, 0.02f));
-  }
+  const DummyMatrices d = dummy_matrices(f, n, k, g);
+  w.w = d.w, w.w_scale = d.scale, w.w_global = d.global;
   return w;
 }
 
