@@ -338,13 +338,8 @@ int run_serve_command(const std::vector<std::string>& args, const ModelStackFact
     std::fprintf(stderr, "m3serve serve: %s\n", s.message().c_str());
     return 1;
   }
-  std::fprintf(stderr, "m3serve: serving '%s' on http://%s:%u (%s backend); loading the model\n",
-               f.server.served_model_names.front().c_str(), f.server.host.c_str(), server.port(),
-               f.fake_backend ? "fake" : "engine");
-  std::fflush(stderr);
-
   std::atomic<bool> load_failed{false};
-  std::thread loader([&] {
+  auto load = [&] {
     auto stack = factory(f);
     if (!stack.is_ok()) {
       std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
@@ -355,9 +350,20 @@ int run_serve_command(const std::vector<std::string>& args, const ModelStackFact
     model.install(std::move(stack).value());
     std::fprintf(stderr, "m3serve: model loaded\n");
     std::fflush(stderr);
-  });
+  };
+  // The fake backend without --fake-load-ms has nothing to load: install it before announcing the
+  // port, so a client that starts sending at once never races the background load (a 503).
+  const bool load_now = f.fake_backend && f.fake_load_ms == 0;
+  if (load_now) load();
+  std::fprintf(stderr, "m3serve: serving '%s' on http://%s:%u (%s backend)%s\n",
+               f.server.served_model_names.front().c_str(), f.server.host.c_str(), server.port(),
+               f.fake_backend ? "fake" : "engine", load_now ? "" : "; loading the model");
+  std::fflush(stderr);
+
+  std::thread loader;
+  if (!load_now) loader = std::thread(load);
   int rc = server.wait_for_signal_and_drain();
-  loader.join();
+  if (loader.joinable()) loader.join();
   server.stop();
   return load_failed.load() ? 1 : rc;
 }
