@@ -130,7 +130,8 @@ test('a client that disconnects has its request cancelled (streaming and not)', 
     } catch (e) {
       assert.match(e.name, /Abort/);  // the client may end the iteration or throw on abort
     }
-    assert.equal(n, 5);
+    // A chunk already buffered when abort() ran may still be yielded: 5 or a few more.
+    assert.ok(n >= 5 && n < 50, `chunks: ${n}`);
     assert.ok(await waitFor(async () => (await aborted()) === 1), 'streaming request cancelled');
     // Not streaming: a raw socket that goes away while the response is being produced.
     const body = JSON.stringify({ messages: [{ role: 'user', content: script('', { infinite: true, stepMs: 5 }) }] });
