@@ -232,6 +232,10 @@ void Engine::drain_inbox() {
     std::lock_guard<std::mutex> lock(inbox_->mu);
     submitted.swap(inbox_->submitted);
     cancelled.swap(inbox_->cancelled);
+    // Until publish_stats() recounts them (after the step), the requests taken here are still
+    // waiting: without this, for a whole step they count nowhere, and submit() lets requests
+    // past a full queue (a 200 where a 429 was due) while stats() shows them missing.
+    inbox_->num_waiting_published += static_cast<int32_t>(submitted.size());
   }
   for (auto& r : submitted) admit(std::move(r));
   for (RequestId id : cancelled) cancel_request(id, FinishReason::kCancelled, Status::ok());
@@ -541,9 +545,11 @@ EngineStats Engine::stats() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
     s = stats_;
   }
-  // Submissions the loop has not picked up yet count as waiting.
+  // The same count as submit()'s queue bound: the loop's waiting requests (including any taken
+  // from the inbox during the current step) plus submissions it has not picked up yet.
   std::lock_guard<std::mutex> lock(inbox_->mu);
-  s.num_requests_waiting += static_cast<int32_t>(inbox_->submitted.size());
+  s.num_requests_waiting =
+      inbox_->num_waiting_published + static_cast<int32_t>(inbox_->submitted.size());
   s.draining = draining_.load();
   return s;
 }
