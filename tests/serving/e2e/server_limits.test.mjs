@@ -30,7 +30,11 @@ function exchange(sock, request) {
       });
     };
     const onClose = () => { cleanup(); reject(new Error('connection closed')); };
-    const cleanup = () => { sock.off('data', onData); sock.off('close', onClose); sock.off('error', onClose); };
+    const timer = setTimeout(() => { cleanup(); reject(new Error('no response in 60 s')); }, 60000);
+    const cleanup = () => {
+      clearTimeout(timer);
+      sock.off('data', onData); sock.off('close', onClose); sock.off('error', onClose);
+    };
     sock.on('data', onData);
     sock.on('close', onClose);
     sock.on('error', onClose);
