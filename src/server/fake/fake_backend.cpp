@@ -289,8 +289,12 @@ void FakeBackend::loop() {
       lock.lock();
       continue;
     }
-    cv_.wait_until(lock, next_wake,
-                   [this] { return stop_ || !cancels_.empty() || !waiting_.empty(); });
+    // Wake for a waiting request only when it can run: with every running slot taken, a
+    // non-empty queue made this loop spin on the lock and starve cancel() and submit().
+    cv_.wait_until(lock, next_wake, [this] {
+      return stop_ || !cancels_.empty() ||
+             (!waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running);
+    });
   }
 }
 
