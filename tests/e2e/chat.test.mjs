@@ -162,6 +162,22 @@ test('tool calls: typed arguments, several per turn, streamed == whole', async (
   assert.ok(argDeltas > 10, `only ${argDeltas} argument deltas`);
 });
 
+test('parallel_tool_calls false reports only the first call, streamed == whole', async () => {
+  const out = toolBlock(invoke('get_time', tag('tz', 'UTC')), invoke('get_weather', tag('city', 'Oslo')));
+  const { whole, streams } = await both({
+    model: 'm3-test', tools: weatherTools, parallel_tool_calls: false,
+    messages: [{ role: 'user', content: script(out) }],
+  }, [1, 3]);
+  const calls = whole.choices[0].message.tool_calls;
+  assert.equal(whole.choices[0].finish_reason, 'tool_calls');
+  assert.deepEqual(calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]),
+    [['get_time', { tz: 'UTC' }]]);
+  for (const s of streams) {
+    assert.deepEqual(s.folded.toolCalls.map((c) => [c.name, c.arguments]),
+      calls.map((c) => [c.function.name, c.function.arguments]), `tps ${s.tps}`);
+  }
+});
+
 test('the official stream helper accumulates our tool-call deltas', async () => {
   const out = toolBlock(invoke('get_time', tag('tz', 'UTC')), invoke('get_weather', tag('city', 'Oslo')));
   const stream = srv.client.chat.completions.stream({

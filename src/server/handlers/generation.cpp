@@ -159,6 +159,9 @@ json GenerationJob::usage_json() const {
 }
 
 void GenerationJob::emit_delta(Choice& c, chat::ParsedDelta&& d) {
+  if (!cfg_.parallel_tool_calls) {  // the model may still write several: report the first
+    std::erase_if(d.tool_calls, [](const auto& call) { return call.index > 0; });
+  }
   if (d.empty()) return;
   // Every call gets an id when it begins (the same id in the streamed and whole forms).
   for (const auto& call : d.tool_calls) {

@@ -34,6 +34,7 @@ struct GenerationConfig {
   bool run_parsers = false;
   chat::OutputParserOptions parser;
   bool reasoning_field = false;  // message.reasoning_content is reported (reasoning parser on)
+  bool parallel_tool_calls = true;  // false: only the first tool call is reported (OpenAI's field)
   std::string prefill;           // assistant text already in the prompt, parsed as output first
   std::string echo;              // /v1/completions echo: the prompt text
   int32_t prompt_tokens = 0;

@@ -160,6 +160,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   cfg.logprobs = r.gen.sampling.logprobs;
   cfg.run_parsers = reasoning_on || tools_on;
   cfg.reasoning_field = reasoning_on;
+  cfg.parallel_tool_calls = r.parallel_tool_calls;
   cfg.parser.reasoning = reasoning_on;
   cfg.parser.reasoning_start = chat::MiniMaxM3ReasoningParser::start_for_prompt(prompt);
   cfg.parser.tools = tools_on;
