@@ -3,70 +3,17 @@
 // cheap, but generation is CPU time shared by the CI's two cores): short max_tokens throughout.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import OpenAI from 'openai';
+import {
+  MODEL, repoRoot, startServer, stopServer, waitFor, metricValue as metricOf,
+} from './helpers.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repoRoot = path.resolve(here, '..', '..', '..');
-const serverBin = process.env.M3SERVE_BIN ?? path.join(repoRoot, 'build', 'bin', 'm3serve');
 const golden = JSON.parse(readFileSync(path.join(repoRoot, 'tests/fixtures/m3_tiny/golden.json'), 'utf8'));
 const goldenCase = (name) => golden.cases.find((c) => c.name === name);
-const MODEL = 'm3-tiny';
 
 let srv;
-
-async function startServer(args) {
-  const proc = spawn(serverBin, ['serve', '--host', '127.0.0.1', '--port', '0', ...args],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 60000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/on http:\/\/[^:]+:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(Number(m[1]));
-      }
-    });
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${log}`));
-    });
-  });
-  const url = `http://127.0.0.1:${port}`;
-  // The server listens first and loads the model in the background (/health is 503 until then).
-  const loaded = await waitFor(async () => (await fetch(`${url}/health`)).status === 200, 60000, 50);
-  if (!loaded) throw new Error(`the model did not load:\n${log}`);
-  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
-  return {
-    url,
-    proc,
-    exited,
-    log: () => log,
-    client: new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 }),
-  };
-}
-
-async function metricValue(name) {
-  const text = await (await fetch(`${srv.url}/metrics`)).text();
-  for (const line of text.split('\n')) {
-    if (line.startsWith(name + '{')) return Number(line.slice(line.lastIndexOf(' ') + 1));
-  }
-  return NaN;
-}
-
-async function waitFor(pred, timeoutMs = 10000, stepMs = 25) {
-  const end = Date.now() + timeoutMs;
-  while (Date.now() < end) {
-    if (await pred()) return true;
-    await new Promise((r) => setTimeout(r, stepMs));
-  }
-  return false;
-}
+const metricValue = (name) => metricOf(srv, name);
 
 async function tokenize(body) {
   const r = await fetch(`${srv.url}/tokenize`, {
@@ -102,11 +49,7 @@ before(async () => {
 });
 
 after(async () => {
-  if (srv && srv.proc.exitCode === null) {
-    srv.proc.kill('SIGTERM');
-    const { code } = await srv.exited;
-    assert.equal(code, 0, srv.log());
-  }
+  if (srv) assert.equal(await stopServer(srv), 0, srv.log());
 });
 
 const addQuestion = [{ role: 'user', content: 'What is 47 + 35?' }];
