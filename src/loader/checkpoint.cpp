@@ -275,6 +275,47 @@ Result<HostTensorF32> Checkpoint::load_f32(const std::string& name,
   return load_f32_any(name);
 }
 
+Result<RawWeight> Checkpoint::load_raw(const std::string& name,
+                                       const std::vector<int64_t>& expected_shape) const {
+  M3_ASSIGN_OR_RETURN(StoredWeight w, stored(name));
+  if (w.shape != expected_shape) {
+    return invalid_argument(where(w.data, name) + "expected shape " +
+                            shape_to_string(expected_shape) + ", found " +
+                            shape_to_string(w.shape));
+  }
+  RawWeight r;
+  r.format = w.format;
+  r.shape = w.shape;
+  int64_t n = 1;
+  for (int64_t d : w.shape) n *= d;
+  // Bytes the format implies; classification checked the shapes, this guards the arithmetic.
+  size_t want_data = 0, want_scale = 0;
+  switch (w.format) {
+    case WeightFormat::kF32: want_data = size_t(n) * 4; break;
+    case WeightFormat::kBF16:
+    case WeightFormat::kF16: want_data = size_t(n) * 2; break;
+    case WeightFormat::kMxfp8: want_data = size_t(n), want_scale = size_t(n / 32); break;
+    case WeightFormat::kNvfp4Compressed:
+    case WeightFormat::kNvfp4ModelOpt: want_data = size_t(n / 2), want_scale = size_t(n / 16); break;
+  }
+  if (w.data.nbytes != want_data || (want_scale != 0 && w.scale.nbytes != want_scale)) {
+    return invalid_argument(where(w.data, w.data_name) + "stored bytes " +
+                            std::to_string(w.data.nbytes) + " (scales " +
+                            std::to_string(w.scale.nbytes) + ") do not match " +
+                            weight_format_name(w.format) + " of logical shape " +
+                            shape_to_string(w.shape));
+  }
+  r.data = static_cast<const uint8_t*>(w.data.data);
+  r.data_bytes = w.data.nbytes;
+  if (want_scale != 0) {
+    r.scale = static_cast<const uint8_t*>(w.scale.data);
+    r.scale_bytes = w.scale.nbytes;
+  }
+  if (w.format == WeightFormat::kNvfp4Compressed || w.format == WeightFormat::kNvfp4ModelOpt)
+    r.global_scale = read_float(w.global_scale, 0);
+  return r;
+}
+
 Result<HostTensorF32> Checkpoint::load_f32_any(const std::string& name) const {
   M3_ASSIGN_OR_RETURN(StoredWeight w, stored(name));
   HostTensorF32 t;

@@ -49,6 +49,9 @@ class Checkpoint : public WeightSource {
   Result<HostTensorF32> load_f32(const std::string& name,
                                  const std::vector<int64_t>& expected_shape) const override;
   std::vector<std::string> names() const override;
+  // Zero-copy: the pointers go into the file mappings.
+  Result<RawWeight> load_raw(const std::string& name,
+                             const std::vector<int64_t>& expected_shape) const override;
 
   // Logical shape (no data read).
   Result<std::vector<int64_t>> shape(const std::string& name) const;

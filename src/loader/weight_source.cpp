@@ -14,4 +14,10 @@ const char* weight_format_name(WeightFormat f) {
   return "unknown";
 }
 
+Result<RawWeight> WeightSource::load_raw(const std::string& name,
+                                         const std::vector<int64_t>&) const {
+  return unimplemented("[loader] this weight source has no raw (stored-format) access; '" + name +
+                       "' can only be read as float32");
+}
+
 }  // namespace m3

@@ -2,7 +2,9 @@
 // A checkpoint (safetensors, single or sharded) implements it; tests implement it in memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,21 @@ enum class WeightFormat {
 
 const char* weight_format_name(WeightFormat f);
 
+// The stored bytes of one logical weight in its checkpoint format, for backends that compute on
+// the quantised formats directly (the CUDA real-shape path). The pointers need no alignment and
+// stay valid while the WeightSource and `keep_alive` live.
+struct RawWeight {
+  WeightFormat format = WeightFormat::kF32;
+  std::vector<int64_t> shape;      // logical shape
+  const uint8_t* data = nullptr;   // F32 / BF16 / F16 elements | MXFP8 E4M3 codes [out, in]
+                                   // | NVFP4 packed E2M1 [out, in/2] (low nibble first)
+  size_t data_bytes = 0;
+  const uint8_t* scale = nullptr;  // MXFP8 E8M0 [out, in/32] | NVFP4 E4M3 [out, in/16] | nullptr
+  size_t scale_bytes = 0;
+  float global_scale = 1.0f;       // NVFP4 as stored: kNvfp4Compressed divides, ModelOpt multiplies
+  std::shared_ptr<const void> keep_alive;  // owns the bytes when the source made them
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -49,6 +66,11 @@ class WeightSource {
   // `expected_shape`. Errors name the file and the tensor.
   virtual Result<HostTensorF32> load_f32(const std::string& name,
                                          const std::vector<int64_t>& expected_shape) const = 0;
+
+  // The stored bytes of a logical weight (see RawWeight), checking its logical shape. Sources
+  // without raw access return unimplemented; callers then fall back to load_f32.
+  virtual Result<RawWeight> load_raw(const std::string& name,
+                                     const std::vector<int64_t>& expected_shape) const;
 
   // All logical weight names, sorted.
   virtual std::vector<std::string> names() const = 0;

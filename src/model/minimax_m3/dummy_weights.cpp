@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "core/dtype.h"
 #include "quant/mxfp8.h"
@@ -134,6 +136,56 @@ Result<HostTensorF32> DummyWeightSource::load_f32(const std::string& name,
       t.data[static_cast<size_t>(i)] = bf16_to_f32(f32_to_bf16(w[static_cast<size_t>(i)]));
   }
   return t;
+}
+
+Result<RawWeight> DummyWeightSource::load_raw(const std::string& name,
+                                             const std::vector<int64_t>& shape) const {
+  M3_ASSIGN_OR_RETURN(WeightFormat f, format(name));
+  struct Owned {
+    std::vector<uint8_t> data, scale;
+  };
+  auto owned = std::make_shared<Owned>();
+  RawWeight r;
+  r.shape = shape;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const int64_t rows = cols > 0 ? n / cols : 0;
+  // The draw and the format branches mirror load_f32 exactly.
+  const bool small = ends_with(name, "norm.weight") || ends_with(name, "correction_bias");
+  std::vector<float> w = normal(n, name_seed(name), small ? 0.01f : 0.02f);
+  if (f == WeightFormat::kMxfp8 && cols % 32 == 0 && shape.size() == 2) {
+    M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(w.data(), rows, cols));
+    r.format = WeightFormat::kMxfp8;
+    owned->data = std::move(q.codes);
+    owned->scale = std::move(q.scales);
+  } else if (f == WeightFormat::kNvfp4Compressed && cols % 16 == 0 && shape.size() == 2) {
+    M3_ASSIGN_OR_RETURN(Nvfp4Tensor q,
+                        quantize_nvfp4(w.data(), rows, cols, Nvfp4GlobalScale::kDivide));
+    r.format = WeightFormat::kNvfp4Compressed;
+    owned->data = std::move(q.packed);
+    owned->scale = std::move(q.scales);
+    r.global_scale = q.global_scale;
+  } else if (f == WeightFormat::kF32) {
+    r.format = WeightFormat::kF32;
+    owned->data.resize(static_cast<size_t>(n) * 4);
+    std::memcpy(owned->data.data(), w.data(), owned->data.size());
+  } else {
+    r.format = WeightFormat::kBF16;
+    owned->data.resize(static_cast<size_t>(n) * 2);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = f32_to_bf16(w[static_cast<size_t>(i)]);
+      std::memcpy(owned->data.data() + 2 * i, &b, 2);
+    }
+  }
+  r.data = owned->data.data();
+  r.data_bytes = owned->data.size();
+  if (!owned->scale.empty()) {
+    r.scale = owned->scale.data();
+    r.scale_bytes = owned->scale.size();
+  }
+  r.keep_alive = owned;
+  return r;
 }
 
 Result<LoadedModel> load_dummy_model(const std::string& dir, int64_t num_layers,

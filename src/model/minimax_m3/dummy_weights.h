@@ -34,6 +34,9 @@ class DummyWeightSource final : public WeightSource {
   Result<WeightFormat> format(const std::string& name) const override;
   Result<HostTensorF32> load_f32(const std::string& name,
                                  const std::vector<int64_t>& expected_shape) const override;
+  // The same values in their stored formats (load_f32 is exactly their dequantisation).
+  Result<RawWeight> load_raw(const std::string& name,
+                             const std::vector<int64_t>& expected_shape) const override;
   std::vector<std::string> names() const override { return names_; }
 
  private:

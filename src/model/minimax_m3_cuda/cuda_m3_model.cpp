@@ -1,0 +1,743 @@
+#include "model/minimax_m3_cuda/cuda_m3_model.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/f32_ops.h"
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/kv/kv_write_bf16.h"
+#include "backend/cuda/moe/moe_combine.h"
+#include "backend/cuda/norm/add_rms_norm.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
+#include "backend/cuda/rope/qk_norm_rope.h"
+#include "backend/cuda/runtime/caching_allocator.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/stream.h"
+#include "model/minimax_m3_cuda/device_arena.h"
+#include "model/minimax_m3_cuda/embed_bf16.h"
+#include "model/minimax_m3_cuda/fit_check.h"
+#include "model/minimax_m3_cuda/gpu_weights.h"
+
+namespace m3::minimax_m3 {
+namespace {
+
+using cuda::GemvEpilogue;
+using cuda::GemvEpilogueParams;
+using cuda::QuantFormat;
+
+constexpr int64_t kPage = 128;
+// lm_head GEMV rows per launch: its split-K scratch is slices x rows x vocab floats.
+constexpr int64_t kHeadRows = 32;
+
+int64_t next_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+// Activation buffers of one step (decode: made at load for max_batch rows; general: per step).
+struct Bufs {
+  float *residual = nullptr, *delta = nullptr, *qkv = nullptr, *router_logits = nullptr,
+        *topk_w = nullptr, *contrib = nullptr, *shared = nullptr, *gate_up = nullptr,
+        *partial = nullptr, *block_scores = nullptr, *o_part = nullptr, *ml = nullptr,
+        *logits = nullptr;
+  uint16_t *h = nullptr, *q = nullptr, *k = nullptr, *iq = nullptr, *ik = nullptr,
+           *attn = nullptr, *act = nullptr, *act_s = nullptr, *h_rows = nullptr;
+  int32_t *ids = nullptr, *positions = nullptr, *tables = nullptr, *topk_ids = nullptr,
+          *offs = nullptr, *sorted = nullptr, *active = nullptr, *selected = nullptr,
+          *rows = nullptr;
+  int64_t partial_elems = 0;
+};
+
+// Per-step device scratch from the caching allocator, returned (stream-ordered) at scope exit.
+class StepScratch {
+ public:
+  explicit StepScratch(cuda::CachingAllocator* a) : a_(a) {}
+  ~StepScratch() {
+    for (void* p : ptrs_) a_->free(p);
+  }
+  StepScratch(const StepScratch&) = delete;
+  StepScratch& operator=(const StepScratch&) = delete;
+  template <typename T>
+  Result<T*> get(int64_t count) {
+    M3_ASSIGN_OR_RETURN(void* p, a_->allocate(std::max<int64_t>(count, 1) * sizeof(T)));
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  cuda::CachingAllocator* a_;
+  std::vector<void*> ptrs_;
+};
+
+GemvEpilogueParams store_to(float* y, int64_t ldy) {
+  GemvEpilogueParams e;
+  e.kind = GemvEpilogue::kStoreF32;
+  e.y = y;
+  e.ldy = ldy;
+  return e;
+}
+
+}  // namespace
+
+struct CudaM3Model::Impl {
+  // Declaration order is destruction order reversed: the arena (all load-time memory) goes last,
+  // the PrefillGemm before the allocator it draws from.
+  DeviceArena arena;
+  MiniMaxM3Config cfg;
+  CudaM3Options opt;
+  cuda::Stream stream;
+  std::unique_ptr<cuda::CachingAllocator> alloc;
+  std::unique_ptr<cuda::PrefillGemm> gemm;
+  DevWeights w;
+  std::vector<cuda::KvCacheBf16View> kv;
+  Bufs dec;            // decode buffers, max_batch rows
+  int64_t dec_rows = 0, dec_mb_cap = 0;
+  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs;
+  CudaM3Stats stats;
+
+  // Shapes.
+  int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
+  int64_t nqkv = 0, off_k = 0, off_v = 0, off_iq = 0, off_ik = 0;
+  int64_t ne = 0, kk = 0, inter = 0, dense_inter = 0, shared_inter = 0, top_k = 0;
+  int64_t max_mlp = 0;  // max(dense_inter, shared_inter)
+  float eps = 1e-6f, alpha = 1.702f, limit = 7.0f, scale = 0.0f, routed_scale = 1.0f;
+
+  ~Impl() {
+    if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+  }
+
+  cudaStream_t st() const { return stream.get(); }
+
+  // ---- Kernel helpers (every launch's Status is checked).
+
+  Status gemv(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows,
+              GemvEpilogueParams e, const Bufs& b, bool grouped = false,
+              int64_t x_row_div = 1) {
+    cuda::QuantGemvParams p;
+    p.format = m.format;
+    p.x = x;
+    p.ldx = ldx;
+    p.x_row_div = x_row_div;
+    p.w = m.w;
+    p.w_scale = m.scale;
+    p.w_global = m.global;
+    p.num_groups = m.groups;
+    if (grouped) {
+      p.group_offsets = b.offs;
+      p.sorted_rows = b.sorted;
+      p.active_groups = b.active;
+      p.num_slots = std::min<int64_t>(m.groups, rows);
+    }
+    p.num_rows = rows;
+    p.n = m.n;
+    p.k = m.k;
+    p.partial = b.partial;
+    p.variant = 0;
+    e.partial = b.partial;
+    e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k, 0);
+    e.num_rows = rows;
+    e.n = m.n;
+    if (e.num_slices * rows * m.n > b.partial_elems)
+      return internal_error("[model.minimax_m3_cuda] GEMV scratch too small: " +
+                            std::to_string(e.num_slices * rows * m.n) + " > " +
+                            std::to_string(b.partial_elems) + " floats");
+    M3_RETURN_IF_ERROR(cuda::launch_quant_gemv(p, st()));
+    return cuda::launch_quant_gemv_epilogue(e, st());
+  }
+
+  Status plinear(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, float* y,
+                 int64_t ldy) {
+    cuda::PrefillLinearParams p;
+    p.x = x;
+    p.ldx = ldx;
+    p.m = rows;
+    p.w = m.prefill();
+    p.y = y;
+    p.ldy = ldy;
+    p.out = cuda::PrefillOut::kF32;
+    return gemm->linear(p, st());
+  }
+
+  Status qk_norm(const float* x, int64_t heads, const uint16_t* weight, const int32_t* pos,
+                 uint16_t* out, int64_t t, int64_t head_dim) {
+    cuda::QkNormRopeParams p;
+    p.x = x;
+    p.ld_x = nqkv;
+    p.weight = weight;
+    p.positions = pos;
+    p.out = out;
+    p.t = t;
+    p.h = heads;
+    p.d = head_dim;
+    p.rotary_dim = cfg.rotary_dim;
+    p.rot_width = std::min(cfg.rotary_dim, head_dim);
+    p.eps = eps;
+    p.theta = cfg.rope_theta;
+    return cuda::launch_qk_norm_rope(p, st());
+  }
+
+  // q, k, index q/k (normed + roped, bf16) from the fused projection, and the KV-cache write of
+  // every row (row i: block_tables[i * mb ...]; -1 pages are skipped).
+  Status attention_inputs(const Bufs& b, int64_t layer, int64_t t, int64_t mb) {
+    const DevLayer& L = w.layers[static_cast<size_t>(layer)];
+    M3_RETURN_IF_ERROR(qk_norm(b.qkv, nh, L.q_norm, b.positions, b.q, t, d));
+    M3_RETURN_IF_ERROR(qk_norm(b.qkv + off_k, hkv, L.k_norm, b.positions, b.k, t, d));
+    M3_RETURN_IF_ERROR(qk_norm(b.qkv + off_iq, hix, L.iq_norm, b.positions, b.iq, t, dix));
+    M3_RETURN_IF_ERROR(qk_norm(b.qkv + off_ik, 1, L.ik_norm, b.positions, b.ik, t, dix));
+    cuda::KvWriteBf16Params kw;
+    kw.cache = kv[static_cast<size_t>(layer)];
+    kw.k = b.k;
+    kw.v = b.qkv + off_v;
+    kw.ld_v = nqkv;
+    kw.idx_k = b.ik;
+    kw.positions = b.positions;
+    kw.block_tables = b.tables;
+    kw.batch = t;
+    kw.max_blocks = mb;
+    return cuda::launch_kv_write_bf16(kw, st());
+  }
+
+  // Indexer + block-sparse attention for `rows` one-token rows (their q/iq/positions/tables are
+  // the first rows of b); output into b.attn.
+  Status decode_attention(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
+    if (rows == 0) return Status::ok();
+    const cuda::KvCacheBf16View& cache = kv[static_cast<size_t>(layer)];
+    cuda::IndexerDecodeParams ip;
+    ip.iq = b.iq;
+    ip.cache = cache;
+    ip.positions = b.positions;
+    ip.block_tables = b.tables;
+    ip.batch = rows;
+    ip.num_index_heads = hix;
+    ip.max_blocks = mb;
+    ip.top_k = top_k;
+    ip.local_blocks = cfg.index_local_blocks;
+    ip.init_blocks = cfg.index_init_blocks;
+    ip.block_scores = b.block_scores;
+    ip.selected = b.selected;
+    M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
+    cuda::SparseDecodeParams ap;
+    ap.q = b.q;
+    ap.cache = cache;
+    ap.positions = b.positions;
+    ap.block_tables = b.tables;
+    ap.selected = b.selected;
+    ap.batch = rows;
+    ap.num_heads = nh;
+    ap.max_blocks = mb;
+    ap.top_k = top_k;
+    ap.scale = scale;
+    ap.o_partial = b.o_part;
+    ap.ml_partial = b.ml;
+    ap.out = b.attn;
+    return cuda::launch_sparse_decode(ap, st());
+  }
+
+  // ---- Decode path (GEMV), `rows` = the batch bucket, tables of width mb.
+
+  Status decode_layer(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
+    const DevLayer& L = w.layers[static_cast<size_t>(layer)];
+    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
+        {b.residual, layer == 0 ? nullptr : b.delta, L.in_norm, b.h, rows, hd, eps}, st()));
+    M3_RETURN_IF_ERROR(gemv(L.qkv, b.h, hd, rows, store_to(b.qkv, nqkv), b));
+    M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
+    M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
+    M3_RETURN_IF_ERROR(gemv(L.o, b.attn, nh * d, rows, store_to(b.delta, hd), b));
+    M3_RETURN_IF_ERROR(
+        cuda::launch_add_rms_norm({b.residual, b.delta, L.post_norm, b.h, rows, hd, eps}, st()));
+    GemvEpilogueParams swiglu_s;
+    swiglu_s.kind = GemvEpilogue::kSwigluBf16;
+    swiglu_s.act = b.act_s;
+    swiglu_s.alpha = alpha;
+    swiglu_s.limit = limit;
+    if (!L.moe) {
+      M3_RETURN_IF_ERROR(gemv(L.mlp_gu, b.h, hd, rows, swiglu_s, b));
+      return gemv(L.mlp_down, b.act_s, L.mlp_down.k, rows, store_to(b.delta, hd), b);
+    }
+    M3_RETURN_IF_ERROR(gemv(L.router, b.h, hd, rows, store_to(b.router_logits, ne), b));
+    RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
+                        routed_scale};
+    M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
+    cuda::GroupByExpertParams gp;
+    gp.topk_ids = b.topk_ids;
+    gp.num_rows = rows * kk;
+    gp.num_experts = ne;
+    gp.group_offsets = b.offs;
+    gp.sorted_rows = b.sorted;
+    gp.active_groups = b.active;
+    M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
+    GemvEpilogueParams swiglu_r = swiglu_s;
+    swiglu_r.act = b.act;
+    M3_RETURN_IF_ERROR(gemv(L.experts_gu, b.h, hd, rows * kk, swiglu_r, b, true, kk));
+    M3_RETURN_IF_ERROR(
+        gemv(L.experts_down, b.act, inter, rows * kk, store_to(b.contrib, hd), b, true, 1));
+    const float* shared = nullptr;
+    if (L.shared_gu.n > 0) {
+      M3_RETURN_IF_ERROR(gemv(L.shared_gu, b.h, hd, rows, swiglu_s, b));
+      M3_RETURN_IF_ERROR(
+          gemv(L.shared_down, b.act_s, L.shared_down.k, rows, store_to(b.shared, hd), b));
+      shared = b.shared;
+    }
+    return cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd}, st());
+  }
+
+  // The whole decode step on dec (inputs already in dec.ids / positions / tables).
+  Status decode_step(int64_t rows, int64_t mb) {
+    const Bufs& b = dec;
+    M3_RETURN_IF_ERROR(
+        launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
+    const int64_t layers = cfg.num_hidden_layers;
+    for (int64_t l = 0; l < layers; ++l) M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb));
+    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
+        {b.residual, layers > 0 ? b.delta : nullptr, w.final_norm, b.h, rows, hd, eps}, st()));
+    for (int64_t r0 = 0; r0 < rows; r0 += kHeadRows) {
+      const int64_t n = std::min(kHeadRows, rows - r0);
+      M3_RETURN_IF_ERROR(
+          gemv(w.lm_head, b.h + r0 * hd, hd, n, store_to(b.logits + r0 * vocab, vocab), b));
+    }
+    return Status::ok();
+  }
+
+  // Runs decode_step eagerly or through the graph of (rows, mb), capturing it on first use.
+  Status run_decode(int64_t rows, int64_t mb) {
+    if (!opt.use_graphs) return decode_step(rows, mb);
+    const auto key = std::make_pair(rows, mb);
+    auto it = graphs.find(key);
+    if (it != graphs.end()) {
+      M3_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, st()));
+      ++stats.graph_replays;
+      return Status::ok();
+    }
+    // First use: run eagerly (this step's result; also does the launchers' one-time
+    // cudaFuncSetAttribute calls outside the capture), then capture the same launches.
+    M3_RETURN_IF_ERROR(decode_step(rows, mb));
+    M3_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
+    Status s = decode_step(rows, mb);
+    cudaGraph_t graph = nullptr;
+    cudaError_t end = cudaStreamEndCapture(st(), &graph);
+    if (!s.is_ok() || end != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      if (!s.is_ok()) return s;
+      return cuda::cuda_error(end, "cudaStreamEndCapture", __FILE__, __LINE__);
+    }
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (inst != cudaSuccess) return cuda::cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
+    graphs.emplace(key, exec);
+    ++stats.graph_captures;
+    return Status::ok();
+  }
+
+  // ---- General path (any prefill chunk).
+
+  struct Seq {
+    size_t index;       // in the caller's batch
+    int64_t offset, n;  // token rows [offset, offset + n) in step order
+    int64_t need;       // blocks covering start_pos + n positions
+  };
+
+  Status general_step(std::span<const SequenceInput> batch, const std::vector<Seq>& seqs,
+                      int64_t t_all, int64_t n_dec, int64_t mb, const std::vector<int32_t>& ids,
+                      const std::vector<int32_t>& pos, const std::vector<int32_t>& tabs,
+                      ForwardOutput* out) {
+    StepScratch sc(alloc.get());
+    Bufs b;
+    const int64_t t = t_all;
+    M3_ASSIGN_OR_RETURN(b.ids, sc.get<int32_t>(t));
+    M3_ASSIGN_OR_RETURN(b.positions, sc.get<int32_t>(t));
+    M3_ASSIGN_OR_RETURN(b.tables, sc.get<int32_t>(t * mb));
+    M3_ASSIGN_OR_RETURN(b.residual, sc.get<float>(t * hd));
+    M3_ASSIGN_OR_RETURN(b.delta, sc.get<float>(t * hd));
+    M3_ASSIGN_OR_RETURN(b.h, sc.get<uint16_t>(t * hd));
+    M3_ASSIGN_OR_RETURN(b.qkv, sc.get<float>(t * nqkv));
+    M3_ASSIGN_OR_RETURN(b.q, sc.get<uint16_t>(t * nh * d));
+    M3_ASSIGN_OR_RETURN(b.k, sc.get<uint16_t>(t * hkv * d));
+    M3_ASSIGN_OR_RETURN(b.iq, sc.get<uint16_t>(t * hix * dix));
+    M3_ASSIGN_OR_RETURN(b.ik, sc.get<uint16_t>(t * dix));
+    M3_ASSIGN_OR_RETURN(b.attn, sc.get<uint16_t>(t * nh * d));
+    M3_ASSIGN_OR_RETURN(b.router_logits, sc.get<float>(t * ne));
+    M3_ASSIGN_OR_RETURN(b.topk_ids, sc.get<int32_t>(t * kk));
+    M3_ASSIGN_OR_RETURN(b.topk_w, sc.get<float>(t * kk));
+    M3_ASSIGN_OR_RETURN(b.gate_up, sc.get<float>(t * 2 * max_mlp));
+    M3_ASSIGN_OR_RETURN(b.act_s, sc.get<uint16_t>(t * max_mlp));
+    M3_ASSIGN_OR_RETURN(b.shared, sc.get<float>(t * hd));
+    M3_ASSIGN_OR_RETURN(b.block_scores, sc.get<float>(n_dec * hix * mb));
+    M3_ASSIGN_OR_RETURN(b.selected, sc.get<int32_t>(n_dec * hix * top_k));
+    M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * top_k * d));
+    M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * top_k * 2));
+    M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.ids, ids.data(), t * 4, cudaMemcpyHostToDevice, st()));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(b.positions, pos.data(), t * 4, cudaMemcpyHostToDevice, st()));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(b.tables, tabs.data(), t * mb * 4, cudaMemcpyHostToDevice, st()));
+
+    M3_RETURN_IF_ERROR(launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      const DevLayer& L = w.layers[static_cast<size_t>(l)];
+      M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
+          {b.residual, l == 0 ? nullptr : b.delta, L.in_norm, b.h, t, hd, eps}, st()));
+      M3_RETURN_IF_ERROR(plinear(L.qkv, b.h, hd, t, b.qkv, nqkv));
+      M3_RETURN_IF_ERROR(attention_inputs(b, l, t, mb));
+      // Decode rows (first n_dec rows) with the batched decode kernels.
+      M3_RETURN_IF_ERROR(decode_attention(b, l, n_dec, mb));
+      // Each prefill chunk over its own block table (the row of its first token).
+      for (const Seq& s : seqs) {
+        if (s.offset < n_dec) continue;
+        cuda::PrefillAttentionParams ap;
+        ap.q = b.q + s.offset * nh * d;
+        ap.iq = b.iq + s.offset * hix * dix;
+        ap.cache = kv[static_cast<size_t>(l)];
+        ap.positions = b.positions + s.offset;
+        ap.block_table = b.tables + s.offset * mb;
+        ap.t = s.n;
+        ap.num_heads = nh;
+        ap.num_index_heads = hix;
+        ap.num_blocks = s.need;
+        ap.top_k = top_k;
+        ap.local_blocks = cfg.index_local_blocks;
+        ap.init_blocks = cfg.index_init_blocks;
+        ap.dense = false;
+        ap.scale = scale;
+        ap.out = b.attn + s.offset * nh * d;
+        ap.variant = opt.prefill_attention_variant;
+        ap.indexer_variant = opt.prefill_indexer_variant;
+        ap.gemm = gemm.get();
+        M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
+      }
+      M3_RETURN_IF_ERROR(plinear(L.o, b.attn, nh * d, t, b.delta, hd));
+      M3_RETURN_IF_ERROR(
+          cuda::launch_add_rms_norm({b.residual, b.delta, L.post_norm, b.h, t, hd, eps}, st()));
+      if (!L.moe) {
+        M3_RETURN_IF_ERROR(mlp_general(L.mlp_gu, L.mlp_down, b, t, b.delta));
+        continue;
+      }
+      M3_RETURN_IF_ERROR(plinear(L.router, b.h, hd, t, b.router_logits, ne));
+      RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, t, ne, kk,
+                          routed_scale};
+      M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
+      const float* shared = nullptr;
+      if (L.shared_gu.n > 0) {
+        M3_RETURN_IF_ERROR(mlp_general(L.shared_gu, L.shared_down, b, t, b.shared));
+        shared = b.shared;
+      }
+      cuda::PrefillMoeParams mp;
+      mp.x = b.h;
+      mp.topk_ids = b.topk_ids;
+      mp.topk_weights = b.topk_w;
+      mp.w13 = L.experts_gu.prefill();
+      mp.w2 = L.experts_down.prefill();
+      mp.shared = shared;
+      mp.out = b.delta;
+      mp.t = t;
+      mp.hidden = hd;
+      mp.inter = inter;
+      mp.num_experts = ne;
+      mp.top_k = kk;
+      mp.alpha = alpha;
+      mp.limit = limit;
+      M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
+    }
+    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
+        {b.residual, cfg.num_hidden_layers > 0 ? b.delta : nullptr, w.final_norm, b.h, t, hd,
+         eps},
+        st()));
+
+    // LM head on the rows that need logits, in the caller's order.
+    std::vector<int32_t> rows;
+    for (const Seq& s : seqs)
+      for (int32_t r : batch[s.index].logits_rows)
+        rows.push_back(static_cast<int32_t>(s.offset + r));
+    out->logits.assign(batch.size(), {});
+    if (rows.empty()) return stream.synchronize();
+    const int64_t nr = static_cast<int64_t>(rows.size());
+    M3_ASSIGN_OR_RETURN(b.rows, sc.get<int32_t>(nr));
+    M3_ASSIGN_OR_RETURN(b.h_rows, sc.get<uint16_t>(nr * hd));
+    M3_ASSIGN_OR_RETURN(b.logits, sc.get<float>(nr * vocab));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(b.rows, rows.data(), nr * 4, cudaMemcpyHostToDevice, st()));
+    M3_RETURN_IF_ERROR(cuda::launch_gather_bf16(b.h, b.rows, 1, nr, hd, b.h_rows, st()));
+    M3_RETURN_IF_ERROR(plinear(w.lm_head, b.h_rows, hd, nr, b.logits, vocab));
+    int64_t r0 = 0;
+    for (const Seq& s : seqs) {
+      const int64_t n = static_cast<int64_t>(batch[s.index].logits_rows.size());
+      std::vector<float>& dst = out->logits[s.index];
+      dst.resize(static_cast<size_t>(n * vocab));
+      if (n > 0)
+        M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), b.logits + r0 * vocab,
+                                                n * vocab * 4, cudaMemcpyDeviceToHost, st()));
+      r0 += n;
+    }
+    return stream.synchronize();
+  }
+
+  // Dense SwiGLU-OAI MLP on t rows of b.h through PrefillGemm: gate|up -> act -> down.
+  Status mlp_general(const DevMatrix& gu, const DevMatrix& down, const Bufs& b, int64_t t,
+                     float* y) {
+    const int64_t in = down.k;
+    M3_RETURN_IF_ERROR(plinear(gu, b.h, hd, t, b.gate_up, 2 * in));
+    M3_RETURN_IF_ERROR(cuda::launch_swiglu_oai_bf16(b.gate_up, t, in, alpha, limit, b.act_s, st()));
+    return plinear(down, b.act_s, in, t, y, hd);
+  }
+
+  Status alloc_decode_buffers();
+};
+
+Status CudaM3Model::Impl::alloc_decode_buffers() {
+  const int64_t r = dec_rows, mb = dec_mb_cap;
+  Bufs& b = dec;
+  DeviceArena& a = arena;
+  const std::string what = "decode buffers";
+  M3_ASSIGN_OR_RETURN(b.ids, a.alloc<int32_t>(r, what));
+  M3_ASSIGN_OR_RETURN(b.positions, a.alloc<int32_t>(r, what));
+  M3_ASSIGN_OR_RETURN(b.tables, a.alloc<int32_t>(r * mb, what));
+  M3_ASSIGN_OR_RETURN(b.residual, a.alloc<float>(r * hd, what));
+  M3_ASSIGN_OR_RETURN(b.delta, a.alloc<float>(r * hd, what));
+  M3_ASSIGN_OR_RETURN(b.h, a.alloc<uint16_t>(r * hd, what));
+  M3_ASSIGN_OR_RETURN(b.qkv, a.alloc<float>(r * nqkv, what));
+  M3_ASSIGN_OR_RETURN(b.q, a.alloc<uint16_t>(r * nh * d, what));
+  M3_ASSIGN_OR_RETURN(b.k, a.alloc<uint16_t>(r * hkv * d, what));
+  M3_ASSIGN_OR_RETURN(b.iq, a.alloc<uint16_t>(r * hix * dix, what));
+  M3_ASSIGN_OR_RETURN(b.ik, a.alloc<uint16_t>(r * dix, what));
+  M3_ASSIGN_OR_RETURN(b.attn, a.alloc<uint16_t>(r * nh * d, what));
+  M3_ASSIGN_OR_RETURN(b.router_logits, a.alloc<float>(r * ne, what));
+  M3_ASSIGN_OR_RETURN(b.topk_ids, a.alloc<int32_t>(r * kk, what));
+  M3_ASSIGN_OR_RETURN(b.topk_w, a.alloc<float>(r * kk, what));
+  M3_ASSIGN_OR_RETURN(b.offs, a.alloc<int32_t>(ne + 1, what));
+  M3_ASSIGN_OR_RETURN(b.sorted, a.alloc<int32_t>(r * kk, what));
+  M3_ASSIGN_OR_RETURN(b.active, a.alloc<int32_t>(ne, what));
+  M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
+  M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
+  M3_ASSIGN_OR_RETURN(b.contrib, a.alloc<float>(r * kk * hd, what));
+  M3_ASSIGN_OR_RETURN(b.shared, a.alloc<float>(r * hd, what));
+  M3_ASSIGN_OR_RETURN(b.block_scores, a.alloc<float>(r * hix * mb, what));
+  M3_ASSIGN_OR_RETURN(b.selected, a.alloc<int32_t>(r * hix * top_k, what));
+  M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * top_k * d, what));
+  M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * top_k * 2, what));
+  M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
+  // Split-K scratch: the largest GEMV of a step.
+  int64_t need = 0;
+  auto fit = [&](const DevMatrix& m, int64_t rows) {
+    if (m.n > 0) need = std::max(need, cuda::quant_gemv_num_slices(m.format, m.k, 0) * rows * m.n);
+  };
+  for (const DevLayer& L : w.layers) {
+    fit(L.qkv, r);
+    fit(L.o, r);
+    fit(L.mlp_gu, r);
+    fit(L.mlp_down, r);
+    fit(L.router, r);
+    fit(L.experts_gu, r * kk);
+    fit(L.experts_down, r * kk);
+    fit(L.shared_gu, r);
+    fit(L.shared_down, r);
+  }
+  fit(w.lm_head, std::min(r, kHeadRows));
+  b.partial_elems = need;
+  M3_ASSIGN_OR_RETURN(b.partial, a.alloc<float>(need, what + " (GEMV split-K scratch)"));
+  return Status::ok();
+}
+
+int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c) {
+  return c.num_hidden_layers * kPage *
+         (2 * c.num_key_value_heads * c.head_dim + c.index_head_dim) * 2;
+}
+
+Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cfg,
+                                                       const WeightSource& src,
+                                                       const CudaM3Options& options) {
+  M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
+  if (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30))
+    return invalid_argument("[model.minimax_m3_cuda] num_kv_pages " +
+                            std::to_string(options.num_kv_pages) + " outside [1, 2^30]");
+  if (options.max_batch < 1 || options.max_batch > 4096)
+    return invalid_argument("[model.minimax_m3_cuda] max_batch " +
+                            std::to_string(options.max_batch) + " outside [1, 4096]");
+  if (options.prefill_attention_variant < 0 || options.prefill_attention_variant > 1 ||
+      options.prefill_indexer_variant < 0 || options.prefill_indexer_variant > 1)
+    return invalid_argument("[model.minimax_m3_cuda] prefill variants must be 0 or 1");
+  M3_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::select_device(options.device));
+  (void)info;
+  std::unique_ptr<CudaM3Model> m(new CudaM3Model());
+  m->impl_ = std::make_unique<Impl>();
+  Impl& im = *m->impl_;
+  im.cfg = cfg;
+  im.opt = options;
+  const MiniMaxM3Config& c = cfg;
+  im.hd = c.hidden_size;
+  im.nh = c.num_attention_heads;
+  im.hkv = c.num_key_value_heads;
+  im.d = c.head_dim;
+  im.hix = c.index_n_heads;
+  im.dix = c.index_head_dim;
+  im.vocab = c.vocab_size;
+  im.off_k = im.nh * im.d;
+  im.off_v = im.off_k + im.hkv * im.d;
+  im.off_iq = im.off_v + im.hkv * im.d;
+  im.off_ik = im.off_iq + im.hix * im.dix;
+  im.nqkv = im.off_ik + im.dix;
+  im.ne = c.num_local_experts;
+  im.kk = c.num_experts_per_tok;
+  im.inter = c.intermediate_size;
+  im.dense_inter = c.dense_intermediate_size;
+  im.shared_inter = c.shared_intermediate_size * c.n_shared_experts;
+  im.max_mlp = std::max<int64_t>({im.dense_inter, im.shared_inter, 1});
+  im.top_k = c.index_topk_blocks;
+  im.eps = static_cast<float>(c.rms_norm_eps);
+  im.alpha = static_cast<float>(c.swiglu_alpha);
+  im.limit = static_cast<float>(c.swiglu_limit);
+  im.scale = 1.0f / std::sqrt(static_cast<float>(im.d));
+  im.routed_scale = static_cast<float>(c.routed_scaling_factor);
+
+  M3_ASSIGN_OR_RETURN(im.stream, cuda::Stream::create());
+  im.alloc = std::make_unique<cuda::CachingAllocator>();
+  M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
+  M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(cfg, src, &im.arena));
+  im.stats.weight_bytes = im.arena.bytes();
+  im.stats.bf16_fallbacks = im.w.bf16_fallbacks;
+  im.stats.quantised_matrices = im.w.quantised_matrices;
+
+  // KV cache: per layer K, V [P, 128, Hkv, D] and index keys [P, 128, Dix], bf16, zeroed.
+  const int64_t pages = options.num_kv_pages;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    cuda::KvCacheBf16View v;
+    const std::string what = "KV cache of layer " + std::to_string(l);
+    M3_ASSIGN_OR_RETURN(v.k, im.arena.alloc<uint16_t>(pages * kPage * im.hkv * im.d, what));
+    M3_ASSIGN_OR_RETURN(v.v, im.arena.alloc<uint16_t>(pages * kPage * im.hkv * im.d, what));
+    M3_ASSIGN_OR_RETURN(v.idx_k, im.arena.alloc<uint16_t>(pages * kPage * im.dix, what));
+    v.num_pages = pages;
+    v.page_size = kPage;
+    v.num_kv_heads = im.hkv;
+    v.head_dim = im.d;
+    v.index_head_dim = im.dix;
+    im.kv.push_back(v);
+  }
+  im.stats.kv_bytes = im.arena.bytes() - im.stats.weight_bytes;
+
+  // Decode buffers: max_batch rows; block tables up to the cache size (at most 1M tokens).
+  im.dec_rows = options.max_batch;
+  im.dec_mb_cap = std::clamp<int64_t>(pages, 1, 8192);
+  M3_RETURN_IF_ERROR(im.alloc_decode_buffers());
+  im.stats.buffer_bytes = im.arena.bytes() - im.stats.weight_bytes - im.stats.kv_bytes;
+  M3_RETURN_IF_ERROR(im.stream.synchronize());
+  return m;
+}
+
+CudaM3Model::~CudaM3Model() = default;
+
+const MiniMaxM3Config& CudaM3Model::config() const { return impl_->cfg; }
+int64_t CudaM3Model::num_kv_pages() const { return impl_->opt.num_kv_pages; }
+void CudaM3Model::set_use_graphs(bool on) { impl_->opt.use_graphs = on; }
+CudaM3Stats CudaM3Model::stats() const { return impl_->stats; }
+
+Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out) {
+  Impl& im = *impl_;
+  const int64_t pages = im.opt.num_kv_pages;
+  if (batch.empty()) return invalid_argument("[model.minimax_m3_cuda.forward] empty batch");
+  // ---- Validate (the messages of Model::forward) and order: one-token rows first.
+  std::vector<Impl::Seq> seqs;
+  std::vector<size_t> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t s = 0; s < batch.size(); ++s)
+      if ((batch[s].tokens.size() == 1) == (pass == 0)) order.push_back(s);
+  int64_t t_all = 0, n_dec = 0, mb = 1;
+  for (size_t s : order) {
+    const SequenceInput& in = batch[s];
+    const std::string who = "[model.minimax_m3_cuda.forward] sequence " + std::to_string(s) + ": ";
+    if (in.tokens.empty()) return invalid_argument(who + "no tokens");
+    if (in.start_pos < 0) return invalid_argument(who + "negative start_pos");
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t end = in.start_pos + n;
+    if (end > INT32_MAX) return invalid_argument(who + "positions beyond int32");
+    const int64_t need = (end + kPage - 1) / kPage;
+    if (static_cast<int64_t>(in.block_table.size()) < need)
+      return invalid_argument(who + "block table has " + std::to_string(in.block_table.size()) +
+                              " pages, positions up to " + std::to_string(end - 1) + " need " +
+                              std::to_string(need));
+    for (int32_t pg : in.block_table)
+      if (pg < 0 || pg >= pages)
+        return invalid_argument(who + "page id " + std::to_string(pg) + " outside the cache (" +
+                                std::to_string(pages) + " pages)");
+    for (int32_t id : in.tokens)
+      if (id < 0 || id >= im.vocab)
+        return invalid_argument(who + "token id " + std::to_string(id) +
+                                " outside the vocabulary [0, " + std::to_string(im.vocab) + ")");
+    for (int32_t r : in.logits_rows)
+      if (r < 0 || r >= static_cast<int32_t>(n))
+        return invalid_argument(who + "logits row " + std::to_string(r) + " out of range");
+    seqs.push_back({s, t_all, n, need});
+    t_all += n;
+    if (n == 1) ++n_dec;
+    mb = std::max(mb, need);
+  }
+  if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3_cuda.forward] batch too large");
+
+  const bool decode = n_dec == t_all && t_all <= im.dec_rows && mb <= im.dec_mb_cap;
+  if (decode) {
+    // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
+    const int64_t rows = std::min(next_pow2(t_all), im.dec_rows);
+    const int64_t width = std::min(next_pow2(mb), im.dec_mb_cap);
+    std::vector<int32_t> ids(static_cast<size_t>(rows), 0), pos(static_cast<size_t>(rows), 0),
+        tabs(static_cast<size_t>(rows * width), -1);
+    for (const Impl::Seq& s : seqs) {
+      const SequenceInput& in = batch[s.index];
+      const int64_t r = s.offset;
+      ids[static_cast<size_t>(r)] = in.tokens[0];
+      pos[static_cast<size_t>(r)] = static_cast<int32_t>(in.start_pos);
+      const int64_t nb = std::min<int64_t>(static_cast<int64_t>(in.block_table.size()), width);
+      std::copy(in.block_table.begin(), in.block_table.begin() + nb,
+                tabs.begin() + r * width);
+    }
+    cudaStream_t st = im.st();
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(im.dec.ids, ids.data(), rows * 4, cudaMemcpyHostToDevice, st));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(im.dec.positions, pos.data(), rows * 4, cudaMemcpyHostToDevice, st));
+    M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(im.dec.tables, tabs.data(), rows * width * 4,
+                                            cudaMemcpyHostToDevice, st));
+    M3_RETURN_IF_ERROR(im.run_decode(rows, width));
+    out->logits.assign(batch.size(), {});
+    for (const Impl::Seq& s : seqs) {
+      const std::vector<int32_t>& want = batch[s.index].logits_rows;
+      std::vector<float>& dst = out->logits[s.index];
+      dst.resize(want.size() * static_cast<size_t>(im.vocab));
+      for (size_t j = 0; j < want.size(); ++j)  // want[j] == 0 (validated: one token)
+        M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data() + j * im.vocab,
+                                                im.dec.logits + s.offset * im.vocab,
+                                                im.vocab * 4, cudaMemcpyDeviceToHost, st));
+    }
+    M3_RETURN_IF_ERROR(im.stream.synchronize());
+    ++im.stats.decode_steps;
+    return Status::ok();
+  }
+
+  std::vector<int32_t> ids(static_cast<size_t>(t_all)), pos(static_cast<size_t>(t_all)),
+      tabs(static_cast<size_t>(t_all * mb), -1);
+  for (const Impl::Seq& s : seqs) {
+    const SequenceInput& in = batch[s.index];
+    const int64_t nb = std::min<int64_t>(static_cast<int64_t>(in.block_table.size()), mb);
+    for (int64_t i = 0; i < s.n; ++i) {
+      const size_t r = static_cast<size_t>(s.offset + i);
+      ids[r] = in.tokens[static_cast<size_t>(i)];
+      pos[r] = static_cast<int32_t>(in.start_pos + i);
+      std::copy(in.block_table.begin(), in.block_table.begin() + nb,
+                tabs.begin() + static_cast<int64_t>(r) * mb);
+    }
+  }
+  M3_RETURN_IF_ERROR(im.general_step(batch, seqs, t_all, n_dec, mb, ids, pos, tabs, out));
+  ++im.stats.general_steps;
+  return Status::ok();
+}
+
+}  // namespace m3::minimax_m3

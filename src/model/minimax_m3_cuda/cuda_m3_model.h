@@ -1,0 +1,82 @@
+// The MiniMax-M3 text model on the real-shape CUDA kernels (issue 6): weights in their storage
+// formats (MXFP8 / NVFP4 / BF16, see gpu_weights.h), a bf16 paged KV cache per layer in the
+// scheduler's page layout (cuda::KvCacheBf16View, page = sparse block = 128 tokens), bf16
+// activations and a float32 residual stream. forward() has exactly minimax_m3::Model::forward's
+// semantics (model.h): decode rows and prefill chunks of several sequences in one batch.
+//
+// Two paths per step:
+//  * decode (every sequence has one token and there are at most max_batch of them): the streaming
+//    GEMVs (quant_gemv.h), indexer_decode + sparse_decode, grouped expert GEMVs. Rows are padded
+//    to a batch bucket (1, 2, 4, ..., 128) and the block tables to a power-of-two width; padding
+//    rows have block-table -1 (no KV write, no attention) and position 0. All buffers are made at
+//    load, so the step allocates nothing, and with graphs on it is captured into a CUDA graph per
+//    (batch bucket, table width) on its first use (that step runs eagerly) and replayed after.
+//    Graph replay and the eager launches are the same kernels on the same buffers: bitwise equal.
+//  * general (any prefill chunk): linears through PrefillGemm on all tokens of the step
+//    (dequantise to bf16 + cuBLASLt; routed experts grouped by expert), decode rows of the step
+//    through indexer_decode + sparse_decode, each prefill chunk through launch_prefill_attention.
+//    Scratch comes from a caching allocator.
+//
+// Every layer must be an MSA sparse layer; check_real_shape_fit (fit_check.h) lists what else the
+// kernels need, and load() returns its invalid_argument so the caller can fall back to the float32
+// path. Not thread-safe: one caller (the engine thread) at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "core/status.h"
+#include "loader/model_config.h"
+#include "loader/weight_source.h"
+#include "model/minimax_m3/model.h"
+
+namespace m3::minimax_m3 {
+
+struct CudaM3Options {
+  int64_t num_kv_pages = 0;   // KV cache pages (page ids 0 .. num_kv_pages - 1); required
+  int64_t max_batch = 128;    // decode rows per step on the GEMV path (larger batches: general)
+  bool use_graphs = true;     // CUDA graphs for decode steps
+  int device = 0;
+  int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
+  int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant
+};
+
+struct CudaM3Stats {
+  int64_t decode_steps = 0, general_steps = 0;
+  int64_t graph_captures = 0, graph_replays = 0;
+  int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although quantised on disk
+  int64_t quantised_matrices = 0;  // fused matrices kept MXFP8 / NVFP4
+  int64_t weight_bytes = 0, kv_bytes = 0, buffer_bytes = 0;  // device memory at load
+};
+
+class CudaM3Model {
+ public:
+  static Result<std::unique_ptr<CudaM3Model>> load(const MiniMaxM3Config& cfg,
+                                                   const WeightSource& src,
+                                                   const CudaM3Options& options);
+  ~CudaM3Model();
+  CudaM3Model(const CudaM3Model&) = delete;
+  CudaM3Model& operator=(const CudaM3Model&) = delete;
+
+  // Bytes of one KV page over all layers (bf16 K, V and index keys).
+  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg);
+
+  const MiniMaxM3Config& config() const;
+  int64_t num_kv_pages() const;
+  int64_t page_size() const { return 128; }
+  void set_use_graphs(bool on);
+  CudaM3Stats stats() const;
+
+  // Model::forward semantics (the KV cache is the model's own). Errors in the inputs are
+  // invalid_argument before anything runs.
+  Status forward(std::span<const SequenceInput> batch, ForwardOutput* out);
+
+  struct Impl;
+
+ private:
+  CudaM3Model() = default;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace m3::minimax_m3

@@ -1,0 +1,38 @@
+// ModelRunner over CudaM3Model (the real-shape CUDA path): a StepPlan becomes CudaM3Model's batch
+// (one SequenceInput per slice, logits for the last token of the slices that need them), exactly
+// as MiniMaxM3ModelRunner does for the float32 Model. The scheduler's page ids index the model's
+// bf16 KV cache directly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/model_runner.h"
+#include "model/minimax_m3_cuda/cuda_m3_model.h"
+
+namespace m3 {
+
+class CudaM3ModelRunner final : public ModelRunner {
+ public:
+  explicit CudaM3ModelRunner(std::unique_ptr<minimax_m3::CudaM3Model> model)
+      : model_(std::move(model)) {}
+
+  // Loads the model with as many KV pages as fit in kv_cache_bytes (options.num_kv_pages is
+  // overwritten). invalid_argument from check_real_shape_fit when the config does not fit.
+  static Result<std::unique_ptr<CudaM3ModelRunner>> create(const MiniMaxM3Config& cfg,
+                                                           const WeightSource& src,
+                                                           int64_t kv_cache_bytes,
+                                                           minimax_m3::CudaM3Options options);
+
+  int32_t vocab_size() const override;
+  int32_t num_kv_pages() const override;
+  int32_t page_size() const override;
+  Status forward(const StepPlan& plan, LogitsOut& out) override;
+
+  minimax_m3::CudaM3Model& model() { return *model_; }
+
+ private:
+  std::unique_ptr<minimax_m3::CudaM3Model> model_;
+};
+
+}  // namespace m3

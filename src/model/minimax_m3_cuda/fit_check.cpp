@@ -1,0 +1,65 @@
+#include "model/minimax_m3_cuda/fit_check.h"
+
+#include <string>
+
+namespace m3::minimax_m3 {
+namespace {
+
+Status no_fit(const std::string& field, int64_t value, const std::string& need) {
+  return invalid_argument("[model.minimax_m3_cuda] config does not fit the real-shape CUDA "
+                          "kernels: " + field + " = " + std::to_string(value) + " (" + need + ")");
+}
+
+}  // namespace
+
+Status check_real_shape_fit(const MiniMaxM3Config& c) {
+  M3_RETURN_IF_ERROR(c.validate());
+  if (c.head_dim != 128) return no_fit("head_dim", c.head_dim, "needs 128");
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads != 16 * c.num_key_value_heads)
+    return no_fit("num_attention_heads", c.num_attention_heads,
+                  "needs 16 query heads per KV head, num_key_value_heads = " +
+                      std::to_string(c.num_key_value_heads));
+  if (c.index_block_size != 128)
+    return no_fit("index_block_size", c.index_block_size, "KV page = sparse block needs 128");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (!c.is_sparse_layer(i))
+      return no_fit("layer_types[" + std::to_string(i) + "] (full_attention)", i,
+                    "every layer must be minimax_m3_sparse on this path");
+  if (c.index_head_dim != 128) return no_fit("index_head_dim", c.index_head_dim, "needs 128");
+  if (c.index_n_heads != c.num_key_value_heads || c.index_n_heads > 8)
+    return no_fit("index_n_heads", c.index_n_heads,
+                  "needs == num_key_value_heads and <= 8");
+  if (c.index_topk_blocks < 1 || c.index_topk_blocks > 65535)
+    return no_fit("index_topk_blocks", c.index_topk_blocks, "needs [1, 65535]");
+  if (c.index_local_blocks < 0 || c.index_init_blocks < 0)
+    return no_fit("index_local_blocks / index_init_blocks",
+                  c.index_local_blocks < 0 ? c.index_local_blocks : c.index_init_blocks,
+                  "needs >= 0");
+  if (c.rotary_dim < 2 || c.rotary_dim > 128 || c.rotary_dim % 2 != 0)
+    return no_fit("rotary_dim", c.rotary_dim, "needs even, in [2, 128]");
+  if (c.hidden_size <= 0 || c.hidden_size % 1024 != 0)
+    return no_fit("hidden_size", c.hidden_size, "needs a positive multiple of 1024");
+  if (c.vocab_size <= 0) return no_fit("vocab_size", c.vocab_size, "needs > 0");
+  bool any_dense = false, any_moe = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? any_moe : any_dense) = true;
+  if (any_dense && (c.dense_intermediate_size <= 0 || c.dense_intermediate_size % 1024 != 0))
+    return no_fit("dense_intermediate_size", c.dense_intermediate_size,
+                  "needs a positive multiple of 1024");
+  if (any_moe) {
+    if (c.intermediate_size <= 0 || c.intermediate_size % 1024 != 0)
+      return no_fit("intermediate_size", c.intermediate_size, "needs a positive multiple of 1024");
+    const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
+    if (shared < 0 || shared % 1024 != 0)
+      return no_fit("shared_intermediate_size * n_shared_experts", shared,
+                    "needs 0 or a multiple of 1024");
+    if (c.num_local_experts < 1 || c.num_local_experts > 512)
+      return no_fit("num_local_experts", c.num_local_experts, "needs [1, 512]");
+    if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > 16 ||
+        c.num_experts_per_tok > c.num_local_experts)
+      return no_fit("num_experts_per_tok", c.num_experts_per_tok,
+                    "needs [1, min(16, num_local_experts)]");
+  }
+  return Status::ok();
+}
+
+}  // namespace m3::minimax_m3

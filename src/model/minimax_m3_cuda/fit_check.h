@@ -1,0 +1,21 @@
+// Whether a MiniMax-M3 config fits the real-shape CUDA kernels (CudaM3Model). Host-only, so it is
+// built and unit-tested without CUDA; the caller falls back to the float32 path when it fails.
+#pragma once
+
+#include "core/status.h"
+#include "loader/model_config.h"
+
+namespace m3::minimax_m3 {
+
+// ok, or invalid_argument naming the first field that does not fit and what the kernels need:
+//  * head_dim 128, 16 query heads per KV head (sparse_decode, qk_norm_rope);
+//  * every layer MSA sparse (layer_types): dense-attention layers are not on this path;
+//  * index_block_size (= KV page) 128, index_head_dim 128, index_n_heads == num_key_value_heads
+//    <= 8 (indexer_decode), index_topk_blocks in [1, 65535];
+//  * rotary_dim even in [2, 128];
+//  * hidden_size and every intermediate size a multiple of 1024 (the streaming GEMV's K slices:
+//    512 for MXFP8, 1024 for NVFP4, 256 for BF16);
+//  * MoE: num_local_experts in [1, 512], num_experts_per_tok in [1, min(16, experts)].
+Status check_real_shape_fit(const MiniMaxM3Config& c);
+
+}  // namespace m3::minimax_m3

@@ -1,0 +1,317 @@
+#include "model/minimax_m3_cuda/gpu_weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "model/minimax_m3/weights.h"
+
+namespace m3::minimax_m3 {
+namespace {
+
+using cuda::QuantFormat;
+
+struct Part {
+  std::string name;
+  int64_t rows = 0;
+};
+
+// A fused matrix [Σ rows, K] on the host, in one format.
+struct HostMatrix {
+  QuantFormat format = QuantFormat::kBf16;
+  std::vector<uint8_t> w, s;
+  float mult = 1.0f;  // NVFP4 multiplier
+  int64_t n = 0, k = 0;
+};
+
+bool is_nvfp4(WeightFormat f) {
+  return f == WeightFormat::kNvfp4Compressed || f == WeightFormat::kNvfp4ModelOpt;
+}
+
+// The multiplier the GEMV applies: compressed-tensors' global scale divides, ModelOpt's multiplies.
+float nvfp4_multiplier(const RawWeight& r) {
+  return r.format == WeightFormat::kNvfp4Compressed ? 1.0f / r.global_scale : r.global_scale;
+}
+
+void append(std::vector<uint8_t>* dst, const uint8_t* src, size_t bytes) {
+  if (bytes) dst->insert(dst->end(), src, src + bytes);
+}
+
+// Loads `parts` (each [rows, k]) as one matrix, in their common quantised format when
+// `allow_quant` and they agree, else BF16.
+Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& parts, int64_t k,
+                              bool allow_quant) {
+  HostMatrix m;
+  m.k = k;
+  for (const Part& p : parts) m.n += p.rows;
+  std::vector<RawWeight> raws;
+  bool have_raw = true;
+  for (const Part& p : parts) {
+    Result<RawWeight> r = src.load_raw(p.name, {p.rows, k});
+    if (!r.is_ok()) {
+      if (r.status().code() == StatusCode::kUnimplemented) {
+        have_raw = false;
+        break;
+      }
+      return r.status();
+    }
+    raws.push_back(std::move(r).value());
+  }
+  if (have_raw && allow_quant) {
+    bool all_mx = k % 32 == 0, all_fp4 = k % 16 == 0;
+    for (const RawWeight& r : raws) {
+      all_mx &= r.format == WeightFormat::kMxfp8;
+      all_fp4 &= is_nvfp4(r.format) && std::isfinite(nvfp4_multiplier(r)) &&
+                 nvfp4_multiplier(r) == nvfp4_multiplier(raws[0]);
+    }
+    if (all_mx || all_fp4) {
+      m.format = all_mx ? QuantFormat::kMxfp8 : QuantFormat::kNvfp4;
+      m.mult = all_fp4 ? nvfp4_multiplier(raws[0]) : 1.0f;
+      for (size_t i = 0; i < raws.size(); ++i) {
+        const int64_t n = parts[i].rows * k;
+        const size_t want_w = static_cast<size_t>(all_mx ? n : n / 2);
+        const size_t want_s = static_cast<size_t>(all_mx ? n / 32 : n / 16);
+        if (raws[i].data_bytes != want_w || raws[i].scale_bytes != want_s)
+          return invalid_argument("[model.minimax_m3_cuda] tensor '" + parts[i].name +
+                                  "': stored bytes do not match its format and shape");
+        append(&m.w, raws[i].data, want_w);
+        append(&m.s, raws[i].scale, want_s);
+      }
+      return m;
+    }
+  }
+  // BF16: stored BF16 bytes as they are, anything else through float32.
+  m.format = QuantFormat::kBf16;
+  m.w.resize(static_cast<size_t>(m.n * k) * 2);
+  size_t off = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(parts[i].rows * k) * 2;
+    if (have_raw && raws[i].format == WeightFormat::kBF16 && raws[i].data_bytes == bytes) {
+      std::memcpy(m.w.data() + off, raws[i].data, bytes);
+    } else {
+      M3_ASSIGN_OR_RETURN(HostTensorF32 t, src.load_f32(parts[i].name, {parts[i].rows, k}));
+      for (size_t j = 0; j < t.data.size(); ++j) {
+        const uint16_t b = f32_to_bf16(t.data[j]);
+        std::memcpy(m.w.data() + off + 2 * j, &b, 2);
+      }
+    }
+    off += bytes;
+  }
+  return m;
+}
+
+Status copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  M3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  return Status::ok();
+}
+
+class Loader {
+ public:
+  Loader(const WeightSource& src, DeviceArena* arena, DevWeights* out)
+      : src_(src), arena_(arena), out_(out) {}
+
+  // A [Hd]-style vector as bf16.
+  Result<uint16_t*> vec_bf16(const std::string& name, int64_t n) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {n}));
+    std::vector<uint16_t> b(t.data.size());
+    for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(t.data[i]);
+    M3_ASSIGN_OR_RETURN(uint16_t * d, arena_->alloc<uint16_t>(n, name));
+    M3_RETURN_IF_ERROR(copy_to_device(d, b.data(), b.size() * 2));
+    return d;
+  }
+
+  Result<float*> vec_f32(const std::string& name, int64_t n) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {n}));
+    M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(n, name));
+    M3_RETURN_IF_ERROR(copy_to_device(d, t.data.data(), t.data.size() * 4));
+    return d;
+  }
+
+  // One fused matrix.
+  Result<DevMatrix> matrix(const std::vector<Part>& parts, int64_t k, bool allow_quant = true) {
+    M3_ASSIGN_OR_RETURN(HostMatrix h, load_fused(src_, parts, k, allow_quant));
+    M3_ASSIGN_OR_RETURN(DevMatrix d, alloc_like(h, 1, parts[0].name));
+    M3_RETURN_IF_ERROR(put(d, 0, h));
+    count(parts, h.format);
+    return d;
+  }
+
+  // E fused matrices of one shape (routed experts), all in one format: the first expert's, or
+  // BF16 for all when any expert disagrees.
+  Result<DevMatrix> experts(const std::vector<std::vector<Part>>& per_expert, int64_t k) {
+    for (bool allow_quant : {true, false}) {
+      M3_ASSIGN_OR_RETURN(HostMatrix first, load_fused(src_, per_expert[0], k, allow_quant));
+      const int64_t g = static_cast<int64_t>(per_expert.size());
+      M3_ASSIGN_OR_RETURN(DevMatrix d, alloc_like(first, g, per_expert[0][0].name));
+      M3_RETURN_IF_ERROR(put(d, 0, first));
+      bool uniform = true;
+      for (int64_t e = 1; e < g && uniform; ++e) {
+        M3_ASSIGN_OR_RETURN(HostMatrix h, load_fused(src_, per_expert[e], k, allow_quant));
+        if (h.format != first.format || h.w.size() != first.w.size() ||
+            h.s.size() != first.s.size()) {
+          uniform = false;  // (the memory of this attempt stays in the arena until unload)
+          break;
+        }
+        M3_RETURN_IF_ERROR(put(d, e, h));
+      }
+      if (uniform) {
+        count(per_expert[0], first.format);
+        return d;
+      }
+    }
+    return internal_error("[model.minimax_m3_cuda] experts of '" + per_expert[0][0].name +
+                          "' did not load as BF16");
+  }
+
+ private:
+  Result<DevMatrix> alloc_like(const HostMatrix& h, int64_t g, const std::string& what) {
+    DevMatrix d;
+    d.format = h.format;
+    d.n = h.n;
+    d.k = h.k;
+    d.groups = g;
+    M3_ASSIGN_OR_RETURN(d.w, arena_->alloc<uint8_t>(g * static_cast<int64_t>(h.w.size()), what));
+    const int64_t sbytes = h.format == QuantFormat::kBf16 ? 16 : g * static_cast<int64_t>(h.s.size());
+    M3_ASSIGN_OR_RETURN(d.scale, arena_->alloc<uint8_t>(sbytes, what + " (scales)"));
+    if (h.format == QuantFormat::kNvfp4) {
+      M3_ASSIGN_OR_RETURN(d.global, arena_->alloc<float>(g, what + " (global)"));
+    }
+    return d;
+  }
+
+  Status put(const DevMatrix& d, int64_t e, const HostMatrix& h) {
+    M3_RETURN_IF_ERROR(copy_to_device(d.w + e * static_cast<int64_t>(h.w.size()), h.w.data(),
+                                      h.w.size()));
+    if (h.format != QuantFormat::kBf16)
+      M3_RETURN_IF_ERROR(copy_to_device(d.scale + e * static_cast<int64_t>(h.s.size()),
+                                        h.s.data(), h.s.size()));
+    if (d.global) M3_RETURN_IF_ERROR(copy_to_device(d.global + e, &h.mult, sizeof(float)));
+    return Status::ok();
+  }
+
+  // A fused matrix counts as a fallback when its checkpoint format was quantised.
+  void count(const std::vector<Part>& parts, QuantFormat got) {
+    if (got != QuantFormat::kBf16) {
+      ++out_->quantised_matrices;
+      return;
+    }
+    for (const Part& p : parts) {
+      Result<WeightFormat> f = src_.format(p.name);
+      if (f.is_ok() && (*f == WeightFormat::kMxfp8 || is_nvfp4(*f))) {
+        ++out_->bf16_fallbacks;
+        return;
+      }
+    }
+  }
+
+  const WeightSource& src_;
+  DeviceArena* arena_;
+  DevWeights* out_;
+};
+
+Result<std::string> pick(const WeightSource& src, const std::string& a, const std::string& b) {
+  if (src.has(a)) return a;
+  if (src.has(b)) return b;
+  return not_found("[model.minimax_m3_cuda] missing tensor: looked for '" + a + "', '" + b + "'");
+}
+
+// Gate and up of a SwiGLU MLP under `base` as parts (fused gate_up_proj or separate).
+std::vector<Part> gate_up_parts(const WeightSource& src, const std::string& base, int64_t inter) {
+  if (src.has(base + "gate_up_proj.weight")) return {{base + "gate_up_proj.weight", 2 * inter}};
+  return {{base + "gate_proj.weight", inter}, {base + "up_proj.weight", inter}};
+}
+
+Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
+                  const WeightNaming& naming, int64_t i, DevLayer* L) {
+  const std::string p = naming.layer(i), a = p + "self_attn.";
+  const int64_t hd = c.hidden_size, d = c.head_dim, h = c.num_attention_heads,
+                hkv = c.num_key_value_heads, hix = c.index_n_heads, dix = c.index_head_dim;
+  L->moe = c.is_moe_layer(i);
+  M3_ASSIGN_OR_RETURN(L->in_norm, ld.vec_bf16(p + "input_layernorm.weight", hd));
+  M3_ASSIGN_OR_RETURN(L->post_norm, ld.vec_bf16(p + "post_attention_layernorm.weight", hd));
+  M3_ASSIGN_OR_RETURN(L->q_norm, ld.vec_bf16(a + "q_norm.weight", d));
+  M3_ASSIGN_OR_RETURN(L->k_norm, ld.vec_bf16(a + "k_norm.weight", d));
+  M3_ASSIGN_OR_RETURN(std::string iq, pick(src, a + "index_q_proj.weight", a + "indexer.q_proj.weight"));
+  M3_ASSIGN_OR_RETURN(std::string ik, pick(src, a + "index_k_proj.weight", a + "indexer.k_proj.weight"));
+  M3_ASSIGN_OR_RETURN(std::string iqn, pick(src, a + "index_q_norm.weight", a + "indexer.q_norm.weight"));
+  M3_ASSIGN_OR_RETURN(std::string ikn, pick(src, a + "index_k_norm.weight", a + "indexer.k_norm.weight"));
+  M3_ASSIGN_OR_RETURN(L->iq_norm, ld.vec_bf16(iqn, dix));
+  M3_ASSIGN_OR_RETURN(L->ik_norm, ld.vec_bf16(ikn, dix));
+  M3_ASSIGN_OR_RETURN(L->qkv, ld.matrix({{a + "q_proj.weight", h * d},
+                                         {a + "k_proj.weight", hkv * d},
+                                         {a + "v_proj.weight", hkv * d},
+                                         {iq, hix * dix},
+                                         {ik, dix}},
+                                        hd));
+  M3_ASSIGN_OR_RETURN(L->o, ld.matrix({{a + "o_proj.weight", hd}}, h * d));
+  const std::string m = p + "block_sparse_moe.";
+  if (!L->moe) {
+    std::string base;
+    for (const std::string& b : {p + "mlp.", m})
+      if (src.has(b + "gate_proj.weight") || src.has(b + "gate_up_proj.weight")) {
+        base = b;
+        break;
+      }
+    if (base.empty())
+      return not_found("[model.minimax_m3_cuda] missing dense MLP of layer " + std::to_string(i) +
+                       ": looked for '" + p + "mlp.gate_proj.weight' and '" + m +
+                       "gate_proj.weight'");
+    const int64_t inter = c.dense_intermediate_size;
+    M3_ASSIGN_OR_RETURN(L->mlp_gu, ld.matrix(gate_up_parts(src, base, inter), hd));
+    M3_ASSIGN_OR_RETURN(L->mlp_down, ld.matrix({{base + "down_proj.weight", hd}}, inter));
+    return Status::ok();
+  }
+  const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
+  // The router stays high precision in the checkpoint; the GEMV reads it as BF16 (see README).
+  M3_ASSIGN_OR_RETURN(L->router, ld.matrix({{m + "gate.weight", ne}}, hd, /*allow_quant=*/false));
+  const std::string bias = src.has(m + "e_score_correction_bias")
+                               ? m + "e_score_correction_bias"
+                               : m + "gate.e_score_correction_bias";
+  if (src.has(bias)) {
+    M3_ASSIGN_OR_RETURN(L->router_bias, ld.vec_f32(bias, ne));
+  } else if (c.use_routing_bias) {
+    return not_found("[model.minimax_m3_cuda] missing tensor '" + m +
+                     "e_score_correction_bias' (use_routing_bias is true)");
+  }
+  std::vector<std::vector<Part>> gu(static_cast<size_t>(ne)), down(static_cast<size_t>(ne));
+  for (int64_t e = 0; e < ne; ++e) {
+    const std::string x = m + "experts." + std::to_string(e) + ".";
+    gu[e] = {{x + "w1.weight", inter}, {x + "w3.weight", inter}};
+    down[e] = {{x + "w2.weight", hd}};
+  }
+  M3_ASSIGN_OR_RETURN(L->experts_gu, ld.experts(gu, hd));
+  M3_ASSIGN_OR_RETURN(L->experts_down, ld.experts(down, inter));
+  const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
+  if (shared > 0) {
+    const std::string s = m + "shared_experts.";
+    M3_ASSIGN_OR_RETURN(L->shared_gu, ld.matrix(gate_up_parts(src, s, shared), hd));
+    M3_ASSIGN_OR_RETURN(L->shared_down, ld.matrix({{s + "down_proj.weight", hd}}, shared));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
+                                    DeviceArena* arena) {
+  DevWeights w;
+  M3_ASSIGN_OR_RETURN(WeightNaming naming, detect_naming(src, cfg));
+  Loader ld(src, arena, &w);
+  const int64_t v = cfg.vocab_size, hd = cfg.hidden_size;
+  const std::string embed = naming.model_prefix + "embed_tokens.weight";
+  M3_ASSIGN_OR_RETURN(DevMatrix e, ld.matrix({{embed, v}}, hd, /*allow_quant=*/false));
+  w.embed = reinterpret_cast<uint16_t*>(e.w);
+  M3_ASSIGN_OR_RETURN(w.final_norm, ld.vec_bf16(naming.model_prefix + "norm.weight", hd));
+  if (naming.lm_head.empty()) {
+    w.lm_head = e;  // tied
+  } else {
+    M3_ASSIGN_OR_RETURN(w.lm_head, ld.matrix({{naming.lm_head, v}}, hd, /*allow_quant=*/false));
+  }
+  w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    M3_RETURN_IF_ERROR(load_layer(ld, src, cfg, naming, i, &w.layers[static_cast<size_t>(i)]));
+  return w;
+}
+
+}  // namespace m3::minimax_m3

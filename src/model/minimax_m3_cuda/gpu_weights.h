@@ -1,0 +1,72 @@
+// MiniMax-M3 weights on the GPU in their storage formats, for the real-shape kernels: MXFP8
+// (E4M3 codes + E8M0 scales) and NVFP4 (packed E2M1 + E4M3 scales + a per-matrix multiplier) as
+// stored, everything else BF16; the routing bias float32. Linears that read the same input are
+// fused by rows at load (q|k|v|index_q|index_k, gate|up), which needs their formats to agree;
+// otherwise (or when the source has no raw access, or NVFP4 gate/up multipliers differ) the fused
+// matrix is BF16 (exact for BF16 and MXFP8 storage; NVFP4 values are rounded to bf16), and
+// `bf16_fallbacks` counts it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
+#include "core/status.h"
+#include "loader/model_config.h"
+#include "loader/weight_source.h"
+#include "model/minimax_m3_cuda/device_arena.h"
+
+namespace m3::minimax_m3 {
+
+// G matrices [N, K] back to back in one format (G = 1 except routed experts).
+struct DevMatrix {
+  cuda::QuantFormat format = cuda::QuantFormat::kBf16;
+  uint8_t* w = nullptr;      // [G, N, K] e4m3 | [G, N, K/2] packed e2m1 | [G, N, K] bf16
+  uint8_t* scale = nullptr;  // [G, N, K/32] e8m0 | [G, N, K/16] e4m3 | a 16-byte dummy (BF16)
+  float* global = nullptr;   // [G] NVFP4 multiplier; nullptr otherwise
+  int64_t n = 0, k = 0, groups = 1;
+
+  cuda::QuantWeight prefill() const {
+    cuda::QuantWeight q;
+    q.format = format;
+    q.w = w;
+    q.w_scale = format == cuda::QuantFormat::kBf16 ? nullptr : scale;
+    q.w_global = global;
+    q.n = n;
+    q.k = k;
+    return q;
+  }
+};
+
+struct DevLayer {
+  bool moe = false;
+  uint16_t *in_norm = nullptr, *post_norm = nullptr;  // [Hd] bf16
+  uint16_t *q_norm = nullptr, *k_norm = nullptr;      // [D]
+  uint16_t *iq_norm = nullptr, *ik_norm = nullptr;    // [Dix]
+  DevMatrix qkv;  // [H·D + 2·Hkv·D + Hix·Dix + Dix, Hd]: q | k | v | index q | index k
+  DevMatrix o;    // [Hd, H·D]
+  DevMatrix mlp_gu, mlp_down;        // dense MLP: [2·I_dense, Hd], [Hd, I_dense]
+  DevMatrix router;                  // [E, Hd] bf16
+  float* router_bias = nullptr;      // [E] float32 (zeros when the checkpoint has none)
+  DevMatrix experts_gu;              // [E, 2·I, Hd] (gate rows then up rows per expert)
+  DevMatrix experts_down;            // [E, Hd, I]
+  DevMatrix shared_gu, shared_down;  // n == 0 when there is no shared expert
+};
+
+struct DevWeights {
+  uint16_t* embed = nullptr;       // [V, Hd] bf16
+  uint16_t* final_norm = nullptr;  // [Hd] bf16
+  DevMatrix lm_head;               // [V, Hd] bf16
+  std::vector<DevLayer> layers;
+  int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although the checkpoint quantised
+  int64_t quantised_matrices = 0;  // fused matrices kept in MXFP8 / NVFP4
+};
+
+// Loads every text-model weight of `cfg` from `src` into `arena`.
+Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
+                                    DeviceArena* arena);
+
+}  // namespace m3::minimax_m3
