@@ -1,0 +1,507 @@
+// The real-shape CUDA model (src/model/minimax_m3_cuda: quantised GEMVs, PrefillGemm, bf16 paged
+// KV, indexer + block-sparse attention, grouped experts, CUDA graphs) against the float32 CPU
+// model (src/model/minimax_m3) on the same weights, exact in their storage formats (MXFP8
+// attention / indexer / dense / shared linears, NVFP4 routed experts, BF16 the rest).
+//
+// Config: the real head shapes (D = Dix = 128, 16 query heads per KV head, page = block = 128)
+// with hidden 1024, Hkv = Hix = 2, vocab 2048, three MSA layers (layer 0 dense MLP, layers 1-2 MoE
+// with 8 experts, top-2, a shared expert), top-3 blocks with the init and local blocks forced,
+// so one block per (token, KV group) is chosen by score once a prompt passes 3 blocks.
+//
+// Both models round differently (the GPU keeps activations in bf16, the CPU in float32), so any
+// discrete choice made on nearly equal scores may differ and a compare would then measure that
+// choice, not the kernels. The weights are shaped so that the two discrete choices have margins
+// far above the rounding error:
+//  * Indexer: the index projections have one non-zero row per head, so after the per-head norm
+//    every index query/key is ±sqrt(128/n)·(1+w) in fixed dims (its sign is the only thing that
+//    depends on the token) and the score is a cosine/sine of (distance · one RoPE frequency).
+//    Head 0 (dims 12 / pair 12, f = 5e6^(-24/64) = 0.0031) prefers the nearest block; head 1
+//    (query dim 45 against key dim 13, f = 0.0019) prefers the farthest. Up to 600 tokens both are
+//    monotonic in distance and adjacent blocks differ by >= 6 in score; bf16 rounding of the
+//    ~11-magnitude components moves a score by < 0.4.
+//  * Routing: the routing bias ramps by 2 per expert (up in layer 1, down in layer 2), more than
+//    the sigmoid's range, so the chosen experts are fixed (layer 1: 6, 7; layer 2: 0, 1) while the
+//    weights s_i / Σ s stay token dependent. Gate and up of each expert are quantised to NVFP4
+//    together (one global scale), as real checkpoints do, so the GPU keeps them NVFP4.
+//
+// Tolerance: each bf16 rounding of an activation (normed input of every linear, q, k, v, index
+// q/k, attention output, SwiGLU output) has relative error <= 2^-9; a layer has about 6 of them on
+// the way to the residual, and the attention softmax turns a relative error e of the q·k logits
+// (|logit| <= ~4 here) into ~4e of its weights, so a layer is counted as 10 roundings, plus 4 for
+// the embedding / final norm / head. Errors add at most linearly through the (unit-gain) normed
+// residual stream, so |gpu - cpu| <= 2^-9 · (4 + 10·L) · rms(cpu logits of the row). The worst
+// |gpu-cpu|/bound is printed per case. The argmax must agree wherever the CPU's top-2 margin
+// exceeds twice the bound (then no pair of errors within the bound can swap them).
+//
+// Cases: (a) prefill of a 600-token prompt (5 blocks), all-token logits, prefill attention
+// variants (1, 1) and (0, 0); (b) chunked prefill of several sequences, then a mixed batch (one
+// prefill chunk + decode rows of two other sequences); (c) 20 greedy decode steps (teacher-forced
+// with the CPU's argmax) at batch 1 and batch 5, with CUDA graphs on and off: the graph output
+// must be bitwise equal to the eager output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/minimax_m3/dummy_weights.h"
+#include "model/minimax_m3/kv_cache.h"
+#include "model/minimax_m3/model.h"
+#include "model/minimax_m3/runner.h"
+#include "model/minimax_m3_cuda/cuda_m3_model.h"
+#include "quant/mxfp8.h"
+#include "quant/nvfp4.h"
+
+namespace m3 {
+namespace {
+
+using minimax_m3::CudaM3Model;
+using minimax_m3::CudaM3Options;
+using minimax_m3::DummyWeightSource;
+using minimax_m3::ForwardOutput;
+using minimax_m3::Model;
+using minimax_m3::PagedKvCache;
+using minimax_m3::SequenceInput;
+
+constexpr int64_t kPages = 96;
+
+MiniMaxM3Config test_config() {
+  MiniMaxM3Config c = minimax_m3::builtin_m3_flash_config(3);
+  c.hidden_size = 1024;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 2;
+  c.index_n_heads = 2;
+  c.vocab_size = 2048;
+  c.intermediate_size = 1024;
+  c.shared_intermediate_size = 1024;
+  c.dense_intermediate_size = 2048;
+  c.num_local_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.index_topk_blocks = 3;
+  c.index_init_blocks = 1;
+  c.index_local_blocks = 1;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  c.mlp_layer_types = {MlpKind::kDense, MlpKind::kMoe, MlpKind::kMoe};
+  c.layer_types.assign(3, AttentionKind::kSparse);
+  return c;
+}
+
+std::vector<float> normal(int64_t n, uint32_t seed, float sigma) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+// DummyWeightSource with the indexer projections, routing biases and expert gate/up replaced
+// (see the file comment), exact in their stored formats.
+class TestSource final : public WeightSource {
+ public:
+  explicit TestSource(const MiniMaxM3Config& c) : base_(c) {
+    const int64_t hd = c.hidden_size, dix = c.index_head_dim, hix = c.index_n_heads;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      const uint32_t s = static_cast<uint32_t>(1000 + 100 * i);
+      std::vector<float> iq(static_cast<size_t>(hix * dix * hd), 0.0f);
+      for (int64_t h = 0; h < hix; ++h) {
+        const int64_t row = h * dix + (h % 2 == 0 ? 12 : 45);
+        const std::vector<float> u = normal(hd, s + static_cast<uint32_t>(h), 0.02f);
+        std::copy(u.begin(), u.end(), iq.begin() + row * hd);
+      }
+      put_mxfp8(p + "self_attn.index_q_proj.weight", iq, hix * dix, hd);
+      std::vector<float> ik(static_cast<size_t>(dix * hd), 0.0f);
+      const std::vector<float> u = normal(hd, s + 50, 0.02f);
+      for (int64_t row : {12, 13}) std::copy(u.begin(), u.end(), ik.begin() + row * hd);
+      put_mxfp8(p + "self_attn.index_k_proj.weight", ik, dix, hd);
+      if (!c.is_moe_layer(i)) continue;
+      const std::string m = p + "block_sparse_moe.";
+      const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
+      Stored bias{WeightFormat::kF32, {ne}, {}, {}, 1.0f};
+      bias.data.resize(static_cast<size_t>(ne) * 4);
+      for (int64_t e = 0; e < ne; ++e) {
+        const float b = 2.0f * static_cast<float>(i % 2 == 1 ? e : ne - 1 - e);
+        std::memcpy(bias.data.data() + 4 * e, &b, 4);
+      }
+      ov_[m + "e_score_correction_bias"] = bias;
+      for (int64_t e = 0; e < ne; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        const std::vector<float> gu =
+            normal(2 * inter * hd, s + 7 + static_cast<uint32_t>(e), 0.02f);
+        Nvfp4Tensor q = *quantize_nvfp4(gu.data(), 2 * inter, hd, Nvfp4GlobalScale::kDivide);
+        const size_t pb = static_cast<size_t>(inter * hd / 2), sb = static_cast<size_t>(inter * hd / 16);
+        for (int half = 0; half < 2; ++half) {
+          Stored st{WeightFormat::kNvfp4Compressed, {inter, hd}, {}, {}, q.global_scale};
+          st.data.assign(q.packed.begin() + half * pb, q.packed.begin() + (half + 1) * pb);
+          st.scale.assign(q.scales.begin() + half * sb, q.scales.begin() + (half + 1) * sb);
+          ov_[x + (half == 0 ? "w1.weight" : "w3.weight")] = std::move(st);
+        }
+      }
+    }
+  }
+
+  bool has(const std::string& name) const override { return base_.has(name); }
+  std::vector<std::string> names() const override { return base_.names(); }
+  Result<WeightFormat> format(const std::string& name) const override {
+    auto it = ov_.find(name);
+    return it == ov_.end() ? base_.format(name) : Result<WeightFormat>(it->second.format);
+  }
+  Result<HostTensorF32> load_f32(const std::string& name,
+                                 const std::vector<int64_t>& shape) const override {
+    auto it = ov_.find(name);
+    if (it == ov_.end()) return base_.load_f32(name, shape);
+    const Stored& s = it->second;
+    if (s.shape != shape) return invalid_argument("[test source] shape of " + name);
+    HostTensorF32 t;
+    t.shape = shape;
+    t.data.resize(static_cast<size_t>(t.numel()));
+    const int64_t cols = shape.back(), rows = t.numel() / cols;
+    if (s.format == WeightFormat::kF32) {
+      std::memcpy(t.data.data(), s.data.data(), s.data.size());
+    } else if (s.format == WeightFormat::kMxfp8) {
+      M3_RETURN_IF_ERROR(dequantize_mxfp8(s.data.data(), s.scale.data(), rows, cols, t.data.data()));
+    } else {
+      M3_RETURN_IF_ERROR(dequantize_nvfp4(s.data.data(), s.scale.data(), s.global,
+                                          Nvfp4GlobalScale::kDivide, rows, cols, t.data.data()));
+    }
+    return t;
+  }
+  Result<RawWeight> load_raw(const std::string& name,
+                             const std::vector<int64_t>& shape) const override {
+    auto it = ov_.find(name);
+    if (it == ov_.end()) return base_.load_raw(name, shape);
+    const Stored& s = it->second;
+    if (s.shape != shape) return invalid_argument("[test source] shape of " + name);
+    RawWeight r;
+    r.format = s.format;
+    r.shape = s.shape;
+    r.data = s.data.data();
+    r.data_bytes = s.data.size();
+    r.scale = s.scale.empty() ? nullptr : s.scale.data();
+    r.scale_bytes = s.scale.size();
+    r.global_scale = s.global;
+    return r;
+  }
+
+ private:
+  struct Stored {
+    WeightFormat format;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> data, scale;
+    float global = 1.0f;
+  };
+  void put_mxfp8(const std::string& name, const std::vector<float>& w, int64_t rows, int64_t cols) {
+    Mxfp8Tensor q = *quantize_mxfp8(w.data(), rows, cols);
+    ov_[name] = Stored{WeightFormat::kMxfp8, {rows, cols}, std::move(q.codes), std::move(q.scales), 1.0f};
+  }
+
+  DummyWeightSource base_;
+  std::map<std::string, Stored> ov_;
+};
+
+// ---- Comparison.
+
+struct Compare {
+  double rel_bound = 0;  // bound = rel_bound · rms(cpu row)
+  double worst = 0;      // worst |gpu - cpu| / bound
+  int64_t rows = 0, argmax_checked = 0, argmax_bad = 0, nonfinite = 0;
+
+  void rows_of(const float* gpu, const float* cpu, int64_t n, int64_t v) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* g = gpu + r * v;
+      const float* c = cpu + r * v;
+      double ss = 0;
+      for (int64_t i = 0; i < v; ++i) ss += double(c[i]) * c[i];
+      const double bound = rel_bound * std::sqrt(ss / double(v)) + 1e-6;
+      int64_t best = 0;
+      for (int64_t i = 0; i < v; ++i) {
+        if (!std::isfinite(g[i])) {
+          ++nonfinite;
+          continue;
+        }
+        worst = std::max(worst, std::abs(double(g[i]) - c[i]) / bound);
+        if (c[i] > c[best]) best = i;
+      }
+      double second = -INFINITY;
+      for (int64_t i = 0; i < v; ++i)
+        if (i != best) second = std::max(second, double(c[i]));
+      if (c[best] - second > 2 * bound) {
+        ++argmax_checked;
+        if (minimax_m3::argmax(std::span<const float>(g, static_cast<size_t>(v))) != best)
+          ++argmax_bad;
+      }
+      ++rows;
+    }
+  }
+  bool ok() const { return rows > 0 && worst <= 1.0 && argmax_bad == 0 && nonfinite == 0; }
+  void report(const std::string& what) const {
+    std::printf("[cuda_real_model] %-44s rows %5lld  worst |gpu-cpu|/bound %.3f  argmax checked "
+                "%lld/%lld, mismatches %lld, non-finite %lld  -> %s\n",
+                what.c_str(), (long long)rows, worst, (long long)argmax_checked, (long long)rows,
+                (long long)argmax_bad, (long long)nonfinite, ok() ? "PASS" : "FAIL");
+    std::fflush(stdout);
+  }
+};
+
+// ---- Harness: the CPU model and up to three GPU models on the same weights and page ids.
+
+struct Seq {
+  std::vector<int32_t> table;  // page ids
+  int64_t cached = 0;          // positions in the caches
+};
+
+class Harness {
+ public:
+  Harness() : cfg_(test_config()), src_(cfg_), cpu_(0) {
+    auto m = Model::load(cfg_, src_, &cpu_);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    if (m.is_ok()) cpu_model_ = std::move(m).value();
+    cpu_cache_ = std::make_unique<PagedKvCache>(&cpu_, cfg_, kPages);
+    pages_.resize(kPages);
+    std::iota(pages_.begin(), pages_.end(), 0);
+    std::shuffle(pages_.begin(), pages_.end(), std::mt19937(5));  // non-identity block tables
+  }
+
+  Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant) {
+    CudaM3Options o;
+    o.num_kv_pages = kPages;
+    o.max_batch = 16;
+    o.use_graphs = graphs;
+    o.prefill_attention_variant = attn_variant;
+    o.prefill_indexer_variant = idx_variant;
+    return CudaM3Model::load(cfg_, src_, o);
+  }
+
+  const MiniMaxM3Config& cfg() const { return cfg_; }
+  double rel_bound() const {
+    return std::ldexp(1.0, -9) * double(4 + 10 * cfg_.num_hidden_layers);
+  }
+
+  Seq new_seq(int64_t max_tokens) {
+    Seq s;
+    const int64_t n = (max_tokens + 127) / 128;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_LT(next_page_, kPages);
+      s.table.push_back(pages_[static_cast<size_t>(next_page_++ % kPages)]);
+    }
+    return s;
+  }
+  void reset_pages() { next_page_ = 0; }
+
+  // One step: tokens[i] appended to seqs[i] (all logits rows when all_rows, else the last), on
+  // the CPU and on every GPU model; outputs per model.
+  void step(std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& tokens,
+            bool all_rows, std::vector<CudaM3Model*> gpus, ForwardOutput* cpu_out,
+            std::vector<ForwardOutput>* gpu_out) {
+    std::vector<SequenceInput> in(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      in[i].tokens = tokens[i];
+      in[i].start_pos = seqs[i]->cached;
+      in[i].block_table = seqs[i]->table;
+      const int32_t n = static_cast<int32_t>(tokens[i].size());
+      if (all_rows) {
+        for (int32_t r = 0; r < n; ++r) in[i].logits_rows.push_back(r);
+      } else {
+        in[i].logits_rows = {n - 1};
+      }
+    }
+    Status s = cpu_model_->forward(in, cpu_cache_.get(), cpu_out);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    gpu_out->assign(gpus.size(), {});
+    for (size_t g = 0; g < gpus.size(); ++g) {
+      s = gpus[g]->forward(in, &(*gpu_out)[g]);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->cached += static_cast<int64_t>(tokens[i].size());
+  }
+
+  bool ready() const { return cpu_model_ != nullptr; }
+
+ private:
+  MiniMaxM3Config cfg_;
+  TestSource src_;
+  CpuBackend cpu_;
+  std::unique_ptr<Model> cpu_model_;
+  std::unique_ptr<PagedKvCache> cpu_cache_;
+  std::vector<int32_t> pages_;
+  int64_t next_page_ = 0;
+};
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+int32_t last_argmax(const std::vector<float>& logits, int64_t v) {
+  return minimax_m3::argmax(
+      std::span<const float>(logits.data() + logits.size() - static_cast<size_t>(v),
+                             static_cast<size_t>(v)));
+}
+
+Harness& harness() {
+  static Harness h;
+  return h;
+}
+
+TEST(CudaRealModel, FitsAndLoadsQuantised) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  auto g = h.gpu_model(true, 1, 1);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const minimax_m3::CudaM3Stats st = (*g)->stats();
+  std::printf("[cuda_real_model] load: %lld fused matrices quantised, %lld BF16 fallbacks, "
+              "weights %.1f MB, KV %.1f MB, buffers %.1f MB\n",
+              (long long)st.quantised_matrices, (long long)st.bf16_fallbacks,
+              st.weight_bytes / 1e6, st.kv_bytes / 1e6, st.buffer_bytes / 1e6);
+  // Per layer: q|k|v|iq|ik and o (MXFP8); dense gate|up + down or shared gate|up + down (MXFP8);
+  // experts gate|up and down (NVFP4). Router, embedding and lm_head are BF16 by design.
+  EXPECT_EQ(st.bf16_fallbacks, 0);
+  EXPECT_EQ(st.quantised_matrices, 4 + 2 * 6);
+  // A config the kernels cannot run is refused with the field named (the caller falls back).
+  MiniMaxM3Config bad = h.cfg();
+  bad.num_attention_heads = 16;
+  CudaM3Options o;
+  o.num_kv_pages = 4;
+  TestSource src(h.cfg());
+  auto r = CudaM3Model::load(bad, src, o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("num_attention_heads"), std::string::npos);
+}
+
+// (a) Prefill of a prompt longer than top_k blocks: every position's logits.
+TEST(CudaRealModel, PrefillAllTokenLogits) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto g11 = h.gpu_model(true, 1, 1);
+  auto g00 = h.gpu_model(true, 0, 0);
+  ASSERT_TRUE(g11.is_ok()) << g11.status().to_string();
+  ASSERT_TRUE(g00.is_ok()) << g00.status().to_string();
+  const int64_t n = 600, v = h.cfg().vocab_size;
+  Seq s = h.new_seq(n);
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> gpu;
+  h.step({&s}, {random_tokens(n, v, 11)}, true, {g11->get(), g00->get()}, &cpu, &gpu);
+  ASSERT_EQ(gpu.size(), 2u);
+  const char* names[2] = {"(a) prefill 600 tokens, attention variant 1/1",
+                          "(a) prefill 600 tokens, attention variant 0/0"};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(gpu[i].logits[0].size(), cpu.logits[0].size());
+    Compare c{h.rel_bound()};
+    c.rows_of(gpu[i].logits[0].data(), cpu.logits[0].data(), n, v);
+    c.report(names[i]);
+    EXPECT_TRUE(c.ok()) << names[i];
+  }
+  EXPECT_EQ((*g11)->stats().general_steps, 1);
+}
+
+// (b) Several prefill chunks in one step, then one prefill chunk + decode rows of two others.
+TEST(CudaRealModel, MixedBatch) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto g = h.gpu_model(true, 1, 1);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const int64_t v = h.cfg().vocab_size;
+  Seq a = h.new_seq(600), b = h.new_seq(260), c = h.new_seq(200);
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> gpu;
+  // Step 1: three prefill chunks (a's first chunk; b and c whole prompts).
+  h.step({&a, &b, &c}, {random_tokens(300, v, 21), random_tokens(250, v, 22), random_tokens(150, v, 23)},
+         true, {g->get()}, &cpu, &gpu);
+  Compare c1{h.rel_bound()};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
+    c1.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
+               static_cast<int64_t>(cpu.logits[i].size()) / v, v);
+  }
+  c1.report("(b) step 1: three prefill chunks");
+  EXPECT_TRUE(c1.ok());
+  // Step 2: a's second chunk (chunked prefill over the cached first chunk) + decode rows of b, c
+  // (their next tokens: the CPU's greedy choice).
+  const int32_t tb = last_argmax(cpu.logits[1], v), tc = last_argmax(cpu.logits[2], v);
+  h.step({&b, &a, &c}, {{tb}, random_tokens(220, v, 24), {tc}}, true, {g->get()}, &cpu, &gpu);
+  Compare c2{h.rel_bound()};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
+    c2.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
+               static_cast<int64_t>(cpu.logits[i].size()) / v, v);
+  }
+  c2.report("(b) step 2: prefill chunk + 2 decode rows");
+  EXPECT_TRUE(c2.ok());
+  EXPECT_EQ((*g)->stats().general_steps, 2);
+}
+
+// (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5, graphs on and off.
+void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t steps) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto on = h.gpu_model(true, 1, 1);
+  auto off = h.gpu_model(false, 1, 1);
+  ASSERT_TRUE(on.is_ok()) << on.status().to_string();
+  ASSERT_TRUE(off.is_ok()) << off.status().to_string();
+  const int64_t v = h.cfg().vocab_size;
+  std::vector<Seq> seqs;
+  for (int64_t i = 0; i < batch; ++i) seqs.push_back(h.new_seq(prompt_lens[i] + steps));
+  std::vector<Seq*> ptrs;
+  std::vector<std::vector<int32_t>> toks;
+  for (int64_t i = 0; i < batch; ++i) {
+    ptrs.push_back(&seqs[i]);
+    toks.push_back(random_tokens(prompt_lens[i], v, 31 + static_cast<uint32_t>(i)));
+  }
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> gpu;
+  h.step(ptrs, toks, false, {on->get(), off->get()}, &cpu, &gpu);
+  Compare cmp{h.rel_bound()};
+  int64_t bitwise_bad = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t i = 0; i < batch; ++i) toks[i] = {last_argmax(cpu.logits[i], v)};
+    h.step(ptrs, toks, false, {on->get(), off->get()}, &cpu, &gpu);
+    for (int64_t i = 0; i < batch; ++i) {
+      ASSERT_EQ(gpu[0].logits[i].size(), static_cast<size_t>(v));
+      ASSERT_EQ(gpu[1].logits[i].size(), static_cast<size_t>(v));
+      cmp.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(), 1, v);
+      if (std::memcmp(gpu[0].logits[i].data(), gpu[1].logits[i].data(), v * sizeof(float)) != 0)
+        ++bitwise_bad;
+    }
+  }
+  const minimax_m3::CudaM3Stats st_on = (*on)->stats(), st_off = (*off)->stats();
+  const std::string what = "(c) decode batch " + std::to_string(batch) + ", " +
+                           std::to_string(steps) + " steps";
+  cmp.report(what);
+  std::printf("[cuda_real_model] %-44s graph vs eager: %lld of %lld rows differ bitwise; graphs "
+              "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
+              what.c_str(), (long long)bitwise_bad, (long long)(batch * steps),
+              (long long)st_on.graph_captures, (long long)st_on.graph_replays,
+              (long long)st_on.decode_steps, (long long)st_off.decode_steps,
+              bitwise_bad == 0 ? "PASS" : "FAIL");
+  EXPECT_TRUE(cmp.ok());
+  EXPECT_EQ(bitwise_bad, 0);
+  EXPECT_EQ(st_on.decode_steps, steps);  // every step took the GEMV path
+  EXPECT_EQ(st_off.decode_steps, steps);
+  EXPECT_GE(st_on.graph_captures, 1);
+  EXPECT_GE(st_on.graph_replays, 1);
+  EXPECT_EQ(st_off.graph_captures, 0);
+}
+
+TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) { decode_case(1, {375}, 20); }
+
+TEST(CudaRealModel, DecodeBatch5GraphsOnAndOff) {
+  decode_case(5, {120, 250, 375, 500, 60}, 20);
+}
+
+}  // namespace
+}  // namespace m3
