@@ -69,6 +69,7 @@ fi
 if want tests; then
   run_test cuda_composite_ops_test 40
   run_test cuda_model_test 40
+  run_test cuda_real_model_test 120
 fi
 # Prefill (issue 6): tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
