@@ -630,7 +630,9 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   im.dec_mb_cap = std::clamp<int64_t>(pages, 1, 8192);
   M3_RETURN_IF_ERROR(im.alloc_decode_buffers());
   im.stats.buffer_bytes = im.arena.bytes() - im.stats.weight_bytes - im.stats.kv_bytes;
-  M3_RETURN_IF_ERROR(im.stream.synchronize());
+  // The uploads (cudaMemcpy from pageable memory, cudaMemset) run on the legacy stream, which a
+  // non-blocking stream does not wait for: finish them before the first step.
+  M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return m;
 }
 
