@@ -171,12 +171,13 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
   std::vector<cuda::SampleRowParams> rows;
   for (int64_t b = 0; b < batch; ++b) rows.push_back(row_params(b, 1000 + seed));
   const GpuRun g = run_gpu(logits, batch, vocab, rows, true);
-  int skipped = 0, compared = 0;
+  int skipped = 0, skipped_untied = 0, compared = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
     const RefResult ref = reference_kept(row, rows[b]);
     if (ref.ambiguous || draw_ambiguous(row, rows[b], ref.kept)) {
       ++skipped;
+      if (b % 4 != 3) ++skipped_untied;
       continue;
     }
     ++compared;
@@ -194,9 +195,15 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
     const int32_t want = cpu_token(row, rows[b]);
     EXPECT_EQ(g.tokens[b], want) << "row " << b << " (case " << b % 8 << "), kept " << kept;
   }
-  std::printf("[ sampling B=%lld V=%lld ] compared %d rows, skipped %d near a rounding boundary\n",
-              (long long)batch, (long long)vocab, compared, skipped);
-  EXPECT_LE(skipped, std::max<int64_t>(2, batch / 8)) << "too many ambiguous rows";
+  std::printf("[ sampling B=%lld V=%lld ] compared %d rows, skipped %d near a rounding boundary "
+              "(%d without ties)\n",
+              (long long)batch, (long long)vocab, compared, skipped, skipped_untied);
+  // Ambiguity comes from exact ties at a cut-off: the rows rounded to a coarse grid (b % 4 == 3,
+  // a quarter of the rows) may all be skipped; a row of distinct normal logits lands within
+  // rounding of a boundary rarely, so at most one of those may be.
+  // (The first run on the H200 skipped 3 of 16 rows; the old bound batch / 8 = 2 was the mean.)
+  EXPECT_LE(skipped_untied, 1) << "too many ambiguous rows without ties";
+  EXPECT_LE(skipped, (batch + 3) / 4 + 1) << "too many ambiguous rows";
 }
 
 TEST(CudaSample, MatchesCpuSamplerAtRealVocab) { check_batch(16, 200064, 3); }

@@ -296,6 +296,7 @@ int main(int argc, char** argv) {
                              L[0].router.bytes_one();
   const double dense_elems = double(kQkv) * kHd + double(kHd) * kH * kD + 2.0 * kSI * kHd +
                              double(kHd) * kSI + double(kE) * kHd;
+  // One expert's gate|up and down (bytes_one() is one [N, K] matrix of the group).
   const double expert_bytes = L[0].experts_gu.bytes_one() + L[0].experts_d.bytes_one();
   const double expert_elems = 2.0 * kI * kHd + double(kHd) * kI;
 
@@ -438,7 +439,7 @@ int main(int argc, char** argv) {
       r.experts_us = (full - no_experts) / layers * 1e3;
       r.attn_us = (full - no_attn) / layers * 1e3;
       const double touched = kE * (1.0 - std::pow(1.0 - double(kK4) / kE, double(b)));
-      r.expert_bytes = touched * expert_bytes / kE;
+      r.expert_bytes = touched * expert_bytes;
       r.attn_bytes = double(b) * (kHkv * kTopK * kS * kD * 2 * 2 + ctx * kDix * 2.0);
       r.layer_bytes = dense_bytes + r.expert_bytes + r.attn_bytes;
       r.layer_flops = 2.0 * b * (dense_elems + kK4 * expert_elems) +
