@@ -33,6 +33,7 @@ Result<server::ModelStack> make_model(const server::ServeFlags& flags) {
   const std::string path = flags.model_path.empty() ? default_model_path() : flags.model_path;
   M3_ASSIGN_OR_RETURN(serving::EngineStackOptions options, serving::options_from_flags(flags));
   options.make_backend = make_backend;  // --device cuda: CudaBackend when built in
+  options.make_cuda_runner = make_cuda_model_runner;  // real-shape kernels when the config fits
   M3_ASSIGN_OR_RETURN(serving::EngineStack stack, serving::make_engine_stack(path, options));
   server::ModelStack out;
   out.backend = std::move(stack.backend);

@@ -4,6 +4,7 @@
 #include "model/minimax_m3/dummy_weights.h"
 #if defined(M3_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
+#include "model/minimax_m3_cuda/cuda_m3_runner.h"
 #endif
 
 namespace m3::cli {
@@ -29,6 +30,19 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
   return Status(StatusCode::kUnimplemented,
                 "--device cuda: this m3serve was not built with the CUDA backend (configure with "
                 "-DM3_CUDA=ON where nvcc is installed; 'm3serve version' says 'cuda: no')");
+#endif
+}
+
+Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Config& cfg,
+                                                            const WeightSource& src,
+                                                            int64_t kv_cache_bytes) {
+#if defined(M3_HAVE_CUDA)
+  M3_ASSIGN_OR_RETURN(std::unique_ptr<CudaM3ModelRunner> r,
+                      CudaM3ModelRunner::create(cfg, src, kv_cache_bytes, {}));
+  return std::unique_ptr<ModelRunner>(std::move(r));
+#else
+  return Status(StatusCode::kUnimplemented,
+                "--device cuda: this m3serve was not built with the CUDA backend");
 #endif
 }
 

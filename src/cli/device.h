@@ -8,6 +8,9 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "engine/model_runner.h"
+#include "loader/model_config.h"
+#include "loader/weight_source.h"
 #include "model/minimax_m3/model_dir.h"
 
 namespace m3::cli {
@@ -19,6 +22,14 @@ bool cuda_built_in();
 // (an error naming the reason when the binary was built without CUDA or no usable GPU is
 // present). Anything else: invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
+
+// --device cuda, real-shape path (src/model/minimax_m3_cuda): the model on the quantised GPU
+// kernels with a bf16 KV cache of kv_cache_bytes. invalid_argument naming the field when `cfg`
+// does not fit those kernels (the caller then uses the float32 CudaBackend path), unimplemented
+// without CUDA.
+Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Config& cfg,
+                                                            const WeightSource& src,
+                                                            int64_t kv_cache_bytes);
 
 // "auto" / "safetensors": the checkpoint in `model_path`; "dummy": random weights in the real
 // storage formats (model/minimax_m3/dummy_weights.h) for model_path's config.json, or the

@@ -6,8 +6,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/cpu_model_runner.h"
+#include "loader/checkpoint.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3_cuda/fit_check.h"
 #include "sample/sampling_params.h"
 #include "serving/engine_detokenizer.h"
 
@@ -50,17 +52,38 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, load_tokenizer(model_path));
   M3_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_chat_template(model_path));
 
-  std::unique_ptr<Backend> backend;
-  if (options.make_backend) {
-    M3_ASSIGN_OR_RETURN(backend, options.make_backend(options.device == "cuda" ? "cuda" : "cpu",
-                                                      options.num_threads));
-  } else {
-    backend = std::make_unique<CpuBackend>(options.num_threads);
+  // --device cuda: the real-shape kernels when the config fits them, else the float32 backend.
+  bool real_shape = false;
+  if (options.device == "cuda" && options.make_cuda_runner) {
+    M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, load_minimax_m3_config(model_path));
+    const Status fit = minimax_m3::check_real_shape_fit(c);
+    real_shape = fit.is_ok();
+    if (!real_shape)
+      std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
+                   fit.message().c_str());
   }
-  M3_ASSIGN_OR_RETURN(minimax_m3::LoadedModel loaded,
-                      options.dummy_weights
-                          ? minimax_m3::load_dummy_model(model_path, 0, backend.get())
-                          : minimax_m3::load_model_dir(model_path, backend.get()));
+  std::unique_ptr<Backend> backend;
+  minimax_m3::LoadedModel loaded;
+  if (real_shape) {  // config and weights only: the runner puts them on the GPU itself
+    M3_ASSIGN_OR_RETURN(loaded.config, load_minimax_m3_config(model_path));
+    if (options.dummy_weights) {
+      loaded.weights = std::make_unique<minimax_m3::DummyWeightSource>(loaded.config);
+    } else {
+      M3_ASSIGN_OR_RETURN(loaded.weights, Checkpoint::open(model_path));
+    }
+    M3_ASSIGN_OR_RETURN(loaded.eos_token_ids, minimax_m3::read_generation_eos(model_path));
+    if (loaded.eos_token_ids.empty()) loaded.eos_token_ids = loaded.config.eos_token_ids;
+  } else {
+    if (options.make_backend) {
+      M3_ASSIGN_OR_RETURN(backend, options.make_backend(options.device == "cuda" ? "cuda" : "cpu",
+                                                        options.num_threads));
+    } else {
+      backend = std::make_unique<CpuBackend>(options.num_threads);
+    }
+    M3_ASSIGN_OR_RETURN(loaded, options.dummy_weights
+                                    ? minimax_m3::load_dummy_model(model_path, 0, backend.get())
+                                    : minimax_m3::load_model_dir(model_path, backend.get()));
+  }
 
   GenerationDefaults defaults;
   const fs::path gen = fs::path(model_path) / "generation_config.json";
@@ -83,7 +106,9 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
 
   // The pool must hold one request of the full context length (the engine refuses a request
   // whose prompt + max_tokens - 1 tokens exceed the pool, so a smaller pool serves nothing long).
-  const int64_t page_bytes = MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
+  const int64_t page_bytes =
+      real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
+                 : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
   const int64_t pages = page_bytes > 0 ? options.kv_cache_bytes / page_bytes : 0;
   const int64_t needed_pages = (int64_t{context_length} - 1 + page_size - 1) / page_size;
   if (pages < std::max<int64_t>(needed_pages, 1)) {
@@ -102,11 +127,19 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
                page_size, static_cast<long long>(page_bytes),
                static_cast<long long>(pages * page_size));
 
+  std::unique_ptr<ModelRunner> runner;
+  if (real_shape) {
+    M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights,
+                                                         options.kv_cache_bytes));
+    std::fprintf(stderr, "m3serve: --device cuda: real-shape kernels (quantised weights, bf16 KV "
+                         "cache)\n");
+  } else {
+    M3_ASSIGN_OR_RETURN(runner,
+                        MiniMaxM3ModelRunner::create(std::move(backend), std::move(loaded.model),
+                                                     options.kv_cache_bytes));
+  }
   auto keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
       new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
-  M3_ASSIGN_OR_RETURN(auto runner,
-                      MiniMaxM3ModelRunner::create(std::move(backend), std::move(loaded.model),
-                                                   options.kv_cache_bytes));
 
   EngineConfig cfg;
   cfg.scheduler.page_size = page_size;

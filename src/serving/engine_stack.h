@@ -10,6 +10,9 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "engine/model_runner.h"
+#include "loader/model_config.h"
+#include "loader/weight_source.h"
 #include "server/serve_command.h"
 #include "serving/engine_backend.h"
 #include "serving/template_renderer.h"
@@ -23,6 +26,14 @@ struct EngineStackOptions {
   // by the CLI, which links the CUDA backend. Null: the CPU backend.
   std::function<Result<std::unique_ptr<Backend>>(const std::string& device, int threads)>
       make_backend;
+  // --device cuda, real-shape kernels (src/model/minimax_m3_cuda): builds the runner from the
+  // config, the weights and the KV budget; set by the CLI when CUDA is built in. Used when the
+  // config fits those kernels (check_real_shape_fit), else make_backend's float32 path (one line
+  // on stderr says why).
+  std::function<Result<std::unique_ptr<ModelRunner>>(const MiniMaxM3Config& cfg,
+                                                     const WeightSource& weights,
+                                                     int64_t kv_cache_bytes)>
+      make_cuda_runner;
   bool dummy_weights = false;  // --load-format dummy: random weights for the directory's config
   int32_t context_length = 0;           // 0: max_position_embeddings
   int32_t max_running_requests = 0;     // 0: the scheduler's default (256)

@@ -550,8 +550,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
 }
 
 int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c) {
-  return c.num_hidden_layers * kPage *
-         (2 * c.num_key_value_heads * c.head_dim + c.index_head_dim) * 2;
+  return real_shape_kv_bytes_per_page(c);
 }
 
 Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cfg,

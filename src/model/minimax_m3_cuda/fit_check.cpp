@@ -62,4 +62,9 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
   return Status::ok();
 }
 
+int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c) {
+  return c.num_hidden_layers * 128 * (2 * c.num_key_value_heads * c.head_dim + c.index_head_dim) *
+         2;
+}
+
 }  // namespace m3::minimax_m3

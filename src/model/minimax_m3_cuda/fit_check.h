@@ -18,4 +18,8 @@ namespace m3::minimax_m3 {
 //  * MoE: num_local_experts in [1, 512], num_experts_per_tok in [1, min(16, experts)].
 Status check_real_shape_fit(const MiniMaxM3Config& c);
 
+// Bytes of one KV page of the real-shape path over all layers: bf16 K and V [128, Hkv, D] and
+// index keys [128, Dix] per layer.
+int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c);
+
 }  // namespace m3::minimax_m3
