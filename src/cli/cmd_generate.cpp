@@ -68,6 +68,29 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::vector<int32_t> prompt;
   if (int rc = check_model_command_flags("generate", flags, kGenerateUsage, &prompt); rc != 0) return rc;
 
+  if (device == "cuda") {  // the real-shape kernels when the config fits them (else below)
+    minimax_m3::GenerateOptions o;
+    o.max_tokens = max_tokens;
+    o.temperature = temperature;
+    o.seed = static_cast<uint64_t>(seed);
+    o.ignore_eos = ignore_eos;
+    o.prefill_chunk = chunk;
+    bool used = false;
+    std::vector<int32_t> ids;
+    Status st = real_shape_generate(model_path, flags.load_format, flags.num_layers, prompt, o,
+                                    &used, &ids);
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "m3serve generate: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    if (used) {
+      std::string s = "{\"output_ids\": [";
+      for (size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
+      s += "]}\n";
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      return 0;
+    }
+  }
   auto made = make_backend(device, static_cast<int>(threads));
   if (!made.is_ok()) {
     std::fprintf(stderr, "m3serve generate: %s\n", made.status().message().c_str());

@@ -25,6 +25,31 @@ constexpr const char* kScoreUsage =
     "Runs the prompt through the model and prints {\"argmax\": [...], \"last_logits\": [...]}.\n\n"
     "options:\n" M3_CLI_MODEL_INPUT_OPTIONS M3_CLI_MODEL_RUN_OPTIONS;
 
+// The command's JSON: per-position argmax and the last position's logits.
+int write_scores(const std::vector<float>& logits, int64_t n, int64_t vocab) {
+  std::string out = "{\"argmax\": [";
+  for (int64_t t = 0; t < n; ++t) {
+    if (t) out += ", ";
+    out += std::to_string(minimax_m3::argmax(std::span<const float>(logits.data() + t * vocab,
+                                                                    static_cast<size_t>(vocab))));
+  }
+  out += "], \"last_logits\": [";
+  char buf[32];
+  for (int64_t v = 0; v < vocab; ++v) {
+    float x = logits[(n - 1) * vocab + v];
+    if (std::isfinite(x)) {
+      std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(x));
+    } else {
+      std::snprintf(buf, sizeof(buf), "null");  // JSON has no NaN/Inf
+    }
+    if (v) out += ", ";
+    out += buf;
+  }
+  out += "]}\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int cmd_score(const std::vector<std::string>& args) {
@@ -38,6 +63,18 @@ int cmd_score(const std::vector<std::string>& args) {
   std::vector<int32_t> prompt;
   if (int rc = check_model_command_flags("score", flags, kScoreUsage, &prompt); rc != 0) return rc;
 
+  if (device == "cuda") {  // the real-shape kernels when the config fits them (else below)
+    bool used = false;
+    std::vector<float> logits;
+    int64_t vocab = 0;
+    Status st = real_shape_score(model_path, flags.load_format, flags.num_layers, prompt, chunk,
+                                 &used, &logits, &vocab);
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "m3serve score: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    if (used) return write_scores(logits, static_cast<int64_t>(prompt.size()), vocab);
+  }
   auto made = make_backend(device, static_cast<int>(threads));
   if (!made.is_ok()) {
     std::fprintf(stderr, "m3serve score: %s\n", made.status().message().c_str());
@@ -61,28 +98,7 @@ int cmd_score(const std::vector<std::string>& args) {
     std::fprintf(stderr, "m3serve score: %s\n", st.to_string().c_str());
     return 1;
   }
-  const int64_t vocab = cfg.vocab_size;
-  std::string out = "{\"argmax\": [";
-  for (int64_t t = 0; t < n; ++t) {
-    if (t) out += ", ";
-    out += std::to_string(minimax_m3::argmax(std::span<const float>(logits.data() + t * vocab,
-                                                                    static_cast<size_t>(vocab))));
-  }
-  out += "], \"last_logits\": [";
-  char buf[32];
-  for (int64_t v = 0; v < vocab; ++v) {
-    float x = logits[(n - 1) * vocab + v];
-    if (std::isfinite(x)) {
-      std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(x));
-    } else {
-      std::snprintf(buf, sizeof(buf), "null");  // JSON has no NaN/Inf
-    }
-    if (v) out += ", ";
-    out += buf;
-  }
-  out += "]}\n";
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return 0;
+  return write_scores(logits, n, cfg.vocab_size);
 }
 
 }  // namespace m3::cli

@@ -1,0 +1,112 @@
+#include "model/minimax_m3_cuda/cuda_m3_generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+
+namespace m3::minimax_m3 {
+namespace {
+
+// One sequence on pages 0, 1, ... of the model's cache.
+class Sequence {
+ public:
+  explicit Sequence(CudaM3Model* m) : model_(m) {}
+
+  Status reserve(int64_t n) {
+    const int64_t pages = (n + model_->page_size() - 1) / model_->page_size();
+    if (pages > model_->num_kv_pages())
+      return Status(StatusCode::kResourceExhausted,
+                    "[model.minimax_m3_cuda] " + std::to_string(n) + " positions need " +
+                        std::to_string(pages) + " KV pages, the cache has " +
+                        std::to_string(model_->num_kv_pages()));
+    while (static_cast<int64_t>(table_.size()) < pages)
+      table_.push_back(static_cast<int32_t>(table_.size()));
+    return Status::ok();
+  }
+
+  // As SequenceRunner::append.
+  Status append(std::span<const int32_t> tokens, int64_t chunk, bool all_logits,
+                std::vector<float>* logits) {
+    M3_RETURN_IF_ERROR(reserve(length_ + static_cast<int64_t>(tokens.size())));
+    const int64_t total = static_cast<int64_t>(tokens.size());
+    if (chunk <= 0) chunk = total;
+    logits->clear();
+    for (int64_t b = 0; b < total; b += chunk) {
+      const int64_t n = std::min(chunk, total - b);
+      SequenceInput in;
+      in.tokens = tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(n));
+      in.start_pos = length_;
+      in.block_table = table_;
+      if (all_logits) {
+        for (int64_t i = 0; i < n; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
+      } else if (b + n == total) {
+        in.logits_rows.push_back(static_cast<int32_t>(n - 1));
+      }
+      ForwardOutput out;
+      M3_RETURN_IF_ERROR(model_->forward(std::span<const SequenceInput>(&in, 1), &out));
+      logits->insert(logits->end(), out.logits[0].begin(), out.logits[0].end());
+      length_ += n;
+    }
+    return Status::ok();
+  }
+
+ private:
+  CudaM3Model* model_;
+  std::vector<int32_t> table_;
+  int64_t length_ = 0;
+};
+
+// The draw of runner.cpp's sample(): softmax(logits / T) in double, inverse CDF.
+int32_t sample(std::span<const float> logits, double temperature, std::mt19937_64* rng) {
+  double mx = -INFINITY;
+  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i) sum += p[i] = std::exp((logits[i] - mx) / temperature);
+  double u = std::uniform_real_distribution<double>(0.0, 1.0)(*rng) * sum, acc = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    acc += p[i];
+    if (u < acc) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(p.size() - 1);
+}
+
+}  // namespace
+
+Result<std::vector<float>> cuda_score(CudaM3Model* model, std::span<const int32_t> prompt,
+                                      int64_t chunk) {
+  if (prompt.empty()) return invalid_argument("[model.minimax_m3_cuda.score] empty prompt");
+  Sequence seq(model);
+  std::vector<float> logits;
+  M3_RETURN_IF_ERROR(seq.append(prompt, chunk, true, &logits));
+  return logits;
+}
+
+Result<std::vector<int32_t>> cuda_generate(CudaM3Model* model, std::span<const int32_t> prompt,
+                                           const GenerateOptions& opts) {
+  if (prompt.empty()) return invalid_argument("[model.generate] empty prompt");
+  if (opts.max_tokens < 0) return invalid_argument("[model.generate] negative max_tokens");
+  if (!(opts.temperature >= 0.0) || !std::isfinite(opts.temperature))
+    return invalid_argument("[model.generate] temperature must be a finite number >= 0");
+  Sequence seq(model);
+  M3_RETURN_IF_ERROR(seq.reserve(static_cast<int64_t>(prompt.size()) + opts.max_tokens));
+  std::vector<int32_t> out;
+  if (opts.max_tokens == 0) return out;
+  std::mt19937_64 rng(opts.seed);
+  std::vector<float> logits;
+  M3_RETURN_IF_ERROR(seq.append(prompt, opts.prefill_chunk, false, &logits));
+  for (int64_t i = 0; i < opts.max_tokens; ++i) {
+    const int32_t next =
+        opts.temperature == 0.0 ? argmax(logits) : sample(logits, opts.temperature, &rng);
+    out.push_back(next);
+    if (!opts.ignore_eos && std::find(opts.eos_token_ids.begin(), opts.eos_token_ids.end(),
+                                      next) != opts.eos_token_ids.end())
+      break;
+    if (i + 1 == opts.max_tokens) break;
+    M3_RETURN_IF_ERROR(seq.append(std::span<const int32_t>(&next, 1), 0, false, &logits));
+  }
+  return out;
+}
+
+}  // namespace m3::minimax_m3
