@@ -139,7 +139,8 @@ class TestSource final : public WeightSource {
         const std::vector<float> gu =
             normal(2 * inter * hd, s + 7 + static_cast<uint32_t>(e), 0.02f);
         Nvfp4Tensor q = *quantize_nvfp4(gu.data(), 2 * inter, hd, Nvfp4GlobalScale::kDivide);
-        const size_t pb = static_cast<size_t>(inter * hd / 2), sb = static_cast<size_t>(inter * hd / 16);
+        const size_t pb = static_cast<size_t>(inter * hd / 2),
+                     sb = static_cast<size_t>(inter * hd / 16);
         for (int half = 0; half < 2; ++half) {
           Stored st{WeightFormat::kNvfp4Compressed, {inter, hd}, {}, {}, q.global_scale};
           st.data.assign(q.packed.begin() + half * pb, q.packed.begin() + (half + 1) * pb);
@@ -169,7 +170,8 @@ class TestSource final : public WeightSource {
     if (s.format == WeightFormat::kF32) {
       std::memcpy(t.data.data(), s.data.data(), s.data.size());
     } else if (s.format == WeightFormat::kMxfp8) {
-      M3_RETURN_IF_ERROR(dequantize_mxfp8(s.data.data(), s.scale.data(), rows, cols, t.data.data()));
+      M3_RETURN_IF_ERROR(
+          dequantize_mxfp8(s.data.data(), s.scale.data(), rows, cols, t.data.data()));
     } else {
       M3_RETURN_IF_ERROR(dequantize_nvfp4(s.data.data(), s.scale.data(), s.global,
                                           Nvfp4GlobalScale::kDivide, rows, cols, t.data.data()));
@@ -202,7 +204,8 @@ class TestSource final : public WeightSource {
   };
   void put_mxfp8(const std::string& name, const std::vector<float>& w, int64_t rows, int64_t cols) {
     Mxfp8Tensor q = *quantize_mxfp8(w.data(), rows, cols);
-    ov_[name] = Stored{WeightFormat::kMxfp8, {rows, cols}, std::move(q.codes), std::move(q.scales), 1.0f};
+    ov_[name] =
+        Stored{WeightFormat::kMxfp8, {rows, cols}, std::move(q.codes), std::move(q.scales), 1.0f};
   }
 
   DummyWeightSource base_;
@@ -245,10 +248,11 @@ struct Compare {
   }
   bool ok() const { return rows > 0 && worst <= 1.0 && argmax_bad == 0 && nonfinite == 0; }
   void report(const std::string& what) const {
-    std::printf("[cuda_real_model] %-44s rows %5lld  worst |gpu-cpu|/bound %.3f  argmax checked "
-                "%lld/%lld, mismatches %lld, non-finite %lld  -> %s\n",
-                what.c_str(), (long long)rows, worst, (long long)argmax_checked, (long long)rows,
-                (long long)argmax_bad, (long long)nonfinite, ok() ? "PASS" : "FAIL");
+    std::printf(
+        "[cuda_real_model] %-44s rows %5lld  worst |gpu-cpu|/bound %.3f  argmax checked "
+        "%lld/%lld, mismatches %lld, non-finite %lld  -> %s\n",
+        what.c_str(), (long long)rows, worst, (long long)argmax_checked, (long long)rows,
+        (long long)argmax_bad, (long long)nonfinite, ok() ? "PASS" : "FAIL");
     std::fflush(stdout);
   }
 };
@@ -283,9 +287,7 @@ class Harness {
   }
 
   const MiniMaxM3Config& cfg() const { return cfg_; }
-  double rel_bound() const {
-    return std::ldexp(1.0, -9) * double(4 + 10 * cfg_.num_hidden_layers);
-  }
+  double rel_bound() const { return std::ldexp(1.0, -9) * double(4 + 10 * cfg_.num_hidden_layers); }
 
   Seq new_seq(int64_t max_tokens) {
     Seq s;
@@ -300,8 +302,8 @@ class Harness {
 
   // One step: tokens[i] appended to seqs[i] (all logits rows when all_rows, else the last), on
   // the CPU and on every GPU model; outputs per model.
-  void step(std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& tokens,
-            bool all_rows, std::vector<CudaM3Model*> gpus, ForwardOutput* cpu_out,
+  void step(std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& tokens, bool all_rows,
+            std::vector<CudaM3Model*> gpus, ForwardOutput* cpu_out,
             std::vector<ForwardOutput>* gpu_out) {
     std::vector<SequenceInput> in(seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -322,7 +324,8 @@ class Harness {
       s = gpus[g]->forward(in, &(*gpu_out)[g]);
       ASSERT_TRUE(s.is_ok()) << s.to_string();
     }
-    for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->cached += static_cast<int64_t>(tokens[i].size());
+    for (size_t i = 0; i < seqs.size(); ++i)
+      seqs[i]->cached += static_cast<int64_t>(tokens[i].size());
   }
 
   bool ready() const { return cpu_model_ != nullptr; }
@@ -345,9 +348,8 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 int32_t last_argmax(const std::vector<float>& logits, int64_t v) {
-  return minimax_m3::argmax(
-      std::span<const float>(logits.data() + logits.size() - static_cast<size_t>(v),
-                             static_cast<size_t>(v)));
+  return minimax_m3::argmax(std::span<const float>(
+      logits.data() + logits.size() - static_cast<size_t>(v), static_cast<size_t>(v)));
 }
 
 Harness& harness() {
@@ -361,10 +363,11 @@ TEST(CudaRealModel, FitsAndLoadsQuantised) {
   auto g = h.gpu_model(true, 1, 1);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   const minimax_m3::CudaM3Stats st = (*g)->stats();
-  std::printf("[cuda_real_model] load: %lld fused matrices quantised, %lld BF16 fallbacks, "
-              "weights %.1f MB, KV %.1f MB, buffers %.1f MB\n",
-              (long long)st.quantised_matrices, (long long)st.bf16_fallbacks,
-              st.weight_bytes / 1e6, st.kv_bytes / 1e6, st.buffer_bytes / 1e6);
+  std::printf(
+      "[cuda_real_model] load: %lld fused matrices quantised, %lld BF16 fallbacks, "
+      "weights %.1f MB, KV %.1f MB, buffers %.1f MB\n",
+      (long long)st.quantised_matrices, (long long)st.bf16_fallbacks, st.weight_bytes / 1e6,
+      st.kv_bytes / 1e6, st.buffer_bytes / 1e6);
   // Per layer: q|k|v|iq|ik and o (MXFP8); dense gate|up + down or shared gate|up + down (MXFP8);
   // experts gate|up and down (NVFP4). Router, embedding and lm_head are BF16 by design.
   EXPECT_EQ(st.bf16_fallbacks, 0);
@@ -393,7 +396,8 @@ TEST(CudaRealModel, PrefillAllTokenLogits) {
   Seq s = h.new_seq(n);
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
-  h.step({&s}, {random_tokens(n, v, 11)}, true, {g11->get(), g00->get()}, &cpu, &gpu);
+  ASSERT_NO_FATAL_FAILURE(
+      h.step({&s}, {random_tokens(n, v, 11)}, true, {g11->get(), g00->get()}, &cpu, &gpu));
   ASSERT_EQ(gpu.size(), 2u);
   const char* names[2] = {"(a) prefill 600 tokens, attention variant 1/1",
                           "(a) prefill 600 tokens, attention variant 0/0"};
@@ -419,8 +423,10 @@ TEST(CudaRealModel, MixedBatch) {
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
   // Step 1: three prefill chunks (a's first chunk; b and c whole prompts).
-  h.step({&a, &b, &c}, {random_tokens(300, v, 21), random_tokens(250, v, 22), random_tokens(150, v, 23)},
-         true, {g->get()}, &cpu, &gpu);
+  ASSERT_NO_FATAL_FAILURE(
+      h.step({&a, &b, &c},
+             {random_tokens(300, v, 21), random_tokens(250, v, 22), random_tokens(150, v, 23)},
+             true, {g->get()}, &cpu, &gpu));
   Compare c1{h.rel_bound()};
   for (int i = 0; i < 3; ++i) {
     ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
@@ -432,7 +438,8 @@ TEST(CudaRealModel, MixedBatch) {
   // Step 2: a's second chunk (chunked prefill over the cached first chunk) + decode rows of b, c
   // (their next tokens: the CPU's greedy choice).
   const int32_t tb = last_argmax(cpu.logits[1], v), tc = last_argmax(cpu.logits[2], v);
-  h.step({&b, &a, &c}, {{tb}, random_tokens(220, v, 24), {tc}}, true, {g->get()}, &cpu, &gpu);
+  ASSERT_NO_FATAL_FAILURE(
+      h.step({&b, &a, &c}, {{tb}, random_tokens(220, v, 24), {tc}}, true, {g->get()}, &cpu, &gpu));
   Compare c2{h.rel_bound()};
   for (int i = 0; i < 3; ++i) {
     ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
@@ -464,12 +471,12 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   }
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
-  h.step(ptrs, toks, false, {on->get(), off->get()}, &cpu, &gpu);
+  ASSERT_NO_FATAL_FAILURE(h.step(ptrs, toks, false, {on->get(), off->get()}, &cpu, &gpu));
   Compare cmp{h.rel_bound()};
   int64_t bitwise_bad = 0;
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t i = 0; i < batch; ++i) toks[i] = {last_argmax(cpu.logits[i], v)};
-    h.step(ptrs, toks, false, {on->get(), off->get()}, &cpu, &gpu);
+    ASSERT_NO_FATAL_FAILURE(h.step(ptrs, toks, false, {on->get(), off->get()}, &cpu, &gpu));
     for (int64_t i = 0; i < batch; ++i) {
       ASSERT_EQ(gpu[0].logits[i].size(), static_cast<size_t>(v));
       ASSERT_EQ(gpu[1].logits[i].size(), static_cast<size_t>(v));
@@ -479,15 +486,16 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
     }
   }
   const minimax_m3::CudaM3Stats st_on = (*on)->stats(), st_off = (*off)->stats();
-  const std::string what = "(c) decode batch " + std::to_string(batch) + ", " +
-                           std::to_string(steps) + " steps";
+  const std::string what =
+      "(c) decode batch " + std::to_string(batch) + ", " + std::to_string(steps) + " steps";
   cmp.report(what);
-  std::printf("[cuda_real_model] %-44s graph vs eager: %lld of %lld rows differ bitwise; graphs "
-              "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
-              what.c_str(), (long long)bitwise_bad, (long long)(batch * steps),
-              (long long)st_on.graph_captures, (long long)st_on.graph_replays,
-              (long long)st_on.decode_steps, (long long)st_off.decode_steps,
-              bitwise_bad == 0 ? "PASS" : "FAIL");
+  std::printf(
+      "[cuda_real_model] %-44s graph vs eager: %lld of %lld rows differ bitwise; graphs "
+      "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
+      what.c_str(), (long long)bitwise_bad, (long long)(batch * steps),
+      (long long)st_on.graph_captures, (long long)st_on.graph_replays,
+      (long long)st_on.decode_steps, (long long)st_off.decode_steps,
+      bitwise_bad == 0 ? "PASS" : "FAIL");
   EXPECT_TRUE(cmp.ok());
   EXPECT_EQ(bitwise_bad, 0);
   EXPECT_EQ(st_on.decode_steps, steps);  // every step took the GEMV path
@@ -497,7 +505,9 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   EXPECT_EQ(st_off.graph_captures, 0);
 }
 
-TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) { decode_case(1, {375}, 20); }
+TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) {
+  decode_case(1, {375}, 20);
+}
 
 TEST(CudaRealModel, DecodeBatch5GraphsOnAndOff) {
   decode_case(5, {120, 250, 375, 500, 60}, 20);

@@ -25,9 +25,9 @@ using minimax_m3::DummyWeightSource;
 
 std::string temp_dir() {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                              ("m3_model_cuda_" + std::string(info->name()) + "_" +
-                               std::to_string(::getpid()));
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("m3_model_cuda_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -103,7 +103,8 @@ TEST(DummyLoadRaw, DequantisesToLoadF32InEveryFormat) {
   };
   const std::vector<Case> cases = {
       {"model.layers.0.self_attn.q_proj.weight", {4096, 1024}, WeightFormat::kMxfp8},
-      {"model.layers.1.block_sparse_moe.experts.3.w1.weight", {1024, 1024},
+      {"model.layers.1.block_sparse_moe.experts.3.w1.weight",
+       {1024, 1024},
        WeightFormat::kNvfp4Compressed},
       {"model.layers.1.block_sparse_moe.e_score_correction_bias", {8}, WeightFormat::kF32},
       {"model.layers.1.input_layernorm.weight", {1024}, WeightFormat::kBF16},
@@ -135,7 +136,8 @@ TEST(CheckpointLoadRaw, ZeroCopyBytesAndShapeCheck) {
   const Mxfp8Tensor mx = *quantize_mxfp8(ramp(64 * 64, 3.0f).data(), 64, 64);
   w.add_u8(p + "self_attn.q_proj.weight", DType::kF8E4M3, {64, 64}, mx.codes);
   w.add_u8(p + "self_attn.q_proj.weight_scale_inv", DType::kU8, {64, 2}, mx.scales);
-  const Nvfp4Tensor ct = *quantize_nvfp4(ramp(8 * 32, 2.0f).data(), 8, 32, Nvfp4GlobalScale::kDivide);
+  const Nvfp4Tensor ct =
+      *quantize_nvfp4(ramp(8 * 32, 2.0f).data(), 8, 32, Nvfp4GlobalScale::kDivide);
   const std::string e = p + "block_sparse_moe.experts.0.w1.";
   w.add_u8(e + "weight_packed", DType::kU8, {8, 16}, ct.packed);
   w.add_u8(e + "weight_scale", DType::kF8E4M3, {8, 2}, ct.scales);

@@ -16,10 +16,10 @@ class Sequence {
   Status reserve(int64_t n) {
     const int64_t pages = (n + model_->page_size() - 1) / model_->page_size();
     if (pages > model_->num_kv_pages())
-      return Status(StatusCode::kResourceExhausted,
-                    "[model.minimax_m3_cuda] " + std::to_string(n) + " positions need " +
-                        std::to_string(pages) + " KV pages, the cache has " +
-                        std::to_string(model_->num_kv_pages()));
+      return Status(StatusCode::kResourceExhausted, "[model.minimax_m3_cuda] " + std::to_string(n) +
+                                                        " positions need " + std::to_string(pages) +
+                                                        " KV pages, the cache has " +
+                                                        std::to_string(model_->num_kv_pages()));
     while (static_cast<int64_t>(table_.size()) < pages)
       table_.push_back(static_cast<int32_t>(table_.size()));
     return Status::ok();
@@ -100,8 +100,8 @@ Result<std::vector<int32_t>> cuda_generate(CudaM3Model* model, std::span<const i
     const int32_t next =
         opts.temperature == 0.0 ? argmax(logits) : sample(logits, opts.temperature, &rng);
     out.push_back(next);
-    if (!opts.ignore_eos && std::find(opts.eos_token_ids.begin(), opts.eos_token_ids.end(),
-                                      next) != opts.eos_token_ids.end())
+    if (!opts.ignore_eos && std::find(opts.eos_token_ids.begin(), opts.eos_token_ids.end(), next) !=
+                                opts.eos_token_ids.end())
       break;
     if (i + 1 == opts.max_tokens) break;
     M3_RETURN_IF_ERROR(seq.append(std::span<const int32_t>(&next, 1), 0, false, &logits));

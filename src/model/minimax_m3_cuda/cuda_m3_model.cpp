@@ -50,8 +50,8 @@ struct Bufs {
         *topk_w = nullptr, *contrib = nullptr, *shared = nullptr, *gate_up = nullptr,
         *partial = nullptr, *block_scores = nullptr, *o_part = nullptr, *ml = nullptr,
         *logits = nullptr;
-  uint16_t *h = nullptr, *q = nullptr, *k = nullptr, *iq = nullptr, *ik = nullptr,
-           *attn = nullptr, *act = nullptr, *act_s = nullptr, *h_rows = nullptr;
+  uint16_t *h = nullptr, *q = nullptr, *k = nullptr, *iq = nullptr, *ik = nullptr, *attn = nullptr,
+           *act = nullptr, *act_s = nullptr, *h_rows = nullptr;
   int32_t *ids = nullptr, *positions = nullptr, *tables = nullptr, *topk_ids = nullptr,
           *offs = nullptr, *sorted = nullptr, *active = nullptr, *selected = nullptr,
           *rows = nullptr;
@@ -100,7 +100,7 @@ struct CudaM3Model::Impl {
   std::unique_ptr<cuda::PrefillGemm> gemm;
   DevWeights w;
   std::vector<cuda::KvCacheBf16View> kv;
-  Bufs dec;            // decode buffers, max_batch rows
+  Bufs dec;  // decode buffers, max_batch rows
   int64_t dec_rows = 0, dec_mb_cap = 0;
   std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs;
   CudaM3Stats stats;
@@ -122,8 +122,7 @@ struct CudaM3Model::Impl {
   // ---- Kernel helpers (every launch's Status is checked).
 
   Status gemv(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows,
-              GemvEpilogueParams e, const Bufs& b, bool grouped = false,
-              int64_t x_row_div = 1) {
+              GemvEpilogueParams e, const Bufs& b, bool grouped = false, int64_t x_row_div = 1) {
     cuda::QuantGemvParams p;
     p.format = m.format;
     p.x = x;
@@ -295,8 +294,7 @@ struct CudaM3Model::Impl {
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
   Status decode_step(int64_t rows, int64_t mb) {
     const Bufs& b = dec;
-    M3_RETURN_IF_ERROR(
-        launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
     const int64_t layers = cfg.num_hidden_layers;
     for (int64_t l = 0; l < layers; ++l) M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb));
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
@@ -335,7 +333,8 @@ struct CudaM3Model::Impl {
     cudaGraphExec_t exec = nullptr;
     cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
-    if (inst != cudaSuccess) return cuda::cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
+    if (inst != cudaSuccess)
+      return cuda::cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
     graphs.emplace(key, exec);
     ++stats.graph_captures;
     return Status::ok();
@@ -378,7 +377,8 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.selected, sc.get<int32_t>(n_dec * hix * top_k));
     M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * top_k * d));
     M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * top_k * 2));
-    M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.ids, ids.data(), t * 4, cudaMemcpyHostToDevice, st()));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(b.ids, ids.data(), t * 4, cudaMemcpyHostToDevice, st()));
     M3_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(b.positions, pos.data(), t * 4, cudaMemcpyHostToDevice, st()));
     M3_CUDA_RETURN_IF_ERROR(
@@ -451,8 +451,7 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
     }
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
-        {b.residual, cfg.num_hidden_layers > 0 ? b.delta : nullptr, w.final_norm, b.h, t, hd,
-         eps},
+        {b.residual, cfg.num_hidden_layers > 0 ? b.delta : nullptr, w.final_norm, b.h, t, hd, eps},
         st()));
 
     // LM head on the rows that need logits, in the caller's order.
@@ -476,8 +475,8 @@ struct CudaM3Model::Impl {
       std::vector<float>& dst = out->logits[s.index];
       dst.resize(static_cast<size_t>(n * vocab));
       if (n > 0)
-        M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), b.logits + r0 * vocab,
-                                                n * vocab * 4, cudaMemcpyDeviceToHost, st()));
+        M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), b.logits + r0 * vocab, n * vocab * 4,
+                                                cudaMemcpyDeviceToHost, st()));
       r0 += n;
     }
     return stream.synchronize();
@@ -637,10 +636,18 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
 
 CudaM3Model::~CudaM3Model() = default;
 
-const MiniMaxM3Config& CudaM3Model::config() const { return impl_->cfg; }
-int64_t CudaM3Model::num_kv_pages() const { return impl_->opt.num_kv_pages; }
-void CudaM3Model::set_use_graphs(bool on) { impl_->opt.use_graphs = on; }
-CudaM3Stats CudaM3Model::stats() const { return impl_->stats; }
+const MiniMaxM3Config& CudaM3Model::config() const {
+  return impl_->cfg;
+}
+int64_t CudaM3Model::num_kv_pages() const {
+  return impl_->opt.num_kv_pages;
+}
+void CudaM3Model::set_use_graphs(bool on) {
+  impl_->opt.use_graphs = on;
+}
+CudaM3Stats CudaM3Model::stats() const {
+  return impl_->stats;
+}
 
 Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out) {
   Impl& im = *impl_;
@@ -697,16 +704,15 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       ids[static_cast<size_t>(r)] = in.tokens[0];
       pos[static_cast<size_t>(r)] = static_cast<int32_t>(in.start_pos);
       const int64_t nb = std::min<int64_t>(static_cast<int64_t>(in.block_table.size()), width);
-      std::copy(in.block_table.begin(), in.block_table.begin() + nb,
-                tabs.begin() + r * width);
+      std::copy(in.block_table.begin(), in.block_table.begin() + nb, tabs.begin() + r * width);
     }
     cudaStream_t st = im.st();
     M3_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(im.dec.ids, ids.data(), rows * 4, cudaMemcpyHostToDevice, st));
     M3_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(im.dec.positions, pos.data(), rows * 4, cudaMemcpyHostToDevice, st));
-    M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(im.dec.tables, tabs.data(), rows * width * 4,
-                                            cudaMemcpyHostToDevice, st));
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(im.dec.tables, tabs.data(), rows * width * 4, cudaMemcpyHostToDevice, st));
     M3_RETURN_IF_ERROR(im.run_decode(rows, width));
     out->logits.assign(batch.size(), {});
     for (const Impl::Seq& s : seqs) {
@@ -715,8 +721,8 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       dst.resize(want.size() * static_cast<size_t>(im.vocab));
       for (size_t j = 0; j < want.size(); ++j)  // want[j] == 0 (validated: one token)
         M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data() + j * im.vocab,
-                                                im.dec.logits + s.offset * im.vocab,
-                                                im.vocab * 4, cudaMemcpyDeviceToHost, st));
+                                                im.dec.logits + s.offset * im.vocab, im.vocab * 4,
+                                                cudaMemcpyDeviceToHost, st));
     }
     M3_RETURN_IF_ERROR(im.stream.synchronize());
     ++im.stats.decode_steps;

@@ -13,9 +13,9 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create(
     minimax_m3::CudaM3Options options) {
   // Fit first: the page arithmetic below assumes the real shapes.
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
-  M3_ASSIGN_OR_RETURN(int32_t pages,
-                      kv_pages_for_budget(kv_cache_bytes,
-                                          minimax_m3::CudaM3Model::kv_bytes_per_page(cfg)));
+  M3_ASSIGN_OR_RETURN(
+      int32_t pages,
+      kv_pages_for_budget(kv_cache_bytes, minimax_m3::CudaM3Model::kv_bytes_per_page(cfg)));
   options.num_kv_pages = pages;
   M3_ASSIGN_OR_RETURN(std::unique_ptr<minimax_m3::CudaM3Model> model,
                       minimax_m3::CudaM3Model::load(cfg, src, options));
@@ -28,7 +28,9 @@ int32_t CudaM3ModelRunner::vocab_size() const {
 int32_t CudaM3ModelRunner::num_kv_pages() const {
   return static_cast<int32_t>(model_->num_kv_pages());
 }
-int32_t CudaM3ModelRunner::page_size() const { return static_cast<int32_t>(model_->page_size()); }
+int32_t CudaM3ModelRunner::page_size() const {
+  return static_cast<int32_t>(model_->page_size());
+}
 
 Status CudaM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
   std::vector<minimax_m3::SequenceInput> batch(plan.seqs.size());
@@ -49,8 +51,8 @@ Status CudaM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
     if (!plan.seqs[i].need_logits) continue;
     if (fo.logits[i].size() != static_cast<size_t>(v))
       return internal_error("[model.minimax_m3_cuda.runner] sequence " + std::to_string(i) +
-                            " got " + std::to_string(fo.logits[i].size()) +
-                            " logits, expected " + std::to_string(v));
+                            " got " + std::to_string(fo.logits[i].size()) + " logits, expected " +
+                            std::to_string(v));
     out.data.insert(out.data.end(), fo.logits[i].begin(), fo.logits[i].end());
   }
   return Status::ok();

@@ -31,8 +31,9 @@ class DeviceArena {
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free error state of a failed allocation
-      return Status(StatusCode::kResourceExhausted, "[model.minimax_m3_cuda] cudaMalloc of " + std::to_string(bytes) +
-                                " bytes for " + what + " failed: " + cudaGetErrorString(e));
+      return Status(StatusCode::kResourceExhausted, "[model.minimax_m3_cuda] cudaMalloc of " +
+                                                        std::to_string(bytes) + " bytes for " +
+                                                        what + " failed: " + cudaGetErrorString(e));
     }
     blocks_.push_back(p);
     e = cudaMemset(p, 0, bytes);

@@ -6,8 +6,10 @@ namespace m3::minimax_m3 {
 namespace {
 
 Status no_fit(const std::string& field, int64_t value, const std::string& need) {
-  return invalid_argument("[model.minimax_m3_cuda] config does not fit the real-shape CUDA "
-                          "kernels: " + field + " = " + std::to_string(value) + " (" + need + ")");
+  return invalid_argument(
+      "[model.minimax_m3_cuda] config does not fit the real-shape CUDA "
+      "kernels: " +
+      field + " = " + std::to_string(value) + " (" + need + ")");
 }
 
 }  // namespace
@@ -27,8 +29,7 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
                     "every layer must be minimax_m3_sparse on this path");
   if (c.index_head_dim != 128) return no_fit("index_head_dim", c.index_head_dim, "needs 128");
   if (c.index_n_heads != c.num_key_value_heads || c.index_n_heads > 8)
-    return no_fit("index_n_heads", c.index_n_heads,
-                  "needs == num_key_value_heads and <= 8");
+    return no_fit("index_n_heads", c.index_n_heads, "needs == num_key_value_heads and <= 8");
   if (c.index_topk_blocks < 1 || c.index_topk_blocks > 65535)
     return no_fit("index_topk_blocks", c.index_topk_blocks, "needs [1, 65535]");
   if (c.index_local_blocks < 0 || c.index_init_blocks < 0)
@@ -41,7 +42,8 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
     return no_fit("hidden_size", c.hidden_size, "needs a positive multiple of 1024");
   if (c.vocab_size <= 0) return no_fit("vocab_size", c.vocab_size, "needs > 0");
   bool any_dense = false, any_moe = false;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? any_moe : any_dense) = true;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    (c.is_moe_layer(i) ? any_moe : any_dense) = true;
   if (any_dense && (c.dense_intermediate_size <= 0 || c.dense_intermediate_size % 1024 != 0))
     return no_fit("dense_intermediate_size", c.dense_intermediate_size,
                   "needs a positive multiple of 1024");

@@ -172,7 +172,8 @@ class Loader {
     d.k = h.k;
     d.groups = g;
     M3_ASSIGN_OR_RETURN(d.w, arena_->alloc<uint8_t>(g * static_cast<int64_t>(h.w.size()), what));
-    const int64_t sbytes = h.format == QuantFormat::kBf16 ? 16 : g * static_cast<int64_t>(h.s.size());
+    const int64_t sbytes =
+        h.format == QuantFormat::kBf16 ? 16 : g * static_cast<int64_t>(h.s.size());
     M3_ASSIGN_OR_RETURN(d.scale, arena_->alloc<uint8_t>(sbytes, what + " (scales)"));
     if (h.format == QuantFormat::kNvfp4) {
       M3_ASSIGN_OR_RETURN(d.global, arena_->alloc<float>(g, what + " (global)"));
@@ -181,11 +182,11 @@ class Loader {
   }
 
   Status put(const DevMatrix& d, int64_t e, const HostMatrix& h) {
-    M3_RETURN_IF_ERROR(copy_to_device(d.w + e * static_cast<int64_t>(h.w.size()), h.w.data(),
-                                      h.w.size()));
+    M3_RETURN_IF_ERROR(
+        copy_to_device(d.w + e * static_cast<int64_t>(h.w.size()), h.w.data(), h.w.size()));
     if (h.format != QuantFormat::kBf16)
-      M3_RETURN_IF_ERROR(copy_to_device(d.scale + e * static_cast<int64_t>(h.s.size()),
-                                        h.s.data(), h.s.size()));
+      M3_RETURN_IF_ERROR(
+          copy_to_device(d.scale + e * static_cast<int64_t>(h.s.size()), h.s.data(), h.s.size()));
     if (d.global) M3_RETURN_IF_ERROR(copy_to_device(d.global + e, &h.mult, sizeof(float)));
     return Status::ok();
   }
@@ -232,10 +233,14 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   M3_ASSIGN_OR_RETURN(L->post_norm, ld.vec_bf16(p + "post_attention_layernorm.weight", hd));
   M3_ASSIGN_OR_RETURN(L->q_norm, ld.vec_bf16(a + "q_norm.weight", d));
   M3_ASSIGN_OR_RETURN(L->k_norm, ld.vec_bf16(a + "k_norm.weight", d));
-  M3_ASSIGN_OR_RETURN(std::string iq, pick(src, a + "index_q_proj.weight", a + "indexer.q_proj.weight"));
-  M3_ASSIGN_OR_RETURN(std::string ik, pick(src, a + "index_k_proj.weight", a + "indexer.k_proj.weight"));
-  M3_ASSIGN_OR_RETURN(std::string iqn, pick(src, a + "index_q_norm.weight", a + "indexer.q_norm.weight"));
-  M3_ASSIGN_OR_RETURN(std::string ikn, pick(src, a + "index_k_norm.weight", a + "indexer.k_norm.weight"));
+  M3_ASSIGN_OR_RETURN(std::string iq,
+                      pick(src, a + "index_q_proj.weight", a + "indexer.q_proj.weight"));
+  M3_ASSIGN_OR_RETURN(std::string ik,
+                      pick(src, a + "index_k_proj.weight", a + "indexer.k_proj.weight"));
+  M3_ASSIGN_OR_RETURN(std::string iqn,
+                      pick(src, a + "index_q_norm.weight", a + "indexer.q_norm.weight"));
+  M3_ASSIGN_OR_RETURN(std::string ikn,
+                      pick(src, a + "index_k_norm.weight", a + "indexer.k_norm.weight"));
   M3_ASSIGN_OR_RETURN(L->iq_norm, ld.vec_bf16(iqn, dix));
   M3_ASSIGN_OR_RETURN(L->ik_norm, ld.vec_bf16(ikn, dix));
   M3_ASSIGN_OR_RETURN(L->qkv, ld.matrix({{a + "q_proj.weight", h * d},
