@@ -43,8 +43,11 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                                                             const WeightSource& src,
                                                             int64_t kv_cache_bytes) {
 #if defined(M3_HAVE_CUDA)
+  minimax_m3::CudaM3Options o;
+  // --load-format dummy: the weights are generated on the GPU in the same formats.
+  o.gpu_dummy_weights = dynamic_cast<const minimax_m3::DummyWeightSource*>(&src) != nullptr;
   M3_ASSIGN_OR_RETURN(std::unique_ptr<CudaM3ModelRunner> r,
-                      CudaM3ModelRunner::create(cfg, src, kv_cache_bytes, {}));
+                      CudaM3ModelRunner::create(cfg, src, kv_cache_bytes, o));
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else
   return Status(StatusCode::kUnimplemented,
@@ -109,6 +112,9 @@ Result<std::unique_ptr<minimax_m3::CudaM3Model>> load_real_shape(const RealShape
   minimax_m3::CudaM3Options o;
   o.num_kv_pages = std::max<int64_t>(1, (positions + 127) / 128);
   o.max_batch = 1;  // one sequence
+  // --load-format dummy: the weights are generated on the GPU in the same formats.
+  o.gpu_dummy_weights =
+      dynamic_cast<const minimax_m3::DummyWeightSource*>(r.weights.get()) != nullptr;
   return minimax_m3::CudaM3Model::load(r.config, *r.weights, o);
 }
 
@@ -138,8 +144,8 @@ Status real_shape_generate(const std::string& model_path, const std::string& loa
 #if defined(M3_HAVE_CUDA)
   M3_ASSIGN_OR_RETURN(RealShapeSource r, open_real_shape(model_path, load_format, num_layers));
   if (!r.fits) return Status::ok();
-  M3_ASSIGN_OR_RETURN(
-      auto model, load_real_shape(r, static_cast<int64_t>(prompt.size()) + opts.max_tokens));
+  M3_ASSIGN_OR_RETURN(auto model,
+                      load_real_shape(r, static_cast<int64_t>(prompt.size()) + opts.max_tokens));
   opts.eos_token_ids = r.eos_token_ids;
   M3_ASSIGN_OR_RETURN(*output_ids, minimax_m3::cuda_generate(model.get(), prompt, opts));
   *used = true;

@@ -601,7 +601,11 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   M3_ASSIGN_OR_RETURN(im.stream, cuda::Stream::create());
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
-  M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(cfg, src, &im.arena));
+  if (options.gpu_dummy_weights) {
+    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena));
+  } else {
+    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(cfg, src, &im.arena));
+  }
   im.stats.weight_bytes = im.arena.bytes();
   im.stats.bf16_fallbacks = im.w.bf16_fallbacks;
   im.stats.quantised_matrices = im.w.quantised_matrices;

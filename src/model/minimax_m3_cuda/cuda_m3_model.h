@@ -40,6 +40,10 @@ struct CudaM3Options {
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant
+  // --load-format dummy: ignore the WeightSource's values and generate random weights in the
+  // storage formats on the GPU (gpu_weights.h, make_dummy_dev_weights) from dummy_seed.
+  bool gpu_dummy_weights = false;
+  uint64_t dummy_seed = 0;
 };
 
 struct CudaM3Stats {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cuda/dummy/dummy_weights.h"
 #include "core/dtype.h"
 #include "model/minimax_m3/weights.h"
 
@@ -296,7 +297,116 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   return Status::ok();
 }
 
+// Random weights on the GPU (make_dummy_dev_weights).
+class DummyMaker {
+ public:
+  DummyMaker(uint64_t seed, DeviceArena* arena) : seed_(seed), arena_(arena) {}
+
+  Result<DevMatrix> matrix(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
+    DevMatrix d;
+    d.format = f;
+    d.n = n;
+    d.k = k;
+    d.groups = g;
+    const int64_t e = g * n * k;
+    const std::string what = "dummy weights";
+    if (f == QuantFormat::kMxfp8) {
+      M3_ASSIGN_OR_RETURN(d.w, arena_->alloc<uint8_t>(e, what));
+      M3_ASSIGN_OR_RETURN(d.scale, arena_->alloc<uint8_t>(e / 32, what));
+      M3_RETURN_IF_ERROR(fill(d.w, e, cuda::DummyKind::kE4m3Codes, 1.0f));
+      M3_RETURN_IF_ERROR(fill(d.scale, e / 32, cuda::DummyKind::kE8m0Scales, 1.0f));
+    } else if (f == QuantFormat::kNvfp4) {
+      M3_ASSIGN_OR_RETURN(d.w, arena_->alloc<uint8_t>(e / 2, what));
+      M3_ASSIGN_OR_RETURN(d.scale, arena_->alloc<uint8_t>(e / 16, what));
+      M3_ASSIGN_OR_RETURN(d.global, arena_->alloc<float>(g, what));
+      M3_RETURN_IF_ERROR(fill(d.w, e / 2, cuda::DummyKind::kE2m1Packed, 1.0f));
+      M3_RETURN_IF_ERROR(fill(d.scale, e / 16, cuda::DummyKind::kE4m3Scales, 1.0f));
+      // e2m1 (<= 6) x e4m3 scale (0.5 .. 120) x 2e-4: weights of magnitude ~0.01-0.1.
+      const std::vector<float> mult(static_cast<size_t>(g), 2e-4f);
+      M3_RETURN_IF_ERROR(copy_to_device(d.global, mult.data(), mult.size() * sizeof(float)));
+    } else {
+      M3_ASSIGN_OR_RETURN(d.w, arena_->alloc<uint8_t>(2 * e, what));
+      M3_ASSIGN_OR_RETURN(d.scale, arena_->alloc<uint8_t>(16, what));
+      M3_RETURN_IF_ERROR(fill(d.w, e, cuda::DummyKind::kBf16Normal, 0.02f));
+    }
+    return d;
+  }
+
+  Result<uint16_t*> vec_bf16(int64_t n, float scale) {
+    M3_ASSIGN_OR_RETURN(uint16_t * d, arena_->alloc<uint16_t>(n, "dummy weights"));
+    M3_RETURN_IF_ERROR(fill(d, n, cuda::DummyKind::kBf16Normal, scale));
+    return d;
+  }
+
+  Result<float*> vec_f32(int64_t n, float scale) {
+    M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(n, "dummy weights"));
+    M3_RETURN_IF_ERROR(fill(d, n, cuda::DummyKind::kF32Normal, scale));
+    return d;
+  }
+
+ private:
+  Status fill(void* dst, int64_t count, cuda::DummyKind kind, float scale) {
+    return cuda::fill_dummy(dst, count, kind, seed_ + 0x9E3779B97F4A7C15ull * ++tensor_, scale,
+                            nullptr);
+  }
+
+  uint64_t seed_;
+  uint64_t tensor_ = 0;
+  DeviceArena* arena_;
+};
+
 }  // namespace
+
+Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t seed,
+                                          DeviceArena* arena) {
+  DevWeights w;
+  DummyMaker mk(seed, arena);
+  const int64_t hd = c.hidden_size, d = c.head_dim, v = c.vocab_size;
+  const int64_t nqkv = c.num_attention_heads * d + 2 * c.num_key_value_heads * d +
+                       c.index_n_heads * c.index_head_dim + c.index_head_dim;
+  M3_ASSIGN_OR_RETURN(DevMatrix e, mk.matrix(QuantFormat::kBf16, v, hd));
+  w.embed = reinterpret_cast<uint16_t*>(e.w);
+  M3_ASSIGN_OR_RETURN(w.final_norm, mk.vec_bf16(hd, 0.01f));
+  if (c.tie_word_embeddings) {
+    w.lm_head = e;
+  } else {
+    M3_ASSIGN_OR_RETURN(w.lm_head, mk.matrix(QuantFormat::kBf16, v, hd));
+  }
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    DevLayer& L = w.layers[static_cast<size_t>(i)];
+    L.moe = c.is_moe_layer(i);
+    M3_ASSIGN_OR_RETURN(L.in_norm, mk.vec_bf16(hd, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.post_norm, mk.vec_bf16(hd, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.q_norm, mk.vec_bf16(d, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.k_norm, mk.vec_bf16(d, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.iq_norm, mk.vec_bf16(c.index_head_dim, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.ik_norm, mk.vec_bf16(c.index_head_dim, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.qkv, mk.matrix(QuantFormat::kMxfp8, nqkv, hd));
+    M3_ASSIGN_OR_RETURN(L.o, mk.matrix(QuantFormat::kMxfp8, hd, c.num_attention_heads * d));
+    w.quantised_matrices += 2;
+    if (!L.moe) {
+      const int64_t in = c.dense_intermediate_size;
+      M3_ASSIGN_OR_RETURN(L.mlp_gu, mk.matrix(QuantFormat::kMxfp8, 2 * in, hd));
+      M3_ASSIGN_OR_RETURN(L.mlp_down, mk.matrix(QuantFormat::kMxfp8, hd, in));
+      w.quantised_matrices += 2;
+      continue;
+    }
+    const int64_t ne = c.num_local_experts, in = c.intermediate_size;
+    M3_ASSIGN_OR_RETURN(L.router, mk.matrix(QuantFormat::kBf16, ne, hd));
+    M3_ASSIGN_OR_RETURN(L.router_bias, mk.vec_f32(ne, 0.01f));
+    M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, ne));
+    M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, ne));
+    w.quantised_matrices += 2;
+    const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
+    if (shared > 0) {
+      M3_ASSIGN_OR_RETURN(L.shared_gu, mk.matrix(QuantFormat::kMxfp8, 2 * shared, hd));
+      M3_ASSIGN_OR_RETURN(L.shared_down, mk.matrix(QuantFormat::kMxfp8, hd, shared));
+      w.quantised_matrices += 2;
+    }
+  }
+  return w;
+}
 
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
                                     DeviceArena* arena) {
