@@ -657,6 +657,8 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   Impl& im = *impl_;
   const int64_t pages = im.opt.num_kv_pages;
   if (batch.empty()) return invalid_argument("[model.minimax_m3_cuda.forward] empty batch");
+  // The engine calls from its own thread; the current device is per thread.
+  M3_CUDA_RETURN_IF_ERROR(cudaSetDevice(im.opt.device));
   // ---- Validate (the messages of Model::forward) and order: one-token rows first.
   std::vector<Impl::Seq> seqs;
   std::vector<size_t> order;
