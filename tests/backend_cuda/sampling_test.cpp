@@ -4,9 +4,10 @@
 //  * token: for the same (seed, stream, counter) the GPU token equals m3::sample_token's;
 //  * distribution: many draws over a small kept set against the softmax probabilities within a
 //    chi-square bound.
-// Rows where a cut lies within float rounding of a boundary (the GPU uses float exp and another
-// summation order; see sample.h) are detected by the reference and skipped, and counted: the test
-// fails if more than a few are skipped. Margins: 1e-5 relative (float32 exp is within ~2 ulp,
+// Rows where a top_p / min_p cut lies within float rounding of a boundary (the GPU uses float exp
+// and another summation order; see sample.h) are detected by the reference and skipped, and
+// counted: the test fails if more than the tied rows are skipped. Where the draw lies within
+// rounding of a cumulative boundary, the GPU token must be one of the few tokens it could be. Margins: 1e-5 relative (float32 exp is within ~2 ulp,
 // double sums of <= 200064 terms in any order within ~200064 · 2^-53 relative).
 #include <algorithm>
 #include <cmath>
@@ -73,10 +74,15 @@ RefResult reference_kept(const std::vector<float>& logits, const cuda::SampleRow
   return r;
 }
 
-// Whether the CPU's draw lands within kMargin of a cumulative-mass boundary.
-bool draw_ambiguous(const std::vector<float>& logits, const cuda::SampleRowParams& rp,
-                    const std::vector<uint8_t>& kept) {
-  if (rp.temperature < kGreedyTemperature) return false;
+// The tokens the draw may pick within rounding: those whose cumulative-mass interval
+// [cum before, cum after] (ascending id order over the kept set) meets [u - m, u + m], with
+// m = kMargin · total. One token when the draw is clear of every boundary. Over a large kept set
+// (full vocabulary: ~5e-6 of the mass per token at V = 200064) the window is a few tokens wide
+// most of the time, so such rows are checked against the window instead of being skipped.
+std::vector<int32_t> draw_window(const std::vector<float>& logits, const cuda::SampleRowParams& rp,
+                                 const std::vector<uint8_t>& kept) {
+  std::vector<int32_t> window;
+  if (rp.temperature < kGreedyTemperature) return window;
   const float inv_t = 1.0f / rp.temperature;
   double mx = -INFINITY;
   for (float x : logits) mx = std::max(mx, double(x * inv_t));
@@ -84,15 +90,16 @@ bool draw_ambiguous(const std::vector<float>& logits, const cuda::SampleRowParam
   std::vector<double> e(logits.size(), 0.0);
   for (size_t i = 0; i < logits.size(); ++i)
     if (kept[i]) total += (e[i] = std::exp(double(logits[i] * inv_t) - mx));
-  const double u = uniform01({rp.seed, rp.stream, rp.counter}) * total;
+  const double u = uniform01({rp.seed, rp.stream, rp.counter}) * total, m = kMargin * total;
   double cum = 0.0;
   for (size_t i = 0; i < logits.size(); ++i) {
     if (!kept[i]) continue;
+    const double before = cum;
     cum += e[i];
-    if (std::abs(cum - u) <= kMargin * total) return true;
-    if (cum > u) break;
+    if (cum >= u - m && before <= u + m) window.push_back(static_cast<int32_t>(i));
+    if (before > u + m) break;
   }
-  return false;
+  return window;
 }
 
 int32_t cpu_token(const std::vector<float>& logits, const cuda::SampleRowParams& rp) {
@@ -171,13 +178,12 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
   std::vector<cuda::SampleRowParams> rows;
   for (int64_t b = 0; b < batch; ++b) rows.push_back(row_params(b, 1000 + seed));
   const GpuRun g = run_gpu(logits, batch, vocab, rows, true);
-  int skipped = 0, skipped_untied = 0, compared = 0;
+  int skipped = 0, compared = 0, windowed = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
     const RefResult ref = reference_kept(row, rows[b]);
-    if (ref.ambiguous || draw_ambiguous(row, rows[b], ref.kept)) {
+    if (ref.ambiguous) {  // the kept set itself is within rounding of a cut
       ++skipped;
-      if (b % 4 != 3) ++skipped_untied;
       continue;
     }
     ++compared;
@@ -193,17 +199,25 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
     EXPECT_EQ(diff, 0) << "row " << b << " (case " << b % 8 << "): " << diff
                        << " tokens differ in the kept set of " << kept << ", first id " << first;
     const int32_t want = cpu_token(row, rows[b]);
-    EXPECT_EQ(g.tokens[b], want) << "row " << b << " (case " << b % 8 << "), kept " << kept;
+    const std::vector<int32_t> window = draw_window(row, rows[b], ref.kept);
+    if (window.size() <= 1) {
+      EXPECT_EQ(g.tokens[b], want) << "row " << b << " (case " << b % 8 << "), kept " << kept;
+    } else {
+      ++windowed;
+      const bool cpu_in = std::find(window.begin(), window.end(), want) != window.end();
+      const bool gpu_in = std::find(window.begin(), window.end(), g.tokens[b]) != window.end();
+      EXPECT_TRUE(cpu_in) << "row " << b << ": the reference window misses the CPU token " << want;
+      EXPECT_TRUE(gpu_in) << "row " << b << " (case " << b % 8 << "): GPU token " << g.tokens[b]
+                          << " outside the " << window.size() << " tokens within rounding of the draw"
+                          << " (CPU " << want << ")";
+    }
   }
-  std::printf("[ sampling B=%lld V=%lld ] compared %d rows, skipped %d near a rounding boundary "
-              "(%d without ties)\n",
-              (long long)batch, (long long)vocab, compared, skipped, skipped_untied);
-  // Ambiguity comes from exact ties at a cut-off: the rows rounded to a coarse grid (b % 4 == 3,
-  // a quarter of the rows) may all be skipped; a row of distinct normal logits lands within
-  // rounding of a boundary rarely, so at most one of those may be.
-  // (The first run on the H200 skipped 3 of 16 rows; the old bound batch / 8 = 2 was the mean.)
-  EXPECT_LE(skipped_untied, 1) << "too many ambiguous rows without ties";
-  EXPECT_LE(skipped, (batch + 3) / 4 + 1) << "too many ambiguous rows";
+  std::printf("[ sampling B=%lld V=%lld ] compared %d rows (%d of them to a draw window of several "
+              "tokens), skipped %d with a kept set within rounding of a cut\n",
+              (long long)batch, (long long)vocab, compared, windowed, skipped);
+  // Kept-set ambiguity comes from exact ties at a cut-off: the rows rounded to a coarse grid
+  // (b % 4 == 3, a quarter of the rows) may all be skipped, hardly any other.
+  EXPECT_LE(skipped, (batch + 3) / 4 + 1) << "too many rows with an ambiguous kept set";
 }
 
 TEST(CudaSample, MatchesCpuSamplerAtRealVocab) { check_batch(16, 200064, 3); }

@@ -96,8 +96,9 @@ fi
 if want tests && [ -x "$B/m3serve" ]; then
   t0=$SECONDS
   gen=(generate --model-path models/m3-tiny --prompt-ids 4066,1,2,3,4,5 --max-tokens 16)
-  cpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cpu 2>&1)
-  gpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cuda 2>&1)
+  # stdout only (the token ids): --device cuda says on stderr which path it took.
+  cpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cpu 2>>"$LOG")
+  gpu_out=$(timeout 60 "$B/m3serve" "${gen[@]}" --device cuda 2>>"$LOG")
   note "m3serve generate m3-tiny --device cpu:  $cpu_out"
   note "m3serve generate m3-tiny --device cuda: $gpu_out"
   same=no

@@ -38,6 +38,11 @@ constexpr int64_t kPage = 128;
 // lm_head GEMV rows per launch: its split-K scratch is slices x rows x vocab floats.
 constexpr int64_t kHeadRows = 32;
 
+// GEMV variant per storage format: 3 (activations in shared memory, several 16-byte loads in
+// flight per lane; 1.3-1.8x variant 0 at batch 1 on the H200, docs/perf-log.md) for MXFP8 and
+// NVFP4, 0 for BF16 (variant 3 has no BF16 path). The fit check guarantees K % 1024.
+int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 0 : 3; }
+
 int64_t next_pow2(int64_t x) {
   int64_t p = 1;
   while (p < x) p *= 2;
@@ -142,9 +147,9 @@ struct CudaM3Model::Impl {
     p.n = m.n;
     p.k = m.k;
     p.partial = b.partial;
-    p.variant = 0;
+    p.variant = gemv_variant(m.format);
     e.partial = b.partial;
-    e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k, 0);
+    e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
     e.num_rows = rows;
     e.n = m.n;
     if (e.num_slices * rows * m.n > b.partial_elems)
@@ -529,7 +534,9 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   // Split-K scratch: the largest GEMV of a step.
   int64_t need = 0;
   auto fit = [&](const DevMatrix& m, int64_t rows) {
-    if (m.n > 0) need = std::max(need, cuda::quant_gemv_num_slices(m.format, m.k, 0) * rows * m.n);
+    if (m.n > 0)
+      need = std::max(need, cuda::quant_gemv_num_slices(m.format, m.k, gemv_variant(m.format)) *
+                                rows * m.n);
   };
   for (const DevLayer& L : w.layers) {
     fit(L.qkv, r);
