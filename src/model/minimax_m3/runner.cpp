@@ -88,20 +88,23 @@ int32_t sample(std::span<const float> logits, double temperature, std::mt19937_6
 
 }  // namespace
 
-Result<std::vector<int32_t>> generate(Model* model, PagedKvCache* cache, SimplePagePool* pool,
-                                      std::span<const int32_t> prompt,
-                                      const GenerateOptions& opts) {
+Status check_generate_args(std::span<const int32_t> prompt, const GenerateOptions& opts) {
   if (prompt.empty()) return invalid_argument("[model.generate] empty prompt");
   if (opts.max_tokens < 0) return invalid_argument("[model.generate] negative max_tokens");
   if (!(opts.temperature >= 0.0) || !std::isfinite(opts.temperature))
     return invalid_argument("[model.generate] temperature must be a finite number >= 0");
-  SequenceRunner seq(model, cache, pool);
-  M3_RETURN_IF_ERROR(seq.reserve(static_cast<int64_t>(prompt.size()) + opts.max_tokens));
+  return Status::ok();
+}
+
+Result<std::vector<int32_t>> generate_tokens(const AppendTokens& append,
+                                             std::span<const int32_t> prompt,
+                                             const GenerateOptions& opts) {
+  M3_RETURN_IF_ERROR(check_generate_args(prompt, opts));
   std::vector<int32_t> out;
   if (opts.max_tokens == 0) return out;
   std::mt19937_64 rng(opts.seed);
   std::vector<float> logits;
-  M3_RETURN_IF_ERROR(seq.append(prompt, opts.prefill_chunk, false, &logits));
+  M3_RETURN_IF_ERROR(append(prompt, opts.prefill_chunk, &logits));
   for (int64_t i = 0; i < opts.max_tokens; ++i) {
     int32_t next = opts.temperature == 0.0 ? argmax(logits) : sample(logits, opts.temperature, &rng);
     out.push_back(next);
@@ -109,9 +112,22 @@ Result<std::vector<int32_t>> generate(Model* model, PagedKvCache* cache, SimpleP
                                       next) != opts.eos_token_ids.end())
       break;
     if (i + 1 == opts.max_tokens) break;
-    M3_RETURN_IF_ERROR(seq.append(std::span<const int32_t>(&next, 1), 0, false, &logits));
+    M3_RETURN_IF_ERROR(append(std::span<const int32_t>(&next, 1), 0, &logits));
   }
   return out;
+}
+
+Result<std::vector<int32_t>> generate(Model* model, PagedKvCache* cache, SimplePagePool* pool,
+                                      std::span<const int32_t> prompt,
+                                      const GenerateOptions& opts) {
+  M3_RETURN_IF_ERROR(check_generate_args(prompt, opts));
+  SequenceRunner seq(model, cache, pool);
+  M3_RETURN_IF_ERROR(seq.reserve(static_cast<int64_t>(prompt.size()) + opts.max_tokens));
+  return generate_tokens(
+      [&](std::span<const int32_t> tokens, int64_t chunk, std::vector<float>* logits) {
+        return seq.append(tokens, chunk, false, logits);
+      },
+      prompt, opts);
 }
 
 }  // namespace m3::minimax_m3

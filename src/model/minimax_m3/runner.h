@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,5 +63,16 @@ struct GenerateOptions {
 Result<std::vector<int32_t>> generate(Model* model, PagedKvCache* cache, SimplePagePool* pool,
                                       std::span<const int32_t> prompt,
                                       const GenerateOptions& opts);
+
+// The pieces of generate() that any single-sequence model shares (the CUDA real-shape model uses
+// them too): argument checks, and the token loop over `append`, which appends tokens to the
+// sequence (in chunks of `chunk` tokens, <= 0: one) and sets *logits to the last token's [V].
+// Greedy, or the double-precision inverse-CDF draw from std::mt19937_64(opts.seed).
+using AppendTokens =
+    std::function<Status(std::span<const int32_t> tokens, int64_t chunk, std::vector<float>* logits)>;
+Status check_generate_args(std::span<const int32_t> prompt, const GenerateOptions& opts);
+Result<std::vector<int32_t>> generate_tokens(const AppendTokens& append,
+                                             std::span<const int32_t> prompt,
+                                             const GenerateOptions& opts);
 
 }  // namespace m3::minimax_m3

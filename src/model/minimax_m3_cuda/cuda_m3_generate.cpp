@@ -1,8 +1,6 @@
 #include "model/minimax_m3_cuda/cuda_m3_generate.h"
 
 #include <algorithm>
-#include <cmath>
-#include <random>
 #include <string>
 
 namespace m3::minimax_m3 {
@@ -57,21 +55,6 @@ class Sequence {
   int64_t length_ = 0;
 };
 
-// The draw of runner.cpp's sample(): softmax(logits / T) in double, inverse CDF.
-int32_t sample(std::span<const float> logits, double temperature, std::mt19937_64* rng) {
-  double mx = -INFINITY;
-  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) sum += p[i] = std::exp((logits[i] - mx) / temperature);
-  double u = std::uniform_real_distribution<double>(0.0, 1.0)(*rng) * sum, acc = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    acc += p[i];
-    if (u < acc) return static_cast<int32_t>(i);
-  }
-  return static_cast<int32_t>(p.size() - 1);
-}
-
 }  // namespace
 
 Result<std::vector<float>> cuda_score(CudaM3Model* model, std::span<const int32_t> prompt,
@@ -85,28 +68,14 @@ Result<std::vector<float>> cuda_score(CudaM3Model* model, std::span<const int32_
 
 Result<std::vector<int32_t>> cuda_generate(CudaM3Model* model, std::span<const int32_t> prompt,
                                            const GenerateOptions& opts) {
-  if (prompt.empty()) return invalid_argument("[model.generate] empty prompt");
-  if (opts.max_tokens < 0) return invalid_argument("[model.generate] negative max_tokens");
-  if (!(opts.temperature >= 0.0) || !std::isfinite(opts.temperature))
-    return invalid_argument("[model.generate] temperature must be a finite number >= 0");
+  M3_RETURN_IF_ERROR(check_generate_args(prompt, opts));
   Sequence seq(model);
   M3_RETURN_IF_ERROR(seq.reserve(static_cast<int64_t>(prompt.size()) + opts.max_tokens));
-  std::vector<int32_t> out;
-  if (opts.max_tokens == 0) return out;
-  std::mt19937_64 rng(opts.seed);
-  std::vector<float> logits;
-  M3_RETURN_IF_ERROR(seq.append(prompt, opts.prefill_chunk, false, &logits));
-  for (int64_t i = 0; i < opts.max_tokens; ++i) {
-    const int32_t next =
-        opts.temperature == 0.0 ? argmax(logits) : sample(logits, opts.temperature, &rng);
-    out.push_back(next);
-    if (!opts.ignore_eos && std::find(opts.eos_token_ids.begin(), opts.eos_token_ids.end(), next) !=
-                                opts.eos_token_ids.end())
-      break;
-    if (i + 1 == opts.max_tokens) break;
-    M3_RETURN_IF_ERROR(seq.append(std::span<const int32_t>(&next, 1), 0, false, &logits));
-  }
-  return out;
+  return generate_tokens(
+      [&](std::span<const int32_t> tokens, int64_t chunk, std::vector<float>* logits) {
+        return seq.append(tokens, chunk, false, logits);
+      },
+      prompt, opts);
 }
 
 }  // namespace m3::minimax_m3
