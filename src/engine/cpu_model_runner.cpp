@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/step_batch.h"
 #include "kv/kv_budget.h"
 
 namespace m3 {
@@ -51,30 +52,10 @@ int32_t MiniMaxM3ModelRunner::page_size() const {
 }
 
 Status MiniMaxM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
-  std::vector<minimax_m3::SequenceInput> batch(plan.seqs.size());
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const SeqSlice& s = plan.seqs[i];
-    batch[i].tokens = s.token_ids;
-    batch[i].start_pos = s.start_pos;
-    batch[i].block_table = s.block_table;
-    if (s.need_logits) batch[i].logits_rows = {s.num_tokens() - 1};
-  }
+  const std::vector<minimax_m3::SequenceInput> batch = step_batch(plan);
   minimax_m3::ForwardOutput fo;
   M3_RETURN_IF_ERROR(model_->forward(batch, cache_.get(), &fo));
-  const int32_t v = vocab_size();
-  out.vocab_size = v;
-  out.data.clear();
-  out.data.reserve(static_cast<size_t>(plan.num_logits()) * v);
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (!plan.seqs[i].need_logits) continue;
-    if (fo.logits[i].size() != static_cast<size_t>(v)) {
-      return internal_error("[engine.cpu_model_runner] sequence " + std::to_string(i) + " got " +
-                            std::to_string(fo.logits[i].size()) + " logits, expected " +
-                            std::to_string(v));
-    }
-    out.data.insert(out.data.end(), fo.logits[i].begin(), fo.logits[i].end());
-  }
-  return Status::ok();
+  return gather_step_logits(plan, fo, vocab_size(), "engine.cpu_model_runner", out);
 }
 
 }  // namespace m3
