@@ -262,6 +262,50 @@ TEST(QkNormRope, MatchesCpuNormThenRope) {
   }
 }
 
+// Four head groups of one fused projection (q 64, k 4, index q 4, index k 1 heads, token stride
+// 9856 as in the model) in one launch_qk_norm_rope_multi equal four single launches bit for bit
+// (the same per-row arithmetic; the segment only picks pointers).
+TEST(QkNormRope, MultiSegmentEqualsSingleLaunches) {
+  const int64_t t = 5, d = 128, ld = 9856;
+  const int64_t heads[4] = {64, 4, 4, 1}, offs[4] = {0, 8192, 9216, 9728};
+  auto x = randn(t * ld, 82, 3.0f);
+  std::vector<float> wf;
+  std::vector<uint16_t> wb[4];
+  for (int i = 0; i < 4; ++i) bf16_randn(d, 83 + i, 0.3f, &wf, &wb[i]);
+  std::vector<int32_t> pos(t);
+  for (int64_t i = 0; i < t; ++i) pos[i] = static_cast<int32_t>(i * 7919 + 3);
+  Dev<float> dx(x);
+  Dev<int32_t> dp(pos);
+  std::vector<Dev<uint16_t>> dw, single, multi;
+  dw.reserve(4), single.reserve(4), multi.reserve(4);  // ptr()s are kept below
+  for (int i = 0; i < 4; ++i) dw.emplace_back(wb[i]);
+  cuda::QkNormRopeParams segs[4];
+  for (int i = 0; i < 4; ++i) {
+    single.push_back(Dev<uint16_t>::poisoned(t * heads[i] * d));
+    multi.push_back(Dev<uint16_t>::poisoned(t * heads[i] * d));
+    cuda::QkNormRopeParams& p = segs[i];
+    p.x = dx.ptr() + offs[i];
+    p.ld_x = ld;
+    p.weight = dw[i].ptr();
+    p.positions = dp.ptr();
+    p.t = t;
+    p.h = heads[i];
+    p.out = single[i].ptr();
+    ASSERT_TRUE(cuda::launch_qk_norm_rope(p, stream()).is_ok());
+    p.out = multi[i].ptr();
+  }
+  ASSERT_TRUE(cuda::launch_qk_norm_rope_multi(segs, 4, stream()).is_ok());
+  int64_t differ = 0;
+  for (int i = 0; i < 4; ++i) {
+    const auto a = single[i].host(), b = multi[i].host();
+    for (size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k];
+  }
+  std::printf("[ %-40s ] %lld of %lld values differ\n", "qk_norm_rope 4 segments vs 4 launches",
+              (long long)differ, (long long)(t * 73 * d));
+  EXPECT_EQ(differ, 0);
+  EXPECT_FALSE(cuda::launch_qk_norm_rope_multi(segs, 5, stream()).is_ok());
+}
+
 }  // namespace
 }  // namespace m3::cuda_test
 

@@ -61,6 +61,8 @@ struct Bufs {
           *offs = nullptr, *sorted = nullptr, *active = nullptr, *selected = nullptr,
           *rows = nullptr;
   int64_t partial_elems = 0;
+  float* partial_side = nullptr;  // split-K scratch of the shared expert on the side stream
+  int64_t partial_side_elems = 0;
 };
 
 // Per-step device scratch from the caching allocator, returned (stream-ordered) at scope exit.
@@ -101,6 +103,8 @@ struct CudaM3Model::Impl {
   MiniMaxM3Config cfg;
   CudaM3Options opt;
   cuda::Stream stream;
+  cuda::Stream side;  // the shared expert's stream (overlap_shared_expert)
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   std::unique_ptr<cuda::CachingAllocator> alloc;
   std::unique_ptr<cuda::PrefillGemm> gemm;
   DevWeights w;
@@ -119,7 +123,10 @@ struct CudaM3Model::Impl {
 
   ~Impl() {
     if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
+    if (side.get() != nullptr) cudaStreamSynchronize(side.get());
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (fork_ev) cudaEventDestroy(fork_ev);
+    if (join_ev) cudaEventDestroy(join_ev);
   }
 
   cudaStream_t st() const { return stream.get(); }
@@ -127,7 +134,9 @@ struct CudaM3Model::Impl {
   // ---- Kernel helpers (every launch's Status is checked).
 
   Status gemv(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows,
-              GemvEpilogueParams e, const Bufs& b, bool grouped = false, int64_t x_row_div = 1) {
+              GemvEpilogueParams e, const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
+              cudaStream_t on = nullptr) {
+    if (on == nullptr) on = st();
     cuda::QuantGemvParams p;
     p.format = m.format;
     p.x = x;
@@ -156,8 +165,8 @@ struct CudaM3Model::Impl {
       return internal_error("[model.minimax_m3_cuda] GEMV scratch too small: " +
                             std::to_string(e.num_slices * rows * m.n) + " > " +
                             std::to_string(b.partial_elems) + " floats");
-    M3_RETURN_IF_ERROR(cuda::launch_quant_gemv(p, st()));
-    return cuda::launch_quant_gemv_epilogue(e, st());
+    M3_RETURN_IF_ERROR(cuda::launch_quant_gemv(p, on));
+    return cuda::launch_quant_gemv_epilogue(e, on);
   }
 
   Status plinear(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, float* y,
@@ -173,8 +182,9 @@ struct CudaM3Model::Impl {
     return gemm->linear(p, st());
   }
 
-  Status qk_norm(const float* x, int64_t heads, const uint16_t* weight, const int32_t* pos,
-                 uint16_t* out, int64_t t, int64_t head_dim) {
+  cuda::QkNormRopeParams qk_norm_params(const float* x, int64_t heads, const uint16_t* weight,
+                                        const int32_t* pos, uint16_t* out, int64_t t,
+                                        int64_t head_dim) const {
     cuda::QkNormRopeParams p;
     p.x = x;
     p.ld_x = nqkv;
@@ -188,17 +198,20 @@ struct CudaM3Model::Impl {
     p.rot_width = std::min(cfg.rotary_dim, head_dim);
     p.eps = eps;
     p.theta = cfg.rope_theta;
-    return cuda::launch_qk_norm_rope(p, st());
+    return p;
   }
 
   // q, k, index q/k (normed + roped, bf16) from the fused projection, and the KV-cache write of
   // every row (row i: block_tables[i * mb ...]; -1 pages are skipped).
   Status attention_inputs(const Bufs& b, int64_t layer, int64_t t, int64_t mb) {
     const DevLayer& L = w.layers[static_cast<size_t>(layer)];
-    M3_RETURN_IF_ERROR(qk_norm(b.qkv, nh, L.q_norm, b.positions, b.q, t, d));
-    M3_RETURN_IF_ERROR(qk_norm(b.qkv + off_k, hkv, L.k_norm, b.positions, b.k, t, d));
-    M3_RETURN_IF_ERROR(qk_norm(b.qkv + off_iq, hix, L.iq_norm, b.positions, b.iq, t, dix));
-    M3_RETURN_IF_ERROR(qk_norm(b.qkv + off_ik, 1, L.ik_norm, b.positions, b.ik, t, dix));
+    // One launch for the four head groups (d == dix == 128: checked at load).
+    const cuda::QkNormRopeParams segs[4] = {
+        qk_norm_params(b.qkv, nh, L.q_norm, b.positions, b.q, t, d),
+        qk_norm_params(b.qkv + off_k, hkv, L.k_norm, b.positions, b.k, t, d),
+        qk_norm_params(b.qkv + off_iq, hix, L.iq_norm, b.positions, b.iq, t, dix),
+        qk_norm_params(b.qkv + off_ik, 1, L.ik_norm, b.positions, b.ik, t, dix)};
+    M3_RETURN_IF_ERROR(cuda::launch_qk_norm_rope_multi(segs, 4, st()));
     cuda::KvWriteBf16Params kw;
     kw.cache = kv[static_cast<size_t>(layer)];
     kw.k = b.k;
@@ -269,6 +282,20 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(gemv(L.mlp_gu, b.h, hd, rows, swiglu_s, b));
       return gemv(L.mlp_down, b.act_s, L.mlp_down.k, rows, store_to(b.delta, hd), b);
     }
+    // The shared expert reads only b.h: on the side stream it overlaps the routed path below
+    // (own split-K scratch; joined before the combine). Works eagerly and under graph capture.
+    const bool side_path = L.shared_gu.n > 0 && opt.overlap_shared_expert;
+    if (side_path) {
+      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_ev, st()));
+      M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_ev, 0));
+      Bufs sb = b;
+      sb.partial = b.partial_side;
+      sb.partial_elems = b.partial_side_elems;
+      M3_RETURN_IF_ERROR(gemv(L.shared_gu, b.h, hd, rows, swiglu_s, sb, false, 1, side.get()));
+      M3_RETURN_IF_ERROR(gemv(L.shared_down, b.act_s, L.shared_down.k, rows,
+                              store_to(b.shared, hd), sb, false, 1, side.get()));
+      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_ev, side.get()));
+    }
     M3_RETURN_IF_ERROR(gemv(L.router, b.h, hd, rows, store_to(b.router_logits, ne), b));
     RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
                         routed_scale};
@@ -287,7 +314,10 @@ struct CudaM3Model::Impl {
     M3_RETURN_IF_ERROR(
         gemv(L.experts_down, b.act, inter, rows * kk, store_to(b.contrib, hd), b, true, 1));
     const float* shared = nullptr;
-    if (L.shared_gu.n > 0) {
+    if (side_path) {
+      M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), join_ev, 0));
+      shared = b.shared;
+    } else if (L.shared_gu.n > 0) {
       M3_RETURN_IF_ERROR(gemv(L.shared_gu, b.h, hd, rows, swiglu_s, b));
       M3_RETURN_IF_ERROR(
           gemv(L.shared_down, b.act_s, L.shared_down.k, rows, store_to(b.shared, hd), b));
@@ -552,6 +582,14 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   fit(w.lm_head, std::min(r, kHeadRows));
   b.partial_elems = need;
   M3_ASSIGN_OR_RETURN(b.partial, a.alloc<float>(need, what + " (GEMV split-K scratch)"));
+  need = 0;
+  for (const DevLayer& L : w.layers) {
+    fit(L.shared_gu, r);
+    fit(L.shared_down, r);
+  }
+  b.partial_side_elems = need;
+  M3_ASSIGN_OR_RETURN(b.partial_side,
+                      a.alloc<float>(std::max<int64_t>(need, 1), what + " (side split-K scratch)"));
   return Status::ok();
 }
 
@@ -606,6 +644,9 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   im.routed_scale = static_cast<float>(c.routed_scaling_factor);
 
   M3_ASSIGN_OR_RETURN(im.stream, cuda::Stream::create());
+  M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create());
+  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork_ev, cudaEventDisableTiming));
+  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.join_ev, cudaEventDisableTiming));
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {

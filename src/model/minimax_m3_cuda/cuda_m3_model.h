@@ -37,6 +37,9 @@ struct CudaM3Options {
   int64_t num_kv_pages = 0;  // KV cache pages (page ids 0 .. num_kv_pages - 1); required
   int64_t max_batch = 128;   // decode rows per step on the GEMV path (larger batches: general)
   bool use_graphs = true;    // CUDA graphs for decode steps
+  // Decode: the shared expert's GEMVs on a second stream, concurrent with the router, grouping
+  // and routed-expert GEMVs (both read the post-attention norm; joined before the combine).
+  bool overlap_shared_expert = true;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

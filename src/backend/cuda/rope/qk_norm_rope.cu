@@ -1,6 +1,7 @@
 #include "backend/cuda/rope/qk_norm_rope.h"
 
 #include <cmath>
+#include <string>
 
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -10,18 +11,23 @@ namespace m3::cuda {
 namespace {
 
 struct Args {
-  QkNormRopeParams p;
+  QkNormRopeParams seg[kQkNormMaxSegments];
+  int64_t row_end[kQkNormMaxSegments];  // cumulative t·h: segment s owns rows [end[s-1], end[s])
+  int num_segs;
   float inv_freq[64];  // built on the host exactly as the CPU backend builds it
 };
 
 // Lane l holds dims l, l + 32, l + 64, l + 96. RoPE partners are d ± rot_width/2; for
 // rot_width = 64 they sit in the same lane (l <-> l + 32); other widths go through shared memory.
 __global__ void qk_norm_rope_kernel(Args a) {
-  const QkNormRopeParams& p = a.p;
   __shared__ float y[8][128];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t{8} + warp;  // t·H + h
-  if (row >= p.t * p.h) return;
+  int64_t row = blockIdx.x * int64_t{8} + warp;  // over all segments
+  if (row >= a.row_end[a.num_segs - 1]) return;
+  int sg = 0;
+  while (row >= a.row_end[sg]) ++sg;
+  if (sg > 0) row -= a.row_end[sg - 1];  // t·H + h within segment sg
+  const QkNormRopeParams& p = a.seg[sg];
   const int64_t ld = p.ld_x > 0 ? p.ld_x : p.h * 128;
   const float* x = p.x + (row / p.h) * ld + (row % p.h) * 128;
   float v[4], ss = 0.0f;
@@ -58,20 +64,42 @@ __global__ void qk_norm_rope_kernel(Args a) {
 
 }  // namespace
 
-Status launch_qk_norm_rope(const QkNormRopeParams& p, CUstream_st* stream) {
-  if (p.t * p.h == 0) return Status::ok();
+Status launch_qk_norm_rope_multi(const QkNormRopeParams* segs, int num_segs,
+                                 CUstream_st* stream) {
+  if (num_segs < 1 || num_segs > kQkNormMaxSegments)
+    return invalid_argument("[cuda.qk_norm_rope] 1 to 4 segments, got " + std::to_string(num_segs));
+  const QkNormRopeParams& p = segs[0];
   if (p.d != 128 || p.rot_width % 2 != 0 || p.rot_width > p.d || p.rotary_dim % 2 != 0 ||
       p.rotary_dim <= 0 || p.rotary_dim / 2 > 64)
     return invalid_argument("[cuda.qk_norm_rope] needs D = 128 and even rotary widths <= 128");
   Args a{};
-  a.p = p;
+  int64_t rows = 0;
+  for (int i = 0; i < num_segs; ++i) {
+    if (segs[i].d != p.d)
+      return invalid_argument("[cuda.qk_norm_rope] segments need the same head dim");
+    a.seg[i] = segs[i];
+    a.seg[i].t = p.t;  // shared by every segment (see the header)
+    a.seg[i].positions = p.positions;
+    a.seg[i].rotary_dim = p.rotary_dim;
+    a.seg[i].rot_width = p.rot_width;
+    a.seg[i].eps = p.eps;
+    a.seg[i].theta = p.theta;
+    rows += p.t * segs[i].h;
+    a.row_end[i] = rows;
+  }
+  a.num_segs = num_segs;
+  if (rows == 0) return Status::ok();
   for (int64_t i = 0; i < p.rotary_dim / 2; ++i) {
     float e = static_cast<float>(2 * i) / static_cast<float>(p.rotary_dim);
     a.inv_freq[i] = 1.0f / static_cast<float>(std::pow(p.theta, static_cast<double>(e)));
   }
-  qk_norm_rope_kernel<<<static_cast<unsigned>((p.t * p.h + 7) / 8), 256, 0, stream>>>(a);
+  qk_norm_rope_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(qk_norm_rope_kernel);
   return Status::ok();
+}
+
+Status launch_qk_norm_rope(const QkNormRopeParams& p, CUstream_st* stream) {
+  return launch_qk_norm_rope_multi(&p, 1, stream);
 }
 
 }  // namespace m3::cuda

@@ -29,4 +29,12 @@ struct QkNormRopeParams {
 
 Status launch_qk_norm_rope(const QkNormRopeParams& p, CUstream_st* stream);
 
+// Several head groups of the same tokens in one launch (decode: q, k, index q and index k of the
+// fused projection are four launches otherwise). Every segment uses segs[0]'s t, positions, d,
+// rotary_dim, rot_width, eps and theta; x, ld_x, weight, out and h are per segment. The result
+// equals one launch_qk_norm_rope per segment bit for bit (the same kernel; a segment is picked by
+// the row index). At most kQkNormMaxSegments segments.
+constexpr int kQkNormMaxSegments = 4;
+Status launch_qk_norm_rope_multi(const QkNormRopeParams* segs, int num_segs, CUstream_st* stream);
+
 }  // namespace m3::cuda

@@ -1,0 +1,139 @@
+// Decode through CudaM3Model::forward, the path `m3serve serve --device cuda` runs: the
+// MiniMax-M3.1-Flash shapes (builtin_m3_flash_config: layers 0-2 dense MLP, the rest MoE, MSA
+// sparse attention everywhere) with weights generated on the GPU in the real formats, B sequences
+// at context C, one new token per sequence per step. The step time is the median over 15 steps of
+// forward() as the engine calls it: host bookkeeping, the copies of ids / positions / block
+// tables, the CUDA-graph replay, and the copy of B x V float32 logits back to the host.
+//
+// The KV pages are zero (attention costs the same whatever the values); each step rewrites
+// position C - 1. Three models of 1, 3 and 8 layers give by difference the time of a dense-MLP
+// layer, a MoE layer and the rest (embedding, final norm, lm_head, host work); the 60-layer
+// figure (3 dense + 57 MoE layers) is extrapolated from them and says so.
+//
+// Bytes per 60-layer step (for the roofline): every dense weight byte once (MXFP8 1 + 1/32 bytes
+// per element, BF16 router and lm_head 2), each touched routed expert once (NVFP4 0.5 + 1/16):
+// exactly top-k experts at B = 1, the uniform expectation E·(1 - (1 - k/E)^B) above (the dummy
+// router's real choice is not measured), and per sequence and layer the selected K/V blocks
+// (top_k x 128 tokens x Hkv x D x 2 x 2 bytes) plus the whole index-key cache (C x Dix x 2).
+//
+// Usage: cuda_model_decode_bench [overlap_shared_expert=1] [results.tsv (appended)]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/minimax_m3/dummy_weights.h"
+#include "model/minimax_m3_cuda/cuda_m3_model.h"
+
+namespace {
+
+using namespace m3;
+using namespace m3::minimax_m3;
+
+constexpr double kHbm = 4.8e12;
+
+struct Config {
+  int64_t batch, ctx;
+};
+
+// Median ms of forward() over `steps` steps after 3 warm-up steps (the first captures the graph).
+double step_ms(CudaM3Model* model, const Config& c, int64_t steps) {
+  const int64_t blocks = c.ctx / 128;
+  std::vector<std::vector<int32_t>> tables(c.batch), tokens(c.batch);
+  std::vector<SequenceInput> in(c.batch);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t j = 0; j < blocks; ++j) tables[b].push_back(static_cast<int32_t>(b * blocks + j));
+    tokens[b] = {static_cast<int32_t>((1000 + 7919 * b) % 200000)};
+    in[b].tokens = tokens[b];
+    in[b].start_pos = c.ctx - 1;
+    in[b].block_table = tables[b];
+    in[b].logits_rows = {0};
+  }
+  std::vector<double> ms;
+  for (int64_t s = 0; s < steps + 3; ++s) {
+    ForwardOutput out;
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = model->forward(in, &out);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "forward: %s\n", st.to_string().c_str());
+      std::exit(1);
+    }
+    if (s >= 3) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap) {
+  const MiniMaxM3Config cfg = builtin_m3_flash_config(layers);
+  DummyWeightSource src(cfg);
+  CudaM3Options o;
+  o.num_kv_pages = pages;
+  o.max_batch = 32;
+  o.gpu_dummy_weights = true;
+  o.overlap_shared_expert = overlap;
+  auto m = CudaM3Model::load(cfg, src, o);
+  if (!m.is_ok()) {
+    std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
+    std::exit(1);
+  }
+  return std::move(m).value();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool overlap = argc > 1 ? std::atoi(argv[1]) != 0 : true;
+  std::FILE* tsv = argc > 2 ? std::fopen(argv[2], "a") : nullptr;
+  const std::vector<Config> configs = {{1, 4096}, {1, 32768}, {8, 4096}, {8, 32768}, {32, 4096}};
+  int64_t pages = 0;
+  for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
+  const MiniMaxM3Config f = builtin_m3_flash_config(60);
+  const int64_t hd = f.hidden_size, d = f.head_dim, nh = f.num_attention_heads,
+                hkv = f.num_key_value_heads, e = f.num_local_experts, k = f.num_experts_per_tok;
+  const int64_t nqkv = nh * d + 2 * hkv * d + f.index_n_heads * f.index_head_dim + f.index_head_dim;
+  const double mx = 1.0 + 1.0 / 32, fp4 = 0.5 + 1.0 / 16;
+  const double attn_w = (double(nqkv) * hd + double(hd) * nh * d) * mx;
+  const double dense_mlp = 3.0 * f.dense_intermediate_size * hd * mx;
+  const double shared = 3.0 * f.shared_intermediate_size * f.n_shared_experts * hd * mx;
+  const double router = 2.0 * e * hd, expert = 3.0 * f.intermediate_size * hd * fp4;
+  const double head = 2.0 * f.vocab_size * hd;
+
+  std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
+              "expert overlap %s; median of 15 steps (host + graph + logits to host)\n",
+              overlap ? "on" : "off");
+  std::vector<std::vector<double>> t(configs.size());
+  for (int64_t layers : {1, 3, 8}) {
+    auto model = load(layers, pages, overlap);
+    for (size_t i = 0; i < configs.size(); ++i) t[i].push_back(step_ms(model.get(), configs[i], 15));
+  }
+  std::printf("%-16s %8s %8s %8s | %9s %9s %9s %8s %8s\n", "config", "L=1 ms", "L=3 ms", "L=8 ms",
+              "dense us", "MoE us", "rest ms", "60L ms*", "HBM %*");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    const double dense_layer = (t[i][1] - t[i][0]) / 2, moe_layer = (t[i][2] - t[i][1]) / 5;
+    const double rest = t[i][0] - dense_layer;
+    const double step60 = 3 * dense_layer + 57 * moe_layer + rest;
+    const double touched = c.batch == 1 ? double(k) : e * (1 - std::pow(1 - double(k) / e, double(c.batch)));
+    const double kv = double(c.batch) * (f.index_topk_blocks * 128.0 * hkv * d * 2 * 2 + c.ctx * f.index_head_dim * 2.0);
+    const double bytes60 = 60 * (attn_w + kv) + 3 * dense_mlp + 57 * (shared + router + touched * expert) + head;
+    const double frac = bytes60 / (step60 * 1e-3) / kHbm;
+    char name[48];
+    std::snprintf(name, sizeof name, "B=%lld ctx=%lldK", (long long)c.batch, (long long)(c.ctx / 1024));
+    std::printf("%-16s %8.3f %8.3f %8.3f | %9.1f %9.1f %9.3f %8.2f %7.1f%%\n", name, t[i][0], t[i][1],
+                t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60, 100 * frac);
+    if (tsv)
+      std::fprintf(tsv, "%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.3f\t%.4g\t%.4f\n", overlap ? 1 : 0,
+                   name, t[i][0], t[i][1], t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60,
+                   bytes60, frac);
+  }
+  std::printf("* 60 layers extrapolated: 3 x dense + 57 x MoE layer time + rest, all measured by "
+              "difference of the 1-, 3- and 8-layer models; bytes as in the header comment.\n");
+  if (tsv) std::fclose(tsv);
+  return 0;
+}
