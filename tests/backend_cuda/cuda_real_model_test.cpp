@@ -277,12 +277,13 @@ class Harness {
   }
 
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant,
-                                                 bool overlap = true) {
+                                                 bool overlap = true, bool pdl = true) {
     CudaM3Options o;
     o.num_kv_pages = kPages;
     o.max_batch = 16;
     o.use_graphs = graphs;
     o.overlap_shared_expert = overlap;
+    o.pdl = pdl;
     o.prefill_attention_variant = attn_variant;
     o.prefill_indexer_variant = idx_variant;
     return CudaM3Model::load(cfg_, src_, o);
@@ -454,14 +455,14 @@ TEST(CudaRealModel, MixedBatch) {
 }
 
 // (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs with the
-// shared expert on its own stream against eager launches on one stream (same kernels and sums:
-// bitwise equal).
+// shared expert on its own stream and programmatic dependent launch against eager launches on
+// one stream without it (same kernels and sums: bitwise equal).
 void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t steps) {
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
   auto on = h.gpu_model(true, 1, 1);
-  auto off = h.gpu_model(false, 1, 1, /*overlap=*/false);
+  auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false);
   ASSERT_TRUE(on.is_ok()) << on.status().to_string();
   ASSERT_TRUE(off.is_ok()) << off.status().to_string();
   const int64_t v = h.cfg().vocab_size;
@@ -494,7 +495,7 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
       "(c) decode batch " + std::to_string(batch) + ", " + std::to_string(steps) + " steps";
   cmp.report(what);
   std::printf(
-      "[cuda_real_model] %-44s graph+overlap vs eager serial: %lld of %lld rows differ bitwise; graphs "
+      "[cuda_real_model] %-44s graph+overlap+pdl vs eager serial: %lld of %lld rows differ bitwise; graphs "
       "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
       what.c_str(), (long long)bitwise_bad, (long long)(batch * steps),
       (long long)st_on.graph_captures, (long long)st_on.graph_replays,

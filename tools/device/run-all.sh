@@ -68,12 +68,12 @@ if want bench; then
     rc=$?
     SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
   done
-  # The same step through CudaM3Model::forward (what serving runs), shared-expert overlap on/off.
-  for ov in 1 0; do
+  # The same step through CudaM3Model::forward (what serving runs).
+  for opts in "0 0" "1 0" "1 1"; do  # shared-expert overlap, programmatic dependent launch
     t0=$SECONDS
-    timeout 150 "$B/cuda_model_decode_bench" "$ov" >>"$OUT/step.log" 2>&1
+    timeout 150 "$B/cuda_model_decode_bench" $opts >>"$OUT/step.log" 2>&1
     rc=$?
-    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (overlap $ov)" "$rc" "$((SECONDS - t0))")")
+    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (ov/pdl $opts)" "$rc" "$((SECONDS - t0))")")
   done
   cat "$OUT/step.log" >>"$LOG"
 fi

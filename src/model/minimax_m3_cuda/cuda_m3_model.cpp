@@ -157,6 +157,8 @@ struct CudaM3Model::Impl {
     p.k = m.k;
     p.partial = b.partial;
     p.variant = gemv_variant(m.format);
+    p.pdl = opt.pdl && p.variant == 3;
+    e.pdl = opt.pdl;
     e.partial = b.partial;
     e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
     e.num_rows = rows;

@@ -40,6 +40,10 @@ struct CudaM3Options {
   // Decode: the shared expert's GEMVs on a second stream, concurrent with the router, grouping
   // and routed-expert GEMVs (both read the post-attention norm; joined before the combine).
   bool overlap_shared_expert = true;
+  // Decode: the GEMVs (variant 3) and their split-K epilogues launched with programmatic
+  // dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams its first weights while the
+  // kernel before it finishes. Same results bit for bit.
+  bool pdl = false;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

@@ -4,6 +4,7 @@
 // and the unnormalised P·V); a combine kernel merges the top_k partial states per head.
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
 #include "core/dtype.h"
 
@@ -129,6 +130,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
 
 // One block per (head, sequence): merge the top_k partial states, normalise, store bf16.
 __global__ void sparse_decode_combine_kernel(SparseDecodeParams p) {
+  pdl_launch_dependents();  // a following PDL GEMV (o_proj) may start streaming its weights
   const int64_t bh = blockIdx.x;  // b·H + h
   const float* ml = p.ml_partial + bh * p.top_k * 2;
   const float* o = p.o_partial + bh * p.top_k * kD;

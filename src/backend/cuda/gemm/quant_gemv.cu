@@ -3,6 +3,7 @@
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/quant_gemv_internal.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.cuh"
 #include "core/dtype.h"
 
 #include <algorithm>
@@ -182,6 +183,8 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
 namespace {
 
 __global__ void gemv_epilogue_kernel(GemvEpilogueParams p) {
+  pdl_launch_dependents();
+  pdl_wait();  // reads the GEMV's partial sums
   const int64_t r = blockIdx.y;
   const int64_t width = p.kind == GemvEpilogue::kSwigluBf16 ? p.n / 2 : p.n;
   const int64_t plane = p.num_rows * p.n;
@@ -207,6 +210,7 @@ __global__ void gemv_epilogue_kernel(GemvEpilogueParams p) {
 // One block; warp w handles experts w, w + nw, ...: a ballot scan over the rows keeps the rows
 // of an expert in ascending order. Pass 1 counts, the offsets are scanned, pass 2 places.
 __global__ void group_by_expert_kernel(GroupByExpertParams p) {
+  pdl_launch_dependents();
   extern __shared__ int32_t counts[];  // [E + 1]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int64_t e = warp; e < p.num_experts; e += nw) {
@@ -249,8 +253,7 @@ Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stre
   if (p.num_rows == 0) return Status::ok();
   const int64_t width = p.kind == GemvEpilogue::kSwigluBf16 ? p.n / 2 : p.n;
   dim3 grid(static_cast<unsigned>((width + 255) / 256), static_cast<unsigned>(p.num_rows));
-  gemv_epilogue_kernel<<<grid, 256, 0, stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(gemv_epilogue_kernel);
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, gemv_epilogue_kernel, grid, dim3(256), 0, stream, p));
   return Status::ok();
 }
 

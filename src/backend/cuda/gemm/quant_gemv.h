@@ -48,6 +48,7 @@ struct GemvEpilogueParams {
   bool accumulate = false;
   uint16_t* act = nullptr;         // kSwigluBf16: [num_rows, N/2] bf16 bits
   float alpha = 1.702f, limit = 7.0f;
+  bool pdl = false;                // programmatic dependent launch (runtime/pdl.cuh)
 };
 
 struct QuantGemvParams {
@@ -86,6 +87,11 @@ struct QuantGemvParams {
   bool fuse_epilogue = false;
   GemvEpilogueParams epilogue;
   uint32_t* tile_counters = nullptr;
+  // Variant 3 only: programmatic dependent launch (runtime/pdl.cuh). The kernel requests its
+  // first weights (dense: into registers or L2) before it waits for the previous kernel on the
+  // stream, so the weight stream starts under that kernel's tail; grouped launches wait first
+  // (the group ids come from the previous kernel). Results are bitwise the same either way.
+  bool pdl = false;
 };
 
 // Counters a fused-epilogue launch of these parameters needs (num_slots x row tiles).

@@ -1,6 +1,7 @@
 #include "backend/cuda/norm/add_rms_norm.h"
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
 #include "core/dtype.h"
 
@@ -13,6 +14,7 @@ constexpr int kMaxVecPerThread = 8;  // hidden <= 256 · 8 · 4 = 8192
 // One block per token; each thread keeps its float4 pieces of the row in registers between the
 // sum of squares and the scaling, so the row is read once.
 __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams p) {
+  pdl_launch_dependents();  // a following PDL GEMV may start streaming its weights
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const int64_t nv = p.hidden / 4;
