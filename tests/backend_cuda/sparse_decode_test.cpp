@@ -16,7 +16,9 @@ namespace {
 TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
   const int64_t H = 64, Hkv = 4, D = 128, Hix = 4, Dix = 128, S = 128, top_k = 16;
   for (int64_t init_blocks : {0, 1}) {
-    std::vector<int64_t> lens = {1, 300, 2049, 5000, 9000};  // query position = len - 1
+    // Query position = len - 1. 140000 tokens (1094 blocks) takes the indexer's slot-by-slot
+    // top-k; the others its rank count (<= 1024 candidate blocks).
+    std::vector<int64_t> lens = {1, 300, 2049, 5000, 9000, 140000};
     const int64_t B = static_cast<int64_t>(lens.size());
     int64_t max_blocks = 0, pages = 1;  // page 0 unused
     for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;

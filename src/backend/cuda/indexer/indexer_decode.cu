@@ -12,6 +12,9 @@ namespace {
 
 constexpr int kS = 128, kDix = 128, kMaxHix = 8, kThreads = 128;
 constexpr int kPitch = kDix / 2 + 1;
+// Candidate blocks up to which the top-k is a rank count (contexts to 128K tokens); beyond, the
+// slot-by-slot selection.
+constexpr int kRankMax = 1024;
 
 __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodeParams p) {
   __shared__ uint32_t ks[kS][kPitch];
@@ -72,10 +75,35 @@ __global__ void indexer_topk_kernel(IndexerDecodeParams p) {
     for (int64_t i = 0; i < min(p.init_blocks, qb + 1); ++i) sc[i] = INFINITY;
   }
   __syncthreads();
-  __shared__ float s_best[32];
-  __shared__ int s_id[32];
   int32_t* out = p.selected + bh * p.top_k;
   const int64_t k = min(p.top_k, qb + 1);
+  const int64_t n = qb + 1;  // candidate blocks 0 .. qb
+  if (n <= kRankMax) {
+    // Up to kRankMax candidates: each block's rank in (score descending, id ascending) order by
+    // counting the blocks that beat it (n^2 / blockDim comparisons from shared memory, one pass,
+    // no barrier per slot). Rank r < k goes to slot r; the ranks are a permutation of 0 .. n-1,
+    // so slots 0 .. k-1 are each written once. A -inf (missing page) or NaN score never wins:
+    // its slot gets -1, as in the selection loop below.
+    __shared__ float s_sc[kRankMax];
+    for (int64_t i = tid; i < n; i += blockDim.x) {
+      const float v = sc[i];
+      s_sc[i] = v == v ? v : -INFINITY;
+    }
+    __syncthreads();
+    for (int64_t i = tid; i < n; i += blockDim.x) {
+      const float v = s_sc[i];
+      int64_t rank = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float u = s_sc[j];
+        rank += (u > v) || (u == v && j < i);
+      }
+      if (rank < k) out[rank] = v == -INFINITY ? -1 : static_cast<int32_t>(i);
+    }
+    for (int64_t slot = k + tid; slot < p.top_k; slot += blockDim.x) out[slot] = -1;
+    return;
+  }
+  __shared__ float s_best[32];
+  __shared__ int s_id[32];
   for (int64_t slot = 0; slot < p.top_k; ++slot) {
     if (slot >= k) {
       if (tid == 0) out[slot] = -1;
