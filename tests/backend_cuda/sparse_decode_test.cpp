@@ -109,8 +109,11 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
                 "indexer_decode bf16 real shapes", (long long)B, (long long)ties,
                 (long long)init_blocks);
 
-    // Attention on the GPU's selection, against the CPU op on the same selection.
-    Dev<float> opart(std::vector<float>(B * H * top_k * D)), ml(std::vector<float>(B * H * top_k * 2));
+    // Attention on the GPU's selection, against the CPU op on the same selection, with each
+    // block's keys in 1, 2 and 4 CTAs (key splits; more partial states for the combine).
+    for (int64_t splits : {1, 2, 4}) {
+    Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
+        ml(std::vector<float>(B * H * top_k * splits * 2));
     auto dout = Dev<uint16_t>::poisoned(B * H * D);
     cuda::SparseDecodeParams ap;
     ap.q = dq.ptr();
@@ -125,6 +128,8 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     ap.scale = 1.0f / std::sqrt(float(D));
     ap.o_partial = opart.ptr();
     ap.ml_partial = ml.ptr();
+    ap.max_key_splits = splits;
+    ap.force_key_splits = true;
     ap.out = dout.ptr();
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     auto gout = dout.host();
@@ -159,7 +164,9 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
       }
     }
     expect_close(got, want, bound,
-                 "sparse_decode bf16 real shapes init" + std::to_string(init_blocks));
+                 "sparse_decode bf16 real shapes init" + std::to_string(init_blocks) + " splits" +
+                     std::to_string(splits));
+    }
   }
 }
 

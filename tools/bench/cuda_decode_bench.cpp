@@ -347,8 +347,8 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
   CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
   float* scores = static_cast<float*>(dalloc(4 * batch * Hix * nb));
   int32_t* sel = static_cast<int32_t*>(dalloc(4 * batch * Hix * top_k));
-  float* op = static_cast<float*>(dalloc(4 * batch * H * top_k * D));
-  float* ml = static_cast<float*>(dalloc(4 * batch * H * top_k * 2));
+  float* op = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * D));  // 4 key splits
+  float* ml = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * 2));
   uint16_t* out = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
   KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
   IndexerDecodeParams ip;
@@ -379,6 +379,7 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
   ap.scale = 1.0f / std::sqrt(float(D));
   ap.o_partial = op;
   ap.ml_partial = ml;
+  ap.max_key_splits = 4;  // as the model (the launcher splits only small batches)
   ap.out = out;
   double ams = time_ms([&](int) { CHECK_OK(launch_sparse_decode(ap, st())); });
   const double abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 +

@@ -219,6 +219,7 @@ void layer_step(const Layer& L, Scratch& s, bool first, Stages st_on) {
   ap.scale = 1.0f / std::sqrt(float(kD));
   ap.o_partial = s.o_part;
   ap.ml_partial = s.ml;
+  ap.max_key_splits = 4;
   ap.out = s.attn;
   CHECK_OK(launch_sparse_decode(ap, st()));
   }
@@ -331,8 +332,8 @@ int main(int argc, char** argv) {
       s.contrib = dalloc<float>(b * kK4 * kHd);
       s.shared = dalloc<float>(b * kHd);
       s.scores = dalloc<float>(b * kHix * nb);
-      s.o_part = dalloc<float>(b * kH * kTopK * kD);
-      s.ml = dalloc<float>(b * kH * kTopK * 2);
+      s.o_part = dalloc<float>(b * kH * kTopK * 4 * kD);  // up to 4 key splits (small batches)
+      s.ml = dalloc<float>(b * kH * kTopK * 4 * 2);
       s.logits = dalloc<float>(b * kV);
       s.h = dalloc<uint16_t>(b * kHd);
       s.q = dalloc<uint16_t>(b * kH * kD);

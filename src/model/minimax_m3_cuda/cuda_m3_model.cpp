@@ -35,6 +35,9 @@ using cuda::GemvEpilogueParams;
 using cuda::QuantFormat;
 
 constexpr int64_t kPage = 128;
+// Decode attention may split a selected block's keys over up to this many CTAs (sparse_decode.h:
+// small batches); the partial buffers are sized for it.
+constexpr int64_t kKeySplits = 4;
 // lm_head GEMV rows per launch: its split-K scratch is slices x rows x vocab floats.
 constexpr int64_t kHeadRows = 32;
 
@@ -259,6 +262,7 @@ struct CudaM3Model::Impl {
     ap.scale = scale;
     ap.o_partial = b.o_part;
     ap.ml_partial = b.ml;
+    ap.max_key_splits = kKeySplits;  // the launcher splits keys only for small batches
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }
@@ -412,8 +416,8 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.shared, sc.get<float>(t * hd));
     M3_ASSIGN_OR_RETURN(b.block_scores, sc.get<float>(n_dec * hix * mb));
     M3_ASSIGN_OR_RETURN(b.selected, sc.get<int32_t>(n_dec * hix * top_k));
-    M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * top_k * d));
-    M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * top_k * 2));
+    M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * top_k * kKeySplits * d));
+    M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * top_k * kKeySplits * 2));
     M3_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(b.ids, ids.data(), t * 4, cudaMemcpyHostToDevice, st()));
     M3_CUDA_RETURN_IF_ERROR(
@@ -560,8 +564,8 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.shared, a.alloc<float>(r * hd, what));
   M3_ASSIGN_OR_RETURN(b.block_scores, a.alloc<float>(r * hix * mb, what));
   M3_ASSIGN_OR_RETURN(b.selected, a.alloc<int32_t>(r * hix * top_k, what));
-  M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * top_k * d, what));
-  M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * top_k * 2, what));
+  M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * top_k * kKeySplits * d, what));
+  M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * top_k * kKeySplits * 2, what));
   M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
   // Split-K scratch: the largest GEMV of a step.
   int64_t need = 0;

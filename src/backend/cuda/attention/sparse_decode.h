@@ -52,8 +52,13 @@ struct SparseDecodeParams {
   int64_t batch = 0, num_heads = 0, max_blocks = 0, top_k = 16;
   int64_t block_table_stride = -1;       // as in IndexerDecodeParams
   float scale = 0.0f;                    // softmax scale (1/sqrt(D))
-  float* o_partial = nullptr;            // [B, H, top_k, D] scratch: unnormalised per-block outputs
-  float* ml_partial = nullptr;           // [B, H, top_k, 2] scratch: (max, sum of exp) per block
+  // Key splits: a selected block's 128 keys may be shared by up to max_key_splits CTAs (1, 2
+  // or 4; chosen by the launcher for small batches, where top_k · Hkv · B CTAs would leave the
+  // GPU idle). The partial buffers hold top_k · max_key_splits states per head.
+  int64_t max_key_splits = 1;
+  bool force_key_splits = false;         // tests: use exactly max_key_splits (1, 2 or 4)
+  float* o_partial = nullptr;            // [B, H, top_k · max_key_splits, D] scratch
+  float* ml_partial = nullptr;           // [B, H, top_k · max_key_splits, 2] (max, sum of exp)
   uint16_t* out = nullptr;               // [B, H, D] bf16 output
 };
 
