@@ -8,13 +8,20 @@
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
 # step.log, step.tsv, sanitizer.log (7; table-before-sanitizer.txt stays only when the
 # call's limit cut the sanitizer).
-# Usage: run-all.sh [all|tests|bench]. Everything at once can outlast one device command
+# Usage: run-all.sh [all|tests|bench|decode]. Everything at once can outlast one device command
 # (10 minutes) when a kernel misbehaves: 'tests' (op tests, m3serve --device cuda, goldens,
-# sanitizer) and 'bench' (decode, decode step, prefill) fit one command each.
+# sanitizer) and 'bench' (decode, decode step, prefill) fit one command each; 'decode' is the
+# decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only.
 set -uo pipefail
 PART=${1:-all}
-case "$PART" in all | tests | bench) ;; *) echo "usage: run-all.sh [all|tests|bench]" >&2; exit 2 ;; esac
-want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+case "$PART" in all | tests | bench | decode) ;; *) echo "usage: run-all.sh [all|tests|bench|decode]" >&2; exit 2 ;; esac
+# want P...: this run includes part P (decode = the decode-path tests and benchmarks only, ~2.5 min).
+want() {
+  [ "$PART" = all ] && return 0
+  local x
+  for x in "$@"; do [ "$PART" = "$x" ] && return 0; done
+  return 1
+}
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 B=.device/cuda
@@ -43,10 +50,10 @@ run_test() {  # name limit
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss  failed-lines=%s' "$t" "$rc" "$((SECONDS - t0))" "$failed")")
   note "test $t rc=$rc ($((SECONDS - t0))s)"
 }
-if want tests; then
-  run_test cuda_ops_test 40
+want tests && run_test cuda_ops_test 40
+if want tests decode; then
   run_test quant_gemv_test 90
-  run_test sparse_decode_test 40
+  run_test sparse_decode_test 60
   run_test sampling_test 60
 fi
 
@@ -58,11 +65,13 @@ run_bench() {
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
   cat "$OUT/bench.log" >>"$LOG"
 }
-want bench && run_bench
+want bench decode && run_bench
 # A whole decode step (2 layers + head + sampling, CUDA graph), GEMV variants 0, 3 and 4 (3 with
 # the fused split-K epilogue); per-layer time extrapolated to 60 layers; rows appended to step.tsv.
-if want bench; then
-  for v in 0 3 4; do
+if want bench decode; then
+  variants="0 3 4"
+  want bench || variants=3
+  for v in $variants; do
     t0=$SECONDS
     timeout 150 "$B/cuda_decode_step_bench" 2 "$v" "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
     rc=$?
@@ -80,8 +89,8 @@ fi
 if want tests; then
   run_test cuda_composite_ops_test 40
   run_test cuda_model_test 40
-  run_test cuda_real_model_test 120
 fi
+want tests decode && run_test cuda_real_model_test 120
 # Prefill (issue 6): tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
