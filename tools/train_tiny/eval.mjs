@@ -285,7 +285,7 @@ async function main() {
     summary[task] = s;
     if (s.n && task !== "arith_nothink" && s.accuracy < a.min) fail = true;
   }
-  for (const x of rows.filter((x) => !x.ok).slice(0, 10)) console.log("FAIL", x.id, x.mode, JSON.stringify(x.error ?? x.got), "|", String(x.output ?? "").slice(-200));
+  for (const x of rows.filter((x) => !x.ok).slice(0, 10)) console.log("FAIL", x.id, x.mode, JSON.stringify(x.error ?? x.got), "|", (typeof x.output === "string" ? x.output : JSON.stringify(x.output ?? "")).slice(-200));
   console.log(`backend ${a.backend}, ${rows.length} items, ${((Date.now() - t0) / 1000).toFixed(1)} s`);
   console.log("task           accuracy          adaptive  enabled  disabled");
   for (const [t, s] of Object.entries(summary)) {
