@@ -264,25 +264,25 @@ Result<std::vector<int64_t>> Checkpoint::shape(const std::string& name) const {
   return w.shape;
 }
 
+Result<StoredWeight> Checkpoint::stored_with_shape(const std::string& name,
+                                                  const std::vector<int64_t>& expected) const {
+  M3_ASSIGN_OR_RETURN(StoredWeight w, stored(name));
+  if (w.shape != expected) {
+    return invalid_argument(where(w.data, name) + "expected shape " + shape_to_string(expected) +
+                            ", found " + shape_to_string(w.shape));
+  }
+  return w;
+}
+
 Result<HostTensorF32> Checkpoint::load_f32(const std::string& name,
                                            const std::vector<int64_t>& expected_shape) const {
-  M3_ASSIGN_OR_RETURN(StoredWeight w, stored(name));
-  if (w.shape != expected_shape) {
-    return invalid_argument(where(w.data, name) + "expected shape " +
-                            shape_to_string(expected_shape) + ", found " +
-                            shape_to_string(w.shape));
-  }
+  M3_RETURN_IF_ERROR(stored_with_shape(name, expected_shape).status());
   return load_f32_any(name);
 }
 
 Result<RawWeight> Checkpoint::load_raw(const std::string& name,
                                        const std::vector<int64_t>& expected_shape) const {
-  M3_ASSIGN_OR_RETURN(StoredWeight w, stored(name));
-  if (w.shape != expected_shape) {
-    return invalid_argument(where(w.data, name) + "expected shape " +
-                            shape_to_string(expected_shape) + ", found " +
-                            shape_to_string(w.shape));
-  }
+  M3_ASSIGN_OR_RETURN(StoredWeight w, stored_with_shape(name, expected_shape));
   RawWeight r;
   r.format = w.format;
   r.shape = w.shape;

@@ -59,6 +59,10 @@ class Checkpoint : public WeightSource {
   Result<HostTensorF32> load_f32_any(const std::string& name) const;
   // The stored tensors behind a logical weight.
   Result<StoredWeight> stored(const std::string& name) const;
+  // The same, and an invalid_argument naming the file and tensor unless the logical shape is
+  // `expected`.
+  Result<StoredWeight> stored_with_shape(const std::string& name,
+                                         const std::vector<int64_t>& expected) const;
   // ok, or one invalid_argument listing every weight that failed classification and every
   // companion tensor (scale) that belongs to no weight.
   Status check_all() const;

@@ -7,6 +7,9 @@
 
 namespace m3 {
 
+namespace {
+
+// Elements per scale, and so the column granularity of a slice: 32, 16, or 1 (unquantised).
 int64_t raw_column_block(WeightFormat f) {
   switch (f) {
     case WeightFormat::kMxfp8:
@@ -18,8 +21,6 @@ int64_t raw_column_block(WeightFormat f) {
       return 1;
   }
 }
-
-namespace {
 
 // Bytes per element times 2 (NVFP4 is half a byte), for the data array of each format.
 int64_t data_half_bytes(WeightFormat f) {
@@ -55,7 +56,7 @@ Result<RawWeight> slice_raw(const RawWeight& w, int64_t row_begin, int64_t row_e
                             ") outside the weight's [" + std::to_string(rows) + ", " +
                             std::to_string(cols) + "]");
   const int64_t block = raw_column_block(w.format);
-  if (col_begin % block != 0 || (col_end % block != 0 && col_end != cols))
+  if (col_begin % block != 0 || col_end % block != 0)
     return invalid_argument(what + "columns [" + std::to_string(col_begin) + ", " +
                             std::to_string(col_end) + ") must fall on " + std::to_string(block) +
                             "-element scale blocks for " + weight_format_name(w.format));

@@ -19,7 +19,4 @@ namespace m3 {
 Result<RawWeight> slice_raw(const RawWeight& w, int64_t row_begin, int64_t row_end,
                             int64_t col_begin, int64_t col_end);
 
-// Elements per scale (and so the column granularity of slice_raw): 32, 16, or 1 (unquantised).
-int64_t raw_column_block(WeightFormat f);
-
 }  // namespace m3

@@ -6,9 +6,10 @@
 //    chi-square bound.
 // Rows where a top_p / min_p cut lies within float rounding of a boundary (the GPU uses float exp
 // and another summation order; see sample.h) are detected by the reference and skipped, and
-// counted: the test fails if more than the tied rows are skipped. Where the draw lies within
-// rounding of a cumulative boundary, the GPU token must be one of the few tokens it could be. Margins: 1e-5 relative (float32 exp is within ~2 ulp,
-// double sums of <= 200064 terms in any order within ~200064 · 2^-53 relative).
+// counted: the test fails if more than an eighth of the rows (at least 2) are skipped. Where the
+// draw lies within rounding of a cumulative boundary, the GPU token must be one of the few tokens
+// it could be. Margins: 1e-5 relative (float32 exp is within ~2 ulp, double sums of <= 200064
+// terms in any order within ~200064 · 2^-53 relative).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -215,9 +216,9 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
   std::printf("[ sampling B=%lld V=%lld ] compared %d rows (%d of them to a draw window of several "
               "tokens), skipped %d with a kept set within rounding of a cut\n",
               (long long)batch, (long long)vocab, compared, windowed, skipped);
-  // Kept-set ambiguity comes from exact ties at a cut-off: the rows rounded to a coarse grid
-  // (b % 4 == 3, a quarter of the rows) may all be skipped, hardly any other.
-  EXPECT_LE(skipped, (batch + 3) / 4 + 1) << "too many rows with an ambiguous kept set";
+  // The first version's bound, now on kept-set ambiguity alone (draws near a boundary are checked
+  // against their window above): on the H200, 2 of 16, 6 of 128 and 0 of 24 rows were skipped.
+  EXPECT_LE(skipped, std::max<int64_t>(2, batch / 8)) << "too many rows with an ambiguous kept set";
 }
 
 TEST(CudaSample, MatchesCpuSamplerAtRealVocab) { check_batch(16, 200064, 3); }

@@ -14,30 +14,40 @@ Status SequenceRunner::reserve(int64_t n) {
   return Status::ok();
 }
 
-Status SequenceRunner::append(std::span<const int32_t> tokens, int64_t chunk_size,
-                              bool all_logits, std::vector<float>* logits) {
+Status append_in_chunks(const ForwardOne& forward, std::span<const int32_t> block_table,
+                        std::span<const int32_t> tokens, int64_t chunk_size, bool all_logits,
+                        int64_t* length, std::vector<float>* logits) {
   if (tokens.empty()) return invalid_argument("[model.runner] no tokens to append");
-  M3_RETURN_IF_ERROR(reserve(length_ + static_cast<int64_t>(tokens.size())));
   const int64_t total = static_cast<int64_t>(tokens.size());
   if (chunk_size <= 0) chunk_size = total;
   logits->clear();
   for (int64_t b = 0; b < total; b += chunk_size) {
-    int64_t n = std::min(chunk_size, total - b);
+    const int64_t n = std::min(chunk_size, total - b);
     SequenceInput in;
     in.tokens = tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(n));
-    in.start_pos = length_;
-    in.block_table = block_table_;
+    in.start_pos = *length;
+    in.block_table = block_table;
     if (all_logits) {
       for (int64_t i = 0; i < n; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
     } else if (b + n == total) {
       in.logits_rows.push_back(static_cast<int32_t>(n - 1));
     }
     ForwardOutput out;
-    M3_RETURN_IF_ERROR(model_->forward(std::span<const SequenceInput>(&in, 1), cache_, &out));
+    M3_RETURN_IF_ERROR(forward(in, &out));
     logits->insert(logits->end(), out.logits[0].begin(), out.logits[0].end());
-    length_ += n;
+    *length += n;
   }
   return Status::ok();
+}
+
+Status SequenceRunner::append(std::span<const int32_t> tokens, int64_t chunk_size,
+                              bool all_logits, std::vector<float>* logits) {
+  M3_RETURN_IF_ERROR(reserve(length_ + static_cast<int64_t>(tokens.size())));
+  return append_in_chunks(
+      [&](const SequenceInput& in, ForwardOutput* out) {
+        return model_->forward(std::span<const SequenceInput>(&in, 1), cache_, out);
+      },
+      block_table_, tokens, chunk_size, all_logits, &length_, logits);
 }
 
 Result<std::vector<int32_t>> parse_token_ids(const std::string& text) {

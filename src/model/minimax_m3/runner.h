@@ -43,6 +43,15 @@ class SequenceRunner {
   int64_t length_ = 0;
 };
 
+// The forward calls of appending `tokens` to one sequence at position *length (chunks of
+// `chunk_size` tokens, <= 0: one chunk) through `forward`; *length advances, *logits receives
+// [tokens.size(), V] when all_logits, else [1, V] for the last token. Shared by SequenceRunner and
+// the CUDA real-shape model's sequence (its cache is the model's own).
+using ForwardOne = std::function<Status(const SequenceInput& in, ForwardOutput* out)>;
+Status append_in_chunks(const ForwardOne& forward, std::span<const int32_t> block_table,
+                        std::span<const int32_t> tokens, int64_t chunk_size, bool all_logits,
+                        int64_t* length, std::vector<float>* logits);
+
 // Parses "1,2,3" (spaces allowed around ids) into non-negative int32 token ids. Errors say which
 // entry is bad.
 Result<std::vector<int32_t>> parse_token_ids(const std::string& text);

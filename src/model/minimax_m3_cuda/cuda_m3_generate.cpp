@@ -1,6 +1,5 @@
 #include "model/minimax_m3_cuda/cuda_m3_generate.h"
 
-#include <algorithm>
 #include <string>
 
 namespace m3::minimax_m3 {
@@ -27,26 +26,11 @@ class Sequence {
   Status append(std::span<const int32_t> tokens, int64_t chunk, bool all_logits,
                 std::vector<float>* logits) {
     M3_RETURN_IF_ERROR(reserve(length_ + static_cast<int64_t>(tokens.size())));
-    const int64_t total = static_cast<int64_t>(tokens.size());
-    if (chunk <= 0) chunk = total;
-    logits->clear();
-    for (int64_t b = 0; b < total; b += chunk) {
-      const int64_t n = std::min(chunk, total - b);
-      SequenceInput in;
-      in.tokens = tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(n));
-      in.start_pos = length_;
-      in.block_table = table_;
-      if (all_logits) {
-        for (int64_t i = 0; i < n; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
-      } else if (b + n == total) {
-        in.logits_rows.push_back(static_cast<int32_t>(n - 1));
-      }
-      ForwardOutput out;
-      M3_RETURN_IF_ERROR(model_->forward(std::span<const SequenceInput>(&in, 1), &out));
-      logits->insert(logits->end(), out.logits[0].begin(), out.logits[0].end());
-      length_ += n;
-    }
-    return Status::ok();
+    return append_in_chunks(
+        [&](const SequenceInput& in, ForwardOutput* out) {
+          return model_->forward(std::span<const SequenceInput>(&in, 1), out);
+        },
+        table_, tokens, chunk, all_logits, &length_, logits);
   }
 
  private:

@@ -700,9 +700,6 @@ const MiniMaxM3Config& CudaM3Model::config() const {
 int64_t CudaM3Model::num_kv_pages() const {
   return impl_->opt.num_kv_pages;
 }
-void CudaM3Model::set_use_graphs(bool on) {
-  impl_->opt.use_graphs = on;
-}
 CudaM3Stats CudaM3Model::stats() const {
   return impl_->stats;
 }

@@ -76,7 +76,6 @@ class CudaM3Model {
   const MiniMaxM3Config& config() const;
   int64_t num_kv_pages() const;
   int64_t page_size() const { return 128; }
-  void set_use_graphs(bool on);
   CudaM3Stats stats() const;
 
   // Model::forward semantics (the KV cache is the model's own). Errors in the inputs are
