@@ -14,51 +14,12 @@
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
-#include "quant/mxfp8.h"
-#include "quant/nvfp4.h"
+#include "quant_matrix.h"
 
 namespace m3::cuda_test {
 namespace {
 
 using cuda::QuantFormat;
-
-// One quantised matrix [n, k] with its dequantised float copy.
-struct QMatrix {
-  std::vector<uint8_t> data, scale;
-  float global = 1.0f;  // NVFP4 multiplier (1 / weight_global_scale)
-  std::vector<float> deq;
-};
-
-QMatrix make_matrix(QuantFormat f, int64_t n, int64_t k, uint32_t seed) {
-  auto w = randn(n * k, seed, 0.02f);
-  QMatrix m;
-  m.deq.resize(w.size());
-  if (f == QuantFormat::kBf16) {
-    m.data.resize(w.size() * 2);
-    for (size_t i = 0; i < w.size(); ++i) {
-      const uint16_t b = f32_to_bf16(w[i]);
-      std::memcpy(m.data.data() + 2 * i, &b, 2);
-      m.deq[i] = bf16_to_f32(b);
-    }
-    m.scale.assign(16, 0);  // unused
-  } else if (f == QuantFormat::kMxfp8) {
-    auto q = quantize_mxfp8(w.data(), n, k);
-    EXPECT_TRUE(q.is_ok());
-    m.data = q->codes;
-    m.scale = q->scales;
-    EXPECT_TRUE(dequantize_mxfp8(m.data.data(), m.scale.data(), n, k, m.deq.data()).is_ok());
-  } else {
-    auto q = quantize_nvfp4(w.data(), n, k, Nvfp4GlobalScale::kDivide);
-    EXPECT_TRUE(q.is_ok());
-    m.data = q->packed;
-    m.scale = q->scales;
-    m.global = 1.0f / q->global_scale;
-    EXPECT_TRUE(dequantize_nvfp4(m.data.data(), m.scale.data(), q->global_scale,
-                                 Nvfp4GlobalScale::kDivide, n, k, m.deq.data())
-                    .is_ok());
-  }
-  return m;
-}
 
 struct DenseCase {
   QuantFormat f;

@@ -22,6 +22,7 @@
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/dummy/dummy_weights.h"
 #include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/sampling/sample.h"
 #include "cuda_bench_util.h"
@@ -140,6 +141,10 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   float* y = static_cast<float*>(dalloc(4 * m * n));
   uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
   CHECK_CUDA(cudaMemset(counters, 0, 4 << 20));
+  // Variant 5 reads f16 activations (x_f16.h), prepared once here.
+  uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * m * k));
+  float* xinv = static_cast<float*>(dalloc(4 * m));
+  CHECK_OK(launch_x_to_f16({x, k, m, k, xh, k, xinv}, st()));
   const int64_t wb = d.wbytes(), sb = d.sbytes();
   double ms = time_ms([&](int i) {
     const int64_t c = i % d.copies;
@@ -163,10 +168,13 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     e.y = y;
     e.ldy = n;
     if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
+    if (variant == 5) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!fuse && variant != 5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
   cudaFree(counters);
+  cudaFree(xh);
+  cudaFree(xinv);
   const double bytes = double(d.bytes_one()) + 2.0 * m * k + 4.0 * m * n;
   report(name + " M=" + std::to_string(m) + (variant ? " v" + std::to_string(variant) : ""), ms,
          bytes, 2.0 * m * n * k);
@@ -227,6 +235,10 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   float* pd = static_cast<float*>(dalloc(4 * sd * rows * H));
   uint16_t* act = static_cast<uint16_t*>(dalloc(2 * rows * I));
   float* y = static_cast<float*>(dalloc(4 * rows * H));
+  uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * tokens * H));  // variant 5: f16 activations
+  float* xinv = static_cast<float*>(dalloc(4 * tokens));
+  CHECK_OK(launch_x_to_f16({x, H, tokens, H, xh, H, xinv}, st()));
+  const bool v5 = variant == 5;
   double ms = time_ms([&](int i) {
     CHECK_OK(launch_group_by_expert({ids[i % kRoutings], rows, E, offs, sorted, active}, st()));
     QuantGemvParams p;
@@ -255,9 +267,11 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     e.n = 2 * I;
     e.act = act;
     if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
+    if (v5) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e, p.epilogue.kind = GemvEpilogue::kSwigluF16;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
     p.x = act;
+    p.xh = act, p.x_inv_scale = nullptr, p.x_inv_const = 1.0f / 256;
     p.ldx = I;
     p.x_row_div = 1;
     p.w = dw;
@@ -272,9 +286,9 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     e.n = H;
     e.y = y;
     e.ldy = H;
-    if (fuse) p.epilogue = e;
+    if (fuse || v5) p.epilogue = e;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   }, 10, 7);
   const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
@@ -283,7 +297,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
                 unique, variant ? (" v" + std::to_string(variant)).c_str() : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y,
-                                    counters})
+                                    counters, xh, xinv})
     cudaFree(p);
   for (int32_t* p : ids) cudaFree(p);
   return {ms, bytes};
@@ -442,6 +456,17 @@ int main(int argc, char** argv) {
     for (int64_t m : {int64_t{1}, int64_t{8}})
       bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 4);
   for (int64_t b : {int64_t{1}, int64_t{8}}) bench_moe(b, 4);
+  // Variant 5 (tensor cores, fused epilogue) beside the main rows when they are another variant.
+  if (main_variant != 5) {
+    for (int i : {0, 1, 2, 3, 4, 5})
+      for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{32}})
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
+    for (int64_t b : batches) bench_moe(b, 5);
+  } else {
+    for (int i : {0, 1, 2, 3})
+      for (int64_t m : {int64_t{2}, int64_t{32}})
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
+  }
   // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
   bench_moe(1, 1);
   bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);

@@ -16,7 +16,8 @@
 // router's real choice is not measured), and per sequence and layer the selected K/V blocks
 // (top_k x 128 tokens x Hkv x D x 2 x 2 bytes) plus the whole index-key cache (C x Dix x 2).
 //
-// Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=0] [results.tsv (appended)]
+// Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=0] [results.tsv (appended)|-]
+//                                [decode_gemv_variant=5]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -69,12 +70,14 @@ double step_ms(CudaM3Model* model, const Config& c, int64_t steps) {
   return ms[ms.size() / 2];
 }
 
-std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, bool pdl) {
+std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, bool pdl,
+                                  int variant) {
   const MiniMaxM3Config cfg = builtin_m3_flash_config(layers);
   DummyWeightSource src(cfg);
   CudaM3Options o;
   o.num_kv_pages = pages;
-  o.max_batch = 32;
+  o.max_batch = 128;
+  o.decode_gemv_variant = variant;
   o.gpu_dummy_weights = true;
   o.overlap_shared_expert = overlap;
   o.pdl = pdl;
@@ -91,8 +94,10 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
 int main(int argc, char** argv) {
   const bool overlap = argc > 1 ? std::atoi(argv[1]) != 0 : true;
   const bool pdl = argc > 2 ? std::atoi(argv[2]) != 0 : false;
-  std::FILE* tsv = argc > 3 ? std::fopen(argv[3], "a") : nullptr;
-  const std::vector<Config> configs = {{1, 4096}, {1, 32768}, {8, 4096}, {8, 32768}, {32, 4096}};
+  std::FILE* tsv = argc > 3 && std::string(argv[3]) != "-" ? std::fopen(argv[3], "a") : nullptr;
+  const int variant = argc > 4 ? std::atoi(argv[4]) : 5;
+  const std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},
+                                       {32, 4096}, {32, 32768}, {128, 4096}};
   int64_t pages = 0;
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
   const MiniMaxM3Config f = builtin_m3_flash_config(60);
@@ -107,12 +112,12 @@ int main(int argc, char** argv) {
   const double head = 2.0 * f.vocab_size * hd;
 
   std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
-              "expert overlap %s, programmatic dependent launch %s; median of 15 steps (host + "
-              "graph + logits to host)\n",
-              overlap ? "on" : "off", pdl ? "on" : "off");
+              "expert overlap %s, programmatic dependent launch %s, GEMV variant %d; median of 15 steps "
+              "(host + graph + logits to host)\n",
+              overlap ? "on" : "off", pdl ? "on" : "off", variant);
   std::vector<std::vector<double>> t(configs.size());
   for (int64_t layers : {1, 3, 8}) {
-    auto model = load(layers, pages, overlap, pdl);
+    auto model = load(layers, pages, overlap, pdl, variant);
     for (size_t i = 0; i < configs.size(); ++i) t[i].push_back(step_ms(model.get(), configs[i], 15));
   }
   std::printf("%-16s %8s %8s %8s | %9s %9s %9s %8s %8s\n", "config", "L=1 ms", "L=3 ms", "L=8 ms",
@@ -131,7 +136,7 @@ int main(int argc, char** argv) {
     std::printf("%-16s %8.3f %8.3f %8.3f | %9.1f %9.1f %9.3f %8.2f %7.1f%%\n", name, t[i][0], t[i][1],
                 t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60, 100 * frac);
     if (tsv)
-      std::fprintf(tsv, "%d%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.3f\t%.4g\t%.4f\n", overlap ? 1 : 0, pdl ? 1 : 0,
+      std::fprintf(tsv, "v%d %d%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.3f\t%.4g\t%.4f\n", variant, overlap ? 1 : 0, pdl ? 1 : 0,
                    name, t[i][0], t[i][1], t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60,
                    bytes60, frac);
   }

@@ -53,6 +53,7 @@ run_test() {  # name limit
 want tests && run_test cuda_ops_test 40
 if want tests decode; then
   run_test quant_gemv_test 90
+  run_test quant_gemv_mma_test 90
   run_test sparse_decode_test 60
   run_test sampling_test 60
 fi
@@ -78,11 +79,12 @@ if want bench decode; then
     SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
   done
   # The same step through CudaM3Model::forward (what serving runs).
-  for opts in "0 0" "1 0" "1 1"; do  # shared-expert overlap, programmatic dependent launch
+  # Shared-expert overlap, programmatic dependent launch, GEMV variant (5 = tensor cores).
+  for opts in "1 0 - 5" "1 0 - 3"; do
     t0=$SECONDS
     timeout 150 "$B/cuda_model_decode_bench" $opts >>"$OUT/step.log" 2>&1
     rc=$?
-    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (ov/pdl $opts)" "$rc" "$((SECONDS - t0))")")
+    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (ov pdl - v: $opts)" "$rc" "$((SECONDS - t0))")")
   done
   cat "$OUT/step.log" >>"$LOG"
 fi

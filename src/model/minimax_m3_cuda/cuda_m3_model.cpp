@@ -14,6 +14,7 @@
 #include "backend/cuda/attention/sparse_prefill.h"
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/kv/kv_write_bf16.h"
 #include "backend/cuda/moe/moe_combine.h"
 #include "backend/cuda/norm/add_rms_norm.h"
@@ -63,6 +64,10 @@ struct Bufs {
   int32_t *ids = nullptr, *positions = nullptr, *tables = nullptr, *topk_ids = nullptr,
           *offs = nullptr, *sorted = nullptr, *active = nullptr, *selected = nullptr,
           *rows = nullptr;
+  // Variant-5 GEMV inputs (f16 x a power of two per row, gemm/x_f16.h): the normed hidden
+  // states and the attention output with their inverse factors; SwiGLU activations x 2^8.
+  uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
+  float *h_inv = nullptr, *attn_inv = nullptr;
   int64_t partial_elems = 0;
   float* partial_side = nullptr;  // split-K scratch of the shared expert on the side stream
   int64_t partial_side_elems = 0;
@@ -87,6 +92,16 @@ class StepScratch {
  private:
   cuda::CachingAllocator* a_;
   std::vector<void*> ptrs_;
+};
+
+// A GEMV input: bf16 rows (variants 0-3) and, for variant 5, the same rows as f16 with their
+// inverse per-row factors (or one constant factor).
+struct GemvIn {
+  const uint16_t* bf16 = nullptr;
+  int64_t ld = 0;
+  const uint16_t* f16 = nullptr;
+  const float* inv = nullptr;
+  float inv_const = 1.0f;
 };
 
 GemvEpilogueParams store_to(float* y, int64_t ldy) {
@@ -136,14 +151,19 @@ struct CudaM3Model::Impl {
 
   // ---- Kernel helpers (every launch's Status is checked).
 
-  Status gemv(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows,
-              GemvEpilogueParams e, const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
+  // The decode GEMV of m on the input (variant 5 when the input has its f16 form and the
+  // weights are quantised: epilogue fused, no scratch; else variant 3/0 + the split-K epilogue).
+  Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
+              const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
               cudaStream_t on = nullptr) {
     if (on == nullptr) on = st();
     cuda::QuantGemvParams p;
     p.format = m.format;
-    p.x = x;
-    p.ldx = ldx;
+    p.x = in.bf16;
+    p.ldx = in.ld;
+    p.xh = in.f16;
+    p.x_inv_scale = in.inv;
+    p.x_inv_const = in.inv_const;
     p.x_row_div = x_row_div;
     p.w = m.w;
     p.w_scale = m.scale;
@@ -160,6 +180,13 @@ struct CudaM3Model::Impl {
     p.k = m.k;
     p.partial = b.partial;
     p.variant = gemv_variant(m.format);
+    if (in.f16 != nullptr && m.format != QuantFormat::kBf16) {
+      p.variant = 5;
+      p.epilogue = e;
+      return cuda::launch_quant_gemv(p, on);
+    }
+    if (e.kind == GemvEpilogue::kSwigluF16)
+      return internal_error("[model.minimax_m3_cuda] f16 SwiGLU output needs variant 5");
     p.pdl = opt.pdl && p.variant == 3;
     e.pdl = opt.pdl;
     e.partial = b.partial;
@@ -271,38 +298,55 @@ struct CudaM3Model::Impl {
 
   Status decode_layer(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
     const DevLayer& L = w.layers[static_cast<size_t>(layer)];
-    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
-        {b.residual, layer == 0 ? nullptr : b.delta, L.in_norm, b.h, rows, hd, eps}, st()));
-    M3_RETURN_IF_ERROR(gemv(L.qkv, b.h, hd, rows, store_to(b.qkv, nqkv), b));
+    const bool v5 = opt.decode_gemv_variant == 5;
+    // The norms also write the f16 form of their output for variant 5.
+    auto norm = [&](const float* delta, const uint16_t* weight) {
+      cuda::AddRmsNormParams np{b.residual, delta, weight, b.h, rows, hd, eps};
+      if (v5) np.out_f16 = b.h16, np.out_inv_scale = b.h_inv;
+      return cuda::launch_add_rms_norm(np, st());
+    };
+    const GemvIn h_in{b.h, hd, v5 ? b.h16 : nullptr, b.h_inv};
+    M3_RETURN_IF_ERROR(norm(layer == 0 ? nullptr : b.delta, L.in_norm));
+    M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
     M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
-    M3_RETURN_IF_ERROR(gemv(L.o, b.attn, nh * d, rows, store_to(b.delta, hd), b));
-    M3_RETURN_IF_ERROR(
-        cuda::launch_add_rms_norm({b.residual, b.delta, L.post_norm, b.h, rows, hd, eps}, st()));
+    if (v5)
+      M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
+          {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
+    M3_RETURN_IF_ERROR(gemv(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr, b.attn_inv},
+                            rows, store_to(b.delta, hd), b));
+    M3_RETURN_IF_ERROR(norm(b.delta, L.post_norm));
+    // SwiGLU outputs: bf16 for variants 0-3, f16 x 2^8 for variant 5 (read back at 2^-8).
     GemvEpilogueParams swiglu_s;
-    swiglu_s.kind = GemvEpilogue::kSwigluBf16;
-    swiglu_s.act = b.act_s;
+    swiglu_s.kind = v5 ? GemvEpilogue::kSwigluF16 : GemvEpilogue::kSwigluBf16;
+    swiglu_s.act = v5 ? b.act_s16 : b.act_s;
     swiglu_s.alpha = alpha;
     swiglu_s.limit = limit;
+    const auto act_in = [&](const uint16_t* bf16, const uint16_t* f16, int64_t ld) {
+      return GemvIn{bf16, ld, v5 ? f16 : nullptr, nullptr, 1.0f / 256.0f};
+    };
     if (!L.moe) {
-      M3_RETURN_IF_ERROR(gemv(L.mlp_gu, b.h, hd, rows, swiglu_s, b));
-      return gemv(L.mlp_down, b.act_s, L.mlp_down.k, rows, store_to(b.delta, hd), b);
+      M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, swiglu_s, b));
+      return gemv(L.mlp_down, act_in(b.act_s, b.act_s16, L.mlp_down.k), rows,
+                  store_to(b.delta, hd), b);
     }
-    // The shared expert reads only b.h: on the side stream it overlaps the routed path below
-    // (own split-K scratch; joined before the combine). Works eagerly and under graph capture.
+    // The shared expert reads only the normed hidden states: on the side stream it overlaps the
+    // routed path below (own split-K scratch; joined before the combine). Works eagerly and under
+    // graph capture.
     const bool side_path = L.shared_gu.n > 0 && opt.overlap_shared_expert;
+    const GemvIn shared_act = act_in(b.act_s, b.act_s16, L.shared_down.k);
     if (side_path) {
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_ev, st()));
       M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_ev, 0));
       Bufs sb = b;
       sb.partial = b.partial_side;
       sb.partial_elems = b.partial_side_elems;
-      M3_RETURN_IF_ERROR(gemv(L.shared_gu, b.h, hd, rows, swiglu_s, sb, false, 1, side.get()));
-      M3_RETURN_IF_ERROR(gemv(L.shared_down, b.act_s, L.shared_down.k, rows,
-                              store_to(b.shared, hd), sb, false, 1, side.get()));
+      M3_RETURN_IF_ERROR(gemv(L.shared_gu, h_in, rows, swiglu_s, sb, false, 1, side.get()));
+      M3_RETURN_IF_ERROR(gemv(L.shared_down, shared_act, rows, store_to(b.shared, hd), sb, false,
+                              1, side.get()));
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_ev, side.get()));
     }
-    M3_RETURN_IF_ERROR(gemv(L.router, b.h, hd, rows, store_to(b.router_logits, ne), b));
+    M3_RETURN_IF_ERROR(gemv(L.router, GemvIn{b.h, hd}, rows, store_to(b.router_logits, ne), b));
     RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
                         routed_scale};
     M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
@@ -315,18 +359,17 @@ struct CudaM3Model::Impl {
     gp.active_groups = b.active;
     M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
     GemvEpilogueParams swiglu_r = swiglu_s;
-    swiglu_r.act = b.act;
-    M3_RETURN_IF_ERROR(gemv(L.experts_gu, b.h, hd, rows * kk, swiglu_r, b, true, kk));
-    M3_RETURN_IF_ERROR(
-        gemv(L.experts_down, b.act, inter, rows * kk, store_to(b.contrib, hd), b, true, 1));
+    swiglu_r.act = v5 ? b.act16 : b.act;
+    M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
+    M3_RETURN_IF_ERROR(gemv(L.experts_down, act_in(b.act, b.act16, inter), rows * kk,
+                            store_to(b.contrib, hd), b, true, 1));
     const float* shared = nullptr;
     if (side_path) {
       M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), join_ev, 0));
       shared = b.shared;
     } else if (L.shared_gu.n > 0) {
-      M3_RETURN_IF_ERROR(gemv(L.shared_gu, b.h, hd, rows, swiglu_s, b));
-      M3_RETURN_IF_ERROR(
-          gemv(L.shared_down, b.act_s, L.shared_down.k, rows, store_to(b.shared, hd), b));
+      M3_RETURN_IF_ERROR(gemv(L.shared_gu, h_in, rows, swiglu_s, b));
+      M3_RETURN_IF_ERROR(gemv(L.shared_down, shared_act, rows, store_to(b.shared, hd), b));
       shared = b.shared;
     }
     return cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd}, st());
@@ -343,7 +386,7 @@ struct CudaM3Model::Impl {
     for (int64_t r0 = 0; r0 < rows; r0 += kHeadRows) {
       const int64_t n = std::min(kHeadRows, rows - r0);
       M3_RETURN_IF_ERROR(
-          gemv(w.lm_head, b.h + r0 * hd, hd, n, store_to(b.logits + r0 * vocab, vocab), b));
+          gemv(w.lm_head, GemvIn{b.h + r0 * hd, hd}, n, store_to(b.logits + r0 * vocab, vocab), b));
     }
     return Status::ok();
   }
@@ -567,6 +610,14 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * top_k * kKeySplits * d, what));
   M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * top_k * kKeySplits * 2, what));
   M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
+  if (opt.decode_gemv_variant == 5) {
+    M3_ASSIGN_OR_RETURN(b.h16, a.alloc<uint16_t>(r * hd, what));
+    M3_ASSIGN_OR_RETURN(b.h_inv, a.alloc<float>(r, what));
+    M3_ASSIGN_OR_RETURN(b.attn16, a.alloc<uint16_t>(r * nh * d, what));
+    M3_ASSIGN_OR_RETURN(b.attn_inv, a.alloc<float>(r, what));
+    M3_ASSIGN_OR_RETURN(b.act16, a.alloc<uint16_t>(r * kk * inter, what));
+    M3_ASSIGN_OR_RETURN(b.act_s16, a.alloc<uint16_t>(r * max_mlp, what));
+  }
   // Split-K scratch: the largest GEMV of a step.
   int64_t need = 0;
   auto fit = [&](const DevMatrix& m, int64_t rows) {
@@ -616,6 +667,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   if (options.prefill_attention_variant < 0 || options.prefill_attention_variant > 1 ||
       options.prefill_indexer_variant < 0 || options.prefill_indexer_variant > 1)
     return invalid_argument("[model.minimax_m3_cuda] prefill variants must be 0 or 1");
+  if (options.decode_gemv_variant != 3 && options.decode_gemv_variant != 5)
+    return invalid_argument("[model.minimax_m3_cuda] decode_gemv_variant must be 3 or 5");
   M3_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::select_device(options.device));
   (void)info;
   std::unique_ptr<CudaM3Model> m(new CudaM3Model());

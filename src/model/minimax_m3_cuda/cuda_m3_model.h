@@ -44,6 +44,9 @@ struct CudaM3Options {
   // dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams its first weights while the
   // kernel before it finishes. Same results bit for bit.
   bool pdl = false;
+  // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused,
+  // f16 inputs written by the norms; quant_gemv_mma.cuh) or 3 (split-K + epilogue launch).
+  int decode_gemv_variant = 5;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

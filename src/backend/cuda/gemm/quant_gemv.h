@@ -37,6 +37,8 @@ enum class GemvEpilogue : int {
   kStoreF32 = 0,    // y[r, n] (+)= Σ_s partial[s, r, n]
   kSwigluBf16 = 1,  // act[r, i] = bf16(SwiGLU-OAI(gate = Σ_s partial[s, r, i],
                     //                             up = Σ_s partial[s, r, N/2 + i])), i < N/2
+  kSwigluF16 = 2,   // variant 5 only: act[r, i] = f16 bits of that bf16 value x 2^8 (exact; the
+                    // input of a following variant-5 GEMV with x_inv_const = 2^-8)
 };
 
 struct GemvEpilogueParams {
@@ -46,16 +48,21 @@ struct GemvEpilogueParams {
   float* y = nullptr;              // kStoreF32: [num_rows, ldy]
   int64_t ldy = 0;
   bool accumulate = false;
-  uint16_t* act = nullptr;         // kSwigluBf16: [num_rows, N/2] bf16 bits
+  uint16_t* act = nullptr;         // kSwigluBf16 / kSwigluF16: [num_rows, N/2] bf16 / f16 bits
   float alpha = 1.702f, limit = 7.0f;
   bool pdl = false;                // programmatic dependent launch (runtime/pdl.cuh)
 };
 
 struct QuantGemvParams {
   QuantFormat format = QuantFormat::kMxfp8;
-  // Activations (bf16 bits).
+  // Activations (bf16 bits; variant 5 reads xh instead).
   const uint16_t* x = nullptr;      // [X, K], row stride ldx elements
   int64_t ldx = 0;
+  // Variant 5: the activations as f16 bits times a power of two per row (x_f16.h), and the
+  // inverse factors: x = xh[r] · x_inv_scale[r] (x_inv_const where x_inv_scale is null).
+  const uint16_t* xh = nullptr;     // [X, K], row stride ldx
+  const float* x_inv_scale = nullptr;
+  float x_inv_const = 1.0f;
   int64_t x_row_div = 1;            // x row of routed row r is r / x_row_div (top_k for MoE up)
   // Weights: G matrices of one shape, stored back to back.
   const uint8_t* w = nullptr;       // [G, N, K] E4M3 (MXFP8) | [G, N, K/2] packed E2M1 (NVFP4)
@@ -77,7 +84,10 @@ struct QuantGemvParams {
                                     // scales prefetched, butterfly reduction (MXFP8 MT = 4 falls
                                     // back to 0); 3 = activations in shared memory, 6-8 loads in
                                     // flight with their scales, <= 64 registers, K-slices of
-                                    // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0)
+                                    // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0);
+                                    // 5 = tensor cores (quant_gemv_mma.cuh): reads xh, the
+                                    // epilogue is always fused (partial unused), K % 32 (MXFP8)
+                                    // / K % 128 (NVFP4), SwiGLU needs N % 16 == 0
   // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
   // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
   // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,

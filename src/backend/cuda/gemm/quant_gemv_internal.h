@@ -30,6 +30,9 @@ void choose_iters_v3(const QuantGemvParams& p, int resident, V3Plan* plan);
 Status launch_mxfp8_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 
+// Variant 5 (quant_gemv_mma.cuh, gemv_mma.cu): tensor-core GEMV with the epilogue fused.
+Status launch_mma(const QuantGemvParams& p, cudaStream_t s);
+
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
 dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);

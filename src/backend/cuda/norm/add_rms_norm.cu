@@ -1,5 +1,7 @@
 #include "backend/cuda/norm/add_rms_norm.h"
 
+#include <cuda_fp16.h>
+
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -40,6 +42,8 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.hidden) + p.eps);
   uint2* o = reinterpret_cast<uint2*>(p.out + t * p.hidden);
   const uint2* w = reinterpret_cast<const uint2*>(p.weight);
+  uint2 ob[kMaxVecPerThread];  // the bf16 outputs, kept for the f16 copy
+  float m = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
@@ -49,7 +53,30 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
       const float w2 = 1.0f + __uint_as_float(wv.y << 16), w3 = 1.0f + __uint_as_float(wv.y & 0xFFFF0000u);
       const uint32_t a = f32_to_bf16(v[j].x * inv * w0) | (uint32_t(f32_to_bf16(v[j].y * inv * w1)) << 16);
       const uint32_t b = f32_to_bf16(v[j].z * inv * w2) | (uint32_t(f32_to_bf16(v[j].w * inv * w3)) << 16);
-      o[i] = make_uint2(a, b);
+      ob[j] = make_uint2(a, b);
+      o[i] = ob[j];
+      for (uint32_t u : {a, b})
+        m = fmaxf(m, fmaxf(fabsf(bf16_to_f32(uint16_t(u))), fabsf(bf16_to_f32(uint16_t(u >> 16)))));
+    }
+  }
+  if (p.out_f16 == nullptr) return;
+  m = block_max(m, red);
+  const int sh = f16_row_shift(m);
+  const float s = ldexpf(1.0f, sh);
+  if (threadIdx.x == 0) p.out_inv_scale[t] = ldexpf(1.0f, -sh);
+  uint2* of = reinterpret_cast<uint2*>(p.out_f16 + t * p.hidden);
+#pragma unroll
+  for (int j = 0; j < kMaxVecPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i < nv) {
+      uint32_t h[2];
+      const uint32_t in[2] = {ob[j].x, ob[j].y};
+      for (int q = 0; q < 2; ++q) {
+        const __half2 v2 = __floats2half2_rn(bf16_to_f32(uint16_t(in[q])) * s,
+                                             bf16_to_f32(uint16_t(in[q] >> 16)) * s);
+        h[q] = *reinterpret_cast<const uint32_t*>(&v2);
+      }
+      of[i] = make_uint2(h[0], h[1]);
     }
   }
 }
@@ -61,6 +88,8 @@ Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream) {
   if (p.hidden % 4 != 0 || p.hidden > int64_t{kThreads} * kMaxVecPerThread * 4)
     return invalid_argument("[cuda.add_rms_norm] hidden " + std::to_string(p.hidden) +
                             " must be a multiple of 4 and at most 8192");
+  if ((p.out_f16 == nullptr) != (p.out_inv_scale == nullptr))
+    return invalid_argument("[cuda.add_rms_norm] out_f16 and out_inv_scale go together");
   add_rms_norm_kernel<<<static_cast<unsigned>(p.t), kThreads, 0, stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(add_rms_norm_kernel);
   return Status::ok();

@@ -29,4 +29,24 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
   return warp_sum(v);
 }
 
+// Maximum over the block (as block_sum; NaN-ignoring like fmaxf).
+__device__ __forceinline__ float block_max(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < nw ? smem[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// The power of two 2^s that brings a row of largest magnitude m into [2^14, 2^15) (f16 keeps
+// every bf16 value of the row exactly, down to 2^-31 of m), as s; 0 for m = 0 or non-finite m.
+__device__ __forceinline__ int f16_row_shift(float m) {
+  if (!(m > 0.0f) || !isfinite(m)) return 0;
+  int e = 0;
+  frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
+  return min(15 - e, 126);
+}
+
 }  // namespace m3::cuda

@@ -1,0 +1,314 @@
+// GEMV variant 5: tensor-core (mma.sync m16n8k16, f16 in, f32 accumulate) dequantising GEMV for
+// 1..32 activation rows per group, with its epilogue fused (no split-K partial buffer, no second
+// launch). Written after ncu showed variant 3 issue-bound as much as memory-bound: dequantising
+// into float and one FMA per element costs ~8 instructions per weight byte for NVFP4; here the
+// tensor core does the multiply-adds for 16 weight rows x 8 activation rows at once, so what is
+// left per weight element is its conversion to f16.
+//
+// Operands. A (16 x 16) = 16 weight rows of one tile, dequantised to f16 in registers. B (16 x 8)
+// = up to 8 activation rows ("tokens"), read as f16 from a prepared copy of x (x_f16.h: the bf16
+// activations times a power of two per row, exact), so no conversion is done per CTA. The mma's
+// k order is free as long as A and B agree; each lane's share of a k-step is chosen to match what
+// it loads:
+//  * MXFP8, one 32-element scale block per chunk: lane (g = lane / 4, t = lane % 4) loads 8 bytes
+//    at element 8t of the block for rows g and g + 8 (a quad reads the whole 32-byte block), k-step
+//    i takes elements 8t + 4i .. 8t + 4i + 3 (cvt.rn.f16x2.e4m3x2, exact). Both k-steps of a block
+//    accumulate into a zeroed fragment, which is then scaled by the block's E8M0 factor in f32.
+//  * NVFP4, a chunk of 128 elements (8 scale blocks): lane loads 16 bytes (32 elements) at element
+//    32t for rows g and g + 8. E2M1 pairs (n_j, n_{j+4}) of a 32-bit word become f16x2 by bit
+//    placement (value x 2^-14, exact), multiplied (HMUL2) by the block's E4M3 scale x 2^7 (exact:
+//    every product e2m1 x scale x 2^-7 is a multiple of 2^-17 of at most 21); x pairs are formed
+//    to match with two byte permutes per k-step. The global multiplier and 2^7 are applied at the
+//    end in f32.
+// Products of f16 operands are exact in f32; the tensor core accumulates in f32.
+//
+// Work split: one CTA per 16-row tile of one group (expert). SwiGLU tiles hold gate rows
+// i0 .. i0 + 7 (fragment rows g) and up rows N/2 + i0 .. (rows g + 8), so a lane holds gate and up
+// of the same output. The CTA's W warps split K into W contiguous ranges; each warp streams its
+// range in batches of U chunks, the next batch's loads issued before the current batch is used.
+// The W partial fragments are summed through shared memory in warp order (deterministic) and the
+// epilogue stores float32 (or adds), or applies SwiGLU-OAI and stores bf16 or f16 x 2^8.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "backend/cuda/gemm/quant_gemv.cuh"
+
+namespace m3::cuda::gemv {
+
+constexpr float kActF16Scale = 256.0f;  // kSwigluF16 stores act x 2^8 (|act| <= limit (limit + 1))
+
+template <QuantFormat F>
+struct MmaTraits;
+template <>
+struct MmaTraits<QuantFormat::kMxfp8> {
+  static constexpr int kChunkK = 32;  // one scale block
+  static constexpr int kU = 4;        // chunks per batch: 2 rows x 4 x 8 bytes = 16 registers
+  using Raw = uint2;                  // per lane per row per chunk
+  using Scale = uint32_t;             // one E8M0 byte
+};
+template <>
+struct MmaTraits<QuantFormat::kNvfp4> {
+  static constexpr int kChunkK = 128;  // 8 scale blocks
+  static constexpr int kU = 2;         // 2 rows x 2 x 16 bytes = 16 registers
+  using Raw = uint4;
+  using Scale = uint32_t;              // two E4M3 bytes (the lane's two blocks)
+};
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
+  return h;
+}
+
+// f16x2 of E2M1 codes (n_J, n_{J+4}) of word w, times 2^-14 (bit placement; see quant_gemv.cuh).
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_pair_h2(uint32_t w) {
+  constexpr int kMag = 9 - 4 * J, kSign = 12 - 4 * J;
+  const uint32_t mag = (kMag >= 0 ? (w << kMag) : (w >> -kMag)) & 0x0E000E00u;
+  const uint32_t sign = (kSign >= 0 ? (w << kSign) : (w >> -kSign)) & 0x80008000u;
+  return mag | sign;
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ float e8m0_exact(uint32_t e) {
+  return __uint_as_float(e != 0 ? (e & 0xFFu) << 23 : 0x00400000u);  // 2^(e - 127), e = 0 too
+}
+
+// 8 (MXFP8) / 16 bytes (NVFP4) of f16 activations at element k of row `xr` (never past K: the
+// caller passes only whole chunks).
+__device__ __forceinline__ uint2 ld_x8(const uint16_t* xr) {
+  return __ldg(reinterpret_cast<const uint2*>(xr));
+}
+__device__ __forceinline__ uint4 ld_x16(const uint16_t* xr) {
+  return __ldg(reinterpret_cast<const uint4*>(xr));
+}
+
+// F: format; NG: groups of 8 activation rows per pass (1, 2, 4: up to 8, 16, 32 rows).
+template <QuantFormat F, int NG>
+__global__ void __launch_bounds__(512, 1) quant_gemv_mma_kernel(QuantGemvParams p) {
+  using T = MmaTraits<F>;
+  constexpr int kU = T::kU;
+  constexpr int kRowsPerPass = 8 * NG;
+  extern __shared__ float red[];  // [W][NG][32][4]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x;
+
+  int64_t grp = 0;
+  int r_begin = 0, r_end = static_cast<int>(p.num_rows);
+  if (p.group_offsets != nullptr) {
+    grp = p.active_groups[blockIdx.y];
+    if (grp < 0) return;  // whole CTA
+    r_begin = p.group_offsets[grp];
+    r_end = p.group_offsets[grp + 1];
+  }
+  const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
+  // Weight rows of this lane's fragment rows g and g + 8.
+  const int row_lo = swiglu ? tile * 8 + g : tile * 16 + g;
+  const int row_hi = swiglu ? n / 2 + tile * 8 + g : tile * 16 + 8 + g;
+  const bool ok_lo = swiglu ? tile * 8 + g < n / 2 : row_lo < n;
+  const bool ok_hi = swiglu ? ok_lo : row_hi < n;
+  const int64_t row_bytes = F == QuantFormat::kMxfp8 ? k : k / 2;
+  const int64_t scale_cols = F == QuantFormat::kMxfp8 ? k / 32 : k / 16;
+  const uint8_t* wbase = p.w + grp * int64_t{n} * row_bytes;
+  const uint8_t* sbase = p.w_scale + grp * int64_t{n} * scale_cols;
+  const uint8_t* w_lo = wbase + int64_t{ok_lo ? row_lo : 0} * row_bytes;
+  const uint8_t* w_hi = wbase + int64_t{ok_hi ? row_hi : 0} * row_bytes;
+  const uint8_t* s_lo = sbase + int64_t{ok_lo ? row_lo : 0} * scale_cols;
+  const uint8_t* s_hi = sbase + int64_t{ok_hi ? row_hi : 0} * scale_cols;
+  // This warp's chunks.
+  const int chunks = k / T::kChunkK;
+  const int c_begin = static_cast<int>(int64_t{chunks} * warp / nwarps);
+  const int c_end = static_cast<int>(int64_t{chunks} * (warp + 1) / nwarps);
+
+  typename T::Raw lo[2][kU], hi[2][kU];
+  uint32_t sl[2][kU], sh[2][kU];
+  auto load = [&](int b, int c0) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + u;
+      const bool ok = c < c_end;
+      if constexpr (F == QuantFormat::kMxfp8) {
+        const int64_t off = int64_t{c} * 32 + 8 * t;
+        lo[b][u] = ok && ok_lo ? ld_stream8(w_lo + off) : make_uint2(0, 0);
+        hi[b][u] = ok && ok_hi ? ld_stream8(w_hi + off) : make_uint2(0, 0);
+        sl[b][u] = ok && ok_lo ? __ldg(s_lo + c) : 0u;
+        sh[b][u] = ok && ok_hi ? __ldg(s_hi + c) : 0u;
+      } else {
+        const int64_t off = int64_t{c} * 64 + 16 * t;
+        lo[b][u] = ok && ok_lo ? ld_stream(w_lo + off) : make_uint4(0, 0, 0, 0);
+        hi[b][u] = ok && ok_hi ? ld_stream(w_hi + off) : make_uint4(0, 0, 0, 0);
+        const int64_t so = int64_t{c} * 8 + 2 * t;
+        sl[b][u] = ok && ok_lo ? __ldg(reinterpret_cast<const uint16_t*>(s_lo + so)) : 0u;
+        sh[b][u] = ok && ok_hi ? __ldg(reinterpret_cast<const uint16_t*>(s_hi + so)) : 0u;
+      }
+    }
+  };
+
+  for (int r0 = r_begin; r0 < r_end; r0 += kRowsPerPass) {
+    const int rows_here = min(r_end - r0, kRowsPerPass);
+    // x rows of this lane's B column (token g of each group of 8); nullptr past the rows.
+    const uint16_t* xrow[NG];
+#pragma unroll
+    for (int ng = 0; ng < NG; ++ng) {
+      const int m = ng * 8 + g;
+      xrow[ng] = nullptr;
+      if (m < rows_here) {
+        const int r = r0 + m;
+        const int64_t rid = p.sorted_rows ? p.sorted_rows[r] : r;
+        xrow[ng] = p.xh + (rid / p.x_row_div) * p.ldx;
+      }
+    }
+    float acc[NG][4];
+#pragma unroll
+    for (int ng = 0; ng < NG; ++ng)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[ng][j] = 0.0f;
+
+    // One batch: chunks c0 .. c0 + kU (those < c_end) from buffer b.
+    auto compute = [&](int b, int c0) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int c = c0 + u;
+        if (c >= c_end) break;  // warp-uniform
+        if constexpr (F == QuantFormat::kMxfp8) {
+          const uint2 wl = lo[b][u], wh = hi[b][u];
+          const uint32_t a00 = e4m3x2_to_f16x2(wl.x), a01 = e4m3x2_to_f16x2(wh.x),
+                         a02 = e4m3x2_to_f16x2(wl.x >> 16), a03 = e4m3x2_to_f16x2(wh.x >> 16);
+          const uint32_t a10 = e4m3x2_to_f16x2(wl.y), a11 = e4m3x2_to_f16x2(wh.y),
+                         a12 = e4m3x2_to_f16x2(wl.y >> 16), a13 = e4m3x2_to_f16x2(wh.y >> 16);
+          const float f_lo = e8m0_exact(sl[b][u]), f_hi = e8m0_exact(sh[b][u]);
+#pragma unroll
+          for (int ng = 0; ng < NG; ++ng) {
+            uint4 xv = make_uint4(0, 0, 0, 0);
+            if (xrow[ng]) xv = ld_x16(xrow[ng] + c * 32 + 8 * t);
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_f16(d, a00, a01, a02, a03, xv.x, xv.y);
+            mma_f16(d, a10, a11, a12, a13, xv.z, xv.w);
+            acc[ng][0] = fmaf(d[0], f_lo, acc[ng][0]);
+            acc[ng][1] = fmaf(d[1], f_lo, acc[ng][1]);
+            acc[ng][2] = fmaf(d[2], f_hi, acc[ng][2]);
+            acc[ng][3] = fmaf(d[3], f_hi, acc[ng][3]);
+          }
+        } else {
+          // Block scales x 2^7 as f16x2 (exact), broadcast per block.
+          const uint32_t s2l = hmul2(e4m3x2_to_f16x2(sl[b][u]), 0x58005800u);  // x (128, 128)
+          const uint32_t s2h = hmul2(e4m3x2_to_f16x2(sh[b][u]), 0x58005800u);
+          const uint32_t sl0 = prmt(s2l, 0, 0x1010), sl1 = prmt(s2l, 0, 0x3232);
+          const uint32_t sh0 = prmt(s2h, 0, 0x1010), sh1 = prmt(s2h, 0, 0x3232);
+          const uint32_t wl[4] = {lo[b][u].x, lo[b][u].y, lo[b][u].z, lo[b][u].w};
+          const uint32_t wh[4] = {hi[b][u].x, hi[b][u].y, hi[b][u].z, hi[b][u].w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t scl = q < 2 ? sl0 : sl1, sch = q < 2 ? sh0 : sh1;
+            const uint32_t l0 = hmul2(e2m1_pair_h2<0>(wl[q]), scl),
+                           l1 = hmul2(e2m1_pair_h2<1>(wl[q]), scl),
+                           l2 = hmul2(e2m1_pair_h2<2>(wl[q]), scl),
+                           l3 = hmul2(e2m1_pair_h2<3>(wl[q]), scl);
+            const uint32_t h0 = hmul2(e2m1_pair_h2<0>(wh[q]), sch),
+                           h1 = hmul2(e2m1_pair_h2<1>(wh[q]), sch),
+                           h2 = hmul2(e2m1_pair_h2<2>(wh[q]), sch),
+                           h3 = hmul2(e2m1_pair_h2<3>(wh[q]), sch);
+#pragma unroll
+            for (int ng = 0; ng < NG; ++ng) {
+              uint4 xv = make_uint4(0, 0, 0, 0);  // x elements 8q .. 8q + 7 of the lane's 32
+              if (xrow[ng]) xv = ld_x16(xrow[ng] + c * 128 + 32 * t + 8 * q);
+              // k-step 0: pairs (0,4), (1,5); k-step 1: (2,6), (3,7).
+              mma_f16(acc[ng], l0, h0, l1, h1, prmt(xv.x, xv.z, 0x5410), prmt(xv.x, xv.z, 0x7632));
+              mma_f16(acc[ng], l2, h2, l3, h3, prmt(xv.y, xv.w, 0x5410), prmt(xv.y, xv.w, 0x7632));
+            }
+          }
+        }
+      }
+    };
+
+    // Double-buffered stream over this warp's chunks.
+    if (c_begin < c_end) {
+      load(0, c_begin);
+      for (int c = c_begin;;) {
+        if (c + kU < c_end) load(1, c + kU);
+        compute(0, c);
+        c += kU;
+        if (c >= c_end) break;
+        if (c + kU < c_end) load(0, c + kU);
+        compute(1, c);
+        c += kU;
+        if (c >= c_end) break;
+      }
+    }
+
+    // Sum the warps' fragments in warp order; then the epilogue, one thread per (group, lane).
+    __syncthreads();  // the previous pass's readers are done with red
+#pragma unroll
+    for (int ng = 0; ng < NG; ++ng)
+      reinterpret_cast<float4*>(red)[(warp * NG + ng) * 32 + lane] =
+          make_float4(acc[ng][0], acc[ng][1], acc[ng][2], acc[ng][3]);
+    __syncthreads();
+    if (threadIdx.x < NG * 32) {
+      const int ng = threadIdx.x >> 5, ln = threadIdx.x & 31;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int w = 0; w < nwarps; ++w) {
+        const float4 f = reinterpret_cast<const float4*>(red)[(w * NG + ng) * 32 + ln];
+        v[0] += f.x, v[1] += f.y, v[2] += f.z, v[3] += f.w;
+      }
+      const int eg = ln >> 2, et = ln & 3;
+      const int e_lo = swiglu ? tile * 8 + eg : tile * 16 + eg;
+      const int e_hi = swiglu ? n / 2 + tile * 8 + eg : tile * 16 + 8 + eg;
+      const bool e_ok_lo = swiglu ? tile * 8 + eg < n / 2 : e_lo < n;
+      const bool e_ok_hi = swiglu ? e_ok_lo : e_hi < n;
+      float gm = 1.0f;
+      if constexpr (F == QuantFormat::kNvfp4) gm = (p.w_global ? p.w_global[grp] : 1.0f) * 128.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // tokens 2t, 2t + 1 of the group
+        const int m = ng * 8 + 2 * et + j;
+        if (m >= rows_here) continue;
+        const int r = r0 + m;
+        const int64_t rid = p.sorted_rows ? p.sorted_rows[r] : r;
+        const int64_t xr = rid / p.x_row_div;
+        const float f = (p.x_inv_scale ? p.x_inv_scale[xr] : p.x_inv_const) * gm;
+        const float a = v[j] * f, b = v[2 + j] * f;
+        if (!swiglu) {
+          float* y = p.epilogue.y + rid * p.epilogue.ldy;
+          if (e_ok_lo) y[e_lo] = p.epilogue.accumulate ? y[e_lo] + a : a;
+          if (e_ok_hi) y[e_hi] = p.epilogue.accumulate ? y[e_hi] + b : b;
+        } else if (e_ok_lo) {
+          const float gc = fminf(a, p.epilogue.limit);
+          const float uc = fminf(fmaxf(b, -p.epilogue.limit), p.epilogue.limit);
+          const float sig = 1.0f / (1.0f + expf(-gc * p.epilogue.alpha));
+          const float act = (uc + 1.0f) * (gc * sig);
+          const int64_t at = rid * (n / 2) + e_lo;
+          const uint16_t ab = f32_to_bf16(act);
+          if (p.epilogue.kind == GemvEpilogue::kSwigluBf16) {
+            p.epilogue.act[at] = ab;
+          } else {  // f16 of the bf16-rounded value x 2^8 (exact)
+            p.epilogue.act[at] = __half_as_ushort(__float2half_rn(bf16_to_f32(ab) * kActF16Scale));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace m3::cuda::gemv

@@ -1,0 +1,281 @@
+// GEMV variant 5 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
+// quant_gemv_mma.cuh) and its f16 activations (x_f16.h) against the CPU backend's float32 linear
+// on the reference-dequantised weights, dense and grouped by expert, at the real MiniMax-M3.1-Flash
+// shapes, at odd ones, with 1..40 activation rows (several rows-per-pass instantiations and
+// passes) and with block scales spread over 20 binades (E4M3 subnormal scales, f16 subnormals).
+//
+// Bound: the f16 operands are exact (the activations are bf16 values times a power of two, the
+// weights E4M3 / E2M1 x E4M3 x 2^-7 values; x_to_f16 is checked to be exact below) and their
+// products are exact in f32, so the GPU's error is the f32 summation: the tensor core's
+// accumulation order and rounding are unspecified, so each addition is allowed 2u (truncation),
+// giving 2·gamma_{K+2}; the CPU's sum is within gamma_{K+2}; the NVFP4 global multiplier is a
+// rounded reciprocal (4u as in quant_gemv_test). |gpu - cpu| <= (3·gamma_{K+2} + 4u)·Σ|x||w|.
+#include <algorithm>
+
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/gemm/x_f16.h"
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+#include "quant_matrix.h"
+
+namespace m3::cuda_test {
+namespace {
+
+double bound_factor(int64_t k) { return (3 * gamma(k + 2) + 4 * kU) * 1.01; }
+
+// Random bf16 activations, row r scaled by 2^(5·(r % 7) - 15) (the per-row f16 factor varies).
+void make_x(int64_t m, int64_t k, uint32_t seed, std::vector<float>* xf,
+            std::vector<uint16_t>* xb) {
+  *xf = randn(m * k, seed, 1.0f);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) (*xf)[r * k + i] *= std::ldexp(1.0f, 5 * int(r % 7) - 15);
+  *xb = to_bf16(xf);
+}
+
+// The f16 activations on the device, checked exact: xh[i] · inv[r] == x[i] for every element.
+struct XF16 {
+  Dev<uint16_t> xh;
+  Dev<float> inv;
+  XF16(Dev<uint16_t>& xb_dev, const std::vector<float>& xf, int64_t m, int64_t k)
+      : xh(Dev<uint16_t>::poisoned(m * k)), inv(Dev<float>::poisoned(m)) {
+    cuda::XToF16Params p{xb_dev.ptr(), k, m, k, xh.ptr(), k, inv.ptr()};
+    EXPECT_TRUE(cuda::launch_x_to_f16(p, stream()).is_ok());
+    const auto h = xh.host();
+    const auto s = inv.host();
+    int64_t inexact = 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        if (f16_to_f32(h[r * k + i]) * s[r] != xf[r * k + i]) ++inexact;
+    EXPECT_EQ(inexact, 0) << "x_to_f16 is not exact";
+  }
+};
+
+struct Case {
+  QuantFormat f;
+  int64_t m, n, k;
+  int spread;
+};
+class QuantGemvMma : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
+  const Case c = GetParam();
+  const QMatrix w = make_matrix(c.f, c.n, c.k, 31, c.spread);
+  std::vector<float> xf, want(c.m * c.n), mag(c.m * c.n);
+  std::vector<uint16_t> xb;
+  make_x(c.m, c.k, 32, &xf, &xb);
+  cpu()->linear({xf.data(), w.deq.data(), want.data(), c.m, c.n, c.k, false});
+  const auto ax = abs_of(xf), aw = abs_of(w.deq);
+  cpu()->linear({ax.data(), aw.data(), mag.data(), c.m, c.n, c.k, false});
+  std::vector<double> bound(want.size());
+  for (size_t i = 0; i < want.size(); ++i) bound[i] = bound_factor(c.k) * mag[i] + 1e-30;
+
+  Dev<uint16_t> dx(xb);
+  XF16 x16(dx, xf, c.m, c.k);
+  Dev<uint8_t> dw(w.data), ds(w.scale);
+  Dev<float> dg(std::vector<float>{w.global});
+  auto y = Dev<float>::poisoned(c.m * c.n);
+  cuda::QuantGemvParams p;
+  p.format = c.f;
+  p.xh = x16.xh.ptr();
+  p.x_inv_scale = x16.inv.ptr();
+  p.ldx = c.k;
+  p.w = dw.ptr();
+  p.w_scale = ds.ptr();
+  p.w_global = dg.ptr();
+  p.num_rows = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.variant = 5;
+  p.epilogue.y = y.ptr();
+  p.epilogue.ldy = c.n;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto y0 = y.host();
+  const std::string name = std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
+                           " gemv v5 M" + std::to_string(c.m) + " N" + std::to_string(c.n) +
+                           " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
+  expect_close(y0, want, bound, name);
+  // Deterministic: a second launch gives the same bits.
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
+  // accumulate: y = y + result, bitwise (the same result added to known values).
+  std::vector<float> base(y0.size());
+  for (size_t i = 0; i < base.size(); ++i) base[i] = 0.25f * float(i % 97) - 3.0f;
+  Dev<float> ya(base);
+  p.epilogue.y = ya.ptr();
+  p.epilogue.accumulate = true;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto y1 = ya.host();
+  for (size_t i = 0; i < y1.size(); ++i)
+    ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QuantGemvMma,
+    ::testing::Values(Case{QuantFormat::kMxfp8, 1, 9856, 6144, 0},   // q|k|v|index
+                      Case{QuantFormat::kMxfp8, 8, 6144, 8192, 0},   // o_proj, batch 8
+                      Case{QuantFormat::kMxfp8, 3, 6144, 3072, 0},   // shared down
+                      Case{QuantFormat::kMxfp8, 2, 1000, 12288, 0},  // dense down (K)
+                      Case{QuantFormat::kMxfp8, 20, 1000, 1536, 0},  // 32 rows per pass
+                      Case{QuantFormat::kMxfp8, 40, 77, 96, 0},      // two passes, odd N
+                      Case{QuantFormat::kMxfp8, 12, 13, 32, 0},      // one chunk, 16 per pass
+                      Case{QuantFormat::kMxfp8, 5, 512, 2048, 20},   // scales over 20 binades
+                      Case{QuantFormat::kNvfp4, 1, 6144, 6144, 0},   // expert w1|w3
+                      Case{QuantFormat::kNvfp4, 1, 6144, 3072, 0},   // expert w2
+                      Case{QuantFormat::kNvfp4, 8, 1000, 3072, 0},
+                      Case{QuantFormat::kNvfp4, 12, 77, 128, 0},     // one chunk, odd N
+                      Case{QuantFormat::kNvfp4, 33, 100, 256, 0},    // two passes
+                      Case{QuantFormat::kNvfp4, 3, 512, 2048, 20}));
+
+// Experts: tokens x top_k routed rows through their expert's gate|up with the fused SwiGLU
+// (bf16 and f16 x 2^8 outputs), then the down product reading the f16 activations.
+TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
+  struct Routing {
+    int64_t tokens;
+    std::vector<int32_t> ids;  // [tokens * 3]
+  };
+  std::vector<Routing> routings;
+  routings.push_back({5, {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3}});
+  Routing heavy{40, {}};  // expert 3 takes all 40 tokens: two passes of 32 rows
+  for (int32_t t = 0; t < 40; ++t)
+    for (int32_t v : {3, (t % 3) + 4, t % 3}) heavy.ids.push_back(v);
+  routings.push_back(heavy);
+  for (const Routing& routing : routings)
+    for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
+      const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
+      const int64_t rows = tokens * top_k;
+      const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
+                               " v5 grouped T" + std::to_string(tokens);
+      std::vector<QMatrix> up, down;
+      std::vector<uint8_t> up_d, up_s, dn_d, dn_s;
+      std::vector<float> up_g, dn_g;
+      for (int64_t e = 0; e < experts; ++e) {
+        up.push_back(make_matrix(f, 2 * inter, hidden, 300 + e));
+        down.push_back(make_matrix(f, hidden, inter, 400 + e));
+        up_d.insert(up_d.end(), up[e].data.begin(), up[e].data.end());
+        up_s.insert(up_s.end(), up[e].scale.begin(), up[e].scale.end());
+        dn_d.insert(dn_d.end(), down[e].data.begin(), down[e].data.end());
+        dn_s.insert(dn_s.end(), down[e].scale.begin(), down[e].scale.end());
+        up_g.push_back(up[e].global);
+        dn_g.push_back(down[e].global);
+      }
+      std::vector<float> xf;
+      std::vector<uint16_t> xb;
+      make_x(tokens, hidden, 33, &xf, &xb);
+      Dev<uint16_t> dx(xb);
+      XF16 x16(dx, xf, tokens, hidden);
+      Dev<int32_t> dids(routing.ids), offs{std::vector<int32_t>(experts + 1)},
+          sorted{std::vector<int32_t>(rows)},
+          active{std::vector<int32_t>(std::min(experts, rows))};
+      cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(),
+                                   active.ptr()};
+      ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
+      Dev<uint8_t> dud(up_d), dus(up_s), ddd(dn_d), dds(dn_s);
+      Dev<float> dug(up_g), ddg(dn_g);
+
+      cuda::QuantGemvParams p;
+      p.format = f;
+      p.xh = x16.xh.ptr();
+      p.x_inv_scale = x16.inv.ptr();
+      p.ldx = hidden;
+      p.x_row_div = top_k;
+      p.w = dud.ptr();
+      p.w_scale = dus.ptr();
+      p.w_global = dug.ptr();
+      p.num_groups = experts;
+      p.group_offsets = offs.ptr();
+      p.sorted_rows = sorted.ptr();
+      p.active_groups = active.ptr();
+      p.num_slots = std::min(experts, rows);
+      p.num_rows = rows;
+      p.n = 2 * inter;
+      p.k = hidden;
+      p.variant = 5;
+      p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
+      auto act = Dev<uint16_t>::poisoned(rows * inter);
+      p.epilogue.act = act.ptr();
+      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+      const auto act_h = act.host();
+      p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
+      auto act16 = Dev<uint16_t>::poisoned(rows * inter);
+      p.epilogue.act = act16.ptr();
+      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+      const auto act16_h = act16.host();
+      for (int64_t i = 0; i < rows * inter; ++i)
+        ASSERT_EQ(f16_to_f32(act16_h[i]), bf16_to_f32(act_h[i]) * 256.0f)
+            << name << ": f16 activation " << i << " is not the bf16 one x 2^8";
+
+      // CPU gate|up + SwiGLU per routed row; bound through SwiGLU's derivative (as in
+      // quant_gemv_test) with this kernel's summation bound, plus the bf16 rounding.
+      std::vector<float> act_got(rows * inter), act_want(rows * inter);
+      std::vector<double> act_bound(rows * inter);
+      const double dgu = bound_factor(hidden);
+      for (int64_t r = 0; r < rows; ++r) {
+        const QMatrix& w = up[routing.ids[r]];
+        const float* xr = xf.data() + (r / top_k) * hidden;
+        std::vector<float> gu(2 * inter), mg(2 * inter), a(inter);
+        const auto axr = abs_of(std::vector<float>(xr, xr + hidden)), aw = abs_of(w.deq);
+        cpu()->linear({xr, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
+        cpu()->linear({axr.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
+        cpu()->swiglu_oai({gu.data(), a.data(), 1, inter, 1.702f, 7.0f});
+        for (int64_t i = 0; i < inter; ++i) {
+          const double gc = std::min<double>(gu[i], 7.0);
+          const double uc = std::clamp<double>(gu[inter + i], -7.0, 7.0);
+          const double da = std::abs(uc + 1) * (1 + 1.702 * std::abs(gc) / 4) * dgu * mg[i] +
+                            std::abs(gc) * dgu * mg[inter + i] + 32 * kU * std::abs(a[i]);
+          act_want[r * inter + i] = a[i];
+          act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
+          act_bound[r * inter + i] = 2 * da + std::ldexp(std::abs(a[i]) + da, -8) + 1e-30;
+        }
+      }
+      expect_close(act_got, act_want, act_bound, name + " gate|up + swiglu");
+
+      // Down: the f16 activations (x 2^8), float32 rows per routed row.
+      p.xh = act16.ptr();
+      p.x_inv_scale = nullptr;
+      p.x_inv_const = 1.0f / 256.0f;
+      p.ldx = inter;
+      p.x_row_div = 1;
+      p.w = ddd.ptr();
+      p.w_scale = dds.ptr();
+      p.w_global = ddg.ptr();
+      p.n = hidden;
+      p.k = inter;
+      p.epilogue = {};
+      auto y = Dev<float>::poisoned(rows * hidden);
+      p.epilogue.y = y.ptr();
+      p.epilogue.ldy = hidden;
+      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+      std::vector<float> yw(rows * hidden);
+      std::vector<double> yb(rows * hidden);
+      for (int64_t r = 0; r < rows; ++r) {
+        const QMatrix& w = down[routing.ids[r]];
+        const float* ar = act_got.data() + r * inter;
+        const auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
+        std::vector<float> mg(hidden);
+        cpu()->linear({ar, w.deq.data(), yw.data() + r * hidden, 1, hidden, inter, false});
+        cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
+        for (int64_t j = 0; j < hidden; ++j)
+          yb[r * hidden + j] = bound_factor(inter) * mg[j] + 1e-30;
+      }
+      expect_close(y.host(), yw, yb, name + " down (f16 activations)");
+    }
+}
+
+// Bad parameters are refused with a message, not launched.
+TEST(QuantGemvMmaArgs, RefusesWhatItCannotRun) {
+  cuda::QuantGemvParams p;
+  p.variant = 5;
+  p.format = QuantFormat::kNvfp4;
+  p.num_rows = 1;
+  p.n = 16;
+  p.k = 96;  // not a multiple of 128
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  p.format = QuantFormat::kBf16;
+  p.k = 256;
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  p.format = QuantFormat::kMxfp8;
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());  // xh is null
+}
+
+}  // namespace
+}  // namespace m3::cuda_test
