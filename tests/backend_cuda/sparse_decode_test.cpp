@@ -170,6 +170,217 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
   }
 }
 
+// The indexer's other shapes: 3 and 8 index heads (the two score-kernel instances, 4 and 8
+// heads, with unused heads), local_blocks 2 and init_blocks 2, and candidate counts n = 157,
+// 313, 782 (the rank count with 4, 2 and 1 lanes per candidate; the test above has 32, 16 and 8)
+// and 5. Against the CPU indexer with the tie criterion of IndexerAndAttentionMatchCpu; a second
+// launch must give the same selection.
+TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
+  const int64_t Dix = 128, S = 128, top_k = 16, local_blocks = 2, init_blocks = 2;
+  const std::vector<int64_t> lens = {20000, 40000, 100000, 600};
+  const int64_t B = static_cast<int64_t>(lens.size());
+  int64_t max_blocks = 0, pages = 1;
+  for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
+  std::vector<int32_t> perm(pages - 1);
+  std::iota(perm.begin(), perm.end(), 1);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(70));
+  std::vector<int32_t> tables(B * max_blocks, -1), pos(B);
+  int64_t next = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    pos[b] = static_cast<int32_t>(lens[b] - 1);
+    for (int64_t j = 0; j < (lens[b] + S - 1) / S; ++j) tables[b * max_blocks + j] = perm[next++];
+  }
+  std::vector<float> ikf;
+  std::vector<uint16_t> ikb;
+  bf16_randn(pages * S * Dix, 71, 1.0f, &ikf, &ikb);
+  Dev<uint16_t> dik(ikb);
+  Dev<int32_t> dtab(tables), dpos(pos);
+  const cuda::KvCacheBf16View cv{nullptr, nullptr, dik.ptr(), pages, S, 1, 128, Dix};
+  const KvLayerView hv{nullptr, nullptr, ikf.data(), pages, S, 1, 128, Dix};
+  for (int64_t Hix : {3, 8}) {
+    std::vector<float> iqf;
+    std::vector<uint16_t> iqb;
+    bf16_randn(B * Hix * Dix, 72 + static_cast<uint32_t>(Hix), 1.0f, &iqf, &iqb);
+    Dev<uint16_t> diq(iqb);
+    Dev<float> scores(std::vector<float>(B * Hix * max_blocks));
+    auto dsel = Dev<int32_t>::poisoned(B * Hix * top_k);
+    cuda::IndexerDecodeParams ip;
+    ip.iq = diq.ptr();
+    ip.cache = cv;
+    ip.positions = dpos.ptr();
+    ip.block_tables = dtab.ptr();
+    ip.batch = B;
+    ip.num_index_heads = Hix;
+    ip.max_blocks = max_blocks;
+    ip.top_k = top_k;
+    ip.local_blocks = local_blocks;
+    ip.init_blocks = init_blocks;
+    ip.block_scores = scores.ptr();
+    ip.selected = dsel.ptr();
+    ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
+    const auto gsel = dsel.host();
+    int64_t ties = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t nb = (lens[b] + S - 1) / S;
+      std::vector<int32_t> sel(Hix * top_k);
+      cpu()->indexer_topk({iqf.data() + b * Hix * Dix, hv, pos.data() + b,
+                           tables.data() + b * max_blocks, sel.data(), 1, Hix, nb, top_k,
+                           local_blocks, init_blocks});
+      for (int64_t h = 0; h < Hix; ++h) {
+        std::vector<double> bs(nb, -INFINITY);
+        double mag = 0;
+        for (int64_t j = 0; j <= pos[b]; ++j) {
+          const float* kr = ikf.data() + (tables[b * max_blocks + j / S] * S + j % S) * Dix;
+          double sc = 0, a = 0;
+          for (int64_t i = 0; i < Dix; ++i) {
+            sc += double(iqf[(b * Hix + h) * Dix + i]) * kr[i];
+            a += std::abs(double(iqf[(b * Hix + h) * Dix + i]) * kr[i]);
+          }
+          bs[j / S] = std::max(bs[j / S], sc);
+          mag = std::max(mag, a);
+        }
+        for (int64_t i = 0; i < local_blocks; ++i) bs[std::max<int64_t>(0, nb - 1 - i)] = INFINITY;
+        for (int64_t i = 0; i < std::min(init_blocks, nb); ++i) bs[i] = INFINITY;
+        std::set<int32_t> seen;
+        for (int64_t s = 0; s < top_k; ++s) {
+          const int32_t want = sel[h * top_k + s], got = gsel[(b * Hix + h) * top_k + s];
+          if (want == -1 || got == -1) {
+            ASSERT_EQ(got, want) << "seq " << b << " head " << h << " slot " << s;
+            continue;
+          }
+          ASSERT_TRUE(seen.insert(got).second) << "duplicate block " << got;
+          if (got != want) {
+            ASSERT_TRUE(bs[got] == bs[want] || std::abs(bs[got] - bs[want]) <= 2 * gamma(Dix) * mag)
+                << "Hix " << Hix << " seq " << b << " head " << h << " slot " << s << ": gpu "
+                << got << " cpu " << want;
+            ++ties;
+          }
+        }
+      }
+    }
+    std::printf("[ %-40s ] Hix=%lld exact except %lld rounding ties\n",
+                "indexer_decode n=157/313/782/5", (long long)Hix, (long long)ties);
+    auto dsel2 = Dev<int32_t>::poisoned(B * Hix * top_k);
+    ip.selected = dsel2.ptr();
+    ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
+    EXPECT_EQ(dsel2.host(), gsel) << "Hix " << Hix << ": second run differs";
+  }
+}
+
+// Wide selections through the split attention and its combine: top_k 300 with 1, 2 and 4 key
+// splits (300 / 600 / 1200 partial states per head: the combine's 1024-slot chunks run once or
+// twice), a dense selection of every block of a 38,400-token sequence in shuffled order, a short
+// sequence whose selection mixes duplicates, -1 and blocks past its query, and groups that
+// select nothing (zero output) or one block of one key. Against the CPU op with the bound of the
+// test above; then the same launch again must give the same bits (fixed reduction orders).
+TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
+  const int64_t H = 64, Hkv = 4, D = 128, S = 128, top_k = 300;
+  const std::vector<int64_t> lens = {38400, 1000, 129};
+  const int64_t B = static_cast<int64_t>(lens.size());
+  int64_t max_blocks = 0, pages = 1;
+  for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
+  std::vector<int32_t> perm(pages - 1);
+  std::iota(perm.begin(), perm.end(), 1);
+  std::mt19937 rng(66);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> tables(B * max_blocks, -1), pos(B);
+  int64_t next = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    pos[b] = static_cast<int32_t>(lens[b] - 1);
+    for (int64_t j = 0; j < (lens[b] + S - 1) / S; ++j) tables[b * max_blocks + j] = perm[next++];
+  }
+  std::vector<int32_t> sel(B * Hkv * top_k, -1);
+  for (int64_t g = 0; g < Hkv; ++g) {
+    int32_t* s0 = sel.data() + (0 * Hkv + g) * top_k;  // every block, shuffled
+    std::iota(s0, s0 + top_k, 0);
+    std::shuffle(s0, s0 + top_k, rng);
+    int32_t* s1 = sel.data() + (1 * Hkv + g) * top_k;  // blocks 0..7 twice, 250, -1 between
+    for (int64_t i = 0; i < 40; ++i) s1[i] = i % 5 == 4 ? -1 : i % 3 == 2 ? 250 : int32_t(i % 8);
+    std::shuffle(s1, s1 + 40, rng);
+    int32_t* s2 = sel.data() + (2 * Hkv + g) * top_k;  // g 0: nothing; g 1: block 1 (one key)
+    if (g == 1) s2[7] = 1;
+    if (g >= 2) s2[0] = 1, s2[1] = 0, s2[2] = 1;
+  }
+  std::vector<float> kf, vf, qf;
+  std::vector<uint16_t> kb, vb, qb;
+  bf16_randn(pages * S * Hkv * D, 67, 1.0f, &kf, &kb);
+  bf16_randn(pages * S * Hkv * D, 68, 1.0f, &vf, &vb);
+  bf16_randn(B * H * D, 69, 1.0f, &qf, &qb);
+  Dev<uint16_t> dk(kb), dv(vb), dq(qb);
+  Dev<int32_t> dtab(tables), dpos(pos), dsel(sel);
+  cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0};
+  const float scale = 1.0f / std::sqrt(float(D));
+  KvLayerView hv{kf.data(), vf.data(), nullptr, pages, S, Hkv, D, 0};
+  std::vector<float> want(B * H * D);
+  for (int64_t b = 0; b < B; ++b)
+    cpu()->paged_attention({qf.data() + b * H * D, hv, pos.data() + b,
+                            tables.data() + b * max_blocks, sel.data() + b * Hkv * top_k,
+                            want.data() + b * H * D, 1, H, max_blocks, Hkv, top_k, scale});
+  std::vector<double> bound(B * H * D);
+  std::vector<bool> empty(B * H, false);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < H; ++n) {
+      const int64_t g = n / (H / Hkv);
+      std::set<int64_t> blocks;
+      for (int64_t s = 0; s < top_k; ++s) {
+        const int32_t x = sel[(b * Hkv + g) * top_k + s];
+        if (x >= 0 && x <= pos[b] / S) blocks.insert(x);
+      }
+      if (blocks.empty()) {  // no allowed key: the output is exactly zero
+        empty[b * H + n] = true;
+        continue;
+      }
+      const AttentionRef r =
+          attention_ref(qf.data() + (b * H + n) * D,
+                        kv_rows(blocks, pos[b], tables.data() + b * max_blocks, S, Hkv, g),
+                        kf.data(), vf.data(), D, scale);
+      for (int64_t i = 0; i < D; ++i) {  // as in IndexerAndAttentionMatchCpu
+        const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
+        const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv);
+        bound[(b * H + n) * D + i] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
+      }
+    }
+  for (int64_t splits : {1, 2, 4}) {
+    Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
+        ml(std::vector<float>(B * H * top_k * splits * 2));
+    auto dout = Dev<uint16_t>::poisoned(B * H * D);
+    cuda::SparseDecodeParams ap;
+    ap.q = dq.ptr();
+    ap.cache = cv;
+    ap.positions = dpos.ptr();
+    ap.block_tables = dtab.ptr();
+    ap.selected = dsel.ptr();
+    ap.batch = B;
+    ap.num_heads = H;
+    ap.max_blocks = max_blocks;
+    ap.top_k = top_k;
+    ap.scale = scale;
+    ap.o_partial = opart.ptr();
+    ap.ml_partial = ml.ptr();
+    ap.max_key_splits = splits;
+    ap.force_key_splits = true;
+    ap.out = dout.ptr();
+    ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+    const auto gout = dout.host();
+    std::vector<float> got(B * H * D), want_nz(want);
+    std::vector<double> bnd(bound);
+    for (size_t i = 0; i < got.size(); ++i) {
+      got[i] = bf16_to_f32(gout[i]);
+      if (empty[i / D]) {
+        ASSERT_EQ(gout[i], 0) << "empty selection, element " << i << " splits " << splits;
+        bnd[i] = 1e-30, want_nz[i] = 0.0f;
+      }
+    }
+    const std::string what = "sparse_decode top_k 300 splits" + std::to_string(splits);
+    expect_close(got, want_nz, bnd, what);
+    // Run to run: identical bits (the poisoned output is rewritten).
+    auto dout2 = Dev<uint16_t>::poisoned(B * H * D);
+    ap.out = dout2.ptr();
+    ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+    EXPECT_EQ(dout2.host(), gout) << what << ": second run differs";
+  }
+}
+
 }  // namespace
 }  // namespace m3::cuda_test
 
@@ -194,7 +405,14 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
     Dev<float> dr(r), dd(dlt);
     Dev<uint16_t> dw(wb);
     auto dout = Dev<uint16_t>::poisoned(t * hd);
-    cuda::AddRmsNormParams p{dr.ptr(), dd.ptr(), dw.ptr(), dout.ptr(), t, hd, 1e-6f};
+    cuda::AddRmsNormParams p;  // by field: the struct grows optional outputs
+    p.residual = dr.ptr();
+    p.delta = dd.ptr();
+    p.weight = dw.ptr();
+    p.out = dout.ptr();
+    p.t = t;
+    p.hidden = hd;
+    p.eps = 1e-6f;
     ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
     EXPECT_EQ(dr.host(), want_r) << "residual";
     auto ob = dout.host();

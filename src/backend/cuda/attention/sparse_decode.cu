@@ -3,6 +3,14 @@
 // small batches (key splits) — loads its K and V rows of the group once into shared memory and
 // serves all 16 query heads of the group (scores, softmax statistics and the unnormalised P·V);
 // a combine kernel merges the partial states per head.
+//
+// Latency, not bandwidth, bounds this at batch 1-8 (1-8 MB per call), so the kernel is written
+// for a short critical path: the queries are fetched before the selection / block-table chain,
+// every K and V load of a thread is issued before the first shared-memory store, the inner loops
+// read shared memory in 16-byte pieces (4-8 FMAs per load instead of 1-2), the softmax
+// statistics come from registers, and the combine reads each partial state once with all of a
+// thread's loads in flight. The arithmetic per score and per partial P·V is the same sequence
+// of fmaf as the CPU-ordered loop (d, then key, ascending).
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
@@ -13,7 +21,9 @@ namespace m3::cuda {
 namespace {
 
 constexpr int kS = 128, kD = 128, kGroup = 16, kThreads = 128;
-constexpr int kKPitch = kD / 2 + 1;  // 32-bit words per K row in shared memory (+1: no conflicts)
+// 32-bit words per K row in shared memory: 64 + 4 keeps rows 16-byte aligned, and the 8 lanes of
+// a quarter-warp reading rows s .. s+7 at the same column hit banks 4s + c: conflict-free.
+constexpr int kKPitch = kD / 2 + 4;
 
 // SPLITS CTAs share one selected block, each with kS / SPLITS of its keys (small batches: 64
 // CTAs of 128 keys leave most of the GPU idle at batch 1; 4 splits give 256 shorter ones). The
@@ -21,10 +31,11 @@ constexpr int kKPitch = kD / 2 + 1;  // 32-bit words per K row in shared memory 
 template <int SPLITS>
 struct Smem {
   static constexpr int kKeys = kS / SPLITS;
-  uint32_t k[kKeys][kKPitch];  // bf16 pairs
-  uint32_t v[kKeys][kD / 2];   // bf16 pairs, read along D (conflict-free without padding)
+  uint32_t k[kKeys][kKPitch];   // bf16 pairs
+  uint32_t v[kKeys][kD / 2];    // bf16 pairs, read along D (conflict-free without padding)
   float q[kGroup][kD];
-  float p[kGroup][kKeys];
+  float pt[kKeys][kGroup];      // exp(score - max), key-major: one 16-byte load gives 4 heads
+  float red[kThreads / 32][kGroup];  // per-warp maxima / sums of the softmax statistics
 };
 
 __device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -33,7 +44,10 @@ __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xF
 template <int SPLITS>
 __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDecodeParams p) {
   constexpr int kKeys = kS / SPLITS;
-  constexpr int kHeadsPerThread = kGroup * kKeys / kThreads;  // scores: 16, 8 or 4 heads
+  constexpr int kHeadsPerThread = kGroup * kKeys / kThreads;  // scores: 4, 8 or 16 heads
+  constexpr int kWarpsPerHeads = kKeys / 32;  // warps sharing one head set in the scores
+  constexpr int kPieces = kKeys * (kD / 8) / kThreads;  // 16-byte K (and V) loads per thread
+  constexpr int kBatch = kPieces < 8 ? kPieces : 8;     // loads in flight per round
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem<SPLITS>& sm = *reinterpret_cast<Smem<SPLITS>*>(smem_raw);
   const int slot = blockIdx.x / SPLITS, part = blockIdx.x % SPLITS, g = blockIdx.y;
@@ -41,6 +55,12 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const KvCacheBf16View& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
+  // The group's 16 queries (4 KB, two 16-byte pieces per thread) do not depend on the selection:
+  // their loads go out first, under the positions -> selection -> block table chain below.
+  const uint4* qg = reinterpret_cast<const uint4*>(p.q + (b * p.num_heads + g * kGroup) * kD);
+  uint4 qr[kGroup * kD / 8 / kThreads];
+#pragma unroll
+  for (int j = 0; j < kGroup * kD / 8 / kThreads; ++j) qr[j] = __ldg(qg + tid + j * kThreads);
   const int64_t pos = p.positions[b];
   const int64_t qb = pos / kS;
   const int32_t* sel = p.selected + (b * hkv + g) * p.top_k;
@@ -60,116 +80,205 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
     }
     return;
   }
-  // Load this part's K and V rows of group g (256 B each, 16-byte pieces) and the 16 queries.
+  // This part's K and V rows of group g (256 B each, 16-byte pieces), kBatch loads of each in
+  // flight per thread before any store.
   const uint4* kg = reinterpret_cast<const uint4*>(c.k + ((page * kS + part * kKeys) * hkv + g) * kD);
   const uint4* vg = reinterpret_cast<const uint4*>(c.v + ((page * kS + part * kKeys) * hkv + g) * kD);
   const int64_t row_stride = hkv * kD / 8;  // uint4 per token row
-  for (int i = tid; i < kKeys * (kD / 8); i += kThreads) {
-    const int s = i / (kD / 8), piece = i % (kD / 8);
-    const uint4 kv = __ldg(kg + s * row_stride + piece);
-    // V rows past the query's position are zeroed: a page's unwritten tail may hold NaN bit
-    // patterns, and their weight 0 would still give 0 · NaN = NaN.
-    const uint4 vv = key0 + s <= pos ? __ldg(vg + s * row_stride + piece) : make_uint4(0, 0, 0, 0);
-    sm.k[s][piece * 4 + 0] = kv.x, sm.k[s][piece * 4 + 1] = kv.y;
-    sm.k[s][piece * 4 + 2] = kv.z, sm.k[s][piece * 4 + 3] = kv.w;
-    *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vv;
+#pragma unroll
+  for (int j0 = 0; j0 < kPieces; j0 += kBatch) {
+    uint4 kr[kBatch], vr[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+      kr[j] = __ldg(kg + s * row_stride + piece);
+      // V rows past the query's position are zeroed: a page's unwritten tail may hold NaN bit
+      // patterns, and their weight 0 would still give 0 · NaN = NaN.
+      vr[j] = key0 + s <= pos ? __ldg(vg + s * row_stride + piece) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+      *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kr[j];
+      *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vr[j];
+    }
   }
-  const uint16_t* qg = p.q + (b * p.num_heads + g * kGroup) * kD;
-  for (int i = tid; i < kGroup * kD; i += kThreads) sm.q[i / kD][i % kD] = bf16_to_f32(qg[i]);
+#pragma unroll
+  for (int j = 0; j < kGroup * kD / 8 / kThreads; ++j) {
+    const int i = (tid + j * kThreads) * 8;  // 8 bf16 of row i / kD
+    float* dst = &sm.q[i / kD][i % kD];
+    const uint32_t w[4] = {qr[j].x, qr[j].y, qr[j].z, qr[j].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[2 * e] = lo(w[e]), dst[2 * e + 1] = hi(w[e]);
+  }
   __syncthreads();
 
-  // Scores: thread (s, hq) owns key s of the part for heads hq·H' .. hq·H' + H' - 1.
+  // Scores: thread (s, hq) owns key s of the part for heads h0 .. h0 + H' - 1; warp w holds keys
+  // 32·(w % kWarpsPerHeads) + lane. Per 8 dims: one 16-byte K load, two 16-byte (broadcast) query
+  // loads per head.
+  const int s = tid % kKeys, h0 = (tid / kKeys) * kHeadsPerThread;
+  float acc[kHeadsPerThread];
+#pragma unroll
+  for (int h = 0; h < kHeadsPerThread; ++h) acc[h] = 0.0f;
+#pragma unroll 2
+  for (int d8 = 0; d8 < kD / 8; ++d8) {
+    const uint4 kw = *reinterpret_cast<const uint4*>(&sm.k[s][d8 * 4]);
+    const float kf[8] = {lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y),
+                         lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w)};
+#pragma unroll
+    for (int h = 0; h < kHeadsPerThread; ++h) {
+      const float4 qa = *reinterpret_cast<const float4*>(&sm.q[h0 + h][d8 * 8]);
+      const float4 qc = *reinterpret_cast<const float4*>(&sm.q[h0 + h][d8 * 8 + 4]);
+      float a = acc[h];
+      a = fmaf(qa.x, kf[0], a), a = fmaf(qa.y, kf[1], a), a = fmaf(qa.z, kf[2], a);
+      a = fmaf(qa.w, kf[3], a), a = fmaf(qc.x, kf[4], a), a = fmaf(qc.y, kf[5], a);
+      a = fmaf(qc.z, kf[6], a), a = fmaf(qc.w, kf[7], a);
+      acc[h] = a;
+    }
+  }
+  // Softmax statistics from the registers: the maximum over the part's keys (its first key,
+  // key0 <= pos, is always valid: the maximum is finite), then exp and the sum of exp.
+  const bool valid = key0 + s <= pos;
+#pragma unroll
+  for (int h = 0; h < kHeadsPerThread; ++h) {
+    acc[h] = valid ? acc[h] * p.scale : -INFINITY;
+    const float m = warp_max(acc[h]);
+    if (lane == 0) sm.red[warp][h0 + h] = m;
+  }
+  __syncthreads();
+  const int w0 = warp - warp % kWarpsPerHeads;  // first warp of this head set
+  float mh[kHeadsPerThread];
+#pragma unroll
+  for (int h = 0; h < kHeadsPerThread; ++h) {
+    mh[h] = sm.red[w0][h0 + h];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerHeads; ++w) mh[h] = fmaxf(mh[h], sm.red[w0 + w][h0 + h]);
+    acc[h] = expf(acc[h] - mh[h]);  // invalid keys: exp(-inf) = 0
+  }
+#pragma unroll
+  for (int h = 0; h < kHeadsPerThread; h += 4)
+    *reinterpret_cast<float4*>(&sm.pt[s][h0 + h]) =
+        make_float4(acc[h], acc[h + 1], acc[h + 2], acc[h + 3]);
+  __syncthreads();  // every maximum read before red is reused for the sums
+#pragma unroll
+  for (int h = 0; h < kHeadsPerThread; ++h) {
+    const float l = warp_sum(acc[h]);
+    if (lane == 0) sm.red[warp][h0 + h] = l;
+  }
+  __syncthreads();
+  if (warp % kWarpsPerHeads == 0 && lane < kHeadsPerThread) {
+    float l = sm.red[warp][h0 + lane];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerHeads; ++w) l += sm.red[warp + w][h0 + lane];
+    float m = mh[0];
+#pragma unroll
+    for (int h = 1; h < kHeadsPerThread; ++h) m = lane == h ? mh[h] : m;
+    mlp[(h0 + lane) * slots * 2] = m;
+    mlp[(h0 + lane) * slots * 2 + 1] = l;
+  }
+
+  // Unnormalised P·V: thread (dq, hq) owns dims 4·dq .. 4·dq+3 of heads 4·hq .. 4·hq+3; per key
+  // one 8-byte V load and one 16-byte (broadcast) load of the four heads' weights.
   {
-    const int s = tid % kKeys, h0 = (tid / kKeys) * kHeadsPerThread;
-    float acc[kHeadsPerThread];
+    const int dq = lane, hq = warp * 4;
+    float a[4][4] = {};
+#pragma unroll 4
+    for (int t = 0; t < kKeys; ++t) {
+      const uint2 vw = *reinterpret_cast<const uint2*>(&sm.v[t][dq * 2]);
+      const float vf[4] = {lo(vw.x), hi(vw.x), lo(vw.y), hi(vw.y)};
+      const float4 pw = *reinterpret_cast<const float4*>(&sm.pt[t][hq]);
+      const float pj[4] = {pw.x, pw.y, pw.z, pw.w};
 #pragma unroll
-    for (int h = 0; h < kHeadsPerThread; ++h) acc[h] = 0.0f;
-    for (int d2 = 0; d2 < kD / 2; ++d2) {
-      const uint32_t w = sm.k[s][d2];
-      const float k0 = lo(w), k1 = hi(w);
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int h = 0; h < kHeadsPerThread; ++h)
-        acc[h] = fmaf(sm.q[h0 + h][2 * d2 + 1], k1, fmaf(sm.q[h0 + h][2 * d2], k0, acc[h]));
-    }
-    const bool valid = key0 + s <= pos;
-#pragma unroll
-    for (int h = 0; h < kHeadsPerThread; ++h)
-      sm.p[h0 + h][s] = valid ? acc[h] * p.scale : -INFINITY;
-  }
-  __syncthreads();
-  // Softmax statistics: warp w handles heads 4w .. 4w+3 (each lane kKeys / 32 keys).
-  constexpr int kPerLane = kKeys / 32;
-  for (int h = warp * 4; h < warp * 4 + 4; ++h) {
-    float v[kPerLane], m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) m = fmaxf(m, v[j] = sm.p[h][lane + 32 * j]);
-    m = warp_max(m);  // the part's first key (key0 <= pos) is always valid: m is finite
-    float l = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const float e = expf(v[j] - m);
-      sm.p[h][lane + 32 * j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      mlp[h * slots * 2] = m;
-      mlp[h * slots * 2 + 1] = l;
-    }
-  }
-  __syncthreads();
-  // Unnormalised P·V: thread d2 owns dims 2·d2, 2·d2+1 for heads in two halves (registers).
-  for (int hh = 0; hh < kGroup; hh += 8) {
-    const int d2 = tid & 63, h0 = hh + (tid >> 6) * 4;
-    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
-    for (int s = 0; s < kKeys; ++s) {
-      const uint32_t w = sm.v[s][d2];
-      const float v0 = lo(w), v1 = hi(w);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float pj = sm.p[h0 + j][s];
-        a0[j] = fmaf(pj, v0, a0[j]);
-        a1[j] = fmaf(pj, v1, a1[j]);
-      }
+        for (int e = 0; e < 4; ++e) a[j][e] = fmaf(pj[j], vf[e], a[j][e]);
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float* o = op + (h0 + j) * slots * kD;
-      *reinterpret_cast<float2*>(o + 2 * d2) = make_float2(a0[j], a1[j]);
-    }
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<float4*>(op + (hq + j) * slots * kD + 4 * dq) =
+          make_float4(a[j][0], a[j][1], a[j][2], a[j][3]);
   }
 }
 
-// One block per (head, sequence): merge the top_k · splits partial states, normalise, store bf16.
-__global__ void sparse_decode_combine_kernel(SparseDecodeParams p, int64_t slots) {
+// One CTA per (head, sequence) merges the top_k · splits partial states: the maximum over the
+// slots, each slot's weight exp(m_i - m) once into shared memory (a chunk at a time), then warp w
+// sums slots w, w + 4, ... for 4 dims per lane (16-byte loads, 8 in flight), and the four warp
+// sums are added in a fixed order. Skipped slots (m_i = -inf, weight 0) are never read: their
+// o_partial rows were not written.
+constexpr int kCombineChunk = 1024;
+
+// Maximum over the CTA (kThreads), every thread gets it; `red` holds kThreads / 32 floats.
+__device__ __forceinline__ float cta_max(float v, float* red) {
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = red[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, red[w]);
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseDecodeParams p,
+                                                                         int64_t slots) {
   pdl_launch_dependents();  // a following PDL GEMV (o_proj) may start streaming its weights
+  __shared__ float s_w[kCombineChunk];
+  __shared__ __align__(16) float s_num[kThreads / 32][kD];
+  __shared__ float s_red[32], s_mred[kThreads / 32];
   const int64_t bh = blockIdx.x;  // b·H + h
-  const float* ml = p.ml_partial + bh * slots * 2;
-  const float* o = p.o_partial + bh * slots * kD;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float2* ml = reinterpret_cast<const float2*>(p.ml_partial + bh * slots * 2);
+  const float4* o = reinterpret_cast<const float4*>(p.o_partial + bh * slots * kD);
   float m = -INFINITY;
-  for (int64_t i = 0; i < slots; ++i) m = fmaxf(m, ml[2 * i]);
+  for (int64_t i = tid; i < slots; i += kThreads) m = fmaxf(m, ml[i].x);
+  m = cta_max(m, s_mred);
   uint16_t* out = p.out + bh * kD;
-  const int d = threadIdx.x;
-  if (m == -INFINITY) {
-    out[d] = 0;
+  if (m == -INFINITY) {  // uniform: no allowed key in any slot
+    out[tid] = 0;
     return;
   }
-  float num = 0.0f, den = 0.0f;
-  for (int64_t i = 0; i < slots; ++i) {
-    if (ml[2 * i] == -INFINITY) continue;
-    const float w = expf(ml[2 * i] - m);
-    den = fmaf(ml[2 * i + 1], w, den);
-    num = fmaf(o[i * kD + d], w, num);
+  float den = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int64_t c0 = 0; c0 < slots; c0 += kCombineChunk) {
+    const int n = static_cast<int>(slots - c0 < kCombineChunk ? slots - c0 : kCombineChunk);
+    for (int i = tid; i < n; i += kThreads) {
+      const float2 x = ml[c0 + i];
+      const float w = x.x == -INFINITY ? 0.0f : expf(x.x - m);
+      s_w[i] = w;
+      den = fmaf(x.y, w, den);
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int i = warp; i < n; i += kThreads / 32) {
+      // w = 0: a skipped slot (never written) or an underflowed weight (adds nothing).
+      const float w = s_w[i];
+      const float4 x = w != 0.0f ? o[(c0 + i) * (kD / 4) + lane] : make_float4(0, 0, 0, 0);
+      acc.x = fmaf(x.x, w, acc.x), acc.y = fmaf(x.y, w, acc.y);
+      acc.z = fmaf(x.z, w, acc.z), acc.w = fmaf(x.w, w, acc.w);
+    }
+    __syncthreads();  // s_w is rewritten by the next chunk
   }
-  out[d] = f32_to_bf16(num / den);
+  *reinterpret_cast<float4*>(&s_num[warp][4 * lane]) = acc;
+  den = block_sum(den, s_red);  // synchronises: s_num is complete
+  float num = s_num[0][tid];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) num += s_num[w][tid];
+  out[tid] = f32_to_bf16(num / den);
 }
 
 template <int SPLITS>
 Status launch_split(const SparseDecodeParams& p, dim3 grid, CUstream_st* stream) {
-  const int smem = static_cast<int>(sizeof(Smem<SPLITS>));
-  M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      sparse_decode_split_kernel<SPLITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  sparse_decode_split_kernel<SPLITS><<<grid, kThreads, smem, stream>>>(p);
+  constexpr int kSmem = static_cast<int>(sizeof(Smem<SPLITS>));
+  // The attribute is set once per device (a host call on every launch cost microseconds).
+  static uint64_t done = 0;
+  int dev = 0;
+  M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit) == 0) {
+    M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        sparse_decode_split_kernel<SPLITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
+  }
+  sparse_decode_split_kernel<SPLITS><<<grid, kThreads, kSmem, stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(sparse_decode_split_kernel<SPLITS>);
   return Status::ok();
 }
@@ -187,8 +296,17 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
                             ", page " + std::to_string(c.page_size) + ", H " +
                             std::to_string(p.num_heads) + ", Hkv " +
                             std::to_string(c.num_kv_heads));
+  const auto misaligned = [](const void* ptr, uintptr_t a) {
+    return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) != 0;
+  };
+  if (misaligned(p.q, 16) || misaligned(c.k, 16) || misaligned(c.v, 16) ||
+      misaligned(p.o_partial, 16) || misaligned(p.ml_partial, 8))
+    return invalid_argument("[cuda.sparse_decode] q, cache.k, cache.v and o_partial must be "
+                            "16-byte aligned, ml_partial 8-byte aligned (16-byte loads)");
   // Key splits: up to max_key_splits (the partial buffers' capacity), while the grid stays
-  // within about one wave of two CTAs per SM.
+  // within about one wave: 4 CTAs per SM (a 4-split CTA holds 27 KB of shared memory and a
+  // 2-split one 46 KB, so 4+ of either fit an SM). Batch 1 (64 blocks · groups): 4 splits, 256
+  // CTAs; batch 2: 4 splits, 512; batch 4: 2 splits, 512; batch 8: none, 512.
   static int sms = 0;
   if (sms == 0) {
     int dev = 0;
@@ -201,9 +319,9 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
     if (p.max_key_splits != 1 && p.max_key_splits != 2 && p.max_key_splits != 4)
       return invalid_argument("[cuda.sparse_decode] key splits must be 1, 2 or 4");
     splits = static_cast<int>(p.max_key_splits);
-  } else if (p.max_key_splits >= 4 && ctas * 4 <= 2 * sms) {
+  } else if (p.max_key_splits >= 4 && ctas * 4 <= 4 * sms) {
     splits = 4;
-  } else if (p.max_key_splits >= 2 && ctas * 2 <= 2 * sms) {
+  } else if (p.max_key_splits >= 2 && ctas * 2 <= 4 * sms) {
     splits = 2;
   }
   dim3 grid(static_cast<unsigned>(p.top_k * splits), static_cast<unsigned>(c.num_kv_heads),
@@ -215,8 +333,8 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   } else {
     M3_RETURN_IF_ERROR(launch_split<1>(p, grid, stream));
   }
-  sparse_decode_combine_kernel<<<static_cast<unsigned>(p.batch * p.num_heads), kD, 0, stream>>>(
-      p, p.top_k * splits);
+  sparse_decode_combine_kernel<<<static_cast<unsigned>(p.batch * p.num_heads), kThreads, 0,
+                                 stream>>>(p, p.top_k * splits);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(sparse_decode_combine_kernel);
   return Status::ok();
 }

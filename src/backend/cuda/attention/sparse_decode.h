@@ -40,7 +40,8 @@ struct IndexerDecodeParams {
                                          // (ties: lower id), -1 = empty slot
 };
 
-// Requires Dix == 128 and S == 128 (the real shapes; checked).
+// Requires Dix == 128 and S == 128 (the real shapes), iq and cache.idx_k 16-byte aligned
+// (checked).
 Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream);
 
 struct SparseDecodeParams {
@@ -62,7 +63,8 @@ struct SparseDecodeParams {
   uint16_t* out = nullptr;               // [B, H, D] bf16 output
 };
 
-// Requires D == 128, S == 128, H / Hkv == 16 (checked). Duplicate selected ids count once;
+// Requires D == 128, S == 128, H / Hkv == 16, and q, cache.k, cache.v, o_partial 16-byte aligned,
+// ml_partial 8-byte aligned (checked). Duplicate selected ids count once;
 // ids past the query's block are skipped; a row with no allowed key outputs zeros.
 Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream);
 

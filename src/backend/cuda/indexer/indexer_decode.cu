@@ -2,6 +2,10 @@
 // sequence) loads the page's 128 index keys once and scores them against the Hix query heads,
 // max-pooling to one score per (head, block); then one CTA per (sequence, head) forces the local
 // and init blocks and picks the top_k blocks (descending score, ties to the lower id).
+//
+// At batch 1-8 both kernels are latency-bound (32-2048 small CTAs): the score kernel issues the
+// query and all key loads before it needs them and reads shared memory in 16-byte pieces; the
+// top-k spreads each candidate's rank count over up to 32 lanes.
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -10,19 +14,34 @@
 namespace m3::cuda {
 namespace {
 
-constexpr int kS = 128, kDix = 128, kMaxHix = 8, kThreads = 128;
-constexpr int kPitch = kDix / 2 + 1;
+constexpr int kS = 128, kDix = 128, kMaxHix = 8, kThreads = 128, kTopkThreads = 1024;
+// 32-bit words per key row in shared memory: 64 + 4 keeps rows 16-byte aligned, and the 8 lanes
+// of a quarter-warp reading rows s .. s+7 at the same column hit banks 4s + c: conflict-free.
+constexpr int kPitch = kDix / 2 + 4;
 // Candidate blocks up to which the top-k is a rank count (contexts to 128K tokens); beyond, the
 // slot-by-slot selection.
 constexpr int kRankMax = 1024;
 
+__device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// One CTA per (block, sequence); thread s scores key s against the index heads (HMAX: 4 or 8,
+// the first num_index_heads used). All 16 of a thread's 16-byte key loads are issued before the
+// first shared-memory store (one memory latency, not one per unrolled group), and the dot
+// products read shared memory in 16-byte pieces; each score is the same fmaf sequence over d
+// ascending as before.
+template <int HMAX>
 __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodeParams p) {
-  __shared__ uint32_t ks[kS][kPitch];
-  __shared__ float qs[kMaxHix][kDix];
-  __shared__ float red[kMaxHix][kThreads / 32];
+  __shared__ __align__(16) uint32_t ks[kS][kPitch];
+  __shared__ __align__(16) float qs[HMAX][kDix];
+  __shared__ float red[HMAX][kThreads / 32];
   const int64_t blk = blockIdx.x, b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t hix = p.num_index_heads;
+  // The index queries (hix · 16 pieces of 16 bytes) go out before the position -> block table
+  // chain, which they do not depend on.
+  uint4 qr = make_uint4(0, 0, 0, 0);
+  if (tid < hix * kDix / 8) qr = __ldg(reinterpret_cast<const uint4*>(p.iq + b * hix * kDix) + tid);
   const int64_t pos = p.positions[b];
   float* out = p.block_scores + b * hix * p.max_blocks + blk;
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
@@ -31,28 +50,46 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
     if (tid < hix) out[tid * p.max_blocks] = -INFINITY;
     return;
   }
+  constexpr int kPieces = kS * kDix / 8 / kThreads;  // 16
   const uint4* src = reinterpret_cast<const uint4*>(p.cache.idx_k + page * kS * kDix);
-  for (int i = tid; i < kS * kDix / 8; i += kThreads) {
-    const uint4 v = __ldg(src + i);
-    const int s = i / (kDix / 8), w = (i % (kDix / 8)) * 4;
-    ks[s][w] = v.x, ks[s][w + 1] = v.y, ks[s][w + 2] = v.z, ks[s][w + 3] = v.w;
+  uint4 kr[kPieces];
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) kr[j] = __ldg(src + tid + j * kThreads);
+  if (tid < hix * kDix / 8) {
+    const uint32_t w[4] = {qr.x, qr.y, qr.z, qr.w};
+    float* dst = &qs[tid / (kDix / 8)][(tid % (kDix / 8)) * 8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[2 * e] = lo(w[e]), dst[2 * e + 1] = hi(w[e]);
   }
-  for (int i = tid; i < hix * kDix; i += kThreads)
-    qs[i / kDix][i % kDix] = bf16_to_f32(p.iq[b * hix * kDix + i]);
+#pragma unroll
+  for (int j = 0; j < kPieces; ++j) {
+    const int i = tid + j * kThreads, s = i / (kDix / 8), w = (i % (kDix / 8)) * 4;
+    *reinterpret_cast<uint4*>(&ks[s][w]) = kr[j];
+  }
   __syncthreads();
-  float acc[kMaxHix];
+  float acc[HMAX];
 #pragma unroll
-  for (int h = 0; h < kMaxHix; ++h) acc[h] = 0.0f;
-  for (int d2 = 0; d2 < kDix / 2; ++d2) {
-    const uint32_t w = ks[tid][d2];
-    const float k0 = __uint_as_float(w << 16), k1 = __uint_as_float(w & 0xFFFF0000u);
+  for (int h = 0; h < HMAX; ++h) acc[h] = 0.0f;
+#pragma unroll 2
+  for (int d8 = 0; d8 < kDix / 8; ++d8) {
+    const uint4 kw = *reinterpret_cast<const uint4*>(&ks[tid][d8 * 4]);
+    const float kf[8] = {lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y),
+                         lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w)};
 #pragma unroll
-    for (int h = 0; h < kMaxHix; ++h)
-      if (h < hix) acc[h] = fmaf(qs[h][2 * d2 + 1], k1, fmaf(qs[h][2 * d2], k0, acc[h]));
+    for (int h = 0; h < HMAX; ++h) {
+      if (h >= hix) break;
+      const float4 qa = *reinterpret_cast<const float4*>(&qs[h][d8 * 8]);
+      const float4 qc = *reinterpret_cast<const float4*>(&qs[h][d8 * 8 + 4]);
+      float a = acc[h];
+      a = fmaf(qa.x, kf[0], a), a = fmaf(qa.y, kf[1], a), a = fmaf(qa.z, kf[2], a);
+      a = fmaf(qa.w, kf[3], a), a = fmaf(qc.x, kf[4], a), a = fmaf(qc.y, kf[5], a);
+      a = fmaf(qc.z, kf[6], a), a = fmaf(qc.w, kf[7], a);
+      acc[h] = a;
+    }
   }
   const bool valid = blk * kS + tid <= pos;
 #pragma unroll
-  for (int h = 0; h < kMaxHix; ++h) {
+  for (int h = 0; h < HMAX; ++h) {
     if (h >= hix) break;
     const float m = warp_max(valid ? acc[h] : -INFINITY);
     if (lane == 0) red[h][warp] = m;
@@ -65,43 +102,58 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   }
 }
 
-__global__ void indexer_topk_kernel(IndexerDecodeParams p) {
+// One CTA (kTopkThreads) per (sequence, index head).
+__global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecodeParams p) {
   const int64_t bh = blockIdx.x, b = bh / p.num_index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   float* sc = p.block_scores + bh * p.max_blocks;
   const int64_t qb = min(static_cast<int64_t>(p.positions[b] / kS), p.max_blocks - 1);
-  if (tid == 0) {
-    for (int64_t i = 0; i < p.local_blocks; ++i) sc[qb - i > 0 ? qb - i : 0] = INFINITY;
-    for (int64_t i = 0; i < min(p.init_blocks, qb + 1); ++i) sc[i] = INFINITY;
-  }
-  __syncthreads();
   int32_t* out = p.selected + bh * p.top_k;
   const int64_t k = min(p.top_k, qb + 1);
   const int64_t n = qb + 1;  // candidate blocks 0 .. qb
   if (n <= kRankMax) {
     // Up to kRankMax candidates: each block's rank in (score descending, id ascending) order by
-    // counting the blocks that beat it (n^2 / blockDim comparisons from shared memory, one pass,
-    // no barrier per slot). Rank r < k goes to slot r; the ranks are a permutation of 0 .. n-1,
-    // so slots 0 .. k-1 are each written once. A -inf (missing page) or NaN score never wins:
-    // its slot gets -1, as in the selection loop below.
+    // counting the blocks that beat it (n^2 comparisons from shared memory, one pass, no barrier
+    // per slot). Rank r < k goes to slot r; the ranks are a permutation of 0 .. n-1, so slots
+    // 0 .. k-1 are each written once. A -inf (missing page) or NaN score never wins: its slot
+    // gets -1, as in the selection loop below. The local blocks (max(qb - local + 1, 0) .. qb)
+    // and the init blocks (0 .. init - 1) are forced to +inf here, in shared memory, as the
+    // selection loop does in block_scores.
     __shared__ float s_sc[kRankMax];
+    const int64_t local0 = p.local_blocks >= 1 ? qb - p.local_blocks + 1 : n;
     for (int64_t i = tid; i < n; i += blockDim.x) {
-      const float v = sc[i];
+      const float v = i >= local0 || i < p.init_blocks ? INFINITY : sc[i];
       s_sc[i] = v == v ? v : -INFINITY;
     }
     __syncthreads();
-    for (int64_t i = tid; i < n; i += blockDim.x) {
-      const float v = s_sc[i];
-      int64_t rank = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        const float u = s_sc[j];
-        rank += (u > v) || (u == v && j < i);
-      }
-      if (rank < k) out[rank] = v == -INFINITY ? -1 : static_cast<int32_t>(i);
+    // P = blockDim / n (rounded to powers of two, 1..32) adjacent lanes per candidate: each
+    // counts the competitors j = part, part + P, ..., and a shuffle adds the P counts (integers:
+    // exact in any order). n = 32 (4K tokens): one comparison per thread; n = 256: 64.
+    int np2 = 1;
+    while (np2 < n) np2 <<= 1;
+    const int P = min(32, max(1, static_cast<int>(blockDim.x) / np2));
+    const int part = tid % P;
+    for (int64_t base = 0; base < n; base += blockDim.x / P) {  // block-uniform
+      const int64_t i = base + tid / P;
+      const bool live = i < n;
+      const float v = live ? s_sc[i] : 0.0f;
+      int rank = 0;
+      if (live)
+        for (int64_t j = part; j < n; j += P) {
+          const float u = s_sc[j];
+          rank += (u > v) || (u == v && j < i);
+        }
+      for (int o = P / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+      if (live && part == 0 && rank < k) out[rank] = v == -INFINITY ? -1 : static_cast<int32_t>(i);
     }
     for (int64_t slot = k + tid; slot < p.top_k; slot += blockDim.x) out[slot] = -1;
     return;
   }
+  if (tid == 0) {
+    for (int64_t i = 0; i < p.local_blocks; ++i) sc[qb - i > 0 ? qb - i : 0] = INFINITY;
+    for (int64_t i = 0; i < min(p.init_blocks, qb + 1); ++i) sc[i] = INFINITY;
+  }
+  __syncthreads();
   __shared__ float s_best[32];
   __shared__ int s_id[32];
   for (int64_t slot = 0; slot < p.top_k; ++slot) {
@@ -143,12 +195,21 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
       p.num_index_heads > kMaxHix || p.cache.idx_k == nullptr || p.max_blocks <= 0)
     return invalid_argument("[cuda.indexer_decode] needs Dix = 128, page 128, 1..8 index heads "
                             "and an index-key cache");
+  if (!p.scores_ready && ((reinterpret_cast<uintptr_t>(p.iq) | reinterpret_cast<uintptr_t>(
+                              p.cache.idx_k)) & 15) != 0)
+    return invalid_argument("[cuda.indexer_decode] iq and cache.idx_k must be 16-byte aligned "
+                            "(16-byte loads)");
   if (!p.scores_ready) {
     dim3 grid(static_cast<unsigned>(p.max_blocks), static_cast<unsigned>(p.batch));
-    indexer_score_kernel<<<grid, kThreads, 0, stream>>>(p);
-    M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_score_kernel);
+    if (p.num_index_heads <= 4) {
+      indexer_score_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      indexer_score_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+    }
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_score_kernel<4>);
   }
-  indexer_topk_kernel<<<static_cast<unsigned>(p.batch * p.num_index_heads), 256, 0, stream>>>(p);
+  indexer_topk_kernel<<<static_cast<unsigned>(p.batch * p.num_index_heads), kTopkThreads, 0,
+                        stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_topk_kernel);
   return Status::ok();
 }
