@@ -404,6 +404,92 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
   return {Meas{ims, ibytes}, Meas{ams, abytes}};
 }
 
+// Indexer and sparse attention timed as the model runs them, inside a CUDA graph of 10 calls
+// (per call = graph time / 10): the rows of bench_attention time back-to-back stream launches,
+// which at batches 1-8 the host's launch rate can bound. Rows: indexer, attention, both.
+void bench_attention_graph(int64_t batch, int64_t ctx) {
+  const int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16, reps = 10;
+  const int64_t nb = ctx / S, pages = batch * nb + 1;
+  uint16_t* k = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
+  uint16_t* v = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
+  uint16_t* ik = static_cast<uint16_t*>(dalloc(2 * pages * S * Dix));
+  CHECK_OK(fill_dummy(k, pages * S * Hkv * D, DummyKind::kBf16Normal, 20, 1, st()));
+  CHECK_OK(fill_dummy(v, pages * S * Hkv * D, DummyKind::kBf16Normal, 21, 1, st()));
+  CHECK_OK(fill_dummy(ik, pages * S * Dix, DummyKind::kBf16Normal, 22, 1, st()));
+  uint16_t* q = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
+  uint16_t* iq = static_cast<uint16_t*>(dalloc(2 * batch * Hix * Dix));
+  CHECK_OK(fill_dummy(q, batch * H * D, DummyKind::kBf16Normal, 23, 1, st()));
+  CHECK_OK(fill_dummy(iq, batch * Hix * Dix, DummyKind::kBf16Normal, 24, 1, st()));
+  std::vector<int32_t> tab(batch * nb), pos(batch, static_cast<int32_t>(ctx - 1));
+  std::iota(tab.begin(), tab.end(), 1);
+  std::shuffle(tab.begin(), tab.end(), std::mt19937(25));
+  int32_t* dtab = static_cast<int32_t*>(dalloc(4 * tab.size()));
+  int32_t* dpos = static_cast<int32_t*>(dalloc(4 * batch));
+  CHECK_CUDA(cudaMemcpy(dtab, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
+  float* scores = static_cast<float*>(dalloc(4 * batch * Hix * nb));
+  int32_t* sel = static_cast<int32_t*>(dalloc(4 * batch * Hix * top_k));
+  float* op = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * D));
+  float* ml = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * 2));
+  uint16_t* out = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
+  KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
+  IndexerDecodeParams ip;
+  ip.iq = iq;
+  ip.cache = cv;
+  ip.positions = dpos;
+  ip.block_tables = dtab;
+  ip.batch = batch;
+  ip.num_index_heads = Hix;
+  ip.max_blocks = nb;
+  ip.top_k = top_k;
+  ip.block_scores = scores;
+  ip.selected = sel;
+  SparseDecodeParams ap;
+  ap.q = q;
+  ap.cache = cv;
+  ap.positions = dpos;
+  ap.block_tables = dtab;
+  ap.selected = sel;
+  ap.batch = batch;
+  ap.num_heads = H;
+  ap.max_blocks = nb;
+  ap.top_k = top_k;
+  ap.scale = 1.0f / std::sqrt(float(D));
+  ap.o_partial = op;
+  ap.ml_partial = ml;
+  ap.max_key_splits = 4;
+  ap.out = out;
+  const double ibytes = double(batch) * ctx * Dix * 2 + 4.0 * batch * Hix * nb * 2;
+  const double abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 +
+                        double(batch) * H * top_k * (D + 2) * 4 * 2;
+  const std::string tag = " B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx / 1024) + "K";
+  CHECK_OK(launch_indexer_decode(ip, st()));  // eager once: one-time host setup before capture
+  CHECK_OK(launch_sparse_decode(ap, st()));
+  CHECK_CUDA(cudaStreamSynchronize(st()));
+  const auto graph_us = [&](bool indexer, bool attention) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CHECK_CUDA(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
+    for (int64_t r = 0; r < reps; ++r) {
+      if (indexer) CHECK_OK(launch_indexer_decode(ip, st()));
+      if (attention) CHECK_OK(launch_sparse_decode(ap, st()));
+    }
+    CHECK_CUDA(cudaStreamEndCapture(st(), &g));
+    CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+    const double ms = time_ms([&](int) { CHECK_CUDA(cudaGraphLaunch(ge, st())); }, 5, 7) / reps;
+    CHECK_CUDA(cudaGraphExecDestroy(ge));
+    CHECK_CUDA(cudaGraphDestroy(g));
+    return ms;
+  };
+  report("graph indexer decode" + tag, graph_us(true, false), ibytes,
+         2.0 * batch * ctx * Hix * Dix);
+  report("graph sparse attention decode" + tag, graph_us(false, true), abytes,
+         4.0 * batch * H * top_k * S * D);
+  report("graph indexer + attention" + tag, graph_us(true, true), ibytes + abytes, 0);
+  for (void* p : std::vector<void*>{k, v, ik, q, iq, dtab, dpos, scores, sel, op, ml, out})
+    cudaFree(p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -518,6 +604,9 @@ int main(int argc, char** argv) {
                      rate / kHbm, rate / g_copy_rate);
     }
   }
+  std::printf("\nindexer and sparse attention inside CUDA graphs (no host launch overhead):\n");
+  for (int64_t b : {1, 2, 4, 8})
+    for (int64_t ctx : {4096, 32768}) bench_attention_graph(b, ctx);
   if (g_tsv) std::fclose(g_tsv);
   return 0;
 }

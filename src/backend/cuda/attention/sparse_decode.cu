@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   const int32_t blk = sel[slot];
   const int64_t key0 = int64_t{blk} * kS + part * kKeys;  // position of this CTA's first key
   bool skip = blk < 0 || blk > qb || key0 > pos;  // key0 > pos: every key of the part is future
-  for (int i = 0; i < slot && !skip; ++i) skip = sel[i] == blk;  // duplicates count once
+  // Duplicates count once (the first slot). No early exit: the loads go out together.
+  for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
   const int64_t page = skip ? -1 : p.block_tables[row + blk];
   const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;

@@ -44,8 +44,11 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   if (tid < hix * kDix / 8) qr = __ldg(reinterpret_cast<const uint4*>(p.iq + b * hix * kDix) + tid);
   const int64_t pos = p.positions[b];
   float* out = p.block_scores + b * hix * p.max_blocks + blk;
+  // The table entry is read unconditionally (blk < max_blocks: in bounds), in parallel with the
+  // position, not after it.
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
-  const int64_t page = blk <= pos / kS ? p.block_tables[row + blk] : -1;
+  const int32_t entry = p.block_tables[row + blk];
+  const int64_t page = blk <= pos / kS ? entry : -1;
   if (page < 0 || page >= p.cache.num_pages) {
     if (tid < hix) out[tid * p.max_blocks] = -INFINITY;
     return;
