@@ -180,7 +180,8 @@ TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
   const std::vector<int64_t> lens = {20000, 40000, 100000, 600};
   const int64_t B = static_cast<int64_t>(lens.size());
   int64_t max_blocks = 0, pages = 1;
-  for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
+  for (int64_t l : lens)
+    max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
   std::vector<int32_t> perm(pages - 1);
   std::iota(perm.begin(), perm.end(), 1);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(70));
@@ -269,16 +270,18 @@ TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
 
 // Wide selections through the split attention and its combine: top_k 300 with 1, 2 and 4 key
 // splits (300 / 600 / 1200 partial states per head: the combine's 1024-slot chunks run once or
-// twice), a dense selection of every block of a 38,400-token sequence in shuffled order, a short
-// sequence whose selection mixes duplicates, -1 and blocks past its query, and groups that
-// select nothing (zero output) or one block of one key. Against the CPU op with the bound of the
-// test above; then the same launch again must give the same bits (fixed reduction orders).
+// twice), a 38,400-token sequence selecting 31 of its 300 blocks through 300 slots (duplicates
+// are skipped partial states), a short sequence whose selection mixes duplicates, -1 and blocks
+// past its query, and groups that select nothing (zero output) or one block of one key. Against
+// the CPU op with the bound of the first test; then the same launch again must give the same
+// bits (fixed reduction orders).
 TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
   const int64_t H = 64, Hkv = 4, D = 128, S = 128, top_k = 300;
   const std::vector<int64_t> lens = {38400, 1000, 129};
   const int64_t B = static_cast<int64_t>(lens.size());
   int64_t max_blocks = 0, pages = 1;
-  for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
+  for (int64_t l : lens)
+    max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
   std::vector<int32_t> perm(pages - 1);
   std::iota(perm.begin(), perm.end(), 1);
   std::mt19937 rng(66);
@@ -291,9 +294,16 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
   }
   std::vector<int32_t> sel(B * Hkv * top_k, -1);
   for (int64_t g = 0; g < Hkv; ++g) {
-    int32_t* s0 = sel.data() + (0 * Hkv + g) * top_k;  // every block, shuffled
-    std::iota(s0, s0 + top_k, 0);
-    std::shuffle(s0, s0 + top_k, rng);
+    // 30 blocks of 300 ten times each, shuffled, and in the last slot one block not among them
+    // (a live partial state in the combine's second chunk at 4 splits); 3,968 keys per head
+    // keep the double-precision reference quick.
+    int32_t* s0 = sel.data() + (0 * Hkv + g) * top_k;
+    std::vector<int32_t> all(300);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t i = 0; i < top_k - 1; ++i) s0[i] = all[i % 30];
+    std::shuffle(s0, s0 + top_k - 1, rng);
+    s0[top_k - 1] = all[30];
     int32_t* s1 = sel.data() + (1 * Hkv + g) * top_k;  // blocks 0..7 twice, 250, -1 between
     for (int64_t i = 0; i < 40; ++i) s1[i] = i % 5 == 4 ? -1 : i % 3 == 2 ? 250 : int32_t(i % 8);
     std::shuffle(s1, s1 + 40, rng);

@@ -31,10 +31,10 @@ constexpr int kKPitch = kD / 2 + 4;
 template <int SPLITS>
 struct Smem {
   static constexpr int kKeys = kS / SPLITS;
-  uint32_t k[kKeys][kKPitch];   // bf16 pairs
-  uint32_t v[kKeys][kD / 2];    // bf16 pairs, read along D (conflict-free without padding)
+  uint32_t k[kKeys][kKPitch];  // bf16 pairs
+  uint32_t v[kKeys][kD / 2];   // bf16 pairs, read along D (conflict-free without padding)
   float q[kGroup][kD];
-  float pt[kKeys][kGroup];      // exp(score - max), key-major: one 16-byte load gives 4 heads
+  float pt[kKeys][kGroup];     // exp(score - max), key-major: one 16-byte load gives 4 heads
   float red[kThreads / 32][kGroup];  // per-warp maxima / sums of the softmax statistics
 };
 
@@ -108,9 +108,10 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   for (int j = 0; j < kGroup * kD / 8 / kThreads; ++j) {
     const int i = (tid + j * kThreads) * 8;  // 8 bf16 of row i / kD
     float* dst = &sm.q[i / kD][i % kD];
-    const uint32_t w[4] = {qr[j].x, qr[j].y, qr[j].z, qr[j].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dst[2 * e] = lo(w[e]), dst[2 * e + 1] = hi(w[e]);
+    *reinterpret_cast<float4*>(dst) =
+        make_float4(lo(qr[j].x), hi(qr[j].x), lo(qr[j].y), hi(qr[j].y));
+    *reinterpret_cast<float4*>(dst + 4) =
+        make_float4(lo(qr[j].z), hi(qr[j].z), lo(qr[j].w), hi(qr[j].w));
   }
   __syncthreads();
 
@@ -252,7 +253,8 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseD
     for (int i = warp; i < n; i += kThreads / 32) {
       // w = 0: a skipped slot (never written) or an underflowed weight (adds nothing).
       const float w = s_w[i];
-      const float4 x = w != 0.0f ? o[(c0 + i) * (kD / 4) + lane] : make_float4(0, 0, 0, 0);
+      const float4 x =
+          w != 0.0f ? o[(c0 + i) * (kD / 4) + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       acc.x = fmaf(x.x, w, acc.x), acc.y = fmaf(x.y, w, acc.y);
       acc.z = fmaf(x.z, w, acc.z), acc.w = fmaf(x.w, w, acc.w);
     }
