@@ -2,7 +2,7 @@
 // one CTA per (selected block, KV group, sequence) — or per quarter / half of a block's keys for
 // small batches (key splits) — loads its K and V rows of the group once into shared memory and
 // serves all 16 query heads of the group (scores, softmax statistics and the unnormalised P·V);
-// a combine kernel merges the partial states per head.
+// a combine kernel merges the partial states per head, launched as a programmatic dependent.
 //
 // Latency, not bandwidth, bounds this at batch 1-8 (1-8 MB per call), so the kernel is written
 // for a short critical path: the queries are fetched before the selection / block-table chain,
@@ -50,6 +50,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   constexpr int kBatch = kPieces < 8 ? kPieces : 8;     // loads in flight per round
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem<SPLITS>& sm = *reinterpret_cast<Smem<SPLITS>*>(smem_raw);
+  pdl_launch_dependents();  // the combine's CTAs may be scheduled now; they wait in pdl_wait()
   const int slot = blockIdx.x / SPLITS, part = blockIdx.x % SPLITS, g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -223,6 +224,7 @@ __device__ __forceinline__ float cta_max(float v, float* red) {
 __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseDecodeParams p,
                                                                          int64_t slots) {
   pdl_launch_dependents();  // a following PDL GEMV (o_proj) may start streaming its weights
+  pdl_wait();               // launched as a programmatic dependent of the split kernel
   __shared__ float s_w[kCombineChunk];
   __shared__ __align__(16) float s_num[kThreads / 32][kD];
   __shared__ float s_red[32], s_mred[kThreads / 32];
@@ -336,9 +338,11 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   } else {
     M3_RETURN_IF_ERROR(launch_split<1>(p, grid, stream));
   }
-  sparse_decode_combine_kernel<<<static_cast<unsigned>(p.batch * p.num_heads), kThreads, 0,
-                                 stream>>>(p, p.top_k * splits);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(sparse_decode_combine_kernel);
+  // Programmatic dependent launch: the combine's launch and CTA start overlap the split
+  // kernel's tail (it reads nothing before pdl_wait()).
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(true, sparse_decode_combine_kernel,
+                                        dim3(static_cast<unsigned>(p.batch * p.num_heads)),
+                                        dim3(kThreads), 0, stream, p, p.top_k * splits));
   return Status::ok();
 }
 

@@ -5,9 +5,11 @@
 //
 // At batch 1-8 both kernels are latency-bound (32-2048 small CTAs): the score kernel issues the
 // query and all key loads before it needs them and reads shared memory in 16-byte pieces; the
-// top-k spreads each candidate's rank count over up to 32 lanes.
+// top-k spreads each candidate's rank count over up to 32 lanes and is launched as a programmatic
+// dependent of the score kernel (its launch overlaps the scoring's tail).
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
 #include "core/dtype.h"
 
@@ -35,6 +37,7 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   __shared__ __align__(16) uint32_t ks[kS][kPitch];
   __shared__ __align__(16) float qs[HMAX][kDix];
   __shared__ float red[HMAX][kThreads / 32];
+  pdl_launch_dependents();  // the top-k CTAs may be scheduled now; they wait in pdl_wait()
   const int64_t blk = blockIdx.x, b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t hix = p.num_index_heads;
@@ -105,12 +108,16 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   }
 }
 
-// One CTA (kTopkThreads) per (sequence, index head).
-__global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecodeParams p) {
+// One CTA (kTopkThreads) per (sequence, index head). `dependent`: launched as a programmatic
+// dependent of the score kernel: the positions (written before that kernel started) are read
+// before pdl_wait(), the scores after it.
+__global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecodeParams p,
+                                                                    bool dependent) {
   const int64_t bh = blockIdx.x, b = bh / p.num_index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   float* sc = p.block_scores + bh * p.max_blocks;
   const int64_t qb = min(static_cast<int64_t>(p.positions[b] / kS), p.max_blocks - 1);
+  if (dependent) pdl_wait();
   int32_t* out = p.selected + bh * p.top_k;
   const int64_t k = min(p.top_k, qb + 1);
   const int64_t n = qb + 1;  // candidate blocks 0 .. qb
@@ -211,9 +218,12 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
     }
     M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_score_kernel<4>);
   }
-  indexer_topk_kernel<<<static_cast<unsigned>(p.batch * p.num_index_heads), kTopkThreads, 0,
-                        stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_topk_kernel);
+  // After the score kernel, a programmatic dependent launch (its launch and CTA start overlap
+  // the scoring's tail). With scores_ready the previous kernel is the caller's: a plain launch.
+  const bool dependent = !p.scores_ready;
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(dependent, indexer_topk_kernel,
+                                        dim3(static_cast<unsigned>(p.batch * p.num_index_heads)),
+                                        dim3(kTopkThreads), 0, stream, p, dependent));
   return Status::ok();
 }
 
