@@ -174,7 +174,7 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
 // heads, with unused heads), local_blocks 2 and init_blocks 2, and candidate counts n = 157,
 // 313, 782 (the rank count with 4, 2 and 1 lanes per candidate; the test above has 32, 16 and 8)
 // and 5. Against the CPU indexer with the tie criterion of IndexerAndAttentionMatchCpu; a second
-// launch must give the same selection.
+// launch (the top-k not a programmatic dependent) must give the same selection.
 TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
   const int64_t Dix = 128, S = 128, top_k = 16, local_blocks = 2, init_blocks = 2;
   const std::vector<int64_t> lens = {20000, 40000, 100000, 600};
@@ -261,8 +261,9 @@ TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
     }
     std::printf("[ %-40s ] Hix=%lld exact except %lld rounding ties\n",
                 "indexer_decode n=157/313/782/5", (long long)Hix, (long long)ties);
-    auto dsel2 = Dev<int32_t>::poisoned(B * Hix * top_k);
+    auto dsel2 = Dev<int32_t>::poisoned(B * Hix * top_k);  // again, top-k a plain launch
     ip.selected = dsel2.ptr();
+    ip.dependent_launch = false;
     ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
     EXPECT_EQ(dsel2.host(), gsel) << "Hix " << Hix << ": second run differs";
   }
@@ -273,8 +274,8 @@ TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
 // twice), a 38,400-token sequence selecting 31 of its 300 blocks through 300 slots (duplicates
 // are skipped partial states), a short sequence whose selection mixes duplicates, -1 and blocks
 // past its query, and groups that select nothing (zero output) or one block of one key. Against
-// the CPU op with the bound of the first test; then the same launch again must give the same
-// bits (fixed reduction orders).
+// the CPU op with the bound of the first test; then the same launch again (the combine not a
+// programmatic dependent) must give the same bits (fixed reduction orders).
 TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
   const int64_t H = 64, Hkv = 4, D = 128, S = 128, top_k = 300;
   const std::vector<int64_t> lens = {38400, 1000, 129};
@@ -383,9 +384,11 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
     }
     const std::string what = "sparse_decode top_k 300 splits" + std::to_string(splits);
     expect_close(got, want_nz, bnd, what);
-    // Run to run: identical bits (the poisoned output is rewritten).
+    // Run to run, and with the combine as a plain launch: identical bits (the poisoned output
+    // is rewritten).
     auto dout2 = Dev<uint16_t>::poisoned(B * H * D);
     ap.out = dout2.ptr();
+    ap.dependent_launch = false;
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     EXPECT_EQ(dout2.host(), gout) << what << ": second run differs";
   }

@@ -406,7 +406,8 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
 
 // Indexer and sparse attention timed as the model runs them, inside a CUDA graph of 10 calls
 // (per call = graph time / 10): the rows of bench_attention time back-to-back stream launches,
-// which at batches 1-8 the host's launch rate can bound. Rows: indexer, attention, both.
+// which at batches 1-8 the host's launch rate can bound. Rows: indexer, attention, both, and
+// both with the top-k and the combine as plain launches instead of programmatic dependents.
 void bench_attention_graph(int64_t batch, int64_t ctx) {
   const int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16, reps = 10;
   const int64_t nb = ctx / S, pages = batch * nb + 1;
@@ -486,6 +487,8 @@ void bench_attention_graph(int64_t batch, int64_t ctx) {
   report("graph sparse attention decode" + tag, graph_us(false, true), abytes,
          4.0 * batch * H * top_k * S * D);
   report("graph indexer + attention" + tag, graph_us(true, true), ibytes + abytes, 0);
+  ip.dependent_launch = ap.dependent_launch = false;  // A/B: second kernels as plain launches
+  report("graph indexer + attention, no PDL" + tag, graph_us(true, true), ibytes + abytes, 0);
   for (void* p : std::vector<void*>{k, v, ik, q, iq, dtab, dpos, scores, sel, op, ml, out})
     cudaFree(p);
 }

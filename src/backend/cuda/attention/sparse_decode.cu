@@ -340,7 +340,7 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   }
   // Programmatic dependent launch: the combine's launch and CTA start overlap the split
   // kernel's tail (it reads nothing before pdl_wait()).
-  M3_CUDA_RETURN_IF_ERROR(launch_kernel(true, sparse_decode_combine_kernel,
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.dependent_launch, sparse_decode_combine_kernel,
                                         dim3(static_cast<unsigned>(p.batch * p.num_heads)),
                                         dim3(kThreads), 0, stream, p, p.top_k * splits));
   return Status::ok();

@@ -35,6 +35,8 @@ struct IndexerDecodeParams {
                                          // table shared by every row (prefill: B = tokens)
   bool scores_ready = false;             // block_scores already holds the max-pooled scores
                                          // (-inf past b_q and for missing pages): top-k only
+  bool dependent_launch = true;          // the top-k as a programmatic dependent of the scoring
+                                         // (false: a plain launch; same results)
   float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
   int32_t* selected = nullptr;           // [B, Hix, top_k] out: block ids by descending score
                                          // (ties: lower id), -1 = empty slot
@@ -58,6 +60,8 @@ struct SparseDecodeParams {
   // GPU idle). The partial buffers hold top_k · max_key_splits states per head.
   int64_t max_key_splits = 1;
   bool force_key_splits = false;         // tests: use exactly max_key_splits (1, 2 or 4)
+  bool dependent_launch = true;          // the combine as a programmatic dependent of the split
+                                         // kernel (false: a plain launch; same results)
   float* o_partial = nullptr;            // [B, H, top_k · max_key_splits, D] scratch
   float* ml_partial = nullptr;           // [B, H, top_k · max_key_splits, 2] (max, sum of exp)
   uint16_t* out = nullptr;               // [B, H, D] bf16 output

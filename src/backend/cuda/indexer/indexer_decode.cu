@@ -220,7 +220,7 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
   }
   // After the score kernel, a programmatic dependent launch (its launch and CTA start overlap
   // the scoring's tail). With scores_ready the previous kernel is the caller's: a plain launch.
-  const bool dependent = !p.scores_ready;
+  const bool dependent = !p.scores_ready && p.dependent_launch;
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(dependent, indexer_topk_kernel,
                                         dim3(static_cast<unsigned>(p.batch * p.num_index_heads)),
                                         dim3(kTopkThreads), 0, stream, p, dependent));
