@@ -18,12 +18,12 @@ struct AddRmsNormParams {
   const float* delta = nullptr;     // [T, Hd] float32 or nullptr (norm only)
   const uint16_t* weight = nullptr; // [Hd] bf16 Gemma weight (the norm scales by 1 + w)
   uint16_t* out = nullptr;          // [T, Hd] bf16
+  int64_t t = 0, hidden = 0;        // hidden % 4 == 0
+  float eps = 1e-6f;
   // Optional (both or neither): the same bf16 values as f16 times a power of two per row, for
   // GEMV variant 5 (gemm/x_f16.h has the rule): out_f16 [T, Hd] f16 bits, out_inv_scale [T].
   uint16_t* out_f16 = nullptr;
   float* out_inv_scale = nullptr;
-  int64_t t = 0, hidden = 0;        // hidden % 4 == 0
-  float eps = 1e-6f;
 };
 
 Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream);
