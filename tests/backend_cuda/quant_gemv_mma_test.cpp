@@ -116,8 +116,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kMxfp8, 3, 6144, 3072, 0},   // shared down
                       Case{QuantFormat::kMxfp8, 2, 1000, 12288, 0},  // dense down (K)
                       Case{QuantFormat::kMxfp8, 20, 1000, 1536, 0},  // 32 rows per pass
-                      Case{QuantFormat::kMxfp8, 40, 77, 96, 0},      // two passes, odd N
-                      Case{QuantFormat::kMxfp8, 12, 13, 32, 0},      // one chunk, 16 per pass
+                      Case{QuantFormat::kMxfp8, 40, 77, 384, 0},     // two passes, odd N
+                      Case{QuantFormat::kMxfp8, 12, 13, 128, 0},     // one stage, 16 per pass
+                      Case{QuantFormat::kMxfp8, 3, 40, 640, 0},      // a partial last stage
                       Case{QuantFormat::kMxfp8, 5, 512, 2048, 20},   // scales over 20 binades
                       Case{QuantFormat::kNvfp4, 1, 6144, 6144, 0},   // expert w1|w3
                       Case{QuantFormat::kNvfp4, 1, 6144, 3072, 0},   // expert w2
@@ -139,6 +140,10 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   for (int32_t t = 0; t < 40; ++t)
     for (int32_t v : {3, (t % 3) + 4, t % 3}) heavy.ids.push_back(v);
   routings.push_back(heavy);
+  Routing staged{8, {}};  // expert 3 takes 8 of 24 rows: two passes of staged activation rows
+  for (int32_t t = 0; t < 8; ++t)
+    for (int32_t v : {3, (t % 3) + 4, t % 3}) staged.ids.push_back(v);
+  routings.push_back(staged);
   for (const Routing& routing : routings)
     for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
       const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
@@ -200,8 +205,11 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       p.epilogue.act = act16.ptr();
       ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
       const auto act16_h = act16.host();
+      // The f16 copy is the bf16 value x 2^8, exact down to the f16 subnormal step (2^-24, so
+      // within 2^-33 after the 2^-8).
       for (int64_t i = 0; i < rows * inter; ++i)
-        ASSERT_EQ(f16_to_f32(act16_h[i]), bf16_to_f32(act_h[i]) * 256.0f)
+        ASSERT_LE(std::abs(double(f16_to_f32(act16_h[i])) / 256.0 - bf16_to_f32(act_h[i])),
+                  std::ldexp(1.0, -33))
             << name << ": f16 activation " << i << " is not the bf16 one x 2^8";
 
       // CPU gate|up + SwiGLU per routed row; bound through SwiGLU's derivative (as in
@@ -229,7 +237,9 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       }
       expect_close(act_got, act_want, act_bound, name + " gate|up + swiglu");
 
-      // Down: the f16 activations (x 2^8), float32 rows per routed row.
+      // Down: the f16 activations (x 2^8), float32 rows per routed row; the CPU gets exactly the
+      // values the GPU reads.
+      for (int64_t i = 0; i < rows * inter; ++i) act_got[i] = f16_to_f32(act16_h[i]) / 256.0f;
       p.xh = act16.ptr();
       p.x_inv_scale = nullptr;
       p.x_inv_const = 1.0f / 256.0f;
@@ -269,6 +279,8 @@ TEST(QuantGemvMmaArgs, RefusesWhatItCannotRun) {
   p.num_rows = 1;
   p.n = 16;
   p.k = 96;  // not a multiple of 128
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  p.format = QuantFormat::kMxfp8;
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
   p.format = QuantFormat::kBf16;
   p.k = 256;

@@ -42,10 +42,18 @@ constexpr int64_t kKeySplits = 4;
 // lm_head GEMV rows per launch: its split-K scratch is slices x rows x vocab floats.
 constexpr int64_t kHeadRows = 32;
 
-// GEMV variant per storage format: 3 (activations in shared memory, several 16-byte loads in
-// flight per lane; 1.3-1.8x variant 0 at batch 1 on the H200, docs/perf-log.md) for MXFP8 and
-// NVFP4, 0 for BF16 (variant 3 has no BF16 path). The fit check guarantees K % 1024.
-int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 0 : 3; }
+// GEMV variant per storage format where the tensor-core variant 5 is not used: 3 (activations
+// in shared memory, several 16-byte loads in flight per lane; 1.3-1.8x variant 0 at batch 1 on
+// the H200, docs/perf-log.md) for MXFP8 and NVFP4, 2 for BF16 (lm_head at batch 1: 579 us, 88%
+// of HBM, against 621 us for variant 0). The fit check guarantees K % 1024.
+int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 2 : 3; }
+
+// Variant 5 (tensor cores) for a quantised matrix at `rows` activation rows, except MXFP8 at one
+// row, where variant 3 is faster (H200, batch 1: qkv 24.5 against 28.3 us, dense gate|up 47
+// against 59 us; NVFP4 experts and every batch >= 2 are faster on variant 5; docs/perf-log.md).
+bool use_tensor_core_gemv(QuantFormat f, int64_t rows) {
+  return f == QuantFormat::kNvfp4 || (f == QuantFormat::kMxfp8 && rows >= 2);
+}
 
 int64_t next_pow2(int64_t x) {
   int64_t p = 1;
@@ -180,7 +188,7 @@ struct CudaM3Model::Impl {
     p.k = m.k;
     p.partial = b.partial;
     p.variant = gemv_variant(m.format);
-    if (in.f16 != nullptr && m.format != QuantFormat::kBf16) {
+    if (in.f16 != nullptr && use_tensor_core_gemv(m.format, rows)) {
       p.variant = 5;
       p.epilogue = e;
       return cuda::launch_quant_gemv(p, on);
@@ -310,31 +318,38 @@ struct CudaM3Model::Impl {
     M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
     M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
-    if (v5)
+    if (v5 && use_tensor_core_gemv(L.o.format, rows))
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
     M3_RETURN_IF_ERROR(gemv(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr, b.attn_inv},
                             rows, store_to(b.delta, hd), b));
     M3_RETURN_IF_ERROR(norm(b.delta, L.post_norm));
-    // SwiGLU outputs: bf16 for variants 0-3, f16 x 2^8 for variant 5 (read back at 2^-8).
-    GemvEpilogueParams swiglu_s;
-    swiglu_s.kind = v5 ? GemvEpilogue::kSwigluF16 : GemvEpilogue::kSwigluBf16;
-    swiglu_s.act = v5 ? b.act_s16 : b.act_s;
-    swiglu_s.alpha = alpha;
-    swiglu_s.limit = limit;
-    const auto act_in = [&](const uint16_t* bf16, const uint16_t* f16, int64_t ld) {
-      return GemvIn{bf16, ld, v5 ? f16 : nullptr, nullptr, 1.0f / 256.0f};
+    // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where the gate|up product runs on variant 5
+    // (its down product then does too: same format and rows), else bf16.
+    const auto swiglu_to = [&](const DevMatrix& gu, int64_t r, uint16_t* bf16, uint16_t* f16) {
+      GemvEpilogueParams e;
+      const bool tc = v5 && use_tensor_core_gemv(gu.format, r);
+      e.kind = tc ? GemvEpilogue::kSwigluF16 : GemvEpilogue::kSwigluBf16;
+      e.act = tc ? f16 : bf16;
+      e.alpha = alpha;
+      e.limit = limit;
+      return e;
+    };
+    const auto act_in = [&](const GemvEpilogueParams& e, const uint16_t* bf16, int64_t ld) {
+      const bool tc = e.kind == GemvEpilogue::kSwigluF16;
+      return GemvIn{tc ? nullptr : bf16, ld, tc ? e.act : nullptr, nullptr, 1.0f / 256.0f};
     };
     if (!L.moe) {
-      M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, swiglu_s, b));
-      return gemv(L.mlp_down, act_in(b.act_s, b.act_s16, L.mlp_down.k), rows,
-                  store_to(b.delta, hd), b);
+      const GemvEpilogueParams sw = swiglu_to(L.mlp_gu, rows, b.act_s, b.act_s16);
+      M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, sw, b));
+      return gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, store_to(b.delta, hd), b);
     }
     // The shared expert reads only the normed hidden states: on the side stream it overlaps the
     // routed path below (own split-K scratch; joined before the combine). Works eagerly and under
     // graph capture.
     const bool side_path = L.shared_gu.n > 0 && opt.overlap_shared_expert;
-    const GemvIn shared_act = act_in(b.act_s, b.act_s16, L.shared_down.k);
+    const GemvEpilogueParams swiglu_s = swiglu_to(L.shared_gu, rows, b.act_s, b.act_s16);
+    const GemvIn shared_act = act_in(swiglu_s, b.act_s, L.shared_down.k);
     if (side_path) {
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_ev, st()));
       M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_ev, 0));
@@ -358,10 +373,9 @@ struct CudaM3Model::Impl {
     gp.sorted_rows = b.sorted;
     gp.active_groups = b.active;
     M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
-    GemvEpilogueParams swiglu_r = swiglu_s;
-    swiglu_r.act = v5 ? b.act16 : b.act;
+    const GemvEpilogueParams swiglu_r = swiglu_to(L.experts_gu, rows * kk, b.act, b.act16);
     M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
-    M3_RETURN_IF_ERROR(gemv(L.experts_down, act_in(b.act, b.act16, inter), rows * kk,
+    M3_RETURN_IF_ERROR(gemv(L.experts_down, act_in(swiglu_r, b.act, inter), rows * kk,
                             store_to(b.contrib, hd), b, true, 1));
     const float* shared = nullptr;
     if (side_path) {
@@ -383,6 +397,10 @@ struct CudaM3Model::Impl {
     for (int64_t l = 0; l < layers; ++l) M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb));
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
         {b.residual, layers > 0 ? b.delta : nullptr, w.final_norm, b.h, rows, hd, eps}, st()));
+    // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
+    // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
+    if (rows >= 2 && w.lm_head.format == QuantFormat::kBf16)
+      return plinear(w.lm_head, b.h, hd, rows, b.logits, vocab);
     for (int64_t r0 = 0; r0 < rows; r0 += kHeadRows) {
       const int64_t n = std::min(kHeadRows, rows - r0);
       M3_RETURN_IF_ERROR(

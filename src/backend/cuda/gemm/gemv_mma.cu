@@ -2,6 +2,7 @@
 // the CTA width.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 
 #include "backend/cuda/gemm/quant_gemv_internal.h"
@@ -12,14 +13,15 @@ namespace m3::cuda::gemv {
 
 namespace {
 
-constexpr int kWidths[] = {4, 6, 8, 12, 16};  // warps per CTA the launcher chooses from
+constexpr int kWidths[] = {2, 4, 6, 8};  // warps per CTA the launcher chooses from (<= 256 threads)
 
-size_t smem_bytes(int warps, int ng) { return size_t(warps) * ng * 32 * sizeof(float4); }
+static_assert(kMmaStages * mma_stage_bytes<QuantFormat::kMxfp8>() >= 4 * 32 * 16,
+              "the cross-warp sums fit in a warp's ring");
 
-// Resident CTAs per SM for each width, computed once per instantiation.
+// Resident CTAs per SM for each width (4, 6, 8), computed once per instantiation.
 template <QuantFormat F, int NG>
 const int* occupancy_table(int* sms_out) {
-  static int occ[17] = {};
+  static int occ[9] = {};
   static int sms = 0;
   static std::once_flag once;
   std::call_once(once, [] {
@@ -27,9 +29,11 @@ const int* occupancy_table(int* sms_out) {
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     auto* kernel = quant_gemv_mma_kernel<F, NG>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         mma_smem_bytes<F>(8));
     for (int w : kWidths) {
       int o = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w, smem_bytes(w, NG)) !=
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w, mma_smem_bytes<F>(w)) !=
           cudaSuccess)
         o = 1;
       occ[w] = std::max(o, 1);
@@ -39,20 +43,25 @@ const int* occupancy_table(int* sms_out) {
   return occ;
 }
 
-// The width whose grid fills the last wave best, among widths that keep the SMs fed
-// (>= 24 resident warps per SM where the grid allows it) and give every warp a chunk.
-int choose_width(int64_t ctas, int64_t chunks, const int* occ, int sms) {
+// Warps per CTA. Every CTA pays one pipeline fill (a memory latency) before it streams, so the
+// grid should be resident in one wave where it can: the widest width whose grid fits on the SMs
+// at once. Otherwise the width whose last wave is fullest. M3_GEMV5_WIDTH (4, 6 or 8) overrides
+// it, for benchmarks.
+int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms) {
+  static const int forced = [] {
+    const char* e = std::getenv("M3_GEMV5_WIDTH");
+    return e ? std::atoi(e) : 0;
+  }();
+  if (forced == 2 || forced == 4 || forced == 6 || forced == 8) return forced;
   int best = 4;
-  double best_score = -1.0;
+  for (int w : kWidths)
+    if (w <= stages && ctas <= int64_t{occ[w]} * sms) best = w;
+  if (ctas <= int64_t{occ[best]} * sms) return best;
+  double best_eff = -1.0;
   for (int w : kWidths) {
-    if (w > chunks && w != 4) continue;
-    const double slots = double(occ[w]) * sms;
-    const double waves = double(ctas) / slots;
+    const double waves = double(ctas) / (double(occ[w]) * sms);
     const double eff = waves / std::ceil(waves);
-    const double warps_per_sm = std::min(double(ctas), slots) * w / sms;
-    const double fill = std::min(1.0, warps_per_sm / 24.0);
-    const double score = eff * fill;
-    if (score > best_score + 1e-6) best_score = score, best = w;
+    if (eff > best_eff + 1e-6) best_eff = eff, best = w;
   }
   return best;
 }
@@ -62,9 +71,9 @@ Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
   auto* kernel = quant_gemv_mma_kernel<F, NG>;
   int sms = 1;
   const int* occ = occupancy_table<F, NG>(&sms);
-  const int64_t chunks = p.k / MmaTraits<F>::kChunkK;
-  const int w = choose_width(int64_t{grid.x} * grid.y, chunks, occ, sms);
-  kernel<<<grid, 32 * w, smem_bytes(w, NG), s>>>(p);
+  const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
+  const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms);
+  kernel<<<grid, 32 * w, mma_smem_bytes<F>(w), s>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(kernel);
   return Status::ok();
 }
@@ -84,15 +93,16 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
   const auto bad = [](const std::string& m) { return invalid_argument("[cuda.quant_gemv] " + m); };
   if (p.format != QuantFormat::kMxfp8 && p.format != QuantFormat::kNvfp4)
     return bad("variant 5 takes MXFP8 or NVFP4 weights");
-  const int64_t chunk = p.format == QuantFormat::kMxfp8 ? 32 : 128;
+  const int64_t chunk = 128;  // MXFP8: 4-byte scale copies per 4 blocks; NVFP4: one chunk
   if (p.k <= 0 || p.k % chunk != 0 || p.k > (int64_t{1} << 30))
     return bad("variant 5: K = " + std::to_string(p.k) + " must be a positive multiple of " +
                std::to_string(chunk));
   if (p.n > (int64_t{1} << 30)) return bad("variant 5: N too large");
   if (p.xh == nullptr || p.ldx % 8 != 0 || (reinterpret_cast<uintptr_t>(p.xh) & 15) != 0 ||
       (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(p.w_scale) & 1) != 0)
-    return bad("variant 5: xh (f16 activations) rows and weights must be 16-byte aligned");
+      (reinterpret_cast<uintptr_t>(p.w_scale) & 7) != 0)
+    return bad("variant 5: xh (f16 activations) rows and weights must be 16-byte aligned, "
+               "scales 8-byte aligned");
   if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
     return bad("group_offsets and active_groups go together");
   const GemvEpilogue kind = p.epilogue.kind;

@@ -86,8 +86,8 @@ struct QuantGemvParams {
                                     // flight with their scales, <= 64 registers, K-slices of
                                     // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0);
                                     // 5 = tensor cores (quant_gemv_mma.cuh): reads xh, the
-                                    // epilogue is always fused (partial unused), K % 32 (MXFP8)
-                                    // / K % 128 (NVFP4), SwiGLU needs N % 16 == 0
+                                    // epilogue is always fused (partial unused), K % 128,
+                                    // SwiGLU needs N % 16 == 0
   // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
   // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
   // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,
