@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       reinterpret_cast<float4*>(red)[(warp * NG + ng) * 32 + lane] =
           make_float4(acc[ng][0], acc[ng][1], acc[ng][2], acc[ng][3]);
     __syncthreads();
-    if (threadIdx.x < NG * 32) {
-      const int ng = threadIdx.x >> 5, ln = threadIdx.x & 31;
+    for (int idx = threadIdx.x; idx < NG * 32; idx += blockDim.x) {  // 2-warp CTAs: 2 rounds
+      const int ng = idx >> 5, ln = idx & 31;
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int w = 0; w < nwarps; ++w) {
         const float4 f = reinterpret_cast<const float4*>(red)[(w * NG + ng) * 32 + ln];
