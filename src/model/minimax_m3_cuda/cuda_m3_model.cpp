@@ -39,8 +39,6 @@ constexpr int64_t kPage = 128;
 // Decode attention may split a selected block's keys over up to this many CTAs (sparse_decode.h:
 // small batches); the partial buffers are sized for it.
 constexpr int64_t kKeySplits = 4;
-// lm_head GEMV rows per launch: its split-K scratch is slices x rows x vocab floats.
-constexpr int64_t kHeadRows = 32;
 
 // GEMV variant per storage format where the tensor-core variant 5 is not used: 3 (activations
 // in shared memory, several 16-byte loads in flight per lane; 1.3-1.8x variant 0 at batch 1 on
@@ -399,14 +397,9 @@ struct CudaM3Model::Impl {
         {b.residual, layers > 0 ? b.delta : nullptr, w.final_norm, b.h, rows, hd, eps}, st()));
     // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
     // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
-    if (rows >= 2 && w.lm_head.format == QuantFormat::kBf16)
-      return plinear(w.lm_head, b.h, hd, rows, b.logits, vocab);
-    for (int64_t r0 = 0; r0 < rows; r0 += kHeadRows) {
-      const int64_t n = std::min(kHeadRows, rows - r0);
-      M3_RETURN_IF_ERROR(
-          gemv(w.lm_head, GemvIn{b.h + r0 * hd, hd}, n, store_to(b.logits + r0 * vocab, vocab), b));
-    }
-    return Status::ok();
+    // (The split-K scratch is sized for the head at one row: slices x vocab floats.)
+    if (rows >= 2) return plinear(w.lm_head, b.h, hd, rows, b.logits, vocab);
+    return gemv(w.lm_head, GemvIn{b.h, hd}, 1, store_to(b.logits, vocab), b);
   }
 
   // Runs decode_step eagerly or through the graph of (rows, mb), capturing it on first use.
@@ -654,7 +647,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
     fit(L.shared_gu, r);
     fit(L.shared_down, r);
   }
-  fit(w.lm_head, std::min(r, kHeadRows));
+  fit(w.lm_head, 1);  // from two rows the head is a GEMM (decode_step)
   b.partial_elems = need;
   M3_ASSIGN_OR_RETURN(b.partial, a.alloc<float>(need, what + " (GEMV split-K scratch)"));
   need = 0;
