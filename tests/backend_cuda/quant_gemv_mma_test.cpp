@@ -150,19 +150,7 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       const int64_t rows = tokens * top_k;
       const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
                                " v5 grouped T" + std::to_string(tokens);
-      std::vector<QMatrix> up, down;
-      std::vector<uint8_t> up_d, up_s, dn_d, dn_s;
-      std::vector<float> up_g, dn_g;
-      for (int64_t e = 0; e < experts; ++e) {
-        up.push_back(make_matrix(f, 2 * inter, hidden, 300 + e));
-        down.push_back(make_matrix(f, hidden, inter, 400 + e));
-        up_d.insert(up_d.end(), up[e].data.begin(), up[e].data.end());
-        up_s.insert(up_s.end(), up[e].scale.begin(), up[e].scale.end());
-        dn_d.insert(dn_d.end(), down[e].data.begin(), down[e].data.end());
-        dn_s.insert(dn_s.end(), down[e].scale.begin(), down[e].scale.end());
-        up_g.push_back(up[e].global);
-        dn_g.push_back(down[e].global);
-      }
+      const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
       std::vector<float> xf;
       std::vector<uint16_t> xb;
       make_x(tokens, hidden, 33, &xf, &xb);
@@ -174,8 +162,8 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(),
                                    active.ptr()};
       ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
-      Dev<uint8_t> dud(up_d), dus(up_s), ddd(dn_d), dds(dn_s);
-      Dev<float> dug(up_g), ddg(dn_g);
+      Dev<uint8_t> dud(ex.up_w), dus(ex.up_s), ddd(ex.down_w), dds(ex.down_s);
+      Dev<float> dug(ex.up_g), ddg(ex.down_g);
 
       cuda::QuantGemvParams p;
       p.format = f;
@@ -212,28 +200,15 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
                   std::ldexp(1.0, -33))
             << name << ": f16 activation " << i << " is not the bf16 one x 2^8";
 
-      // CPU gate|up + SwiGLU per routed row; bound through SwiGLU's derivative (as in
-      // quant_gemv_test) with this kernel's summation bound, plus the bf16 rounding.
+      // CPU gate|up + SwiGLU per routed row with this kernel's summation bound (quant_matrix.h).
       std::vector<float> act_got(rows * inter), act_want(rows * inter);
       std::vector<double> act_bound(rows * inter);
-      const double dgu = bound_factor(hidden);
       for (int64_t r = 0; r < rows; ++r) {
-        const QMatrix& w = up[routing.ids[r]];
-        const float* xr = xf.data() + (r / top_k) * hidden;
-        std::vector<float> gu(2 * inter), mg(2 * inter), a(inter);
-        const auto axr = abs_of(std::vector<float>(xr, xr + hidden)), aw = abs_of(w.deq);
-        cpu()->linear({xr, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
-        cpu()->linear({axr.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
-        cpu()->swiglu_oai({gu.data(), a.data(), 1, inter, 1.702f, 7.0f});
-        for (int64_t i = 0; i < inter; ++i) {
-          const double gc = std::min<double>(gu[i], 7.0);
-          const double uc = std::clamp<double>(gu[inter + i], -7.0, 7.0);
-          const double da = std::abs(uc + 1) * (1 + 1.702 * std::abs(gc) / 4) * dgu * mg[i] +
-                            std::abs(gc) * dgu * mg[inter + i] + 32 * kU * std::abs(a[i]);
-          act_want[r * inter + i] = a[i];
+        swiglu_row_reference(xf.data() + (r / top_k) * hidden, ex.up[routing.ids[r]], inter,
+                             hidden, bound_factor(hidden), act_want.data() + r * inter,
+                             act_bound.data() + r * inter);
+        for (int64_t i = 0; i < inter; ++i)
           act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
-          act_bound[r * inter + i] = 2 * da + std::ldexp(std::abs(a[i]) + da, -8) + 1e-30;
-        }
       }
       expect_close(act_got, act_want, act_bound, name + " gate|up + swiglu");
 
@@ -258,7 +233,7 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       std::vector<float> yw(rows * hidden);
       std::vector<double> yb(rows * hidden);
       for (int64_t r = 0; r < rows; ++r) {
-        const QMatrix& w = down[routing.ids[r]];
+        const QMatrix& w = ex.down[routing.ids[r]];
         const float* ar = act_got.data() + r * inter;
         const auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
         std::vector<float> mg(hidden);

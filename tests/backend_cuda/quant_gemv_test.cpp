@@ -212,19 +212,7 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
   for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
     const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
     const int64_t rows = tokens * top_k;
-    std::vector<QMatrix> up, down;
-    std::vector<uint8_t> up_d, up_s, dn_d, dn_s;
-    std::vector<float> up_g, dn_g;
-    for (int64_t e = 0; e < experts; ++e) {
-      up.push_back(make_matrix(f, 2 * inter, hidden, 100 + e));
-      down.push_back(make_matrix(f, hidden, inter, 200 + e));
-      up_d.insert(up_d.end(), up[e].data.begin(), up[e].data.end());
-      up_s.insert(up_s.end(), up[e].scale.begin(), up[e].scale.end());
-      dn_d.insert(dn_d.end(), down[e].data.begin(), down[e].data.end());
-      dn_s.insert(dn_s.end(), down[e].scale.begin(), down[e].scale.end());
-      up_g.push_back(up[e].global);
-      dn_g.push_back(down[e].global);
-    }
+    const ExpertSet ex = make_experts(f, experts, inter, hidden, 100, 200);
     const std::vector<int32_t>& ids = routing.ids;
     std::vector<float> xf;
     std::vector<uint16_t> xb;
@@ -247,8 +235,8 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     ASSERT_EQ(active.host(), want_active);
 
     Dev<uint16_t> dx(xb);
-    Dev<uint8_t> dud(up_d), dus(up_s), ddd(dn_d), dds(dn_s);
-    Dev<float> dug(up_g), ddg(dn_g);
+    Dev<uint8_t> dud(ex.up_w), dus(ex.up_s), ddd(ex.down_w), dds(ex.down_s);
+    Dev<float> dug(ex.up_g), ddg(ex.down_g);
     const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden, variant);
     const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter, variant);
     Dev<float> part_up(std::vector<float>(s_up * rows * 2 * inter)),
@@ -296,30 +284,15 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       p.fuse_epilogue = false;
     }
 
-    // CPU: gate|up per row with the expert's dequantised weights, SwiGLU, bound propagated
-    // through SwiGLU's derivative (see cuda_composite_ops_test.cpp) plus the bf16 rounding
-    // (unit roundoff 2^-8).
+    // CPU: gate|up per row with the expert's dequantised weights and SwiGLU (quant_matrix.h).
     std::vector<float> act_got(rows * inter), act_want(rows * inter);
     std::vector<double> act_bound(rows * inter);
     for (int64_t r = 0; r < rows; ++r) {
-      const QMatrix& w = up[ids[r]];
-      const float* xr = xf.data() + (r / top_k) * hidden;
-      std::vector<float> gu(2 * inter), mg(2 * inter);
-      auto ax = abs_of(std::vector<float>(xr, xr + hidden)), aw = abs_of(w.deq);
-      cpu()->linear({xr, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
-      cpu()->linear({ax.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
-      std::vector<float> a(inter);
-      cpu()->swiglu_oai({gu.data(), a.data(), 1, inter, 1.702f, 7.0f});
-      for (int64_t i = 0; i < inter; ++i) {
-        const double dgu = (2 * gamma(hidden + 2) + 4 * kU) * 1.01;
-        const double gc = std::min<double>(gu[i], 7.0);
-        const double uc = std::clamp<double>(gu[inter + i], -7.0, 7.0);
-        const double da = std::abs(uc + 1) * (1 + 1.702 * std::abs(gc) / 4) * dgu * mg[i] +
-                          std::abs(gc) * dgu * mg[inter + i] + 32 * kU * std::abs(a[i]);
-        act_want[r * inter + i] = a[i];
+      swiglu_row_reference(xf.data() + (r / top_k) * hidden, ex.up[ids[r]], inter, hidden,
+                           (2 * gamma(hidden + 2) + 4 * kU) * 1.01, act_want.data() + r * inter,
+                           act_bound.data() + r * inter);
+      for (int64_t i = 0; i < inter; ++i)
         act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
-        act_bound[r * inter + i] = 2 * da + std::ldexp(std::abs(a[i]) + da, -8) + 1e-30;
-      }
     }
     const std::string fmt = fmt_name(f, variant, tokens);
     expect_close(act_got, act_want, act_bound, fmt + " grouped gate|up + swiglu (bf16)");
@@ -347,7 +320,7 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     std::vector<float> yw(rows * hidden);
     std::vector<double> yb(rows * hidden);
     for (int64_t r = 0; r < rows; ++r) {
-      const QMatrix& w = down[ids[r]];
+      const QMatrix& w = ex.down[ids[r]];
       const float* ar = act_got.data() + r * inter;
       auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
       std::vector<float> mg(hidden);

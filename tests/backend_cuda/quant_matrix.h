@@ -65,4 +65,48 @@ inline QMatrix make_matrix(QuantFormat f, int64_t n, int64_t k, uint32_t seed, i
   return m;
 }
 
+// The gate|up [2·inter, hidden] and down [hidden, inter] matrices of `experts` experts, and their
+// codes, scales and globals concatenated over the experts as the grouped GEMV reads them.
+struct ExpertSet {
+  std::vector<QMatrix> up, down;
+  std::vector<uint8_t> up_w, up_s, down_w, down_s;
+  std::vector<float> up_g, down_g;
+};
+inline ExpertSet make_experts(QuantFormat f, int64_t experts, int64_t inter, int64_t hidden,
+                              uint32_t seed_up, uint32_t seed_down) {
+  ExpertSet x;
+  for (int64_t e = 0; e < experts; ++e) {
+    x.up.push_back(make_matrix(f, 2 * inter, hidden, seed_up + uint32_t(e)));
+    x.down.push_back(make_matrix(f, hidden, inter, seed_down + uint32_t(e)));
+    const QMatrix &u = x.up.back(), &d = x.down.back();
+    x.up_w.insert(x.up_w.end(), u.data.begin(), u.data.end());
+    x.up_s.insert(x.up_s.end(), u.scale.begin(), u.scale.end());
+    x.down_w.insert(x.down_w.end(), d.data.begin(), d.data.end());
+    x.down_s.insert(x.down_s.end(), d.scale.begin(), d.scale.end());
+    x.up_g.push_back(u.global);
+    x.down_g.push_back(d.global);
+  }
+  return x;
+}
+
+// CPU gate|up + SwiGLU-OAI (alpha 1.702, limit 7) of one routed row x [hidden] through w, with
+// the bound of a GPU result stored as bf16: the GEMV's summation bound sum_factor·Σ|x||w| on gate
+// and up, propagated through SwiGLU's derivative (see cuda_composite_ops_test.cpp), plus the
+// bf16 rounding (unit roundoff 2^-8). want, bound: [inter].
+inline void swiglu_row_reference(const float* x, const QMatrix& w, int64_t inter, int64_t hidden,
+                                 double sum_factor, float* want, double* bound) {
+  std::vector<float> gu(2 * inter), mg(2 * inter);
+  const auto ax = abs_of(std::vector<float>(x, x + hidden)), aw = abs_of(w.deq);
+  cpu()->linear({x, w.deq.data(), gu.data(), 1, 2 * inter, hidden, false});
+  cpu()->linear({ax.data(), aw.data(), mg.data(), 1, 2 * inter, hidden, false});
+  cpu()->swiglu_oai({gu.data(), want, 1, inter, 1.702f, 7.0f});
+  for (int64_t i = 0; i < inter; ++i) {
+    const double gc = std::min<double>(gu[i], 7.0);
+    const double uc = std::clamp<double>(gu[inter + i], -7.0, 7.0);
+    const double da = std::abs(uc + 1) * (1 + 1.702 * std::abs(gc) / 4) * sum_factor * mg[i] +
+                      std::abs(gc) * sum_factor * mg[inter + i] + 32 * kU * std::abs(want[i]);
+    bound[i] = 2 * da + std::ldexp(std::abs(want[i]) + da, -8) + 1e-30;
+  }
+}
+
 }  // namespace m3::cuda_test

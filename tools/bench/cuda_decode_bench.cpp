@@ -303,7 +303,6 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   return {ms, bytes};
 }
 
-// Indexer + sparse attention for B sequences with `ctx` tokens each (query at position ctx-1).
 // GPU sampling of B rows of the 200064-token vocabulary: greedy, and temperature 0.8 with
 // top_k 50 + top_p 0.9 + min_p 0.02 (the radix-select path). Bytes: the logits once (the kernel
 // passes over each row ~12 times, from L2 after the first).
@@ -339,69 +338,86 @@ void bench_sampling(int64_t batch, bool greedy) {
   cudaFree(out);
 }
 
-std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
-  const int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16;
-  const int64_t nb = ctx / S, pages = batch * nb + 1;
-  uint16_t* k = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
-  uint16_t* v = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
-  uint16_t* ik = static_cast<uint16_t*>(dalloc(2 * pages * S * Dix));
-  CHECK_OK(fill_dummy(k, pages * S * Hkv * D, DummyKind::kBf16Normal, 20, 1, st()));
-  CHECK_OK(fill_dummy(v, pages * S * Hkv * D, DummyKind::kBf16Normal, 21, 1, st()));
-  CHECK_OK(fill_dummy(ik, pages * S * Dix, DummyKind::kBf16Normal, 22, 1, st()));
-  uint16_t* q = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
-  uint16_t* iq = static_cast<uint16_t*>(dalloc(2 * batch * Hix * Dix));
-  CHECK_OK(fill_dummy(q, batch * H * D, DummyKind::kBf16Normal, 23, 1, st()));
-  CHECK_OK(fill_dummy(iq, batch * Hix * Dix, DummyKind::kBf16Normal, 24, 1, st()));
-  std::vector<int32_t> tab(batch * nb), pos(batch, static_cast<int32_t>(ctx - 1));
-  std::iota(tab.begin(), tab.end(), 1);
-  std::shuffle(tab.begin(), tab.end(), std::mt19937(25));
-  int32_t* dtab = static_cast<int32_t*>(dalloc(4 * tab.size()));
-  int32_t* dpos = static_cast<int32_t*>(dalloc(4 * batch));
-  CHECK_CUDA(cudaMemcpy(dtab, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
-  float* scores = static_cast<float*>(dalloc(4 * batch * Hix * nb));
-  int32_t* sel = static_cast<int32_t*>(dalloc(4 * batch * Hix * top_k));
-  float* op = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * D));  // 4 key splits
-  float* ml = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * 2));
-  uint16_t* out = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
-  KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
+// One decode-attention problem at the real shapes: B sequences of `ctx` tokens (queries at
+// position ctx - 1, shuffled block tables), random bf16 cache and queries, the indexer's and the
+// attention's parameters and the bytes each moves.
+struct AttentionProblem {
+  static constexpr int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16;
+  int64_t batch, ctx;
+  std::vector<void*> bufs;
   IndexerDecodeParams ip;
-  ip.iq = iq;
-  ip.cache = cv;
-  ip.positions = dpos;
-  ip.block_tables = dtab;
-  ip.batch = batch;
-  ip.num_index_heads = Hix;
-  ip.max_blocks = nb;
-  ip.top_k = top_k;
-  ip.block_scores = scores;
-  ip.selected = sel;
-  double ims = time_ms([&](int) { CHECK_OK(launch_indexer_decode(ip, st())); });
-  const double ibytes = double(batch) * ctx * Dix * 2 + 4.0 * batch * Hix * nb * 2;
-  const std::string tag = " B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx / 1024) + "K";
-  report("indexer decode" + tag, ims, ibytes, 2.0 * batch * ctx * Hix * Dix);
   SparseDecodeParams ap;
-  ap.q = q;
-  ap.cache = cv;
-  ap.positions = dpos;
-  ap.block_tables = dtab;
-  ap.selected = sel;
-  ap.batch = batch;
-  ap.num_heads = H;
-  ap.max_blocks = nb;
-  ap.top_k = top_k;
-  ap.scale = 1.0f / std::sqrt(float(D));
-  ap.o_partial = op;
-  ap.ml_partial = ml;
-  ap.max_key_splits = 4;  // as the model (the launcher splits only small batches)
-  ap.out = out;
-  double ams = time_ms([&](int) { CHECK_OK(launch_sparse_decode(ap, st())); });
-  const double abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 +
-                        double(batch) * H * top_k * (D + 2) * 4 * 2;
-  report("sparse attention decode" + tag, ams, abytes, 4.0 * batch * H * top_k * S * D);
-  for (void* p : std::vector<void*>{k, v, ik, q, iq, dtab, dpos, scores, sel, op, ml, out})
-    cudaFree(p);
-  return {Meas{ims, ibytes}, Meas{ams, abytes}};
+  double ibytes = 0, abytes = 0;
+  std::string tag;
+
+  template <typename T>
+  T* alloc(int64_t count) {
+    bufs.push_back(dalloc(int64_t(sizeof(T)) * count));
+    return static_cast<T*>(bufs.back());
+  }
+  AttentionProblem(int64_t b, int64_t c) : batch(b), ctx(c) {
+    const int64_t nb = ctx / S, pages = batch * nb + 1;
+    uint16_t* k = alloc<uint16_t>(pages * S * Hkv * D);
+    uint16_t* v = alloc<uint16_t>(pages * S * Hkv * D);
+    uint16_t* ik = alloc<uint16_t>(pages * S * Dix);
+    uint16_t* q = alloc<uint16_t>(batch * H * D);
+    uint16_t* iq = alloc<uint16_t>(batch * Hix * Dix);
+    CHECK_OK(fill_dummy(k, pages * S * Hkv * D, DummyKind::kBf16Normal, 20, 1, st()));
+    CHECK_OK(fill_dummy(v, pages * S * Hkv * D, DummyKind::kBf16Normal, 21, 1, st()));
+    CHECK_OK(fill_dummy(ik, pages * S * Dix, DummyKind::kBf16Normal, 22, 1, st()));
+    CHECK_OK(fill_dummy(q, batch * H * D, DummyKind::kBf16Normal, 23, 1, st()));
+    CHECK_OK(fill_dummy(iq, batch * Hix * Dix, DummyKind::kBf16Normal, 24, 1, st()));
+    std::vector<int32_t> tab(batch * nb), pos(batch, static_cast<int32_t>(ctx - 1));
+    std::iota(tab.begin(), tab.end(), 1);
+    std::shuffle(tab.begin(), tab.end(), std::mt19937(25));
+    int32_t* dtab = alloc<int32_t>(int64_t(tab.size()));
+    int32_t* dpos = alloc<int32_t>(batch);
+    CHECK_CUDA(cudaMemcpy(dtab, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
+    const KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
+    ip.iq = iq;
+    ip.cache = cv;
+    ip.positions = dpos;
+    ip.block_tables = dtab;
+    ip.batch = batch;
+    ip.num_index_heads = Hix;
+    ip.max_blocks = nb;
+    ip.top_k = top_k;
+    ip.block_scores = alloc<float>(batch * Hix * nb);
+    ip.selected = alloc<int32_t>(batch * Hix * top_k);
+    ap.q = q;
+    ap.cache = cv;
+    ap.positions = dpos;
+    ap.block_tables = dtab;
+    ap.selected = ip.selected;
+    ap.batch = batch;
+    ap.num_heads = H;
+    ap.max_blocks = nb;
+    ap.top_k = top_k;
+    ap.scale = 1.0f / std::sqrt(float(D));
+    ap.max_key_splits = 4;  // as the model (the launcher splits only small batches)
+    ap.o_partial = alloc<float>(batch * H * top_k * 4 * D);
+    ap.ml_partial = alloc<float>(batch * H * top_k * 4 * 2);
+    ap.out = alloc<uint16_t>(batch * H * D);
+    ibytes = double(batch) * ctx * Dix * 2 + 4.0 * batch * Hix * nb * 2;
+    abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 + double(batch) * H * top_k * (D + 2) * 4 * 2;
+    tag = " B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx / 1024) + "K";
+  }
+  ~AttentionProblem() {
+    for (void* p : bufs) cudaFree(p);
+  }
+  double indexer_flops() const { return 2.0 * batch * ctx * Hix * Dix; }
+  double attention_flops() const { return 4.0 * batch * H * top_k * S * D; }
+};
+
+// Indexer + sparse attention for B sequences with `ctx` tokens each, launched back to back.
+std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
+  AttentionProblem a(batch, ctx);
+  const double ims = time_ms([&](int) { CHECK_OK(launch_indexer_decode(a.ip, st())); });
+  report("indexer decode" + a.tag, ims, a.ibytes, a.indexer_flops());
+  const double ams = time_ms([&](int) { CHECK_OK(launch_sparse_decode(a.ap, st())); });
+  report("sparse attention decode" + a.tag, ams, a.abytes, a.attention_flops());
+  return {Meas{ims, a.ibytes}, Meas{ams, a.abytes}};
 }
 
 // Indexer and sparse attention timed as the model runs them, inside a CUDA graph of 10 calls
@@ -409,71 +425,18 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
 // which at batches 1-8 the host's launch rate can bound. Rows: indexer, attention, both, and
 // both with the top-k and the combine as plain launches instead of programmatic dependents.
 void bench_attention_graph(int64_t batch, int64_t ctx) {
-  const int64_t S = 128, Hkv = 4, D = 128, H = 64, Hix = 4, Dix = 128, top_k = 16, reps = 10;
-  const int64_t nb = ctx / S, pages = batch * nb + 1;
-  uint16_t* k = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
-  uint16_t* v = static_cast<uint16_t*>(dalloc(2 * pages * S * Hkv * D));
-  uint16_t* ik = static_cast<uint16_t*>(dalloc(2 * pages * S * Dix));
-  CHECK_OK(fill_dummy(k, pages * S * Hkv * D, DummyKind::kBf16Normal, 20, 1, st()));
-  CHECK_OK(fill_dummy(v, pages * S * Hkv * D, DummyKind::kBf16Normal, 21, 1, st()));
-  CHECK_OK(fill_dummy(ik, pages * S * Dix, DummyKind::kBf16Normal, 22, 1, st()));
-  uint16_t* q = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
-  uint16_t* iq = static_cast<uint16_t*>(dalloc(2 * batch * Hix * Dix));
-  CHECK_OK(fill_dummy(q, batch * H * D, DummyKind::kBf16Normal, 23, 1, st()));
-  CHECK_OK(fill_dummy(iq, batch * Hix * Dix, DummyKind::kBf16Normal, 24, 1, st()));
-  std::vector<int32_t> tab(batch * nb), pos(batch, static_cast<int32_t>(ctx - 1));
-  std::iota(tab.begin(), tab.end(), 1);
-  std::shuffle(tab.begin(), tab.end(), std::mt19937(25));
-  int32_t* dtab = static_cast<int32_t*>(dalloc(4 * tab.size()));
-  int32_t* dpos = static_cast<int32_t*>(dalloc(4 * batch));
-  CHECK_CUDA(cudaMemcpy(dtab, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
-  float* scores = static_cast<float*>(dalloc(4 * batch * Hix * nb));
-  int32_t* sel = static_cast<int32_t*>(dalloc(4 * batch * Hix * top_k));
-  float* op = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * D));
-  float* ml = static_cast<float*>(dalloc(4 * batch * H * top_k * 4 * 2));
-  uint16_t* out = static_cast<uint16_t*>(dalloc(2 * batch * H * D));
-  KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
-  IndexerDecodeParams ip;
-  ip.iq = iq;
-  ip.cache = cv;
-  ip.positions = dpos;
-  ip.block_tables = dtab;
-  ip.batch = batch;
-  ip.num_index_heads = Hix;
-  ip.max_blocks = nb;
-  ip.top_k = top_k;
-  ip.block_scores = scores;
-  ip.selected = sel;
-  SparseDecodeParams ap;
-  ap.q = q;
-  ap.cache = cv;
-  ap.positions = dpos;
-  ap.block_tables = dtab;
-  ap.selected = sel;
-  ap.batch = batch;
-  ap.num_heads = H;
-  ap.max_blocks = nb;
-  ap.top_k = top_k;
-  ap.scale = 1.0f / std::sqrt(float(D));
-  ap.o_partial = op;
-  ap.ml_partial = ml;
-  ap.max_key_splits = 4;
-  ap.out = out;
-  const double ibytes = double(batch) * ctx * Dix * 2 + 4.0 * batch * Hix * nb * 2;
-  const double abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 +
-                        double(batch) * H * top_k * (D + 2) * 4 * 2;
-  const std::string tag = " B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx / 1024) + "K";
-  CHECK_OK(launch_indexer_decode(ip, st()));  // eager once: one-time host setup before capture
-  CHECK_OK(launch_sparse_decode(ap, st()));
+  constexpr int64_t reps = 10;
+  AttentionProblem a(batch, ctx);
+  CHECK_OK(launch_indexer_decode(a.ip, st()));  // eager once: one-time host setup before capture
+  CHECK_OK(launch_sparse_decode(a.ap, st()));
   CHECK_CUDA(cudaStreamSynchronize(st()));
   const auto graph_us = [&](bool indexer, bool attention) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CHECK_CUDA(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
     for (int64_t r = 0; r < reps; ++r) {
-      if (indexer) CHECK_OK(launch_indexer_decode(ip, st()));
-      if (attention) CHECK_OK(launch_sparse_decode(ap, st()));
+      if (indexer) CHECK_OK(launch_indexer_decode(a.ip, st()));
+      if (attention) CHECK_OK(launch_sparse_decode(a.ap, st()));
     }
     CHECK_CUDA(cudaStreamEndCapture(st(), &g));
     CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
@@ -482,15 +445,13 @@ void bench_attention_graph(int64_t batch, int64_t ctx) {
     CHECK_CUDA(cudaGraphDestroy(g));
     return ms;
   };
-  report("graph indexer decode" + tag, graph_us(true, false), ibytes,
-         2.0 * batch * ctx * Hix * Dix);
-  report("graph sparse attention decode" + tag, graph_us(false, true), abytes,
-         4.0 * batch * H * top_k * S * D);
-  report("graph indexer + attention" + tag, graph_us(true, true), ibytes + abytes, 0);
-  ip.dependent_launch = ap.dependent_launch = false;  // A/B: second kernels as plain launches
-  report("graph indexer + attention, no PDL" + tag, graph_us(true, true), ibytes + abytes, 0);
-  for (void* p : std::vector<void*>{k, v, ik, q, iq, dtab, dpos, scores, sel, op, ml, out})
-    cudaFree(p);
+  report("graph indexer decode" + a.tag, graph_us(true, false), a.ibytes, a.indexer_flops());
+  report("graph sparse attention decode" + a.tag, graph_us(false, true), a.abytes,
+         a.attention_flops());
+  report("graph indexer + attention" + a.tag, graph_us(true, true), a.ibytes + a.abytes, 0);
+  a.ip.dependent_launch = a.ap.dependent_launch = false;  // A/B: second kernels as plain launches
+  report("graph indexer + attention, no PDL" + a.tag, graph_us(true, true), a.ibytes + a.abytes,
+         0);
 }
 
 }  // namespace

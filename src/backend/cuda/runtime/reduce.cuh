@@ -17,27 +17,29 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `smem` holds 32 floats. Synchronises the block.
-__device__ __forceinline__ float block_sum(float v, float* smem) {
+// Reduction over the block with `op` (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. `smem` holds 32 floats. Synchronises the block.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* smem, Op op, float identity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();
   if (lane == 0) smem[warp] = v;
   __syncthreads();
-  v = lane < nw ? smem[lane] : 0.0f;
-  return warp_sum(v);
+  v = lane < nw ? smem[lane] : identity;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
-// Maximum over the block (as block_sum; NaN-ignoring like fmaxf).
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  return block_reduce(v, smem, [](float a, float b) { return a + b; }, 0.0f);
+}
+
+// NaN-ignoring like fmaxf.
 __device__ __forceinline__ float block_max(float v, float* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  v = lane < nw ? smem[lane] : -INFINITY;
-  return warp_max(v);
+  return block_reduce(v, smem, [](float a, float b) { return fmaxf(a, b); }, -INFINITY);
 }
 
 // The power of two 2^s that brings a row of largest magnitude m into [2^14, 2^15) (f16 keeps
