@@ -437,6 +437,28 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
       bound[i] = f32b + std::ldexp(std::abs(want[i]) + f32b, -8) + 1e-30;
     }
     expect_close(got, want, bound, "add_rms_norm bf16 T" + std::to_string(t) + " Hd6144");
+    // The optional f16 copy (GEMV variant 5's input): the same bf16 values times a power of two
+    // per row, exact, with the row's largest magnitude in [2^14, 2^15). Residual 2.0 + delta: the
+    // add runs again on the updated residual, so compare against this run's bf16 output.
+    auto df = Dev<uint16_t>::poisoned(t * hd);
+    auto dinv = Dev<float>::poisoned(t);
+    p.out_f16 = df.ptr();
+    p.out_inv_scale = dinv.ptr();
+    ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
+    const auto ob2 = dout.host(), of = df.host();
+    const auto inv = dinv.host();
+    for (int64_t row = 0; row < t; ++row) {
+      float mx = 0.0f;
+      for (int64_t i = 0; i < hd; ++i) {
+        const size_t j = size_t(row * hd + i);
+        ASSERT_EQ(f16_to_f32(of[j]) * inv[row], bf16_to_f32(ob2[j])) << "f16 copy, row " << row;
+        mx = std::max(mx, std::abs(f16_to_f32(of[j])));
+      }
+      EXPECT_GE(mx, 16384.0f) << "row " << row;
+      EXPECT_LT(mx, 32768.0f) << "row " << row;
+    }
+    p.out_inv_scale = nullptr;  // both or neither
+    EXPECT_FALSE(cuda::launch_add_rms_norm(p, stream()).is_ok());
   }
 }
 

@@ -24,10 +24,17 @@
 //
 // Work split: one CTA per 16-row tile of one group (expert). SwiGLU tiles hold gate rows
 // i0 .. i0 + 7 (fragment rows g) and up rows N/2 + i0 .. (rows g + 8), so a lane holds gate and up
-// of the same output. The CTA's W warps split K into W contiguous ranges; each warp streams its
-// range in batches of U chunks, the next batch's loads issued before the current batch is used.
-// The W partial fragments are summed through shared memory in warp order (deterministic) and the
-// epilogue stores float32 (or adds), or applies SwiGLU-OAI and stores bf16 or f16 x 2^8.
+// of the same output. The CTA's W warps (2-8, gemv_mma.cu chooses) split K into W contiguous
+// ranges of stages (2 KB of weights + their scales); each warp streams its range through its own
+// 4-slot ring in shared memory with cp.async (3 stages in flight while one is computed; no
+// registers held by loads in flight). The W partial fragments are summed through shared memory
+// in warp order (deterministic) and the epilogue stores float32 (or adds), or applies SwiGLU-OAI
+// and stores bf16 or f16 x 2^8.
+//
+// Measured (H200, docs/perf-log.md): 1.3-4x variant 3 from 2 activation rows and for the NVFP4
+// experts at any batch, but slower than variant 3 for MXFP8 at one row, where each warp's
+// instruction stream (dequantise, mma, scale) is latency-bound (ncu: 12.6 cycles per issued
+// instruction, < 1 eligible warp per scheduler).
 #pragma once
 
 #include <cuda_fp16.h>
