@@ -60,6 +60,7 @@
 #include "model/minimax_m3_cuda/cuda_m3_model.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
+#include "../model_cuda/small_real_shape_config.h"
 
 namespace m3 {
 namespace {
@@ -75,23 +76,9 @@ using minimax_m3::SequenceInput;
 constexpr int64_t kPages = 96;
 
 MiniMaxM3Config test_config() {
-  MiniMaxM3Config c = minimax_m3::builtin_m3_flash_config(3);
-  c.hidden_size = 1024;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 2;
-  c.index_n_heads = 2;
-  c.vocab_size = 2048;
-  c.intermediate_size = 1024;
-  c.shared_intermediate_size = 1024;
-  c.dense_intermediate_size = 2048;
-  c.num_local_experts = 8;
-  c.num_experts_per_tok = 2;
-  c.index_topk_blocks = 3;
+  MiniMaxM3Config c = small_real_shape_config(2048);
   c.index_init_blocks = 1;
   c.index_local_blocks = 1;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  c.mlp_layer_types = {MlpKind::kDense, MlpKind::kMoe, MlpKind::kMoe};
   c.layer_types.assign(3, AttentionKind::kSparse);
   return c;
 }

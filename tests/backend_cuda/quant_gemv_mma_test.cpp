@@ -156,32 +156,13 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       make_x(tokens, hidden, 33, &xf, &xb);
       Dev<uint16_t> dx(xb);
       XF16 x16(dx, xf, tokens, hidden);
-      Dev<int32_t> dids(routing.ids), offs{std::vector<int32_t>(experts + 1)},
-          sorted{std::vector<int32_t>(rows)},
-          active{std::vector<int32_t>(std::min(experts, rows))};
-      cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(),
-                                   active.ptr()};
-      ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
-      Dev<uint8_t> dud(ex.up_w), dus(ex.up_s), ddd(ex.down_w), dds(ex.down_s);
-      Dev<float> dug(ex.up_g), ddg(ex.down_g);
+      DevRouting route(routing.ids, experts);
+      DevExperts dev(ex);
 
-      cuda::QuantGemvParams p;
-      p.format = f;
+      cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
       p.xh = x16.xh.ptr();
       p.x_inv_scale = x16.inv.ptr();
-      p.ldx = hidden;
       p.x_row_div = top_k;
-      p.w = dud.ptr();
-      p.w_scale = dus.ptr();
-      p.w_global = dug.ptr();
-      p.num_groups = experts;
-      p.group_offsets = offs.ptr();
-      p.sorted_rows = sorted.ptr();
-      p.active_groups = active.ptr();
-      p.num_slots = std::min(experts, rows);
-      p.num_rows = rows;
-      p.n = 2 * inter;
-      p.k = hidden;
       p.variant = 5;
       p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
       auto act = Dev<uint16_t>::poisoned(rows * inter);
@@ -215,33 +196,17 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       // Down: the f16 activations (x 2^8), float32 rows per routed row; the CPU gets exactly the
       // values the GPU reads.
       for (int64_t i = 0; i < rows * inter; ++i) act_got[i] = f16_to_f32(act16_h[i]) / 256.0f;
+      p = grouped_params(f, dev, route, false, inter, hidden);
       p.xh = act16.ptr();
-      p.x_inv_scale = nullptr;
       p.x_inv_const = 1.0f / 256.0f;
-      p.ldx = inter;
-      p.x_row_div = 1;
-      p.w = ddd.ptr();
-      p.w_scale = dds.ptr();
-      p.w_global = ddg.ptr();
-      p.n = hidden;
-      p.k = inter;
-      p.epilogue = {};
+      p.variant = 5;
       auto y = Dev<float>::poisoned(rows * hidden);
       p.epilogue.y = y.ptr();
       p.epilogue.ldy = hidden;
       ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      std::vector<float> yw(rows * hidden);
-      std::vector<double> yb(rows * hidden);
-      for (int64_t r = 0; r < rows; ++r) {
-        const QMatrix& w = ex.down[routing.ids[r]];
-        const float* ar = act_got.data() + r * inter;
-        const auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
-        std::vector<float> mg(hidden);
-        cpu()->linear({ar, w.deq.data(), yw.data() + r * hidden, 1, hidden, inter, false});
-        cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
-        for (int64_t j = 0; j < hidden; ++j)
-          yb[r * hidden + j] = bound_factor(inter) * mg[j] + 1e-30;
-      }
+      std::vector<float> yw;
+      std::vector<double> yb;
+      down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
       expect_close(y.host(), yw, yb, name + " down (f16 activations)");
     }
 }

@@ -217,10 +217,7 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     std::vector<float> xf;
     std::vector<uint16_t> xb;
     bf16_randn(tokens * hidden, 9, 1.0f, &xf, &xb);
-    Dev<int32_t> dids(ids), offs{std::vector<int32_t>(experts + 1)},
-        sorted{std::vector<int32_t>(rows)}, active{std::vector<int32_t>(std::min(experts, rows))};
-    cuda::GroupByExpertParams gp{dids.ptr(), rows, experts, offs.ptr(), sorted.ptr(), active.ptr()};
-    ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
+    DevRouting route(ids, experts);
     // Exact expectations for the grouping.
     std::vector<int32_t> want_off(experts + 1, 0), want_sorted, want_active;
     for (int64_t e = 0; e < experts; ++e) {
@@ -230,33 +227,19 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       if (want_off[e + 1] > want_off[e]) want_active.push_back(int32_t(e));
     }
     while (want_active.size() < size_t(std::min(experts, rows))) want_active.push_back(-1);
-    ASSERT_EQ(offs.host(), want_off);
-    ASSERT_EQ(sorted.host(), want_sorted);
-    ASSERT_EQ(active.host(), want_active);
+    ASSERT_EQ(route.offs.host(), want_off);
+    ASSERT_EQ(route.sorted.host(), want_sorted);
+    ASSERT_EQ(route.active.host(), want_active);
 
     Dev<uint16_t> dx(xb);
-    Dev<uint8_t> dud(ex.up_w), dus(ex.up_s), ddd(ex.down_w), dds(ex.down_s);
-    Dev<float> dug(ex.up_g), ddg(ex.down_g);
+    DevExperts dev(ex);
     const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden, variant);
     const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter, variant);
     Dev<float> part_up(std::vector<float>(s_up * rows * 2 * inter)),
         part_dn(std::vector<float>(s_dn * rows * hidden));
-    cuda::QuantGemvParams p;
-    p.format = f;
+    cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
     p.x = dx.ptr();
-    p.ldx = hidden;
     p.x_row_div = top_k;
-    p.w = dud.ptr();
-    p.w_scale = dus.ptr();
-    p.w_global = dug.ptr();
-    p.num_groups = experts;
-    p.group_offsets = offs.ptr();
-    p.sorted_rows = sorted.ptr();
-    p.active_groups = active.ptr();
-    p.num_slots = std::min(experts, rows);
-    p.num_rows = rows;
-    p.n = 2 * inter;
-    p.k = hidden;
     p.partial = part_up.ptr();
     p.variant = variant;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
@@ -298,15 +281,10 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     expect_close(act_got, act_want, act_bound, fmt + " grouped gate|up + swiglu (bf16)");
 
     // Down projection of the GPU's bf16 activations (exact inputs for both sides).
+    p = grouped_params(f, dev, route, false, inter, hidden);
     p.x = act.ptr();
-    p.ldx = inter;
-    p.x_row_div = 1;
-    p.w = ddd.ptr();
-    p.w_scale = dds.ptr();
-    p.w_global = ddg.ptr();
-    p.n = hidden;
-    p.k = inter;
     p.partial = part_dn.ptr();
+    p.variant = variant;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
     auto y = Dev<float>::poisoned(rows * hidden);
     e = {};
@@ -317,18 +295,10 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     e.y = y.ptr();
     e.ldy = hidden;
     ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
-    std::vector<float> yw(rows * hidden);
-    std::vector<double> yb(rows * hidden);
-    for (int64_t r = 0; r < rows; ++r) {
-      const QMatrix& w = ex.down[ids[r]];
-      const float* ar = act_got.data() + r * inter;
-      auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
-      std::vector<float> mg(hidden);
-      cpu()->linear({ar, w.deq.data(), yw.data() + r * hidden, 1, hidden, inter, false});
-      cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
-      for (int64_t j = 0; j < hidden; ++j)
-        yb[r * hidden + j] = (2 * gamma(inter + 2) + 4 * kU) * 1.01 * mg[j] + 1e-30;
-    }
+    std::vector<float> yw;
+    std::vector<double> yb;
+    down_rows_reference(act_got, ids, ex, inter, hidden, (2 * gamma(inter + 2) + 4 * kU) * 1.01,
+                        &yw, &yb);
     const auto y_h = y.host();
     expect_close(y_h, yw, yb, fmt + " grouped down (f32)");
     if (variant == 3) {  // fused f32 epilogue: bitwise equal

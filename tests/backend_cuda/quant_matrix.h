@@ -109,4 +109,73 @@ inline void swiglu_row_reference(const float* x, const QMatrix& w, int64_t inter
   }
 }
 
+// CPU down product of routed rows act [rows, inter], row r through expert ids[r]'s down matrix,
+// with the bound sum_factor·Σ|a||w| per output. want, bound: [rows, hidden].
+inline void down_rows_reference(const std::vector<float>& act, const std::vector<int32_t>& ids,
+                                const ExpertSet& ex, int64_t inter, int64_t hidden,
+                                double sum_factor, std::vector<float>* want,
+                                std::vector<double>* bound) {
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  want->assign(rows * hidden, 0.0f);
+  bound->assign(rows * hidden, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const QMatrix& w = ex.down[ids[r]];
+    const float* ar = act.data() + r * inter;
+    const auto aa = abs_of(std::vector<float>(ar, ar + inter)), aw = abs_of(w.deq);
+    std::vector<float> mg(hidden);
+    cpu()->linear({ar, w.deq.data(), want->data() + r * hidden, 1, hidden, inter, false});
+    cpu()->linear({aa.data(), aw.data(), mg.data(), 1, hidden, inter, false});
+    for (int64_t j = 0; j < hidden; ++j) (*bound)[r * hidden + j] = sum_factor * mg[j] + 1e-30;
+  }
+}
+
+// Device copies of an ExpertSet.
+struct DevExperts {
+  Dev<uint8_t> up_w, up_s, down_w, down_s;
+  Dev<float> up_g, down_g;
+  explicit DevExperts(const ExpertSet& x)
+      : up_w(x.up_w), up_s(x.up_s), down_w(x.down_w), down_s(x.down_s), up_g(x.up_g),
+        down_g(x.down_g) {}
+};
+
+// Routed rows (row = token · top_k + slot -> expert id) grouped on the device by
+// launch_group_by_expert.
+struct DevRouting {
+  int64_t rows, experts;
+  Dev<int32_t> ids, offs, sorted, active;
+  DevRouting(const std::vector<int32_t>& h, int64_t num_experts)
+      : rows(static_cast<int64_t>(h.size())),
+        experts(num_experts),
+        ids(h),
+        offs(std::vector<int32_t>(num_experts + 1)),
+        sorted(std::vector<int32_t>(h.size())),
+        active(std::vector<int32_t>(std::min<int64_t>(num_experts, rows))) {
+    const cuda::GroupByExpertParams gp{ids.ptr(),    rows,         experts,
+                                       offs.ptr(),   sorted.ptr(), active.ptr()};
+    EXPECT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
+  }
+};
+
+// The grouped GEMV through the experts' gate|up (`up`: N = 2·inter, K = hidden) or down
+// (N = hidden, K = inter) matrices for the routed rows; the caller sets the activations
+// (x / xh, x_row_div), the variant and the epilogue.
+inline cuda::QuantGemvParams grouped_params(QuantFormat f, DevExperts& d, DevRouting& r, bool up,
+                                            int64_t inter, int64_t hidden) {
+  cuda::QuantGemvParams p;
+  p.format = f;
+  p.w = up ? d.up_w.ptr() : d.down_w.ptr();
+  p.w_scale = up ? d.up_s.ptr() : d.down_s.ptr();
+  p.w_global = up ? d.up_g.ptr() : d.down_g.ptr();
+  p.num_groups = r.experts;
+  p.group_offsets = r.offs.ptr();
+  p.sorted_rows = r.sorted.ptr();
+  p.active_groups = r.active.ptr();
+  p.num_slots = std::min(r.experts, r.rows);
+  p.num_rows = r.rows;
+  p.n = up ? 2 * inter : hidden;
+  p.k = up ? hidden : inter;
+  p.ldx = p.k;
+  return p;
+}
+
 }  // namespace m3::cuda_test

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "small_real_shape_config.h"
 #include "loader/checkpoint.h"
 #include "loader/safetensors_writer.h"
 #include "model/minimax_m3/dummy_weights.h"
@@ -74,24 +75,7 @@ std::vector<float> dequant(const RawWeight& r) {
   return out;
 }
 
-MiniMaxM3Config small_config() {
-  MiniMaxM3Config c = builtin_m3_flash_config(3);
-  c.hidden_size = 1024;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 2;
-  c.index_n_heads = 2;
-  c.vocab_size = 512;
-  c.intermediate_size = 1024;
-  c.shared_intermediate_size = 1024;
-  c.dense_intermediate_size = 2048;
-  c.num_local_experts = 8;
-  c.num_experts_per_tok = 2;
-  c.index_topk_blocks = 3;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  c.mlp_layer_types = {MlpKind::kDense, MlpKind::kMoe, MlpKind::kMoe};
-  return c;
-}
+MiniMaxM3Config small_config() { return small_real_shape_config(512); }
 
 TEST(DummyLoadRaw, DequantisesToLoadF32InEveryFormat) {
   const MiniMaxM3Config c = small_config();

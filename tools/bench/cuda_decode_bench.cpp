@@ -267,7 +267,10 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     e.n = 2 * I;
     e.act = act;
     if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
-    if (v5) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e, p.epilogue.kind = GemvEpilogue::kSwigluF16;
+    if (v5) {
+      p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
+      p.epilogue.kind = GemvEpilogue::kSwigluF16;
+    }
     CHECK_OK(launch_quant_gemv(p, st()));
     if (!fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
     p.x = act;
@@ -400,7 +403,8 @@ struct AttentionProblem {
     ap.ml_partial = alloc<float>(batch * H * top_k * 4 * 2);
     ap.out = alloc<uint16_t>(batch * H * D);
     ibytes = double(batch) * ctx * Dix * 2 + 4.0 * batch * Hix * nb * 2;
-    abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 + double(batch) * H * top_k * (D + 2) * 4 * 2;
+    abytes = double(batch) * Hkv * top_k * S * D * 2 * 2 +
+             double(batch) * H * top_k * (D + 2) * 4 * 2;
     tag = " B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx / 1024) + "K";
   }
   ~AttentionProblem() {

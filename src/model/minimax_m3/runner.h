@@ -84,4 +84,18 @@ Result<std::vector<int32_t>> generate_tokens(const AppendTokens& append,
                                              std::span<const int32_t> prompt,
                                              const GenerateOptions& opts);
 
+// generate() on a fresh single sequence `seq` (any type with reserve(n) and
+// append(tokens, chunk, all_logits, logits)): checks, room for prompt + max_tokens, the loop.
+template <typename Seq>
+Result<std::vector<int32_t>> generate_on(Seq& seq, std::span<const int32_t> prompt,
+                                         const GenerateOptions& opts) {
+  M3_RETURN_IF_ERROR(check_generate_args(prompt, opts));
+  M3_RETURN_IF_ERROR(seq.reserve(static_cast<int64_t>(prompt.size()) + opts.max_tokens));
+  return generate_tokens(
+      [&](std::span<const int32_t> tokens, int64_t chunk, std::vector<float>* logits) {
+        return seq.append(tokens, chunk, false, logits);
+      },
+      prompt, opts);
+}
+
 }  // namespace m3::minimax_m3

@@ -52,14 +52,8 @@ Result<std::vector<float>> cuda_score(CudaM3Model* model, std::span<const int32_
 
 Result<std::vector<int32_t>> cuda_generate(CudaM3Model* model, std::span<const int32_t> prompt,
                                            const GenerateOptions& opts) {
-  M3_RETURN_IF_ERROR(check_generate_args(prompt, opts));
   Sequence seq(model);
-  M3_RETURN_IF_ERROR(seq.reserve(static_cast<int64_t>(prompt.size()) + opts.max_tokens));
-  return generate_tokens(
-      [&](std::span<const int32_t> tokens, int64_t chunk, std::vector<float>* logits) {
-        return seq.append(tokens, chunk, false, logits);
-      },
-      prompt, opts);
+  return generate_on(seq, prompt, opts);
 }
 
 }  // namespace m3::minimax_m3

@@ -157,8 +157,13 @@ struct CudaM3Model::Impl {
 
   // ---- Kernel helpers (every launch's Status is checked).
 
-  // The decode GEMV of m on the input (variant 5 when the input has its f16 form and the
-  // weights are quantised: epilogue fused, no scratch; else variant 3/0 + the split-K epilogue).
+  // Whether the decode GEMV of m at `rows` rows takes variant 5 (given its input's f16 form).
+  bool tensor_core(const DevMatrix& m, int64_t rows) const {
+    return opt.decode_gemv_variant == 5 && use_tensor_core_gemv(m.format, rows);
+  }
+
+  // The decode GEMV of m on the input: variant 5 where tensor_core(m, rows) and the input has its
+  // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
   Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
               const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
               cudaStream_t on = nullptr) {
@@ -186,7 +191,7 @@ struct CudaM3Model::Impl {
     p.k = m.k;
     p.partial = b.partial;
     p.variant = gemv_variant(m.format);
-    if (in.f16 != nullptr && use_tensor_core_gemv(m.format, rows)) {
+    if (in.f16 != nullptr && tensor_core(m, rows)) {
       p.variant = 5;
       p.epilogue = e;
       return cuda::launch_quant_gemv(p, on);
@@ -316,17 +321,18 @@ struct CudaM3Model::Impl {
     M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
     M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
-    if (v5 && use_tensor_core_gemv(L.o.format, rows))
+    if (tensor_core(L.o, rows))
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
     M3_RETURN_IF_ERROR(gemv(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr, b.attn_inv},
                             rows, store_to(b.delta, hd), b));
     M3_RETURN_IF_ERROR(norm(b.delta, L.post_norm));
-    // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where the gate|up product runs on variant 5
-    // (its down product then does too: same format and rows), else bf16.
-    const auto swiglu_to = [&](const DevMatrix& gu, int64_t r, uint16_t* bf16, uint16_t* f16) {
+    // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
+    // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
+    const auto swiglu_to = [&](const DevMatrix& gu, const DevMatrix& down, int64_t r,
+                               uint16_t* bf16, uint16_t* f16) {
       GemvEpilogueParams e;
-      const bool tc = v5 && use_tensor_core_gemv(gu.format, r);
+      const bool tc = tensor_core(gu, r) && tensor_core(down, r);
       e.kind = tc ? GemvEpilogue::kSwigluF16 : GemvEpilogue::kSwigluBf16;
       e.act = tc ? f16 : bf16;
       e.alpha = alpha;
@@ -338,7 +344,7 @@ struct CudaM3Model::Impl {
       return GemvIn{tc ? nullptr : bf16, ld, tc ? e.act : nullptr, nullptr, 1.0f / 256.0f};
     };
     if (!L.moe) {
-      const GemvEpilogueParams sw = swiglu_to(L.mlp_gu, rows, b.act_s, b.act_s16);
+      const GemvEpilogueParams sw = swiglu_to(L.mlp_gu, L.mlp_down, rows, b.act_s, b.act_s16);
       M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, sw, b));
       return gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, store_to(b.delta, hd), b);
     }
@@ -346,7 +352,8 @@ struct CudaM3Model::Impl {
     // routed path below (own split-K scratch; joined before the combine). Works eagerly and under
     // graph capture.
     const bool side_path = L.shared_gu.n > 0 && opt.overlap_shared_expert;
-    const GemvEpilogueParams swiglu_s = swiglu_to(L.shared_gu, rows, b.act_s, b.act_s16);
+    const GemvEpilogueParams swiglu_s =
+        swiglu_to(L.shared_gu, L.shared_down, rows, b.act_s, b.act_s16);
     const GemvIn shared_act = act_in(swiglu_s, b.act_s, L.shared_down.k);
     if (side_path) {
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_ev, st()));
@@ -371,7 +378,8 @@ struct CudaM3Model::Impl {
     gp.sorted_rows = b.sorted;
     gp.active_groups = b.active;
     M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
-    const GemvEpilogueParams swiglu_r = swiglu_to(L.experts_gu, rows * kk, b.act, b.act16);
+    const GemvEpilogueParams swiglu_r =
+        swiglu_to(L.experts_gu, L.experts_down, rows * kk, b.act, b.act16);
     M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
     M3_RETURN_IF_ERROR(gemv(L.experts_down, act_in(swiglu_r, b.act, inter), rows * kk,
                             store_to(b.contrib, hd), b, true, 1));

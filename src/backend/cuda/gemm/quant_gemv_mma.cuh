@@ -31,7 +31,7 @@
 // in warp order (deterministic) and the epilogue stores float32 (or adds), or applies SwiGLU-OAI
 // and stores bf16 or f16 x 2^8.
 //
-// Measured (H200, docs/perf-log.md): 1.3-4x variant 3 from 2 activation rows and for the NVFP4
+// Measured (H200, docs/perf-log.md): 1.2-4x variant 3 from 2 activation rows and for the NVFP4
 // experts at any batch, but slower than variant 3 for MXFP8 at one row, where each warp's
 // instruction stream (dequantise, mma, scale) is latency-bound (ncu: 12.6 cycles per issued
 // instruction, < 1 eligible warp per scheduler).
@@ -258,7 +258,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       for (int u = 0; u < kU; ++u) {
         const int c = min(c0 + u, chunks - 1);  // activations: never past the row
         if constexpr (F == QuantFormat::kMxfp8) {
-          const uint2 wl = *reinterpret_cast<const uint2*>(st + u * T::kChunkBytes + g * 32 + 8 * t);
+          const uint2 wl =
+              *reinterpret_cast<const uint2*>(st + u * T::kChunkBytes + g * 32 + 8 * t);
           const uint2 wh =
               *reinterpret_cast<const uint2*>(st + u * T::kChunkBytes + (g + 8) * 32 + 8 * t);
           const uint32_t a00 = e4m3x2_to_f16x2(wl.x), a01 = e4m3x2_to_f16x2(wh.x),
@@ -279,7 +280,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
             acc[ng][3] = fmaf(d[3], f_hi, acc[ng][3]);
           }
         } else {
-          const uint4 lo = *reinterpret_cast<const uint4*>(st + u * T::kChunkBytes + g * 64 + 16 * t);
+          const uint4 lo =
+              *reinterpret_cast<const uint4*>(st + u * T::kChunkBytes + g * 64 + 16 * t);
           const uint4 hi =
               *reinterpret_cast<const uint4*>(st + u * T::kChunkBytes + (g + 8) * 64 + 16 * t);
           const uint8_t* sc = st + kU * T::kChunkBytes + u * 128;

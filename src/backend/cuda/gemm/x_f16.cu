@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(kThreads) x_to_f16_kernel(XToF16Params p) {
 Status launch_x_to_f16(const XToF16Params& p, CUstream_st* stream) {
   if (p.rows == 0) return Status::ok();
   if (p.k <= 0 || p.k % 8 != 0 || p.ldx % 8 != 0 || p.ldo % 8 != 0 ||
-      (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 || (reinterpret_cast<uintptr_t>(p.out) & 15) != 0)
+      (reinterpret_cast<uintptr_t>(p.x) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.out) & 15) != 0)
     return invalid_argument("[cuda.x_to_f16] k, row strides and pointers must be multiples of 8 "
                             "elements / 16 bytes (k = " + std::to_string(p.k) + ")");
   x_to_f16_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
