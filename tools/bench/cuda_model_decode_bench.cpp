@@ -18,6 +18,8 @@
 //
 // Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=0] [results.tsv (appended)|-]
 //                                [decode_gemv_variant=5]
+// Environment, for profilers: M3_BENCH_ONLY=B,C runs one config (batch B, context C tokens);
+// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -96,8 +98,16 @@ int main(int argc, char** argv) {
   const bool pdl = argc > 2 ? std::atoi(argv[2]) != 0 : false;
   std::FILE* tsv = argc > 3 && std::string(argv[3]) != "-" ? std::fopen(argv[3], "a") : nullptr;
   const int variant = argc > 4 ? std::atoi(argv[4]) : 5;
-  const std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},
-                                       {32, 4096}, {32, 32768}, {128, 4096}};
+  std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},
+                                 {32, 4096}, {32, 32768}, {128, 4096}};
+  if (const char* only = std::getenv("M3_BENCH_ONLY")) {
+    long long b = 0, c = 0;
+    if (std::sscanf(only, "%lld,%lld", &b, &c) != 2 || b < 1 || b > 128 || c < 128 || c % 128) {
+      std::fprintf(stderr, "M3_BENCH_ONLY=B,C: batch 1..128, context a multiple of 128\n");
+      return 2;
+    }
+    configs = {{b, c}};
+  }
   int64_t pages = 0;
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
   const MiniMaxM3Config f = builtin_m3_flash_config(60);
@@ -116,6 +126,18 @@ int main(int argc, char** argv) {
               "(host + graph + logits to host)\n",
               overlap ? "on" : "off", pdl ? "on" : "off", variant);
   std::vector<std::vector<double>> t(configs.size());
+  if (const char* l = std::getenv("M3_BENCH_LAYERS")) {
+    const int64_t layers = std::atoll(l);
+    if (layers < 1 || layers > 60) {
+      std::fprintf(stderr, "M3_BENCH_LAYERS: 1..60\n");
+      return 2;
+    }
+    auto model = load(layers, pages, overlap, pdl, variant);
+    for (const Config& c : configs)
+      std::printf("B=%lld ctx=%lld, %lld layers: %.3f ms per step\n", (long long)c.batch,
+                  (long long)c.ctx, (long long)layers, step_ms(model.get(), c, 15));
+    return 0;
+  }
   for (int64_t layers : {1, 3, 8}) {
     auto model = load(layers, pages, overlap, pdl, variant);
     for (size_t i = 0; i < configs.size(); ++i) t[i].push_back(step_ms(model.get(), configs[i], 15));
