@@ -125,6 +125,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kNvfp4, 8, 1000, 3072, 0},
                       Case{QuantFormat::kNvfp4, 12, 77, 128, 0},     // one chunk, odd N
                       Case{QuantFormat::kNvfp4, 33, 100, 256, 0},    // two passes
+                      Case{QuantFormat::kNvfp4, 5, 300, 640, 0},     // 8-byte scale copies
                       Case{QuantFormat::kNvfp4, 3, 512, 2048, 20}));
 
 // Experts: tokens x top_k routed rows through their expert's gate|up with the fused SwiGLU

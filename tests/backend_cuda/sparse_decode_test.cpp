@@ -573,6 +573,7 @@ TEST(QkNormRope, MultiSegmentEqualsSingleLaunches) {
 
 #include "backend/cuda/kv/kv_write_bf16.h"
 #include "backend/cuda/moe/moe_combine.h"
+#include "backend/cuda/gemm/quant_gemv.h"
 
 namespace m3::cuda_test {
 namespace {
@@ -641,6 +642,91 @@ TEST(MoeCombine, ExactSlotOrder) {
   ASSERT_TRUE(cuda::launch_moe_combine({dc.ptr(), dw.ptr(), ds.ptr(), out.ptr(), t, k, hd}, stream()).is_ok());
   EXPECT_EQ(out.host(), want);
   std::printf("[ %-40s ] exact\n", "moe_combine");
+}
+
+// The norm's fused delta sources (the split-K sum of a GEMV's partials, the MoE combine) equal
+// the separate epilogue / combine launch followed by the plain norm, bit for bit: residual, bf16
+// output, f16 copy and its factors. Also: at most one source, and bad counts refused.
+TEST(AddRmsNorm, FusedDeltaSourcesEqualSeparateLaunches) {
+  const int64_t hd = 6144;
+  std::vector<float> wf;
+  std::vector<uint16_t> wb;
+  bf16_randn(hd, 96, 0.3f, &wf, &wb);
+  Dev<uint16_t> dw(wb);
+  for (int64_t t : {1, 3, 8}) {
+    for (int64_t sources : {1, 2, 4, 5}) {  // slices, or top-k for the MoE case
+      for (bool moe : {false, true}) {
+        const auto r0 = randn(t * hd, 97 + t, 2.0f);
+        const auto parts = randn(sources * t * hd, 98 + sources, 1.0f);
+        const auto wts = randn(t * sources, 99);
+        const auto shared = randn(t * hd, 100);
+        Dev<float> dp(parts), dwt(wts), dsh(shared);
+        // Reference: delta stored by the existing launch, then the norm reads it.
+        Dev<float> ref_r(r0);
+        auto delta = Dev<float>::poisoned(t * hd);
+        if (moe) {
+          ASSERT_TRUE(cuda::launch_moe_combine({dp.ptr(), dwt.ptr(), dsh.ptr(), delta.ptr(), t,
+                                                sources, hd}, stream()).is_ok());
+        } else {
+          cuda::GemvEpilogueParams e;
+          e.kind = cuda::GemvEpilogue::kStoreF32;
+          e.partial = dp.ptr();
+          e.num_slices = sources;
+          e.num_rows = t;
+          e.n = hd;
+          e.y = delta.ptr();
+          e.ldy = hd;
+          ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
+        }
+        auto ref_out = Dev<uint16_t>::poisoned(t * hd), ref_f16 = Dev<uint16_t>::poisoned(t * hd);
+        auto ref_inv = Dev<float>::poisoned(t);
+        cuda::AddRmsNormParams p;
+        p.residual = ref_r.ptr();
+        p.delta = delta.ptr();
+        p.weight = dw.ptr();
+        p.out = ref_out.ptr();
+        p.t = t;
+        p.hidden = hd;
+        p.out_f16 = ref_f16.ptr();
+        p.out_inv_scale = ref_inv.ptr();
+        ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
+        // Fused.
+        Dev<float> got_r(r0);
+        auto got_out = Dev<uint16_t>::poisoned(t * hd), got_f16 = Dev<uint16_t>::poisoned(t * hd);
+        auto got_inv = Dev<float>::poisoned(t);
+        p.residual = got_r.ptr();
+        p.out = got_out.ptr();
+        p.out_f16 = got_f16.ptr();
+        p.out_inv_scale = got_inv.ptr();
+        p.delta = delta.ptr();
+        if (moe) {
+          p.moe_contrib = dp.ptr();
+          p.moe_weights = dwt.ptr();
+          p.moe_shared = dsh.ptr();
+          p.moe_top_k = sources;
+        } else {
+          p.delta_partial = dp.ptr();
+          p.delta_slices = sources;
+        }
+        EXPECT_FALSE(cuda::launch_add_rms_norm(p, stream()).is_ok()) << "two delta sources";
+        p.delta = nullptr;
+        ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
+        const std::string what = std::string(moe ? "moe top-k " : "slices ") +
+                                 std::to_string(sources) + " T" + std::to_string(t);
+        EXPECT_EQ(got_r.host(), ref_r.host()) << "residual, " << what;
+        EXPECT_EQ(got_out.host(), ref_out.host()) << "bf16 out, " << what;
+        EXPECT_EQ(got_f16.host(), ref_f16.host()) << "f16 copy, " << what;
+        EXPECT_EQ(got_inv.host(), ref_inv.host()) << "f16 factors, " << what;
+        if (moe) {
+          p.moe_top_k = 0;
+        } else {
+          p.delta_slices = 0;
+        }
+        EXPECT_FALSE(cuda::launch_add_rms_norm(p, stream()).is_ok()) << "zero count, " << what;
+      }
+    }
+  }
+  std::printf("[ %-40s ] exact\n", "add_rms_norm fused delta sources");
 }
 
 }  // namespace

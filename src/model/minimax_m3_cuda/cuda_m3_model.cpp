@@ -16,7 +16,6 @@
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/kv/kv_write_bf16.h"
-#include "backend/cuda/moe/moe_combine.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/qk_norm_rope.h"
@@ -118,6 +117,16 @@ GemvEpilogueParams store_to(float* y, int64_t ldy) {
   return e;
 }
 
+// How the next residual add + norm of the decode step gets its delta: stored in Bufs::delta, the
+// split-K partials of the last GEMV (Bufs::partial), or the MoE combine of Bufs::contrib. The
+// last two are summed inside the norm (norm/add_rms_norm.h), which saves the epilogue or combine
+// launch on the critical path.
+struct PendingDelta {
+  enum Kind { kNone, kStored, kPartial, kMoe } kind = kNone;
+  int64_t slices = 0;              // kPartial
+  const float* shared = nullptr;   // kMoe: the shared expert's output or nullptr
+};
+
 }  // namespace
 
 struct CudaM3Model::Impl {
@@ -210,6 +219,57 @@ struct CudaM3Model::Impl {
                             std::to_string(b.partial_elems) + " floats");
     M3_RETURN_IF_ERROR(cuda::launch_quant_gemv(p, on));
     return cuda::launch_quant_gemv_epilogue(e, on);
+  }
+
+  // A decode GEMV whose output is the residual delta [rows, m.n = hd]: variant 5 stores it in
+  // b.delta; variant 3/2 leaves its split-K partials in b.partial for the next norm to sum.
+  Status gemv_to_delta(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
+                       PendingDelta* pending) {
+    if (in.f16 != nullptr && tensor_core(m, rows)) {
+      *pending = {PendingDelta::kStored, 0, nullptr};
+      return gemv(m, in, rows, store_to(b.delta, hd), b);
+    }
+    cuda::QuantGemvParams p;
+    p.format = m.format;
+    p.x = in.bf16;
+    p.ldx = in.ld;
+    p.w = m.w;
+    p.w_scale = m.scale;
+    p.w_global = m.global;
+    p.num_groups = m.groups;
+    p.num_rows = rows;
+    p.n = m.n;
+    p.k = m.k;
+    p.partial = b.partial;
+    p.variant = gemv_variant(m.format);
+    p.pdl = opt.pdl && p.variant == 3;
+    const int64_t slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
+    if (slices * rows * m.n > b.partial_elems)
+      return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the delta");
+    *pending = {PendingDelta::kPartial, slices, nullptr};
+    return cuda::launch_quant_gemv(p, st());
+  }
+
+  // residual += pending delta; h (and its f16 form for variant 5) = norm(residual) · (1 + weight).
+  Status add_norm(const Bufs& b, const PendingDelta& pd, const uint16_t* weight, int64_t rows,
+                  bool f16_copy) {
+    cuda::AddRmsNormParams np{b.residual, nullptr, weight, b.h, rows, hd, eps};
+    if (f16_copy) np.out_f16 = b.h16, np.out_inv_scale = b.h_inv;
+    switch (pd.kind) {
+      case PendingDelta::kNone: break;
+      case PendingDelta::kStored: np.delta = b.delta; break;
+      case PendingDelta::kPartial:
+        np.delta_partial = b.partial;
+        np.delta_slices = pd.slices;
+        break;
+      case PendingDelta::kMoe:
+        np.moe_contrib = b.contrib;
+        np.moe_weights = b.topk_w;
+        np.moe_shared = pd.shared;
+        np.moe_top_k = kk;
+        break;
+    }
+    return cuda::launch_add_rms_norm(np, st());
   }
 
   Status plinear(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, float* y,
@@ -307,26 +367,24 @@ struct CudaM3Model::Impl {
 
   // ---- Decode path (GEMV), `rows` = the batch bucket, tables of width mb.
 
-  Status decode_layer(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
+  // One layer; *pending says how the residual delta of the previous layer is to be added (and
+  // on return, this layer's).
+  Status decode_layer(const Bufs& b, int64_t layer, int64_t rows, int64_t mb,
+                      PendingDelta* pending) {
     const DevLayer& L = w.layers[static_cast<size_t>(layer)];
     const bool v5 = opt.decode_gemv_variant == 5;
     // The norms also write the f16 form of their output for variant 5.
-    auto norm = [&](const float* delta, const uint16_t* weight) {
-      cuda::AddRmsNormParams np{b.residual, delta, weight, b.h, rows, hd, eps};
-      if (v5) np.out_f16 = b.h16, np.out_inv_scale = b.h_inv;
-      return cuda::launch_add_rms_norm(np, st());
-    };
     const GemvIn h_in{b.h, hd, v5 ? b.h16 : nullptr, b.h_inv};
-    M3_RETURN_IF_ERROR(norm(layer == 0 ? nullptr : b.delta, L.in_norm));
+    M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, v5));
     M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
     M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
     if (tensor_core(L.o, rows))
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
-    M3_RETURN_IF_ERROR(gemv(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr, b.attn_inv},
-                            rows, store_to(b.delta, hd), b));
-    M3_RETURN_IF_ERROR(norm(b.delta, L.post_norm));
+    M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr,
+                                                 b.attn_inv}, rows, b, pending));
+    M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
     const auto swiglu_to = [&](const DevMatrix& gu, const DevMatrix& down, int64_t r,
@@ -346,7 +404,7 @@ struct CudaM3Model::Impl {
     if (!L.moe) {
       const GemvEpilogueParams sw = swiglu_to(L.mlp_gu, L.mlp_down, rows, b.act_s, b.act_s16);
       M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, sw, b));
-      return gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, store_to(b.delta, hd), b);
+      return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
     }
     // The shared expert reads only the normed hidden states: on the side stream it overlaps the
     // routed path below (own split-K scratch; joined before the combine). Works eagerly and under
@@ -392,7 +450,9 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(gemv(L.shared_down, shared_act, rows, store_to(b.shared, hd), b));
       shared = b.shared;
     }
-    return cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd}, st());
+    // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
+    *pending = {PendingDelta::kMoe, 0, shared};
+    return Status::ok();
   }
 
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
@@ -400,9 +460,10 @@ struct CudaM3Model::Impl {
     const Bufs& b = dec;
     M3_RETURN_IF_ERROR(launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
     const int64_t layers = cfg.num_hidden_layers;
-    for (int64_t l = 0; l < layers; ++l) M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb));
-    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
-        {b.residual, layers > 0 ? b.delta : nullptr, w.final_norm, b.h, rows, hd, eps}, st()));
+    PendingDelta pending;
+    for (int64_t l = 0; l < layers; ++l)
+      M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb, &pending));
+    M3_RETURN_IF_ERROR(add_norm(b, pending, w.final_norm, rows, false));
     // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
     // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
     // (The split-K scratch is sized for the head at one row: slices x vocab floats.)

@@ -59,7 +59,7 @@ struct MmaTraits<QuantFormat::kNvfp4> {
   static constexpr int kChunkK = 128;        // 8 scale blocks
   static constexpr int kChunkBytes = 16 * 64;  // 16 rows x 64 bytes of E2M1 pairs
   static constexpr int kU = 2;               // chunks per stage (2 KB)
-  static constexpr int kScaleBytes = 2 * 16 * 8;  // 2 chunks x 16 rows x 8 E4M3 bytes
+  static constexpr int kScaleBytes = 16 * 2 * 8;  // 16 rows x 2 chunks x 8 E4M3 bytes
 };
 constexpr int kMmaStages = 4;  // pipeline depth per warp (3 stages in flight while one is used)
 
@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   // This lane's copies, fixed for the whole stream. MXFP8: a chunk = 16 rows x 32 bytes = 32
   // pieces of 16 bytes (lane l: row l / 2, half l % 2); scales: rows 0..15 x 4 bytes (4 chunks;
   // lanes 0..15). NVFP4: a chunk = 16 rows x 64 bytes = 64 pieces (lane l: pieces l and l + 32:
-  // row p / 4, quarter p % 4); scales: 2 chunks x 16 rows x 8 bytes (lane l: chunk l / 16,
-  // row l % 16).
+  // row p / 4, quarter p % 4); scales: 16 rows x 2 chunks x 8 bytes (one 16-byte copy per row
+  // by lanes 0..15 where aligned, else lane l copies chunk l / 16 of row l % 16).
   constexpr int kPieces = F == QuantFormat::kMxfp8 ? 1 : 2;
   const uint8_t* w_src[kPieces];
   uint32_t w_dst[kPieces];
@@ -207,6 +207,9 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int s_row = weight_row(s_r);
   const bool s_ok = s_row >= 0 && (F == QuantFormat::kNvfp4 || lane < 16);
   const uint8_t* s_src = sbase + int64_t{s_row >= 0 ? s_row : 0} * scale_cols;
+  // NVFP4 scales by 16-byte copies where every row's scales are 16-byte aligned (K % 256 == 0).
+  const bool scale16 = F == QuantFormat::kNvfp4 && scale_cols % 16 == 0 &&
+                       (reinterpret_cast<uintptr_t>(sbase) & 15) == 0;
 
   auto issue = [&](int s, int slot) {
     const uint32_t base = smem_u32(ring + slot * kStage);
@@ -224,10 +227,18 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
         const int valid = s_ok ? max(0, min(kU, chunks - c0)) : 0;
         cp_async4(base + kU * T::kChunkBytes + lane * 4, s_src + (valid > 0 ? c0 : 0), valid);
       }
+    } else if (scale16) {
+      // Both chunks' scales of a row are 16 contiguous bytes: one L2-only copy per row (lanes
+      // 0..15), so the scale stream does not evict the activations from L1.
+      if (lane < 16) {
+        const int valid = s_ok ? 8 * max(0, min(kU, chunks - c0)) : 0;
+        cp_async16(base + kU * T::kChunkBytes + s_r * 16, s_src + (valid > 0 ? int64_t{c0} * 8 : 0),
+                   valid);
+      }
     } else {
       const int u = lane >> 4;
       const bool in = s_ok && c0 + u < chunks;
-      cp_async8(base + kU * T::kChunkBytes + (u * 16 + s_r) * 8,
+      cp_async8(base + kU * T::kChunkBytes + s_r * 16 + u * 8,
                 s_src + (in ? int64_t{c0 + u} * 8 : 0), in ? 8 : 0);
     }
   };
@@ -284,12 +295,12 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
               *reinterpret_cast<const uint4*>(st + u * T::kChunkBytes + g * 64 + 16 * t);
           const uint4 hi =
               *reinterpret_cast<const uint4*>(st + u * T::kChunkBytes + (g + 8) * 64 + 16 * t);
-          const uint8_t* sc = st + kU * T::kChunkBytes + u * 128;
+          const uint8_t* sc = st + kU * T::kChunkBytes + u * 8;  // [row][chunk][8 blocks]
           // Block scales x 2^7 as f16x2 (exact), broadcast per block.
           const uint32_t s2l = hmul2(
-              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * 8 + 2 * t)), 0x58005800u);
+              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * 16 + 2 * t)), 0x58005800u);
           const uint32_t s2h = hmul2(
-              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * 8 + 2 * t)),
+              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * 16 + 2 * t)),
               0x58005800u);
           const uint32_t sl0 = prmt(s2l, 0, 0x1010), sl1 = prmt(s2l, 0, 0x3232);
           const uint32_t sh0 = prmt(s2h, 0, 0x1010), sh1 = prmt(s2h, 0, 0x3232);

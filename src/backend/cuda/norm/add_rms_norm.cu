@@ -13,6 +13,34 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxVecPerThread = 8;  // hidden <= 256 · 8 · 4 = 8192
 
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+__device__ __forceinline__ float4 mul4(float4 a, float s) {
+  return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
+}
+
+// Element group i (float4) of row t's delta from the fused source: the split-K sum in slice order
+// from 0 (gemv_epilogue_kernel's order) or the MoE combine in slot order (moe_combine_kernel's
+// order, the first product not added to 0).
+__device__ __forceinline__ float4 fused_delta(const AddRmsNormParams& p, int64_t t, int64_t i,
+                                              int64_t nv) {
+  if (p.delta_partial != nullptr) {
+    const float4* src = reinterpret_cast<const float4*>(p.delta_partial) + t * nv + i;
+    const int64_t plane = p.t * nv;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int64_t s = 0; s < p.delta_slices; ++s) a = add4(a, __ldcg(src + s * plane));
+    return a;
+  }
+  const float4* c = reinterpret_cast<const float4*>(p.moe_contrib) + t * p.moe_top_k * nv + i;
+  float4 o = mul4(__ldcg(c), p.moe_weights[t * p.moe_top_k]);
+  for (int64_t s = 1; s < p.moe_top_k; ++s)
+    o = add4(o, mul4(__ldcg(c + s * nv), p.moe_weights[t * p.moe_top_k + s]));
+  if (p.moe_shared != nullptr)
+    o = add4(o, __ldcg(reinterpret_cast<const float4*>(p.moe_shared) + t * nv + i));
+  return o;
+}
+
 // One block per token; each thread keeps its float4 pieces of the row in registers between the
 // sum of squares and the scaling, so the row is read once.
 __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams p) {
@@ -22,6 +50,7 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
   const int64_t nv = p.hidden / 4;
   float4* r = reinterpret_cast<float4*>(p.residual + t * p.hidden);
   const float4* d = p.delta ? reinterpret_cast<const float4*>(p.delta + t * p.hidden) : nullptr;
+  const bool has_delta = d != nullptr || p.delta_partial != nullptr || p.moe_contrib != nullptr;
   float4 v[kMaxVecPerThread];
   float ss = 0.0f;
 #pragma unroll
@@ -29,8 +58,8 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < nv) {
       float4 x = r[i];
-      if (d) {
-        const float4 y = d[i];
+      if (has_delta) {
+        const float4 y = d ? d[i] : fused_delta(p, t, i, nv);
         x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
         r[i] = x;
       }
@@ -90,6 +119,13 @@ Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream) {
                             " must be a multiple of 4 and at most 8192");
   if ((p.out_f16 == nullptr) != (p.out_inv_scale == nullptr))
     return invalid_argument("[cuda.add_rms_norm] out_f16 and out_inv_scale go together");
+  const int sources = (p.delta != nullptr) + (p.delta_partial != nullptr) + (p.moe_contrib != nullptr);
+  if (sources > 1)
+    return invalid_argument("[cuda.add_rms_norm] at most one of delta, delta_partial, moe_contrib");
+  if (p.delta_partial != nullptr && p.delta_slices < 1)
+    return invalid_argument("[cuda.add_rms_norm] delta_partial needs delta_slices >= 1");
+  if (p.moe_contrib != nullptr && (p.moe_weights == nullptr || p.moe_top_k < 1))
+    return invalid_argument("[cuda.add_rms_norm] moe_contrib needs moe_weights and moe_top_k >= 1");
   add_rms_norm_kernel<<<static_cast<unsigned>(p.t), kThreads, 0, stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(add_rms_norm_kernel);
   return Status::ok();

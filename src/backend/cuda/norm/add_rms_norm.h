@@ -3,6 +3,14 @@
 //   out[t] = bf16(residual[t] / sqrt(mean(residual[t]^2) + eps) · (1 + w))
 // One read of the residual and the delta, one write of each output. This header includes no CUDA
 // header.
+//
+// The delta can also be produced here, which saves the small kernel that would write it (at batch
+// 1 each such launch costs as much as its work; docs/perf-log.md, session 5):
+//  * split-K partial sums of a GEMV (quant_gemv.h): delta[t] = Σ_s partial[s, t] summed from 0 in
+//    slice order, bit for bit what the GEMV's epilogue would have stored;
+//  * the MoE combine (moe_combine.h): delta[t] = Σ_s w[t, s] · contrib[t·K + s] (+ shared[t]),
+//    bit for bit what launch_moe_combine would have stored.
+// At most one source; the updated residual is the same as with the stored delta.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +32,15 @@ struct AddRmsNormParams {
   // GEMV variant 5 (gemm/x_f16.h has the rule): out_f16 [T, Hd] f16 bits, out_inv_scale [T].
   uint16_t* out_f16 = nullptr;
   float* out_inv_scale = nullptr;
+  // Delta from split-K partials: [delta_slices, T, Hd] float32 (0: not used).
+  const float* delta_partial = nullptr;
+  int64_t delta_slices = 0;
+  // Delta from the MoE combine (moe_contrib non-null): contrib [T·K, Hd], weights [T, K], shared
+  // [T, Hd] or nullptr.
+  const float* moe_contrib = nullptr;
+  const float* moe_weights = nullptr;
+  const float* moe_shared = nullptr;
+  int64_t moe_top_k = 0;
 };
 
 Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream);
