@@ -2,6 +2,7 @@
 // SwiGLU-OAI to bf16) and the token-to-expert grouping.
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/quant_gemv_internal.h"
+#include "backend/cuda/moe/routing_device.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "core/dtype.h"
@@ -208,44 +209,14 @@ __global__ void gemv_epilogue_kernel(GemvEpilogueParams p) {
   }
 }
 
-// One block; warp w handles experts w, w + nw, ...: a ballot scan over the rows keeps the rows
-// of an expert in ascending order. Pass 1 counts, the offsets are scanned, pass 2 places.
+// One block; the grouping itself is routing::group_by_expert_block (moe/routing_device.cuh),
+// shared with the fused router launch_moe_route.
 __global__ void group_by_expert_kernel(GroupByExpertParams p) {
   pdl_launch_dependents();
-  extern __shared__ int32_t counts[];  // [E + 1]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int64_t e = warp; e < p.num_experts; e += nw) {
-    int32_t c = 0;
-    for (int64_t r0 = 0; r0 < p.num_rows; r0 += 32) {
-      const bool hit = r0 + lane < p.num_rows && p.topk_ids[r0 + lane] == e;
-      c += __popc(__ballot_sync(0xffffffffu, hit));
-    }
-    if (lane == 0) counts[e] = c;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t off = 0, slot = 0;
-    for (int64_t e = 0; e < p.num_experts; ++e) {
-      const int32_t c = counts[e];
-      p.group_offsets[e] = off;
-      counts[e] = off;
-      off += c;
-      if (c > 0) p.active_groups[slot++] = static_cast<int32_t>(e);
-    }
-    p.group_offsets[p.num_experts] = off;
-    const int64_t slots = p.num_experts < p.num_rows ? p.num_experts : p.num_rows;
-    for (int64_t i = slot; i < slots; ++i) p.active_groups[i] = -1;
-  }
-  __syncthreads();
-  for (int64_t e = warp; e < p.num_experts; e += nw) {
-    int32_t base = counts[e];
-    for (int64_t r0 = 0; r0 < p.num_rows; r0 += 32) {
-      const bool hit = r0 + lane < p.num_rows && p.topk_ids[r0 + lane] == e;
-      const uint32_t mask = __ballot_sync(0xffffffffu, hit);
-      if (hit) p.sorted_rows[base + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(r0 + lane);
-      base += __popc(mask);
-    }
-  }
+  extern __shared__ int32_t offs[];  // [E + 1]
+  __shared__ int2 warp_sums[32];
+  routing::group_by_expert_block(p.topk_ids, p.num_rows, p.num_experts, offs, warp_sums,
+                                 p.group_offsets, p.sorted_rows, p.active_groups);
 }
 
 }  // namespace
