@@ -1,5 +1,6 @@
 #include "backend/cuda/kv/kv_write_bf16.h"
 
+#include "backend/cuda/kv/kv_slot.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
 
@@ -10,12 +11,8 @@ namespace {
 __global__ void kv_write_bf16_kernel(KvWriteBf16Params p) {
   const KvCacheBf16View& c = p.cache;
   const int64_t b = blockIdx.x;
-  const int64_t pos = p.positions[b];
-  const int64_t blk = pos / c.page_size;
-  if (pos < 0 || blk >= p.max_blocks) return;
-  const int64_t page = p.block_tables[b * p.max_blocks + blk];
-  if (page < 0 || page >= c.num_pages) return;
-  const int64_t slot = page * c.page_size + pos % c.page_size;
+  const int64_t slot = kv_cache_slot(c, p.block_tables, p.max_blocks, b, p.positions[b]);
+  if (slot < 0) return;
   const int64_t row = c.num_kv_heads * c.head_dim;
   const int64_t ld_v = p.ld_v > 0 ? p.ld_v : row;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {

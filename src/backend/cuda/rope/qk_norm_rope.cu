@@ -1,11 +1,9 @@
 #include "backend/cuda/rope/qk_norm_rope.h"
 
-#include <cmath>
 #include <string>
 
+#include "backend/cuda/rope/qk_norm_rope.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/runtime/reduce.cuh"
-#include "core/dtype.h"
 
 namespace m3::cuda {
 namespace {
@@ -14,13 +12,13 @@ struct Args {
   QkNormRopeParams seg[kQkNormMaxSegments];
   int64_t row_end[kQkNormMaxSegments];  // cumulative t·h: segment s owns rows [end[s-1], end[s])
   int num_segs;
-  float inv_freq[64];  // built on the host exactly as the CPU backend builds it
+  float inv_freq[qk_norm::kMaxHalfFreq];  // qk_norm::build_inv_freq
 };
 
-// Lane l holds dims l, l + 32, l + 64, l + 96. RoPE partners are d ± rot_width/2; for
-// rot_width = 64 they sit in the same lane (l <-> l + 32); other widths go through shared memory.
+// One warp per row (token, head) of a segment; the per-head arithmetic is qk_norm::norm_rope_head
+// (qk_norm_rope.cuh, shared with the fused attention_inputs kernel).
 __global__ void qk_norm_rope_kernel(Args a) {
-  __shared__ float y[8][128];
+  __shared__ float y[8][qk_norm::kHeadDim];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int64_t row = blockIdx.x * int64_t{8} + warp;  // over all segments
   if (row >= a.row_end[a.num_segs - 1]) return;
@@ -30,36 +28,16 @@ __global__ void qk_norm_rope_kernel(Args a) {
   const QkNormRopeParams& p = a.seg[sg];
   const int64_t ld = p.ld_x > 0 ? p.ld_x : p.h * 128;
   const float* x = p.x + (row / p.h) * ld + (row % p.h) * 128;
-  float v[4], ss = 0.0f;
+  float v[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    v[j] = x[lane + 32 * j];
-    ss = fmaf(v[j], v[j], ss);
-  }
-  ss = warp_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / 128.0f + p.eps);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float w = 1.0f + bf16_to_f32(p.weight[lane + 32 * j]);
-    y[warp][lane + 32 * j] = __fmul_rn(__fmul_rn(v[j], inv), w);
-  }
-  __syncwarp();
+  for (int j = 0; j < 4; ++j) v[j] = x[lane + 32 * j];
   const float pos = static_cast<float>(p.positions[row / p.h]);
-  const int64_t half = p.rot_width / 2, half_freq = p.rotary_dim / 2;
+  uint16_t o[4];
+  qk_norm::norm_rope_head(v, p.weight, p.eps, pos, a.inv_freq, p.rotary_dim, p.rot_width, y[warp],
+                          lane, o);
   uint16_t* out = p.out + row * 128;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int d = lane + 32 * j;
-    float r = y[warp][d];
-    if (d < p.rot_width) {
-      const float ang = __fmul_rn(a.inv_freq[d % half_freq], pos);
-      double sn, cs;
-      sincos(static_cast<double>(ang), &sn, &cs);
-      const float partner = d < half ? -y[warp][d + half] : y[warp][d - half];
-      r = __fadd_rn(__fmul_rn(r, static_cast<float>(cs)), __fmul_rn(partner, static_cast<float>(sn)));
-    }
-    out[d] = f32_to_bf16(r);
-  }
+  for (int j = 0; j < 4; ++j) out[lane + 32 * j] = o[j];
 }
 
 }  // namespace
@@ -89,10 +67,7 @@ Status launch_qk_norm_rope_multi(const QkNormRopeParams* segs, int num_segs,
   }
   a.num_segs = num_segs;
   if (rows == 0) return Status::ok();
-  for (int64_t i = 0; i < p.rotary_dim / 2; ++i) {
-    float e = static_cast<float>(2 * i) / static_cast<float>(p.rotary_dim);
-    a.inv_freq[i] = 1.0f / static_cast<float>(std::pow(p.theta, static_cast<double>(e)));
-  }
+  qk_norm::build_inv_freq(p.theta, p.rotary_dim, a.inv_freq);
   qk_norm_rope_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(qk_norm_rope_kernel);
   return Status::ok();
