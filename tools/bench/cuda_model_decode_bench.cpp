@@ -19,7 +19,8 @@
 // Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=0] [results.tsv (appended)|-]
 //                                [decode_gemv_variant=5]
 // Environment, for profilers: M3_BENCH_ONLY=B,C runs one config (batch B, context C tokens);
-// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed).
+// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
+// M3_BENCH_UNFUSED=1 turns CudaM3Options::fused_decode_kernels off (A/B of the fused launches).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -83,6 +84,7 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   o.gpu_dummy_weights = true;
   o.overlap_shared_expert = overlap;
   o.pdl = pdl;
+  if (const char* u = std::getenv("M3_BENCH_UNFUSED")) o.fused_decode_kernels = std::atoi(u) == 0;
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
@@ -123,8 +125,10 @@ int main(int argc, char** argv) {
 
   std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
               "expert overlap %s, programmatic dependent launch %s, GEMV variant %d; median of 15 steps "
-              "(host + graph + logits to host)\n",
-              overlap ? "on" : "off", pdl ? "on" : "off", variant);
+              "(host + graph + logits to host)%s\n",
+              overlap ? "on" : "off", pdl ? "on" : "off", variant,
+              std::getenv("M3_BENCH_UNFUSED") && std::atoi(std::getenv("M3_BENCH_UNFUSED")) != 0
+                  ? "; fused decode kernels OFF" : "");
   std::vector<std::vector<double>> t(configs.size());
   if (const char* l = std::getenv("M3_BENCH_LAYERS")) {
     const int64_t layers = std::atoll(l);

@@ -55,6 +55,8 @@ if want tests decode; then
   run_test quant_gemv_test 90
   run_test quant_gemv_mma_test 90
   run_test sparse_decode_test 60
+  run_test moe_route_test 90
+  run_test attention_inputs_test 90
   run_test sampling_test 60
 fi
 

@@ -16,8 +16,10 @@
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/kv/kv_write_bf16.h"
+#include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
+#include "backend/cuda/rope/attention_inputs.h"
 #include "backend/cuda/rope/qk_norm_rope.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -73,6 +75,7 @@ struct Bufs {
   // states and the attention output with their inverse factors; SwiGLU activations x 2^8.
   uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
   float *h_inv = nullptr, *attn_inv = nullptr;
+  uint32_t* route_counter = nullptr;  // launch_moe_route's arrival counter (zero between launches)
   int64_t partial_elems = 0;
   float* partial_side = nullptr;  // split-K scratch of the shared expert on the side stream
   int64_t partial_side_elems = 0;
@@ -221,14 +224,10 @@ struct CudaM3Model::Impl {
     return cuda::launch_quant_gemv_epilogue(e, on);
   }
 
-  // A decode GEMV whose output is the residual delta [rows, m.n = hd]: variant 5 stores it in
-  // b.delta; variant 3/2 leaves its split-K partials in b.partial for the next norm to sum.
-  Status gemv_to_delta(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
-                       PendingDelta* pending) {
-    if (in.f16 != nullptr && tensor_core(m, rows)) {
-      *pending = {PendingDelta::kStored, 0, nullptr};
-      return gemv(m, in, rows, store_to(b.delta, hd), b);
-    }
+  // Variant 3/2 of a decode GEMV without its epilogue: the split-K partial sums are left in
+  // b.partial ([slices, rows, m.n]) for a consumer that sums them (the norm, attention inputs).
+  Status gemv_partials(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
+                       int64_t* slices) {
     cuda::QuantGemvParams p;
     p.format = m.format;
     p.x = in.bf16;
@@ -243,11 +242,24 @@ struct CudaM3Model::Impl {
     p.partial = b.partial;
     p.variant = gemv_variant(m.format);
     p.pdl = opt.pdl && p.variant == 3;
-    const int64_t slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
-    if (slices * rows * m.n > b.partial_elems)
-      return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the delta");
-    *pending = {PendingDelta::kPartial, slices, nullptr};
+    *slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
+    if (*slices * rows * m.n > b.partial_elems)
+      return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the partials");
     return cuda::launch_quant_gemv(p, st());
+  }
+
+  // A decode GEMV whose output is the residual delta [rows, m.n = hd]: variant 5 stores it in
+  // b.delta; variant 3/2 leaves its split-K partials in b.partial for the next norm to sum.
+  Status gemv_to_delta(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
+                       PendingDelta* pending) {
+    if (in.f16 != nullptr && tensor_core(m, rows)) {
+      *pending = {PendingDelta::kStored, 0, nullptr};
+      return gemv(m, in, rows, store_to(b.delta, hd), b);
+    }
+    int64_t slices = 0;
+    M3_RETURN_IF_ERROR(gemv_partials(m, in, rows, b, &slices));
+    *pending = {PendingDelta::kPartial, slices, nullptr};
+    return Status::ok();
   }
 
   // residual += pending delta; h (and its f16 form for variant 5) = norm(residual) · (1 + weight).
@@ -328,6 +340,42 @@ struct CudaM3Model::Impl {
     return cuda::launch_kv_write_bf16(kw, st());
   }
 
+  // attention_inputs in one launch, from the projection's `slices` planes of [rows, nqkv].
+  Status fused_attention_inputs(const Bufs& b, int64_t layer, const float* proj, int64_t slices,
+                                int64_t rows, int64_t mb) {
+    const DevLayer& L = w.layers[static_cast<size_t>(layer)];
+    cuda::AttentionInputsParams p;
+    p.partial = proj;
+    p.num_slices = slices;
+    p.ld = nqkv;
+    p.t = rows;
+    p.positions = b.positions;
+    p.off_q = 0;
+    p.off_k = off_k;
+    p.off_v = off_v;
+    p.off_iq = off_iq;
+    p.off_ik = off_ik;
+    p.num_q_heads = nh;
+    p.num_kv_heads = hkv;
+    p.num_index_heads = hix;
+    p.head_dim = d;
+    p.index_head_dim = dix;
+    p.q_norm = L.q_norm;
+    p.k_norm = L.k_norm;
+    p.iq_norm = L.iq_norm;
+    p.ik_norm = L.ik_norm;
+    p.rotary_dim = cfg.rotary_dim;
+    p.rot_width = std::min(cfg.rotary_dim, d);
+    p.eps = eps;
+    p.theta = cfg.rope_theta;
+    p.q_out = b.q;
+    p.iq_out = b.iq;
+    p.cache = kv[static_cast<size_t>(layer)];
+    p.block_tables = b.tables;
+    p.max_blocks = mb;
+    return cuda::launch_attention_inputs(p, st());
+  }
+
   // Indexer + block-sparse attention for `rows` one-token rows (their q/iq/positions/tables are
   // the first rows of b); output into b.attn.
   Status decode_attention(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
@@ -376,8 +424,22 @@ struct CudaM3Model::Impl {
     // The norms also write the f16 form of their output for variant 5.
     const GemvIn h_in{b.h, hd, v5 ? b.h16 : nullptr, b.h_inv};
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, v5));
-    M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
-    M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
+    if (opt.fused_decode_kernels) {
+      // The projection's partial sums (or, on variant 5, its output) go straight into the fused
+      // split-K sum + QK norm/RoPE + KV-cache write.
+      int64_t slices = 1;
+      const float* proj = b.qkv;
+      if (h_in.f16 != nullptr && tensor_core(L.qkv, rows)) {
+        M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
+      } else {
+        M3_RETURN_IF_ERROR(gemv_partials(L.qkv, h_in, rows, b, &slices));
+        proj = b.partial;
+      }
+      M3_RETURN_IF_ERROR(fused_attention_inputs(b, layer, proj, slices, rows, mb));
+    } else {
+      M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
+      M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
+    }
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
     if (tensor_core(L.o, rows))
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
@@ -424,18 +486,43 @@ struct CudaM3Model::Impl {
                               1, side.get()));
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_ev, side.get()));
     }
-    M3_RETURN_IF_ERROR(gemv(L.router, GemvIn{b.h, hd}, rows, store_to(b.router_logits, ne), b));
-    RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
-                        routed_scale};
-    M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
-    cuda::GroupByExpertParams gp;
-    gp.topk_ids = b.topk_ids;
-    gp.num_rows = rows * kk;
-    gp.num_experts = ne;
-    gp.group_offsets = b.offs;
-    gp.sorted_rows = b.sorted;
-    gp.active_groups = b.active;
-    M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
+    // The fused router up to 32 rows: its last CTA runs every row's top-k and the grouping, which
+    // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
+    if (opt.fused_decode_kernels && L.router.format == QuantFormat::kBf16 && rows <= 32 &&
+        ne <= 512 && kk <= 16) {
+      cuda::MoeRouteParams rp;
+      rp.x = b.h;
+      rp.ldx = hd;
+      rp.rows = rows;
+      rp.hidden = hd;
+      rp.w = reinterpret_cast<const uint16_t*>(L.router.w);
+      rp.num_experts = ne;
+      rp.bias = L.router_bias;
+      rp.top_k = kk;
+      rp.scaling = routed_scale;
+      rp.logits = b.router_logits;
+      rp.topk_ids = b.topk_ids;
+      rp.topk_w = b.topk_w;
+      rp.group_offsets = b.offs;
+      rp.sorted_rows = b.sorted;
+      rp.active_groups = b.active;
+      rp.counter = b.route_counter;
+      M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
+    } else {
+      M3_RETURN_IF_ERROR(
+          gemv(L.router, GemvIn{b.h, hd}, rows, store_to(b.router_logits, ne), b));
+      RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
+                          routed_scale};
+      M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
+      cuda::GroupByExpertParams gp;
+      gp.topk_ids = b.topk_ids;
+      gp.num_rows = rows * kk;
+      gp.num_experts = ne;
+      gp.group_offsets = b.offs;
+      gp.sorted_rows = b.sorted;
+      gp.active_groups = b.active;
+      M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
+    }
     const GemvEpilogueParams swiglu_r =
         swiglu_to(L.experts_gu, L.experts_down, rows * kk, b.act, b.act16);
     M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
@@ -681,6 +768,8 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.offs, a.alloc<int32_t>(ne + 1, what));
   M3_ASSIGN_OR_RETURN(b.sorted, a.alloc<int32_t>(r * kk, what));
   M3_ASSIGN_OR_RETURN(b.active, a.alloc<int32_t>(ne, what));
+  M3_ASSIGN_OR_RETURN(b.route_counter, a.alloc<uint32_t>(1, what));
+  M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.route_counter, 0, sizeof(uint32_t)));
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
   M3_ASSIGN_OR_RETURN(b.contrib, a.alloc<float>(r * kk * hd, what));

@@ -47,6 +47,10 @@ struct CudaM3Options {
   // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused,
   // f16 inputs written by the norms; quant_gemv_mma.cuh) or 3 (split-K + epilogue launch).
   int decode_gemv_variant = 5;
+  // Decode: one launch instead of several small ones on the critical path (batch 1 is bound by
+  // their latency): the qkv split-K sum + QK norm/RoPE + KV-cache write (rope/attention_inputs.h)
+  // and the router GEMV + top-k + grouping (moe/moe_route.h). Off: the separate launches.
+  bool fused_decode_kernels = true;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

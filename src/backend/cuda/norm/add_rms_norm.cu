@@ -10,8 +10,11 @@
 namespace m3::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxVecPerThread = 8;  // hidden <= 256 · 8 · 4 = 8192
+// 1024 threads, at most 2 float4 each: every load of a row (residual, delta or its partial
+// sources, weight) is issued before the first reduction, so a row costs about one memory latency
+// plus the reductions (batch 1 runs one CTA; it was ~5 us with 256 threads and serial loads).
+constexpr int kThreads = 1024;
+constexpr int kMaxVecPerThread = 2;  // hidden <= 1024 · 2 · 4 = 8192
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
@@ -29,11 +32,13 @@ __device__ __forceinline__ float4 fused_delta(const AddRmsNormParams& p, int64_t
     const float4* src = reinterpret_cast<const float4*>(p.delta_partial) + t * nv + i;
     const int64_t plane = p.t * nv;
     float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
     for (int64_t s = 0; s < p.delta_slices; ++s) a = add4(a, __ldcg(src + s * plane));
     return a;
   }
   const float4* c = reinterpret_cast<const float4*>(p.moe_contrib) + t * p.moe_top_k * nv + i;
   float4 o = mul4(__ldcg(c), p.moe_weights[t * p.moe_top_k]);
+#pragma unroll 4
   for (int64_t s = 1; s < p.moe_top_k; ++s)
     o = add4(o, mul4(__ldcg(c + s * nv), p.moe_weights[t * p.moe_top_k + s]));
   if (p.moe_shared != nullptr)
@@ -52,11 +57,14 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
   const float4* d = p.delta ? reinterpret_cast<const float4*>(p.delta + t * p.hidden) : nullptr;
   const bool has_delta = d != nullptr || p.delta_partial != nullptr || p.moe_contrib != nullptr;
   float4 v[kMaxVecPerThread];
+  uint2 wv[kMaxVecPerThread];
+  const uint2* w = reinterpret_cast<const uint2*>(p.weight);
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < nv) {
+      wv[j] = w[i];  // independent of the row: requested with it
       float4 x = r[i];
       if (has_delta) {
         const float4 y = d ? d[i] : fused_delta(p, t, i, nv);
@@ -70,16 +78,14 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
   ss = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.hidden) + p.eps);
   uint2* o = reinterpret_cast<uint2*>(p.out + t * p.hidden);
-  const uint2* w = reinterpret_cast<const uint2*>(p.weight);
   uint2 ob[kMaxVecPerThread];  // the bf16 outputs, kept for the f16 copy
   float m = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < nv) {
-      const uint2 wv = w[i];
-      const float w0 = 1.0f + __uint_as_float(wv.x << 16), w1 = 1.0f + __uint_as_float(wv.x & 0xFFFF0000u);
-      const float w2 = 1.0f + __uint_as_float(wv.y << 16), w3 = 1.0f + __uint_as_float(wv.y & 0xFFFF0000u);
+      const float w0 = 1.0f + __uint_as_float(wv[j].x << 16), w1 = 1.0f + __uint_as_float(wv[j].x & 0xFFFF0000u);
+      const float w2 = 1.0f + __uint_as_float(wv[j].y << 16), w3 = 1.0f + __uint_as_float(wv[j].y & 0xFFFF0000u);
       const uint32_t a = f32_to_bf16(v[j].x * inv * w0) | (uint32_t(f32_to_bf16(v[j].y * inv * w1)) << 16);
       const uint32_t b = f32_to_bf16(v[j].z * inv * w2) | (uint32_t(f32_to_bf16(v[j].w * inv * w3)) << 16);
       ob[j] = make_uint2(a, b);
