@@ -12,8 +12,11 @@
 // rounded reciprocal (4u as in quant_gemv_test). |gpu - cpu| <= (3·gamma_{K+2} + 4u)·Σ|x||w|.
 #include <algorithm>
 
+#include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
+#include "quant/nvfp4_mma_layout.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 #include "quant_matrix.h"
@@ -107,6 +110,47 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   const auto y1 = ya.host();
   for (size_t i = 0; i < y1.size(); ++i)
     ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
+
+  // NVFP4 in the mma layout (quant/nvfp4_mma_layout.h), where it fits: the GPU repack equals the
+  // host reference byte for byte, the GEMV meets the same bound, and the prefill dequantisation
+  // of the packed matrix equals that of the row-major one bit for bit.
+  if (c.f != QuantFormat::kNvfp4 || !nvfp4_mma::fits(c.n, c.k, nvfp4_mma::Tiling::kRows16)) return;
+  auto dwp = Dev<uint8_t>::poisoned(static_cast<int64_t>(w.data.size()));
+  ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dw.ptr(), dwp.ptr(), 1, c.n, c.k,
+                                            nvfp4_mma::Tiling::kRows16, stream()).is_ok());
+  ASSERT_EQ(dwp.host(), nvfp4_mma::pack_matrix(w.data.data(), 1, c.n, c.k,
+                                               nvfp4_mma::Tiling::kRows16))
+      << name << ": GPU repack differs from the host reference";
+  p.w = dwp.ptr();
+  p.w_layout = 1;
+  p.epilogue.y = y.ptr();
+  p.epilogue.accumulate = false;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto yp = y.host();
+  expect_close(yp, want, bound, name + " mma layout");
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
+  p.w_layout = 2;  // the pair tiling goes with SwiGLU only
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  p.w_layout = 1;
+  p.variant = 3;  // the other variants read row-major weights only
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  auto deq = [&](const uint8_t* wp, int layout) {
+    cuda::DequantBf16Params d;
+    d.w.format = QuantFormat::kNvfp4;
+    d.w.w = wp;
+    d.w.w_scale = ds.ptr();
+    d.w.n = c.n;
+    d.w.k = c.k;
+    d.w.layout = layout;
+    d.row0 = c.n > 16 ? 16 : 0;  // a row range that does not start at 0
+    d.rows = c.n - d.row0;
+    auto out = Dev<uint16_t>::poisoned(d.rows * c.k);
+    d.out = out.ptr();
+    EXPECT_TRUE(cuda::launch_dequant_bf16(d, stream()).is_ok());
+    return out.host();
+  };
+  EXPECT_EQ(deq(dwp.ptr(), 1), deq(dw.ptr(), 0)) << name << ": packed prefill dequantisation";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -126,6 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kNvfp4, 12, 77, 128, 0},     // one chunk, odd N
                       Case{QuantFormat::kNvfp4, 33, 100, 256, 0},    // two passes
                       Case{QuantFormat::kNvfp4, 5, 300, 640, 0},     // 8-byte scale copies
+                      Case{QuantFormat::kNvfp4, 7, 48, 384, 0},      // mma layout, 8-byte scales
                       Case{QuantFormat::kNvfp4, 3, 512, 2048, 20}));
 
 // Experts: tokens x top_k routed rows through their expert's gate|up with the fused SwiGLU
@@ -146,11 +191,14 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
     for (int32_t v : {3, (t % 3) + 4, t % 3}) staged.ids.push_back(v);
   routings.push_back(staged);
   for (const Routing& routing : routings)
-    for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
+    for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8})
+      for (bool packed : {false, true}) {  // NVFP4 also in the mma layout (gate/up pairs, rows16)
+      if (packed && f != QuantFormat::kNvfp4) continue;
       const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
       const int64_t rows = tokens * top_k;
       const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
-                               " v5 grouped T" + std::to_string(tokens);
+                               " v5 grouped T" + std::to_string(tokens) +
+                               (packed ? " mma layout" : "");
       const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
       std::vector<float> xf;
       std::vector<uint16_t> xb;
@@ -159,8 +207,26 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       XF16 x16(dx, xf, tokens, hidden);
       DevRouting route(routing.ids, experts);
       DevExperts dev(ex);
+      auto up_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.up_w.size()));
+      auto down_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.down_w.size()));
+      if (packed) {
+        ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.up_w.ptr(), up_p.ptr(), experts, 2 * inter,
+                                                  hidden, nvfp4_mma::Tiling::kSwigluPairs,
+                                                  stream()).is_ok());
+        ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.down_w.ptr(), down_p.ptr(), experts, hidden,
+                                                  inter, nvfp4_mma::Tiling::kRows16,
+                                                  stream()).is_ok());
+        ASSERT_EQ(up_p.host(), nvfp4_mma::pack_matrix(ex.up_w.data(), experts, 2 * inter, hidden,
+                                                      nvfp4_mma::Tiling::kSwigluPairs));
+      }
+      auto use_packed = [&](cuda::QuantGemvParams& q, bool up) {
+        if (!packed) return;
+        q.w = up ? up_p.ptr() : down_p.ptr();
+        q.w_layout = up ? 2 : 1;
+      };
 
       cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
+      use_packed(p, true);
       p.xh = x16.xh.ptr();
       p.x_inv_scale = x16.inv.ptr();
       p.x_row_div = top_k;
@@ -198,6 +264,7 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       // values the GPU reads.
       for (int64_t i = 0; i < rows * inter; ++i) act_got[i] = f16_to_f32(act16_h[i]) / 256.0f;
       p = grouped_params(f, dev, route, false, inter, hidden);
+      use_packed(p, false);
       p.xh = act16.ptr();
       p.x_inv_const = 1.0f / 256.0f;
       p.variant = 5;

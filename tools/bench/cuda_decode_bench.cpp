@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -226,7 +228,13 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   int32_t* sorted = static_cast<int32_t*>(dalloc(4 * rows));
   int32_t* active = static_cast<int32_t*>(dalloc(4 * E));
   const bool fuse = variant == 4;  // variant 3 with the fused split-K epilogue
-  const int kernel_variant = fuse ? 3 : variant;
+  // "Variant 6": variant 5 on weights repacked into the mma layout (quant/nvfp4_mma_layout.h).
+  const bool packed = variant == 6;
+  if (packed) {
+    CHECK_OK(nvfp4_mma_repack_in_place(uw, E, 2 * I, H, nvfp4_mma::Tiling::kSwigluPairs, st()));
+    CHECK_OK(nvfp4_mma_repack_in_place(dw, E, H, I, nvfp4_mma::Tiling::kRows16, st()));
+  }
+  const int kernel_variant = fuse ? 3 : packed ? 5 : variant;
   const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H, kernel_variant);
   const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I, kernel_variant);
   uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
@@ -238,7 +246,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * tokens * H));  // variant 5: f16 activations
   float* xinv = static_cast<float*>(dalloc(4 * tokens));
   CHECK_OK(launch_x_to_f16({x, H, tokens, H, xh, H, xinv}, st()));
-  const bool v5 = variant == 5;
+  const bool v5 = variant == 5 || packed;
   double ms = time_ms([&](int i) {
     CHECK_OK(launch_group_by_expert({ids[i % kRoutings], rows, E, offs, sorted, active}, st()));
     QuantGemvParams p;
@@ -259,6 +267,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     p.k = H;
     p.partial = pu;
     p.variant = kernel_variant;
+    p.w_layout = packed ? 2 : 0;
     GemvEpilogueParams e;
     e.kind = GemvEpilogue::kSwigluBf16;
     e.partial = pu;
@@ -279,6 +288,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     p.x_row_div = 1;
     p.w = dw;
     p.w_scale = ds;
+    p.w_layout = packed ? 1 : 0;
     p.n = H;
     p.k = I;
     p.partial = pd;
@@ -297,7 +307,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
   char name[96];
   std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s", (long long)tokens,
-                unique, variant ? (" v" + std::to_string(variant)).c_str() : "");
+                unique, packed ? " v5 mma layout" : variant ? (" v" + std::to_string(variant)).c_str() : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y,
                                     counters, xh, xinv})
@@ -521,6 +531,8 @@ int main(int argc, char** argv) {
       for (int64_t m : {int64_t{2}, int64_t{32}})
         bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
   }
+  // Variant 5 on NVFP4 experts in the mma layout (what the model runs).
+  for (int64_t b : batches) bench_moe(b, 6);
   // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
   bench_moe(1, 1);
   bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);

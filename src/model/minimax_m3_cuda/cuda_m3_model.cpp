@@ -16,6 +16,7 @@
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/kv/kv_write_bf16.h"
+#include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
@@ -192,6 +193,7 @@ struct CudaM3Model::Impl {
     p.w_scale = m.scale;
     p.w_global = m.global;
     p.num_groups = m.groups;
+    p.w_layout = m.layout;
     if (grouped) {
       p.group_offsets = b.offs;
       p.sorted_rows = b.sorted;
@@ -210,6 +212,9 @@ struct CudaM3Model::Impl {
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
       return internal_error("[model.minimax_m3_cuda] f16 SwiGLU output needs variant 5");
+    if (m.layout != 0)
+      return internal_error("[model.minimax_m3_cuda] an NVFP4 matrix in the mma layout without "
+                            "its f16 input (variant 5)");
     p.pdl = opt.pdl && p.variant == 3;
     e.pdl = opt.pdl;
     e.partial = b.partial;
@@ -242,6 +247,8 @@ struct CudaM3Model::Impl {
     p.partial = b.partial;
     p.variant = gemv_variant(m.format);
     p.pdl = opt.pdl && p.variant == 3;
+    if (m.layout != 0)
+      return internal_error("[model.minimax_m3_cuda] split-K partials of an mma-layout matrix");
     *slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
     if (*slices * rows * m.n > b.partial_elems)
       return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the partials");
@@ -743,7 +750,39 @@ struct CudaM3Model::Impl {
   }
 
   Status alloc_decode_buffers();
+  Status repack_nvfp4();
 };
+
+// NVFP4 matrices whose decode GEMV always takes variant 5 go into the mma layout (2x fewer
+// dequantisation instructions; quant/nvfp4_mma_layout.h). A gate|up / down pair only when both
+// are NVFP4 (then the SwiGLU output is always f16 and the down GEMV is variant 5 too); qkv and
+// o_proj always read f16 inputs under variant 5. The router and lm_head stay row-major (GEMV
+// variant 2/3 at one row). Prefill dequantises either layout.
+Status CudaM3Model::Impl::repack_nvfp4() {
+  auto fits = [](const DevMatrix& m, nvfp4_mma::Tiling t) {
+    return m.format == QuantFormat::kNvfp4 && m.n > 0 && nvfp4_mma::fits(m.n, m.k, t);
+  };
+  auto repack = [&](DevMatrix& m, nvfp4_mma::Tiling t) -> Status {
+    M3_RETURN_IF_ERROR(cuda::nvfp4_mma_repack_in_place(m.w, m.groups, m.n, m.k, t, st()));
+    m.layout = static_cast<int>(t);
+    return Status::ok();
+  };
+  auto pair = [&](DevMatrix& gu, DevMatrix& down) -> Status {
+    if (fits(gu, nvfp4_mma::Tiling::kSwigluPairs) && fits(down, nvfp4_mma::Tiling::kRows16)) {
+      M3_RETURN_IF_ERROR(repack(gu, nvfp4_mma::Tiling::kSwigluPairs));
+      M3_RETURN_IF_ERROR(repack(down, nvfp4_mma::Tiling::kRows16));
+    }
+    return Status::ok();
+  };
+  for (DevLayer& L : w.layers) {
+    for (DevMatrix* m : {&L.qkv, &L.o})
+      if (fits(*m, nvfp4_mma::Tiling::kRows16)) M3_RETURN_IF_ERROR(repack(*m, nvfp4_mma::Tiling::kRows16));
+    M3_RETURN_IF_ERROR(pair(L.mlp_gu, L.mlp_down));
+    M3_RETURN_IF_ERROR(pair(L.shared_gu, L.shared_down));
+    M3_RETURN_IF_ERROR(pair(L.experts_gu, L.experts_down));
+  }
+  return Status::ok();
+}
 
 Status CudaM3Model::Impl::alloc_decode_buffers() {
   const int64_t r = dec_rows, mb = dec_mb_cap;
@@ -882,6 +921,9 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   } else {
     M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(cfg, src, &im.arena));
   }
+  // The uploads run on the legacy stream; the repack below reads them on im.stream.
+  M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  if (options.decode_gemv_variant == 5) M3_RETURN_IF_ERROR(im.repack_nvfp4());
   im.stats.weight_bytes = im.arena.bytes();
   im.stats.bf16_fallbacks = im.w.bf16_fallbacks;
   im.stats.quantised_matrices = im.w.quantised_matrices;

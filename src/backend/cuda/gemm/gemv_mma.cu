@@ -19,7 +19,7 @@ static_assert(kMmaStages * mma_stage_bytes<QuantFormat::kMxfp8>() >= 4 * 32 * 16
               "the cross-warp sums fit in a warp's ring");
 
 // Resident CTAs per SM for each width (4, 6, 8), computed once per instantiation.
-template <QuantFormat F, int NG>
+template <QuantFormat F, int NG, bool kPacked>
 const int* occupancy_table(int* sms_out) {
   static int occ[9] = {};
   static int sms = 0;
@@ -28,7 +28,7 @@ const int* occupancy_table(int* sms_out) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    auto* kernel = quant_gemv_mma_kernel<F, NG>;
+    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          mma_smem_bytes<F>(8));
     for (int w : kWidths) {
@@ -68,11 +68,11 @@ int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms) {
   return best;
 }
 
-template <QuantFormat F, int NG>
+template <QuantFormat F, int NG, bool kPacked>
 Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
-  auto* kernel = quant_gemv_mma_kernel<F, NG>;
+  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
   int sms = 1;
-  const int* occ = occupancy_table<F, NG>(&sms);
+  const int* occ = occupancy_table<F, NG, kPacked>(&sms);
   const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
   const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms);
   kernel<<<grid, 32 * w, mma_smem_bytes<F>(w), s>>>(p);
@@ -80,12 +80,12 @@ Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
   return Status::ok();
 }
 
-template <QuantFormat F>
+template <QuantFormat F, bool kPacked>
 Status launch_format(const QuantGemvParams& p, int ng, dim3 grid, cudaStream_t s) {
   switch (ng) {
-    case 1: return launch_one<F, 1>(p, grid, s);
-    case 2: return launch_one<F, 2>(p, grid, s);
-    default: return launch_one<F, 4>(p, grid, s);
+    case 1: return launch_one<F, 1, kPacked>(p, grid, s);
+    case 2: return launch_one<F, 2, kPacked>(p, grid, s);
+    default: return launch_one<F, 4, kPacked>(p, grid, s);
   }
 }
 
@@ -117,6 +117,15 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
       !(p.epilogue.limit * (p.epilogue.limit + 1.0f) * kActF16Scale < 65504.0f))
     return bad("variant 5 f16 SwiGLU output: limit " + std::to_string(p.epilogue.limit) +
                " would overflow f16");
+  if (p.w_layout != 0) {
+    const bool pairs = p.w_layout == 2;
+    if (p.format != QuantFormat::kNvfp4 || (p.w_layout != 1 && !pairs) || p.n % 16 != 0)
+      return bad("variant 5: the mma layout (w_layout " + std::to_string(p.w_layout) +
+                 ") needs NVFP4 weights and N % 16 == 0 (N = " + std::to_string(p.n) + ")");
+    if (pairs != swiglu)
+      return bad("variant 5: w_layout 2 (gate/up row pairs) goes with a SwiGLU epilogue, "
+                 "w_layout 1 with a store");
+  }
   const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
   // Rows per pass: a dense linear's batch; for experts twice the average rows per expert
   // (more take another pass over the weights).
@@ -124,8 +133,9 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
   const int ng = want <= 8 ? 1 : want <= 16 ? 2 : 4;
   const int64_t tiles = swiglu ? p.n / 16 : (p.n + 15) / 16;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slots));
-  return p.format == QuantFormat::kMxfp8 ? launch_format<QuantFormat::kMxfp8>(p, ng, grid, s)
-                                         : launch_format<QuantFormat::kNvfp4>(p, ng, grid, s);
+  if (p.format == QuantFormat::kMxfp8) return launch_format<QuantFormat::kMxfp8, false>(p, ng, grid, s);
+  return p.w_layout != 0 ? launch_format<QuantFormat::kNvfp4, true>(p, ng, grid, s)
+                         : launch_format<QuantFormat::kNvfp4, false>(p, ng, grid, s);
 }
 
 }  // namespace m3::cuda::gemv

@@ -70,6 +70,10 @@ struct QuantGemvParams {
   const uint8_t* w_scale = nullptr; // [G, N, K/32] E8M0 (MXFP8) | [G, N, K/16] E4M3 (NVFP4);
                                     // unused for BF16
   const float* w_global = nullptr;  // [G] NVFP4 multiplier; nullptr = 1; unused for MXFP8
+  // NVFP4 storage order (quant/nvfp4_mma_layout.h): 0 = the checkpoint's row-major order; 1 = the
+  // mma layout in tiles of 16 rows (store epilogue); 2 = the mma layout pairing gate row i with up
+  // row N/2 + i (SwiGLU epilogue). Layouts 1 and 2 are read by variant 5 only.
+  int w_layout = 0;
   int64_t num_groups = 1;           // G
   // Routing of rows to groups. All nullptr: one group, rows 0..num_rows-1 in order.
   const int32_t* group_offsets = nullptr;  // [G + 1]: group g owns sorted_rows[off[g], off[g+1])

@@ -40,6 +40,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/gemm/quant_gemv.cuh"
+#include "quant/nvfp4_mma_layout.h"
 
 namespace m3::cuda::gemv {
 
@@ -140,7 +141,11 @@ __device__ __forceinline__ float e8m0_exact(uint32_t e) {
 // registers and two CTAs: 1.3x faster for MXFP8 at batch 1, NVFP4 experts at batch 8 likewise).
 // Dynamic shared memory: mma_smem_bytes<F>(W): each warp's pipeline ring, reused for the
 // cross-warp sums after the stream.
-template <QuantFormat F, int NG>
+// kPacked (NVFP4 only): the weights are in the mma layout (quant/nvfp4_mma_layout.h, w_layout 1
+// or 2): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
+// 16-byte loads and turns each word into a k-step's four A registers with 4 funnel shifts and 4
+// LOP3s (row-major: 16 shifts and masks), and the activations need no byte permutes.
+template <QuantFormat F, int NG, bool kPacked = false>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
   using T = MmaTraits<F>;
   constexpr int kU = T::kU;
@@ -193,9 +198,17 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const uint8_t* w_src[kPieces];
   uint32_t w_dst[kPieces];
   bool w_ok[kPieces];
+  // Bytes between consecutive chunks of one copy: along a row, or (packed) whole 1-KB blocks.
+  const int64_t chunk_stride = kPacked ? T::kChunkBytes : T::kChunkBytes / 16;
 #pragma unroll
   for (int h = 0; h < kPieces; ++h) {
     const int piece = lane + 32 * h;
+    if constexpr (kPacked) {  // the (tile, chunk) block is copied as it is stored
+      w_ok[h] = true;        // N % 16 == 0: every tile is whole (launcher)
+      w_src[h] = wbase + int64_t{tile} * chunks * T::kChunkBytes + 16 * piece;
+      w_dst[h] = 16 * piece;
+      continue;
+    }
     const int r = F == QuantFormat::kMxfp8 ? piece >> 1 : piece >> 2;
     const int q = F == QuantFormat::kMxfp8 ? piece & 1 : piece & 3;
     const int row = weight_row(r);
@@ -220,7 +233,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       for (int h = 0; h < kPieces; ++h) {
         const bool in = w_ok[h] && c0 + u < chunks;
         cp_async16(base + u * T::kChunkBytes + w_dst[h],
-                   w_src[h] + (in ? int64_t{c0 + u} * (T::kChunkBytes / 16) : 0), in ? 16 : 0);
+                   w_src[h] + (in ? int64_t{c0 + u} * chunk_stride : 0), in ? 16 : 0);
       }
     if constexpr (F == QuantFormat::kMxfp8) {
       if (lane < 16) {
@@ -289,6 +302,41 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
             acc[ng][1] = fmaf(d[1], f_lo, acc[ng][1]);
             acc[ng][2] = fmaf(d[2], f_hi, acc[ng][2]);
             acc[ng][3] = fmaf(d[3], f_hi, acc[ng][3]);
+          }
+        } else if constexpr (kPacked) {
+          // This lane's 8 words (k-steps 0..7); the halves are swapped for lanes with bit 2 set.
+          const uint8_t* wl = st + u * T::kChunkBytes + lane * 32;
+          const int sw = (lane >> 2) & 1;
+          const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
+          const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
+          const uint8_t* sc = st + kU * T::kChunkBytes + u * 8;  // [row][chunk][8 blocks]
+          // Block scales x 2^7 as f16x2 (exact): k-steps 0..3 are block 2t, 4..7 block 2t + 1.
+          const uint32_t s2l = hmul2(
+              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * 16 + 2 * t)), 0x58005800u);
+          const uint32_t s2h = hmul2(
+              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * 16 + 2 * t)),
+              0x58005800u);
+          const uint32_t sl0 = prmt(s2l, 0, 0x1010), sl1 = prmt(s2l, 0, 0x3232);
+          const uint32_t sh0 = prmt(s2h, 0, 0x1010), sh1 = prmt(s2h, 0, 0x3232);
+          const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          uint4 xv[NG];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const uint32_t x = wv[i];
+            const uint32_t scl = i < 4 ? sl0 : sl1, sch = i < 4 ? sh0 : sh1;
+            // a0, a2: row g, columns (j0, j1), (j2, j3); a1, a3: row g + 8.
+            const uint32_t a0 = hmul2(nvfp4_mma::fragment(x, 0), scl),
+                           a1 = hmul2(nvfp4_mma::fragment(x, 1), sch),
+                           a2 = hmul2(nvfp4_mma::fragment(x, 2), scl),
+                           a3 = hmul2(nvfp4_mma::fragment(x, 3), sch);
+#pragma unroll
+            for (int ng = 0; ng < NG; ++ng) {
+              // Columns 32t + 4i .. + 3 of the chunk: one 16-byte load serves k-steps i, i + 1.
+              if (i % 2 == 0)
+                xv[ng] = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 32 * t + 4 * i));
+              mma_f16(acc[ng], a0, a1, a2, a3, i % 2 ? xv[ng].z : xv[ng].x,
+                      i % 2 ? xv[ng].w : xv[ng].y);
+            }
           }
         } else {
           const uint4 lo =

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "quant/nvfp4_mma_layout.h"
 
 namespace m3::cuda {
 namespace {
@@ -100,6 +101,41 @@ __global__ void dequant_nvfp4_kernel(const uint8_t* __restrict__ packed,
   }
 }
 
+// The same from the mma layout (quant/nvfp4_mma_layout.h): block b (row, 16 columns) is one
+// lane's four consecutive words of a (tile, chunk), one 16-byte load; each word gives the row's 4
+// codes of its k-step. `matrix` is row 0 of the [N, K] matrix.
+__global__ void dequant_nvfp4_packed_kernel(const uint8_t* __restrict__ matrix,
+                                            const uint8_t* __restrict__ scales, int64_t row0,
+                                            int64_t blocks, int64_t n, int64_t k, int tiling,
+                                            uint16_t* __restrict__ out) {
+  const int64_t bpr = k / 16;
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < blocks;
+       b += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = row0 + b / bpr, col0 = (b % bpr) * 16;
+    const nvfp4_mma::Loc l =
+        nvfp4_mma::locate(row, col0, n, k, static_cast<nvfp4_mma::Tiling>(tiling));
+    // col0 % 16 == 0: k-steps 4hb .. 4hb + 3 of the lane, contiguous (word offset 16-aligned).
+    const uint4 q = *reinterpret_cast<const uint4*>(matrix + l.word);
+    const float s = e4m3_to_float(scales[row * bpr + col0 / 16]);
+    const int h = l.frag & 1;  // locate(): frag = (j / 2)·2 + h, j = 0 here
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        v[j] = e2m1_to_float(nvfp4_mma::code_of(nvfp4_mma::fragment(words[ii], (j >> 1) * 2 + h),
+                                                j & 1)) * s;
+      o[2 * ii] = pack_bf16x2(v[0], v[1]);
+      o[2 * ii + 1] = pack_bf16x2(v[2], v[3]);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out) + 2 * b;
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
 __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
                                    int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -180,6 +216,16 @@ Status launch_dequant_bf16(const DequantBf16Params& p, CUstream_st* stream) {
   } else if (w.format == QuantFormat::kNvfp4) {
     if (w.k % 16 != 0) return invalid_argument("[cuda.dequant_bf16] NVFP4 K % 16 != 0");
     const int64_t blocks = p.rows * w.k / 16;
+    if (w.layout != 0) {
+      if (!nvfp4_mma::fits(w.n, w.k, static_cast<nvfp4_mma::Tiling>(w.layout)))
+        return invalid_argument("[cuda.dequant_bf16] NVFP4 mma layout " +
+                                std::to_string(w.layout) + " does not fit N " +
+                                std::to_string(w.n) + ", K " + std::to_string(w.k));
+      dequant_nvfp4_packed_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(
+          w.w, w.w_scale, p.row0, blocks, w.n, w.k, w.layout, p.out);
+      M3_CUDA_RETURN_IF_LAUNCH_ERROR(dequant_nvfp4_packed_kernel);
+      return Status::ok();
+    }
     const uint8_t* packed = w.w + p.row0 * (w.k / 2);
     const uint8_t* scales = w.w_scale + p.row0 * (w.k / 16);
     dequant_nvfp4_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(packed, scales, blocks, p.out);

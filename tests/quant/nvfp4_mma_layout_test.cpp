@@ -1,0 +1,89 @@
+// The NVFP4 mma layout (quant/nvfp4_mma_layout.h): the packed word map is a bijection, the
+// fragments give back every code, and the whole-matrix repack is a permutation of the codes that
+// packed_code() inverts element by element, for both tilings.
+#include "quant/nvfp4_mma_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+namespace m3::nvfp4_mma {
+namespace {
+
+// Decodes code (h, j) of a word the way the GEMV does: fragment (j/2)·2 + h, half j % 2.
+uint32_t code_at(uint32_t x, int h, int j) { return code_of(fragment(x, (j >> 1) * 2 + h), j & 1); }
+
+TEST(Nvfp4MmaLayout, EveryCodeOfEverySlotRoundTrips) {
+  const uint32_t* table = pack_table().data();
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    uint8_t nib[2][4];
+    for (auto& row : nib)
+      for (auto& v : row) v = static_cast<uint8_t>(rng() & 15);
+    // Sweep one slot through all 16 codes, the others random.
+    const int hs = trial % 2, js = (trial / 2) % 4;
+    for (uint8_t v = 0; v < 16; ++v) {
+      nib[hs][js] = v;
+      const uint32_t x = pack_word(table, nib);
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j)
+          ASSERT_EQ(code_at(x, h, j), nib[h][j]) << "slot " << h << "," << j << " trial " << trial;
+    }
+  }
+}
+
+TEST(Nvfp4MmaLayout, WordMapIsABijection) {
+  // 2^32 words map to 2^32 code sets iff no nonzero word decodes to all-zero fragments; the map is
+  // linear, so checking that the 32 basis words decode to independent vectors suffices: pack
+  // their decodes back and get the basis again.
+  const uint32_t* table = pack_table().data();
+  for (int e = 0; e < 32; ++e) {
+    const uint32_t x = 1u << e;
+    uint8_t nib[2][4];
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j) nib[h][j] = static_cast<uint8_t>(code_at(x, h, j));
+    EXPECT_EQ(pack_word(table, nib), x) << "basis word " << e;
+  }
+  // The fragments only ever set the f16 bits of T: the rest of each register is zero.
+  std::mt19937 rng(3);
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t x = rng();
+    for (int f = 0; f < 4; ++f) EXPECT_EQ(fragment(x, f) & ~kT, 0u);
+  }
+}
+
+TEST(Nvfp4MmaLayout, MatrixRepackIsInvertedByPackedCode) {
+  std::mt19937 rng(11);
+  struct Shape {
+    int64_t groups, n, k;
+    Tiling tiling;
+  };
+  for (const Shape s : {Shape{1, 16, 128, Tiling::kRows16}, Shape{2, 48, 384, Tiling::kRows16},
+                        Shape{3, 32, 256, Tiling::kSwigluPairs},
+                        Shape{1, 96, 640, Tiling::kSwigluPairs}}) {
+    ASSERT_TRUE(fits(s.n, s.k, s.tiling));
+    const int64_t bytes = s.n * s.k / 2;
+    std::vector<uint8_t> src(static_cast<size_t>(s.groups * bytes));
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    const auto packed = pack_matrix(src.data(), s.groups, s.n, s.k, s.tiling);
+    ASSERT_EQ(packed.size(), src.size());
+    std::set<int64_t> words;
+    for (int64_t g = 0; g < s.groups; ++g)
+      for (int64_t r = 0; r < s.n; ++r)
+        for (int64_t c = 0; c < s.k; ++c) {
+          const uint8_t byte = src[static_cast<size_t>(g * bytes + r * (s.k / 2) + c / 2)];
+          const uint32_t want = c % 2 ? byte >> 4 : byte & 15;
+          ASSERT_EQ(packed_code(packed.data() + g * bytes, r, c, s.n, s.k, s.tiling), want)
+              << "group " << g << " row " << r << " col " << c << " n " << s.n << " k " << s.k;
+          if (g == 0) words.insert(locate(r, c, s.n, s.k, s.tiling).word);
+        }
+    EXPECT_EQ(static_cast<int64_t>(words.size()), bytes / 4) << "every word holds 8 codes";
+  }
+  EXPECT_FALSE(fits(16, 96, Tiling::kRows16));
+  EXPECT_FALSE(fits(24, 128, Tiling::kRows16));
+  EXPECT_FALSE(fits(24, 128, Tiling::kSwigluPairs));
+}
+
+}  // namespace
+}  // namespace m3::nvfp4_mma
