@@ -18,13 +18,16 @@
 //
 // Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=0] [results.tsv (appended)|-]
 //                                [decode_gemv_variant=5]
-// Environment, for profilers: M3_BENCH_ONLY=B,C runs one config (batch B, context C tokens);
+// Environment, for profilers and A/B runs: M3_BENCH_ONLY=B,C[;B,C...] runs those configs (batch
+// B, context C tokens);
 // M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
-// M3_BENCH_UNFUSED=1 turns CudaM3Options::fused_decode_kernels off (A/B of the fused launches).
+// M3_BENCH_UNFUSED=1 turns CudaM3Options::fused_decode_kernels off (A/B of the fused launches);
+// M3_BENCH_PREFETCH_MB=N sets CudaM3Options::l2_prefetch_o_proj_mb (0: off).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -85,6 +88,7 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   o.overlap_shared_expert = overlap;
   o.pdl = pdl;
   if (const char* u = std::getenv("M3_BENCH_UNFUSED")) o.fused_decode_kernels = std::atoi(u) == 0;
+  if (const char* mb = std::getenv("M3_BENCH_PREFETCH_MB")) o.l2_prefetch_o_proj_mb = std::atoll(mb);
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
@@ -102,13 +106,18 @@ int main(int argc, char** argv) {
   const int variant = argc > 4 ? std::atoi(argv[4]) : 5;
   std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},
                                  {32, 4096}, {32, 32768}, {128, 4096}};
-  if (const char* only = std::getenv("M3_BENCH_ONLY")) {
-    long long b = 0, c = 0;
-    if (std::sscanf(only, "%lld,%lld", &b, &c) != 2 || b < 1 || b > 128 || c < 128 || c % 128) {
-      std::fprintf(stderr, "M3_BENCH_ONLY=B,C: batch 1..128, context a multiple of 128\n");
-      return 2;
+  if (const char* only = std::getenv("M3_BENCH_ONLY")) {  // "B,C" or "B,C;B,C;..."
+    configs.clear();
+    for (const char* q = only; *q != '\0';) {
+      long long b = 0, c = 0;
+      if (std::sscanf(q, "%lld,%lld", &b, &c) != 2 || b < 1 || b > 128 || c < 128 || c % 128) {
+        std::fprintf(stderr, "M3_BENCH_ONLY=B,C[;B,C...]: batch 1..128, context a multiple of 128\n");
+        return 2;
+      }
+      configs.push_back({b, c});
+      const char* next = std::strchr(q, ';');
+      q = next ? next + 1 : q + std::strlen(q);
     }
-    configs = {{b, c}};
   }
   int64_t pages = 0;
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);

@@ -19,6 +19,7 @@
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
+#include "backend/cuda/runtime/l2_prefetch.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
 #include "backend/cuda/rope/qk_norm_rope.h"
@@ -142,6 +143,7 @@ struct CudaM3Model::Impl {
   cuda::Stream stream;
   cuda::Stream side;  // the shared expert's stream (overlap_shared_expert)
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  cudaEvent_t pf_fork_ev = nullptr, pf_join_ev = nullptr;  // the o_proj L2 prefetch
   std::unique_ptr<cuda::CachingAllocator> alloc;
   std::unique_ptr<cuda::PrefillGemm> gemm;
   DevWeights w;
@@ -164,6 +166,8 @@ struct CudaM3Model::Impl {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
+    if (pf_fork_ev) cudaEventDestroy(pf_fork_ev);
+    if (pf_join_ev) cudaEventDestroy(pf_join_ev);
   }
 
   cudaStream_t st() const { return stream.get(); }
@@ -380,6 +384,7 @@ struct CudaM3Model::Impl {
     p.cache = kv[static_cast<size_t>(layer)];
     p.block_tables = b.tables;
     p.max_blocks = mb;
+    p.pdl = opt.pdl;
     return cuda::launch_attention_inputs(p, st());
   }
 
@@ -447,12 +452,25 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
       M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
     }
+    const bool prefetch = opt.l2_prefetch_o_proj_mb > 0 && L.o.n > 0;
+    if (prefetch) {  // o_proj's weights towards L2 on the side stream, under the attention
+      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(pf_fork_ev, st()));
+      M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), pf_fork_ev, 0));
+      const int64_t wbytes = cuda::quant_weight_bytes(L.o.format, L.o.n, L.o.k);
+      M3_RETURN_IF_ERROR(cuda::launch_l2_prefetch(
+          L.o.w, std::min(wbytes, opt.l2_prefetch_o_proj_mb << 20), side.get()));
+      if (L.o.format != QuantFormat::kBf16)
+        M3_RETURN_IF_ERROR(cuda::launch_l2_prefetch(
+            L.o.scale, cuda::quant_scale_bytes(L.o.format, L.o.n, L.o.k), side.get()));
+      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(pf_join_ev, side.get()));
+    }
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
     if (tensor_core(L.o, rows))
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
     M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr,
                                                  b.attn_inv}, rows, b, pending));
+    if (prefetch) M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), pf_join_ev, 0));
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
@@ -914,6 +932,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create());
   M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork_ev, cudaEventDisableTiming));
   M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.join_ev, cudaEventDisableTiming));
+  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.pf_fork_ev, cudaEventDisableTiming));
+  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.pf_join_ev, cudaEventDisableTiming));
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {

@@ -319,7 +319,14 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
           const uint32_t sl0 = prmt(s2l, 0, 0x1010), sl1 = prmt(s2l, 0, 0x3232);
           const uint32_t sh0 = prmt(s2h, 0, 0x1010), sh1 = prmt(s2h, 0, 0x3232);
           const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-          uint4 xv[NG];
+          // The chunk's activations first (independent of the weights): their L1/L2 latency
+          // overlaps the dequantisation instead of stalling the first mma of each pair.
+          uint4 xc[NG][4];
+#pragma unroll
+          for (int ng = 0; ng < NG; ++ng)
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              xc[ng][q] = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 32 * t + 8 * q));
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const uint32_t x = wv[i];
@@ -332,10 +339,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
 #pragma unroll
             for (int ng = 0; ng < NG; ++ng) {
               // Columns 32t + 4i .. + 3 of the chunk: one 16-byte load serves k-steps i, i + 1.
-              if (i % 2 == 0)
-                xv[ng] = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 32 * t + 4 * i));
-              mma_f16(acc[ng], a0, a1, a2, a3, i % 2 ? xv[ng].z : xv[ng].x,
-                      i % 2 ? xv[ng].w : xv[ng].y);
+              const uint4 xv = xc[ng][i / 2];
+              mma_f16(acc[ng], a0, a1, a2, a3, i % 2 ? xv.z : xv.x, i % 2 ? xv.w : xv.y);
             }
           }
         } else {
