@@ -179,12 +179,9 @@ struct CudaM3Model::Impl {
     return opt.decode_gemv_variant == 5 && use_tensor_core_gemv(m.format, rows);
   }
 
-  // The decode GEMV of m on the input: variant 5 where tensor_core(m, rows) and the input has its
-  // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
-  Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
-              const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
-              cudaStream_t on = nullptr) {
-    if (on == nullptr) on = st();
+  // The launch parameters every decode GEMV of m on the input shares (ungrouped, variant 3/2).
+  cuda::QuantGemvParams gemv_params(const DevMatrix& m, const GemvIn& in, int64_t rows,
+                                    const Bufs& b) const {
     cuda::QuantGemvParams p;
     p.format = m.format;
     p.x = in.bf16;
@@ -192,23 +189,33 @@ struct CudaM3Model::Impl {
     p.xh = in.f16;
     p.x_inv_scale = in.inv;
     p.x_inv_const = in.inv_const;
-    p.x_row_div = x_row_div;
     p.w = m.w;
     p.w_scale = m.scale;
     p.w_global = m.global;
     p.num_groups = m.groups;
     p.w_layout = m.layout;
+    p.num_rows = rows;
+    p.n = m.n;
+    p.k = m.k;
+    p.partial = b.partial;
+    p.variant = gemv_variant(m.format);
+    return p;
+  }
+
+  // The decode GEMV of m on the input: variant 5 where tensor_core(m, rows) and the input has its
+  // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
+  Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
+              const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
+              cudaStream_t on = nullptr) {
+    if (on == nullptr) on = st();
+    cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
+    p.x_row_div = x_row_div;
     if (grouped) {
       p.group_offsets = b.offs;
       p.sorted_rows = b.sorted;
       p.active_groups = b.active;
       p.num_slots = std::min<int64_t>(m.groups, rows);
     }
-    p.num_rows = rows;
-    p.n = m.n;
-    p.k = m.k;
-    p.partial = b.partial;
-    p.variant = gemv_variant(m.format);
     if (in.f16 != nullptr && tensor_core(m, rows)) {
       p.variant = 5;
       p.epilogue = e;
@@ -237,22 +244,11 @@ struct CudaM3Model::Impl {
   // b.partial ([slices, rows, m.n]) for a consumer that sums them (the norm, attention inputs).
   Status gemv_partials(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
                        int64_t* slices) {
-    cuda::QuantGemvParams p;
-    p.format = m.format;
-    p.x = in.bf16;
-    p.ldx = in.ld;
-    p.w = m.w;
-    p.w_scale = m.scale;
-    p.w_global = m.global;
-    p.num_groups = m.groups;
-    p.num_rows = rows;
-    p.n = m.n;
-    p.k = m.k;
-    p.partial = b.partial;
-    p.variant = gemv_variant(m.format);
-    p.pdl = opt.pdl && p.variant == 3;
     if (m.layout != 0)
       return internal_error("[model.minimax_m3_cuda] split-K partials of an mma-layout matrix");
+    cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
+    p.xh = nullptr;  // variant 3/2 read the bf16 rows
+    p.pdl = opt.pdl && p.variant == 3;
     *slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
     if (*slices * rows * m.n > b.partial_elems)
       return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the partials");
