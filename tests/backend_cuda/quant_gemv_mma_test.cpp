@@ -173,13 +173,101 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kNvfp4, 7, 48, 384, 0},      // mma layout, 8-byte scales
                       Case{QuantFormat::kNvfp4, 3, 512, 2048, 20}));
 
+struct Routing {
+  int64_t tokens;
+  std::vector<int32_t> ids;  // [tokens * 3]
+};
+
+// One routing through gate|up (+ SwiGLU) and down; NVFP4 optionally in the mma layout (gate/up
+// row pairs, rows of 16), repacked on the GPU and checked against the host repack first.
+void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
+  const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
+  const int64_t rows = tokens * top_k;
+  const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
+                           " v5 grouped T" + std::to_string(tokens) +
+                           (packed ? " mma layout" : "");
+  const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
+  std::vector<float> xf;
+  std::vector<uint16_t> xb;
+  make_x(tokens, hidden, 33, &xf, &xb);
+  Dev<uint16_t> dx(xb);
+  XF16 x16(dx, xf, tokens, hidden);
+  DevRouting route(routing.ids, experts);
+  DevExperts dev(ex);
+  auto up_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.up_w.size()));
+  auto down_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.down_w.size()));
+  if (packed) {
+    ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.up_w.ptr(), up_p.ptr(), experts, 2 * inter,
+                                              hidden, nvfp4_mma::Tiling::kSwigluPairs,
+                                              stream()).is_ok());
+    ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.down_w.ptr(), down_p.ptr(), experts, hidden,
+                                              inter, nvfp4_mma::Tiling::kRows16,
+                                              stream()).is_ok());
+    ASSERT_EQ(up_p.host(), nvfp4_mma::pack_matrix(ex.up_w.data(), experts, 2 * inter, hidden,
+                                                  nvfp4_mma::Tiling::kSwigluPairs));
+  }
+  auto use_packed = [&](cuda::QuantGemvParams& q, bool up) {
+    if (!packed) return;
+    q.w = up ? up_p.ptr() : down_p.ptr();
+    q.w_layout = up ? 2 : 1;
+  };
+
+  cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
+  use_packed(p, true);
+  p.xh = x16.xh.ptr();
+  p.x_inv_scale = x16.inv.ptr();
+  p.x_row_div = top_k;
+  p.variant = 5;
+  p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
+  auto act = Dev<uint16_t>::poisoned(rows * inter);
+  p.epilogue.act = act.ptr();
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto act_h = act.host();
+  p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
+  auto act16 = Dev<uint16_t>::poisoned(rows * inter);
+  p.epilogue.act = act16.ptr();
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto act16_h = act16.host();
+  // The f16 copy is the bf16 value x 2^8, exact down to the f16 subnormal step (2^-24, so
+  // within 2^-33 after the 2^-8).
+  for (int64_t i = 0; i < rows * inter; ++i)
+    ASSERT_LE(std::abs(double(f16_to_f32(act16_h[i])) / 256.0 - bf16_to_f32(act_h[i])),
+              std::ldexp(1.0, -33))
+        << name << ": f16 activation " << i << " is not the bf16 one x 2^8";
+
+  // CPU gate|up + SwiGLU per routed row with this kernel's summation bound (quant_matrix.h).
+  std::vector<float> act_got(rows * inter), act_want(rows * inter);
+  std::vector<double> act_bound(rows * inter);
+  for (int64_t r = 0; r < rows; ++r) {
+    swiglu_row_reference(xf.data() + (r / top_k) * hidden, ex.up[routing.ids[r]], inter,
+                         hidden, bound_factor(hidden), act_want.data() + r * inter,
+                         act_bound.data() + r * inter);
+    for (int64_t i = 0; i < inter; ++i)
+      act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
+  }
+  expect_close(act_got, act_want, act_bound, name + " gate|up + swiglu");
+
+  // Down: the f16 activations (x 2^8), float32 rows per routed row; the CPU gets exactly the
+  // values the GPU reads.
+  for (int64_t i = 0; i < rows * inter; ++i) act_got[i] = f16_to_f32(act16_h[i]) / 256.0f;
+  p = grouped_params(f, dev, route, false, inter, hidden);
+  use_packed(p, false);
+  p.xh = act16.ptr();
+  p.x_inv_const = 1.0f / 256.0f;
+  p.variant = 5;
+  auto y = Dev<float>::poisoned(rows * hidden);
+  p.epilogue.y = y.ptr();
+  p.epilogue.ldy = hidden;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  std::vector<float> yw;
+  std::vector<double> yb;
+  down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
+  expect_close(y.host(), yw, yb, name + " down (f16 activations)");
+}
+
 // Experts: tokens x top_k routed rows through their expert's gate|up with the fused SwiGLU
 // (bf16 and f16 x 2^8 outputs), then the down product reading the f16 activations.
 TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
-  struct Routing {
-    int64_t tokens;
-    std::vector<int32_t> ids;  // [tokens * 3]
-  };
   std::vector<Routing> routings;
   routings.push_back({5, {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3}});
   Routing heavy{40, {}};  // expert 3 takes all 40 tokens: two passes of 32 rows
@@ -192,91 +280,8 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   routings.push_back(staged);
   for (const Routing& routing : routings)
     for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8})
-      for (bool packed : {false, true}) {  // NVFP4 also in the mma layout (gate/up pairs, rows16)
-      if (packed && f != QuantFormat::kNvfp4) continue;
-      const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
-      const int64_t rows = tokens * top_k;
-      const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
-                               " v5 grouped T" + std::to_string(tokens) +
-                               (packed ? " mma layout" : "");
-      const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
-      std::vector<float> xf;
-      std::vector<uint16_t> xb;
-      make_x(tokens, hidden, 33, &xf, &xb);
-      Dev<uint16_t> dx(xb);
-      XF16 x16(dx, xf, tokens, hidden);
-      DevRouting route(routing.ids, experts);
-      DevExperts dev(ex);
-      auto up_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.up_w.size()));
-      auto down_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.down_w.size()));
-      if (packed) {
-        ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.up_w.ptr(), up_p.ptr(), experts, 2 * inter,
-                                                  hidden, nvfp4_mma::Tiling::kSwigluPairs,
-                                                  stream()).is_ok());
-        ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.down_w.ptr(), down_p.ptr(), experts, hidden,
-                                                  inter, nvfp4_mma::Tiling::kRows16,
-                                                  stream()).is_ok());
-        ASSERT_EQ(up_p.host(), nvfp4_mma::pack_matrix(ex.up_w.data(), experts, 2 * inter, hidden,
-                                                      nvfp4_mma::Tiling::kSwigluPairs));
-      }
-      auto use_packed = [&](cuda::QuantGemvParams& q, bool up) {
-        if (!packed) return;
-        q.w = up ? up_p.ptr() : down_p.ptr();
-        q.w_layout = up ? 2 : 1;
-      };
-
-      cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
-      use_packed(p, true);
-      p.xh = x16.xh.ptr();
-      p.x_inv_scale = x16.inv.ptr();
-      p.x_row_div = top_k;
-      p.variant = 5;
-      p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
-      auto act = Dev<uint16_t>::poisoned(rows * inter);
-      p.epilogue.act = act.ptr();
-      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      const auto act_h = act.host();
-      p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
-      auto act16 = Dev<uint16_t>::poisoned(rows * inter);
-      p.epilogue.act = act16.ptr();
-      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      const auto act16_h = act16.host();
-      // The f16 copy is the bf16 value x 2^8, exact down to the f16 subnormal step (2^-24, so
-      // within 2^-33 after the 2^-8).
-      for (int64_t i = 0; i < rows * inter; ++i)
-        ASSERT_LE(std::abs(double(f16_to_f32(act16_h[i])) / 256.0 - bf16_to_f32(act_h[i])),
-                  std::ldexp(1.0, -33))
-            << name << ": f16 activation " << i << " is not the bf16 one x 2^8";
-
-      // CPU gate|up + SwiGLU per routed row with this kernel's summation bound (quant_matrix.h).
-      std::vector<float> act_got(rows * inter), act_want(rows * inter);
-      std::vector<double> act_bound(rows * inter);
-      for (int64_t r = 0; r < rows; ++r) {
-        swiglu_row_reference(xf.data() + (r / top_k) * hidden, ex.up[routing.ids[r]], inter,
-                             hidden, bound_factor(hidden), act_want.data() + r * inter,
-                             act_bound.data() + r * inter);
-        for (int64_t i = 0; i < inter; ++i)
-          act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
-      }
-      expect_close(act_got, act_want, act_bound, name + " gate|up + swiglu");
-
-      // Down: the f16 activations (x 2^8), float32 rows per routed row; the CPU gets exactly the
-      // values the GPU reads.
-      for (int64_t i = 0; i < rows * inter; ++i) act_got[i] = f16_to_f32(act16_h[i]) / 256.0f;
-      p = grouped_params(f, dev, route, false, inter, hidden);
-      use_packed(p, false);
-      p.xh = act16.ptr();
-      p.x_inv_const = 1.0f / 256.0f;
-      p.variant = 5;
-      auto y = Dev<float>::poisoned(rows * hidden);
-      p.epilogue.y = y.ptr();
-      p.epilogue.ldy = hidden;
-      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      std::vector<float> yw;
-      std::vector<double> yb;
-      down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
-      expect_close(y.host(), yw, yb, name + " down (f16 activations)");
-    }
+      for (bool packed : {false, true})
+        if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed);
 }
 
 // Bad parameters are refused with a message, not launched.
