@@ -135,10 +135,9 @@ M3_HOST_DEVICE inline uint32_t pack_word(const uint32_t* table, const uint8_t (&
 
 // Whether an [N, K] NVFP4 matrix can take the layout.
 inline bool fits(int64_t n, int64_t k, Tiling tiling) {
-  if (k <= 0 || k % kChunkK != 0 || n <= 0) return false;
-  if (tiling == Tiling::kRows16) return n % 16 == 0;
-  if (tiling == Tiling::kSwigluPairs) return n % 16 == 0;
-  return false;
+  // Both tilings need whole 16-row tiles (pairs: N/2 % 8 == 0, the same condition).
+  const bool mma = tiling == Tiling::kRows16 || tiling == Tiling::kSwigluPairs;
+  return mma && n > 0 && n % 16 == 0 && k > 0 && k % kChunkK == 0;
 }
 
 // Host reference of the repack: `groups` matrices [N, K/2 bytes] in checkpoint order (code of

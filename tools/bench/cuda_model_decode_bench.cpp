@@ -20,9 +20,7 @@
 //                                [decode_gemv_variant=5]
 // Environment, for profilers and A/B runs: M3_BENCH_ONLY=B,C[;B,C...] runs those configs (batch
 // B, context C tokens);
-// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
-// M3_BENCH_UNFUSED=1 turns CudaM3Options::fused_decode_kernels off (A/B of the fused launches);
-// M3_BENCH_PREFETCH_MB=N sets CudaM3Options::l2_prefetch_o_proj_mb (0: off).
+// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -87,8 +85,6 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   o.gpu_dummy_weights = true;
   o.overlap_shared_expert = overlap;
   o.pdl = pdl;
-  if (const char* u = std::getenv("M3_BENCH_UNFUSED")) o.fused_decode_kernels = std::atoi(u) == 0;
-  if (const char* mb = std::getenv("M3_BENCH_PREFETCH_MB")) o.l2_prefetch_o_proj_mb = std::atoll(mb);
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
@@ -134,10 +130,8 @@ int main(int argc, char** argv) {
 
   std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
               "expert overlap %s, programmatic dependent launch %s, GEMV variant %d; median of 15 steps "
-              "(host + graph + logits to host)%s\n",
-              overlap ? "on" : "off", pdl ? "on" : "off", variant,
-              std::getenv("M3_BENCH_UNFUSED") && std::atoi(std::getenv("M3_BENCH_UNFUSED")) != 0
-                  ? "; fused decode kernels OFF" : "");
+              "(host + graph + logits to host)\n",
+              overlap ? "on" : "off", pdl ? "on" : "off", variant);
   std::vector<std::vector<double>> t(configs.size());
   if (const char* l = std::getenv("M3_BENCH_LAYERS")) {
     const int64_t layers = std::atoll(l);

@@ -15,14 +15,11 @@
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
-#include "backend/cuda/kv/kv_write_bf16.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
-#include "backend/cuda/runtime/l2_prefetch.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
-#include "backend/cuda/rope/qk_norm_rope.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/stream.h"
@@ -68,7 +65,7 @@ struct Bufs {
         *topk_w = nullptr, *contrib = nullptr, *shared = nullptr, *gate_up = nullptr,
         *partial = nullptr, *block_scores = nullptr, *o_part = nullptr, *ml = nullptr,
         *logits = nullptr;
-  uint16_t *h = nullptr, *q = nullptr, *k = nullptr, *iq = nullptr, *ik = nullptr, *attn = nullptr,
+  uint16_t *h = nullptr, *q = nullptr, *iq = nullptr, *attn = nullptr,
            *act = nullptr, *act_s = nullptr, *h_rows = nullptr;
   int32_t *ids = nullptr, *positions = nullptr, *tables = nullptr, *topk_ids = nullptr,
           *offs = nullptr, *sorted = nullptr, *active = nullptr, *selected = nullptr,
@@ -143,7 +140,6 @@ struct CudaM3Model::Impl {
   cuda::Stream stream;
   cuda::Stream side;  // the shared expert's stream (overlap_shared_expert)
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-  cudaEvent_t pf_fork_ev = nullptr, pf_join_ev = nullptr;  // the o_proj L2 prefetch
   std::unique_ptr<cuda::CachingAllocator> alloc;
   std::unique_ptr<cuda::PrefillGemm> gemm;
   DevWeights w;
@@ -166,8 +162,6 @@ struct CudaM3Model::Impl {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
-    if (pf_fork_ev) cudaEventDestroy(pf_fork_ev);
-    if (pf_join_ev) cudaEventDestroy(pf_join_ev);
   }
 
   cudaStream_t st() const { return stream.get(); }
@@ -304,51 +298,10 @@ struct CudaM3Model::Impl {
     return gemm->linear(p, st());
   }
 
-  cuda::QkNormRopeParams qk_norm_params(const float* x, int64_t heads, const uint16_t* weight,
-                                        const int32_t* pos, uint16_t* out, int64_t t,
-                                        int64_t head_dim) const {
-    cuda::QkNormRopeParams p;
-    p.x = x;
-    p.ld_x = nqkv;
-    p.weight = weight;
-    p.positions = pos;
-    p.out = out;
-    p.t = t;
-    p.h = heads;
-    p.d = head_dim;
-    p.rotary_dim = cfg.rotary_dim;
-    p.rot_width = std::min(cfg.rotary_dim, head_dim);
-    p.eps = eps;
-    p.theta = cfg.rope_theta;
-    return p;
-  }
-
-  // q, k, index q/k (normed + roped, bf16) from the fused projection, and the KV-cache write of
-  // every row (row i: block_tables[i * mb ...]; -1 pages are skipped).
-  Status attention_inputs(const Bufs& b, int64_t layer, int64_t t, int64_t mb) {
-    const DevLayer& L = w.layers[static_cast<size_t>(layer)];
-    // One launch for the four head groups (d == dix == 128: checked at load).
-    const cuda::QkNormRopeParams segs[4] = {
-        qk_norm_params(b.qkv, nh, L.q_norm, b.positions, b.q, t, d),
-        qk_norm_params(b.qkv + off_k, hkv, L.k_norm, b.positions, b.k, t, d),
-        qk_norm_params(b.qkv + off_iq, hix, L.iq_norm, b.positions, b.iq, t, dix),
-        qk_norm_params(b.qkv + off_ik, 1, L.ik_norm, b.positions, b.ik, t, dix)};
-    M3_RETURN_IF_ERROR(cuda::launch_qk_norm_rope_multi(segs, 4, st()));
-    cuda::KvWriteBf16Params kw;
-    kw.cache = kv[static_cast<size_t>(layer)];
-    kw.k = b.k;
-    kw.v = b.qkv + off_v;
-    kw.ld_v = nqkv;
-    kw.idx_k = b.ik;
-    kw.positions = b.positions;
-    kw.block_tables = b.tables;
-    kw.batch = t;
-    kw.max_blocks = mb;
-    return cuda::launch_kv_write_bf16(kw, st());
-  }
-
-  // attention_inputs in one launch, from the projection's `slices` planes of [rows, nqkv].
-  Status fused_attention_inputs(const Bufs& b, int64_t layer, const float* proj, int64_t slices,
+  // q, index q (normed + roped, bf16) and the KV-cache write (K, V, index key) of every row (row
+  // i: block_tables[i * mb ...]; -1 pages skipped), in one launch from the projection's `slices`
+  // planes of [rows, nqkv] (split-K partials, summed here; 1: the plain projection).
+  Status attention_inputs(const Bufs& b, int64_t layer, const float* proj, int64_t slices,
                                 int64_t rows, int64_t mb) {
     const DevLayer& L = w.layers[static_cast<size_t>(layer)];
     cuda::AttentionInputsParams p;
@@ -432,41 +385,23 @@ struct CudaM3Model::Impl {
     // The norms also write the f16 form of their output for variant 5.
     const GemvIn h_in{b.h, hd, v5 ? b.h16 : nullptr, b.h_inv};
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, v5));
-    if (opt.fused_decode_kernels) {
-      // The projection's partial sums (or, on variant 5, its output) go straight into the fused
-      // split-K sum + QK norm/RoPE + KV-cache write.
-      int64_t slices = 1;
-      const float* proj = b.qkv;
-      if (h_in.f16 != nullptr && tensor_core(L.qkv, rows)) {
-        M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
-      } else {
-        M3_RETURN_IF_ERROR(gemv_partials(L.qkv, h_in, rows, b, &slices));
-        proj = b.partial;
-      }
-      M3_RETURN_IF_ERROR(fused_attention_inputs(b, layer, proj, slices, rows, mb));
-    } else {
+    // The projection's partial sums (or, on variant 5, its output) go straight into the fused
+    // split-K sum + QK norm/RoPE + KV-cache write.
+    int64_t slices = 1;
+    const float* proj = b.qkv;
+    if (h_in.f16 != nullptr && tensor_core(L.qkv, rows)) {
       M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
-      M3_RETURN_IF_ERROR(attention_inputs(b, layer, rows, mb));
+    } else {
+      M3_RETURN_IF_ERROR(gemv_partials(L.qkv, h_in, rows, b, &slices));
+      proj = b.partial;
     }
-    const bool prefetch = opt.l2_prefetch_o_proj_mb > 0 && L.o.n > 0;
-    if (prefetch) {  // o_proj's weights towards L2 on the side stream, under the attention
-      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(pf_fork_ev, st()));
-      M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), pf_fork_ev, 0));
-      const int64_t wbytes = cuda::quant_weight_bytes(L.o.format, L.o.n, L.o.k);
-      M3_RETURN_IF_ERROR(cuda::launch_l2_prefetch(
-          L.o.w, std::min(wbytes, opt.l2_prefetch_o_proj_mb << 20), side.get()));
-      if (L.o.format != QuantFormat::kBf16)
-        M3_RETURN_IF_ERROR(cuda::launch_l2_prefetch(
-            L.o.scale, cuda::quant_scale_bytes(L.o.format, L.o.n, L.o.k), side.get()));
-      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(pf_join_ev, side.get()));
-    }
+    M3_RETURN_IF_ERROR(attention_inputs(b, layer, proj, slices, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
     if (tensor_core(L.o, rows))
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
     M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr,
                                                  b.attn_inv}, rows, b, pending));
-    if (prefetch) M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), pf_join_ev, 0));
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
@@ -509,7 +444,7 @@ struct CudaM3Model::Impl {
     }
     // The fused router up to 32 rows: its last CTA runs every row's top-k and the grouping, which
     // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
-    if (opt.fused_decode_kernels && L.router.format == QuantFormat::kBf16 && rows <= 32 &&
+    if (L.router.format == QuantFormat::kBf16 && rows <= 32 &&
         ne <= 512 && kk <= 16) {
       cuda::MoeRouteParams rp;
       rp.x = b.h;
@@ -635,9 +570,7 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.h, sc.get<uint16_t>(t * hd));
     M3_ASSIGN_OR_RETURN(b.qkv, sc.get<float>(t * nqkv));
     M3_ASSIGN_OR_RETURN(b.q, sc.get<uint16_t>(t * nh * d));
-    M3_ASSIGN_OR_RETURN(b.k, sc.get<uint16_t>(t * hkv * d));
     M3_ASSIGN_OR_RETURN(b.iq, sc.get<uint16_t>(t * hix * dix));
-    M3_ASSIGN_OR_RETURN(b.ik, sc.get<uint16_t>(t * dix));
     M3_ASSIGN_OR_RETURN(b.attn, sc.get<uint16_t>(t * nh * d));
     M3_ASSIGN_OR_RETURN(b.router_logits, sc.get<float>(t * ne));
     M3_ASSIGN_OR_RETURN(b.topk_ids, sc.get<int32_t>(t * kk));
@@ -662,7 +595,7 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
           {b.residual, l == 0 ? nullptr : b.delta, L.in_norm, b.h, t, hd, eps}, st()));
       M3_RETURN_IF_ERROR(plinear(L.qkv, b.h, hd, t, b.qkv, nqkv));
-      M3_RETURN_IF_ERROR(attention_inputs(b, l, t, mb));
+      M3_RETURN_IF_ERROR(attention_inputs(b, l, b.qkv, 1, t, mb));
       // Decode rows (first n_dec rows) with the batched decode kernels.
       M3_RETURN_IF_ERROR(decode_attention(b, l, n_dec, mb));
       // Each prefill chunk over its own block table (the row of its first token).
@@ -811,9 +744,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.h, a.alloc<uint16_t>(r * hd, what));
   M3_ASSIGN_OR_RETURN(b.qkv, a.alloc<float>(r * nqkv, what));
   M3_ASSIGN_OR_RETURN(b.q, a.alloc<uint16_t>(r * nh * d, what));
-  M3_ASSIGN_OR_RETURN(b.k, a.alloc<uint16_t>(r * hkv * d, what));
   M3_ASSIGN_OR_RETURN(b.iq, a.alloc<uint16_t>(r * hix * dix, what));
-  M3_ASSIGN_OR_RETURN(b.ik, a.alloc<uint16_t>(r * dix, what));
   M3_ASSIGN_OR_RETURN(b.attn, a.alloc<uint16_t>(r * nh * d, what));
   M3_ASSIGN_OR_RETURN(b.router_logits, a.alloc<float>(r * ne, what));
   M3_ASSIGN_OR_RETURN(b.topk_ids, a.alloc<int32_t>(r * kk, what));
@@ -928,8 +859,6 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create());
   M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork_ev, cudaEventDisableTiming));
   M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.join_ev, cudaEventDisableTiming));
-  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.pf_fork_ev, cudaEventDisableTiming));
-  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.pf_join_ev, cudaEventDisableTiming));
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {

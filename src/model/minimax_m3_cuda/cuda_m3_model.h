@@ -47,16 +47,6 @@ struct CudaM3Options {
   // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused,
   // f16 inputs written by the norms; quant_gemv_mma.cuh) or 3 (split-K + epilogue launch).
   int decode_gemv_variant = 5;
-  // Decode: one launch instead of several small ones on the critical path (batch 1 is bound by
-  // their latency): the qkv split-K sum + QK norm/RoPE + KV-cache write (rope/attention_inputs.h)
-  // and the router GEMV + top-k + grouping (moe/moe_route.h). Off: the separate launches.
-  bool fused_decode_kernels = true;
-  // Decode: while the attention kernels run (they leave HBM mostly idle at small batches), a
-  // side-stream L2 prefetch of the first this-many MB of o_proj's weights (and its scales), so
-  // o_proj streams part of them from L2 (runtime/l2_prefetch.h). 0 = off. A hint only. Off by
-  // default: on the H200 (8-layer model, batch 1/8/32) 36 or 56 MB gave no gain beyond the
-  // run-to-run noise of +-4 % at batch 1 (docs/perf-log.md, session 5).
-  int64_t l2_prefetch_o_proj_mb = 0;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant
