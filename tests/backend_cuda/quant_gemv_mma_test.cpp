@@ -1,5 +1,5 @@
-// GEMV variant 5 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
-// quant_gemv_mma.cuh) and its f16 activations (x_f16.h) against the CPU backend's float32 linear
+// GEMV variants 5 and 6 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
+// quant_gemv_mma.cuh, quant_gemv_stream.cuh) and their f16 activations (x_f16.h) against the CPU backend's float32 linear
 // on the reference-dequantised weights, dense and grouped by expert, at the real MiniMax-M3.1-Flash
 // shapes, at odd ones, with 1..40 activation rows (several rows-per-pass instantiations and
 // passes) and with block scales spread over 20 binades (E4M3 subnormal scales, f16 subnormals).
@@ -60,6 +60,37 @@ struct Case {
 };
 class QuantGemvMma : public ::testing::TestWithParam<Case> {};
 
+// Variant 6 on p (already set up for variant 5): the same bound, deterministic, accumulate
+// bitwise. It must run exactly where the shapes allow (checked against `expect_fits`).
+void check_stream(cuda::QuantGemvParams p, const std::vector<float>& want,
+                  const std::vector<double>& bound, bool expect_fits, const std::string& name) {
+  p.variant = 6;
+  std::string why;
+  const bool fits = cuda::quant_gemv_stream_fits(p, &why);
+  EXPECT_EQ(fits, expect_fits) << name << ": variant 6 " << why;
+  if (!fits) {
+    EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+    return;
+  }
+  auto y = Dev<float>::poisoned(static_cast<int64_t>(want.size()));
+  p.epilogue.y = y.ptr();
+  p.epilogue.accumulate = false;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+  const auto y0 = y.host();
+  expect_close(y0, want, bound, name + " v6");
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  EXPECT_EQ(y.host(), y0) << name << ": v6 second launch differs";
+  std::vector<float> base(y0.size());
+  for (size_t i = 0; i < base.size(); ++i) base[i] = 0.5f * float(i % 89) - 7.0f;
+  Dev<float> ya(base);
+  p.epilogue.y = ya.ptr();
+  p.epilogue.accumulate = true;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto y1 = ya.host();
+  for (size_t i = 0; i < y1.size(); ++i)
+    ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": v6 accumulate differs at " << i;
+}
+
 TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   const Case c = GetParam();
   const QMatrix w = make_matrix(c.f, c.n, c.k, 31, c.spread);
@@ -111,6 +142,12 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   for (size_t i = 0; i < y1.size(); ++i)
     ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
 
+  // Variant 6 reads MXFP8 row-major (K % 512; NVFP4 only in the mma layout, K % 256, below),
+  // N % 16,
+  // at most 8 rows.
+  const bool v6_shape = c.n % 16 == 0 && c.m <= 8;
+  check_stream(p, want, bound, c.f == QuantFormat::kMxfp8 && v6_shape && c.k % 512 == 0, name);
+
   // NVFP4 in the mma layout (quant/nvfp4_mma_layout.h), where it fits: the GPU repack equals the
   // host reference byte for byte, the GEMV meets the same bound, and the prefill dequantisation
   // of the packed matrix equals that of the row-major one bit for bit.
@@ -130,6 +167,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   expect_close(yp, want, bound, name + " mma layout");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
+  check_stream(p, want, bound, v6_shape && c.k % 256 == 0, name + " mma layout");
   p.w_layout = 2;  // the pair tiling goes with SwiGLU only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
   p.w_layout = 1;
@@ -171,7 +209,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kNvfp4, 33, 100, 256, 0},    // two passes
                       Case{QuantFormat::kNvfp4, 5, 300, 640, 0},     // 8-byte scale copies
                       Case{QuantFormat::kNvfp4, 7, 48, 384, 0},      // mma layout, 8-byte scales
-                      Case{QuantFormat::kNvfp4, 3, 512, 2048, 20}));
+                      Case{QuantFormat::kNvfp4, 3, 512, 2048, 20},
+                      Case{QuantFormat::kNvfp4, 8, 2048, 1024, 0},   // v6: one stage per tile
+                      Case{QuantFormat::kMxfp8, 7, 160, 512, 0},     // v6: 10 tiles, 10 CTAs
+                      Case{QuantFormat::kMxfp8, 4, 4096, 1536, 0}));  // v6: 3 stages
 
 struct Routing {
   int64_t tokens;
@@ -180,11 +221,12 @@ struct Routing {
 
 // One routing through gate|up (+ SwiGLU) and down; NVFP4 optionally in the mma layout (gate/up
 // row pairs, rows of 16), repacked on the GPU and checked against the host repack first.
-void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
+void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant) {
   const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
   const int64_t rows = tokens * top_k;
   const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
-                           " v5 grouped T" + std::to_string(tokens) +
+                           " v" + std::to_string(variant) + " grouped T" +
+                           std::to_string(tokens) +
                            (packed ? " mma layout" : "");
   const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
   std::vector<float> xf;
@@ -217,10 +259,19 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   p.xh = x16.xh.ptr();
   p.x_inv_scale = x16.inv.ptr();
   p.x_row_div = top_k;
-  p.variant = 5;
+  p.variant = variant;
+  p.max_group_rows = tokens;
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
   auto act = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act.ptr();
+  if (variant == 6) {  // variant 6: up to 8 tokens, MXFP8 row-major or NVFP4 in the mma layout
+    const bool fits = tokens <= 8 && (f == QuantFormat::kMxfp8 || packed);
+    EXPECT_EQ(cuda::quant_gemv_stream_fits(p), fits) << name;
+    if (!fits) {
+      EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+      return;
+    }
+  }
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto act_h = act.host();
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
@@ -254,7 +305,8 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   use_packed(p, false);
   p.xh = act16.ptr();
   p.x_inv_const = 1.0f / 256.0f;
-  p.variant = 5;
+  p.variant = variant;
+  p.max_group_rows = tokens;
   auto y = Dev<float>::poisoned(rows * hidden);
   p.epilogue.y = y.ptr();
   p.epilogue.ldy = hidden;
@@ -262,7 +314,10 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   std::vector<float> yw;
   std::vector<double> yb;
   down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
-  expect_close(y.host(), yw, yb, name + " down (f16 activations)");
+  const auto y0 = y.host();
+  expect_close(y0, yw, yb, name + " down (f16 activations)");
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
 }
 
 // Experts: tokens x top_k routed rows through their expert's gate|up with the fused SwiGLU
@@ -270,6 +325,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
 TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   std::vector<Routing> routings;
   routings.push_back({5, {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3}});
+  routings.push_back({1, {2, 5, 6}});  // batch 1
   Routing heavy{40, {}};  // expert 3 takes all 40 tokens: two passes of 32 rows
   for (int32_t t = 0; t < 40; ++t)
     for (int32_t v : {3, (t % 3) + 4, t % 3}) heavy.ids.push_back(v);
@@ -281,7 +337,8 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   for (const Routing& routing : routings)
     for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8})
       for (bool packed : {false, true})
-        if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed);
+        for (int variant : {5, 6})
+          if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed, variant);
 }
 
 // Bad parameters are refused with a message, not launched.

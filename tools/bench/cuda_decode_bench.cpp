@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -170,9 +171,10 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     e.y = y;
     e.ldy = n;
     if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
-    if (variant == 5) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
+    const bool tc = variant == 5 || variant == 6;  // f16 activations, epilogue fused
+    if (tc) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse && variant != 5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!fuse && !tc) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
   cudaFree(counters);
   cudaFree(xh);
@@ -188,8 +190,9 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
 }
 
 // Routed experts of one MoE layer for T tokens (top-4 of 128): grouping, gate|up with SwiGLU
-// epilogue, down with f32 epilogue. 8 random routings rotate between launches.
-Meas bench_moe(int64_t tokens, int variant = 0) {
+// epilogue, down with f32 epilogue. 8 random routings rotate between launches. `packed`: the
+// NVFP4 weights repacked into the mma layout (quant/nvfp4_mma_layout.h; variant 6 needs it).
+Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
   const int64_t E = 128, K4 = 4, H = 6144, I = 3072, rows = tokens * K4;
   // Experts back to back: up [E, 2I, H], down [E, H, I] (packed + scales + globals).
   auto alloc_fill = [&](int64_t bytes, DummyKind kind, uint64_t seed) {
@@ -228,13 +231,11 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   int32_t* sorted = static_cast<int32_t*>(dalloc(4 * rows));
   int32_t* active = static_cast<int32_t*>(dalloc(4 * E));
   const bool fuse = variant == 4;  // variant 3 with the fused split-K epilogue
-  // "Variant 6": variant 5 on weights repacked into the mma layout (quant/nvfp4_mma_layout.h).
-  const bool packed = variant == 6;
   if (packed) {
     CHECK_OK(nvfp4_mma_repack_in_place(uw, E, 2 * I, H, nvfp4_mma::Tiling::kSwigluPairs, st()));
     CHECK_OK(nvfp4_mma_repack_in_place(dw, E, H, I, nvfp4_mma::Tiling::kRows16, st()));
   }
-  const int kernel_variant = fuse ? 3 : packed ? 5 : variant;
+  const int kernel_variant = fuse ? 3 : variant;
   const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H, kernel_variant);
   const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I, kernel_variant);
   uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
@@ -246,7 +247,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * tokens * H));  // variant 5: f16 activations
   float* xinv = static_cast<float*>(dalloc(4 * tokens));
   CHECK_OK(launch_x_to_f16({x, H, tokens, H, xh, H, xinv}, st()));
-  const bool v5 = variant == 5 || packed;
+  const bool v5 = variant == 5 || variant == 6;  // f16 activations, epilogue fused
   double ms = time_ms([&](int i) {
     CHECK_OK(launch_group_by_expert({ids[i % kRoutings], rows, E, offs, sorted, active}, st()));
     QuantGemvParams p;
@@ -263,6 +264,7 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
     p.active_groups = active;
     p.num_slots = std::min(E, rows);
     p.num_rows = rows;
+    p.max_group_rows = tokens;
     p.n = 2 * I;
     p.k = H;
     p.partial = pu;
@@ -305,9 +307,10 @@ Meas bench_moe(int64_t tokens, int variant = 0) {
   }, 10, 7);
   const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
-  char name[96];
-  std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s", (long long)tokens,
-                unique, packed ? " v5 mma layout" : variant ? (" v" + std::to_string(variant)).c_str() : "");
+  char name[112];
+  std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s%s", (long long)tokens,
+                unique, variant ? (" v" + std::to_string(variant)).c_str() : "",
+                packed ? " mma layout" : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y,
                                     counters, xh, xinv})
@@ -483,6 +486,20 @@ int main(int argc, char** argv) {
   std::printf("%-46s %12s %12s %13s %11s %11s %15s\n", "kernel", "time", "bytes", "rate", "HBM",
               "copy", "compute");
   bench_copy();
+  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 6 (quick A/B).
+  if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '1') {
+    const struct { const char* name; int64_t n, k; } shapes[] = {
+        {"mxfp8 qkv+indexer [9856x6144]", 9856, 6144}, {"mxfp8 o_proj [6144x8192]", 6144, 8192},
+        {"mxfp8 shared gate|up [6144x6144]", 6144, 6144},
+        {"mxfp8 shared down [6144x3072]", 6144, 3072}};
+    for (const auto& sh : shapes)
+      for (int64_t m : {int64_t{1}, int64_t{8}})
+        for (int v : {3, 5, 6}) bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
+    for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}})
+      for (int v : {5, 6}) bench_moe(b, v, true);
+    if (g_tsv) std::fclose(g_tsv);
+    return 0;
+  }
 
   // Per-layer dense linears of M3.1-Flash (MXFP8): q|k|v|index_q|index_k fused (8192 + 3·512 +
   // 128 rows... index_q is 512 rows: 8192 + 512 + 512 + 512 + 128 = 9856), o_proj, shared expert.
@@ -531,8 +548,13 @@ int main(int argc, char** argv) {
       for (int64_t m : {int64_t{2}, int64_t{32}})
         bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
   }
-  // Variant 5 on NVFP4 experts in the mma layout (what the model runs).
-  for (int64_t b : batches) bench_moe(b, 6);
+  // Variant 5 on NVFP4 experts in the mma layout (what the model runs from 9 tokens).
+  for (int64_t b : batches) bench_moe(b, 5, true);
+  // Variant 6 (persistent, TMA-fed; up to 8 rows per group): what the model runs up to 8 rows.
+  for (int i : {0, 1, 2, 3, 4, 5})
+    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
+      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 6);
+  for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}}) bench_moe(b, 6, true);
   // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
   bench_moe(1, 1);
   bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);

@@ -168,9 +168,13 @@ struct CudaM3Model::Impl {
 
   // ---- Kernel helpers (every launch's Status is checked).
 
-  // Whether the decode GEMV of m at `rows` rows takes variant 5 (given its input's f16 form).
+  // Whether the decode GEMV of m at `rows` rows takes a tensor-core variant (5, or 6 where it
+  // fits), given its input's f16 form.
   bool tensor_core(const DevMatrix& m, int64_t rows) const {
-    return opt.decode_gemv_variant == 5 && use_tensor_core_gemv(m.format, rows);
+    if (opt.decode_gemv_variant < 5) return false;
+    return use_tensor_core_gemv(m.format, rows) ||
+           (opt.decode_gemv_variant == 6 &&
+            cuda::quant_gemv_stream_shape_fits(m.format, m.layout, m.n, m.k, rows));
   }
 
   // The launch parameters every decode GEMV of m on the input shares (ungrouped, variant 3/2).
@@ -211,8 +215,13 @@ struct CudaM3Model::Impl {
       p.num_slots = std::min<int64_t>(m.groups, rows);
     }
     if (in.f16 != nullptr && tensor_core(m, rows)) {
-      p.variant = 5;
       p.epilogue = e;
+      // Variant 6 where it fits: up to 8 rows per group (grouped = the routed experts, `rows`
+      // = tokens x top_k; an expert gets at most one row per token).
+      p.variant = 6;
+      p.max_group_rows = grouped ? rows / kk : 0;
+      p.pdl = opt.pdl;
+      if (opt.decode_gemv_variant != 6 || !cuda::quant_gemv_stream_fits(p)) p.variant = 5;
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
@@ -381,7 +390,7 @@ struct CudaM3Model::Impl {
   Status decode_layer(const Bufs& b, int64_t layer, int64_t rows, int64_t mb,
                       PendingDelta* pending) {
     const DevLayer& L = w.layers[static_cast<size_t>(layer)];
-    const bool v5 = opt.decode_gemv_variant == 5;
+    const bool v5 = opt.decode_gemv_variant >= 5;
     // The norms also write the f16 form of their output for variant 5.
     const GemvIn h_in{b.h, hd, v5 ? b.h16 : nullptr, b.h_inv};
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, v5));
@@ -763,7 +772,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * top_k * kKeySplits * d, what));
   M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * top_k * kKeySplits * 2, what));
   M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
-  if (opt.decode_gemv_variant == 5) {
+  if (opt.decode_gemv_variant >= 5) {
     M3_ASSIGN_OR_RETURN(b.h16, a.alloc<uint16_t>(r * hd, what));
     M3_ASSIGN_OR_RETURN(b.h_inv, a.alloc<float>(r, what));
     M3_ASSIGN_OR_RETURN(b.attn16, a.alloc<uint16_t>(r * nh * d, what));
@@ -820,8 +829,9 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   if (options.prefill_attention_variant < 0 || options.prefill_attention_variant > 1 ||
       options.prefill_indexer_variant < 0 || options.prefill_indexer_variant > 1)
     return invalid_argument("[model.minimax_m3_cuda] prefill variants must be 0 or 1");
-  if (options.decode_gemv_variant != 3 && options.decode_gemv_variant != 5)
-    return invalid_argument("[model.minimax_m3_cuda] decode_gemv_variant must be 3 or 5");
+  if (options.decode_gemv_variant != 3 && options.decode_gemv_variant != 5 &&
+      options.decode_gemv_variant != 6)
+    return invalid_argument("[model.minimax_m3_cuda] decode_gemv_variant must be 3, 5 or 6");
   M3_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::select_device(options.device));
   (void)info;
   std::unique_ptr<CudaM3Model> m(new CudaM3Model());
@@ -868,7 +878,7 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  if (options.decode_gemv_variant == 5) M3_RETURN_IF_ERROR(im.repack_nvfp4());
+  if (options.decode_gemv_variant >= 5) M3_RETURN_IF_ERROR(im.repack_nvfp4());
   im.stats.weight_bytes = im.arena.bytes();
   im.stats.bf16_fallbacks = im.w.bf16_fallbacks;
   im.stats.quantised_matrices = im.w.quantised_matrices;

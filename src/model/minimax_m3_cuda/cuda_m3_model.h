@@ -44,8 +44,11 @@ struct CudaM3Options {
   // dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams its first weights while the
   // kernel before it finishes. Same results bit for bit.
   bool pdl = false;
-  // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused,
-  // f16 inputs written by the norms; quant_gemv_mma.cuh) or 3 (split-K + epilogue launch).
+  // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused, f16
+  // inputs written by the norms; quant_gemv_mma.cuh), 6 (as 5, but the persistent pipelined
+  // GEMV of quant_gemv_stream.cuh where it fits, up to 8 rows per group; slower inside the model
+  // on the H200, docs/perf-log.md session 6; its launches also take `pdl`) or 3 (split-K +
+  // epilogue launch).
   int decode_gemv_variant = 5;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)

@@ -121,8 +121,10 @@ int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.num_rows == 0 || p.n == 0) return Status::ok();
   if (p.variant == 5) return gemv::launch_mma(p, stream);
+  if (p.variant == 6) return gemv::launch_stream(p, stream);
   if (p.w_layout != 0)
-    return invalid_argument("[cuda.quant_gemv] NVFP4 in the mma layout is read by variant 5 only");
+    return invalid_argument(
+        "[cuda.quant_gemv] NVFP4 in the mma layout is read by variants 5 and 6 only");
   if (p.fuse_epilogue && !gemv::uses_v3(p.format, p.variant))
     return invalid_argument("[cuda.quant_gemv] fuse_epilogue needs variant 3 (MXFP8/NVFP4)");
   if (gemv::uses_v3(p.format, p.variant)) {

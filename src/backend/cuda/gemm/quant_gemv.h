@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/status.h"
 
@@ -72,7 +73,7 @@ struct QuantGemvParams {
   const float* w_global = nullptr;  // [G] NVFP4 multiplier; nullptr = 1; unused for MXFP8
   // NVFP4 storage order (quant/nvfp4_mma_layout.h): 0 = the checkpoint's row-major order; 1 = the
   // mma layout in tiles of 16 rows (store epilogue); 2 = the mma layout pairing gate row i with up
-  // row N/2 + i (SwiGLU epilogue). Layouts 1 and 2 are read by variant 5 only.
+  // row N/2 + i (SwiGLU epilogue). Layouts 1 and 2 are read by variants 5 and 6 only.
   int w_layout = 0;
   int64_t num_groups = 1;           // G
   // Routing of rows to groups. All nullptr: one group, rows 0..num_rows-1 in order.
@@ -81,6 +82,9 @@ struct QuantGemvParams {
   const int32_t* active_groups = nullptr;  // [num_slots] groups with rows, -1 = empty slot
   int64_t num_slots = 1;                   // grid size over groups: min(G, num_rows)
   int64_t num_rows = 0;                    // routed rows (the r range)
+  // Grouped: an upper bound on the rows of one group (0: num_rows), e.g. the tokens of a MoE
+  // step (a token picks an expert once). Variant 6 holds that many rows per group and needs <= 8.
+  int64_t max_group_rows = 0;
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
   int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads
@@ -91,7 +95,10 @@ struct QuantGemvParams {
                                     // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0);
                                     // 5 = tensor cores (quant_gemv_mma.cuh): reads xh, the
                                     // epilogue is always fused (partial unused), K % 128,
-                                    // SwiGLU needs N % 16 == 0
+                                    // SwiGLU needs N % 16 == 0; 6 = persistent, TMA-fed
+                                    // tensor cores (quant_gemv_stream.cuh): variant 5's inputs
+                                    // and epilogues, <= 8 rows per group, MXFP8 row-major or
+                                    // NVFP4 in the mma layout (quant_gemv_stream_fits)
   // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
   // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
   // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,
@@ -117,6 +124,12 @@ int64_t quant_gemv_num_tile_counters(const QuantGemvParams& p);
 int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant = 0);
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream);
+
+// Whether variant 6 can run these parameters (else *why says what stands in the way), and the
+// part of that decided by the shapes alone: format and storage order, N, K, rows per group.
+bool quant_gemv_stream_fits(const QuantGemvParams& p, std::string* why = nullptr);
+bool quant_gemv_stream_shape_fits(QuantFormat f, int w_layout, int64_t n, int64_t k,
+                                  int64_t rows_per_group, std::string* why = nullptr);
 Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stream);
 
 // Token-to-expert grouping for the grouped GEMV: from topk_ids [num_rows] (row r = token·K + slot)

@@ -33,6 +33,9 @@ Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_
 // Variant 5 (quant_gemv_mma.cuh, gemv_mma.cu): tensor-core GEMV with the epilogue fused.
 Status launch_mma(const QuantGemvParams& p, cudaStream_t s);
 
+// Variant 6 (quant_gemv_stream.cuh, gemv_stream.cu): persistent, TMA-fed tensor-core GEMV.
+Status launch_stream(const QuantGemvParams& p, cudaStream_t s);
+
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
 dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);

@@ -139,20 +139,77 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 // The NVFP4 block scales of lane (g, t) from a stage's scale area sc = [row 16][chunk][8 blocks]
-// (this chunk's column): blocks 2t and 2t + 1 of rows g (l) and g + 8 (h), each x 2^7 as an
-// f16x2 broadcast to both halves (exact).
+// (this chunk's column; rows `row_stride` bytes apart): blocks 2t and 2t + 1 of rows g (l) and
+// g + 8 (h), each x 2^7 as an f16x2 broadcast to both halves (exact).
 __device__ __forceinline__ void nvfp4_lane_scales(const uint8_t* sc, int g, int t, uint32_t* l0,
-                                                  uint32_t* l1, uint32_t* h0, uint32_t* h1) {
-  const uint32_t s2l =
-      hmul2(e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * 16 + 2 * t)), 0x58005800u);
+                                                  uint32_t* l1, uint32_t* h0, uint32_t* h1,
+                                                  int row_stride = 16) {
+  const uint32_t s2l = hmul2(
+      e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * row_stride + 2 * t)),
+      0x58005800u);
   const uint32_t s2h = hmul2(
-      e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * 16 + 2 * t)), 0x58005800u);
+      e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * row_stride + 2 * t)),
+      0x58005800u);
   *l0 = prmt(s2l, 0, 0x1010), *l1 = prmt(s2l, 0, 0x3232);
   *h0 = prmt(s2h, 0, 0x1010), *h1 = prmt(s2h, 0, 0x3232);
 }
 
 __device__ __forceinline__ float e8m0_exact(uint32_t e) {
   return __uint_as_float(e != 0 ? (e & 0xFFu) << 23 : 0x00400000u);  // 2^(e - 127), e = 0 too
+}
+
+// The epilogue of one lane's summed fragment v (the mma's C layout: v[0], v[1] = tile row
+// g = lane / 4, tokens 2t, 2t + 1 of a group of 8 (t = lane % 4); v[2], v[3] = tile row g + 8)
+// whose weight rows are e_lo / e_hi (-1: none; SwiGLU: gate row e_lo, up row e_hi), for tokens
+// with routed rows rid[j] (-1: none) and factors f[j] (the activation's and the weights' scales):
+// a float32 store (or add) or SwiGLU-OAI to bf16 / f16 x 2^8.
+__device__ __forceinline__ void mma_fragment_store(const QuantGemvParams& p, const float (&v)[4],
+                                                   int e_lo, int e_hi, const int64_t (&rid)[2],
+                                                   const float (&f)[2]) {
+  const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (rid[j] < 0) continue;
+    const float a = v[j] * f[j], b = v[2 + j] * f[j];
+    if (!swiglu) {
+      float* y = p.epilogue.y + rid[j] * p.epilogue.ldy;
+      if (e_lo >= 0) y[e_lo] = p.epilogue.accumulate ? y[e_lo] + a : a;
+      if (e_hi >= 0) y[e_hi] = p.epilogue.accumulate ? y[e_hi] + b : b;
+    } else if (e_lo >= 0) {
+      const float gc = fminf(a, p.epilogue.limit);
+      const float uc = fminf(fmaxf(b, -p.epilogue.limit), p.epilogue.limit);
+      const float sig = 1.0f / (1.0f + expf(-gc * p.epilogue.alpha));
+      const float act = (uc + 1.0f) * (gc * sig);
+      const int64_t at = rid[j] * (p.n / 2) + e_lo;
+      const uint16_t ab = f32_to_bf16(act);
+      if (p.epilogue.kind == GemvEpilogue::kSwigluBf16) {
+        p.epilogue.act[at] = ab;
+      } else {  // f16 of the bf16-rounded value x 2^8 (exact unless below 2^-25)
+        p.epilogue.act[at] = __half_as_ushort(__float2half_rn(bf16_to_f32(ab) * kActF16Scale));
+      }
+    }
+  }
+}
+
+// The routed rows and factors of lane `ln`'s two tokens m0 + 2t, m0 + 2t + 1 among rows r0 ..
+// r0 + rows_here of group grp (for mma_fragment_store).
+template <QuantFormat F>
+__device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, int ln, int m0,
+                                                    int rows_here, int r0, int64_t grp,
+                                                    int64_t (&rid)[2], float (&f)[2]) {
+  float gm = 1.0f;
+  if constexpr (F == QuantFormat::kNvfp4) gm = (p.w_global ? p.w_global[grp] : 1.0f) * 128.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int m = m0 + 2 * (ln & 3) + j;
+    rid[j] = -1;
+    f[j] = 0.0f;
+    if (m >= rows_here) continue;
+    const int r = r0 + m;
+    rid[j] = p.sorted_rows ? p.sorted_rows[r] : r;
+    const int64_t xr = rid[j] / p.x_row_div;
+    f[j] = (p.x_inv_scale ? p.x_inv_scale[xr] : p.x_inv_const) * gm;
+  }
 }
 
 // F: format; NG: groups of 8 activation rows per pass (1, 2, 4: up to 8, 16, 32 rows).
@@ -423,37 +480,10 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
         const float4 f = reinterpret_cast<const float4*>(red)[(w * NG + ng) * 32 + ln];
         v[0] += f.x, v[1] += f.y, v[2] += f.z, v[3] += f.w;
       }
-      const int eg = ln >> 2, et = ln & 3;
-      const int e_lo = weight_row(eg), e_hi = weight_row(eg + 8);
-      float gm = 1.0f;
-      if constexpr (F == QuantFormat::kNvfp4) gm = (p.w_global ? p.w_global[grp] : 1.0f) * 128.0f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {  // tokens 2t, 2t + 1 of the group
-        const int m = ng * 8 + 2 * et + j;
-        if (m >= rows_here) continue;
-        const int r = r0 + m;
-        const int64_t rid = p.sorted_rows ? p.sorted_rows[r] : r;
-        const int64_t xr = rid / p.x_row_div;
-        const float f = (p.x_inv_scale ? p.x_inv_scale[xr] : p.x_inv_const) * gm;
-        const float a = v[j] * f, b = v[2 + j] * f;
-        if (!swiglu) {
-          float* y = p.epilogue.y + rid * p.epilogue.ldy;
-          if (e_lo >= 0) y[e_lo] = p.epilogue.accumulate ? y[e_lo] + a : a;
-          if (e_hi >= 0) y[e_hi] = p.epilogue.accumulate ? y[e_hi] + b : b;
-        } else if (e_lo >= 0) {
-          const float gc = fminf(a, p.epilogue.limit);
-          const float uc = fminf(fmaxf(b, -p.epilogue.limit), p.epilogue.limit);
-          const float sig = 1.0f / (1.0f + expf(-gc * p.epilogue.alpha));
-          const float act = (uc + 1.0f) * (gc * sig);
-          const int64_t at = rid * (n / 2) + e_lo;
-          const uint16_t ab = f32_to_bf16(act);
-          if (p.epilogue.kind == GemvEpilogue::kSwigluBf16) {
-            p.epilogue.act[at] = ab;
-          } else {  // f16 of the bf16-rounded value x 2^8 (exact unless below 2^-25)
-            p.epilogue.act[at] = __half_as_ushort(__float2half_rn(bf16_to_f32(ab) * kActF16Scale));
-          }
-        }
-      }
+      int64_t rid[2];
+      float f[2];
+      mma_fragment_tokens<F>(p, ln, ng * 8, rows_here, r0, grp, rid, f);
+      mma_fragment_store(p, v, weight_row(ln >> 2), weight_row((ln >> 2) + 8), rid, f);
     }
   }
 }
