@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/runtime/read_probe.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/dummy/dummy_weights.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
@@ -84,6 +85,32 @@ void bench_copy() {
                  g_copy_rate / 1e9, g_copy_rate / kHbm);
   cudaFree(a);
   cudaFree(b);
+}
+
+// The read floor: one launch of a plain streaming read (runtime/read_probe.h) of the byte counts
+// the decode GEMVs stream, from a 1 GiB rotation (no L2 reuse): what a GEMV of that size can reach
+// at best, launch, ramp and tail included.
+void bench_read_floor() {
+  const int64_t pool = int64_t{1} << 30;
+  uint8_t* buf = static_cast<uint8_t*>(dalloc(pool));
+  CHECK_OK(fill_dummy(buf, pool, DummyKind::kE2m1Packed, 7, 1, st()));
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  uint32_t* sink = static_cast<uint32_t*>(dalloc(4 * 64 * sms));
+  for (double mb : {19.5, 39.0, 51.9, 62.5, 85.0, 127.5}) {
+    const int64_t bytes = static_cast<int64_t>(mb * 1e6) / 4096 * 4096;
+    const int64_t slots = pool / bytes;
+    for (int per_sm : {4, 8}) {
+      const double ms = time_ms([&](int i) {
+        CHECK_OK(launch_read_probe(buf + (i % slots) * bytes, bytes, per_sm * sms, sink, st()));
+      });
+      char name[96];
+      std::snprintf(name, sizeof name, "read floor %.1f MB (%d CTAs/SM)", mb, per_sm);
+      report(name, ms, double(bytes), 0.0);
+    }
+  }
+  cudaFree(sink);
+  cudaFree(buf);
 }
 
 // A set of `copies` quantised [N, K] matrices (dense linear), rotated per launch.
@@ -486,6 +513,7 @@ int main(int argc, char** argv) {
   std::printf("%-46s %12s %12s %13s %11s %11s %15s\n", "kernel", "time", "bytes", "rate", "HBM",
               "copy", "compute");
   bench_copy();
+  bench_read_floor();
   // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 6 (quick A/B).
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '1') {
     const struct { const char* name; int64_t n, k; } shapes[] = {

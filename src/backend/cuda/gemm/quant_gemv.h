@@ -126,7 +126,8 @@ int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant = 0);
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream);
 
 // Whether variant 6 can run these parameters (else *why says what stands in the way), and the
-// part of that decided by the shapes alone: format and storage order, N, K, rows per group.
+// part of that decided by the shapes alone: format and storage order, N, K, rows per group (the
+// rows' activations, rows x (2K + 64) bytes, must leave room for its ring: <= 96 KB always fits).
 bool quant_gemv_stream_fits(const QuantGemvParams& p, std::string* why = nullptr);
 bool quant_gemv_stream_shape_fits(QuantFormat f, int w_layout, int64_t n, int64_t k,
                                   int64_t rows_per_group, std::string* why = nullptr);
