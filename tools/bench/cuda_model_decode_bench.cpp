@@ -16,7 +16,7 @@
 // router's real choice is not measured), and per sequence and layer the selected K/V blocks
 // (top_k x 128 tokens x Hkv x D x 2 x 2 bytes) plus the whole index-key cache (C x Dix x 2).
 //
-// Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=0] [results.tsv (appended)|-]
+// Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=1] [results.tsv (appended)|-]
 //                                [decode_gemv_variant=5]
 // Environment, for profilers and A/B runs: M3_BENCH_ONLY=B,C[;B,C...] runs those configs (batch
 // B, context C tokens);
@@ -97,7 +97,7 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
 
 int main(int argc, char** argv) {
   const bool overlap = argc > 1 ? std::atoi(argv[1]) != 0 : true;
-  const bool pdl = argc > 2 ? std::atoi(argv[2]) != 0 : false;
+  const bool pdl = argc > 2 ? std::atoi(argv[2]) != 0 : true;
   std::FILE* tsv = argc > 3 && std::string(argv[3]) != "-" ? std::fopen(argv[3], "a") : nullptr;
   const int variant = argc > 4 ? std::atoi(argv[4]) : 5;
   std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},

@@ -82,7 +82,7 @@ if want bench decode; then
   done
   # The same step through CudaM3Model::forward (what serving runs).
   # Shared-expert overlap, programmatic dependent launch, GEMV variant (5 = tensor cores).
-  for opts in "1 0 - 5" "1 0 - 3"; do
+  for opts in "1 1 - 5" "1 0 - 5" "1 1 - 3"; do
     t0=$SECONDS
     timeout 150 "$B/cuda_model_decode_bench" $opts >>"$OUT/step.log" 2>&1
     rc=$?

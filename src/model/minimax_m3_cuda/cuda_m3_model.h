@@ -40,10 +40,11 @@ struct CudaM3Options {
   // Decode: the shared expert's GEMVs on a second stream, concurrent with the router, grouping
   // and routed-expert GEMVs (both read the post-attention norm; joined before the combine).
   bool overlap_shared_expert = true;
-  // Decode: the GEMVs (variant 3) and their split-K epilogues launched with programmatic
-  // dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams its first weights while the
-  // kernel before it finishes. Same results bit for bit.
-  bool pdl = false;
+  // Decode: the GEMVs (variants 3 and 6), their split-K epilogues and the attention inputs
+  // launched with programmatic dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams
+  // its first weights while the kernel before it finishes. Same results bit for bit; on the
+  // H200 1-5 % faster at batch 1 and 8 (docs/perf-log.md, session 6).
+  bool pdl = true;
   // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused, f16
   // inputs written by the norms; quant_gemv_mma.cuh), 6 (as 5, but the persistent pipelined
   // GEMV of quant_gemv_stream.cuh where it fits, up to 8 rows per group; slower inside the model
