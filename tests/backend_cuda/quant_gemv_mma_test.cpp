@@ -60,6 +60,23 @@ struct Case {
 };
 class QuantGemvMma : public ::testing::TestWithParam<Case> {};
 
+// p (storing into y) once more gives the same bits y0 (deterministic), and with `accumulate` adds
+// exactly y0 to known values (the same result added, bitwise).
+void check_repeat_and_accumulate(cuda::QuantGemvParams p, Dev<float>& y,
+                                 const std::vector<float>& y0, const std::string& name) {
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
+  std::vector<float> base(y0.size());
+  for (size_t i = 0; i < base.size(); ++i) base[i] = 0.25f * float(i % 97) - 3.0f;
+  Dev<float> ya(base);
+  p.epilogue.y = ya.ptr();
+  p.epilogue.accumulate = true;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  const auto y1 = ya.host();
+  for (size_t i = 0; i < y1.size(); ++i)
+    ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
+}
+
 // Variant 6 on p (already set up for variant 5): the same bound, deterministic, accumulate
 // bitwise. It must run exactly where the shapes allow (checked against `expect_fits`).
 void check_stream(cuda::QuantGemvParams p, const std::vector<float>& want,
@@ -78,17 +95,7 @@ void check_stream(cuda::QuantGemvParams p, const std::vector<float>& want,
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
   const auto y0 = y.host();
   expect_close(y0, want, bound, name + " v6");
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  EXPECT_EQ(y.host(), y0) << name << ": v6 second launch differs";
-  std::vector<float> base(y0.size());
-  for (size_t i = 0; i < base.size(); ++i) base[i] = 0.5f * float(i % 89) - 7.0f;
-  Dev<float> ya(base);
-  p.epilogue.y = ya.ptr();
-  p.epilogue.accumulate = true;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  const auto y1 = ya.host();
-  for (size_t i = 0; i < y1.size(); ++i)
-    ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": v6 accumulate differs at " << i;
+  check_repeat_and_accumulate(p, y, y0, name + " v6");
 }
 
 TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
@@ -128,19 +135,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
                            " gemv v5 M" + std::to_string(c.m) + " N" + std::to_string(c.n) +
                            " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
   expect_close(y0, want, bound, name);
-  // Deterministic: a second launch gives the same bits.
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
-  // accumulate: y = y + result, bitwise (the same result added to known values).
-  std::vector<float> base(y0.size());
-  for (size_t i = 0; i < base.size(); ++i) base[i] = 0.25f * float(i % 97) - 3.0f;
-  Dev<float> ya(base);
-  p.epilogue.y = ya.ptr();
-  p.epilogue.accumulate = true;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  const auto y1 = ya.host();
-  for (size_t i = 0; i < y1.size(); ++i)
-    ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
+  check_repeat_and_accumulate(p, y, y0, name);
 
   // Variant 6 reads MXFP8 row-major (K % 512; NVFP4 only in the mma layout, K % 256, below),
   // N % 16, at most 8 rows whose activations take <= 96 KB of shared memory beside its ring.
