@@ -132,10 +132,10 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto y0 = y.host();
   const std::string name = std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
-                           " gemv v5 M" + std::to_string(c.m) + " N" + std::to_string(c.n) +
+                           " gemv M" + std::to_string(c.m) + " N" + std::to_string(c.n) +
                            " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
-  expect_close(y0, want, bound, name);
-  check_repeat_and_accumulate(p, y, y0, name);
+  expect_close(y0, want, bound, name + " v5");
+  check_repeat_and_accumulate(p, y, y0, name + " v5");
 
   // Variant 6 reads MXFP8 row-major (K % 512; NVFP4 only in the mma layout, K % 256, below),
   // N % 16, at most 8 rows whose activations take <= 96 KB of shared memory beside its ring.
@@ -158,7 +158,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   p.epilogue.accumulate = false;
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto yp = y.host();
-  expect_close(yp, want, bound, name + " mma layout");
+  expect_close(yp, want, bound, name + " v5 mma layout");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
   check_stream(p, want, bound, v6_shape && c.k % 256 == 0, name + " mma layout");

@@ -218,10 +218,10 @@ struct CudaM3Model::Impl {
       p.epilogue = e;
       // Variant 6 where it fits: up to 8 rows per group (grouped = the routed experts, `rows`
       // = tokens x top_k; an expert gets at most one row per token).
-      p.variant = 6;
       p.max_group_rows = grouped ? rows / kk : 0;
-      p.pdl = opt.pdl;
-      if (opt.decode_gemv_variant != 6 || !cuda::quant_gemv_stream_fits(p)) p.variant = 5;
+      const bool stream = opt.decode_gemv_variant == 6 && cuda::quant_gemv_stream_fits(p);
+      p.variant = stream ? 6 : 5;
+      p.pdl = stream && opt.pdl;
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)

@@ -43,7 +43,8 @@ struct CudaM3Options {
   // Decode: the GEMVs (variants 3 and 6), their split-K epilogues and the attention inputs
   // launched with programmatic dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams
   // its first weights while the kernel before it finishes. Same results bit for bit; on the
-  // H200 1-5 % faster at batch 1 and 8 (docs/perf-log.md, session 6).
+  // H200 never slower beyond the noise in repeated 8-layer A/Bs at batch 1 and 8, and the
+  // 60-layer batch-1 step 9.79 against 10.69 ms (docs/perf-log.md, session 6).
   bool pdl = true;
   // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused, f16
   // inputs written by the norms; quant_gemv_mma.cuh), 6 (as 5, but the persistent pipelined

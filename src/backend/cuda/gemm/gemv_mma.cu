@@ -91,6 +91,26 @@ Status launch_format(const QuantGemvParams& p, int ng, dim3 grid, cudaStream_t s
 
 }  // namespace
 
+std::string tensor_core_params_problem(const QuantGemvParams& p) {
+  if (p.xh == nullptr || p.ldx % 8 != 0 || (reinterpret_cast<uintptr_t>(p.xh) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.w) & 15) != 0)
+    return "xh (f16 activations) rows and weights must be 16-byte aligned";
+  if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
+    return "group_offsets and active_groups go together";
+  const GemvEpilogue kind = p.epilogue.kind;
+  const bool swiglu = kind != GemvEpilogue::kStoreF32;
+  if (!swiglu && p.epilogue.y == nullptr) return "epilogue.y is null";
+  if (swiglu && p.epilogue.act == nullptr) return "epilogue.act is null";
+  if (kind == GemvEpilogue::kSwigluF16 &&
+      !(p.epilogue.limit * (p.epilogue.limit + 1.0f) * kActF16Scale < 65504.0f))
+    return "the f16 SwiGLU output would overflow f16 at limit " + std::to_string(p.epilogue.limit);
+  if (p.w_layout != 0 && p.w_layout != 1 && p.w_layout != 2)
+    return "w_layout " + std::to_string(p.w_layout) + " is not 0, 1 or 2";
+  if (p.w_layout != 0 && (p.w_layout == 2) != swiglu)
+    return "w_layout 2 (gate/up row pairs) goes with a SwiGLU epilogue, w_layout 1 with a store";
+  return "";
+}
+
 Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
   const auto bad = [](const std::string& m) { return invalid_argument("[cuda.quant_gemv] " + m); };
   if (p.format != QuantFormat::kMxfp8 && p.format != QuantFormat::kNvfp4)
@@ -100,32 +120,16 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
     return bad("variant 5: K = " + std::to_string(p.k) + " must be a positive multiple of " +
                std::to_string(chunk));
   if (p.n > (int64_t{1} << 30)) return bad("variant 5: N too large");
-  if (p.xh == nullptr || p.ldx % 8 != 0 || (reinterpret_cast<uintptr_t>(p.xh) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(p.w_scale) & 7) != 0)
-    return bad("variant 5: xh (f16 activations) rows and weights must be 16-byte aligned, "
-               "scales 8-byte aligned");
-  if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
-    return bad("group_offsets and active_groups go together");
-  const GemvEpilogue kind = p.epilogue.kind;
-  const bool swiglu = kind != GemvEpilogue::kStoreF32;
-  if (!swiglu && p.epilogue.y == nullptr) return bad("variant 5: epilogue.y is null");
-  if (swiglu && (p.epilogue.act == nullptr || p.n % 16 != 0))
-    return bad("variant 5 SwiGLU: needs epilogue.act and N % 16 == 0 (N = " +
-               std::to_string(p.n) + ")");
-  if (kind == GemvEpilogue::kSwigluF16 &&
-      !(p.epilogue.limit * (p.epilogue.limit + 1.0f) * kActF16Scale < 65504.0f))
-    return bad("variant 5 f16 SwiGLU output: limit " + std::to_string(p.epilogue.limit) +
-               " would overflow f16");
-  if (p.w_layout != 0) {
-    const bool pairs = p.w_layout == 2;
-    if (p.format != QuantFormat::kNvfp4 || (p.w_layout != 1 && !pairs) || p.n % 16 != 0)
-      return bad("variant 5: the mma layout (w_layout " + std::to_string(p.w_layout) +
-                 ") needs NVFP4 weights and N % 16 == 0 (N = " + std::to_string(p.n) + ")");
-    if (pairs != swiglu)
-      return bad("variant 5: w_layout 2 (gate/up row pairs) goes with a SwiGLU epilogue, "
-                 "w_layout 1 with a store");
-  }
+  if ((reinterpret_cast<uintptr_t>(p.w_scale) & 7) != 0)
+    return bad("variant 5: scales must be 8-byte aligned");
+  if (const std::string why = tensor_core_params_problem(p); !why.empty())
+    return bad("variant 5: " + why);
+  const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
+  if (swiglu && p.n % 16 != 0)
+    return bad("variant 5 SwiGLU: needs N % 16 == 0 (N = " + std::to_string(p.n) + ")");
+  if (p.w_layout != 0 && (p.format != QuantFormat::kNvfp4 || p.n % 16 != 0))
+    return bad("variant 5: the mma layout (w_layout " + std::to_string(p.w_layout) +
+               ") needs NVFP4 weights and N % 16 == 0 (N = " + std::to_string(p.n) + ")");
   const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
   // Rows per pass: a dense linear's batch; for experts twice the average rows per expert
   // (more take another pass over the weights).

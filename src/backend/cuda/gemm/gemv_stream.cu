@@ -38,27 +38,27 @@ int64_t rows_per_group(const QuantGemvParams& p) {
 
 constexpr int kMinRing = 4;
 
-// Dynamic shared memory without the ring: activation rows, fragment sums, barriers (2 per slot).
-int64_t fixed_smem(const QuantGemvParams& p, int ring) {
-  return rows_per_group(p) * stream_act_stride(p.k) + kStreamRedBytes + 16 * int64_t{ring};
-}
+// Shared memory left to other kernels' CTAs on the SM, so that under programmatic dependent
+// launch this kernel's CTA can start (and stream) beside the tail of the kernel before it.
+constexpr int kLeaveSmem = 40 * 1024;
 
 int slot_bytes(QuantFormat f) {
   return f == QuantFormat::kMxfp8 ? stream_slot_bytes<QuantFormat::kMxfp8>()
                                   : stream_slot_bytes<QuantFormat::kNvfp4>();
 }
 
-// Shared memory left to other kernels' CTAs on the SM, so that under programmatic dependent
-// launch this kernel's CTA can start (and stream) beside the tail of the kernel before it.
-constexpr int kLeaveSmem = 40 * 1024;
+// Dynamic shared memory of a launch: the ring, the activation rows, the fragment sums and the
+// barriers (2 per slot).
+int64_t smem_bytes(QuantFormat f, int64_t k, int64_t rows, int ring) {
+  return int64_t{ring} * (slot_bytes(f) + 16) + rows * stream_act_stride(k) + kStreamRedBytes;
+}
 
 // Slots of the ring that fit beside the activation rows (at most 16: ~300 KB in flight per SM
-// would be more than an SM has anyway).
-int ring_slots(const QuantGemvParams& p, int smem_optin) {
-  const int slot = slot_bytes(p.format);
-  const int64_t budget = std::max<int64_t>(smem_optin - kLeaveSmem, 0);
+// would be more than an SM has anyway); below kMinRing the launch does not fit.
+int ring_slots(QuantFormat f, int64_t k, int64_t rows) {
+  const int64_t budget = limits().smem_optin - kLeaveSmem;
   int ring = 16;
-  while (ring >= kMinRing && fixed_smem(p, ring) + int64_t{ring} * slot > budget) --ring;
+  while (ring >= kMinRing && smem_bytes(f, k, rows, ring) > budget) --ring;
   return ring;
 }
 
@@ -68,9 +68,9 @@ Status launch_stream(const QuantGemvParams& p, cudaStream_t s) {
   std::string why;
   if (!quant_gemv_stream_fits(p, &why)) return invalid_argument("[cuda.quant_gemv] variant 6: " + why);
   const DeviceLimits& d = limits();
-  const int ring = ring_slots(p, d.smem_optin);
-  const int cap = static_cast<int>(rows_per_group(p));
-  const size_t smem = static_cast<size_t>(fixed_smem(p, ring) + int64_t{ring} * slot_bytes(p.format));
+  const int64_t rows = rows_per_group(p);
+  const int ring = ring_slots(p.format, p.k, rows);
+  const size_t smem = static_cast<size_t>(smem_bytes(p.format, p.k, rows, ring));
   const int64_t tiles = p.n / 16;
   // Dense: no more CTAs than tiles; grouped: the items are counted on the device.
   const int64_t ctas = p.group_offsets ? d.sms : std::min<int64_t>(d.sms, tiles);
@@ -80,7 +80,8 @@ Status launch_stream(const QuantGemvParams& p, cudaStream_t s) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d.smem_optin);
     });
     M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, kernel, dim3(static_cast<unsigned>(ctas)),
-                                          dim3(kStreamThreads), smem, s, p, ring, cap));
+                                          dim3(kStreamThreads), smem, s, p, ring,
+                                          static_cast<int>(rows)));
     return Status::ok();
   };
   static std::once_flag once_mxfp8, once_nvfp4;
@@ -113,11 +114,7 @@ bool quant_gemv_stream_shape_fits(QuantFormat f, int w_layout, int64_t n, int64_
   if (k > (int64_t{1} << 16)) return no("K = " + std::to_string(k) + " too large");
   if (rows_per_group < 1 || rows_per_group > gemv::kStreamMaxRows)
     return no(std::to_string(rows_per_group) + " rows per group (at most 8)");
-  QuantGemvParams probe;
-  probe.format = f;
-  probe.k = k;
-  probe.num_rows = rows_per_group;
-  if (gemv::ring_slots(probe, gemv::limits().smem_optin) < gemv::kMinRing)
+  if (gemv::ring_slots(f, k, rows_per_group) < gemv::kMinRing)
     return no("the activation rows leave too little shared memory for the ring");
   return true;
 }
@@ -129,21 +126,9 @@ bool quant_gemv_stream_fits(const QuantGemvParams& p, std::string* why) {
   };
   if (!quant_gemv_stream_shape_fits(p.format, p.w_layout, p.n, p.k, gemv::rows_per_group(p), why))
     return false;
-  const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
-  if (p.w_layout != 0 && (p.w_layout == 2) != swiglu)
-    return no("w_layout 2 (gate/up row pairs) goes with a SwiGLU epilogue, w_layout 1 with a store");
-  if (p.xh == nullptr || p.ldx % 8 != 0 || (reinterpret_cast<uintptr_t>(p.xh) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(p.w) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(p.w_scale) & 15) != 0)
-    return no("xh (f16 activations) rows, weights and scales must be 16-byte aligned");
-  if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
-    return no("group_offsets and active_groups go together");
-  if (!swiglu && p.epilogue.y == nullptr) return no("epilogue.y is null");
-  if (swiglu && p.epilogue.act == nullptr) return no("epilogue.act is null");
-  if (p.epilogue.kind == GemvEpilogue::kSwigluF16 &&
-      !(p.epilogue.limit * (p.epilogue.limit + 1.0f) * gemv::kActF16Scale < 65504.0f))
-    return no("the f16 SwiGLU output would overflow at limit " +
-              std::to_string(p.epilogue.limit));
+  if (const std::string problem = gemv::tensor_core_params_problem(p); !problem.empty())
+    return no(problem);
+  if ((reinterpret_cast<uintptr_t>(p.w_scale) & 15) != 0) return no("scales must be 16-byte aligned");
   return true;
 }
 

@@ -95,7 +95,7 @@ struct QuantGemvParams {
                                     // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0);
                                     // 5 = tensor cores (quant_gemv_mma.cuh): reads xh, the
                                     // epilogue is always fused (partial unused), K % 128,
-                                    // SwiGLU needs N % 16 == 0; 6 = persistent, TMA-fed
+                                    // SwiGLU needs N % 16 == 0; 6 = persistent, pipelined
                                     // tensor cores (quant_gemv_stream.cuh): variant 5's inputs
                                     // and epilogues, <= 8 rows per group, MXFP8 row-major or
                                     // NVFP4 in the mma layout (quant_gemv_stream_fits)

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "backend/cuda/gemm/quant_gemv.h"
 
 namespace m3::cuda::gemv {
@@ -32,6 +34,10 @@ Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_
 
 // Variant 5 (quant_gemv_mma.cuh, gemv_mma.cu): tensor-core GEMV with the epilogue fused.
 Status launch_mma(const QuantGemvParams& p, cudaStream_t s);
+// What variants 5 and 6 both need of their parameters (f16 activations and weights 16-byte
+// aligned, the grouping pointers together, the epilogue's output, an f16 SwiGLU output in range,
+// the storage order matching the epilogue): "" when met, else what is wrong.
+std::string tensor_core_params_problem(const QuantGemvParams& p);
 
 // Variant 6 (quant_gemv_stream.cuh, gemv_stream.cu): persistent, TMA-fed tensor-core GEMV.
 Status launch_stream(const QuantGemvParams& p, cudaStream_t s);
