@@ -198,6 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kMxfp8, 5, 512, 2048, 20},   // scales over 20 binades
                       Case{QuantFormat::kNvfp4, 1, 6144, 6144, 0},   // expert w1|w3
                       Case{QuantFormat::kNvfp4, 1, 6144, 3072, 0},   // expert w2
+                      Case{QuantFormat::kNvfp4, 2, 160, 384, 20},    // 8-byte scales, a partial stage
                       Case{QuantFormat::kNvfp4, 8, 1000, 3072, 0},
                       Case{QuantFormat::kNvfp4, 12, 77, 128, 0},     // one chunk, odd N
                       Case{QuantFormat::kNvfp4, 33, 100, 256, 0},    // two passes
@@ -320,6 +321,7 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   std::vector<Routing> routings;
   routings.push_back({5, {0, 3, 7, 3, 5, 7, 1, 3, 4, 0, 2, 5, 1, 2, 3}});
   routings.push_back({1, {2, 5, 6}});  // batch 1
+  routings.push_back({2, {2, 5, 6, 5, 0, 2}});  // batch 2: two rows of experts 2 and 5
   Routing heavy{40, {}};  // expert 3 takes all 40 tokens: two passes of 32 rows
   for (int32_t t = 0; t < 40; ++t)
     for (int32_t v : {3, (t % 3) + 4, t % 3}) heavy.ids.push_back(v);

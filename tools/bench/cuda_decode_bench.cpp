@@ -176,8 +176,11 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   float* xinv = static_cast<float*>(dalloc(4 * m));
   CHECK_OK(launch_x_to_f16({x, k, m, k, xh, k, xinv}, st()));
   const int64_t wb = d.wbytes(), sb = d.sbytes();
+  // M3_BENCH_L2_WARM=1: the same copy every launch (what an L2-resident matrix would give).
+  static const bool warm = std::getenv("M3_BENCH_L2_WARM") != nullptr;
+  const int64_t copies = warm ? 1 : d.copies;
   double ms = time_ms([&](int i) {
-    const int64_t c = i % d.copies;
+    const int64_t c = i % copies;
     QuantGemvParams p;
     p.format = f;
     p.x = x;
@@ -275,6 +278,9 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
   float* xinv = static_cast<float*>(dalloc(4 * tokens));
   CHECK_OK(launch_x_to_f16({x, H, tokens, H, xh, H, xinv}, st()));
   const bool v5 = variant == 5 || variant == 6;  // f16 activations, epilogue fused
+  // M3_BENCH_MOE_PART=up / down: time only that product (with the grouping), for A/Bs.
+  const char* part_env = std::getenv("M3_BENCH_MOE_PART");
+  const std::string part = part_env ? part_env : "";
   double ms = time_ms([&](int i) {
     CHECK_OK(launch_group_by_expert({ids[i % kRoutings], rows, E, offs, sorted, active}, st()));
     QuantGemvParams p;
@@ -309,8 +315,9 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
       p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
       p.epilogue.kind = GemvEpilogue::kSwigluF16;
     }
-    CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (part != "down") CHECK_OK(launch_quant_gemv(p, st()));
+    if (part != "down" && !fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (part == "up") return;
     p.x = act;
     p.xh = act, p.x_inv_scale = nullptr, p.x_inv_const = 1.0f / 256;
     p.ldx = I;
@@ -514,7 +521,14 @@ int main(int argc, char** argv) {
               "copy", "compute");
   bench_copy();
   bench_read_floor();
-  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 6 (quick A/B).
+  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 6 (quick A/B); =2: only
+  // the NVFP4 experts on variant 5 in the mma layout at 1, 2, 8, 32 and 128 tokens.
+  if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '2') {
+    for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{32}, int64_t{128}})
+      bench_moe(b, 5, true);
+    if (g_tsv) std::fclose(g_tsv);
+    return 0;
+  }
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '1') {
     const struct { const char* name; int64_t n, k; } shapes[] = {
         {"mxfp8 qkv+indexer [9856x6144]", 9856, 6144}, {"mxfp8 o_proj [6144x8192]", 6144, 8192},

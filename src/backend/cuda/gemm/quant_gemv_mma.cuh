@@ -26,10 +26,10 @@
 // i0 .. i0 + 7 (fragment rows g) and up rows N/2 + i0 .. (rows g + 8), so a lane holds gate and up
 // of the same output. The CTA's W warps (2-8, gemv_mma.cu chooses) split K into W contiguous
 // ranges of stages (2 KB of weights + their scales); each warp streams its range through its own
-// 4-slot ring in shared memory with cp.async (3 stages in flight while one is computed; no
-// registers held by loads in flight). The W partial fragments are summed through shared memory
-// in warp order (deterministic) and the epilogue stores float32 (or adds), or applies SwiGLU-OAI
-// and stores bf16 or f16 x 2^8.
+// ring of kMmaStages slots in shared memory with cp.async (the others in flight while one is
+// computed; no registers held by loads in flight). The W partial fragments are summed through
+// shared memory in warp order (deterministic) and the epilogue stores float32 (or adds), or
+// applies SwiGLU-OAI and stores bf16 or f16 x 2^8.
 //
 //  * NVFP4 in the mma layout (kPacked; quant/nvfp4_mma_layout.h, repacked at load): a lane's 32
 //    bytes of a chunk are its 8 k-steps' words; each word gives the k-step's four A registers by
@@ -68,15 +68,21 @@ struct MmaTraits<QuantFormat::kNvfp4> {
   static constexpr int kU = 2;               // chunks per stage (2 KB)
   static constexpr int kScaleBytes = 16 * 2 * 8;  // 16 rows x 2 chunks x 8 E4M3 bytes
 };
-constexpr int kMmaStages = 4;  // pipeline depth per warp (3 stages in flight while one is used)
+// Ring slots per warp: one stage in flight while one is used. Measured on the H200 (docs/
+// perf-log.md, session 7) against 3 and 4 slots: NVFP4 experts at 1 / 8 / 32 tokens 52.8 / 263.7 /
+// 734.8 us (3 slots 56.2 / 267.2 / 737.3, 4 slots 59.5 / 294.0 / 790.6), MXFP8 o_proj at 8 rows
+// 24.1 us (24.3, 29.4): the warps are bound by their instruction latency, not by the loads in
+// flight, and smaller rings leave more of the SM's unified memory to L1 (the activations) and
+// more room for CTAs.
+constexpr int kMmaStages = 2;
 
 template <QuantFormat F>
 constexpr int mma_stage_bytes() {
   return MmaTraits<F>::kU * MmaTraits<F>::kChunkBytes + MmaTraits<F>::kScaleBytes;
 }
 template <QuantFormat F>
-constexpr int mma_smem_bytes(int warps) {
-  return warps * kMmaStages * mma_stage_bytes<F>();
+constexpr int mma_smem_bytes(int warps, int stages = kMmaStages) {
+  return warps * stages * mma_stage_bytes<F>();
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -221,7 +227,8 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // or 2): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
 // 16-byte loads and turns each word into a k-step's four A registers with 4 funnel shifts and 4
 // LOP3s (row-major: 16 shifts and masks), and the activations need no byte permutes.
-template <QuantFormat F, int NG, bool kPacked = false>
+// kStages: ring slots per warp (kMmaStages; others for benchmarks).
+template <QuantFormat F, int NG, bool kPacked = false, int kStages = kMmaStages>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
   using T = MmaTraits<F>;
   constexpr int kU = T::kU;
@@ -263,7 +270,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int st_begin = static_cast<int>(int64_t{stages} * warp / nwarps);
   const int st_end = static_cast<int>(int64_t{stages} * (warp + 1) / nwarps);
   const int nst = st_end - st_begin;
-  uint8_t* ring = smem + warp * kMmaStages * kStage;
+  uint8_t* ring = smem + warp * kStages * kStage;
 
   // This lane's copies, fixed for the whole stream. MXFP8: a chunk = 16 rows x 32 bytes = 32
   // pieces of 16 bytes (lane l: row l / 2, half l % 2); scales: rows 0..15 x 4 bytes (4 chunks;
@@ -303,14 +310,38 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   auto issue = [&](int s, int slot) {
     const uint32_t base = smem_u32(ring + slot * kStage);
     const int c0 = s * kU;
+    if constexpr (kPacked) {
+      // The lane's pieces of kU consecutive 1-KB blocks (chunks past K: zero-filled, reading the
+      // stage's first, which always exists), then the scales: every row exists (whole tiles),
+      // one 16-byte copy per row (K % 256 == 0: no partial stage), or two of 8.
+      const uint8_t* src = w_src[0] + int64_t{c0} * T::kChunkBytes;
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
+      for (int u = 0; u < kU; ++u) {
+        const bool in = u == 0 || c0 + u < chunks;
 #pragma unroll
-      for (int h = 0; h < kPieces; ++h) {
-        const bool in = w_ok[h] && c0 + u < chunks;
-        cp_async16(base + u * T::kChunkBytes + w_dst[h],
-                   w_src[h] + (in ? int64_t{c0 + u} * chunk_stride : 0), in ? 16 : 0);
+        for (int h = 0; h < kPieces; ++h)
+          cp_async16(base + u * T::kChunkBytes + 16 * lane + 512 * h,
+                     src + (in ? u * T::kChunkBytes : 0) + 512 * h, in ? 16 : 0);
       }
+      const uint32_t sdst = base + kU * T::kChunkBytes + s_r * 16;
+      if (scale16) {
+        if (lane < 16) cp_async16(sdst, s_src + int64_t{c0} * 8, 16);
+      } else {
+        const int u = lane >> 4;
+        const bool in = c0 + u < chunks;
+        cp_async8(sdst + u * 8, s_src + int64_t{in ? c0 + u : c0} * 8, in ? 8 : 0);
+      }
+      return;
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int h = 0; h < kPieces; ++h) {
+          const bool in = w_ok[h] && c0 + u < chunks;
+          cp_async16(base + u * T::kChunkBytes + w_dst[h],
+                     w_src[h] + (in ? int64_t{c0 + u} * chunk_stride : 0), in ? 16 : 0);
+        }
+    }
     if constexpr (F == QuantFormat::kMxfp8) {
       if (lane < 16) {
         const int valid = s_ok ? max(0, min(kU, chunks - c0)) : 0;
@@ -447,21 +478,22 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       }
     };
 
-    // The warp's pipeline: kMmaStages - 1 stages in flight while one is used. Every iteration
-    // commits one group (possibly empty), so wait_group<kMmaStages - 2> means "stage i landed".
+    // The warp's pipeline: kStages - 1 stages in flight while one is used. Every iteration
+    // commits one group (possibly empty), so wait_group<kStages - 2> means "stage i landed"
+    // (kStages = 2: wait for everything, the one stage in flight).
     __syncthreads();  // the previous pass's sums (which reuse the rings) have been read
 #pragma unroll
-    for (int i = 0; i < kMmaStages - 1; ++i) {
+    for (int i = 0; i < kStages - 1; ++i) {
       if (i < nst) issue(st_begin + i, i);
       cp_async_commit();
     }
     for (int i = 0; i < nst; ++i) {
-      cp_async_wait<kMmaStages - 2>();
+      cp_async_wait<kStages - 2>();
       __syncwarp();  // every lane's copies of stage i are visible; slot (i - 1) is free
-      if (i + kMmaStages - 1 < nst)
-        issue(st_begin + i + kMmaStages - 1, (i + kMmaStages - 1) % kMmaStages);
+      if (i + kStages - 1 < nst)
+        issue(st_begin + i + kStages - 1, (i + kStages - 1) % kStages);
       cp_async_commit();
-      compute(i % kMmaStages, (st_begin + i) * kU);
+      compute(i % kStages, (st_begin + i) * kU);
     }
     cp_async_wait<0>();
 
