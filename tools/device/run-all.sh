@@ -53,7 +53,7 @@ run_test() {  # name limit
 want tests && run_test cuda_ops_test 40
 if want tests decode; then
   run_test quant_gemv_test 90
-  run_test quant_gemv_mma_test 90
+  run_test quant_gemv_mma_test 150
   run_test sparse_decode_test 60
   run_test moe_route_test 90
   run_test attention_inputs_test 90
