@@ -19,7 +19,7 @@ static_assert(kMmaStages * mma_stage_bytes<QuantFormat::kMxfp8>() >= 4 * 32 * 16
               "the cross-warp sums fit in a warp's ring");
 
 // Resident CTAs per SM for each width (4, 6, 8), computed once per instantiation.
-template <QuantFormat F, int NG, bool kPacked, int kStages>
+template <QuantFormat F, int NG, bool kPacked>
 const int* occupancy_table(int* sms_out) {
   static int occ[9] = {};
   static int sms = 0;
@@ -28,13 +28,12 @@ const int* occupancy_table(int* sms_out) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStages>;
+    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         mma_smem_bytes<F>(8, kStages));
+                         mma_smem_bytes<F>(8));
     for (int w : kWidths) {
       int o = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w,
-                                                        mma_smem_bytes<F>(w, kStages)) !=
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w, mma_smem_bytes<F>(w)) !=
           cudaSuccess)
         o = 1;
       occ[w] = std::max(o, 1);
@@ -69,32 +68,20 @@ int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms) {
   return best;
 }
 
-template <QuantFormat F, int NG, bool kPacked, int kStages = kMmaStages>
+template <QuantFormat F, int NG, bool kPacked>
 Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
-  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStages>;
+  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
   int sms = 1;
-  const int* occ = occupancy_table<F, NG, kPacked, kStages>(&sms);
+  const int* occ = occupancy_table<F, NG, kPacked>(&sms);
   const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
   const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms);
-  kernel<<<grid, 32 * w, mma_smem_bytes<F>(w, kStages), s>>>(p);
+  kernel<<<grid, 32 * w, mma_smem_bytes<F>(w), s>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(kernel);
   return Status::ok();
 }
 
 template <QuantFormat F, bool kPacked>
 Status launch_format(const QuantGemvParams& p, int ng, dim3 grid, cudaStream_t s) {
-  // M3_GEMV5_STAGES=3: 3-slot rings instead of kMmaStages (benchmark A/B).
-  static const bool three = [] {
-    const char* e = std::getenv("M3_GEMV5_STAGES");
-    return e != nullptr && std::atoi(e) == 3;
-  }();
-  if (three) {
-    switch (ng) {
-      case 1: return launch_one<F, 1, kPacked, 3>(p, grid, s);
-      case 2: return launch_one<F, 2, kPacked, 3>(p, grid, s);
-      default: return launch_one<F, 4, kPacked, 3>(p, grid, s);
-    }
-  }
   switch (ng) {
     case 1: return launch_one<F, 1, kPacked>(p, grid, s);
     case 2: return launch_one<F, 2, kPacked>(p, grid, s);

@@ -81,8 +81,8 @@ constexpr int mma_stage_bytes() {
   return MmaTraits<F>::kU * MmaTraits<F>::kChunkBytes + MmaTraits<F>::kScaleBytes;
 }
 template <QuantFormat F>
-constexpr int mma_smem_bytes(int warps, int stages = kMmaStages) {
-  return warps * stages * mma_stage_bytes<F>();
+constexpr int mma_smem_bytes(int warps) {
+  return warps * kMmaStages * mma_stage_bytes<F>();
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -227,8 +227,7 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // or 2): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
 // 16-byte loads and turns each word into a k-step's four A registers with 4 funnel shifts and 4
 // LOP3s (row-major: 16 shifts and masks), and the activations need no byte permutes.
-// kStages: ring slots per warp (kMmaStages; others for benchmarks).
-template <QuantFormat F, int NG, bool kPacked = false, int kStages = kMmaStages>
+template <QuantFormat F, int NG, bool kPacked = false>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
   using T = MmaTraits<F>;
   constexpr int kU = T::kU;
@@ -270,7 +269,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int st_begin = static_cast<int>(int64_t{stages} * warp / nwarps);
   const int st_end = static_cast<int>(int64_t{stages} * (warp + 1) / nwarps);
   const int nst = st_end - st_begin;
-  uint8_t* ring = smem + warp * kStages * kStage;
+  uint8_t* ring = smem + warp * kMmaStages * kStage;
 
   // This lane's copies, fixed for the whole stream. MXFP8: a chunk = 16 rows x 32 bytes = 32
   // pieces of 16 bytes (lane l: row l / 2, half l % 2); scales: rows 0..15 x 4 bytes (4 chunks;
@@ -286,10 +285,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
 #pragma unroll
   for (int h = 0; h < kPieces; ++h) {
     const int piece = lane + 32 * h;
-    if constexpr (kPacked) {  // the (tile, chunk) block is copied as it is stored
-      w_ok[h] = true;        // N % 16 == 0: every tile is whole (launcher)
+    if constexpr (kPacked) {  // the (tile, chunk) block is copied as it is stored (issue())
       w_src[h] = wbase + int64_t{tile} * chunks * T::kChunkBytes + 16 * piece;
-      w_dst[h] = 16 * piece;
       continue;
     }
     const int r = F == QuantFormat::kMxfp8 ? piece >> 1 : piece >> 2;
@@ -311,9 +308,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     const uint32_t base = smem_u32(ring + slot * kStage);
     const int c0 = s * kU;
     if constexpr (kPacked) {
-      // The lane's pieces of kU consecutive 1-KB blocks (chunks past K: zero-filled, reading the
-      // stage's first, which always exists), then the scales: every row exists (whole tiles),
-      // one 16-byte copy per row (K % 256 == 0: no partial stage), or two of 8.
+      // The lane's pieces of kU consecutive 1-KB blocks (N % 16 == 0: every tile is whole), no
+      // per-piece predicates; chunks past K are zero-filled, reading the stage's first.
       const uint8_t* src = w_src[0] + int64_t{c0} * T::kChunkBytes;
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -323,15 +319,6 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
           cp_async16(base + u * T::kChunkBytes + 16 * lane + 512 * h,
                      src + (in ? u * T::kChunkBytes : 0) + 512 * h, in ? 16 : 0);
       }
-      const uint32_t sdst = base + kU * T::kChunkBytes + s_r * 16;
-      if (scale16) {
-        if (lane < 16) cp_async16(sdst, s_src + int64_t{c0} * 8, 16);
-      } else {
-        const int u = lane >> 4;
-        const bool in = c0 + u < chunks;
-        cp_async8(sdst + u * 8, s_src + int64_t{in ? c0 + u : c0} * 8, in ? 8 : 0);
-      }
-      return;
     } else {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
@@ -349,12 +336,10 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       }
     } else if (scale16) {
       // Both chunks' scales of a row are 16 contiguous bytes: one L2-only copy per row (lanes
-      // 0..15), so the scale stream does not evict the activations from L1.
-      if (lane < 16) {
-        const int valid = s_ok ? 8 * max(0, min(kU, chunks - c0)) : 0;
-        cp_async16(base + kU * T::kChunkBytes + s_r * 16, s_src + (valid > 0 ? int64_t{c0} * 8 : 0),
-                   valid);
-      }
+      // 0..15), so the scale stream does not evict the activations from L1. K % 256 == 0 here,
+      // so every stage is whole.
+      if (lane < 16)
+        cp_async16(base + kU * T::kChunkBytes + s_r * 16, s_src + int64_t{c0} * 8, s_ok ? 16 : 0);
     } else {
       const int u = lane >> 4;
       const bool in = s_ok && c0 + u < chunks;
@@ -478,22 +463,22 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       }
     };
 
-    // The warp's pipeline: kStages - 1 stages in flight while one is used. Every iteration
-    // commits one group (possibly empty), so wait_group<kStages - 2> means "stage i landed"
-    // (kStages = 2: wait for everything, the one stage in flight).
+    // The warp's pipeline: kMmaStages - 1 stages in flight while one is used. Every iteration
+    // commits one group (possibly empty), so wait_group<kMmaStages - 2> means "stage i landed"
+    // (kMmaStages = 2: wait for everything, the one stage in flight).
     __syncthreads();  // the previous pass's sums (which reuse the rings) have been read
 #pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) {
+    for (int i = 0; i < kMmaStages - 1; ++i) {
       if (i < nst) issue(st_begin + i, i);
       cp_async_commit();
     }
     for (int i = 0; i < nst; ++i) {
-      cp_async_wait<kStages - 2>();
+      cp_async_wait<kMmaStages - 2>();
       __syncwarp();  // every lane's copies of stage i are visible; slot (i - 1) is free
-      if (i + kStages - 1 < nst)
-        issue(st_begin + i + kStages - 1, (i + kStages - 1) % kStages);
+      if (i + kMmaStages - 1 < nst)
+        issue(st_begin + i + kMmaStages - 1, (i + kMmaStages - 1) % kMmaStages);
       cp_async_commit();
-      compute(i % kStages, (st_begin + i) * kU);
+      compute(i % kMmaStages, (st_begin + i) * kU);
     }
     cp_async_wait<0>();
 
