@@ -8,11 +8,15 @@
 // exact f16 n · 2^-14 when e1 e0 m go to f16 bits 11..9 and s to bit 15. In the checkpoint's
 // order (two codes per byte) the sign and the magnitude of a code need different shifts, so each
 // f16x2 costs two shifts and two masks. Here a word is stored pre-mixed (an invertible linear map
-// over GF(2), applied once at load) such that
-//     frag0 = x & T                    frag1 = (x ^ rotr(x, 3)) & T
-//     frag2 = (rotr(x, 7) ^ rotr(x, 9)) & T    frag3 = (rotr(x, 7) ^ rotr(x, 12)) & T
-// with T = the f16x2 bit positions {9, 10, 11, 15, 25, 26, 27, 31}: 4 funnel shifts + 4 LOP3 for
-// 8 codes. (Found by exhaustive search: no choice with 3 rotations is invertible.)
+// over GF(2), applied once at load) such that, with r = x >> 3,
+//     frag0 = (r ^ x) & T        frag1 = (r ^ (x << 2)) & T
+//     frag2 = (r ^ (x << 6)) & T frag3 = (r ^ (x << 9)) & T
+// with T = the f16x2 bit positions {9, 10, 11, 15, 25, 26, 27, 31}: 4 shifts + 4 LOP3 for 8
+// codes. Plain shifts rather than rotations (the first version used 4 funnel shifts) because
+// ptxas issues left shifts as IMAD.SHL on the FMA pipe, while funnel shifts and LOP3 share the ALU
+// pipe, which ncu showed as the busiest (58 % at batch 1, session 8 in docs/perf-log.md); this
+// moves 3 of the 8 instructions per word off it. (Exhaustive search over shifts of up to
+// 12 bits: no invertible choice needs fewer than 4.)
 //
 // Geometry. A matrix [N, K] is cut into tiles of 16 rows, either rows 16τ .. 16τ + 15 (kRows16)
 // or, for a gate|up matrix read with the SwiGLU epilogue, gate rows 8τ .. 8τ + 7 then up rows
@@ -42,15 +46,14 @@ constexpr uint32_t kT = 0x8E008E00u;  // f16x2 bits 9-11, 15 | 25-27, 31
 constexpr int kChunkK = 128;
 constexpr int kChunkBytes = 1024;
 
-M3_HOST_DEVICE inline uint32_t rotr(uint32_t x, int r) { return (x >> r) | (x << (32 - r)); }
-
 // Fragment f (0..3) of a packed word: an f16x2 of two codes times 2^-14 (no scale).
 M3_HOST_DEVICE inline uint32_t fragment(uint32_t x, int f) {
+  const uint32_t r3 = x >> 3;
   switch (f) {
-    case 0: return x & kT;
-    case 1: return (x ^ rotr(x, 3)) & kT;
-    case 2: return (rotr(x, 7) ^ rotr(x, 9)) & kT;
-    default: return (rotr(x, 7) ^ rotr(x, 12)) & kT;
+    case 0: return (r3 ^ x) & kT;
+    case 1: return (r3 ^ (x << 2)) & kT;
+    case 2: return (r3 ^ (x << 6)) & kT;
+    default: return (r3 ^ (x << 9)) & kT;
   }
 }
 

@@ -33,7 +33,7 @@
 //
 //  * NVFP4 in the mma layout (kPacked; quant/nvfp4_mma_layout.h, repacked at load): a lane's 32
 //    bytes of a chunk are its 8 k-steps' words; each word gives the k-step's four A registers by
-//    4 funnel shifts + 4 LOP3 (x 2^-14, then the same scale HMUL2), and the activations of
+//    4 shifts + 4 LOP3 (x 2^-14, then the same scale HMUL2), and the activations of
 //    k-step i are the 8 contiguous bytes at column 32t + 4i (no byte permutes). ncu, experts at
 //    batch 1: 25 instead of 33 instructions per mma; 1.1x (H200: 70.9 -> 62.4 us at T=1).
 //
@@ -225,7 +225,7 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // cross-warp sums after the stream.
 // kPacked (NVFP4 only): the weights are in the mma layout (quant/nvfp4_mma_layout.h, w_layout 1
 // or 2): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
-// 16-byte loads and turns each word into a k-step's four A registers with 4 funnel shifts and 4
+// 16-byte loads and turns each word into a k-step's four A registers with 4 shifts and 4
 // LOP3s (row-major: 16 shifts and masks), and the activations need no byte permutes.
 template <QuantFormat F, int NG, bool kPacked = false>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
