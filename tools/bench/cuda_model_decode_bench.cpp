@@ -59,7 +59,9 @@ double step_ms(CudaM3Model* model, const Config& c, int64_t steps) {
     in[b].logits_rows = {0};
   }
   std::vector<double> ms;
+  CudaM3Stats before;
   for (int64_t s = 0; s < steps + 3; ++s) {
+    if (s == 3) before = model->stats();
     ForwardOutput out;
     const auto t0 = std::chrono::steady_clock::now();
     const Status st = model->forward(in, &out);
@@ -70,6 +72,11 @@ double step_ms(CudaM3Model* model, const Config& c, int64_t steps) {
     }
     if (s >= 3) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
+  const CudaM3Stats after = model->stats();
+  if (const int64_t n = after.graph_replays - before.graph_replays; n > 0)
+    std::printf("  (B=%lld ctx=%lld: host time in cudaGraphLaunch %.1f us per step)\n",
+                (long long)c.batch, (long long)c.ctx,
+                (after.graph_launch_us - before.graph_launch_us) / double(n));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -84,6 +91,10 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   o.decode_gemv_variant = variant;
   o.gpu_dummy_weights = true;
   o.overlap_shared_expert = overlap;
+  // M3_BENCH_PRIORITY=0: both streams at the default priority (A/B of prioritize_critical_path).
+  if (const char* e = std::getenv("M3_BENCH_PRIORITY")) o.prioritize_critical_path = std::atoi(e) != 0;
+  // M3_BENCH_FORK_AFTER=1: the shared expert forked after the router (A/B).
+  if (const char* e = std::getenv("M3_BENCH_FORK_AFTER")) o.shared_expert_after_router = std::atoi(e) != 0;
   o.pdl = pdl;
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the CUDA op tests, the tiny-model GPU test, the decode benchmark and m3serve here
-# (build-cuda/, sm_90a) and gathers what the GPU machine needs into .device/cuda/ (ignored by
-# git), which the device call names in `carry`. Nothing is built on the GPU machine.
+# Builds the CUDA op tests, the tiny-model GPU test, the decode benchmark, the CUPTI kernel tracer
+# (tools/trace) and m3serve here (build-cuda/, sm_90a) and gathers what the GPU machine needs into
+# .device/cuda/ (ignored by git), which the device call names in `carry`. Nothing is built on the
+# GPU machine.
 #   tools/device/bundle.sh            # then, through the device tool:
 #   run: bash tools/device/run-all.sh   carry: [".device/cuda.tar.xz"]
 set -euo pipefail
@@ -14,7 +15,7 @@ BINS=(cuda_ops_test cuda_composite_ops_test quant_gemv_test quant_gemv_mma_test 
       cuda_model_decode_bench
       sampling_test cuda_real_model_test moe_route_test attention_inputs_test)
 cmake -S . -B "$BUILD" -G Ninja -DM3_CUDA=ON >/dev/null
-cmake --build "$BUILD" -j "${JOBS:-2}" --target "${BINS[@]}"
+cmake --build "$BUILD" -j "${JOBS:-2}" --target "${BINS[@]}" m3_cuda_trace
 # m3serve links every layer; others' work in progress may not compile: then bundle without it.
 M3SERVE=yes
 cmake --build "$BUILD" -j "${JOBS:-2}" --target m3serve >/tmp/m3serve-build.$$.log 2>&1 || M3SERVE=no
@@ -38,8 +39,13 @@ for b in "$DEST"/*; do
     esac
   done
 done
+# The kernel tracer (tools/device/trace-decode.sh) and the CUPTI it was linked against (the GPU
+# machine may have none, or another version); after the loop above, which would only find it too.
+objcopy --strip-debug "$BUILD/lib/libm3_cuda_trace.so" "$DEST/libm3_cuda_trace.so"
+CUPTI=$(sed -n 's/^CUDA_cupti_LIBRARY:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+cp -L "$(dirname "$CUPTI")/libcupti.so.13" "$DEST/"
 {
-  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src/backend/cuda tests/backend_cuda tools/bench tools/device/bundle.sh tools/device/run-all.sh || echo '-dirty')"
+  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src/backend/cuda tests/backend_cuda tools/bench tools/trace tools/device/bundle.sh tools/device/run-all.sh || echo '-dirty')"
   echo "built $(date -u +%FT%TZ) on $(hostname) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
   echo "m3serve bundled: $M3SERVE"
 } >"$DEST/BUILD_INFO"

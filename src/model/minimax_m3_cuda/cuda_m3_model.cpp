@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <map>
@@ -46,11 +47,17 @@ constexpr int64_t kKeySplits = 4;
 // of HBM, against 621 us for variant 0). The fit check guarantees K % 1024.
 int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 2 : 3; }
 
-// Variant 5 (tensor cores) for a quantised matrix at `rows` activation rows, except MXFP8 at one
-// row, where variant 3 is faster (H200, batch 1: qkv 24.5 against 28.3 us, dense gate|up 47
-// against 59 us; NVFP4 experts and every batch >= 2 are faster on variant 5; docs/perf-log.md).
-bool use_tensor_core_gemv(QuantFormat f, int64_t rows) {
-  return f == QuantFormat::kNvfp4 || (f == QuantFormat::kMxfp8 && rows >= 2);
+// Variant 5 (tensor cores) for a quantised [n, k] matrix at `rows` activation rows, except the
+// large MXFP8 matrices at one row, where variant 3 is faster (H200, batch 1: qkv [9856 x 6144]
+// 22.5 against 24.7 us, o_proj [6144 x 8192] 20.6 against 22.3, dense gate|up 47 against 59;
+// but the shared expert's gate|up [6144 x 6144] 17.7 against 18.1 with its epilogue launch and
+// down [6144 x 3072] 11.0 against 12.8, docs/perf-log.md session 8; NVFP4 experts and every
+// batch >= 2 are faster on variant 5). Variant 5's small CTAs also share the SMs better with
+// the routed experts beside it.
+bool use_tensor_core_gemv(QuantFormat f, int64_t rows, int64_t n, int64_t k) {
+  constexpr int64_t kLargeAtOneRow = int64_t{44} << 20;  // elements: between 37.7M and 50.3M
+  return f == QuantFormat::kNvfp4 ||
+         (f == QuantFormat::kMxfp8 && (rows >= 2 || n * k < kLargeAtOneRow));
 }
 
 int64_t next_pow2(int64_t x) {
@@ -148,6 +155,26 @@ struct CudaM3Model::Impl {
   int64_t dec_rows = 0, dec_mb_cap = 0;
   std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs;
   CudaM3Stats stats;
+  // Page-locked host staging of a decode step: its inputs (ids, positions, block tables) and its
+  // logits. From pageable memory each copy is staged by the driver in pieces: at 8 rows the
+  // per-row logits copies took ~0.45 ms each (H200 CUPTI trace, docs/perf-log.md session 8).
+  // Grown on demand, never shrunk.
+  void* host_stage = nullptr;
+  size_t host_stage_bytes = 0;
+
+  Result<uint8_t*> stage(size_t bytes) {
+    if (bytes > host_stage_bytes) {
+      if (host_stage != nullptr) {
+        M3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.get()));
+        cudaFreeHost(host_stage);
+        host_stage = nullptr;
+        host_stage_bytes = 0;
+      }
+      M3_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_stage, bytes));
+      host_stage_bytes = bytes;
+    }
+    return static_cast<uint8_t*>(host_stage);
+  }
 
   // Shapes.
   int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
@@ -160,6 +187,7 @@ struct CudaM3Model::Impl {
     if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
     if (side.get() != nullptr) cudaStreamSynchronize(side.get());
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (host_stage != nullptr) cudaFreeHost(host_stage);
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
   }
@@ -172,7 +200,7 @@ struct CudaM3Model::Impl {
   // fits), given its input's f16 form.
   bool tensor_core(const DevMatrix& m, int64_t rows) const {
     if (opt.decode_gemv_variant < 5) return false;
-    return use_tensor_core_gemv(m.format, rows) ||
+    return use_tensor_core_gemv(m.format, rows, m.n, m.k) ||
            (opt.decode_gemv_variant == 6 &&
             cuda::quant_gemv_stream_shape_fits(m.format, m.layout, m.n, m.k, rows));
   }
@@ -440,7 +468,7 @@ struct CudaM3Model::Impl {
     const GemvEpilogueParams swiglu_s =
         swiglu_to(L.shared_gu, L.shared_down, rows, b.act_s, b.act_s16);
     const GemvIn shared_act = act_in(swiglu_s, b.act_s, L.shared_down.k);
-    if (side_path) {
+    const auto fork_shared_expert = [&]() -> Status {
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_ev, st()));
       M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_ev, 0));
       Bufs sb = b;
@@ -450,7 +478,9 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(gemv(L.shared_down, shared_act, rows, store_to(b.shared, hd), sb, false,
                               1, side.get()));
       M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_ev, side.get()));
-    }
+      return Status::ok();
+    };
+    if (side_path && !opt.shared_expert_after_router) M3_RETURN_IF_ERROR(fork_shared_expert());
     // The fused router up to 32 rows: its last CTA runs every row's top-k and the grouping, which
     // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
     if (L.router.format == QuantFormat::kBf16 && rows <= 32 &&
@@ -488,6 +518,7 @@ struct CudaM3Model::Impl {
       gp.active_groups = b.active;
       M3_RETURN_IF_ERROR(cuda::launch_group_by_expert(gp, st()));
     }
+    if (side_path && opt.shared_expert_after_router) M3_RETURN_IF_ERROR(fork_shared_expert());
     const GemvEpilogueParams swiglu_r =
         swiglu_to(L.experts_gu, L.experts_down, rows * kk, b.act, b.act16);
     M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
@@ -529,7 +560,10 @@ struct CudaM3Model::Impl {
     const auto key = std::make_pair(rows, mb);
     auto it = graphs.find(key);
     if (it != graphs.end()) {
+      const auto t0 = std::chrono::steady_clock::now();
       M3_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, st()));
+      stats.graph_launch_us +=
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       ++stats.graph_replays;
       return Status::ok();
     }
@@ -547,7 +581,9 @@ struct CudaM3Model::Impl {
       return cuda::cuda_error(end, "cudaStreamEndCapture", __FILE__, __LINE__);
     }
     cudaGraphExec_t exec = nullptr;
-    cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    // Per-node priorities (copied from the capturing streams): the side stream's kernels stay
+    // below the critical path's (prioritize_critical_path).
+    cudaError_t inst = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(graph);
     if (inst != cudaSuccess)
       return cuda::cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
@@ -865,8 +901,10 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   im.scale = 1.0f / std::sqrt(static_cast<float>(im.d));
   im.routed_scale = static_cast<float>(c.routed_scaling_factor);
 
-  M3_ASSIGN_OR_RETURN(im.stream, cuda::Stream::create());
-  M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create());
+  int greatest = 0, least = 0;
+  if (options.prioritize_critical_path) cuda::Stream::priority_range(&greatest, &least);
+  M3_ASSIGN_OR_RETURN(im.stream, cuda::Stream::create(greatest));
+  M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create(least));
   M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork_ev, cudaEventDisableTiming));
   M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.join_ev, cudaEventDisableTiming));
   im.alloc = std::make_unique<cuda::CachingAllocator>();
@@ -972,35 +1010,45 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
     const int64_t rows = std::min(next_pow2(t_all), im.dec_rows);
     const int64_t width = std::min(next_pow2(mb), im.dec_mb_cap);
-    std::vector<int32_t> ids(static_cast<size_t>(rows), 0), pos(static_cast<size_t>(rows), 0),
-        tabs(static_cast<size_t>(rows * width), -1);
+    // One staging area: [ids rows][positions rows][tables rows x width] int32, then the logits of
+    // the t_all real rows (the padding rows' are never read).
+    const size_t in_bytes = static_cast<size_t>(rows * (2 + width)) * 4;
+    const size_t logit_bytes = static_cast<size_t>(t_all * im.vocab) * 4;
+    M3_ASSIGN_OR_RETURN(uint8_t * host, im.stage(in_bytes + logit_bytes));
+    int32_t* ids = reinterpret_cast<int32_t*>(host);
+    int32_t* pos = ids + rows;
+    int32_t* tabs = pos + rows;
+    std::fill(ids, ids + 2 * rows, 0);
+    std::fill(tabs, tabs + rows * width, -1);
     for (const Impl::Seq& s : seqs) {
       const SequenceInput& in = batch[s.index];
       const int64_t r = s.offset;
-      ids[static_cast<size_t>(r)] = in.tokens[0];
-      pos[static_cast<size_t>(r)] = static_cast<int32_t>(in.start_pos);
+      ids[r] = in.tokens[0];
+      pos[r] = static_cast<int32_t>(in.start_pos);
       const int64_t nb = std::min<int64_t>(static_cast<int64_t>(in.block_table.size()), width);
-      std::copy(in.block_table.begin(), in.block_table.begin() + nb, tabs.begin() + r * width);
+      std::copy(in.block_table.begin(), in.block_table.begin() + nb, tabs + r * width);
     }
     cudaStream_t st = im.st();
     M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(im.dec.ids, ids.data(), rows * 4, cudaMemcpyHostToDevice, st));
+        cudaMemcpyAsync(im.dec.ids, ids, rows * 4, cudaMemcpyHostToDevice, st));
     M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(im.dec.positions, pos.data(), rows * 4, cudaMemcpyHostToDevice, st));
+        cudaMemcpyAsync(im.dec.positions, pos, rows * 4, cudaMemcpyHostToDevice, st));
     M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(im.dec.tables, tabs.data(), rows * width * 4, cudaMemcpyHostToDevice, st));
+        cudaMemcpyAsync(im.dec.tables, tabs, rows * width * 4, cudaMemcpyHostToDevice, st));
     M3_RETURN_IF_ERROR(im.run_decode(rows, width));
-    out->logits.assign(batch.size(), {});
+    float* logits = reinterpret_cast<float*>(host + in_bytes);
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(logits, im.dec.logits, logit_bytes, cudaMemcpyDeviceToHost, st));
+    M3_RETURN_IF_ERROR(im.stream.synchronize());
+    out->logits.resize(batch.size());
     for (const Impl::Seq& s : seqs) {
       const std::vector<int32_t>& want = batch[s.index].logits_rows;
       std::vector<float>& dst = out->logits[s.index];
-      dst.resize(want.size() * static_cast<size_t>(im.vocab));
+      dst.clear();  // keeps the capacity of a reused ForwardOutput
+      const float* row = logits + s.offset * im.vocab;
       for (size_t j = 0; j < want.size(); ++j)  // want[j] == 0 (validated: one token)
-        M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data() + j * im.vocab,
-                                                im.dec.logits + s.offset * im.vocab, im.vocab * 4,
-                                                cudaMemcpyDeviceToHost, st));
+        dst.insert(dst.end(), row, row + im.vocab);
     }
-    M3_RETURN_IF_ERROR(im.stream.synchronize());
     ++im.stats.decode_steps;
     return Status::ok();
   }

@@ -40,6 +40,17 @@ struct CudaM3Options {
   // Decode: the shared expert's GEMVs on a second stream, concurrent with the router, grouping
   // and routed-expert GEMVs (both read the post-attention norm; joined before the combine).
   bool overlap_shared_expert = true;
+  // With the overlap: the main stream at the device's greatest priority and the side stream at
+  // its least, so the block scheduler places the critical path's CTAs (router, routed experts)
+  // before the shared expert's (graphs keep the priorities per kernel node). Without it the
+  // shared expert's GEMV filled the SMs first and the fused router took 20 instead of 10 us
+  // per layer at batch 1 (H200 CUPTI trace, docs/perf-log.md session 8).
+  bool prioritize_critical_path = true;
+  // With the overlap: fork the shared expert after the router instead of beside it. Off: the
+  // router then takes ~20 instead of ~10 us at batch 1 (it waits for SMs the shared expert
+  // holds), but the routed experts start sooner; 8-layer steps at batch 1 on the H200 were 1.80
+  // ms forked first against 1.85 ms forked after (docs/perf-log.md session 8).
+  bool shared_expert_after_router = false;
   // Decode: the GEMVs (variants 3 and 6), their split-K epilogues and the attention inputs
   // launched with programmatic dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams
   // its first weights while the kernel before it finishes. Same results bit for bit; on the
@@ -64,6 +75,7 @@ struct CudaM3Options {
 struct CudaM3Stats {
   int64_t decode_steps = 0, general_steps = 0;
   int64_t graph_captures = 0, graph_replays = 0;
+  double graph_launch_us = 0;      // host time inside cudaGraphLaunch, summed over the replays
   int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although quantised on disk
   int64_t quantised_matrices = 0;  // fused matrices kept MXFP8 / NVFP4
   int64_t weight_bytes = 0, kv_bytes = 0, buffer_bytes = 0;  // device memory at load

@@ -4,10 +4,18 @@
 
 namespace m3::cuda {
 
-Result<Stream> Stream::create() {
+Result<Stream> Stream::create(int priority) {
   Stream s;
-  M3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
+  M3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s.s_, cudaStreamNonBlocking, priority));
   return s;
+}
+
+void Stream::priority_range(int* greatest, int* least) {
+  *greatest = *least = 0;
+  if (cudaDeviceGetStreamPriorityRange(least, greatest) != cudaSuccess) {
+    cudaGetLastError();
+    *greatest = *least = 0;
+  }
 }
 
 Status Stream::synchronize() const {

@@ -25,7 +25,11 @@ class Stream {
     return *this;
   }
 
-  static Result<Stream> create();
+  // priority: as cudaStreamCreateWithPriority (lower = higher priority; 0 = default; clamped
+  // to the device's range). Kernels captured into a graph keep their stream's priority.
+  static Result<Stream> create(int priority = 0);
+  // The device's greatest (numerically lowest) and least stream priorities.
+  static void priority_range(int* greatest, int* least);
   cudaStream_t get() const { return s_; }
   Status synchronize() const;
   void reset();
