@@ -88,6 +88,12 @@ constexpr int mma_smem_bytes(int warps) {
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// x, which the compiler cannot recompute from its inputs (it keeps or spills the register).
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
 // Asynchronous global -> shared copies (no registers held while in flight); src_size < size
 // zero-fills the rest (0: nothing is read).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_size) {
@@ -270,6 +276,13 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int st_end = static_cast<int>(int64_t{stages} * (warp + 1) / nwarps);
   const int nst = st_end - st_begin;
   uint8_t* ring = smem + warp * kMmaStages * kStage;
+  // The ring's shared-memory address, once, through an opaque move: otherwise ptxas, short of
+  // registers under the 80-register cap, rematerialises it from the special registers (CTA id,
+  // thread id) at every stage (SASS: ~10 instructions per stage).
+  const uint32_t ring_s = opaque_u32(smem_u32(ring));
+  static_assert(kMmaStages == 2, "the lane's copy addresses below are per slot");
+  const uint32_t ring_lane0 = opaque_u32(ring_s + 16 * lane),
+                 ring_lane1 = opaque_u32(ring_s + kStage + 16 * lane);
 
   // This lane's copies, fixed for the whole stream. MXFP8: a chunk = 16 rows x 32 bytes = 32
   // pieces of 16 bytes (lane l: row l / 2, half l % 2); scales: rows 0..15 x 4 bytes (4 chunks;
@@ -305,18 +318,20 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
                        (reinterpret_cast<uintptr_t>(sbase) & 15) == 0;
 
   auto issue = [&](int s, int slot) {
-    const uint32_t base = smem_u32(ring + slot * kStage);
+    const uint32_t base = ring_s + slot * kStage;
     const int c0 = s * kU;
     if constexpr (kPacked) {
       // The lane's pieces of kU consecutive 1-KB blocks (N % 16 == 0: every tile is whole), no
-      // per-piece predicates; chunks past K are zero-filled, reading the stage's first.
+      // per-piece predicates: one base pointer and immediate offsets; chunks past K are
+      // zero-filled, reading the stage's first.
       const uint8_t* src = w_src[0] + int64_t{c0} * T::kChunkBytes;
+      const uint32_t dst = (slot ? ring_lane1 : ring_lane0);
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const bool in = u == 0 || c0 + u < chunks;
 #pragma unroll
         for (int h = 0; h < kPieces; ++h)
-          cp_async16(base + u * T::kChunkBytes + 16 * lane + 512 * h,
+          cp_async16(dst + u * T::kChunkBytes + 512 * h,
                      src + (in ? u * T::kChunkBytes : 0) + 512 * h, in ? 16 : 0);
       }
     } else {
@@ -350,15 +365,16 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
 
   for (int r0 = r_begin; r0 < r_end; r0 += kRowsPerPass) {
     const int rows_here = min(r_end - r0, kRowsPerPass);
-    // x row of this lane's B column (token g of each group of 8); tokens past the rows read the
-    // first row (valid memory; their columns are not stored).
+    // x row of this lane's B column (token g of each group of 8), at the lane's column within
+    // a chunk (8t for MXFP8, 32t for NVFP4); tokens past the rows read the first row (valid
+    // memory; their columns are not stored).
     const uint16_t* xrow[NG];
 #pragma unroll
     for (int ng = 0; ng < NG; ++ng) {
       const int m = ng * 8 + g < rows_here ? ng * 8 + g : 0;
       const int r = r0 + m;
       const int64_t rid = p.sorted_rows ? p.sorted_rows[r] : r;
-      xrow[ng] = p.xh + (rid / p.x_row_div) * p.ldx;
+      xrow[ng] = p.xh + (rid / p.x_row_div) * p.ldx + (F == QuantFormat::kMxfp8 ? 8 : 32) * t;
     }
     float acc[NG][4];
 #pragma unroll
@@ -386,7 +402,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
           const float f_lo = e8m0_exact(sc[g * 4 + u]), f_hi = e8m0_exact(sc[(g + 8) * 4 + u]);
 #pragma unroll
           for (int ng = 0; ng < NG; ++ng) {
-            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 32 + 8 * t));
+            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 32));
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             mma_f16(d, a00, a01, a02, a03, xv.x, xv.y);
             mma_f16(d, a10, a11, a12, a13, xv.z, xv.w);
@@ -412,7 +428,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
           for (int ng = 0; ng < NG; ++ng)
 #pragma unroll
             for (int q = 0; q < 4; ++q)
-              xc[ng][q] = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 32 * t + 8 * q));
+              xc[ng][q] = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 8 * q));
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const uint32_t x = wv[i];
@@ -453,7 +469,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
             for (int ng = 0; ng < NG; ++ng) {
               // x elements 8q .. 8q + 7 of the lane's 32.
               const uint4 xv =
-                  __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 32 * t + 8 * q));
+                  __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 8 * q));
               // k-step 0: pairs (0,4), (1,5); k-step 1: (2,6), (3,7).
               mma_f16(acc[ng], l0, h0, l1, h1, prmt(xv.x, xv.z, 0x5410), prmt(xv.x, xv.z, 0x7632));
               mma_f16(acc[ng], l2, h2, l3, h3, prmt(xv.y, xv.w, 0x5410), prmt(xv.y, xv.w, 0x7632));
