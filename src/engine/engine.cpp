@@ -361,20 +361,33 @@ bool Engine::run_step() {
       }
     }
   }
+  // Rows the runner may sample itself (on its device): those whose parameters need nothing but
+  // the logits and the random key (device_sampling.h); the others get their logits back.
+  std::vector<std::optional<DeviceSampling>> sampling;
+  if (runner_->samples_on_device()) {
+    for (const SeqSlice& slice : plan.seqs) {
+      if (!slice.need_logits) continue;
+      std::optional<DeviceSampling>& d = sampling.emplace_back();
+      auto owner = seq_owner_.find(slice.seq_id);
+      if (owner == seq_owner_.end()) continue;
+      const ReqCtx* req = owner->second.first;
+      const SeqCtx* seq = owner->second.second;
+      const SamplingParams& p = req->req.params;
+      const bool min_tokens_active =
+          seq->penalties.num_output() < p.min_tokens && !req->min_tokens_mask.empty();
+      if (device_samplable(p, min_tokens_active))
+        d = device_sampling(p, sample_key(*req, *seq));
+    }
+  }
   LogitsOut out;
   Status st;
   try {
-    st = runner_->forward(plan, out);
+    st = sampling.empty() ? runner_->forward(plan, out)
+                          : runner_->forward_sampling(plan, sampling, out);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }
-  if (st.is_ok() && (out.vocab_size != vocab_size_ || out.num_rows() != plan.num_logits() ||
-                     out.data.size() != static_cast<size_t>(out.num_rows()) * vocab_size_)) {
-    st = internal_error("[engine] model returned " + std::to_string(out.num_rows()) +
-                        " logit rows of width " + std::to_string(out.vocab_size) + ", expected " +
-                        std::to_string(plan.num_logits()) + " of width " +
-                        std::to_string(vocab_size_));
-  }
+  if (st.is_ok()) st = check_step_output(plan, sampling, out);
   if (!st.is_ok()) {
     std::vector<RequestId> failed;
     for (const SeqSlice& s : plan.seqs) failed.push_back(s.request_id);
@@ -388,6 +401,39 @@ bool Engine::run_step() {
   return true;
 }
 
+RngKey Engine::sample_key(const ReqCtx& req, const SeqCtx& seq) {
+  return RngKey{req.seed, static_cast<uint64_t>(seq.index), static_cast<uint64_t>(seq.generated)};
+}
+
+Status Engine::check_step_output(const StepPlan& plan,
+                                 std::span<const std::optional<DeviceSampling>> sampling,
+                                 const LogitsOut& out) const {
+  const int32_t want = plan.num_logits();
+  int32_t sampled = 0;
+  if (!out.tokens.empty()) {
+    if (out.tokens.size() != static_cast<size_t>(want))
+      return internal_error("[engine] model returned " + std::to_string(out.tokens.size()) +
+                            " sampled-token entries, expected " + std::to_string(want));
+    for (size_t i = 0; i < out.tokens.size(); ++i) {
+      const int32_t t = out.tokens[i];
+      if (t < -1 || t >= vocab_size_ ||
+          (t >= 0 && (i >= sampling.size() || !sampling[i].has_value())))
+        return internal_error("[engine] model returned token " + std::to_string(t) +
+                              " for logits row " + std::to_string(i) +
+                              (t >= 0 && t < vocab_size_ ? " (not asked to sample it)"
+                                                         : " (outside the vocabulary)"));
+      sampled += t >= 0 ? 1 : 0;
+    }
+  }
+  if (out.vocab_size != vocab_size_ || out.num_rows() != want - sampled ||
+      out.data.size() != static_cast<size_t>(out.num_rows()) * vocab_size_)
+    return internal_error("[engine] model returned " + std::to_string(out.num_rows()) +
+                          " logit rows of width " + std::to_string(out.vocab_size) +
+                          ", expected " + std::to_string(want - sampled) + " of width " +
+                          std::to_string(vocab_size_));
+  return Status::ok();
+}
+
 void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
   // Phase 1: sample every row. Rows are independent (counter-based RNG keyed by the sequence's
   // own seed, index and position; penalty state is only read), so they run on the sampler pool in
@@ -396,30 +442,36 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
   struct Row {
     ReqCtx* req = nullptr;
     SeqCtx* seq = nullptr;
-    int32_t row = 0;
+    int32_t row = 0;            // in logits.data (when device_token < 0)
+    int32_t device_token = -1;  // the token the runner sampled, else -1
     SampleResult result;
     Status error;
   };
   std::vector<Row> rows;
-  int32_t row_idx = -1;
+  int32_t logits_idx = -1, data_row = 0;
   for (const SeqSlice& slice : plan.seqs) {
     if (!slice.need_logits) continue;
-    ++row_idx;
+    ++logits_idx;
+    const int32_t token = logits.tokens.empty() ? -1 : logits.tokens[logits_idx];
+    const int32_t row = token >= 0 ? -1 : data_row++;
     auto owner = seq_owner_.find(slice.seq_id);
     if (owner == seq_owner_.end()) continue;
-    rows.push_back(Row{owner->second.first, owner->second.second, row_idx, {}, {}});
+    rows.push_back(Row{owner->second.first, owner->second.second, row, token, {}, {}});
   }
   auto sample_range = [&](int64_t begin, int64_t end) {
     SamplerScratch scratch;
     for (int64_t i = begin; i < end; ++i) {
       Row& r = rows[i];
+      if (r.device_token >= 0) {  // sampled by the runner (no logprobs were asked for)
+        r.result.token = r.device_token;
+        continue;
+      }
       SampleInput in;
       in.logits = logits.row(r.row);
       in.params = &r.req->req.params;
       in.penalties = &r.seq->penalties;
       in.min_tokens_mask = r.req->min_tokens_mask;
-      in.rng = RngKey{r.req->seed, static_cast<uint64_t>(r.seq->index),
-                      static_cast<uint64_t>(r.seq->generated)};
+      in.rng = sample_key(*r.req, *r.seq);
       try {
         r.result = sample_token(in, &scratch);
       } catch (const std::exception& e) {

@@ -20,6 +20,8 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -114,6 +116,12 @@ class Engine {
   void cancel_request(RequestId id, FinishReason reason, const Status& error);
   bool run_step();  // false when nothing was planned
   void sample_and_emit(const StepPlan& plan, const LogitsOut& logits);
+  // The random key of a sequence's next token (the same on the CPU sampler and a runner's).
+  static RngKey sample_key(const ReqCtx& req, const SeqCtx& seq);
+  // A step's output against its plan: row counts, and tokens only where sampling was asked.
+  Status check_step_output(const StepPlan& plan,
+                           std::span<const std::optional<DeviceSampling>> sampling,
+                           const LogitsOut& out) const;
   void finish_seq(ReqCtx* req, SeqCtx* seq, FinishReason reason, SeqDelta* delta);
   void emit(ReqCtx* req, std::vector<SeqDelta> deltas, const Status& error = Status::ok());
   void publish_stats();

@@ -4,14 +4,19 @@
 
 namespace m3 {
 
-std::vector<minimax_m3::SequenceInput> step_batch(const StepPlan& plan) {
+std::vector<minimax_m3::SequenceInput> step_batch(
+    const StepPlan& plan, std::span<const std::optional<DeviceSampling>> sampling) {
   std::vector<minimax_m3::SequenceInput> batch(plan.seqs.size());
+  size_t row = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqSlice& s = plan.seqs[i];
     batch[i].tokens = s.token_ids;
     batch[i].start_pos = s.start_pos;
     batch[i].block_table = s.block_table;
-    if (s.need_logits) batch[i].logits_rows = {s.num_tokens() - 1};
+    if (!s.need_logits) continue;
+    batch[i].logits_rows = {s.num_tokens() - 1};
+    if (row < sampling.size()) batch[i].sample = sampling[row];
+    ++row;
   }
   return batch;
 }
@@ -20,9 +25,28 @@ Status gather_step_logits(const StepPlan& plan, const minimax_m3::ForwardOutput&
                           const char* who, LogitsOut& out) {
   out.vocab_size = vocab;
   out.data.clear();
-  out.data.reserve(static_cast<size_t>(plan.num_logits()) * vocab);
+  out.tokens.clear();
+  const bool sampled = !fo.tokens.empty();
+  if (sampled && fo.tokens.size() != plan.seqs.size())
+    return internal_error(std::string("[") + who + "] " + std::to_string(fo.tokens.size()) +
+                          " sampled-token entries for " + std::to_string(plan.seqs.size()) +
+                          " sequences");
+  size_t kept = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i)
+    if (plan.seqs[i].need_logits && !(sampled && fo.tokens[i] >= 0)) ++kept;
+  out.data.reserve(kept * static_cast<size_t>(vocab));
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (!plan.seqs[i].need_logits) continue;
+    if (sampled) {
+      out.tokens.push_back(fo.tokens[i] >= 0 ? fo.tokens[i] : -1);
+      if (fo.tokens[i] >= 0) {
+        if (fo.tokens[i] >= vocab)
+          return internal_error(std::string("[") + who + "] sequence " + std::to_string(i) +
+                                " sampled token " + std::to_string(fo.tokens[i]) +
+                                " outside the vocabulary of " + std::to_string(vocab));
+        continue;
+      }
+    }
     if (i >= fo.logits.size() || fo.logits[i].size() != static_cast<size_t>(vocab)) {
       return internal_error(std::string("[") + who + "] sequence " + std::to_string(i) + " got " +
                             std::to_string(i < fo.logits.size() ? fo.logits[i].size() : 0) +

@@ -60,6 +60,7 @@
 #include "model/minimax_m3_cuda/cuda_m3_model.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
+#include "sample/sampler.h"
 #include "../model_cuda/small_real_shape_config.h"
 
 namespace m3 {
@@ -520,6 +521,90 @@ TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) {
 
 TEST(CudaRealModel, DecodeBatch5GraphsOnAndOff) {
   decode_case(5, {120, 250, 375, 500, 60}, 20);
+}
+
+// Decode rows sampled on the GPU (SequenceInput::sample, what the engine's CUDA runner offers)
+// give the token the CPU sampler picks from the same logits (the same step run first without
+// sampling: same inputs, same KV writes, the same graph, so the same logits bit for bit), with no
+// logits copied back for them; a row not offered keeps its logits. Rows: greedy, temperature
+// with top-k, top-p and min-p, plain temperature 1, and (on even steps) one row not offered.
+TEST(CudaRealModel, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto g = h.gpu_model(true, 1, 1);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  CudaM3Model& gpu = **g;
+  const int64_t v = h.cfg().vocab_size;
+  const std::vector<int64_t> lens = {90, 33, 7, 140};
+  const int64_t steps = 12;
+  std::vector<Seq> seqs;
+  std::vector<Seq*> ptrs;
+  std::vector<std::vector<int32_t>> toks;
+  for (size_t i = 0; i < lens.size(); ++i) seqs.push_back(h.new_seq(lens[i] + steps));
+  for (size_t i = 0; i < lens.size(); ++i) {
+    ptrs.push_back(&seqs[i]);
+    toks.push_back(random_tokens(lens[i], v, 71 + static_cast<uint32_t>(i)));
+  }
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> prefill;
+  ASSERT_NO_FATAL_FAILURE(h.step(ptrs, toks, false, {&gpu}, &cpu, &prefill));
+  std::vector<int32_t> next(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) next[i] = last_argmax(prefill[0].logits[i], v);
+  int64_t sampled_rows = 0, distinct_from_greedy = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<SequenceInput> in(lens.size());
+    std::vector<std::vector<int32_t>> one(lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      one[i] = {next[i]};
+      in[i].tokens = one[i];
+      in[i].start_pos = seqs[i].cached;
+      in[i].block_table = seqs[i].table;
+      in[i].logits_rows = {0};
+    }
+    ForwardOutput plain, dev;
+    ASSERT_TRUE(gpu.forward(in, &plain).is_ok());
+    EXPECT_TRUE(plain.tokens.empty());
+    std::vector<SamplingParams> params(lens.size());
+    params[0].temperature = 0.0f;
+    params[1].temperature = 0.8f, params[1].top_k = 40, params[1].top_p = 0.9f;
+    params[1].min_p = 0.02f;
+    params[2].temperature = 1.0f;
+    params[3].temperature = 0.7f, params[3].top_p = 0.95f;
+    const bool offer_last = step % 2 == 1;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      if (i == 3 && !offer_last) continue;
+      in[i].sample = device_sampling(params[i], RngKey{900u + i, 0, static_cast<uint64_t>(step)});
+    }
+    ASSERT_TRUE(gpu.forward(in, &dev).is_ok());
+    ASSERT_EQ(dev.tokens.size(), lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      if (!in[i].sample.has_value()) {
+        EXPECT_EQ(dev.tokens[i], -1);
+        EXPECT_EQ(dev.logits[i], plain.logits[i]) << "row not offered, step " << step;
+        continue;
+      }
+      EXPECT_TRUE(dev.logits[i].empty());
+      SampleInput si;
+      si.logits = plain.logits[i];
+      si.params = &params[i];
+      si.rng = in[i].sample->rng;
+      SamplerScratch scratch;
+      const int32_t want = sample_token(si, &scratch).token;
+      EXPECT_EQ(dev.tokens[i], want) << "row " << i << " step " << step;
+      ++sampled_rows;
+      distinct_from_greedy += want != last_argmax(plain.logits[i], v) ? 1 : 0;
+    }
+    for (size_t i = 0; i < lens.size(); ++i) {
+      seqs[i].cached += 1;
+      next[i] = last_argmax(plain.logits[i], v);
+    }
+  }
+  std::printf("[cuda_real_model] device sampling: %lld rows sampled on the GPU = the CPU sampler's "
+              "token (%lld of them not the argmax)\n",
+              (long long)sampled_rows, (long long)distinct_from_greedy);
+  EXPECT_EQ(sampled_rows, steps * 3 + steps / 2);
+  EXPECT_GT(distinct_from_greedy, 0);  // the temperature rows did sample
 }
 
 }  // namespace

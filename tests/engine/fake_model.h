@@ -14,6 +14,7 @@
 
 #include "engine/model_runner.h"
 #include "sample/rng.h"
+#include "sample/sampler.h"
 
 namespace m3::testing {
 
@@ -64,6 +65,45 @@ class FakeModel : public ModelRunner {
     }
     return Status::ok();
   }
+
+  // Device sampling, as a GPU runner does it: the rows the engine offers are sampled here with
+  // the CPU sampler on the same logits (so outputs must equal host sampling) and leave out.data.
+  bool samples_on_device() const override { return device_sampling; }
+  Status forward_sampling(const StepPlan& plan,
+                          std::span<const std::optional<DeviceSampling>> sampling,
+                          LogitsOut& out) override {
+    M3_RETURN_IF_ERROR(forward(plan, out));
+    if (!device_sampling) return Status::ok();
+    const int32_t rows = out.num_rows();
+    std::vector<float> kept;
+    out.tokens.assign(static_cast<size_t>(rows), -1);
+    for (int32_t r = 0; r < rows; ++r) {
+      if (static_cast<size_t>(r) < sampling.size() && sampling[r].has_value()) {
+        const DeviceSampling& d = *sampling[r];
+        SamplingParams p;
+        p.temperature = d.temperature;
+        p.top_k = d.top_k;
+        p.top_p = d.top_p;
+        p.min_p = d.min_p;
+        SampleInput in;
+        in.logits = out.row(r);
+        in.params = &p;
+        in.rng = d.rng;
+        SamplerScratch scratch;
+        out.tokens[r] = bad_device_token ? vocab_ : sample_token(in, &scratch).token;
+        ++device_rows;
+      } else {
+        kept.insert(kept.end(), out.row(r).begin(), out.row(r).end());
+        ++host_rows;
+      }
+    }
+    out.data = std::move(kept);
+    return Status::ok();
+  }
+
+  bool device_sampling = false;   // samples_on_device()
+  bool bad_device_token = false;  // return an out-of-vocabulary token for sampled rows
+  int64_t device_rows = 0, host_rows = 0;  // rows sampled here / returned as logits
 
   int64_t num_calls = 0;
   int64_t fail_on_call = -1;

@@ -57,6 +57,10 @@ double step_ms(CudaM3Model* model, const Config& c, int64_t steps) {
     in[b].start_pos = c.ctx - 1;
     in[b].block_table = tables[b];
     in[b].logits_rows = {0};
+    // M3_BENCH_SAMPLE=1: every row greedy-sampled on the GPU (what the engine's CUDA runner
+    // does for rows without logprobs or penalties): token ids come back instead of logits.
+    if (std::getenv("M3_BENCH_SAMPLE") != nullptr && std::atoi(std::getenv("M3_BENCH_SAMPLE")) != 0)
+      in[b].sample = DeviceSampling{0.0f, 0, 1.0f, 0.0f, RngKey{1, static_cast<uint64_t>(b), 0}};
   }
   std::vector<double> ms;
   CudaM3Stats before;

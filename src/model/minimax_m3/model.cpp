@@ -189,6 +189,7 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
   for (size_t s = 0; s < batch.size(); ++s)
     for (int32_t r : batch[s].logits_rows) rows.push_back(static_cast<int32_t>(offsets[s] + r));
   out->logits.assign(batch.size(), {});
+  out->tokens.clear();  // this model never samples (SequenceInput::sample is a permission)
   if (rows.empty()) return Status::ok();
   const int64_t nr = static_cast<int64_t>(rows.size());
   auto rows_d = upload(be, rows);

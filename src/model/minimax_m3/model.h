@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "loader/weight_source.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/weights.h"
+#include "sample/device_sampling.h"
 
 namespace m3::minimax_m3 {
 
@@ -27,11 +29,17 @@ struct SequenceInput {
   int64_t start_pos = 0;                 // position of tokens[0]
   std::span<const int32_t> block_table;  // page ids; must cover start_pos + T_i positions
   std::vector<int32_t> logits_rows;      // which of tokens (0-based) need logits, any order
+  // Set (with exactly one logits row): the model may sample that row itself and return the token
+  // instead of the logits (ForwardOutput::tokens); models that cannot ignore it.
+  std::optional<DeviceSampling> sample;
 };
 
-// Logits for each sequence: logits[i] is [logits_rows.size(), vocab], rows in the order asked.
+// Logits for each sequence: logits[i] is [logits_rows.size(), vocab], rows in the order asked;
+// except where tokens[i] >= 0 (tokens is empty or one per sequence): the model sampled sequence
+// i's row (SequenceInput::sample) and logits[i] is empty.
 struct ForwardOutput {
   std::vector<std::vector<float>> logits;
+  std::vector<int32_t> tokens;
 };
 
 class Model {

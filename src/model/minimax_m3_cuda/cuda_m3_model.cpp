@@ -24,6 +24,7 @@
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/stream.h"
+#include "backend/cuda/sampling/sample.h"
 #include "model/minimax_m3_cuda/device_arena.h"
 #include "model/minimax_m3_cuda/embed_bf16.h"
 #include "model/minimax_m3_cuda/fit_check.h"
@@ -82,6 +83,8 @@ struct Bufs {
   uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
   float *h_inv = nullptr, *attn_inv = nullptr;
   uint32_t* route_counter = nullptr;  // launch_moe_route's arrival counter (zero between launches)
+  cuda::SampleRowParams* sample_rows = nullptr;  // decode: per-row sampling knobs (device)
+  int32_t* sampled = nullptr;                    // decode: the sampled token per row
   int64_t partial_elems = 0;
   float* partial_side = nullptr;  // split-K scratch of the shared expert on the side stream
   int64_t partial_side_elems = 0;
@@ -710,6 +713,7 @@ struct CudaM3Model::Impl {
       for (int32_t r : batch[s.index].logits_rows)
         rows.push_back(static_cast<int32_t>(s.offset + r));
     out->logits.assign(batch.size(), {});
+    out->tokens.clear();  // the general path returns logits only
     if (rows.empty()) return stream.synchronize();
     const int64_t nr = static_cast<int64_t>(rows.size());
     M3_ASSIGN_OR_RETURN(b.rows, sc.get<int32_t>(nr));
@@ -798,6 +802,8 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.sorted, a.alloc<int32_t>(r * kk, what));
   M3_ASSIGN_OR_RETURN(b.active, a.alloc<int32_t>(ne, what));
   M3_ASSIGN_OR_RETURN(b.route_counter, a.alloc<uint32_t>(1, what));
+  M3_ASSIGN_OR_RETURN(b.sample_rows, a.alloc<cuda::SampleRowParams>(r, what));
+  M3_ASSIGN_OR_RETURN(b.sampled, a.alloc<int32_t>(r, what));
   M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.route_counter, 0, sizeof(uint32_t)));
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
@@ -1010,11 +1016,26 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
     const int64_t rows = std::min(next_pow2(t_all), im.dec_rows);
     const int64_t width = std::min(next_pow2(mb), im.dec_mb_cap);
-    // One staging area: [ids rows][positions rows][tables rows x width] int32, then the logits of
-    // the t_all real rows (the padding rows' are never read).
+    // Rows the caller lets the model sample (SequenceInput::sample): sampled on the GPU after the
+    // head (backend/cuda/sampling/sample.h, the CPU sampler's semantics), so only their token ids
+    // come back; the logits come back only when some row was not sampled.
+    int64_t n_sample = 0;
+    for (const Impl::Seq& s : seqs) {
+      const SequenceInput& in = batch[s.index];
+      if (in.sample.has_value() && in.logits_rows.size() == 1) ++n_sample;
+    }
+    int64_t n_logit_seqs = 0;
+    for (const Impl::Seq& s : seqs) n_logit_seqs += batch[s.index].logits_rows.empty() ? 0 : 1;
+    const bool copy_logits = n_sample < n_logit_seqs;
+    // One staging area: [ids rows][positions rows][tables rows x width] int32, the sampling knobs
+    // and sampled tokens of the t_all real rows, then their logits (the padding rows' are never
+    // read).
     const size_t in_bytes = static_cast<size_t>(rows * (2 + width)) * 4;
-    const size_t logit_bytes = static_cast<size_t>(t_all * im.vocab) * 4;
-    M3_ASSIGN_OR_RETURN(uint8_t * host, im.stage(in_bytes + logit_bytes));
+    const size_t knob_bytes = n_sample > 0 ? static_cast<size_t>(t_all) * sizeof(cuda::SampleRowParams) : 0;
+    const size_t token_bytes = static_cast<size_t>((t_all + 3) / 4 * 4) * 4;  // keeps 16-byte alignment
+    const size_t head_bytes = in_bytes + knob_bytes + token_bytes;
+    const size_t logit_bytes = copy_logits ? static_cast<size_t>(t_all * im.vocab) * 4 : 0;
+    M3_ASSIGN_OR_RETURN(uint8_t * host, im.stage(head_bytes + logit_bytes));
     int32_t* ids = reinterpret_cast<int32_t*>(host);
     int32_t* pos = ids + rows;
     int32_t* tabs = pos + rows;
@@ -1035,16 +1056,49 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
         cudaMemcpyAsync(im.dec.positions, pos, rows * 4, cudaMemcpyHostToDevice, st));
     M3_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(im.dec.tables, tabs, rows * width * 4, cudaMemcpyHostToDevice, st));
+    auto* knobs = reinterpret_cast<cuda::SampleRowParams*>(host + in_bytes);
+    auto* tokens = reinterpret_cast<int32_t*>(host + in_bytes + knob_bytes);
+    if (n_sample > 0) {
+      for (int64_t r = 0; r < t_all; ++r) knobs[r] = cuda::SampleRowParams{0.0f, 0, 1.0f, 0.0f, 0, 0, 0};
+      for (const Impl::Seq& s : seqs) {
+        const SequenceInput& in = batch[s.index];
+        if (!in.sample.has_value() || in.logits_rows.size() != 1) continue;
+        const DeviceSampling& d = *in.sample;
+        knobs[s.offset] = cuda::SampleRowParams{d.temperature, d.top_k, d.top_p, d.min_p,
+                                                d.rng.seed, d.rng.stream, d.rng.counter};
+      }
+      M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(im.dec.sample_rows, knobs, knob_bytes,
+                                              cudaMemcpyHostToDevice, st));
+    }
     M3_RETURN_IF_ERROR(im.run_decode(rows, width));
-    float* logits = reinterpret_cast<float*>(host + in_bytes);
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(logits, im.dec.logits, logit_bytes, cudaMemcpyDeviceToHost, st));
+    if (n_sample > 0) {
+      cuda::SampleParams sp;
+      sp.logits = im.dec.logits;
+      sp.batch = t_all;
+      sp.vocab = im.vocab;
+      sp.ld = im.vocab;
+      sp.rows = im.dec.sample_rows;
+      sp.out = im.dec.sampled;
+      M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
+      M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, im.dec.sampled, t_all * 4,
+                                              cudaMemcpyDeviceToHost, st));
+    }
+    float* logits = reinterpret_cast<float*>(host + head_bytes);
+    if (copy_logits)
+      M3_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(logits, im.dec.logits, logit_bytes, cudaMemcpyDeviceToHost, st));
     M3_RETURN_IF_ERROR(im.stream.synchronize());
     out->logits.resize(batch.size());
+    out->tokens.assign(n_sample > 0 ? batch.size() : 0, -1);
     for (const Impl::Seq& s : seqs) {
-      const std::vector<int32_t>& want = batch[s.index].logits_rows;
+      const SequenceInput& in = batch[s.index];
+      const std::vector<int32_t>& want = in.logits_rows;
       std::vector<float>& dst = out->logits[s.index];
       dst.clear();  // keeps the capacity of a reused ForwardOutput
+      if (in.sample.has_value() && want.size() == 1) {
+        out->tokens[s.index] = tokens[s.offset];
+        continue;
+      }
       const float* row = logits + s.offset * im.vocab;
       for (size_t j = 0; j < want.size(); ++j)  // want[j] == 0 (validated: one token)
         dst.insert(dst.end(), row, row + im.vocab);

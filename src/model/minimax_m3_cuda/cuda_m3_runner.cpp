@@ -34,7 +34,13 @@ int32_t CudaM3ModelRunner::page_size() const {
 }
 
 Status CudaM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
-  const std::vector<minimax_m3::SequenceInput> batch = step_batch(plan);
+  return forward_sampling(plan, {}, out);
+}
+
+Status CudaM3ModelRunner::forward_sampling(const StepPlan& plan,
+                                           std::span<const std::optional<DeviceSampling>> sampling,
+                                           LogitsOut& out) {
+  const std::vector<minimax_m3::SequenceInput> batch = step_batch(plan, sampling);
   minimax_m3::ForwardOutput fo;
   M3_RETURN_IF_ERROR(model_->forward(batch, &fo));
   return gather_step_logits(plan, fo, vocab_size(), "model.minimax_m3_cuda.runner", out);

@@ -28,6 +28,12 @@ class CudaM3ModelRunner final : public ModelRunner {
   int32_t num_kv_pages() const override;
   int32_t page_size() const override;
   Status forward(const StepPlan& plan, LogitsOut& out) override;
+  // Decode rows the engine offers are sampled on the GPU after the head (only their token ids
+  // are copied back); other rows, and the rows of a prefill step, return their logits.
+  bool samples_on_device() const override { return true; }
+  Status forward_sampling(const StepPlan& plan,
+                          std::span<const std::optional<DeviceSampling>> sampling,
+                          LogitsOut& out) override;
 
   minimax_m3::CudaM3Model& model() { return *model_; }
 
