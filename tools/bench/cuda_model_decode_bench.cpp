@@ -145,8 +145,11 @@ int main(int argc, char** argv) {
 
   std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
               "expert overlap %s, programmatic dependent launch %s, GEMV variant %d; median of 15 steps "
-              "(host + graph + logits to host)\n",
-              overlap ? "on" : "off", pdl ? "on" : "off", variant);
+              "(host + graph + %s to host)\n",
+              overlap ? "on" : "off", pdl ? "on" : "off", variant,
+              std::getenv("M3_BENCH_SAMPLE") && std::atoi(std::getenv("M3_BENCH_SAMPLE")) != 0
+                  ? "GPU-sampled token ids"
+                  : "logits");
   std::vector<std::vector<double>> t(configs.size());
   if (const char* l = std::getenv("M3_BENCH_LAYERS")) {
     const int64_t layers = std::atoll(l);
