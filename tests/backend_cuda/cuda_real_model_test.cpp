@@ -266,8 +266,9 @@ class Harness {
 
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant,
                                                  bool overlap = true, bool pdl = true,
-                                                 int gemv_variant = 5) {
+                                                 int gemv_variant = 5, bool pdl_chain = false) {
     CudaM3Options o;
+    o.pdl_chain = pdl_chain;
     o.decode_gemv_variant = gemv_variant;
     o.num_kv_pages = kPages;
     o.max_batch = 16;
@@ -445,14 +446,20 @@ TEST(CudaRealModel, MixedBatch) {
 }
 
 // (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs with the
-// shared expert on its own stream and programmatic dependent launch against eager launches on
-// one stream without it (same kernels and sums: bitwise equal); both on the tensor-core GEMVs
-// (variant 5), and models on variants 3 and 6 (5 where 6 does not fit), each against the CPU.
-void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t steps) {
+// shared expert on its own stream and programmatic dependent launch on every kernel of the
+// critical path (pdl_chain) against eager launches on one stream without it (same kernels and
+// sums: bitwise equal); both on the tensor-core GEMVs (variant 5), and models on variants 3 and 6
+// (5 where 6 does not fit) with the default options, each against the CPU.
+// Contexts whose block tables fit the indexer's top-k (width <= index_topk_blocks = 3 here, so
+// up to 256 tokens) skip the indexer (every block attended): `indexer_skipped` says whether every
+// decode step does, else none may.
+void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t steps,
+                 bool indexer_skipped = false) {
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
-  auto on = h.gpu_model(true, 1, 1);
+  auto on = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
+                        /*pdl_chain=*/true);
   auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false);
   auto v3 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/3);
   auto v6 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/6);
@@ -513,6 +520,8 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   EXPECT_GE(st_on.graph_captures, 1);
   EXPECT_GE(st_on.graph_replays, 1);
   EXPECT_EQ(st_off.graph_captures, 0);
+  EXPECT_EQ(st_on.indexer_skipped_steps, indexer_skipped ? steps : 0);
+  EXPECT_EQ(st_off.indexer_skipped_steps, indexer_skipped ? steps : 0);
 }
 
 TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) {
@@ -521,6 +530,12 @@ TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) {
 
 TEST(CudaRealModel, DecodeBatch5GraphsOnAndOff) {
   decode_case(5, {120, 250, 375, 500, 60}, 20);
+}
+
+// Short contexts (at most 2 blocks of 128, top-k 3): no indexer, every block, against the CPU
+// model, which runs its indexer (the same blocks: it selects all of them).
+TEST(CudaRealModel, DecodeShortContextsSkipTheIndexer) {
+  decode_case(2, {40, 200}, 20, /*indexer_skipped=*/true);
 }
 
 // Decode rows sampled on the GPU (SequenceInput::sample, what the engine's CUDA runner offers)

@@ -232,9 +232,12 @@ TEST(MoeRoute, MatchesDotProductsTopkAndGrouping) {
                   ASSERT_LT(got.ids[r * top_k + k - 1], id) << "row " << r;
                 }
               }
-            // (3) determinism: a second launch, same bits; the counter back at zero.
+            // (3) determinism: a second launch, as a programmatic dependent of the poisoning
+            // (it waits before it reads or writes), same bits; the counter back at zero.
             d.poison();
+            d.p.pdl = true;
             ASSERT_TRUE(cuda::launch_moe_route(d.p, stream()).is_ok());
+            d.p.pdl = false;
             EXPECT_TRUE(d.read() == got) << "second launch differs";
             EXPECT_EQ(d.counter_value(), 0u);
             ++cases;

@@ -59,6 +59,7 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     ip.init_blocks = init_blocks;
     ip.block_scores = scores.ptr();
     ip.selected = dsel.ptr();
+    ip.pdl = init_blocks == 1;  // the scoring as a programmatic dependent (same results)
     ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
     auto gsel = dsel.host();
 
@@ -131,6 +132,7 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     ap.max_key_splits = splits;
     ap.force_key_splits = true;
     ap.out = dout.ptr();
+    ap.pdl = splits != 2;  // the split kernel as a programmatic dependent (same results)
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     auto gout = dout.host();
     std::vector<float> got(B * H * D), want(B * H * D);
@@ -392,6 +394,72 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     EXPECT_EQ(dout2.host(), gout) << what << ": second run differs";
   }
+}
+
+// No selection (the model's decode where every block fits the top-k, so the indexer is
+// skipped): bit for bit the attention of the explicit selection 0, 1, ..., top_k - 1, for
+// sequences of 1 to 16 blocks, 1, 2 and 4 key splits, plain and programmatic launches; refused
+// where the tables are wider than top_k.
+TEST(SparseDecode, EveryBlockWithoutSelectionEqualsTheAscendingSelection) {
+  const int64_t H = 64, Hkv = 4, D = 128, S = 128, top_k = 16;
+  const std::vector<int64_t> lens = {1, 128, 129, 1000, 2048, 1900};
+  const int64_t B = static_cast<int64_t>(lens.size()), max_blocks = top_k;
+  int64_t pages = 1;
+  for (int64_t l : lens) pages += (l + S - 1) / S;
+  std::vector<int32_t> perm(pages - 1);
+  std::iota(perm.begin(), perm.end(), 1);
+  std::mt19937 rng(70);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> tables(B * max_blocks, -1), pos(B), sel(B * Hkv * top_k);
+  int64_t next = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    pos[b] = static_cast<int32_t>(lens[b] - 1);
+    for (int64_t j = 0; j < (lens[b] + S - 1) / S; ++j) tables[b * max_blocks + j] = perm[next++];
+  }
+  for (int64_t i = 0; i < B * Hkv; ++i)
+    for (int64_t s = 0; s < top_k; ++s) sel[i * top_k + s] = static_cast<int32_t>(s);
+  std::vector<float> kf, vf, qf;
+  std::vector<uint16_t> kb, vb, qb;
+  bf16_randn(pages * S * Hkv * D, 71, 1.0f, &kf, &kb);
+  bf16_randn(pages * S * Hkv * D, 72, 1.0f, &vf, &vb);
+  bf16_randn(B * H * D, 73, 1.0f, &qf, &qb);
+  Dev<uint16_t> dk(kb), dv(vb), dq(qb);
+  Dev<int32_t> dtab(tables), dpos(pos), dsel(sel);
+  cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0};
+  for (int64_t splits : {1, 2, 4}) {
+    Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
+        ml(std::vector<float>(B * H * top_k * splits * 2));
+    auto with_sel = Dev<uint16_t>::poisoned(B * H * D), without = Dev<uint16_t>::poisoned(B * H * D);
+    cuda::SparseDecodeParams ap;
+    ap.q = dq.ptr();
+    ap.cache = cv;
+    ap.positions = dpos.ptr();
+    ap.block_tables = dtab.ptr();
+    ap.selected = dsel.ptr();
+    ap.batch = B;
+    ap.num_heads = H;
+    ap.max_blocks = max_blocks;
+    ap.top_k = top_k;
+    ap.scale = 1.0f / std::sqrt(float(D));
+    ap.o_partial = opart.ptr();
+    ap.ml_partial = ml.ptr();
+    ap.max_key_splits = splits;
+    ap.force_key_splits = true;
+    ap.out = with_sel.ptr();
+    ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+    ap.selected = nullptr;
+    ap.out = without.ptr();
+    ap.pdl = splits == 4;
+    ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+    const auto a = with_sel.host(), b = without.host();
+    int64_t nonzero = 0;
+    for (uint16_t x : b) nonzero += (x & 0x7FFF) != 0;
+    EXPECT_EQ(a, b) << "splits " << splits;
+    EXPECT_GT(nonzero, B * H * D / 2) << "splits " << splits << ": the output is mostly zero";
+    ap.max_blocks = top_k + 1;  // wider tables: the identity would miss blocks
+    EXPECT_FALSE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+  }
+  std::printf("[ %-40s ] exact (1, 2, 4 key splits)\n", "sparse_decode every block, no selection");
 }
 
 }  // namespace
@@ -689,7 +757,11 @@ TEST(AddRmsNorm, FusedDeltaSourcesEqualSeparateLaunches) {
         p.hidden = hd;
         p.out_f16 = ref_f16.ptr();
         p.out_inv_scale = ref_inv.ptr();
+        // As a programmatic dependent of the kernel that writes its delta (the epilogue lets its
+        // dependents start at its own start): the norm must wait for it before it reads.
+        p.pdl = true;
         ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
+        p.pdl = false;
         // Fused.
         Dev<float> got_r(r0);
         auto got_out = Dev<uint16_t>::poisoned(t * hd), got_f16 = Dev<uint16_t>::poisoned(t * hd);

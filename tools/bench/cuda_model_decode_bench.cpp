@@ -14,7 +14,8 @@
 // per element, BF16 router and lm_head 2), each touched routed expert once (NVFP4 0.5 + 1/16):
 // exactly top-k experts at B = 1, the uniform expectation E·(1 - (1 - k/E)^B) above (the dummy
 // router's real choice is not measured), and per sequence and layer the selected K/V blocks
-// (top_k x 128 tokens x Hkv x D x 2 x 2 bytes) plus the whole index-key cache (C x Dix x 2).
+// (min(top_k, C / 128) x 128 tokens x Hkv x D x 2 x 2 bytes) plus the whole index-key cache
+// (C x Dix x 2) where the indexer runs (C > top_k x 128).
 //
 // Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=1] [results.tsv (appended)|-]
 //                                [decode_gemv_variant=5]
@@ -100,6 +101,14 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // M3_BENCH_FORK_AFTER=1: the shared expert forked after the router (A/B).
   if (const char* e = std::getenv("M3_BENCH_FORK_AFTER")) o.shared_expert_after_router = std::atoi(e) != 0;
   o.pdl = pdl;
+  // M3_BENCH_PDL_CHAIN=1: every kernel of the critical path launched as a programmatic
+  // dependent, not only the GEMVs (variants 3/6), epilogues and attention inputs (A/B of
+  // pdl_chain, off by default).
+  if (const char* e = std::getenv("M3_BENCH_PDL_CHAIN")) o.pdl_chain = std::atoi(e) != 0;
+  // M3_BENCH_SKIP_INDEXER=0: the indexer runs also where every block fits the selection (A/B of
+  // skip_indexer_when_every_block_fits; contexts up to 2K tokens).
+  if (const char* e = std::getenv("M3_BENCH_SKIP_INDEXER"))
+    o.skip_indexer_when_every_block_fits = std::atoi(e) != 0;
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
@@ -175,7 +184,11 @@ int main(int argc, char** argv) {
     const double rest = t[i][0] - dense_layer;
     const double step60 = 3 * dense_layer + 57 * moe_layer + rest;
     const double touched = c.batch == 1 ? double(k) : e * (1 - std::pow(1 - double(k) / e, double(c.batch)));
-    const double kv = double(c.batch) * (f.index_topk_blocks * 128.0 * hkv * d * 2 * 2 + c.ctx * f.index_head_dim * 2.0);
+    // Selected blocks (all of them where they fit the selection: no index keys are read then).
+    const int64_t ctx_blocks = (c.ctx + 127) / 128;
+    const bool all_fit = ctx_blocks <= f.index_topk_blocks;
+    const double kv = double(c.batch) * (double(std::min<int64_t>(f.index_topk_blocks, ctx_blocks)) * 128.0 * hkv * d * 2 * 2 +
+                                         (all_fit ? 0.0 : c.ctx * f.index_head_dim * 2.0));
     const double bytes60 = 60 * (attn_w + kv) + 3 * dense_mlp + 57 * (shared + router + touched * expert) + head;
     const double frac = bytes60 / (step60 * 1e-3) / kHbm;
     char name[48];

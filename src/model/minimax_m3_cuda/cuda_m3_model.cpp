@@ -252,7 +252,9 @@ struct CudaM3Model::Impl {
       p.max_group_rows = grouped ? rows / kk : 0;
       const bool stream = opt.decode_gemv_variant == 6 && cuda::quant_gemv_stream_fits(p);
       p.variant = stream ? 6 : 5;
-      p.pdl = stream && opt.pdl;
+      // Variant 5 on the main stream with pdl_chain (the side stream's first kernel follows an
+      // event, not a kernel of its own stream: plain launches there).
+      p.pdl = opt.pdl && (stream || (opt.pdl_chain && on == st()));
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
@@ -308,6 +310,7 @@ struct CudaM3Model::Impl {
                   bool f16_copy) {
     cuda::AddRmsNormParams np{b.residual, nullptr, weight, b.h, rows, hd, eps};
     if (f16_copy) np.out_f16 = b.h16, np.out_inv_scale = b.h_inv;
+    np.pdl = chain_pdl();
     switch (pd.kind) {
       case PendingDelta::kNone: break;
       case PendingDelta::kStored: np.delta = b.delta; break;
@@ -377,11 +380,20 @@ struct CudaM3Model::Impl {
     return cuda::launch_attention_inputs(p, st());
   }
 
+  // pdl_chain: the critical path's other kernels also launched as programmatic dependents.
+  bool chain_pdl() const { return opt.pdl && opt.pdl_chain; }
+
+  // Whether one-token rows with block tables of width mb attend every block without the indexer.
+  bool every_block_fits(int64_t mb) const {
+    return opt.skip_indexer_when_every_block_fits && mb <= top_k;
+  }
+
   // Indexer + block-sparse attention for `rows` one-token rows (their q/iq/positions/tables are
-  // the first rows of b); output into b.attn.
+  // the first rows of b); output into b.attn. Tables of width <= top_k: no indexer, every block.
   Status decode_attention(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
     if (rows == 0) return Status::ok();
     const cuda::KvCacheBf16View& cache = kv[static_cast<size_t>(layer)];
+    const bool every_block = every_block_fits(mb);
     cuda::IndexerDecodeParams ip;
     ip.iq = b.iq;
     ip.cache = cache;
@@ -395,13 +407,15 @@ struct CudaM3Model::Impl {
     ip.init_blocks = cfg.index_init_blocks;
     ip.block_scores = b.block_scores;
     ip.selected = b.selected;
-    M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
+    ip.pdl = chain_pdl();
+    if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
     cuda::SparseDecodeParams ap;
     ap.q = b.q;
     ap.cache = cache;
     ap.positions = b.positions;
     ap.block_tables = b.tables;
-    ap.selected = b.selected;
+    ap.selected = every_block ? nullptr : b.selected;
+    ap.pdl = chain_pdl();
     ap.batch = rows;
     ap.num_heads = nh;
     ap.max_blocks = mb;
@@ -505,6 +519,7 @@ struct CudaM3Model::Impl {
       rp.sorted_rows = b.sorted;
       rp.active_groups = b.active;
       rp.counter = b.route_counter;
+      rp.pdl = chain_pdl();
       M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
     } else {
       M3_RETURN_IF_ERROR(
@@ -1104,6 +1119,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
         dst.insert(dst.end(), row, row + im.vocab);
     }
     ++im.stats.decode_steps;
+    if (im.every_block_fits(width)) ++im.stats.indexer_skipped_steps;
     return Status::ok();
   }
 
@@ -1122,6 +1138,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   }
   M3_RETURN_IF_ERROR(im.general_step(batch, seqs, t_all, n_dec, mb, ids, pos, tabs, out));
   ++im.stats.general_steps;
+  if (n_dec > 0 && im.every_block_fits(mb)) ++im.stats.indexer_skipped_steps;
   return Status::ok();
 }
 

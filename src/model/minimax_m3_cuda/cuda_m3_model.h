@@ -57,6 +57,21 @@ struct CudaM3Options {
   // H200 never slower beyond the noise in repeated 8-layer A/Bs at batch 1 and 8, and the
   // 60-layer batch-1 step 9.79 against 10.69 ms (docs/perf-log.md, session 6).
   bool pdl = true;
+  // With `pdl`: every other kernel of the decode step's critical path launched the same way too
+  // (the norms, the fused router, the variant-5 GEMVs on the main stream, the indexer's scoring
+  // and the attention's split kernel); each waits for the kernel before it at its start, after
+  // requesting what depends on no kernel (norm weights, router rows into L2, positions and block
+  // tables). Same results bit for bit. Off: inside a CUDA graph the gap between two dependent
+  // kernels is already 0.25-0.5 us (H200 CUPTI trace), and the chain's early-resident CTAs cost
+  // more than that at batch 1 (8-layer steps 1.71-1.75 against 1.71-1.72 ms at 4K, 1.70-1.72
+  // against 1.64 ms at 1K); it gained 1.5 % at batch 32 (docs/perf-log.md, session 9).
+  bool pdl_chain = false;
+  // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
+  // on M3.1-Flash), the indexer would select every block of every row: its two launches per
+  // layer are skipped and the attention reads every block (the same set of keys; bit for bit
+  // the attention of the selection 0, 1, ..., top_k - 1). H200, 8-layer steps at 1K context:
+  // batch 1 1.64 against 1.70-1.71 ms, batch 8 2.96-3.00 against 3.04-3.05 ms (session 9).
+  bool skip_indexer_when_every_block_fits = true;
   // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused, f16
   // inputs written by the norms; quant_gemv_mma.cuh), 6 (as 5, but the persistent pipelined
   // GEMV of quant_gemv_stream.cuh where it fits, up to 8 rows per group; slower inside the model
@@ -75,6 +90,9 @@ struct CudaM3Options {
 struct CudaM3Stats {
   int64_t decode_steps = 0, general_steps = 0;
   int64_t graph_captures = 0, graph_replays = 0;
+  // Steps whose one-token rows attended every block without the indexer
+  // (skip_indexer_when_every_block_fits).
+  int64_t indexer_skipped_steps = 0;
   double graph_launch_us = 0;      // host time inside cudaGraphLaunch, summed over the replays
   int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although quantised on disk
   int64_t quantised_matrices = 0;  // fused matrices kept MXFP8 / NVFP4

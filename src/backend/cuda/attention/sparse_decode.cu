@@ -56,20 +56,25 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const KvCacheBf16View& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
-  // The group's 16 queries (4 KB, two 16-byte pieces per thread) do not depend on the selection:
-  // their loads go out first, under the positions -> selection -> block table chain below.
+  // The position is an input of the step (no kernel writes it): read before the wait for the
+  // previous kernel (launched with p.pdl; a no-op without). The group's 16 queries (4 KB, two
+  // 16-byte pieces per thread) do not depend on the selection: their loads go out right after
+  // the wait, under the selection -> block table chain below.
+  const int64_t pos = p.positions[b];
+  pdl_wait();
   const uint4* qg = reinterpret_cast<const uint4*>(p.q + (b * p.num_heads + g * kGroup) * kD);
   uint4 qr[kGroup * kD / 8 / kThreads];
 #pragma unroll
   for (int j = 0; j < kGroup * kD / 8 / kThreads; ++j) qr[j] = __ldg(qg + tid + j * kThreads);
-  const int64_t pos = p.positions[b];
   const int64_t qb = pos / kS;
-  const int32_t* sel = p.selected + (b * hkv + g) * p.top_k;
-  const int32_t blk = sel[slot];
+  // No selection: slot j is block j (max_blocks <= top_k, checked by the launcher).
+  const int32_t* sel = p.selected != nullptr ? p.selected + (b * hkv + g) * p.top_k : nullptr;
+  const int32_t blk = sel != nullptr ? sel[slot] : slot;
   const int64_t key0 = int64_t{blk} * kS + part * kKeys;  // position of this CTA's first key
   bool skip = blk < 0 || blk > qb || key0 > pos;  // key0 > pos: every key of the part is future
   // Duplicates count once (the first slot). No early exit: the loads go out together.
-  for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
+  if (sel != nullptr)
+    for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
   const int64_t page = skip ? -1 : p.block_tables[row + blk];
   const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;
@@ -283,8 +288,8 @@ Status launch_split(const SparseDecodeParams& p, dim3 grid, CUstream_st* stream)
         sparse_decode_split_kernel<SPLITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
   }
-  sparse_decode_split_kernel<SPLITS><<<grid, kThreads, kSmem, stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(sparse_decode_split_kernel<SPLITS>);
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, sparse_decode_split_kernel<SPLITS>, grid,
+                                        dim3(kThreads), kSmem, stream, p));
   return Status::ok();
 }
 
@@ -301,6 +306,10 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
                             ", page " + std::to_string(c.page_size) + ", H " +
                             std::to_string(p.num_heads) + ", Hkv " +
                             std::to_string(c.num_kv_heads));
+  if (p.selected == nullptr && p.max_blocks > p.top_k)
+    return invalid_argument("[cuda.sparse_decode] no selection (every block) needs max_blocks <= "
+                            "top_k; got " + std::to_string(p.max_blocks) + " > " +
+                            std::to_string(p.top_k));
   const auto misaligned = [](const void* ptr, uintptr_t a) {
     return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) != 0;
   };

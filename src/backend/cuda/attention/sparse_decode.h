@@ -37,6 +37,10 @@ struct IndexerDecodeParams {
                                          // (-inf past b_q and for missing pages): top-k only
   bool dependent_launch = true;          // the top-k as a programmatic dependent of the scoring
                                          // (false: a plain launch; same results)
+  bool pdl = false;                      // the scoring itself as a programmatic dependent of the
+                                         // previous kernel on the stream (it reads positions and
+                                         // block tables before it waits: inputs no kernel of the
+                                         // step writes); same results
   float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
   int32_t* selected = nullptr;           // [B, Hix, top_k] out: block ids by descending score
                                          // (ties: lower id), -1 = empty slot
@@ -51,7 +55,10 @@ struct SparseDecodeParams {
   KvCacheBf16View cache;
   const int32_t* positions = nullptr;    // [B]
   const int32_t* block_tables = nullptr; // [B, max_blocks]
-  const int32_t* selected = nullptr;     // [B, Hkv, top_k] block ids, -1 = empty (from the indexer)
+  const int32_t* selected = nullptr;     // [B, Hkv, top_k] block ids, -1 = empty (from the indexer);
+                                         // nullptr: every block (slot j = block j), allowed when
+                                         // max_blocks <= top_k, where the indexer would select
+                                         // every block of each sequence anyway
   int64_t batch = 0, num_heads = 0, max_blocks = 0, top_k = 16;
   int64_t block_table_stride = -1;       // as in IndexerDecodeParams
   float scale = 0.0f;                    // softmax scale (1/sqrt(D))
@@ -62,14 +69,19 @@ struct SparseDecodeParams {
   bool force_key_splits = false;         // tests: use exactly max_key_splits (1, 2 or 4)
   bool dependent_launch = true;          // the combine as a programmatic dependent of the split
                                          // kernel (false: a plain launch; same results)
+  bool pdl = false;                      // the split kernel as a programmatic dependent of the
+                                         // previous kernel on the stream (positions read before
+                                         // the wait, as in IndexerDecodeParams); same results
   float* o_partial = nullptr;            // [B, H, top_k · max_key_splits, D] scratch
   float* ml_partial = nullptr;           // [B, H, top_k · max_key_splits, 2] (max, sum of exp)
   uint16_t* out = nullptr;               // [B, H, D] bf16 output
 };
 
 // Requires D == 128, S == 128, H / Hkv == 16, and q, cache.k, cache.v, o_partial 16-byte aligned,
-// ml_partial 8-byte aligned (checked). Duplicate selected ids count once;
-// ids past the query's block are skipped; a row with no allowed key outputs zeros.
+// ml_partial 8-byte aligned, max_blocks <= top_k without a selection (checked). Duplicate selected
+// ids count once; ids past the query's block are skipped; a row with no allowed key outputs
+// zeros. The identity selection (selected == nullptr) gives bit for bit the output of the
+// selection 0, 1, ..., top_k - 1.
 Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream);
 
 }  // namespace m3::cuda

@@ -8,6 +8,7 @@
 #include "backend/cuda/gemm/quant_gemv_internal.h"
 #include "backend/cuda/gemm/quant_gemv_mma.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.cuh"
 
 namespace m3::cuda::gemv {
 
@@ -75,8 +76,8 @@ Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
   const int* occ = occupancy_table<F, NG, kPacked>(&sms);
   const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
   const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms);
-  kernel<<<grid, 32 * w, mma_smem_bytes<F>(w), s>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(kernel);
+  M3_CUDA_RETURN_IF_ERROR(
+      launch_kernel(p.pdl, kernel, grid, dim3(32 * w), mma_smem_bytes<F>(w), s, p));
   return Status::ok();
 }
 

@@ -108,10 +108,12 @@ struct QuantGemvParams {
   bool fuse_epilogue = false;
   GemvEpilogueParams epilogue;
   uint32_t* tile_counters = nullptr;
-  // Variant 3 only: programmatic dependent launch (runtime/pdl.cuh). The kernel requests its
-  // first weights (dense: into registers or L2) before it waits for the previous kernel on the
-  // stream, so the weight stream starts under that kernel's tail; grouped launches wait first
-  // (the group ids come from the previous kernel). Results are bitwise the same either way.
+  // Variants 3, 5 and 6: programmatic dependent launch (runtime/pdl.cuh). Variant 3 requests
+  // its first weights (dense: into registers or L2) before it waits for the previous kernel on
+  // the stream, so the weight stream starts under that kernel's tail; grouped launches wait
+  // first (the group ids come from the previous kernel). Variant 5 waits at its start (its CTAs
+  // are resident and launched when the previous kernel ends). Results are bitwise the same
+  // either way.
   bool pdl = false;
 };
 

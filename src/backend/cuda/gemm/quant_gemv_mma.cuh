@@ -46,6 +46,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/runtime/pdl.cuh"
 #include "quant/nvfp4_mma_layout.h"
 
 namespace m3::cuda::gemv {
@@ -243,6 +244,11 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x;
+  // Launched with `pdl` (runtime/pdl.cuh): the CTA may start under the previous kernel's tail and
+  // waits for it here, before the routing or the activations it wrote are read (no-ops without
+  // the launch attribute). Its own dependents may be scheduled from now on.
+  pdl_launch_dependents();
+  pdl_wait();
 
   int64_t grp = 0;
   int r_begin = 0, r_end = static_cast<int>(p.num_rows);

@@ -41,16 +41,18 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   const int64_t blk = blockIdx.x, b = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t hix = p.num_index_heads;
-  // The index queries (hix · 16 pieces of 16 bytes) go out before the position -> block table
-  // chain, which they do not depend on.
-  uint4 qr = make_uint4(0, 0, 0, 0);
-  if (tid < hix * kDix / 8) qr = __ldg(reinterpret_cast<const uint4*>(p.iq + b * hix * kDix) + tid);
-  const int64_t pos = p.positions[b];
-  float* out = p.block_scores + b * hix * p.max_blocks + blk;
-  // The table entry is read unconditionally (blk < max_blocks: in bounds), in parallel with the
-  // position, not after it.
+  // The position and the table entry (read unconditionally: blk < max_blocks, in bounds) are
+  // inputs of the step, read in parallel and before the wait for the previous kernel (launched
+  // with p.pdl; a no-op without); the index queries, which that kernel writes, right after it:
+  // all three loads are in flight together.
+  const int64_t pos_in = p.positions[b];
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
   const int32_t entry = p.block_tables[row + blk];
+  pdl_wait();
+  uint4 qr = make_uint4(0, 0, 0, 0);
+  if (tid < hix * kDix / 8) qr = __ldg(reinterpret_cast<const uint4*>(p.iq + b * hix * kDix) + tid);
+  const int64_t pos = pos_in;
+  float* out = p.block_scores + b * hix * p.max_blocks + blk;
   const int64_t page = blk <= pos / kS ? entry : -1;
   if (page < 0 || page >= p.cache.num_pages) {
     if (tid < hix) out[tid * p.max_blocks] = -INFINITY;
@@ -113,6 +115,7 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
 // before pdl_wait(), the scores after it.
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecodeParams p,
                                                                     bool dependent) {
+  pdl_launch_dependents();  // a PDL attention split may be scheduled; it waits for this grid
   const int64_t bh = blockIdx.x, b = bh / p.num_index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   float* sc = p.block_scores + bh * p.max_blocks;
@@ -211,12 +214,9 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
                             "(16-byte loads)");
   if (!p.scores_ready) {
     dim3 grid(static_cast<unsigned>(p.max_blocks), static_cast<unsigned>(p.batch));
-    if (p.num_index_heads <= 4) {
-      indexer_score_kernel<4><<<grid, kThreads, 0, stream>>>(p);
-    } else {
-      indexer_score_kernel<8><<<grid, kThreads, 0, stream>>>(p);
-    }
-    M3_CUDA_RETURN_IF_LAUNCH_ERROR(indexer_score_kernel<4>);
+    M3_CUDA_RETURN_IF_ERROR(launch_kernel(
+        p.pdl, p.num_index_heads <= 4 ? indexer_score_kernel<4> : indexer_score_kernel<8>, grid,
+        dim3(kThreads), 0, stream, p));
   }
   // After the score kernel, a programmatic dependent launch (its launch and CTA start overlap
   // the scoring's tail). With scores_ready the previous kernel is the caller's: a plain launch.

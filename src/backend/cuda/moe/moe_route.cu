@@ -68,6 +68,11 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
   const int64_t r1 = r0 + kRowBlock < p.rows ? r0 + kRowBlock : p.rows;
   const int64_t nch = p.hidden / 8;
   const uint16_t* wrow = p.w + e * p.hidden;
+  // The weight row depends on no kernel: into L2 before the wait for the previous one (which
+  // writes x; a no-op without the programmatic launch attribute).
+  for (int64_t c = tid; c < nch; c += kThreads)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + c * 8));
+  pdl_wait();
 
   // ---- Phase 1: logits[r0..r1), e. Weight chunks come through L1 (ld.global.nc): the first row
   // tile reads them from memory, later tiles of the block hit L1 / L2.
@@ -185,16 +190,18 @@ Status launch_moe_route(const MoeRouteParams& p, CUstream_st* stream) {
                   static_cast<unsigned>((p.rows + kRowBlock - 1) / kRowBlock));
   switch (routing::experts_per_lane(p.num_experts)) {
     case 4:
-      moe_route_kernel<4><<<grid, kThreads, 0, stream>>>(p);
+      M3_CUDA_RETURN_IF_ERROR(
+          launch_kernel(p.pdl, moe_route_kernel<4>, grid, dim3(kThreads), 0, stream, p));
       break;
     case 8:
-      moe_route_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+      M3_CUDA_RETURN_IF_ERROR(
+          launch_kernel(p.pdl, moe_route_kernel<8>, grid, dim3(kThreads), 0, stream, p));
       break;
     default:
-      moe_route_kernel<16><<<grid, kThreads, 0, stream>>>(p);
+      M3_CUDA_RETURN_IF_ERROR(
+          launch_kernel(p.pdl, moe_route_kernel<16>, grid, dim3(kThreads), 0, stream, p));
       break;
   }
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(moe_route_kernel<16>);
   return Status::ok();
 }
 

@@ -51,6 +51,10 @@ struct MoeRouteParams {
   uint32_t* counter = nullptr;       // one device word: zero before the first launch (cudaMemset
                                      // once); every launch leaves it zero. Launches that share a
                                      // counter must not run concurrently.
+  // Programmatic dependent launch (runtime/pdl.cuh): the CTAs may start under the previous
+  // kernel's tail; each prefetches its weight row into L2, then waits for that kernel before it
+  // reads x or writes anything. Same results either way.
+  bool pdl = false;
 };
 
 Status launch_moe_route(const MoeRouteParams& p, CUstream_st* stream);

@@ -59,12 +59,19 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
   float4 v[kMaxVecPerThread];
   uint2 wv[kMaxVecPerThread];
   const uint2* w = reinterpret_cast<const uint2*>(p.weight);
+  // The weight depends on no kernel: requested before the wait for the previous one (a no-op
+  // without the programmatic launch attribute).
+#pragma unroll
+  for (int j = 0; j < kMaxVecPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i < nv) wv[j] = w[i];
+  }
+  pdl_wait();
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < nv) {
-      wv[j] = w[i];  // independent of the row: requested with it
       float4 x = r[i];
       if (has_delta) {
         const float4 y = d ? d[i] : fused_delta(p, t, i, nv);
@@ -132,8 +139,8 @@ Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream) {
     return invalid_argument("[cuda.add_rms_norm] delta_partial needs delta_slices >= 1");
   if (p.moe_contrib != nullptr && (p.moe_weights == nullptr || p.moe_top_k < 1))
     return invalid_argument("[cuda.add_rms_norm] moe_contrib needs moe_weights and moe_top_k >= 1");
-  add_rms_norm_kernel<<<static_cast<unsigned>(p.t), kThreads, 0, stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(add_rms_norm_kernel);
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, add_rms_norm_kernel, dim3(static_cast<unsigned>(p.t)),
+                                        dim3(kThreads), 0, stream, p));
   return Status::ok();
 }
 

@@ -41,6 +41,10 @@ struct AddRmsNormParams {
   const float* moe_weights = nullptr;
   const float* moe_shared = nullptr;
   int64_t moe_top_k = 0;
+  // Programmatic dependent launch (runtime/pdl.cuh): the CTA may start under the previous
+  // kernel's tail; it requests the norm weight, then waits for that kernel before it touches the
+  // residual, the delta or the outputs. Same results either way.
+  bool pdl = false;
 };
 
 Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream);
