@@ -34,6 +34,30 @@ TEST(Protocol, MalformedJsonIs400) {
   EXPECT_EQ(chat_error("").status, 400);
 }
 
+// Ill-formed UTF-8 in the body (a lone 0xFF, a lone continuation byte, an overlong form, a UTF-16
+// surrogate, a sequence cut by the closing quote) is malformed JSON: 400, and the error body,
+// whose message quotes the bytes the parser read last, is valid JSON (they become U+FFFD) instead
+// of an exception that turned the reply into a 500.
+TEST(Protocol, IllFormedUtf8Is400WithAValidErrorBody) {
+  for (const std::string bad : {"\xff\xfe", "\x80", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82"}) {
+    const std::string body =
+        std::string(R"({"messages":[{"role":"user","content":"a)") + bad + R"("}]})";
+    const ApiError e = chat_error(body);
+    EXPECT_EQ(e.status, 400) << e.message;
+    EXPECT_EQ(e.code, "invalid_json") << e.message;
+    std::string out;
+    ASSERT_NO_THROW(out = e.body()) << e.message;
+    const json j = json::parse(out, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << out;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  }
+  // Well-formed multi-byte text parses.
+  const ChatRequest ok =
+      chat_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \xc3\xa9 \xe4\xb8\xad "
+              "\xf0\x9f\x98\x80\"}]}");
+  EXPECT_EQ(ok.messages.size(), 1u);
+}
+
 TEST(Protocol, ErrorObjectShape) {
   ApiError e = bad_request("bad", "temperature");
   json j = e.to_json();

@@ -295,13 +295,24 @@ void handle_detokenize(ServerContext& ctx, const http::Request& req, http::Respo
     return send_error(ctx, responder,
                       bad_request("'tokens' must be a list of integers.", "tokens"));
   }
+  // Ids outside the vocabulary are refused (the tokenizer would drop them silently), as in the
+  // completions prompt; a huge integer is not truncated into a valid-looking id.
+  const int64_t vocab = ctx.codec->vocab_size();
   std::vector<int32_t> ids;
   for (const auto& t : b["tokens"]) {
     if (!t.is_number_integer()) {
       return send_error(ctx, responder,
                         bad_request("'tokens' must be a list of integers.", "tokens"));
     }
-    ids.push_back(t.get<int32_t>());
+    const bool in_range = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                                 : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
+    if (!in_range) {
+      return send_error(ctx, responder,
+                        bad_request("Token id " + t.dump() + " in 'tokens' is out of range [0, " +
+                                        std::to_string(vocab) + ").",
+                                    "tokens"));
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   auto text = ctx.codec->decode(ids, b.value("skip_special_tokens", false));
   if (!text.is_ok()) {

@@ -16,7 +16,11 @@ struct ApiError {
   std::string code;   // machine-readable code, empty if none
 
   nlohmann::ordered_json to_json() const;
-  std::string body() const { return to_json().dump(); }
+  // Invalid UTF-8 in the message (a parser's excerpt of a body with ill-formed bytes) becomes
+  // U+FFFD instead of an exception: the error still reaches the client with its own status.
+  std::string body() const {
+    return to_json().dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  }
 };
 
 ApiError bad_request(std::string message, std::string param = {}, std::string code = {});

@@ -163,6 +163,22 @@ test('errors on the bundled model: 400, context length, 401, 404, 413, 429', asy
         assert.equal(e.param, 'thinking.type');
         for (const v of ['enabled', 'disabled', 'adaptive']) assert.ok(e.message.includes(v), e.message);
       });
+    // 400 (not 500): ill-formed UTF-8 in the body; the error body itself is valid JSON.
+    const badUtf8 = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"a'),
+      Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
+    await expectError(await fetch(`${srv.url}/v1/chat/completions`, { method: 'POST', headers: auth, body: badUtf8 }),
+      400, (e) => assert.equal(e.code, 'invalid_json'));
+    // /detokenize: ids outside the vocabulary are refused, naming 'tokens' (not dropped, not
+    // truncated from a huge integer); a valid id decodes.
+    for (const bad of [-1, 10000000, 2 ** 40]) {
+      await expectError(await post('/detokenize', { tokens: [1, bad] }), 400, (e) => {
+        assert.equal(e.param, 'tokens');
+        assert.ok(e.message.includes(String(bad)), e.message);
+      });
+    }
+    const ok = await post('/detokenize', { tokens: (await (await post('/tokenize', { prompt: 'hello' })).json()).tokens });
+    assert.equal(ok.status, 200);
+    assert.equal((await ok.json()).prompt, 'hello');
     // 400: prompt + max_tokens over the context length, with both numbers (derived from /tokenize).
     const tok = await (await post('/tokenize', { messages: msgs })).json();
     const over = tok.max_model_len - tok.count + 1;
