@@ -7,11 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
-B=.device/cuda
-if [ ! -x "$B/cuda_model_decode_bench" ] && [ -f "$B.tar.xz" ]; then
-  rm -rf "$B" && xz -dc "$B.tar.xz" | tar -C "$(dirname "$B")" -xf -
-fi
-export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/bundle-env.sh
 export M3_BENCH_ONLY=${1:-1,4096} M3_BENCH_LAYERS=${2:-2}
 V=${3:-5}
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

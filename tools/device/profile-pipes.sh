@@ -8,11 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
-B=${BIN_DIR:-.device/cuda}
-if [ ! -x "$B/cuda_decode_bench" ] && [ -f "$B.tar.xz" ]; then
-  rm -rf "$B" && xz -dc "$B.tar.xz" | tar -C "$(dirname "$B")" -xf -
-fi
-export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/bundle-env.sh
 # Only the pipe metrics this ncu knows (an unknown name fails the whole run).
 ncu --query-metrics >"$OUT/metrics.txt" 2>&1
 metrics=""

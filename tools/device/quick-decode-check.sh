@@ -20,11 +20,7 @@ cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 ARMS=${1:-"M3_BENCH_PDL_CHAIN=0|M3_BENCH_PDL_CHAIN=1"}
 CONFIGS=${2:-"1,1024;1,4096;8,4096"}
-B=.device/cuda
-if [ ! -x "$B/cuda_real_model_test" ] && [ -f "$B.tar.xz" ]; then
-  rm -rf "$B" && xz -dc "$B.tar.xz" | tar -C "$(dirname "$B")" -xf - || { echo "cannot unpack $B.tar.xz" >&2; exit 1; }
-fi
-export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/bundle-env.sh
 LOG=$OUT/quick.log
 SUMMARY=()
 { date -u +%FT%TZ; cat "$B/BUILD_INFO"; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv; } >>"$LOG" 2>&1

@@ -24,12 +24,7 @@ want() {
 }
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
-B=.device/cuda
-# bundle.sh leaves the binaries compressed beside the folder (the call's tree is limited to 64 MiB).
-if [ ! -x "$B/cuda_ops_test" ] && [ -f "$B.tar.xz" ]; then
-  rm -rf "$B" && xz -dc "$B.tar.xz" | tar -C "$(dirname "$B")" -xf - || { echo "cannot unpack $B.tar.xz" >&2; exit 1; }
-fi
-export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/bundle-env.sh
 LOG=$OUT/run-all.log
 SUMMARY=()
 note() { echo "$*" | tee -a "$LOG"; }

@@ -15,11 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
-B=.device/cuda
-if [ ! -x "$B/m3serve" ] && [ -f "$B.tar.xz" ]; then
-  rm -rf "$B" && xz -dc "$B.tar.xz" | tar -C "$(dirname "$B")" -xf -
-fi
-export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/bundle-env.sh
 LOG=$OUT/serve-smoke.log
 M=$(mktemp -d)
 cp models/m3-tiny/{tokenizer.json,tokenizer_config.json,chat_template.jinja,generation_config.json} "$M/"

@@ -19,12 +19,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
-B=.device/cuda
-if [ ! -x "$B/cuda_model_decode_bench" ] && [ -f "$B.tar.xz" ]; then
-  rm -rf "$B" && xz -dc "$B.tar.xz" | tar -C "$(dirname "$B")" -xf -
-fi
+. tools/device/bundle-env.sh
 [ -f "$B/libm3_cuda_trace.so" ] || { echo "no $B/libm3_cuda_trace.so: rerun tools/device/bundle.sh" >&2; exit 1; }
-export LD_LIBRARY_PATH="$PWD/$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export M3_BENCH_ONLY=${1:-1,4096} M3_BENCH_LAYERS=${2:-4}
 echo "untraced: $("$B/cuda_model_decode_bench" 1 1 - 5 2>&1 | grep 'ms per step')"
 CUDA_INJECTION64_PATH="$PWD/$B/libm3_cuda_trace.so" M3_TRACE_OUT="$OUT/trace.csv" M3_TRACE_LAST=${3:-150} \

@@ -1034,13 +1034,14 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     // Rows the caller lets the model sample (SequenceInput::sample): sampled on the GPU after the
     // head (backend/cuda/sampling/sample.h, the CPU sampler's semantics), so only their token ids
     // come back; the logits come back only when some row was not sampled.
-    int64_t n_sample = 0;
+    const auto sampled_here = [](const SequenceInput& in) {
+      return in.sample.has_value() && in.logits_rows.size() == 1;
+    };
+    int64_t n_sample = 0, n_logit_seqs = 0;
     for (const Impl::Seq& s : seqs) {
-      const SequenceInput& in = batch[s.index];
-      if (in.sample.has_value() && in.logits_rows.size() == 1) ++n_sample;
+      n_sample += sampled_here(batch[s.index]) ? 1 : 0;
+      n_logit_seqs += batch[s.index].logits_rows.empty() ? 0 : 1;
     }
-    int64_t n_logit_seqs = 0;
-    for (const Impl::Seq& s : seqs) n_logit_seqs += batch[s.index].logits_rows.empty() ? 0 : 1;
     const bool copy_logits = n_sample < n_logit_seqs;
     // One staging area: [ids rows][positions rows][tables rows x width] int32, the sampling knobs
     // and sampled tokens of the t_all real rows, then their logits (the padding rows' are never
@@ -1077,7 +1078,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       for (int64_t r = 0; r < t_all; ++r) knobs[r] = cuda::SampleRowParams{0.0f, 0, 1.0f, 0.0f, 0, 0, 0};
       for (const Impl::Seq& s : seqs) {
         const SequenceInput& in = batch[s.index];
-        if (!in.sample.has_value() || in.logits_rows.size() != 1) continue;
+        if (!sampled_here(in)) continue;
         const DeviceSampling& d = *in.sample;
         knobs[s.offset] = cuda::SampleRowParams{d.temperature, d.top_k, d.top_p, d.min_p,
                                                 d.rng.seed, d.rng.stream, d.rng.counter};
@@ -1110,7 +1111,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       const std::vector<int32_t>& want = in.logits_rows;
       std::vector<float>& dst = out->logits[s.index];
       dst.clear();  // keeps the capacity of a reused ForwardOutput
-      if (in.sample.has_value() && want.size() == 1) {
+      if (sampled_here(in)) {
         out->tokens[s.index] = tokens[s.offset];
         continue;
       }

@@ -63,7 +63,7 @@ struct CudaM3Options {
   // requesting what depends on no kernel (norm weights, router rows into L2, positions and block
   // tables). Same results bit for bit. Off: inside a CUDA graph the gap between two dependent
   // kernels is already 0.25-0.5 us (H200 CUPTI trace), and the chain's early-resident CTAs cost
-  // more than that at batch 1 (8-layer steps 1.71-1.75 against 1.71-1.72 ms at 4K, 1.70-1.72
+  // more than that at batch 1 (8-layer steps 1.73-1.75 against 1.71-1.73 ms at 4K, 1.70-1.72
   // against 1.64 ms at 1K); it gained 1.5 % at batch 32 (docs/perf-log.md, session 9).
   bool pdl_chain = false;
   // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
