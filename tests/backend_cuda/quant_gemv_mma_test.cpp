@@ -1,5 +1,5 @@
-// GEMV variants 5 and 6 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
-// quant_gemv_mma.cuh, quant_gemv_stream.cuh) and their f16 activations (x_f16.h) against the CPU backend's float32 linear
+// GEMV variants 5, 6 and 7 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
+// quant_gemv_mma.cuh, quant_gemv_stream.cuh, gemv_mma_direct.cu) and their f16 activations (x_f16.h) against the CPU backend's float32 linear
 // on the reference-dequantised weights, dense and grouped by expert, at the real MiniMax-M3.1-Flash
 // shapes, at odd ones, with 1..40 activation rows (several rows-per-pass instantiations and
 // passes) and with block scales spread over 20 binades (E4M3 subnormal scales, f16 subnormals).
@@ -12,10 +12,12 @@
 // rounded reciprocal (4u as in quant_gemv_test). |gpu - cpu| <= (3·gamma_{K+2} + 4u)·Σ|x||w|.
 #include <algorithm>
 
+#include "backend/cuda/gemm/mxfp8_repack.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
+#include "quant/mxfp8_mma_layout.h"
 #include "quant/nvfp4_mma_layout.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
@@ -136,6 +138,83 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
                            " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
   expect_close(y0, want, bound, name + " v5");
   check_repeat_and_accumulate(p, y, y0, name + " v5");
+
+  // Variant 7 (MXFP8, 1..8 rows, K % 128) reads the bf16 rows itself: the same bound,
+  // deterministic, accumulate bitwise; refused elsewhere.
+  if (c.f == QuantFormat::kMxfp8) {
+    cuda::QuantGemvParams q = p;
+    q.variant = 7;
+    q.x = dx.ptr();
+    q.xh = nullptr;
+    q.x_inv_scale = nullptr;
+    auto y7 = Dev<float>::poisoned(c.m * c.n);
+    q.epilogue.y = y7.ptr();
+    q.epilogue.accumulate = false;
+    if (c.m <= 8 && c.k % 128 == 0) {
+      ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name;
+      const auto y70 = y7.host();
+      expect_close(y70, want, bound, name + " v7");
+      check_repeat_and_accumulate(q, y7, y70, name + " v7");
+    } else {
+      EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v7";
+    }
+    // With the f16 rows (any number of rows: passes of up to 32).
+    if (c.k % 128 == 0) {
+      q.xh = x16.xh.ptr();
+      q.x_inv_scale = x16.inv.ptr();
+      ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name;
+      const auto y7h = y7.host();
+      expect_close(y7h, want, bound, name + " v7 f16 rows");
+      check_repeat_and_accumulate(q, y7, y7h, name + " v7 f16 rows");
+    }
+    // The mma layout (quant/mxfp8_mma_layout.h) where it fits: the GPU repack equals the host
+    // reference byte for byte, variant 7 meets the bound on it with bf16 rows (up to 8) and f16
+    // rows, the other variants refuse it, and the prefill dequantisation of the packed matrix
+    // equals that of the row-major one bit for bit.
+    if (mxfp8_mma::fits(c.n, c.k, mxfp8_mma::Tiling::kRows16)) {
+      auto dwp = Dev<uint8_t>::poisoned(static_cast<int64_t>(w.data.size()));
+      ASSERT_TRUE(cuda::launch_mxfp8_mma_repack(dw.ptr(), dwp.ptr(), 1, c.n, c.k,
+                                                mxfp8_mma::Tiling::kRows16, stream()).is_ok());
+      ASSERT_EQ(dwp.host(), mxfp8_mma::pack_matrix(w.data.data(), 1, c.n, c.k,
+                                                   mxfp8_mma::Tiling::kRows16))
+          << name << ": GPU repack differs from the host reference";
+      q.w = dwp.ptr();
+      q.w_layout = 1;
+      for (const bool f16_rows : {false, true}) {
+        if (!f16_rows && c.m > 8) continue;
+        q.xh = f16_rows ? x16.xh.ptr() : nullptr;
+        q.x_inv_scale = f16_rows ? x16.inv.ptr() : nullptr;
+        const std::string nm = name + " v7 mma layout" + (f16_rows ? " f16 rows" : "");
+        ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << nm;
+        const auto yp = y7.host();
+        expect_close(yp, want, bound, nm);
+        check_repeat_and_accumulate(q, y7, yp, nm);
+      }
+      q.w_layout = 2;  // the pair tiling goes with SwiGLU only
+      EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name;
+      q.w_layout = 1;
+      for (int v : {3, 5}) {
+        q.variant = v;
+        EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v" << v;
+      }
+      auto deq = [&](const uint8_t* wp, int layout) {
+        cuda::DequantBf16Params d;
+        d.w.format = QuantFormat::kMxfp8;
+        d.w.w = wp;
+        d.w.w_scale = ds.ptr();
+        d.w.n = c.n;
+        d.w.k = c.k;
+        d.w.layout = layout;
+        d.row0 = c.n > 16 ? 16 : 0;  // a row range that does not start at 0
+        d.rows = c.n - d.row0;
+        auto out = Dev<uint16_t>::poisoned(d.rows * c.k);
+        d.out = out.ptr();
+        EXPECT_TRUE(cuda::launch_dequant_bf16(d, stream()).is_ok());
+        return out.host();
+      };
+      EXPECT_EQ(deq(dwp.ptr(), 1), deq(dw.ptr(), 0)) << name << ": packed prefill dequantisation";
+    }
+  }
 
   // Variant 6 reads MXFP8 row-major (K % 512; NVFP4 only in the mma layout, K % 256, below),
   // N % 16, at most 8 rows whose activations take <= 96 KB of shared memory beside its ring.
@@ -337,6 +416,73 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
           if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed, variant);
 }
 
+// Variant 7's fused SwiGLU on a dense MXFP8 gate|up [2·inter, hidden] (the shared expert and
+// the dense MLP at batch 1..8): bf16 and f16 x 2^8 outputs against the CPU, each warp's own
+// activation factor (rows of very different magnitudes), rows past N/2 not written.
+TEST(QuantGemvDirect, DenseSwigluMatchesCpu) {
+  for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+    const int64_t inter = 520, hidden = 1152;  // 65 tiles, the last one half full
+    const QMatrix w = make_matrix(QuantFormat::kMxfp8, 2 * inter, hidden, 41);
+    std::vector<float> xf;
+    std::vector<uint16_t> xb;
+    make_x(m, hidden, 42, &xf, &xb);
+    Dev<uint16_t> dx(xb);
+    Dev<uint8_t> dw(w.data), ds(w.scale);
+    cuda::QuantGemvParams p;
+    p.format = QuantFormat::kMxfp8;
+    p.x = dx.ptr();
+    p.ldx = hidden;
+    p.w = dw.ptr();
+    p.w_scale = ds.ptr();
+    p.num_rows = m;
+    p.n = 2 * inter;
+    p.k = hidden;
+    p.variant = 7;
+    p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
+    auto act = Dev<uint16_t>::poisoned(m * inter + 64);
+    p.epilogue.act = act.ptr();
+    const std::string name = "mxfp8 v7 swiglu M" + std::to_string(m);
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+    const auto got = act.host();
+    std::vector<float> act_got(m * inter), act_want(m * inter);
+    std::vector<double> act_bound(m * inter);
+    for (int64_t r = 0; r < m; ++r) {
+      swiglu_row_reference(xf.data() + r * hidden, w, inter, hidden, bound_factor(hidden),
+                           act_want.data() + r * inter, act_bound.data() + r * inter);
+      for (int64_t i = 0; i < inter; ++i) act_got[r * inter + i] = bf16_to_f32(got[r * inter + i]);
+    }
+    expect_close(act_got, act_want, act_bound, name);
+    for (int64_t i = m * inter; i < m * inter + 64; ++i)
+      ASSERT_EQ(got[i], 0xFFFFu) << name << ": wrote past the output at " << i;
+    p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
+    auto act16 = Dev<uint16_t>::poisoned(m * inter);
+    p.epilogue.act = act16.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+    const auto h16 = act16.host();
+    for (int64_t i = 0; i < m * inter; ++i)
+      ASSERT_LE(std::abs(double(f16_to_f32(h16[i])) / 256.0 - bf16_to_f32(got[i])),
+                std::ldexp(1.0, -33))
+          << name << ": f16 activation " << i << " is not the bf16 one x 2^8";
+    // The gate/up pair tiling of the mma layout: the same bf16 outputs bit for bit (same tiles,
+    // same arithmetic); the row tiling is refused with SwiGLU.
+    auto dwp = Dev<uint8_t>::poisoned(static_cast<int64_t>(w.data.size()));
+    ASSERT_TRUE(cuda::launch_mxfp8_mma_repack(dw.ptr(), dwp.ptr(), 1, 2 * inter, hidden,
+                                              mxfp8_mma::Tiling::kSwigluPairs, stream()).is_ok());
+    ASSERT_EQ(dwp.host(), mxfp8_mma::pack_matrix(w.data.data(), 1, 2 * inter, hidden,
+                                                 mxfp8_mma::Tiling::kSwigluPairs));
+    p.w = dwp.ptr();
+    p.w_layout = 2;
+    p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
+    auto actp = Dev<uint16_t>::poisoned(m * inter);
+    p.epilogue.act = actp.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+    const auto gotp = actp.host();
+    EXPECT_TRUE(std::equal(gotp.begin(), gotp.end(), got.begin())) << name << " mma layout";
+    p.w_layout = 1;
+    EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+  }
+}
+
 // Bad parameters are refused with a message, not launched.
 TEST(QuantGemvMmaArgs, RefusesWhatItCannotRun) {
   cuda::QuantGemvParams p;
@@ -353,6 +499,10 @@ TEST(QuantGemvMmaArgs, RefusesWhatItCannotRun) {
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
   p.format = QuantFormat::kMxfp8;
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());  // xh is null
+  p.variant = 7;  // x is null
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
+  p.format = QuantFormat::kNvfp4;
+  EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());  // MXFP8 only
 }
 
 }  // namespace

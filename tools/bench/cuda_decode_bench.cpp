@@ -165,7 +165,10 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
   // Variant 4 = variant 3 with the fused split-K epilogue (one launch instead of two).
   const bool fuse = variant == 4 && f != QuantFormat::kBf16;
-  const int kernel_variant = variant == 4 ? 3 : variant;
+  // Variants 8 and 9 (bench labels) = variant 7 reading the weights in the mma layout (random
+  // bytes either way: the layout only changes the order in which they are read); 9 with the f16
+  // rows also at one row (as qkv reads the norm's output).
+  const int kernel_variant = variant == 4 ? 3 : variant >= 8 ? 7 : variant;
   const int64_t slices = quant_gemv_num_slices(f, k, kernel_variant);
   float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
   float* y = static_cast<float*>(dalloc(4 * m * n));
@@ -203,8 +206,12 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
     const bool tc = variant == 5 || variant == 6;  // f16 activations, epilogue fused
     if (tc) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
+    // Variant 7: the f16 rows (as the norms write them) from 2 rows, the bf16 row at one.
+    if (kernel_variant == 7)
+      p.epilogue = e, p.xh = m > 1 || variant == 9 ? xh : nullptr, p.x_inv_scale = xinv;
+    if (variant >= 8) p.w_layout = 1;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse && !tc) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!fuse && !tc && kernel_variant != 7) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
   cudaFree(counters);
   cudaFree(xh);
@@ -529,6 +536,22 @@ int main(int argc, char** argv) {
     if (g_tsv) std::fclose(g_tsv);
     return 0;
   }
+  // =3: the MXFP8 matrices at one row on variants 3, 5, 7 and 7 on the mma layout ("v8"; "v9"
+  // with the f16 row), and at 8 and 32 rows on variants 5 and 7 on the mma layout.
+  if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '3') {
+    const struct { const char* name; int64_t n, k; } shapes[] = {
+        {"mxfp8 qkv+indexer [9856x6144]", 9856, 6144}, {"mxfp8 o_proj [6144x8192]", 6144, 8192},
+        {"mxfp8 shared gate|up [6144x6144]", 6144, 6144},
+        {"mxfp8 shared down [6144x3072]", 6144, 3072},
+        {"mxfp8 dense gate|up [24576x6144]", 24576, 6144}};
+    for (const auto& sh : shapes)
+      for (int v : {3, 5, 7, 8, 9}) bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, 1, v);
+    for (int64_t m : {int64_t{8}, int64_t{32}})
+      for (const auto& sh : shapes)
+        for (int v : {5, 8}) bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
+    if (g_tsv) std::fclose(g_tsv);
+    return 0;
+  }
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '1') {
     const struct { const char* name; int64_t n, k; } shapes[] = {
         {"mxfp8 qkv+indexer [9856x6144]", 9856, 6144}, {"mxfp8 o_proj [6144x8192]", 6144, 8192},
@@ -536,7 +559,7 @@ int main(int argc, char** argv) {
         {"mxfp8 shared down [6144x3072]", 6144, 3072}};
     for (const auto& sh : shapes)
       for (int64_t m : {int64_t{1}, int64_t{8}})
-        for (int v : {3, 5, 6})
+        for (int v : {3, 5, 6, 7})
           if (v != 6 || quant_gemv_stream_shape_fits(QuantFormat::kMxfp8, 0, sh.n, sh.k, m))
             bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
     for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}})

@@ -16,6 +16,7 @@
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
+#include "backend/cuda/gemm/mxfp8_repack.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
@@ -202,10 +203,17 @@ struct CudaM3Model::Impl {
   // Whether the decode GEMV of m at `rows` rows takes a tensor-core variant (5, or 6 where it
   // fits), given its input's f16 form.
   bool tensor_core(const DevMatrix& m, int64_t rows) const {
+    if (direct(m)) return true;  // only variant 7 reads this layout
     if (opt.decode_gemv_variant < 5) return false;
     return use_tensor_core_gemv(m.format, rows, m.n, m.k) ||
            (opt.decode_gemv_variant == 6 &&
             cuda::quant_gemv_stream_shape_fits(m.format, m.layout, m.n, m.k, rows));
+  }
+
+  // An MXFP8 matrix in the mma layout (repack_mxfp8): its decode GEMVs run variant 7, which
+  // reads the f16 input where there is one and converts the bf16 rows itself (up to 8) otherwise.
+  static bool direct(const DevMatrix& m) {
+    return m.format == QuantFormat::kMxfp8 && m.layout != 0;
   }
 
   // The launch parameters every decode GEMV of m on the input shares (ungrouped, variant 3/2).
@@ -244,6 +252,14 @@ struct CudaM3Model::Impl {
       p.sorted_rows = b.sorted;
       p.active_groups = b.active;
       p.num_slots = std::min<int64_t>(m.groups, rows);
+    }
+    if (direct(m)) {
+      p.variant = 7;
+      p.epilogue = e;
+      // Programmatic launch on the main stream: the first weight stages stream under the
+      // previous kernel's tail (the side stream's first kernel follows an event: plain).
+      p.pdl = opt.pdl && on == st();
+      return cuda::launch_quant_gemv(p, on);
     }
     if (in.f16 != nullptr && tensor_core(m, rows)) {
       p.epilogue = e;
@@ -295,7 +311,7 @@ struct CudaM3Model::Impl {
   // b.delta; variant 3/2 leaves its split-K partials in b.partial for the next norm to sum.
   Status gemv_to_delta(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
                        PendingDelta* pending) {
-    if (in.f16 != nullptr && tensor_core(m, rows)) {
+    if ((in.f16 != nullptr || direct(m)) && tensor_core(m, rows)) {
       *pending = {PendingDelta::kStored, 0, nullptr};
       return gemv(m, in, rows, store_to(b.delta, hd), b);
     }
@@ -451,10 +467,13 @@ struct CudaM3Model::Impl {
     }
     M3_RETURN_IF_ERROR(attention_inputs(b, layer, proj, slices, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
-    if (tensor_core(L.o, rows))
+    // The attention output's f16 form for a tensor-core o_proj; variant 7 converts one row
+    // itself (no launch).
+    const bool o_f16 = tensor_core(L.o, rows) && !(direct(L.o) && rows == 1);
+    if (o_f16)
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
-    M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, v5 ? b.attn16 : nullptr,
+    M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, o_f16 ? b.attn16 : nullptr,
                                                  b.attn_inv}, rows, b, pending));
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
@@ -762,7 +781,30 @@ struct CudaM3Model::Impl {
 
   Status alloc_decode_buffers();
   Status repack_nvfp4();
+  Status repack_mxfp8();
 };
+
+// The MXFP8 dense matrices into the mma layout of GEMV variant 7 (quant/mxfp8_mma_layout.h;
+// CudaM3Options::mxfp8_mma_layout): qkv, o_proj and the downs in tiles of 16 rows, the gate|up
+// matrices in gate/up row pairs (read with the SwiGLU epilogue). Routed experts (grouped) and the
+// router stay as they are.
+Status CudaM3Model::Impl::repack_mxfp8() {
+  auto repack = [&](DevMatrix& m, mxfp8_mma::Tiling t) -> Status {
+    if (m.format != QuantFormat::kMxfp8 || m.groups != 1 || m.layout != 0 ||
+        !mxfp8_mma::fits(m.n, m.k, t))
+      return Status::ok();
+    M3_RETURN_IF_ERROR(cuda::mxfp8_mma_repack_in_place(m.w, 1, m.n, m.k, t, st()));
+    m.layout = static_cast<int>(t);
+    return Status::ok();
+  };
+  for (DevLayer& L : w.layers) {
+    for (DevMatrix* m : {&L.qkv, &L.o, &L.mlp_down, &L.shared_down})
+      M3_RETURN_IF_ERROR(repack(*m, mxfp8_mma::Tiling::kRows16));
+    for (DevMatrix* m : {&L.mlp_gu, &L.shared_gu})
+      M3_RETURN_IF_ERROR(repack(*m, mxfp8_mma::Tiling::kSwigluPairs));
+  }
+  return Status::ok();
+}
 
 // NVFP4 matrices whose decode GEMV always takes variant 5 go into the mma layout (2x fewer
 // dequantisation instructions; quant/nvfp4_mma_layout.h). A gate|up / down pair only when both
@@ -938,6 +980,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   if (options.decode_gemv_variant >= 5) M3_RETURN_IF_ERROR(im.repack_nvfp4());
+  if (options.decode_gemv_variant >= 5 && options.mxfp8_mma_layout)
+    M3_RETURN_IF_ERROR(im.repack_mxfp8());
   im.stats.weight_bytes = im.arena.bytes();
   im.stats.bf16_fallbacks = im.w.bf16_fallbacks;
   im.stats.quantised_matrices = im.w.quantised_matrices;

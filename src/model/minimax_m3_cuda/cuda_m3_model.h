@@ -78,6 +78,14 @@ struct CudaM3Options {
   // on the H200, docs/perf-log.md session 6; its launches also take `pdl`) or 3 (split-K +
   // epilogue launch).
   int decode_gemv_variant = 5;
+  // With decode_gemv_variant >= 5: the MXFP8 dense matrices (qkv, o_proj, the dense MLP and the
+  // shared expert) are repacked at load into the mma layout (quant/mxfp8_mma_layout.h, 2-KB
+  // contiguous runs per 16-row tile) and every decode GEMV of them runs variant 7 (weights fed
+  // to the tensor cores from registers; gemv_mma_direct.cu). H200, one row: qkv 19.1 against
+  // 22.5 us (variant 3), o_proj 17.1-18.5 against 20.7, the shared expert's gate|up 14.3 and down
+  // 9.6 against 17.7 and 11.1 (variant 5); docs/perf-log.md session 10. Prefill dequantises
+  // either layout.
+  bool mxfp8_mma_layout = true;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

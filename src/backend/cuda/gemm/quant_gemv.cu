@@ -122,6 +122,7 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.num_rows == 0 || p.n == 0) return Status::ok();
   if (p.variant == 5) return gemv::launch_mma(p, stream);
   if (p.variant == 6) return gemv::launch_stream(p, stream);
+  if (p.variant == 7) return gemv::launch_direct(p, stream);
   if (p.w_layout != 0)
     return invalid_argument(
         "[cuda.quant_gemv] NVFP4 in the mma layout is read by variants 5 and 6 only");

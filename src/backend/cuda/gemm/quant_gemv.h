@@ -98,7 +98,11 @@ struct QuantGemvParams {
                                     // SwiGLU needs N % 16 == 0; 6 = persistent, pipelined
                                     // tensor cores (quant_gemv_stream.cuh): variant 5's inputs
                                     // and epilogues, <= 8 rows per group, MXFP8 row-major or
-                                    // NVFP4 in the mma layout (quant_gemv_stream_fits)
+                                    // NVFP4 in the mma layout (quant_gemv_stream_fits);
+                                    // 7 = MXFP8 at 1..8 rows of one matrix on tensor cores,
+                                    // weights loaded into registers stages ahead
+                                    // (gemv_mma_direct.cu): reads x (bf16), the epilogue is
+                                    // always fused (partial unused), K % 128, SwiGLU N % 16
   // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
   // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
   // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,

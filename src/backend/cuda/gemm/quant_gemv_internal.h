@@ -42,6 +42,11 @@ std::string tensor_core_params_problem(const QuantGemvParams& p);
 // Variant 6 (quant_gemv_stream.cuh, gemv_stream.cu): persistent, TMA-fed tensor-core GEMV.
 Status launch_stream(const QuantGemvParams& p, cudaStream_t s);
 
+// Variant 7 (gemv_mma_direct.cu): MXFP8 at 1..8 rows on the tensor cores, weights loaded into
+// registers stages ahead, bf16 activations, epilogue fused. "" when it can run p, else why not.
+std::string direct_params_problem(const QuantGemvParams& p);
+Status launch_direct(const QuantGemvParams& p, cudaStream_t s);
+
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
 dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);

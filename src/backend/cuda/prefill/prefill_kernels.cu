@@ -7,6 +7,7 @@
 
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "quant/mxfp8_mma_layout.h"
 #include "quant/nvfp4_mma_layout.h"
 
 namespace m3::cuda {
@@ -51,6 +52,23 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// 32 E4M3 codes (8 words, element 4w + j in byte j of word w) times one E8M0 scale -> 32 bf16
+// at out (4×16-byte stores). e4m3·2^e is exact in bf16 unless it underflows.
+__device__ __forceinline__ void mxfp8_block_to_bf16(const uint32_t (&words)[8], float s,
+                                                    uint16_t* out) {
+  uint32_t o[16];
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    const uint32_t v = words[w];
+    o[2 * w] = pack_bf16x2(e4m3_to_float(v & 0xFF) * s, e4m3_to_float((v >> 8) & 0xFF) * s);
+    o[2 * w + 1] = pack_bf16x2(e4m3_to_float((v >> 16) & 0xFF) * s, e4m3_to_float(v >> 24) * s);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out);
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+}
+
 // One thread per 32-element MXFP8 block: 2×16-byte code loads, one scale, 4×16-byte stores.
 __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ codes,
                                      const uint8_t* __restrict__ scales, int64_t blocks,
@@ -59,20 +77,31 @@ __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ codes,
        b += int64_t{gridDim.x} * blockDim.x) {
     const uint4 c0 = reinterpret_cast<const uint4*>(codes)[2 * b];
     const uint4 c1 = reinterpret_cast<const uint4*>(codes)[2 * b + 1];
-    const float s = e8m0_to_float(scales[b]);
     const uint32_t words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-    uint32_t o[16];
+    mxfp8_block_to_bf16(words, e8m0_to_float(scales[b]), out + 32 * b);
+  }
+}
+
+// The same from the mma layout (quant/mxfp8_mma_layout.h): block b (row, 32 columns) is four
+// lanes' 8-byte halves of a (tile, stage) block. `matrix` is row 0 of the [N, K] matrix.
+__global__ void dequant_mxfp8_packed_kernel(const uint8_t* __restrict__ matrix,
+                                            const uint8_t* __restrict__ scales, int64_t row0,
+                                            int64_t blocks, int64_t n, int64_t k, int tiling,
+                                            uint16_t* __restrict__ out) {
+  const int64_t bpr = k / 32;
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < blocks;
+       b += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = row0 + b / bpr, col0 = (b % bpr) * 32;
+    uint32_t words[8];
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const uint32_t v = words[w];
-      o[2 * w] = pack_bf16x2(e4m3_to_float(v & 0xFF) * s, e4m3_to_float((v >> 8) & 0xFF) * s);
-      o[2 * w + 1] =
-          pack_bf16x2(e4m3_to_float((v >> 16) & 0xFF) * s, e4m3_to_float(v >> 24) * s);
+    for (int t = 0; t < 4; ++t) {
+      const int64_t o = mxfp8_mma::offset(row, col0 + 8 * t, n, k,
+                                          static_cast<mxfp8_mma::Tiling>(tiling));
+      const uint2 v = *reinterpret_cast<const uint2*>(matrix + o);
+      words[2 * t] = v.x;
+      words[2 * t + 1] = v.y;
     }
-    uint4* dst = reinterpret_cast<uint4*>(out) + 4 * b;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+    mxfp8_block_to_bf16(words, e8m0_to_float(scales[row * bpr + col0 / 32]), out + 32 * b);
   }
 }
 
@@ -209,6 +238,16 @@ Status launch_dequant_bf16(const DequantBf16Params& p, CUstream_st* stream) {
   if (w.format == QuantFormat::kMxfp8) {
     if (w.k % 32 != 0) return invalid_argument("[cuda.dequant_bf16] MXFP8 K % 32 != 0");
     const int64_t blocks = p.rows * w.k / 32;
+    if (w.layout != 0) {
+      if (!mxfp8_mma::fits(w.n, w.k, static_cast<mxfp8_mma::Tiling>(w.layout)))
+        return invalid_argument("[cuda.dequant_bf16] MXFP8 mma layout " +
+                                std::to_string(w.layout) + " does not fit N " +
+                                std::to_string(w.n) + ", K " + std::to_string(w.k));
+      dequant_mxfp8_packed_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(
+          w.w, w.w_scale, p.row0, blocks, w.n, w.k, w.layout, p.out);
+      M3_CUDA_RETURN_IF_LAUNCH_ERROR(dequant_mxfp8_packed_kernel);
+      return Status::ok();
+    }
     const uint8_t* codes = w.w + p.row0 * w.k;
     const uint8_t* scales = w.w_scale + p.row0 * (w.k / 32);
     dequant_mxfp8_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(codes, scales, blocks, p.out);
