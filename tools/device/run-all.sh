@@ -168,7 +168,14 @@ elif command -v compute-sanitizer >/dev/null; then
   timeout 20 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
     --gtest_filter='*CudaPagedAttention*/0:*CudaIndexerTopk*/0' >>"$OUT/sanitizer.log" 2>&1
   rc3=$?
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s racecheck=%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc3" "$((SECONDS - t0))")")
+  # GEMV variant 7 and the MXFP8 repack (small shapes), and the fused router.
+  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/quant_gemv_mma_test" \
+    --gtest_filter='QuantGemvDirect.*:QuantGemvMmaArgs.*' >>"$OUT/sanitizer.log" 2>&1
+  rc4=$?
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/moe_route_test" \
+    --gtest_filter='MoeRoute.GraphReplays' >>"$OUT/sanitizer.log" 2>&1
+  rc5=$?
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s racecheck=%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc3" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")

@@ -288,10 +288,11 @@ Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
   const int64_t tiles = swiglu ? (p.n / 2 + 7) / 8 : (p.n + 15) / 16;
   const int64_t stages = p.k / kStageK;
   // Warps per CTA: the widest whose grid is resident in one wave with at most ~24 warps per SM
-  // (H200: qkv at one row 4 warps, o_proj and the shared expert 6-8; measured against fixed
-  // widths in docs/perf-log.md session 10); never more warps than stages.
-  int warps = 2;
-  for (int w = 2; w <= kMaxWarps; ++w)
+  // (H200: qkv at one row 4 warps, o_proj and the shared expert 8; 2 and 8 warps were slower,
+  // docs/perf-log.md session 10; one warp where wider CTAs would leave a second wave, e.g. the
+  // dense gate|up's 1536 tiles); never more warps than stages.
+  int warps = 1;
+  for (int w = 1; w <= kMaxWarps; ++w)
     if (tiles * w <= int64_t{24} * sms && tiles <= int64_t{occ[w]} * sms) warps = w;
   warps = static_cast<int>(std::min<int64_t>(warps, stages));
   const int64_t passes = (p.num_rows + 8 * NG - 1) / (8 * NG);
