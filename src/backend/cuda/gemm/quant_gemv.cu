@@ -125,7 +125,7 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.variant == 7) return gemv::launch_direct(p, stream);
   if (p.w_layout != 0)
     return invalid_argument(
-        "[cuda.quant_gemv] NVFP4 in the mma layout is read by variants 5 and 6 only");
+        "[cuda.quant_gemv] an mma layout is read by variants 5 and 6 (NVFP4) and 7 (MXFP8) only");
   if (p.fuse_epilogue && !gemv::uses_v3(p.format, p.variant))
     return invalid_argument("[cuda.quant_gemv] fuse_epilogue needs variant 3 (MXFP8/NVFP4)");
   if (gemv::uses_v3(p.format, p.variant)) {

@@ -71,9 +71,10 @@ struct QuantGemvParams {
   const uint8_t* w_scale = nullptr; // [G, N, K/32] E8M0 (MXFP8) | [G, N, K/16] E4M3 (NVFP4);
                                     // unused for BF16
   const float* w_global = nullptr;  // [G] NVFP4 multiplier; nullptr = 1; unused for MXFP8
-  // NVFP4 storage order (quant/nvfp4_mma_layout.h): 0 = the checkpoint's row-major order; 1 = the
-  // mma layout in tiles of 16 rows (store epilogue); 2 = the mma layout pairing gate row i with up
-  // row N/2 + i (SwiGLU epilogue). Layouts 1 and 2 are read by variants 5 and 6 only.
+  // Storage order (quant/nvfp4_mma_layout.h, quant/mxfp8_mma_layout.h): 0 = the checkpoint's
+  // row-major order; 1 = the mma layout in tiles of 16 rows (store epilogue); 2 = the mma layout
+  // pairing gate row i with up row N/2 + i (SwiGLU epilogue). NVFP4 layouts 1 and 2 are read by
+  // variants 5 and 6 only, MXFP8 ones by variant 7 only.
   int w_layout = 0;
   int64_t num_groups = 1;           // G
   // Routing of rows to groups. All nullptr: one group, rows 0..num_rows-1 in order.
@@ -99,9 +100,11 @@ struct QuantGemvParams {
                                     // tensor cores (quant_gemv_stream.cuh): variant 5's inputs
                                     // and epilogues, <= 8 rows per group, MXFP8 row-major or
                                     // NVFP4 in the mma layout (quant_gemv_stream_fits);
-                                    // 7 = MXFP8 at 1..8 rows of one matrix on tensor cores,
-                                    // weights loaded into registers stages ahead
-                                    // (gemv_mma_direct.cu): reads x (bf16), the epilogue is
+                                    // 7 = MXFP8 of one matrix on tensor cores, weights
+                                    // loaded into registers stages ahead, row-major or the
+                                    // mma layout (w_layout 1 / 2, quant/mxfp8_mma_layout.h;
+                                    // gemv_mma_direct.cu): reads xh (any rows, passes of 32)
+                                    // or, without it, x (bf16, up to 8 rows); the epilogue is
                                     // always fused (partial unused), K % 128, SwiGLU N % 16
   // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
   // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
