@@ -33,20 +33,12 @@ constexpr int kStageBytes = 2048;
 // Byte offset of element (row, col) of an [N, K] matrix in the layout.
 M3_HOST_DEVICE inline int64_t offset(int64_t row, int64_t col, int64_t n, int64_t k,
                                      Tiling tiling) {
-  int64_t tau;
-  int rr;
-  if (tiling == Tiling::kSwigluPairs) {
-    const int64_t h2 = n / 2, r = row < h2 ? row : row - h2;
-    tau = r / 8;
-    rr = static_cast<int>(r % 8) + (row < h2 ? 0 : 8);
-  } else {
-    tau = row / 16;
-    rr = static_cast<int>(row % 16);
-  }
+  const nvfp4_mma::TilePos tp = nvfp4_mma::tile_pos(row, n, tiling);
   const int64_t s = col / kStageK;
   const int u = static_cast<int>(col % kStageK) / 32, t = static_cast<int>(col % 32) / 8;
-  const int lane = 4 * (rr & 7) + t;
-  return (tau * (k / kStageK) + s) * kStageBytes + u * 512 + lane * 16 + (rr >> 3) * 8 + col % 8;
+  const int lane = 4 * (tp.rr & 7) + t;
+  return (tp.tau * (k / kStageK) + s) * kStageBytes + u * 512 + lane * 16 + (tp.rr >> 3) * 8 +
+         col % 8;
 }
 
 // Whether an [N, K] MXFP8 matrix can take the layout with this tiling.

@@ -69,6 +69,19 @@ M3_HOST_DEVICE inline int64_t tile_row(int64_t tau, int rr, int64_t n, Tiling ti
   return tau * 16 + rr;
 }
 
+// The inverse: the tile and tile row of weight row `row` (also used by the MXFP8 layout).
+struct TilePos {
+  int64_t tau = 0;
+  int rr = 0;
+};
+M3_HOST_DEVICE inline TilePos tile_pos(int64_t row, int64_t n, Tiling tiling) {
+  if (tiling == Tiling::kSwigluPairs) {
+    const int64_t h2 = n / 2, r = row < h2 ? row : row - h2;
+    return {r / 8, static_cast<int>(r % 8) + (row < h2 ? 0 : 8)};
+  }
+  return {row / 16, static_cast<int>(row % 16)};
+}
+
 // Byte offset (in the matrix) of the word of lane `lane`, k-step i of (tile tau, chunk c).
 M3_HOST_DEVICE inline int64_t word_offset(int64_t tau, int64_t c, int lane, int i, int64_t k) {
   return (tau * (k / kChunkK) + c) * kChunkBytes + lane * 32 +
@@ -82,17 +95,9 @@ struct Loc {
   int frag = 0, half = 0;
 };
 M3_HOST_DEVICE inline Loc locate(int64_t row, int64_t col, int64_t n, int64_t k, Tiling tiling) {
-  int64_t tau;
-  int rr;
-  if (tiling == Tiling::kSwigluPairs) {
-    const int64_t h2 = n / 2, r = row < h2 ? row : row - h2;
-    tau = r / 8;
-    rr = static_cast<int>(r % 8) + (row < h2 ? 0 : 8);
-  } else {
-    tau = row / 16;
-    rr = static_cast<int>(row % 16);
-  }
-  const int g = rr & 7, h = rr >> 3;
+  const TilePos tp = tile_pos(row, n, tiling);
+  const int g = tp.rr & 7, h = tp.rr >> 3;
+  const int64_t tau = tp.tau;
   const int64_t c = col / kChunkK;
   const int t = static_cast<int>(col % kChunkK) / 32, i = static_cast<int>(col % 32) / 4,
             j = static_cast<int>(col % 4);

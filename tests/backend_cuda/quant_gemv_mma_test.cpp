@@ -55,6 +55,25 @@ struct XF16 {
   }
 };
 
+// The prefill path's bf16 dequantisation of rows 16.. (a range that does not start at 0) of a
+// matrix stored in `layout` (0 row-major, 1 the mma layout of its format).
+std::vector<uint16_t> prefill_dequant(QuantFormat f, const uint8_t* w, const uint8_t* scales,
+                                      int64_t n, int64_t k, int layout) {
+  cuda::DequantBf16Params d;
+  d.w.format = f;
+  d.w.w = w;
+  d.w.w_scale = scales;
+  d.w.n = n;
+  d.w.k = k;
+  d.w.layout = layout;
+  d.row0 = n > 16 ? 16 : 0;
+  d.rows = n - d.row0;
+  auto out = Dev<uint16_t>::poisoned(d.rows * k);
+  d.out = out.ptr();
+  EXPECT_TRUE(cuda::launch_dequant_bf16(d, stream()).is_ok());
+  return out.host();
+}
+
 struct Case {
   QuantFormat f;
   int64_t m, n, k;
@@ -197,22 +216,9 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
         q.variant = v;
         EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v" << v;
       }
-      auto deq = [&](const uint8_t* wp, int layout) {
-        cuda::DequantBf16Params d;
-        d.w.format = QuantFormat::kMxfp8;
-        d.w.w = wp;
-        d.w.w_scale = ds.ptr();
-        d.w.n = c.n;
-        d.w.k = c.k;
-        d.w.layout = layout;
-        d.row0 = c.n > 16 ? 16 : 0;  // a row range that does not start at 0
-        d.rows = c.n - d.row0;
-        auto out = Dev<uint16_t>::poisoned(d.rows * c.k);
-        d.out = out.ptr();
-        EXPECT_TRUE(cuda::launch_dequant_bf16(d, stream()).is_ok());
-        return out.host();
-      };
-      EXPECT_EQ(deq(dwp.ptr(), 1), deq(dw.ptr(), 0)) << name << ": packed prefill dequantisation";
+      EXPECT_EQ(prefill_dequant(c.f, dwp.ptr(), ds.ptr(), c.n, c.k, 1),
+                prefill_dequant(c.f, dw.ptr(), ds.ptr(), c.n, c.k, 0))
+          << name << ": packed prefill dequantisation";
     }
   }
 
@@ -246,22 +252,9 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   p.w_layout = 1;
   p.variant = 3;  // the other variants read row-major weights only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  auto deq = [&](const uint8_t* wp, int layout) {
-    cuda::DequantBf16Params d;
-    d.w.format = QuantFormat::kNvfp4;
-    d.w.w = wp;
-    d.w.w_scale = ds.ptr();
-    d.w.n = c.n;
-    d.w.k = c.k;
-    d.w.layout = layout;
-    d.row0 = c.n > 16 ? 16 : 0;  // a row range that does not start at 0
-    d.rows = c.n - d.row0;
-    auto out = Dev<uint16_t>::poisoned(d.rows * c.k);
-    d.out = out.ptr();
-    EXPECT_TRUE(cuda::launch_dequant_bf16(d, stream()).is_ok());
-    return out.host();
-  };
-  EXPECT_EQ(deq(dwp.ptr(), 1), deq(dw.ptr(), 0)) << name << ": packed prefill dequantisation";
+  EXPECT_EQ(prefill_dequant(c.f, dwp.ptr(), ds.ptr(), c.n, c.k, 1),
+            prefill_dequant(c.f, dw.ptr(), ds.ptr(), c.n, c.k, 0))
+      << name << ": packed prefill dequantisation";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -83,15 +83,7 @@ __global__ void __launch_bounds__(256, 2) mxfp8_direct_kernel(QuantGemvParams p)
   float4* red = reinterpret_cast<float4*>(smem + fill_rows * ldxs * 2);  // [W][NG][32]
   float* inv_s = reinterpret_cast<float*>(red + nwarps * NG * 32);      // [W][8]
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
-  // Tile row r (0..15) -> weight row (-1: past N), as variant 5 and mxfp8_mma::offset.
-  auto weight_row = [&](int r) {
-    if (swiglu) {
-      const int i = tile * 8 + (r & 7);
-      return i < n / 2 ? (r >> 3 ? n / 2 + i : i) : -1;
-    }
-    const int row = tile * 16 + r;
-    return row < n ? row : -1;
-  };
+  auto weight_row = [&](int r) { return mma_tile_weight_row(tile, r, n, swiglu); };
   // Rows past N read row 0 (valid memory; their outputs are not stored).
   const int row_lo = max(weight_row(g), 0), row_hi = max(weight_row(g + 8), 0);
   const int64_t scale_cols = k / kBlock;

@@ -1,6 +1,7 @@
 // The MXFP8 mma-layout repack (mxfp8_repack.h): one thread per 16-byte lane piece of the
 // destination, gathering 8 bytes of each of its two tile rows (quant/mxfp8_mma_layout.h).
 #include "backend/cuda/gemm/mxfp8_repack.h"
+#include "backend/cuda/gemm/repack_in_place.h"
 
 #include <cuda_runtime.h>
 
@@ -59,25 +60,12 @@ Status launch_mxfp8_mma_repack(const uint8_t* src, uint8_t* dst, int64_t groups,
 Status mxfp8_mma_repack_in_place(uint8_t* w, int64_t groups, int64_t n, int64_t k,
                                  mxfp8_mma::Tiling tiling, CUstream_st* stream) {
   M3_RETURN_IF_ERROR(check(groups, n, k, tiling));
-  const int64_t bytes = n * k;
-  void* tmp = nullptr;
-  M3_CUDA_RETURN_IF_ERROR(cudaMalloc(&tmp, static_cast<size_t>(bytes)));
-  Status st = Status::ok();
-  for (int64_t g = 0; g < groups && st.is_ok(); ++g) {
-    uint8_t* m = w + g * bytes;
-    const cudaError_t e = cudaMemcpyAsync(tmp, m, static_cast<size_t>(bytes),
-                                          cudaMemcpyDeviceToDevice, stream);
-    if (e != cudaSuccess) {
-      st = cuda_error(e, "cudaMemcpyAsync", __FILE__, __LINE__);
-      break;
-    }
-    st = launch_mxfp8_mma_repack(static_cast<const uint8_t*>(tmp), m, 1, n, k, tiling, stream);
-  }
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  cudaFree(tmp);
-  if (!st.is_ok()) return st;
-  if (sync != cudaSuccess) return cuda_error(sync, "cudaStreamSynchronize", __FILE__, __LINE__);
-  return Status::ok();
+  return repack_in_place(
+      w, groups, n * k,
+      [&](const uint8_t* src, uint8_t* dst) {
+        return launch_mxfp8_mma_repack(src, dst, 1, n, k, tiling, stream);
+      },
+      stream);
 }
 
 }  // namespace m3::cuda

@@ -1,4 +1,5 @@
 #include "backend/cuda/gemm/nvfp4_repack.h"
+#include "backend/cuda/gemm/repack_in_place.h"
 
 #include <cuda_runtime.h>
 
@@ -72,25 +73,12 @@ Status launch_nvfp4_mma_repack(const uint8_t* src, uint8_t* dst, int64_t groups,
 Status nvfp4_mma_repack_in_place(uint8_t* w, int64_t groups, int64_t n, int64_t k,
                                  nvfp4_mma::Tiling tiling, CUstream_st* stream) {
   M3_RETURN_IF_ERROR(check(groups, n, k, tiling));
-  const int64_t bytes = n * k / 2;
-  void* tmp = nullptr;
-  M3_CUDA_RETURN_IF_ERROR(cudaMalloc(&tmp, static_cast<size_t>(bytes)));
-  Status st = Status::ok();
-  for (int64_t g = 0; g < groups && st.is_ok(); ++g) {
-    uint8_t* m = w + g * bytes;
-    cudaError_t e = cudaMemcpyAsync(tmp, m, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
-                                    stream);
-    if (e != cudaSuccess) {
-      st = cuda_error(e, "cudaMemcpyAsync", __FILE__, __LINE__);
-      break;
-    }
-    st = launch_nvfp4_mma_repack(static_cast<const uint8_t*>(tmp), m, 1, n, k, tiling, stream);
-  }
-  const cudaError_t sync = cudaStreamSynchronize(stream);
-  cudaFree(tmp);
-  if (!st.is_ok()) return st;
-  if (sync != cudaSuccess) return cuda_error(sync, "cudaStreamSynchronize", __FILE__, __LINE__);
-  return Status::ok();
+  return repack_in_place(
+      w, groups, n * k / 2,
+      [&](const uint8_t* src, uint8_t* dst) {
+        return launch_nvfp4_mma_repack(src, dst, 1, n, k, tiling, stream);
+      },
+      stream);
 }
 
 }  // namespace m3::cuda

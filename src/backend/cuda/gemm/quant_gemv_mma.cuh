@@ -167,6 +167,17 @@ __device__ __forceinline__ void nvfp4_lane_scales(const uint8_t* sc, int g, int 
   *h0 = prmt(s2h, 0, 0x1010), *h1 = prmt(s2h, 0, 0x3232);
 }
 
+// Tile row r (0..15) of 16-row tile `tile` -> weight row (-1: past N); SwiGLU: gate rows i0 + r
+// (r < 8), up rows N/2 + i0 + r - 8, with i0 = 8·tile (variants 5 and 7, the mma layouts).
+__device__ __forceinline__ int mma_tile_weight_row(int tile, int r, int n, bool swiglu) {
+  if (swiglu) {
+    const int i = tile * 8 + (r & 7);
+    return i < n / 2 ? (r >> 3 ? n / 2 + i : i) : -1;
+  }
+  const int row = tile * 16 + r;
+  return row < n ? row : -1;
+}
+
 __device__ __forceinline__ float e8m0_exact(uint32_t e) {
   return __uint_as_float(e != 0 ? (e & 0xFFu) << 23 : 0x00400000u);  // 2^(e - 127), e = 0 too
 }
@@ -264,16 +275,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int64_t scale_cols = F == QuantFormat::kMxfp8 ? k / 32 : k / 16;
   const uint8_t* wbase = p.w + grp * int64_t{n} * row_bytes;
   const uint8_t* sbase = p.w_scale + grp * int64_t{n} * scale_cols;
-  // Tile row r (0..15) -> weight row (-1: past N); SwiGLU: gate rows i0 + r (r < 8), up rows
-  // N/2 + i0 + r - 8.
-  auto weight_row = [&](int r) {
-    if (swiglu) {
-      const int i = tile * 8 + (r & 7);
-      return i < n / 2 ? (r >> 3 ? n / 2 + i : i) : -1;
-    }
-    const int row = tile * 16 + r;
-    return row < n ? row : -1;
-  };
+  auto weight_row = [&](int r) { return mma_tile_weight_row(tile, r, n, swiglu); };
   // This warp's stages (kU chunks each; the last may be partial: its missing chunks are
   // zero-filled, so every stage is computed whole, without branches).
   const int chunks = k / T::kChunkK;
