@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "sample/sampling_params.h"
 #include "server/protocol/messages.h"
 #include "server/protocol/requests.h"
 
@@ -56,6 +57,38 @@ TEST(Protocol, IllFormedUtf8Is400WithAValidErrorBody) {
       chat_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \xc3\xa9 \xe4\xb8\xad "
               "\xf0\x9f\x98\x80\"}]}");
   EXPECT_EQ(ok.messages.size(), 1u);
+}
+
+// A submission the engine refuses (validate_sampling_params) names the field in `param`: its
+// messages start with the field's name. Other refusals keep param empty; non-400 statuses map
+// as from_status.
+TEST(Protocol, EngineParameterErrorsNameTheField) {
+  const auto param_of = [](auto set) {
+    SamplingParams p;
+    set(p);
+    const Status st = validate_sampling_params(p, 100);
+    EXPECT_FALSE(st.is_ok());
+    const ApiError e = submit_error(st);
+    EXPECT_EQ(e.status, 400) << st.message();
+    return e.param;
+  };
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.logit_bias = {{100, 1.0f}}; }), "logit_bias");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.logit_bias = {{3, 101.0f}}; }), "logit_bias");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.max_tokens = 2, p.min_tokens = 5; }),
+            "min_tokens");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.stop_token_ids = {-1}; }), "stop_token_ids");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.stop = {""}; }), "stop");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.temperature = -1.0f; }), "temperature");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.top_p = 0.0f; }), "top_p");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.top_k = -2; }), "top_k");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.n = 0; }), "n");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.top_logprobs = 21; }), "top_logprobs");
+  EXPECT_EQ(param_of([](SamplingParams& p) { p.max_tokens = 0; }), "max_tokens");
+  EXPECT_EQ(submit_error(invalid_argument("the prompt has no tokens")).param, "");
+  EXPECT_EQ(submit_error(invalid_argument("nonsense")).param, "");
+  const ApiError busy = submit_error(Status(StatusCode::kResourceExhausted, "top_k queue full"));
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_EQ(busy.param, "");
 }
 
 TEST(Protocol, ErrorObjectShape) {

@@ -111,7 +111,7 @@ void submit_job(ServerContext& ctx, std::shared_ptr<http::Responder> responder,
     auto backend_id = ctx.backend->submit(std::move(b), job->callback(i));
     if (!backend_id.is_ok()) {
       job->abandon();
-      return send_error(ctx, *responder, from_status(backend_id.status()));
+      return send_error(ctx, *responder, submit_error(backend_id.status()));
     }
     job->started(i, *backend_id);
   }

@@ -63,4 +63,23 @@ ApiError from_status(const Status& status) {
   }
 }
 
+ApiError submit_error(const Status& status) {
+  ApiError e = from_status(status);
+  if (status.code() != StatusCode::kInvalidArgument) return e;
+  // Longer names first where one is a prefix of another (stop_token_ids / stop).
+  static constexpr const char* kFields[] = {
+      "stop_token_ids", "stop", "logit_bias", "temperature", "top_p", "top_k", "min_p",
+      "repetition_penalty", "presence_penalty", "frequency_penalty", "n", "max_tokens",
+      "min_tokens", "top_logprobs"};
+  const std::string& m = status.message();
+  for (const char* field : kFields) {
+    const std::string f = field;
+    if (m.size() > f.size() && m.compare(0, f.size(), f) == 0 && m[f.size()] == ' ') {
+      e.param = f;
+      break;
+    }
+  }
+  return e;
+}
+
 }  // namespace m3::server

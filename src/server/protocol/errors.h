@@ -35,5 +35,9 @@ ApiError internal_error(std::string message);
 // Maps a backend/front-end Status: invalid argument -> 400, resource exhausted -> 429,
 // unavailable (loading, draining) -> 503, unimplemented -> 400, anything else -> 500.
 ApiError from_status(const Status& status);
+// The same for a refused submission: the engine's sampling-parameter check
+// (validate_sampling_params: logit_bias ids past the vocabulary, min_tokens > max_tokens,
+// stop_token_ids, ...) starts its message with the field's name, which becomes `param`.
+ApiError submit_error(const Status& status);
 
 }  // namespace m3::server
