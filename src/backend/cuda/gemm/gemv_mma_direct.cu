@@ -279,10 +279,11 @@ Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
   const int64_t tiles = swiglu ? (p.n / 2 + 7) / 8 : (p.n + 15) / 16;
   const int64_t stages = p.k / kStageK;
-  // Warps per CTA: the widest whose grid is resident in one wave with at most ~24 warps per SM
-  // (H200: qkv at one row 4 warps, o_proj and the shared expert 8; 2 and 8 warps were slower,
-  // docs/perf-log.md session 10; one warp where wider CTAs would leave a second wave, e.g. the
-  // dense gate|up's 1536 tiles); never more warps than stages.
+  // Warps per CTA: the widest whose grid is resident in one wave with at most ~24 warps per SM;
+  // one warp where wider CTAs would leave a second wave (the dense gate|up's 1536 tiles); never
+  // more warps than stages. H200, one row, this choice against 2 / 4 / 8 warps forced: qkv 20.6
+  // against 24.9 / 20.5 / 24.5 us, o_proj 18.6 against 26.9 / 19.6 / 21.4 (docs/perf-log.md
+  // session 10, run 2).
   int warps = 1;
   for (int w = 1; w <= kMaxWarps; ++w)
     if (tiles * w <= int64_t{24} * sms && tiles <= int64_t{occ[w]} * sms) warps = w;

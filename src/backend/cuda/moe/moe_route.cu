@@ -156,13 +156,8 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
     __syncwarp();  // lane 0 wrote the slots; the warp goes on together
   }
   __syncthreads();  // s_ids complete
-  // One token (batch-1 decode): its sorted ids give the grouping directly.
-  if (p.rows == 1)
-    routing::group_one_token(s_ids, p.top_k, p.num_experts, p.group_offsets, p.sorted_rows,
-                             p.active_groups);
-  else
-    routing::group_by_expert_block(s_ids, p.rows * p.top_k, p.num_experts, s_offs, s_warp_sums,
-                                   p.group_offsets, p.sorted_rows, p.active_groups);
+  routing::group_by_expert_block(s_ids, p.rows * p.top_k, p.num_experts, s_offs, s_warp_sums,
+                                 p.group_offsets, p.sorted_rows, p.active_groups);
   // Every other CTA has taken its ticket, so nobody reads the counter any more in this launch.
   if (tid == 0) *p.counter = 0u;
   pdl_launch_dependents();

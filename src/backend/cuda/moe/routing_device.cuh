@@ -194,25 +194,4 @@ __device__ __forceinline__ void group_by_expert_block(const int32_t* ids, int64_
   }
 }
 
-// The same grouping for one token (num_rows = k routed rows, row = slot) whose ids come from
-// router_topk_row: ascending, distinct, an unselectable expert only as 0x7fffffff (it sorts
-// last). Then the valid ids are slots 0 .. v - 1, expert ids[j] owns row j, and the outputs are
-// those of group_by_expert_block without its barriers and scans: offsets count the ids below
-// each expert. Every thread of the block calls it; ids are visible to the block.
-__device__ __forceinline__ void group_one_token(const int32_t* ids, int64_t k, int64_t num_experts,
-                                                int32_t* group_offsets, int32_t* sorted_rows,
-                                                int32_t* active_groups) {
-  const int tid = threadIdx.x, nt = blockDim.x;
-  int valid = 0;
-  for (int64_t j = 0; j < k; ++j) valid += ids[j] >= 0 && ids[j] < num_experts;
-  for (int64_t e = tid; e <= num_experts; e += nt) {
-    int below = 0;
-    for (int64_t j = 0; j < valid; ++j) below += ids[j] < e;
-    group_offsets[e] = below;
-  }
-  const int64_t slots = num_experts < k ? num_experts : k;
-  for (int64_t i = tid; i < slots; i += nt) active_groups[i] = i < valid ? ids[i] : -1;
-  for (int64_t i = tid; i < valid; i += nt) sorted_rows[i] = static_cast<int32_t>(i);
-}
-
 }  // namespace m3::cuda::routing
