@@ -473,9 +473,15 @@ namespace {
 // Fused residual add + Gemma RMSNorm (bf16 output) against the CPU add and rms_norm: the
 // residual is one IEEE add on both sides (exact match); the normed value carries the float32
 // norm bound (gamma_Hd/2 + 12u)·|y| plus the bf16 rounding (unit roundoff 2^-8).
+// Rows up to cluster_rows take the cluster kernel (8 CTAs per row; hidden % 32 == 0, <= 8192),
+// others one CTA per row: both ways, and a hidden the cluster cannot split (1000: one CTA).
 TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
+  for (const int64_t cluster_rows : {int64_t{0}, int64_t{16}})
+  for (const int64_t hd : {int64_t{6144}, int64_t{8192}, int64_t{1000}})
   for (int64_t t : {1, 5, 33}) {
-    const int64_t hd = 6144;
+    if (hd != 6144 && t == 33) continue;
+    const std::string tag = " T" + std::to_string(t) + " Hd" + std::to_string(hd) +
+                            " cluster_rows " + std::to_string(cluster_rows);
     auto r = randn(t * hd, 70, 2.0f), dlt = randn(t * hd, 71, 1.0f);
     std::vector<float> wf;
     std::vector<uint16_t> wb;
@@ -494,8 +500,9 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
     p.t = t;
     p.hidden = hd;
     p.eps = 1e-6f;
+    p.cluster_rows = cluster_rows;
     ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
-    EXPECT_EQ(dr.host(), want_r) << "residual";
+    EXPECT_EQ(dr.host(), want_r) << "residual" << tag;
     auto ob = dout.host();
     std::vector<float> got(ob.size());
     std::vector<double> bound(ob.size());
@@ -504,7 +511,7 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
       const double f32b = (gamma(hd) / 2 + 12 * kU) * std::abs(want[i]);
       bound[i] = f32b + std::ldexp(std::abs(want[i]) + f32b, -8) + 1e-30;
     }
-    expect_close(got, want, bound, "add_rms_norm bf16 T" + std::to_string(t) + " Hd6144");
+    expect_close(got, want, bound, "add_rms_norm bf16" + tag);
     // The optional f16 copy (GEMV variant 5's input): the same bf16 values times a power of two
     // per row, exact, with the row's largest magnitude in [2^14, 2^15). Residual 2.0 + delta: the
     // add runs again on the updated residual, so compare against this run's bf16 output.
@@ -519,11 +526,12 @@ TEST(AddRmsNorm, MatchesCpuAddThenNorm) {
       float mx = 0.0f;
       for (int64_t i = 0; i < hd; ++i) {
         const size_t j = size_t(row * hd + i);
-        ASSERT_EQ(f16_to_f32(of[j]) * inv[row], bf16_to_f32(ob2[j])) << "f16 copy, row " << row;
+        ASSERT_EQ(f16_to_f32(of[j]) * inv[row], bf16_to_f32(ob2[j]))
+            << "f16 copy, row " << row << tag;
         mx = std::max(mx, std::abs(f16_to_f32(of[j])));
       }
-      EXPECT_GE(mx, 16384.0f) << "row " << row;
-      EXPECT_LT(mx, 32768.0f) << "row " << row;
+      EXPECT_GE(mx, 16384.0f) << "row " << row << tag;
+      EXPECT_LT(mx, 32768.0f) << "row " << row << tag;
     }
     p.out_inv_scale = nullptr;  // both or neither
     EXPECT_FALSE(cuda::launch_add_rms_norm(p, stream()).is_ok());
@@ -721,6 +729,7 @@ TEST(AddRmsNorm, FusedDeltaSourcesEqualSeparateLaunches) {
   std::vector<uint16_t> wb;
   bf16_randn(hd, 96, 0.3f, &wf, &wb);
   Dev<uint16_t> dw(wb);
+  for (const int64_t cluster_rows : {int64_t{0}, int64_t{16}})
   for (int64_t t : {1, 3, 8}) {
     for (int64_t sources : {1, 2, 4, 5}) {  // slices, or top-k for the MoE case
       for (bool moe : {false, true}) {
@@ -757,6 +766,7 @@ TEST(AddRmsNorm, FusedDeltaSourcesEqualSeparateLaunches) {
         p.hidden = hd;
         p.out_f16 = ref_f16.ptr();
         p.out_inv_scale = ref_inv.ptr();
+        p.cluster_rows = cluster_rows;
         // As a programmatic dependent of the kernel that writes its delta (the epilogue lets its
         // dependents start at its own start): the norm must wait for it before it reads.
         p.pdl = true;
@@ -784,7 +794,8 @@ TEST(AddRmsNorm, FusedDeltaSourcesEqualSeparateLaunches) {
         p.delta = nullptr;
         ASSERT_TRUE(cuda::launch_add_rms_norm(p, stream()).is_ok());
         const std::string what = std::string(moe ? "moe top-k " : "slices ") +
-                                 std::to_string(sources) + " T" + std::to_string(t);
+                                 std::to_string(sources) + " T" + std::to_string(t) +
+                                 " cluster_rows " + std::to_string(cluster_rows);
         EXPECT_EQ(got_r.host(), ref_r.host()) << "residual, " << what;
         EXPECT_EQ(got_out.host(), ref_out.host()) << "bf16 out, " << what;
         EXPECT_EQ(got_f16.host(), ref_f16.host()) << "f16 copy, " << what;

@@ -27,6 +27,7 @@
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
+#include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/sampling/sample.h"
 #include "cuda_bench_util.h"
@@ -510,6 +511,56 @@ void bench_attention_graph(int64_t batch, int64_t ctx) {
   a.ip.dependent_launch = a.ap.dependent_launch = false;  // A/B: second kernels as plain launches
   report("graph indexer + attention, no PDL" + a.tag, graph_us(true, true), a.ibytes + a.abytes,
          0);
+  if (std::getenv("M3_BENCH_SPLITS") == nullptr) return;
+  a.ip.dependent_launch = a.ap.dependent_launch = true;
+  a.ap.force_key_splits = true;
+  for (int s : {1, 2, 4}) {
+    a.ap.max_key_splits = s;
+    report("graph sparse attention, " + std::to_string(s) + " key splits" + a.tag,
+           graph_us(false, true), a.abytes, a.attention_flops());
+  }
+}
+
+// The fused MoE router (E = 128, top-4, hidden 6144, bf16 weights) at `rows` tokens inside a CUDA
+// graph of 10 launches (per launch = graph time / 10).
+void bench_router_graph(int64_t rows) {
+  constexpr int64_t reps = 10, e = 128, hd = 6144, k = 4;
+  std::vector<void*> bufs;
+  auto alloc = [&](int64_t bytes) {
+    bufs.push_back(dalloc(bytes));
+    return bufs.back();
+  };
+  MoeRouteParams p;
+  p.x = static_cast<uint16_t*>(alloc(2 * rows * hd));
+  p.ldx = p.hidden = hd;
+  p.rows = rows;
+  p.w = static_cast<uint16_t*>(alloc(2 * e * hd));
+  p.num_experts = e;
+  p.top_k = k;
+  p.scaling = 2.0f;
+  CHECK_OK(fill_dummy(const_cast<uint16_t*>(p.x), rows * hd, DummyKind::kBf16Normal, 30, 1, st()));
+  CHECK_OK(fill_dummy(const_cast<uint16_t*>(p.w), e * hd, DummyKind::kBf16Normal, 31, 0.02f, st()));
+  p.logits = static_cast<float*>(alloc(4 * rows * e));
+  p.topk_ids = static_cast<int32_t*>(alloc(4 * rows * k));
+  p.topk_w = static_cast<float*>(alloc(4 * rows * k));
+  p.group_offsets = static_cast<int32_t*>(alloc(4 * (e + 1)));
+  p.sorted_rows = static_cast<int32_t*>(alloc(4 * rows * k));
+  p.active_groups = static_cast<int32_t*>(alloc(4 * rows * k));
+  p.counter = static_cast<uint32_t*>(alloc(4));
+  CHECK_CUDA(cudaMemset(p.counter, 0, 4));
+  CHECK_OK(launch_moe_route(p, st()));
+  CHECK_CUDA(cudaStreamSynchronize(st()));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK_CUDA(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
+  for (int64_t r = 0; r < reps; ++r) CHECK_OK(launch_moe_route(p, st()));
+  CHECK_CUDA(cudaStreamEndCapture(st(), &g));
+  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = time_ms([&](int) { CHECK_CUDA(cudaGraphLaunch(ge, st())); }, 5, 7) / reps;
+  report("graph moe_route rows=" + std::to_string(rows), ms, 2.0 * e * hd, 2.0 * rows * e * hd);
+  CHECK_CUDA(cudaGraphExecDestroy(ge));
+  CHECK_CUDA(cudaGraphDestroy(g));
+  for (void* b : bufs) cudaFree(b);
 }
 
 }  // namespace
@@ -526,6 +577,16 @@ int main(int argc, char** argv) {
   if (g_tsv) std::fprintf(g_tsv, "kernel\tus\tbytes\tGB/s\tfrac_hbm\tfrac_copy\tTFLOP/s\n");
   std::printf("%-46s %12s %12s %13s %11s %11s %15s\n", "kernel", "time", "bytes", "rate", "HBM",
               "copy", "compute");
+  // M3_BENCH_STREAM_ONLY=4: only the latency-bound kernels of a decode layer inside CUDA graphs
+  // (indexer + sparse attention, the fused router), batch 1 and 8.
+  if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '4') {
+    for (int64_t b : {int64_t{1}, int64_t{8}}) {
+      for (int64_t ctx : {int64_t{1024}, int64_t{4096}, int64_t{32768}}) bench_attention_graph(b, ctx);
+      bench_router_graph(b);
+    }
+    if (g_tsv) std::fclose(g_tsv);
+    return 0;
+  }
   bench_copy();
   bench_read_floor();
   // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 6 (quick A/B); =2: only

@@ -105,9 +105,12 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // dependent, not only the GEMVs (variants 3/6), epilogues and attention inputs (A/B of
   // pdl_chain, off by default).
   if (const char* e = std::getenv("M3_BENCH_PDL_CHAIN")) o.pdl_chain = std::atoi(e) != 0;
+  if (const char* e = std::getenv("M3_BENCH_PDL_ROUTER")) o.pdl_router = std::atoi(e) != 0;
   // M3_BENCH_MXFP8_LAYOUT=0: the MXFP8 dense matrices stay row-major (variants 3 / 5 instead of
   // variant 7 on the mma layout; A/B of CudaM3Options::mxfp8_mma_layout).
   if (const char* e = std::getenv("M3_BENCH_MXFP8_LAYOUT")) o.mxfp8_mma_layout = std::atoi(e) != 0;
+  // M3_BENCH_NORM_CLUSTER=0: one CTA per row in every norm (A/B of norm_cluster_rows).
+  if (const char* e = std::getenv("M3_BENCH_NORM_CLUSTER")) o.norm_cluster_rows = std::atoi(e);
   // M3_BENCH_SKIP_INDEXER=0: the indexer runs also where every block fits the selection (A/B of
   // skip_indexer_when_every_block_fits; contexts up to 2K tokens).
   if (const char* e = std::getenv("M3_BENCH_SKIP_INDEXER"))

@@ -327,6 +327,7 @@ struct CudaM3Model::Impl {
     cuda::AddRmsNormParams np{b.residual, nullptr, weight, b.h, rows, hd, eps};
     if (f16_copy) np.out_f16 = b.h16, np.out_inv_scale = b.h_inv;
     np.pdl = chain_pdl();
+    np.cluster_rows = opt.norm_cluster_rows;
     switch (pd.kind) {
       case PendingDelta::kNone: break;
       case PendingDelta::kStored: np.delta = b.delta; break;
@@ -538,7 +539,7 @@ struct CudaM3Model::Impl {
       rp.sorted_rows = b.sorted;
       rp.active_groups = b.active;
       rp.counter = b.route_counter;
-      rp.pdl = chain_pdl();
+      rp.pdl = chain_pdl() || (opt.pdl && opt.pdl_router);
       M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
     } else {
       M3_RETURN_IF_ERROR(

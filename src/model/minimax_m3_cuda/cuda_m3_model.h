@@ -66,6 +66,9 @@ struct CudaM3Options {
   // more than that at batch 1 (8-layer steps 1.73-1.75 against 1.71-1.73 ms at 4K, 1.70-1.72
   // against 1.64 ms at 1K); it gained 1.5 % at batch 32 (docs/perf-log.md, session 9).
   bool pdl_chain = false;
+  // With `pdl`: the fused router alone launched as a programmatic dependent of the norm (its
+  // CTAs take their SMs and fetch their weight rows into L2 while the norm runs).
+  bool pdl_router = false;
   // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
   // on M3.1-Flash), the indexer would select every block of every row: its two launches per
   // layer are skipped and the attention reads every block (the same set of keys; bit for bit
@@ -86,6 +89,11 @@ struct CudaM3Options {
   // 9.6 against 17.7 and 11.1 (variant 5); docs/perf-log.md session 10. Prefill dequantises
   // either layout.
   bool mxfp8_mma_layout = true;
+  // Decode norms of up to this many rows spread each row over a cluster of 8 CTAs
+  // (AddRmsNormParams::cluster_rows); 0: one CTA per row. H200, 8-layer steps, two rounds:
+  // batch 1 1K 1.592 / 1.592 against 1.603 / 1.597 ms, 4K 1.663 / 1.662 against 1.670 / 1.667
+  // (docs/perf-log.md session 11).
+  int64_t norm_cluster_rows = 16;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

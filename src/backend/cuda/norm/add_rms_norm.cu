@@ -46,6 +46,45 @@ __device__ __forceinline__ float4 fused_delta(const AddRmsNormParams& p, int64_t
   return o;
 }
 
+// residual + delta at float4 i of row t (the residual alone without a delta).
+__device__ __forceinline__ float4 row_piece(const AddRmsNormParams& p, const float4* r,
+                                            const float4* d, bool has_delta, int64_t t, int64_t i,
+                                            int64_t nv) {
+  float4 x = r[i];
+  if (has_delta) {
+    const float4 y = d ? d[i] : fused_delta(p, t, i, nv);
+    x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  }
+  return x;
+}
+
+// bf16(x · inv · (1 + w)) of a float4 piece with its bf16 weights wv, as two bf16 pairs.
+__device__ __forceinline__ uint2 norm_piece(float4 x, float inv, uint2 wv) {
+  const float w0 = 1.0f + __uint_as_float(wv.x << 16), w1 = 1.0f + __uint_as_float(wv.x & 0xFFFF0000u);
+  const float w2 = 1.0f + __uint_as_float(wv.y << 16), w3 = 1.0f + __uint_as_float(wv.y & 0xFFFF0000u);
+  const uint32_t a = f32_to_bf16(x.x * inv * w0) | (uint32_t(f32_to_bf16(x.y * inv * w1)) << 16);
+  const uint32_t b = f32_to_bf16(x.z * inv * w2) | (uint32_t(f32_to_bf16(x.w * inv * w3)) << 16);
+  return make_uint2(a, b);
+}
+
+__device__ __forceinline__ float abs_max_bf16x4(uint2 o, float m) {
+  for (uint32_t u : {o.x, o.y})
+    m = fmaxf(m, fmaxf(fabsf(bf16_to_f32(uint16_t(u))), fabsf(bf16_to_f32(uint16_t(u >> 16)))));
+  return m;
+}
+
+// The f16 copy of a bf16 piece times 2^sh (s = 2^sh: exact, x_f16.h's rule).
+__device__ __forceinline__ uint2 f16_piece(uint2 o, float s) {
+  uint32_t h[2];
+  const uint32_t in[2] = {o.x, o.y};
+  for (int q = 0; q < 2; ++q) {
+    const __half2 v2 = __floats2half2_rn(bf16_to_f32(uint16_t(in[q])) * s,
+                                         bf16_to_f32(uint16_t(in[q] >> 16)) * s);
+    h[q] = *reinterpret_cast<const uint32_t*>(&v2);
+  }
+  return make_uint2(h[0], h[1]);
+}
+
 // One block per token; each thread keeps its float4 pieces of the row in registers between the
 // sum of squares and the scaling, so the row is read once.
 __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams p) {
@@ -67,18 +106,20 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
     if (i < nv) wv[j] = w[i];
   }
   pdl_wait();
+  // Every load of the row first (the residual store would otherwise order the second piece's
+  // loads after the first piece's: one more memory latency per row).
+#pragma unroll
+  for (int j = 0; j < kMaxVecPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i < nv) v[j] = row_piece(p, r, d, has_delta, t, i, nv);
+  }
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < nv) {
-      float4 x = r[i];
-      if (has_delta) {
-        const float4 y = d ? d[i] : fused_delta(p, t, i, nv);
-        x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-        r[i] = x;
-      }
-      v[j] = x;
+      const float4 x = v[j];
+      if (has_delta) r[i] = x;
       ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss))));
     }
   }
@@ -91,14 +132,9 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
     if (i < nv) {
-      const float w0 = 1.0f + __uint_as_float(wv[j].x << 16), w1 = 1.0f + __uint_as_float(wv[j].x & 0xFFFF0000u);
-      const float w2 = 1.0f + __uint_as_float(wv[j].y << 16), w3 = 1.0f + __uint_as_float(wv[j].y & 0xFFFF0000u);
-      const uint32_t a = f32_to_bf16(v[j].x * inv * w0) | (uint32_t(f32_to_bf16(v[j].y * inv * w1)) << 16);
-      const uint32_t b = f32_to_bf16(v[j].z * inv * w2) | (uint32_t(f32_to_bf16(v[j].w * inv * w3)) << 16);
-      ob[j] = make_uint2(a, b);
+      ob[j] = norm_piece(v[j], inv, wv[j]);
       o[i] = ob[j];
-      for (uint32_t u : {a, b})
-        m = fmaxf(m, fmaxf(fabsf(bf16_to_f32(uint16_t(u))), fabsf(bf16_to_f32(uint16_t(u >> 16)))));
+      m = abs_max_bf16x4(ob[j], m);
     }
   }
   if (p.out_f16 == nullptr) return;
@@ -110,17 +146,90 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
 #pragma unroll
   for (int j = 0; j < kMaxVecPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kThreads;
-    if (i < nv) {
-      uint32_t h[2];
-      const uint32_t in[2] = {ob[j].x, ob[j].y};
-      for (int q = 0; q < 2; ++q) {
-        const __half2 v2 = __floats2half2_rn(bf16_to_f32(uint16_t(in[q])) * s,
-                                             bf16_to_f32(uint16_t(in[q] >> 16)) * s);
-        h[q] = *reinterpret_cast<const uint32_t*>(&v2);
-      }
-      of[i] = make_uint2(h[0], h[1]);
-    }
+    if (i < nv) of[i] = f16_piece(ob[j], s);
   }
+}
+
+// ---- Small batches: a cluster of kClusterCtas CTAs per row (thread-block cluster, sm_90), CTA
+// `rank` owning float4 pieces [rank · per, (rank + 1) · per) of the row, one per thread. One CTA
+// per row read its 24-144 KB (residual, delta or the MoE contributions) through one SM: 3.8 us
+// for a plain norm and 7.6 us with the MoE combine at batch 1 (H200 trace, docs/perf-log.md
+// session 11). The CTAs' sums of squares and f16 row maxima are exchanged through distributed
+// shared memory: each CTA stores its partial into slot `rank` of every CTA of the cluster, then
+// one cluster barrier, then every CTA sums the slots in rank order (the same total everywhere).
+constexpr int kClusterCtas = 8;
+constexpr int kClusterThreads = 256;  // hidden <= 8 · 256 · 4 = 8192
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Stores v at the address of `local` in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ void st_shared_cluster(const float* local, uint32_t rank, float v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+
+__global__ void __launch_bounds__(kClusterThreads) add_rms_norm_cluster_kernel(AddRmsNormParams p) {
+  pdl_launch_dependents();
+  // Phase 0 of the cluster barrier: every CTA of the cluster has started (its shared memory may
+  // be written remotely) by the time anyone waits on it.
+  cluster_arrive_relaxed();
+  __shared__ float red[32];
+  __shared__ float part_ss[kClusterCtas], part_max[kClusterCtas];
+  const uint32_t rank = cluster_ctarank();
+  const int64_t t = blockIdx.x / kClusterCtas;
+  const int64_t nv = p.hidden / 4, per = nv / kClusterCtas;
+  const int64_t i = rank * per + threadIdx.x;
+  const bool mine = threadIdx.x < per;
+  float4* r = reinterpret_cast<float4*>(p.residual + t * p.hidden);
+  const float4* d = p.delta ? reinterpret_cast<const float4*>(p.delta + t * p.hidden) : nullptr;
+  const bool has_delta = d != nullptr || p.delta_partial != nullptr || p.moe_contrib != nullptr;
+  const uint2 wv = mine ? reinterpret_cast<const uint2*>(p.weight)[i] : make_uint2(0, 0);
+  pdl_wait();
+  float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (mine) x = row_piece(p, r, d, has_delta, t, i, nv);
+  if (mine && has_delta) r[i] = x;
+  float ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, x.w * x.w)));
+  ss = block_sum(ss, red);
+  cluster_wait();  // phase 0
+  if (threadIdx.x < kClusterCtas) st_shared_cluster(&part_ss[rank], threadIdx.x, ss);
+  cluster_arrive_release();
+  cluster_wait();  // phase 1: every partial sum is here
+  float total = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kClusterCtas; ++c) total += part_ss[c];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(p.hidden) + p.eps);
+  uint2 ob = make_uint2(0, 0);
+  float m = 0.0f;
+  if (mine) {
+    ob = norm_piece(x, inv, wv);
+    reinterpret_cast<uint2*>(p.out + t * p.hidden)[i] = ob;
+    m = abs_max_bf16x4(ob, m);
+  }
+  if (p.out_f16 == nullptr) return;  // uniform over the cluster: no more remote accesses
+  m = block_max(m, red);
+  if (threadIdx.x < kClusterCtas) st_shared_cluster(&part_max[rank], threadIdx.x, m);
+  cluster_arrive_release();
+  cluster_wait();  // phase 2: every partial maximum is here
+#pragma unroll
+  for (int c = 0; c < kClusterCtas; ++c) m = fmaxf(m, part_max[c]);
+  const int sh = f16_row_shift(m);
+  if (rank == 0 && threadIdx.x == 0) p.out_inv_scale[t] = ldexpf(1.0f, -sh);
+  if (mine) reinterpret_cast<uint2*>(p.out_f16 + t * p.hidden)[i] = f16_piece(ob, ldexpf(1.0f, sh));
 }
 
 }  // namespace
@@ -139,8 +248,28 @@ Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream) {
     return invalid_argument("[cuda.add_rms_norm] delta_partial needs delta_slices >= 1");
   if (p.moe_contrib != nullptr && (p.moe_weights == nullptr || p.moe_top_k < 1))
     return invalid_argument("[cuda.add_rms_norm] moe_contrib needs moe_weights and moe_top_k >= 1");
-  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, add_rms_norm_kernel, dim3(static_cast<unsigned>(p.t)),
-                                        dim3(kThreads), 0, stream, p));
+  const bool cluster = p.cluster_rows >= p.t && p.hidden % (4 * kClusterCtas) == 0 &&
+                       p.hidden / (4 * kClusterCtas) <= kClusterThreads;
+  if (!cluster) {
+    M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, add_rms_norm_kernel,
+                                          dim3(static_cast<unsigned>(p.t)), dim3(kThreads), 0,
+                                          stream, p));
+    return Status::ok();
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.t * kClusterCtas));
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterCtas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.pdl ? 2 : 1;
+  M3_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, add_rms_norm_cluster_kernel, p));
   return Status::ok();
 }
 
