@@ -519,6 +519,7 @@ void bench_attention_graph(int64_t batch, int64_t ctx) {
     report("graph sparse attention, " + std::to_string(s) + " key splits" + a.tag,
            graph_us(false, true), a.abytes, a.attention_flops());
   }
+
 }
 
 // The fused MoE router (E = 128, top-4, hidden 6144, bf16 weights) at `rows` tokens inside a CUDA

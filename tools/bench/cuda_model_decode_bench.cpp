@@ -105,6 +105,7 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // dependent, not only the GEMVs (variants 3/6), epilogues and attention inputs (A/B of
   // pdl_chain, off by default).
   if (const char* e = std::getenv("M3_BENCH_PDL_CHAIN")) o.pdl_chain = std::atoi(e) != 0;
+  // M3_BENCH_PDL_ROUTER=0: the router launched plainly after the norm (A/B of pdl_router).
   if (const char* e = std::getenv("M3_BENCH_PDL_ROUTER")) o.pdl_router = std::atoi(e) != 0;
   // M3_BENCH_MXFP8_LAYOUT=0: the MXFP8 dense matrices stay row-major (variants 3 / 5 instead of
   // variant 7 on the mma layout; A/B of CudaM3Options::mxfp8_mma_layout).

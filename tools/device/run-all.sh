@@ -175,7 +175,15 @@ elif command -v compute-sanitizer >/dev/null; then
   timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/moe_route_test" \
     --gtest_filter='MoeRoute.GraphReplays' >>"$OUT/sanitizer.log" 2>&1
   rc5=$?
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s racecheck=%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc3" "$((SECONDS - t0))")")
+  # The norm's cluster kernel (distributed shared memory) and one-CTA kernel, and the decode
+  # attention's split + combine (every-block cases: small), memcheck and racecheck.
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/sparse_decode_test" \
+    --gtest_filter='AddRmsNorm.*:SparseDecode.EveryBlock*' >>"$OUT/sanitizer.log" 2>&1
+  rc6=$?
+  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/sparse_decode_test" \
+    --gtest_filter='AddRmsNorm.FusedDelta*' >>"$OUT/sanitizer.log" 2>&1
+  rc7=$?
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s racecheck=%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc3" "$rc7" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")

@@ -66,9 +66,12 @@ struct CudaM3Options {
   // more than that at batch 1 (8-layer steps 1.73-1.75 against 1.71-1.73 ms at 4K, 1.70-1.72
   // against 1.64 ms at 1K); it gained 1.5 % at batch 32 (docs/perf-log.md, session 9).
   bool pdl_chain = false;
-  // With `pdl`: the fused router alone launched as a programmatic dependent of the norm (its
-  // CTAs take their SMs and fetch their weight rows into L2 while the norm runs).
-  bool pdl_router = false;
+  // With `pdl`: the fused router launched as a programmatic dependent of the norm even without
+  // pdl_chain (its CTAs take their SMs and fetch their weight rows into L2 while the norm runs;
+  // same results). H200, 8-layer steps, three rounds off / on: batch 1 1K 1.591 / 1.580,
+  // 1.586 / 1.579, 1.601 / 1.581 ms; 4K 1.662 / 1.647, 1.652 / 1.650, 1.666 / 1.645; batch 8
+  // 4K 3.047 / 3.024, 3.027 / 3.029, 3.044 / 3.036 (docs/perf-log.md session 11).
+  bool pdl_router = true;
   // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
   // on M3.1-Flash), the indexer would select every block of every row: its two launches per
   // layer are skipped and the attention reads every block (the same set of keys; bit for bit

@@ -77,13 +77,21 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
     for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
   const int64_t page = skip ? -1 : p.block_tables[row + blk];
-  const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;
-  float* mlp = p.ml_partial + ((b * p.num_heads + g * kGroup) * slots + sidx) * 2;
-  float* op = p.o_partial + ((b * p.num_heads + g * kGroup) * slots + sidx) * kD;
+  // This part's partial state: (max, sum) and o of head h at mlp + h·slots·2 and op + h·slots·kD
+  // (formed where they are stored, not held in registers across the loads and the scores).
+  const auto mlp = [&] {
+    const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;
+    return p.ml_partial + ((b * p.num_heads + g * kGroup) * slots + sidx) * 2;
+  };
+  const auto op = [&] {
+    const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;
+    return p.o_partial + ((b * p.num_heads + g * kGroup) * slots + sidx) * kD;
+  };
+  const int64_t slots = p.top_k * SPLITS;
   if (skip || page < 0 || page >= c.num_pages) {
     if (tid < kGroup) {
-      mlp[tid * slots * 2] = -INFINITY;
-      mlp[tid * slots * 2 + 1] = 0.0f;
+      mlp()[tid * slots * 2] = -INFINITY;
+      mlp()[tid * slots * 2 + 1] = 0.0f;
     }
     return;
   }
@@ -181,8 +189,9 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
     float m = mh[0];
 #pragma unroll
     for (int h = 1; h < kHeadsPerThread; ++h) m = lane == h ? mh[h] : m;
-    mlp[(h0 + lane) * slots * 2] = m;
-    mlp[(h0 + lane) * slots * 2 + 1] = l;
+    float* ml = mlp();
+    ml[(h0 + lane) * slots * 2] = m;
+    ml[(h0 + lane) * slots * 2 + 1] = l;
   }
 
   // Unnormalised P·V: thread (dq, hq) owns dims 4·dq .. 4·dq+3 of heads 4·hq .. 4·hq+3; per key
@@ -201,9 +210,10 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[j][e] = fmaf(pj[j], vf[e], a[j][e]);
     }
+    float* o = op();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      *reinterpret_cast<float4*>(op + (hq + j) * slots * kD + 4 * dq) =
+      *reinterpret_cast<float4*>(o + (hq + j) * slots * kD + 4 * dq) =
           make_float4(a[j][0], a[j][1], a[j][2], a[j][3]);
   }
 }
@@ -214,6 +224,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
 // sums are added in a fixed order. Skipped slots (m_i = -inf, weight 0) are never read: their
 // o_partial rows were not written.
 constexpr int kCombineChunk = 1024;
+constexpr int kPreSlots = 64;
 
 // Maximum over the CTA (kThreads), every thread gets it; `red` holds kThreads / 32 floats.
 __device__ __forceinline__ float cta_max(float v, float* red) {
@@ -237,6 +248,19 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseD
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float2* ml = reinterpret_cast<const float2*>(p.ml_partial + bh * slots * 2);
   const float4* o = reinterpret_cast<const float4*>(p.o_partial + bh * slots * kD);
+  // Up to kPreSlots states (batch 1-4 with 4 key splits: 64): this warp's o rows are requested
+  // now, with the statistics, instead of after the maximum and the weights (one memory latency
+  // less). A skipped state's row was never written: it is loaded but replaced by 0 below.
+  constexpr int kPre = kPreSlots / (kThreads / 32);
+  float4 pre[kPre];
+  const bool preloaded = slots <= kPreSlots;
+  if (preloaded) {
+#pragma unroll
+    for (int j = 0; j < kPre; ++j) {
+      const int64_t i = warp + j * (kThreads / 32);
+      pre[j] = i < slots ? o[i * (kD / 4) + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
   float m = -INFINITY;
   for (int64_t i = tid; i < slots; i += kThreads) m = fmaxf(m, ml[i].x);
   m = cta_max(m, s_mred);
@@ -256,6 +280,19 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseD
       den = fmaf(x.y, w, den);
     }
     __syncthreads();
+    if (preloaded) {  // one chunk (slots <= kPreSlots < kCombineChunk): the same sums in order
+#pragma unroll
+      for (int j = 0; j < kPre; ++j) {
+        const int i = warp + j * (kThreads / 32);
+        if (i < n) {
+          const float w = s_w[i];
+          const float4 x = w != 0.0f ? pre[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          acc.x = fmaf(x.x, w, acc.x), acc.y = fmaf(x.y, w, acc.y);
+          acc.z = fmaf(x.z, w, acc.z), acc.w = fmaf(x.w, w, acc.w);
+        }
+      }
+      continue;  // no second chunk: n == slots
+    }
 #pragma unroll 8
     for (int i = warp; i < n; i += kThreads / 32) {
       // w = 0: a skipped slot (never written) or an underflowed weight (adds nothing).
