@@ -158,31 +158,23 @@ if ! want tests; then
   :
 elif command -v compute-sanitizer >/dev/null; then
   t0=$SECONDS
-  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_ops_test" \
-    --gtest_filter='CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:*CudaLinear.*/1:CudaCachingAllocator.*' \
-    >"$OUT/sanitizer.log" 2>&1
-  rc1=$?
-  timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
-    --gtest_filter='*/0' >>"$OUT/sanitizer.log" 2>&1
-  rc2=$?
-  timeout 20 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/cuda_composite_ops_test" \
-    --gtest_filter='*CudaPagedAttention*/0:*CudaIndexerTopk*/0' >>"$OUT/sanitizer.log" 2>&1
-  rc3=$?
+  : >"$OUT/sanitizer.log"
+  san() {  # tool limit test filter: runs one sanitizer pass, prints its exit status
+    timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 "$B/$3" --gtest_filter="$4" \
+      >>"$OUT/sanitizer.log" 2>&1
+    echo $?
+  }
+  rc1=$(san memcheck 30 cuda_ops_test \
+    'CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:*CudaLinear.*/1:CudaCachingAllocator.*')
+  rc2=$(san memcheck 30 cuda_composite_ops_test '*/0')
+  rc3=$(san racecheck 20 cuda_composite_ops_test '*CudaPagedAttention*/0:*CudaIndexerTopk*/0')
   # GEMV variant 7 and the MXFP8 repack (small shapes), and the fused router.
-  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/quant_gemv_mma_test" \
-    --gtest_filter='QuantGemvDirect.*:QuantGemvMmaArgs.*' >>"$OUT/sanitizer.log" 2>&1
-  rc4=$?
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/moe_route_test" \
-    --gtest_filter='MoeRoute.GraphReplays' >>"$OUT/sanitizer.log" 2>&1
-  rc5=$?
+  rc4=$(san memcheck 90 quant_gemv_mma_test 'QuantGemvDirect.*:QuantGemvMmaArgs.*')
+  rc5=$(san memcheck 60 moe_route_test 'MoeRoute.GraphReplays')
   # The norm's cluster kernel (distributed shared memory) and one-CTA kernel, and the decode
   # attention's split + combine (every-block cases: small), memcheck and racecheck.
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/sparse_decode_test" \
-    --gtest_filter='AddRmsNorm.*:SparseDecode.EveryBlock*' >>"$OUT/sanitizer.log" 2>&1
-  rc6=$?
-  timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/sparse_decode_test" \
-    --gtest_filter='AddRmsNorm.FusedDelta*' >>"$OUT/sanitizer.log" 2>&1
-  rc7=$?
+  rc6=$(san memcheck 60 sparse_decode_test 'AddRmsNorm.*:SparseDecode.EveryBlock*')
+  rc7=$(san racecheck 60 sparse_decode_test 'AddRmsNorm.FusedDelta*')
   SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s racecheck=%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc3" "$rc7" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
