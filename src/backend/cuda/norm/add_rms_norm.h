@@ -47,9 +47,9 @@ struct AddRmsNormParams {
   bool pdl = false;
   // Up to this many rows (T <= cluster_rows), each row is spread over a cluster of 8 CTAs
   // (hidden a multiple of 32, at most 8192), which exchange their partial sums of squares and
-  // f16 maxima through distributed shared memory: at batch 1 one CTA per row is bound by one
-  // SM's reads. The sums then run in another order (rounding may differ in the last bits); each
-  // way is deterministic. 0: always one CTA per row.
+  // f16 maxima through distributed shared memory (a row read through 8 SMs instead of one).
+  // The sums then run in another order (rounding may differ in the last bits); each way is
+  // deterministic. 0: always one CTA per row.
   int64_t cluster_rows = 16;
 };
 
