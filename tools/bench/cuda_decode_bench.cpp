@@ -479,30 +479,36 @@ std::pair<Meas, Meas> bench_attention(int64_t batch, int64_t ctx) {
   return {Meas{ims, a.ibytes}, Meas{ams, a.abytes}};
 }
 
+// Milliseconds per call of `launch` (one call's launches) inside a CUDA graph of `reps` calls:
+// graph time / reps, so the host's launch rate does not bound small kernels.
+template <typename F>
+double graph_ms_per_call(F launch, int64_t reps = 10) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK_CUDA(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
+  for (int64_t r = 0; r < reps; ++r) launch();
+  CHECK_CUDA(cudaStreamEndCapture(st(), &g));
+  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+  const double ms = time_ms([&](int) { CHECK_CUDA(cudaGraphLaunch(ge, st())); }, 5, 7) / reps;
+  CHECK_CUDA(cudaGraphExecDestroy(ge));
+  CHECK_CUDA(cudaGraphDestroy(g));
+  return ms;
+}
+
 // Indexer and sparse attention timed as the model runs them, inside a CUDA graph of 10 calls
 // (per call = graph time / 10): the rows of bench_attention time back-to-back stream launches,
 // which at batches 1-8 the host's launch rate can bound. Rows: indexer, attention, both, and
 // both with the top-k and the combine as plain launches instead of programmatic dependents.
 void bench_attention_graph(int64_t batch, int64_t ctx) {
-  constexpr int64_t reps = 10;
   AttentionProblem a(batch, ctx);
   CHECK_OK(launch_indexer_decode(a.ip, st()));  // eager once: one-time host setup before capture
   CHECK_OK(launch_sparse_decode(a.ap, st()));
   CHECK_CUDA(cudaStreamSynchronize(st()));
   const auto graph_us = [&](bool indexer, bool attention) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CHECK_CUDA(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
-    for (int64_t r = 0; r < reps; ++r) {
+    return graph_ms_per_call([&] {
       if (indexer) CHECK_OK(launch_indexer_decode(a.ip, st()));
       if (attention) CHECK_OK(launch_sparse_decode(a.ap, st()));
-    }
-    CHECK_CUDA(cudaStreamEndCapture(st(), &g));
-    CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-    const double ms = time_ms([&](int) { CHECK_CUDA(cudaGraphLaunch(ge, st())); }, 5, 7) / reps;
-    CHECK_CUDA(cudaGraphExecDestroy(ge));
-    CHECK_CUDA(cudaGraphDestroy(g));
-    return ms;
+    });
   };
   report("graph indexer decode" + a.tag, graph_us(true, false), a.ibytes, a.indexer_flops());
   report("graph sparse attention decode" + a.tag, graph_us(false, true), a.abytes,
@@ -519,13 +525,12 @@ void bench_attention_graph(int64_t batch, int64_t ctx) {
     report("graph sparse attention, " + std::to_string(s) + " key splits" + a.tag,
            graph_us(false, true), a.abytes, a.attention_flops());
   }
-
 }
 
 // The fused MoE router (E = 128, top-4, hidden 6144, bf16 weights) at `rows` tokens inside a CUDA
 // graph of 10 launches (per launch = graph time / 10).
 void bench_router_graph(int64_t rows) {
-  constexpr int64_t reps = 10, e = 128, hd = 6144, k = 4;
+  constexpr int64_t e = 128, hd = 6144, k = 4;
   std::vector<void*> bufs;
   auto alloc = [&](int64_t bytes) {
     bufs.push_back(dalloc(bytes));
@@ -551,16 +556,8 @@ void bench_router_graph(int64_t rows) {
   CHECK_CUDA(cudaMemset(p.counter, 0, 4));
   CHECK_OK(launch_moe_route(p, st()));
   CHECK_CUDA(cudaStreamSynchronize(st()));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK_CUDA(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
-  for (int64_t r = 0; r < reps; ++r) CHECK_OK(launch_moe_route(p, st()));
-  CHECK_CUDA(cudaStreamEndCapture(st(), &g));
-  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = time_ms([&](int) { CHECK_CUDA(cudaGraphLaunch(ge, st())); }, 5, 7) / reps;
+  const double ms = graph_ms_per_call([&] { CHECK_OK(launch_moe_route(p, st())); });
   report("graph moe_route rows=" + std::to_string(rows), ms, 2.0 * e * hd, 2.0 * rows * e * hd);
-  CHECK_CUDA(cudaGraphExecDestroy(ge));
-  CHECK_CUDA(cudaGraphDestroy(g));
   for (void* b : bufs) cudaFree(b);
 }
 

@@ -65,7 +65,7 @@ __global__ void chase_kernel(const int* next, int hops, int* sink) {
   *sink = i;
 }
 
-// Median-free mean over 200 graph launches (after 20 warm-ups) of a graph built by `capture`.
+// Mean time over 200 launches (after 20 warm-ups) of a graph built by `capture`.
 template <typename F>
 double graph_us(cudaStream_t s, F capture) {
   cudaGraph_t g;

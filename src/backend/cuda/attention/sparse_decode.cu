@@ -77,21 +77,14 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
     for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
   const int64_t page = skip ? -1 : p.block_tables[row + blk];
-  // This part's partial state: (max, sum) and o of head h at mlp + h·slots·2 and op + h·slots·kD
-  // (formed where they are stored, not held in registers across the loads and the scores).
-  const auto mlp = [&] {
-    const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;
-    return p.ml_partial + ((b * p.num_heads + g * kGroup) * slots + sidx) * 2;
-  };
-  const auto op = [&] {
-    const int64_t slots = p.top_k * SPLITS, sidx = int64_t{slot} * SPLITS + part;
-    return p.o_partial + ((b * p.num_heads + g * kGroup) * slots + sidx) * kD;
-  };
+  // This part's partial state of head 0 (head h at + h · slots): its (max, sum) at
+  // ml_partial + state·2, its o row at o_partial + state·kD.
   const int64_t slots = p.top_k * SPLITS;
+  const int64_t state = (b * p.num_heads + g * kGroup) * slots + int64_t{slot} * SPLITS + part;
   if (skip || page < 0 || page >= c.num_pages) {
     if (tid < kGroup) {
-      mlp()[tid * slots * 2] = -INFINITY;
-      mlp()[tid * slots * 2 + 1] = 0.0f;
+      p.ml_partial[(state + tid * slots) * 2] = -INFINITY;
+      p.ml_partial[(state + tid * slots) * 2 + 1] = 0.0f;
     }
     return;
   }
@@ -189,9 +182,8 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
     float m = mh[0];
 #pragma unroll
     for (int h = 1; h < kHeadsPerThread; ++h) m = lane == h ? mh[h] : m;
-    float* ml = mlp();
-    ml[(h0 + lane) * slots * 2] = m;
-    ml[(h0 + lane) * slots * 2 + 1] = l;
+    p.ml_partial[(state + (h0 + lane) * slots) * 2] = m;
+    p.ml_partial[(state + (h0 + lane) * slots) * 2 + 1] = l;
   }
 
   // Unnormalised P·V: thread (dq, hq) owns dims 4·dq .. 4·dq+3 of heads 4·hq .. 4·hq+3; per key
@@ -210,10 +202,9 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[j][e] = fmaf(pj[j], vf[e], a[j][e]);
     }
-    float* o = op();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      *reinterpret_cast<float4*>(o + (hq + j) * slots * kD + 4 * dq) =
+      *reinterpret_cast<float4*>(p.o_partial + (state + (hq + j) * slots) * kD + 4 * dq) =
           make_float4(a[j][0], a[j][1], a[j][2], a[j][3]);
   }
 }
