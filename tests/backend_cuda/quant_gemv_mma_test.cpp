@@ -284,16 +284,18 @@ INSTANTIATE_TEST_SUITE_P(
 struct Routing {
   int64_t tokens;
   std::vector<int32_t> ids;  // [tokens * 3]
+  int64_t experts = 8;
 };
 
 // One routing through gate|up (+ SwiGLU) and down; NVFP4 optionally in the mma layout (gate/up
 // row pairs, rows of 16), repacked on the GPU and checked against the host repack first.
 void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant) {
-  const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
+  const int64_t experts = routing.experts, tokens = routing.tokens, top_k = 3, inter = 1024,
+                hidden = 2048;
   const int64_t rows = tokens * top_k;
   const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
                            " v" + std::to_string(variant) + " grouped T" +
-                           std::to_string(tokens) +
+                           std::to_string(tokens) + " E" + std::to_string(experts) +
                            (packed ? " mma layout" : "");
   const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
   std::vector<float> xf;
@@ -402,6 +404,12 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   for (int32_t t = 0; t < 8; ++t)
     for (int32_t v : {3, (t % 3) + 4, t % 3}) staged.ids.push_back(v);
   routings.push_back(staged);
+  // 32 experts, 16 tokens: 32 slots x 128 tiles, several waves of CTAs (the launcher's narrow
+  // widths: 1 warp per CTA in the mma layout, 2 otherwise).
+  Routing wide{16, {}, 32};
+  for (int32_t t = 0; t < 16; ++t)
+    for (int32_t s = 0; s < 3; ++s) wide.ids.push_back((7 * t + 11 * s) % 32);
+  routings.push_back(wide);
   for (const Routing& routing : routings)
     for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8})
       for (bool packed : {false, true})

@@ -19,7 +19,7 @@ constexpr int kWidths[] = {2, 4, 6, 8};  // warps per CTA the launcher chooses f
 static_assert(kMmaStages * mma_stage_bytes<QuantFormat::kMxfp8>() >= 4 * 32 * 16,
               "the cross-warp sums fit in a warp's ring");
 
-// Resident CTAs per SM for each width (4, 6, 8), computed once per instantiation.
+// Resident CTAs per SM for each width (1, 2, 4, 6, 8), computed once per instantiation.
 template <QuantFormat F, int NG, bool kPacked>
 const int* occupancy_table(int* sms_out) {
   static int occ[9] = {};
@@ -32,7 +32,7 @@ const int* occupancy_table(int* sms_out) {
     auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          mma_smem_bytes<F>(8));
-    for (int w : kWidths) {
+    for (int w : {1, 2, 4, 6, 8}) {
       int o = 0;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w, mma_smem_bytes<F>(w)) !=
           cudaSuccess)
@@ -46,19 +46,25 @@ const int* occupancy_table(int* sms_out) {
 
 // Warps per CTA. Every CTA pays one pipeline fill (a memory latency) before it streams, so the
 // grid should be resident in one wave where it can: the widest width whose grid fits on the SMs
-// at once. Grids of several waves (many experts) take 2 warps per CTA: finer pieces balance the
-// SMs better (H200, NVFP4 experts at batch 32: 1037 against 1404 us with 4 warps). Else the width
-// whose last wave is fullest. M3_GEMV5_WIDTH (2, 4, 6 or 8) overrides it, for benchmarks.
-int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms) {
+// at once. Grids of several waves (many experts) take 2 warps per CTA (NVFP4 experts in the mma
+// layout: 1): finer pieces balance the SMs better (H200, NVFP4 experts at batch 32: 1037 against
+// 1404 us with 4 warps). Else the width whose last wave is fullest. M3_GEMV5_WIDTH (1, 2, 4, 6 or
+// 8) overrides it, for benchmarks.
+int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms, bool packed_grouped) {
   static const int forced = [] {
     const char* e = std::getenv("M3_GEMV5_WIDTH");
     return e ? std::atoi(e) : 0;
   }();
-  if (forced == 2 || forced == 4 || forced == 6 || forced == 8) return forced;
+  if (forced == 1 || forced == 2 || forced == 4 || forced == 6 || forced == 8) return forced;
   int best = 4;
   for (int w : kWidths)
     if (w <= stages && ctas <= int64_t{occ[w]} * sms) best = w;
   if (ctas <= int64_t{occ[best]} * sms) return best;
+  // NVFP4 experts in the mma layout over several waves: one warp per CTA, the most warps per SM
+  // (H200, cuda_decode_bench: 2 / 8 / 32 / 128 tokens 82.6 / 255.6 / 693.2 / 1221.8 us against
+  // 87.2 / 257.1 / 722.3 / 1276.2 with 2 warps; docs/perf-log.md session 12). One wave (a token)
+  // keeps 2: 56.0 against 51.4 us.
+  if (packed_grouped) return 1;
   if (ctas >= 4 * int64_t{occ[4]} * sms) return 2;
   double best_eff = -1.0;
   for (int w : kWidths) {
@@ -75,7 +81,8 @@ Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
   int sms = 1;
   const int* occ = occupancy_table<F, NG, kPacked>(&sms);
   const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
-  const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms);
+  const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms,
+                             kPacked && p.group_offsets != nullptr);
   M3_CUDA_RETURN_IF_ERROR(
       launch_kernel(p.pdl, kernel, grid, dim3(32 * w), mma_smem_bytes<F>(w), s, p));
   return Status::ok();

@@ -389,6 +389,12 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     for (int ng = 0; ng < NG; ++ng)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[ng][j] = 0.0f;
+    // Packed NVFP4 at one group of 8 tokens: the odd k-steps accumulate apart, so that the
+    // chunk's 8 mma form two dependent chains instead of one (with NG > 1 the groups already do).
+    // H200, cuda_decode_bench experts: 1 / 8 / 32 tokens 51.2-51.9 / 251.6-252.7 / 689.0-690.5
+    // us against 51.9-52.1 / 253.1-253.4 / 692.6-697.3 (docs/perf-log.md session 12).
+    constexpr bool kOddChain = kPacked && NG == 1;
+    float acc_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     // One stage from ring slot `slot` (chunks c0 .. c0 + kU; those past K are zero weights and
     // read the last chunk's activations, so they add exact zeros).
@@ -450,7 +456,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
             for (int ng = 0; ng < NG; ++ng) {
               // Columns 32t + 4i .. + 3 of the chunk: one 16-byte load serves k-steps i, i + 1.
               const uint4 xv = xc[ng][i / 2];
-              mma_f16(acc[ng], a0, a1, a2, a3, i % 2 ? xv.z : xv.x, i % 2 ? xv.w : xv.y);
+              mma_f16(kOddChain && i % 2 ? acc_odd : acc[ng], a0, a1, a2, a3,
+                      i % 2 ? xv.z : xv.x, i % 2 ? xv.w : xv.y);
             }
           }
         } else {
@@ -505,6 +512,9 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       compute(i % kMmaStages, (st_begin + i) * kU);
     }
     cp_async_wait<0>();
+    if constexpr (kOddChain)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[0][j] += acc_odd[j];
 
     // Sum the warps' fragments in warp order; then the epilogue, one thread per (group, lane).
     __syncthreads();  // every warp is done with its ring: reuse the memory for the sums
