@@ -13,6 +13,13 @@
 namespace m3::cuda_test {
 namespace {
 
+// The attention's split kernels: 1, 2 and 4 key splits on float32 FMAs, 1 on the tensor cores.
+struct SplitConfig {
+  int64_t splits;
+  bool mma;
+};
+constexpr SplitConfig kSplitConfigs[] = {{1, false}, {2, false}, {4, false}, {1, true}};
+
 TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
   const int64_t H = 64, Hkv = 4, D = 128, Hix = 4, Dix = 128, S = 128, top_k = 16;
   for (int64_t init_blocks : {0, 1}) {
@@ -111,8 +118,10 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
                 (long long)init_blocks);
 
     // Attention on the GPU's selection, against the CPU op on the same selection, with each
-    // block's keys in 1, 2 and 4 CTAs (key splits; more partial states for the combine).
-    for (int64_t splits : {1, 2, 4}) {
+    // block's keys in 1, 2 and 4 CTAs (key splits; more partial states for the combine), and
+    // one split on the tensor cores (mma: P in bf16, the bound adds 2^-7·Σ w|v - o| as for the
+    // prefill's mma kernel).
+    for (const auto& [splits, mma] : kSplitConfigs) {
     Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
         ml(std::vector<float>(B * H * top_k * splits * 2));
     auto dout = Dev<uint16_t>::poisoned(B * H * D);
@@ -131,6 +140,7 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     ap.ml_partial = ml.ptr();
     ap.max_key_splits = splits;
     ap.force_key_splits = true;
+    ap.mma = mma;
     ap.out = dout.ptr();
     ap.pdl = splits != 2;  // the split kernel as a programmatic dependent (same results)
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
@@ -160,14 +170,15 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
           const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
           const size_t idx = (b * H + n) * D + i;
           got[idx] = bf16_to_f32(gout[idx]);
-          const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv);
+          const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv) +
+                              (mma ? std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8)) : 0);
           bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
         }
       }
     }
     expect_close(got, want, bound,
                  "sparse_decode bf16 real shapes init" + std::to_string(init_blocks) + " splits" +
-                     std::to_string(splits));
+                     std::to_string(splits) + (mma ? " mma" : ""));
     }
   }
 }
@@ -329,7 +340,7 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
     cpu()->paged_attention({qf.data() + b * H * D, hv, pos.data() + b,
                             tables.data() + b * max_blocks, sel.data() + b * Hkv * top_k,
                             want.data() + b * H * D, 1, H, max_blocks, Hkv, top_k, scale});
-  std::vector<double> bound(B * H * D);
+  std::vector<double> bound(B * H * D), bound_mma(B * H * D);
   std::vector<bool> empty(B * H, false);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t n = 0; n < H; ++n) {
@@ -351,9 +362,11 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
         const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
         const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv);
         bound[(b * H + n) * D + i] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
+        const double mmab = f32b + std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8));
+        bound_mma[(b * H + n) * D + i] = mmab + std::ldexp(std::abs(o) + mmab, -8) + 1e-30;
       }
     }
-  for (int64_t splits : {1, 2, 4}) {
+  for (const auto& [splits, mma] : kSplitConfigs) {
     Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
         ml(std::vector<float>(B * H * top_k * splits * 2));
     auto dout = Dev<uint16_t>::poisoned(B * H * D);
@@ -372,11 +385,12 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
     ap.ml_partial = ml.ptr();
     ap.max_key_splits = splits;
     ap.force_key_splits = true;
+    ap.mma = mma;
     ap.out = dout.ptr();
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     const auto gout = dout.host();
     std::vector<float> got(B * H * D), want_nz(want);
-    std::vector<double> bnd(bound);
+    std::vector<double> bnd(mma ? bound_mma : bound);
     for (size_t i = 0; i < got.size(); ++i) {
       got[i] = bf16_to_f32(gout[i]);
       if (empty[i / D]) {
@@ -384,7 +398,8 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
         bnd[i] = 1e-30, want_nz[i] = 0.0f;
       }
     }
-    const std::string what = "sparse_decode top_k 300 splits" + std::to_string(splits);
+    const std::string what =
+        "sparse_decode top_k 300 splits" + std::to_string(splits) + (mma ? " mma" : "");
     expect_close(got, want_nz, bnd, what);
     // Run to run, and with the combine as a plain launch: identical bits (the poisoned output
     // is rewritten).
@@ -426,7 +441,7 @@ TEST(SparseDecode, EveryBlockWithoutSelectionEqualsTheAscendingSelection) {
   Dev<uint16_t> dk(kb), dv(vb), dq(qb);
   Dev<int32_t> dtab(tables), dpos(pos), dsel(sel);
   cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0};
-  for (int64_t splits : {1, 2, 4}) {
+  for (const auto& [splits, mma] : kSplitConfigs) {
     Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
         ml(std::vector<float>(B * H * top_k * splits * 2));
     auto with_sel = Dev<uint16_t>::poisoned(B * H * D), without = Dev<uint16_t>::poisoned(B * H * D);
@@ -445,6 +460,7 @@ TEST(SparseDecode, EveryBlockWithoutSelectionEqualsTheAscendingSelection) {
     ap.ml_partial = ml.ptr();
     ap.max_key_splits = splits;
     ap.force_key_splits = true;
+    ap.mma = mma;
     ap.out = with_sel.ptr();
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     ap.selected = nullptr;
@@ -454,12 +470,13 @@ TEST(SparseDecode, EveryBlockWithoutSelectionEqualsTheAscendingSelection) {
     const auto a = with_sel.host(), b = without.host();
     int64_t nonzero = 0;
     for (uint16_t x : b) nonzero += (x & 0x7FFF) != 0;
-    EXPECT_EQ(a, b) << "splits " << splits;
+    EXPECT_EQ(a, b) << "splits " << splits << (mma ? " mma" : "");
     EXPECT_GT(nonzero, B * H * D / 2) << "splits " << splits << ": the output is mostly zero";
     ap.max_blocks = top_k + 1;  // wider tables: the identity would miss blocks
     EXPECT_FALSE(cuda::launch_sparse_decode(ap, stream()).is_ok());
   }
-  std::printf("[ %-40s ] exact (1, 2, 4 key splits)\n", "sparse_decode every block, no selection");
+  std::printf("[ %-40s ] exact (1, 2, 4 key splits; 1 on the tensor cores)\n",
+              "sparse_decode every block, no selection");
 }
 
 }  // namespace

@@ -454,6 +454,7 @@ struct AttentionProblem {
     ap.top_k = top_k;
     ap.scale = 1.0f / std::sqrt(float(D));
     ap.max_key_splits = 4;  // as the model (the launcher splits only small batches)
+    ap.mma = true;          // as the model
     ap.o_partial = alloc<float>(batch * H * top_k * 4 * D);
     ap.ml_partial = alloc<float>(batch * H * top_k * 4 * 2);
     ap.out = alloc<uint16_t>(batch * H * D);
@@ -525,6 +526,11 @@ void bench_attention_graph(int64_t batch, int64_t ctx) {
     report("graph sparse attention, " + std::to_string(s) + " key splits" + a.tag,
            graph_us(false, true), a.abytes, a.attention_flops());
   }
+  a.ap.max_key_splits = 1;
+  a.ap.mma = false;  // the float32-FMA split kernel (the tensor cores' A/B)
+  report("graph sparse attention, 1 key split on FMAs" + a.tag, graph_us(false, true), a.abytes,
+         a.attention_flops());
+  a.ap.mma = true;
 }
 
 // The fused MoE router (E = 128, top-4, hidden 6144, bf16 weights) at `rows` tokens inside a CUDA
@@ -576,9 +582,21 @@ int main(int argc, char** argv) {
   std::printf("%-46s %12s %12s %13s %11s %11s %15s\n", "kernel", "time", "bytes", "rate", "HBM",
               "copy", "compute");
   // M3_BENCH_STREAM_ONLY=4: only the latency-bound kernels of a decode layer inside CUDA graphs
-  // (indexer + sparse attention, the fused router), batch 1 and 8.
+  // (indexer + sparse attention, the fused router), batch 1 and 8 (M3_BENCH_BATCHES=B,B,...:
+  // those batches instead).
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '4') {
-    for (int64_t b : {int64_t{1}, int64_t{8}}) {
+    std::vector<int64_t> batches = {1, 8};
+    if (const char* list = std::getenv("M3_BENCH_BATCHES")) {
+      batches.clear();
+      for (const char* c = list; *c != '\0';) {
+        char* end = nullptr;
+        const long v = std::strtol(c, &end, 10);
+        if (end == c) break;
+        if (v > 0) batches.push_back(v);
+        c = *end == ',' ? end + 1 : end;
+      }
+    }
+    for (int64_t b : batches) {
       for (int64_t ctx : {int64_t{1024}, int64_t{4096}, int64_t{32768}}) bench_attention_graph(b, ctx);
       bench_router_graph(b);
     }

@@ -441,6 +441,7 @@ struct CudaM3Model::Impl {
     ap.o_partial = b.o_part;
     ap.ml_partial = b.ml;
     ap.max_key_splits = kKeySplits;  // the launcher splits keys only for small batches
+    ap.mma = opt.mma_decode_attention;
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }

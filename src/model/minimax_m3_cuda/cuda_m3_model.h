@@ -97,6 +97,9 @@ struct CudaM3Options {
   // batch 1 1K 1.592 / 1.592 against 1.603 / 1.597 ms, 4K 1.663 / 1.662 against 1.670 / 1.667
   // (docs/perf-log.md session 11).
   int64_t norm_cluster_rows = 16;
+  // Decode attention without key splits (batches where top_k · Hkv · B CTAs fill the GPU: 8 and
+  // up on M3.1-Flash) on the tensor cores (SparseDecodeParams::mma) instead of float32 FMAs.
+  bool mma_decode_attention = true;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant

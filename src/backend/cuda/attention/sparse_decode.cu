@@ -10,8 +10,12 @@
 // read shared memory in 16-byte pieces (4-8 FMAs per load instead of 1-2), the softmax
 // statistics come from registers, and the combine reads each partial state once with all of a
 // thread's loads in flight. The arithmetic per score and per partial P·V is the same sequence
-// of fmaf as the CPU-ordered loop (d, then key, ascending).
+// of fmaf as the CPU-ordered loop (d, then key, ascending). Without key splits (batch >= 8 on
+// the real shapes) the launcher runs the tensor-core split kernel instead where
+// SparseDecodeParams::mma asks for it (sparse_decode_mma.cu: 2.5-2.9x faster at batch 8-128).
 #include "backend/cuda/attention/sparse_decode.h"
+
+#include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -372,6 +376,8 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
     M3_RETURN_IF_ERROR(launch_split<4>(p, grid, stream));
   } else if (splits == 2) {
     M3_RETURN_IF_ERROR(launch_split<2>(p, grid, stream));
+  } else if (p.mma) {
+    M3_RETURN_IF_ERROR(launch_sparse_decode_mma(p, stream));
   } else {
     M3_RETURN_IF_ERROR(launch_split<1>(p, grid, stream));
   }

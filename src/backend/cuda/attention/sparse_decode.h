@@ -67,6 +67,10 @@ struct SparseDecodeParams {
   // GPU idle). The partial buffers hold top_k · max_key_splits states per head.
   int64_t max_key_splits = 1;
   bool force_key_splits = false;         // tests: use exactly max_key_splits (1, 2 or 4)
+  // One split per block on the tensor cores (sparse_decode_mma.cu: P rounded to bf16, both for
+  // P·V and for the sums, so the output is the weighted mean of V with weights perturbed by at
+  // most 2^-8 relatively) instead of the float32-FMA kernel; key splits keep the FMA kernel.
+  bool mma = false;
   bool dependent_launch = true;          // the combine as a programmatic dependent of the split
                                          // kernel (false: a plain launch; same results)
   bool pdl = false;                      // the split kernel as a programmatic dependent of the

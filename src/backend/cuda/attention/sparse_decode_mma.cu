@@ -1,0 +1,290 @@
+// Block-sparse paged decode attention on the tensor cores (mma.sync m16n8k16, bf16 in, float32
+// accumulate): the split kernel for one CTA per (selected block, KV group, sequence), the case
+// of batches >= 8 where the grid fills the GPU without key splits (sparse_decode.cu launches it
+// when SparseDecodeParams::mma is set; its combine merges the partial states unchanged).
+//
+// Why (H200, docs/perf-log.md session 12): the float32-FMA split kernel does 2 x 16 x 128 x 128
+// FMAs per CTA for 64 KB of keys and values; at batch 32-128 it ran at 16-18 TFLOP/s and 1.3-1.4
+// TB/s (B=128, 4K: 466 us per layer for 673 MB), bound by its arithmetic and shared-memory loads,
+// not by HBM. Here the same work is 64 + 32 mma per warp.
+//
+// One CTA of 4 warps; warp w owns keys 32w .. 32w + 31 of the block. Its K and V rows (256 B
+// each) go to shared memory by cp.async (K and V as separate groups: the scores start while V is
+// in flight); S = Q·K^T (rows = the group's 16 query heads, 4 key tiles x 8 dim steps, K
+// fragments by ldmatrix), keys past the query's position masked, the block's maximum per head
+// across the 4 warps, P = exp(S - m) rounded to bf16 straight from the accumulators into the A
+// fragments of O = P·V (V fragments by ldmatrix.trans). The sum l of each head uses the same
+// rounded P, so the combined output is the exact weighted mean of V with every weight perturbed
+// by at most 2^-8 relatively (what sparse_prefill_mma.cu does; the tests add 2^-7·Σ w|v - o|).
+// The 4 warps' O fragments are added in warp order through shared memory (deterministic).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, c = lane % 4;
+//   A (16x16 row): a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..)
+//   B (16x8 col):  b0 (k = 2c..2c+1, n = g), b1 (k = 2c+8.., n = g)
+//   C (16x8):      c0,c1 (g, 2c..2c+1), c2,c3 (g+8, 2c..2c+1)
+#include "backend/cuda/attention/sparse_decode_mma.h"
+
+#include <cuda_bf16.h>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pdl.cuh"
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kS = 128, kD = 128, kGroup = 16, kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kWarpKeys = kS / kWarps;  // 32
+// bf16 per K / V row in shared memory: 272 bytes, so the 8 rows of an ldmatrix hit banks 4r .. 4r
+// + 3: conflict-free.
+constexpr int kPitch = kD + 8;
+constexpr int kOPitch = kD + 8;  // floats per head row of a warp's O in the cross-warp sum
+
+struct Smem {
+  uint16_t k[kS][kPitch];  // reused for the warps' O fragments once the scores are done
+  uint16_t v[kS][kPitch];
+  float red_m[kWarps][kGroup];
+  float red_l[kWarps][kGroup];
+};
+static_assert(sizeof(uint16_t) * kS * kPitch >= sizeof(float) * kWarps * kGroup * kOPitch,
+              "the warps' O fragments fit where K was");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(src_size));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats rounded to bf16 (nearest even) as one A register; *lo_r / *hi_r get the rounded
+// values back as floats (for the sums l).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi, float* lo_r, float* hi_r) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  *lo_r = __low2float(v);
+  *hi_r = __high2float(v);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  pdl_launch_dependents();  // the combine's CTAs may be scheduled now; they wait in pdl_wait()
+  const int slot = blockIdx.x, g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gi = lane >> 2, ci = lane & 3;
+  const KvCacheBf16View& c = p.cache;
+  const int64_t hkv = c.num_kv_heads;
+  const int64_t pos = p.positions[b];  // an input of the step: read before the wait
+  pdl_wait();
+  // The group's Q fragments for the 8 dim steps (rows = heads), requested before the selection
+  // -> block table chain below.
+  const uint32_t* qrow =
+      reinterpret_cast<const uint32_t*>(p.q + (b * p.num_heads + g * kGroup) * kD);
+  uint32_t qa[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const int d2 = ks * 8 + ci;  // (16 ks + 2c) / 2: 32-bit pairs
+    qa[ks][0] = __ldg(qrow + gi * (kD / 2) + d2);
+    qa[ks][1] = __ldg(qrow + (gi + 8) * (kD / 2) + d2);
+    qa[ks][2] = __ldg(qrow + gi * (kD / 2) + d2 + 4);
+    qa[ks][3] = __ldg(qrow + (gi + 8) * (kD / 2) + d2 + 4);
+  }
+  const int64_t qb = pos / kS;
+  // The selection and skip rules of the FMA kernel (sparse_decode.cu) with one split.
+  const int32_t* sel = p.selected != nullptr ? p.selected + (b * hkv + g) * p.top_k : nullptr;
+  const int32_t blk = sel != nullptr ? sel[slot] : slot;
+  const int64_t key0 = int64_t{blk} * kS;
+  bool skip = blk < 0 || blk > qb;
+  if (sel != nullptr)
+    for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
+  const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
+  const int64_t page = skip ? -1 : p.block_tables[row + blk];
+  const int64_t slots = p.top_k;
+  const int64_t state = (b * p.num_heads + g * kGroup) * slots + slot;
+  if (skip || page < 0 || page >= c.num_pages) {
+    if (tid < kGroup) {
+      p.ml_partial[(state + tid * slots) * 2] = -INFINITY;
+      p.ml_partial[(state + tid * slots) * 2 + 1] = 0.0f;
+    }
+    return;
+  }
+
+  // This warp's 32 K rows, then its 32 V rows (V rows past the position zero-filled: a page's
+  // unwritten tail may hold NaN bit patterns, and 0 · NaN = NaN).
+  const int64_t row_stride = hkv * kD;  // bf16 per token row of the page
+  const uint16_t* kg = c.k + (page * kS * hkv + g) * kD;
+  const uint16_t* vg = c.v + (page * kS * hkv + g) * kD;
+  const int kw0 = warp * kWarpKeys;
+#pragma unroll
+  for (int j = 0; j < kWarpKeys * (kD / 8) / 32; ++j) {
+    const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+    cp_async16(smem_addr(&sm.k[s][piece * 8]), kg + s * row_stride + piece * 8, 16);
+  }
+  asm volatile("cp.async.commit_group;");
+#pragma unroll
+  for (int j = 0; j < kWarpKeys * (kD / 8) / 32; ++j) {
+    const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+    const bool in = key0 + s <= pos;
+    cp_async16(smem_addr(&sm.v[s][piece * 8]), vg + (in ? s * row_stride + piece * 8 : 0),
+               in ? 16 : 0);
+  }
+  asm volatile("cp.async.commit_group;");
+  asm volatile("cp.async.wait_group 1;");  // this lane's K copies landed
+  __syncwarp();                             // ... and every lane's
+
+  // S = Q·K^T for the warp's 4 key tiles: one ldmatrix.x4 gives b0, b1 of two dim steps.
+  float sacc[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.0f;
+    const int n0 = kw0 + 8 * nt;
+#pragma unroll
+    for (int ks = 0; ks < 8; ks += 2) {
+      uint32_t r[4];
+      ldsm_x4(smem_addr(&sm.k[n0 + (lane & 7)][16 * ks + 8 * (lane >> 3)]), r);
+      mma_bf16(sacc[nt], qa[ks], r[0], r[1]);
+      mma_bf16(sacc[nt], qa[ks + 1], r[2], r[3]);
+    }
+  }
+  // Scale, mask keys past the position, and the maximum per head (rows g and g + 8) over the
+  // block: the lane's 8 keys, its quad, then the 4 warps. The block's first key is valid (blk <=
+  // qb), so the maximum is finite.
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kw0 + 8 * nt + 2 * ci + (e & 1);
+      sacc[nt][e] = key0 + key <= pos ? sacc[nt][e] * p.scale : -INFINITY;
+      mx[e >> 1] = fmaxf(mx[e >> 1], sacc[nt][e]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+  if (ci == 0) sm.red_m[warp][gi] = mx[0], sm.red_m[warp][gi + 8] = mx[1];
+  __syncthreads();  // also: every warp is done with its K rows (the area is reused below)
+  float m[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m[h] = sm.red_m[0][gi + 8 * h];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m[h] = fmaxf(m[h], sm.red_m[w][gi + 8 * h]);
+  }
+  // P = exp(S - m) in bf16, as the A fragments of the warp's two 16-key steps; l from the same
+  // rounded values (masked keys: exp(-inf) = 0).
+  uint32_t pa[2][4];
+  float l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float* s = sacc[2 * j + half];
+      float r0, r1, r2, r3;
+      pa[j][2 * half] = pack_bf16(expf(s[0] - m[0]), expf(s[1] - m[0]), &r0, &r1);
+      pa[j][2 * half + 1] = pack_bf16(expf(s[2] - m[1]), expf(s[3] - m[1]), &r2, &r3);
+      l[0] += r0 + r1;
+      l[1] += r2 + r3;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  if (ci == 0) sm.red_l[warp][gi] = l[0], sm.red_l[warp][gi + 8] = l[1];
+
+  // O = P·V over the warp's 32 keys: one ldmatrix.x4.trans gives b0, b1 of two dim tiles.
+  asm volatile("cp.async.wait_group 0;");
+  __syncwarp();
+  float oacc[16][4];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[nt][e] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int k0 = kw0 + 16 * j;
+#pragma unroll
+    for (int np = 0; np < 8; ++np) {
+      uint32_t r[4];
+      ldsm_x4_trans(
+          smem_addr(&sm.v[k0 + (lane & 7) + 8 * ((lane >> 3) & 1)][16 * np + 8 * (lane >> 4)]),
+          r);
+      mma_bf16(oacc[2 * np], pa[j], r[0], r[1]);
+      mma_bf16(oacc[2 * np + 1], pa[j], r[2], r[3]);
+    }
+  }
+  // The warps' O added in warp order through shared memory (where K was), then stored with the
+  // statistics: the partial state of this (slot, head) as the FMA kernel writes it.
+  float* osum = reinterpret_cast<float*>(&sm.k[0][0]);  // [kWarps][kGroup][kOPitch]
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const int d = 8 * nt + 2 * ci;
+    *reinterpret_cast<float2*>(&osum[(warp * kGroup + gi) * kOPitch + d]) =
+        make_float2(oacc[nt][0], oacc[nt][1]);
+    *reinterpret_cast<float2*>(&osum[(warp * kGroup + gi + 8) * kOPitch + d]) =
+        make_float2(oacc[nt][2], oacc[nt][3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = tid; i < kGroup * kD / 4; i += kThreads) {
+    const int h = i / (kD / 4), d = 4 * (i % (kD / 4));
+    float4 o = *reinterpret_cast<const float4*>(&osum[h * kOPitch + d]);
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(&osum[(w * kGroup + h) * kOPitch + d]);
+      o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+    }
+    *reinterpret_cast<float4*>(p.o_partial + (state + h * slots) * kD + d) = o;
+  }
+  if (tid < kGroup) {
+    float mm = sm.red_m[0][tid], ll = sm.red_l[0][tid];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mm = fmaxf(mm, sm.red_m[w][tid]), ll += sm.red_l[w][tid];
+    p.ml_partial[(state + tid * slots) * 2] = mm;
+    p.ml_partial[(state + tid * slots) * 2 + 1] = ll;
+  }
+}
+
+}  // namespace
+
+Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream) {
+  constexpr int kSmem = static_cast<int>(sizeof(Smem));
+  // The attribute is set once per device (a host call on every launch cost microseconds).
+  static uint64_t done = 0;
+  int dev = 0;
+  M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit) == 0) {
+    M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        sparse_decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
+  }
+  const dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(p.cache.num_kv_heads),
+                  static_cast<unsigned>(p.batch));
+  M3_CUDA_RETURN_IF_ERROR(
+      launch_kernel(p.pdl, sparse_decode_mma_kernel, grid, dim3(kThreads), kSmem, stream, p));
+  return Status::ok();
+}
+
+}  // namespace m3::cuda
