@@ -17,6 +17,7 @@
 
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/dynamic_smem.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
 #include "core/dtype.h"
@@ -310,16 +311,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseD
 template <int SPLITS>
 Status launch_split(const SparseDecodeParams& p, dim3 grid, CUstream_st* stream) {
   constexpr int kSmem = static_cast<int>(sizeof(Smem<SPLITS>));
-  // The attribute is set once per device (a host call on every launch cost microseconds).
-  static uint64_t done = 0;
-  int dev = 0;
-  M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit) == 0) {
-    M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        sparse_decode_split_kernel<SPLITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
-  }
+  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<sparse_decode_split_kernel<SPLITS>>(kSmem));
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, sparse_decode_split_kernel<SPLITS>, grid,
                                         dim3(kThreads), kSmem, stream, p));
   return Status::ok();

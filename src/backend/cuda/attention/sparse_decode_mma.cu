@@ -17,16 +17,14 @@
 // rounded P, so the combined output is the exact weighted mean of V with every weight perturbed
 // by at most 2^-8 relatively (what sparse_prefill_mma.cu does; the tests add 2^-7·Σ w|v - o|).
 // The 4 warps' O fragments are added in warp order through shared memory (deterministic).
-//
-// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane / 4, c = lane % 4;
-//   A (16x16 row): a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..)
-//   B (16x8 col):  b0 (k = 2c..2c+1, n = g), b1 (k = 2c+8.., n = g)
-//   C (16x8):      c0,c1 (g, 2c..2c+1), c2,c3 (g+8, 2c..2c+1)
+// Fragment layouts: mma_bf16.cuh.
 #include "backend/cuda/attention/sparse_decode_mma.h"
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/attention/mma_bf16.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/dynamic_smem.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
 
 namespace m3::cuda {
@@ -64,14 +62,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // Two floats rounded to bf16 (nearest even) as one A register; *lo_r / *hi_r get the rounded
 // values back as floats (for the sums l).
@@ -270,16 +260,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
 
 Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream) {
   constexpr int kSmem = static_cast<int>(sizeof(Smem));
-  // The attribute is set once per device (a host call on every launch cost microseconds).
-  static uint64_t done = 0;
-  int dev = 0;
-  M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit) == 0) {
-    M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        sparse_decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
-  }
+  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<sparse_decode_mma_kernel>(kSmem));
   const dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.batch));
   M3_CUDA_RETURN_IF_ERROR(

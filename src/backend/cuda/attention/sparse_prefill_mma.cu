@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/attention/mma_bf16.cuh"
 #include "backend/cuda/attention/sparse_prefill.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
@@ -27,15 +28,6 @@ namespace m3::cuda {
 namespace {
 
 constexpr int kS = 128, kD = 128, kGroup = 16, kWarps = 4;
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
