@@ -12,7 +12,7 @@
 // thread's loads in flight. The arithmetic per score and per partial P·V is the same sequence
 // of fmaf as the CPU-ordered loop (d, then key, ascending). Without key splits (batch >= 8 on
 // the real shapes) the launcher runs the tensor-core split kernel instead where
-// SparseDecodeParams::mma asks for it (sparse_decode_mma.cu: 2.5-2.9x faster at batch 8-128).
+// SparseDecodeParams::mma asks for it (sparse_decode_mma.cu: 2.0-2.5x faster at batch 8-128, H200).
 #include "backend/cuda/attention/sparse_decode.h"
 
 #include "backend/cuda/attention/sparse_decode_mma.h"
