@@ -20,6 +20,18 @@ struct SplitConfig {
 };
 constexpr SplitConfig kSplitConfigs[] = {{1, false}, {2, false}, {4, false}, {1, true}};
 
+// Bound on |gpu - cpu| for element i of an attention output, as in cuda_composite_ops_test.cpp
+// (scores within gamma_{D+2}·Σ|q||k|·scale, softmax and weighted sum within gamma_{n+8}·Σp|v|,
+// both sides) plus the bf16 output rounding (unit roundoff 2^-8; an earlier 2^-9 was wrong: the
+// GPU run showed errors of 2^-8·|o|). The tensor-core kernel (mma) rounds P to bf16: every weight
+// perturbed by at most 2^-8 relatively adds 2^-7·Σ w|v - o| (as for the prefill's mma kernel).
+double attention_bound(const AttentionRef& r, int64_t i, bool mma) {
+  const double dev = r.dev[i];
+  const double f32b = 2 * (2 * r.delta * dev + gamma(double(r.keys) + 8) * r.pv[i]) +
+                      (mma ? std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8)) : 0);
+  return f32b + std::ldexp(std::abs(r.o[i]) + f32b, -8) + 1e-30;
+}
+
 TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
   const int64_t H = 64, Hkv = 4, D = 128, Hix = 4, Dix = 128, S = 128, top_k = 16;
   for (int64_t init_blocks : {0, 1}) {
@@ -152,9 +164,7 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
       cpu()->paged_attention({qf.data() + b * H * D, hv, pos.data() + b,
                               tables.data() + b * max_blocks, gsel.data() + b * Hix * top_k,
                               want.data() + b * H * D, 1, H, nb, Hix, top_k, ap.scale});
-      // Bound as in cuda_composite_ops_test.cpp (scores within gamma_{D+2}·Σ|q||k|·scale, softmax
-      // and weighted sum within gamma_{n+8}·Σp|v|, both sides) plus the bf16 output rounding
-      // (unit roundoff 2^-8; an earlier 2^-9 was wrong: the GPU run showed errors of 2^-8·|o|).
+      // Bound: attention_bound.
       for (int64_t n = 0; n < H; ++n) {
         const int64_t g = n / (H / Hkv);
         std::set<int64_t> blocks;
@@ -167,12 +177,9 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
                           kv_rows(blocks, pos[b], tables.data() + b * max_blocks, S, Hkv, g),
                           kf.data(), vf.data(), D, ap.scale);
         for (int64_t i = 0; i < D; ++i) {
-          const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
           const size_t idx = (b * H + n) * D + i;
           got[idx] = bf16_to_f32(gout[idx]);
-          const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv) +
-                              (mma ? std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8)) : 0);
-          bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
+          bound[idx] = attention_bound(r, i, mma);
         }
       }
     }
@@ -358,12 +365,9 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
           attention_ref(qf.data() + (b * H + n) * D,
                         kv_rows(blocks, pos[b], tables.data() + b * max_blocks, S, Hkv, g),
                         kf.data(), vf.data(), D, scale);
-      for (int64_t i = 0; i < D; ++i) {  // as in IndexerAndAttentionMatchCpu
-        const double o = r.o[i], pv = r.pv[i], dev = r.dev[i], delta = r.delta;
-        const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv);
-        bound[(b * H + n) * D + i] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
-        const double mmab = f32b + std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8));
-        bound_mma[(b * H + n) * D + i] = mmab + std::ldexp(std::abs(o) + mmab, -8) + 1e-30;
+      for (int64_t i = 0; i < D; ++i) {
+        bound[(b * H + n) * D + i] = attention_bound(r, i, false);
+        bound_mma[(b * H + n) * D + i] = attention_bound(r, i, true);
       }
     }
   for (const auto& [splits, mma] : kSplitConfigs) {

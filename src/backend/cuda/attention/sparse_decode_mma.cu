@@ -6,7 +6,7 @@
 // Why (H200, docs/perf-log.md session 12): the float32-FMA split kernel does 2 x 16 x 128 x 128
 // FMAs per CTA for 64 KB of keys and values; at batch 32-128 it ran at 16-18 TFLOP/s and 1.3-1.4
 // TB/s (B=128, 4K: 466 us per layer for 673 MB), bound by its arithmetic and shared-memory loads,
-// not by HBM. Here the same work is 64 + 32 mma per warp.
+// not by HBM. Here the same work is 32 + 32 mma per warp.
 //
 // One CTA of 4 warps; warp w owns keys 32w .. 32w + 31 of the block. Its K and V rows (256 B
 // each) go to shared memory by cp.async (K and V as separate groups: the scores start while V is
@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/attention/mma_bf16.cuh"
+#include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/dynamic_smem.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
@@ -46,13 +47,6 @@ struct Smem {
 static_assert(sizeof(uint16_t) * kS * kPitch >= sizeof(float) * kWarps * kGroup * kOPitch,
               "the warps' O fragments fit where K was");
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_size) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(src_size));
-}
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -126,19 +120,19 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
 #pragma unroll
   for (int j = 0; j < kWarpKeys * (kD / 8) / 32; ++j) {
     const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
-    cp_async16(smem_addr(&sm.k[s][piece * 8]), kg + s * row_stride + piece * 8, 16);
+    cp_async16(smem_u32(&sm.k[s][piece * 8]), kg + s * row_stride + piece * 8, 16);
   }
-  asm volatile("cp.async.commit_group;");
+  cp_async_commit();
 #pragma unroll
   for (int j = 0; j < kWarpKeys * (kD / 8) / 32; ++j) {
     const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
     const bool in = key0 + s <= pos;
-    cp_async16(smem_addr(&sm.v[s][piece * 8]), vg + (in ? s * row_stride + piece * 8 : 0),
+    cp_async16(smem_u32(&sm.v[s][piece * 8]), vg + (in ? s * row_stride + piece * 8 : 0),
                in ? 16 : 0);
   }
-  asm volatile("cp.async.commit_group;");
-  asm volatile("cp.async.wait_group 1;");  // this lane's K copies landed
-  __syncwarp();                             // ... and every lane's
+  cp_async_commit();
+  cp_async_wait<1>();  // this lane's K copies landed
+  __syncwarp();        // ... and every lane's
 
   // S = Q·K^T for the warp's 4 key tiles: one ldmatrix.x4 gives b0, b1 of two dim steps.
   float sacc[4][4];
@@ -150,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
 #pragma unroll
     for (int ks = 0; ks < 8; ks += 2) {
       uint32_t r[4];
-      ldsm_x4(smem_addr(&sm.k[n0 + (lane & 7)][16 * ks + 8 * (lane >> 3)]), r);
+      ldsm_x4(smem_u32(&sm.k[n0 + (lane & 7)][16 * ks + 8 * (lane >> 3)]), r);
       mma_bf16(sacc[nt], qa[ks], r[0], r[1]);
       mma_bf16(sacc[nt], qa[ks + 1], r[2], r[3]);
     }
@@ -204,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   if (ci == 0) sm.red_l[warp][gi] = l[0], sm.red_l[warp][gi + 8] = l[1];
 
   // O = P·V over the warp's 32 keys: one ldmatrix.x4.trans gives b0, b1 of two dim tiles.
-  asm volatile("cp.async.wait_group 0;");
+  cp_async_wait<0>();
   __syncwarp();
   float oacc[16][4];
 #pragma unroll
@@ -218,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
     for (int np = 0; np < 8; ++np) {
       uint32_t r[4];
       ldsm_x4_trans(
-          smem_addr(&sm.v[k0 + (lane & 7) + 8 * ((lane >> 3) & 1)][16 * np + 8 * (lane >> 4)]),
+          smem_u32(&sm.v[k0 + (lane & 7) + 8 * ((lane >> 3) & 1)][16 * np + 8 * (lane >> 4)]),
           r);
       mma_bf16(oacc[2 * np], pa[j], r[0], r[1]);
       mma_bf16(oacc[2 * np + 1], pa[j], r[2], r[3]);

@@ -46,6 +46,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "quant/nvfp4_mma_layout.h"
 
@@ -86,33 +87,11 @@ constexpr int mma_smem_bytes(int warps) {
   return warps * kMmaStages * mma_stage_bytes<F>();
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // x, which the compiler cannot recompute from its inputs (it keeps or spills the register).
 __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
   uint32_t y;
   asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
   return y;
-}
-// Asynchronous global -> shared copies (no registers held while in flight); src_size < size
-// zero-fills the rest (0: nothing is read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_size) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(src_size));
-}
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_size) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src),
-               "r"(src_size));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_size) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
-               "r"(src_size));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
