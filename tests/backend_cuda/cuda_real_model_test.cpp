@@ -266,8 +266,10 @@ class Harness {
 
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant,
                                                  bool overlap = true, bool pdl = true,
-                                                 int gemv_variant = 5, bool pdl_chain = false) {
+                                                 int gemv_variant = 5, bool pdl_chain = false,
+                                                 bool persistent_moe = false) {
     CudaM3Options o;
+    o.persistent_moe = persistent_moe;
     o.pdl_chain = pdl_chain;
     o.decode_gemv_variant = gemv_variant;
     o.num_kv_pages = kPages;
@@ -463,6 +465,9 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false);
   auto v3 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/3);
   auto v6 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/6);
+  auto pm = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
+                        /*pdl_chain=*/false, /*persistent_moe=*/true);
+  ASSERT_TRUE(pm.is_ok()) << pm.status().to_string();
   ASSERT_TRUE(on.is_ok()) << on.status().to_string();
   ASSERT_TRUE(off.is_ok()) << off.status().to_string();
   ASSERT_TRUE(v3.is_ok()) << v3.status().to_string();
@@ -479,13 +484,13 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
   ASSERT_NO_FATAL_FAILURE(
-      h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get()}, &cpu, &gpu));
-  Compare cmp{h.rel_bound()}, cmp3{h.rel_bound()}, cmp6{h.rel_bound()};
+      h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get(), pm->get()}, &cpu, &gpu));
+  Compare cmp{h.rel_bound()}, cmp3{h.rel_bound()}, cmp6{h.rel_bound()}, cmpp{h.rel_bound()};
   int64_t bitwise_bad = 0;
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t i = 0; i < batch; ++i) toks[i] = {last_argmax(cpu.logits[i], v)};
     ASSERT_NO_FATAL_FAILURE(
-        h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get()}, &cpu, &gpu));
+        h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get(), pm->get()}, &cpu, &gpu));
     for (int64_t i = 0; i < batch; ++i) {
       ASSERT_EQ(gpu[0].logits[i].size(), static_cast<size_t>(v));
       ASSERT_EQ(gpu[1].logits[i].size(), static_cast<size_t>(v));
@@ -494,6 +499,8 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
       cmp3.rows_of(gpu[2].logits[i].data(), cpu.logits[i].data(), 1, v);
       ASSERT_EQ(gpu[3].logits[i].size(), static_cast<size_t>(v));
       cmp6.rows_of(gpu[3].logits[i].data(), cpu.logits[i].data(), 1, v);
+      ASSERT_EQ(gpu[4].logits[i].size(), static_cast<size_t>(v));
+      cmpp.rows_of(gpu[4].logits[i].data(), cpu.logits[i].data(), 1, v);
       if (std::memcmp(gpu[0].logits[i].data(), gpu[1].logits[i].data(), v * sizeof(float)) != 0)
         ++bitwise_bad;
     }
@@ -504,6 +511,7 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   cmp.report(what);
   cmp3.report(what + " (GEMV variant 3)");
   cmp6.report(what + " (GEMV variant 6)");
+  cmpp.report(what + " (persistent MoE block at batch 1)");
   std::printf(
       "[cuda_real_model] %-44s graph+overlap+pdl vs eager serial: %lld of %lld rows differ bitwise; graphs "
       "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
@@ -514,6 +522,12 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   EXPECT_TRUE(cmp.ok());
   EXPECT_TRUE(cmp3.ok());
   EXPECT_TRUE(cmp6.ok());
+  EXPECT_TRUE(cmpp.ok());
+  // The persistent MoE block runs exactly at batch 1 (both MoE layers, eagerly and captured).
+  if (batch == 1)
+    EXPECT_GE((*pm)->stats().persistent_moe_blocks, 2);
+  else
+    EXPECT_EQ((*pm)->stats().persistent_moe_blocks, 0);
   EXPECT_EQ(bitwise_bad, 0);
   EXPECT_EQ(st_on.decode_steps, steps);  // every step took the GEMV path
   EXPECT_EQ(st_off.decode_steps, steps);

@@ -51,6 +51,7 @@ if want tests decode; then
   run_test quant_gemv_mma_test 150
   run_test sparse_decode_test 60
   run_test moe_route_test 90
+  run_test moe_block_stream_test 90
   run_test attention_inputs_test 90
   run_test sampling_test 60
 fi
@@ -83,6 +84,11 @@ if want bench decode; then
     rc=$?
     SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (ov pdl - v: $opts)" "$rc" "$((SECONDS - t0))")")
   done
+  # One batch-1 MoE block: the persistent launch against the per-kernel sequence.
+  t0=$SECONDS
+  timeout 90 "$B/moe_block_bench" 5 >>"$OUT/step.log" 2>&1
+  rc=$?
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' moe_block_bench "$rc" "$((SECONDS - t0))")")
   cat "$OUT/step.log" >>"$LOG"
 fi
 if want tests; then
@@ -171,11 +177,13 @@ elif command -v compute-sanitizer >/dev/null; then
   # GEMV variant 7 and the MXFP8 repack (small shapes), and the fused router.
   rc4=$(san memcheck 90 quant_gemv_mma_test 'QuantGemvDirect.*:QuantGemvMmaArgs.*')
   rc5=$(san memcheck 60 moe_route_test 'MoeRoute.GraphReplays')
+  # The persistent MoE block (counters, mbarrier ring, bulk copies) at small shapes.
+  rc8=$(san memcheck 90 moe_block_stream_test 'MoeBlockStream.MatchesRouter*')
   # The norm's cluster kernel (distributed shared memory) and one-CTA kernel, and the decode
   # attention's split + combine (every-block cases: small), memcheck and racecheck.
   rc6=$(san memcheck 60 sparse_decode_test 'AddRmsNorm.*:SparseDecode.EveryBlock*')
   rc7=$(san racecheck 60 sparse_decode_test 'AddRmsNorm.FusedDelta*')
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s racecheck=%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc3" "$rc7" "$((SECONDS - t0))")")
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s racecheck=%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc3" "$rc7" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")

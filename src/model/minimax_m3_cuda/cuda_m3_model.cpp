@@ -18,6 +18,7 @@
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
+#include "backend/cuda/moe/moe_block_stream.h"
 #include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
@@ -84,6 +85,7 @@ struct Bufs {
   uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
   float *h_inv = nullptr, *attn_inv = nullptr;
   uint32_t* route_counter = nullptr;  // launch_moe_route's arrival counter (zero between launches)
+  uint32_t* moe_block_counters = nullptr;  // persistent MoE block: kMoeBlockCounters per layer
   cuda::SampleRowParams* sample_rows = nullptr;  // decode: per-row sampling knobs (device)
   int32_t* sampled = nullptr;                    // decode: the sampled token per row
   int64_t partial_elems = 0;
@@ -499,6 +501,14 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, sw, b));
       return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
     }
+    if (rows == 1 && opt.persistent_moe) {
+      bool launched = false;
+      M3_RETURN_IF_ERROR(moe_block(b, layer, L, h_in, &launched));
+      if (launched) {
+        *pending = {PendingDelta::kMoe, 0, L.shared_gu.n > 0 ? b.shared : nullptr};
+        return Status::ok();
+      }
+    }
     // The shared expert reads only the normed hidden states: on the side stream it overlaps the
     // routed path below (own split-K scratch; joined before the combine). Works eagerly and under
     // graph capture.
@@ -523,22 +533,7 @@ struct CudaM3Model::Impl {
     // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
     if (L.router.format == QuantFormat::kBf16 && rows <= 32 &&
         ne <= 512 && kk <= 16) {
-      cuda::MoeRouteParams rp;
-      rp.x = b.h;
-      rp.ldx = hd;
-      rp.rows = rows;
-      rp.hidden = hd;
-      rp.w = reinterpret_cast<const uint16_t*>(L.router.w);
-      rp.num_experts = ne;
-      rp.bias = L.router_bias;
-      rp.top_k = kk;
-      rp.scaling = routed_scale;
-      rp.logits = b.router_logits;
-      rp.topk_ids = b.topk_ids;
-      rp.topk_w = b.topk_w;
-      rp.group_offsets = b.offs;
-      rp.sorted_rows = b.sorted;
-      rp.active_groups = b.active;
+      cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
       rp.pdl = chain_pdl() || (opt.pdl && opt.pdl_router);
       M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
@@ -575,6 +570,73 @@ struct CudaM3Model::Impl {
     // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
     *pending = {PendingDelta::kMoe, 0, shared};
     return Status::ok();
+  }
+
+  // The fused router's parameters for `rows` rows of b.h (no counter).
+  cuda::MoeRouteParams route_params(const Bufs& b, const DevLayer& L, int64_t rows) const {
+    cuda::MoeRouteParams rp;
+    rp.x = b.h;
+    rp.ldx = hd;
+    rp.rows = rows;
+    rp.hidden = hd;
+    rp.w = reinterpret_cast<const uint16_t*>(L.router.w);
+    rp.num_experts = ne;
+    rp.bias = L.router_bias;
+    rp.top_k = kk;
+    rp.scaling = routed_scale;
+    rp.logits = b.router_logits;
+    rp.topk_ids = b.topk_ids;
+    rp.topk_w = b.topk_w;
+    rp.group_offsets = b.offs;
+    rp.sorted_rows = b.sorted;
+    rp.active_groups = b.active;
+    return rp;
+  }
+
+  // One token's MoE block in one persistent launch (moe/moe_block_stream.h) where its shapes
+  // and storage fit (*launched says whether it ran; else the caller takes the per-kernel path).
+  Status moe_block(const Bufs& b, int64_t layer, const DevLayer& L, const GemvIn& h_in,
+                   bool* launched) {
+    *launched = false;
+    if (h_in.f16 == nullptr || L.router.format != QuantFormat::kBf16) return Status::ok();
+    cuda::MoeBlockParams p;
+    p.route = route_params(b, L, 1);
+    const auto up = [&](const DevMatrix& m, uint16_t* act, bool grouped) {
+      cuda::QuantGemvParams q = gemv_params(m, h_in, grouped ? kk : 1, b);
+      q.epilogue.kind = GemvEpilogue::kSwigluF16;
+      q.epilogue.act = act;
+      q.epilogue.alpha = alpha;
+      q.epilogue.limit = limit;
+      return q;
+    };
+    const auto down = [&](const DevMatrix& m, const uint16_t* act, float* y, bool grouped) {
+      cuda::QuantGemvParams q =
+          gemv_params(m, GemvIn{nullptr, m.k, act, nullptr, 1.0f / 256.0f}, grouped ? kk : 1, b);
+      q.epilogue = store_to(y, hd);
+      return q;
+    };
+    const auto group = [&](cuda::QuantGemvParams& q) {
+      q.group_offsets = b.offs;
+      q.sorted_rows = b.sorted;
+      q.active_groups = b.active;
+      q.num_slots = std::min<int64_t>(ne, kk);
+      q.max_group_rows = 1;
+    };
+    if (L.shared_gu.n > 0) {
+      p.shared_gu = up(L.shared_gu, b.act_s16, false);
+      p.shared_down = down(L.shared_down, b.act_s16, b.shared, false);
+    }
+    p.experts_gu = up(L.experts_gu, b.act16, true);
+    p.experts_gu.x_row_div = kk;
+    group(p.experts_gu);
+    p.experts_down = down(L.experts_down, b.act16, b.contrib, true);
+    group(p.experts_down);
+    p.counters = b.moe_block_counters + layer * cuda::kMoeBlockCounters;
+    p.pdl = opt.pdl;
+    if (!cuda::moe_block_stream_fits(p)) return Status::ok();
+    *launched = true;
+    ++stats.persistent_moe_blocks;
+    return cuda::launch_moe_block_stream(p, st());
   }
 
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
@@ -864,6 +926,12 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.sample_rows, a.alloc<cuda::SampleRowParams>(r, what));
   M3_ASSIGN_OR_RETURN(b.sampled, a.alloc<int32_t>(r, what));
   M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.route_counter, 0, sizeof(uint32_t)));
+  {
+    // Per layer: consecutive layers' blocks may overlap under programmatic dependent launch.
+    const int64_t words = cuda::kMoeBlockCounters * std::max<int64_t>(cfg.num_hidden_layers, 1);
+    M3_ASSIGN_OR_RETURN(b.moe_block_counters, a.alloc<uint32_t>(words, what));
+    M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.moe_block_counters, 0, words * sizeof(uint32_t)));
+  }
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
   M3_ASSIGN_OR_RETURN(b.contrib, a.alloc<float>(r * kk * hd, what));

@@ -100,6 +100,12 @@ struct CudaM3Options {
   // Decode attention without key splits (batches where top_k · Hkv · B CTAs fill the GPU: 8 and
   // up on M3.1-Flash) on the tensor cores (SparseDecodeParams::mma) instead of float32 FMAs.
   bool mma_decode_attention = true;
+  // Decode at one row: a MoE layer's router, shared expert and routed experts in one persistent
+  // launch (moe/moe_block_stream.h: weights streamed into shared memory across the ops, counters
+  // instead of kernel boundaries) where its shapes fit; else the per-kernel path. Off: on the
+  // H200 it was slower, 8-layer steps at batch 1 1.676-1.677 against 1.578-1.584 ms at 1K and
+  // 1.744-1.747 against 1.648-1.655 ms at 4K (docs/perf-log.md session 14).
+  bool persistent_moe = false;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant
@@ -115,6 +121,9 @@ struct CudaM3Stats {
   // Steps whose one-token rows attended every block without the indexer
   // (skip_indexer_when_every_block_fits).
   int64_t indexer_skipped_steps = 0;
+  // MoE blocks launched as one persistent kernel (persistent_moe; a captured graph counts its
+  // launches once, at capture).
+  int64_t persistent_moe_blocks = 0;
   double graph_launch_us = 0;      // host time inside cudaGraphLaunch, summed over the replays
   int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although quantised on disk
   int64_t quantised_matrices = 0;  // fused matrices kept MXFP8 / NVFP4

@@ -123,6 +123,38 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * kStreamConsumers) : "memory");
 }
 
+// One warp's NVFP4 step of a stage in shared memory (the mma layout; variant 6 and the persistent
+// MoE block, moe/moe_block_stream.cu): chunk `ci` of the stage `sp` (1 KB, 128 K x 16 rows) with
+// its block scales in `sc` (rows `scale_stride` bytes apart, 8 bytes per chunk) against the
+// activation row(s) `xr` (f16; chunk c of the row = elements 128c ..), c the chunk's index in
+// K. This lane's 8 words (k-steps 0..7; halves swapped for lanes with bit 2 set) are dequantised
+// exactly as variant 5 does into four accumulation chains.
+__device__ __forceinline__ void stream_nvfp4_chunk(const uint8_t* sp, const uint8_t* sc,
+                                                   const uint8_t* xr, int c, int ci, int lane,
+                                                   int scale_stride, float (&acc)[4][4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint8_t* wl = sp + ci * 1024 + lane * 32;
+  const int sw = (lane >> 2) & 1;
+  const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
+  const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
+  uint32_t sl0, sl1, sh0, sh1;
+  nvfp4_lane_scales(sc + ci * 8, g, t, &sl0, &sl1, &sh0, &sh1, scale_stride);
+  uint4 xc[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    xc[q] = *reinterpret_cast<const uint4*>(xr + 2 * (c * 128 + 32 * t + 8 * q));
+  const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t x = wv[i];
+    const uint32_t scl = i < 4 ? sl0 : sl1, sch = i < 4 ? sh0 : sh1;
+    const uint4 xv = xc[i / 2];
+    mma_f16(acc[i % 4], hmul2(nvfp4_mma::fragment(x, 0), scl),
+            hmul2(nvfp4_mma::fragment(x, 1), sch), hmul2(nvfp4_mma::fragment(x, 2), scl),
+            hmul2(nvfp4_mma::fragment(x, 3), sch), i % 2 ? xv.z : xv.x, i % 2 ? xv.w : xv.y);
+  }
+}
+
 // ring: slots in the pipeline; cap: activation rows held per group (<= 8).
 template <QuantFormat F>
 __global__ void __launch_bounds__(kStreamThreads, 1)
@@ -281,30 +313,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
           acc[hb][3] = fmaf(d[3], f_hi, acc[hb][3]);
         }
       } else if (warp < valid) {
-        // Chunk `warp` of the stage: this lane's 8 words (k-steps 0..7; halves swapped for lanes
-        // with bit 2 set), its block scales, the chunk's activations (variant 5, mma layout).
-        const uint8_t* wl = sp + warp * 1024 + lane * 32;
-        const int sw = (lane >> 2) & 1;
-        const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
-        const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
-        uint32_t sl0, sl1, sh0, sh1;
-        nvfp4_lane_scales(sc + warp * 8, g, t, &sl0, &sl1, &sh0, &sh1, S::kScaleStride);
-        const int c = st * 16 + warp;
-        uint4 xc[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          xc[q] = *reinterpret_cast<const uint4*>(xr + 2 * (c * 128 + 32 * t + 8 * q));
-        const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t x = wv[i];
-          const uint32_t scl = i < 4 ? sl0 : sl1, sch = i < 4 ? sh0 : sh1;
-          const uint4 xv = xc[i / 2];
-          mma_f16(acc[i % 4], hmul2(nvfp4_mma::fragment(x, 0), scl),
-                  hmul2(nvfp4_mma::fragment(x, 1), sch), hmul2(nvfp4_mma::fragment(x, 2), scl),
-                  hmul2(nvfp4_mma::fragment(x, 3), sch), i % 2 ? xv.z : xv.x,
-                  i % 2 ? xv.w : xv.y);
-        }
+        stream_nvfp4_chunk(sp, sc, xr, st * 16 + warp, warp, lane, S::kScaleStride, acc);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty0 + 8 * slot);

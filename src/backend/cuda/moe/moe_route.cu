@@ -25,30 +25,8 @@ constexpr int kRowTile = 4;    // rows per pass over K (accumulators per thread)
 __device__ __forceinline__ uint4 ld16(const uint16_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
-__device__ __forceinline__ float bf_lo(uint32_t u) {
-  return __uint_as_float(u << 16);
-}
-__device__ __forceinline__ float bf_hi(uint32_t u) {
-  return __uint_as_float(u & 0xffff0000u);
-}
-
-__device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
-  f[0] = bf_lo(v.x), f[1] = bf_hi(v.x), f[2] = bf_lo(v.y), f[3] = bf_hi(v.y);
-  f[4] = bf_lo(v.z), f[5] = bf_hi(v.z), f[6] = bf_lo(v.w), f[7] = bf_hi(v.w);
-}
-
-// acc += Σ_j x[j] · w[j], j = 0..7 in order (fused multiply-adds).
-__device__ __forceinline__ float dot8(float acc, const uint4 x, const float (&w)[8]) {
-  acc = fmaf(bf_lo(x.x), w[0], acc);
-  acc = fmaf(bf_hi(x.x), w[1], acc);
-  acc = fmaf(bf_lo(x.y), w[2], acc);
-  acc = fmaf(bf_hi(x.y), w[3], acc);
-  acc = fmaf(bf_lo(x.z), w[4], acc);
-  acc = fmaf(bf_hi(x.z), w[5], acc);
-  acc = fmaf(bf_lo(x.w), w[6], acc);
-  acc = fmaf(bf_hi(x.w), w[7], acc);
-  return acc;
-}
+using routing::dot8;
+using routing::unpack8;
 
 // Grid (E, ceil(rows / kRowBlock)), kThreads threads. Summation order of logit (r, e): thread t
 // owns the 8-element chunks t, t + kThreads, t + 2·kThreads, ... of K and sums them in that order

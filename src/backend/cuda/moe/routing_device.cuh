@@ -12,6 +12,31 @@
 namespace m3::cuda::routing {
 
 constexpr int kMaxExperts = 512;  // router_topk / moe_route
+
+// The router's bf16 dot products (moe_route.cu, moe_block_stream.cu: one definition, so both give
+// the same logits bit for bit). bf16 halves of a 32-bit word as float (exact):
+__device__ __forceinline__ float bf_lo(uint32_t u) {
+  return __uint_as_float(u << 16);
+}
+__device__ __forceinline__ float bf_hi(uint32_t u) {
+  return __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
+  f[0] = bf_lo(v.x), f[1] = bf_hi(v.x), f[2] = bf_lo(v.y), f[3] = bf_hi(v.y);
+  f[4] = bf_lo(v.z), f[5] = bf_hi(v.z), f[6] = bf_lo(v.w), f[7] = bf_hi(v.w);
+}
+// acc += Σ_j x[j] · w[j], j = 0..7 in order (fused multiply-adds; x: 8 bf16, w: unpacked).
+__device__ __forceinline__ float dot8(float acc, const uint4 x, const float (&w)[8]) {
+  acc = fmaf(bf_lo(x.x), w[0], acc);
+  acc = fmaf(bf_hi(x.x), w[1], acc);
+  acc = fmaf(bf_lo(x.y), w[2], acc);
+  acc = fmaf(bf_hi(x.y), w[3], acc);
+  acc = fmaf(bf_lo(x.z), w[4], acc);
+  acc = fmaf(bf_hi(x.z), w[5], acc);
+  acc = fmaf(bf_lo(x.w), w[6], acc);
+  acc = fmaf(bf_hi(x.w), w[7], acc);
+  return acc;
+}
 constexpr int kMaxTopK = 16;
 
 // Experts per lane (kPer · 32 >= E) of the smallest top-k instantiation that holds E experts.
