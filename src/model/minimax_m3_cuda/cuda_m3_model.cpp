@@ -241,6 +241,14 @@ struct CudaM3Model::Impl {
     return p;
   }
 
+  // A grouped GEMV's routing: the router's grouping in b (p->num_rows routed rows).
+  static void group_by_routing(cuda::QuantGemvParams* p, const Bufs& b) {
+    p->group_offsets = b.offs;
+    p->sorted_rows = b.sorted;
+    p->active_groups = b.active;
+    p->num_slots = std::min<int64_t>(p->num_groups, p->num_rows);
+  }
+
   // The decode GEMV of m on the input: variant 5 where tensor_core(m, rows) and the input has its
   // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
   Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
@@ -249,12 +257,7 @@ struct CudaM3Model::Impl {
     if (on == nullptr) on = st();
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
     p.x_row_div = x_row_div;
-    if (grouped) {
-      p.group_offsets = b.offs;
-      p.sorted_rows = b.sorted;
-      p.active_groups = b.active;
-      p.num_slots = std::min<int64_t>(m.groups, rows);
-    }
+    if (grouped) group_by_routing(&p, b);
     if (direct(m)) {
       p.variant = 7;
       p.epilogue = e;
@@ -615,22 +618,15 @@ struct CudaM3Model::Impl {
       q.epilogue = store_to(y, hd);
       return q;
     };
-    const auto group = [&](cuda::QuantGemvParams& q) {
-      q.group_offsets = b.offs;
-      q.sorted_rows = b.sorted;
-      q.active_groups = b.active;
-      q.num_slots = std::min<int64_t>(ne, kk);
-      q.max_group_rows = 1;
-    };
     if (L.shared_gu.n > 0) {
       p.shared_gu = up(L.shared_gu, b.act_s16, false);
       p.shared_down = down(L.shared_down, b.act_s16, b.shared, false);
     }
     p.experts_gu = up(L.experts_gu, b.act16, true);
     p.experts_gu.x_row_div = kk;
-    group(p.experts_gu);
+    group_by_routing(&p.experts_gu, b);
     p.experts_down = down(L.experts_down, b.act16, b.contrib, true);
-    group(p.experts_down);
+    group_by_routing(&p.experts_down, b);
     p.counters = b.moe_block_counters + layer * cuda::kMoeBlockCounters;
     p.pdl = opt.pdl;
     if (!cuda::moe_block_stream_fits(p)) return Status::ok();

@@ -7,29 +7,12 @@
 #include "backend/cuda/gemm/quant_gemv_internal.h"
 #include "backend/cuda/gemm/quant_gemv_stream.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/stream.h"
 
 namespace m3::cuda {
 
 namespace gemv {
 namespace {
-
-struct DeviceLimits {
-  int sms = 1;
-  int smem_optin = 0;  // bytes of dynamic shared memory one CTA may use
-};
-const DeviceLimits& limits() {
-  static DeviceLimits d;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    d.sms = std::max(d.sms, 1);
-    if (d.smem_optin <= 0) d.smem_optin = 227 * 1024;  // no device (host-side checks): sm_90's
-  });
-  return d;
-}
 
 int64_t rows_per_group(const QuantGemvParams& p) {
   if (p.group_offsets == nullptr) return p.num_rows;
@@ -56,7 +39,7 @@ int64_t smem_bytes(QuantFormat f, int64_t k, int64_t rows, int ring) {
 // Slots of the ring that fit beside the activation rows (at most 16: ~300 KB in flight per SM
 // would be more than an SM has anyway); below kMinRing the launch does not fit.
 int ring_slots(QuantFormat f, int64_t k, int64_t rows) {
-  const int64_t budget = limits().smem_optin - kLeaveSmem;
+  const int64_t budget = launch_limits().smem_optin - kLeaveSmem;
   int ring = 16;
   while (ring >= kMinRing && smem_bytes(f, k, rows, ring) > budget) --ring;
   return ring;
@@ -67,7 +50,7 @@ int ring_slots(QuantFormat f, int64_t k, int64_t rows) {
 Status launch_stream(const QuantGemvParams& p, cudaStream_t s) {
   std::string why;
   if (!quant_gemv_stream_fits(p, &why)) return invalid_argument("[cuda.quant_gemv] variant 6: " + why);
-  const DeviceLimits& d = limits();
+  const LaunchLimits& d = launch_limits();
   const int64_t rows = rows_per_group(p);
   const int ring = ring_slots(p.format, p.k, rows);
   const size_t smem = static_cast<size_t>(smem_bytes(p.format, p.k, rows, ring));

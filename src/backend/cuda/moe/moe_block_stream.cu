@@ -33,6 +33,7 @@
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
+#include "backend/cuda/runtime/stream.h"
 
 namespace m3::cuda {
 namespace {
@@ -108,8 +109,8 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   return v;
 }
 __device__ __forceinline__ void spin_until(const uint32_t* p, uint32_t target) {
-  // Backed off: every CTA polls the same words, and a polled line's requests queue before the
-  // arrivals that would end the wait.
+  // Backed off, since every CTA polls the same words (added with run 6's changes; its own
+  // effect was not measured apart: docs/perf-log.md session 14).
   while (ld_acquire(p) < target) __nanosleep(64);
   __threadfence();
 }
@@ -531,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool lead = threadIdx.x == 0;
   if (lead) stamp(kPhaseStart);
   Consumer cs{{ring_base, full0, empty0, ring, 0, 0}, red, misc, warp, lane, 0};
-  // Two activation rows: the token's (shared and routed gate|up), then the shared expert's and
-  // a routed slot's SwiGLU outputs (the downs, interleaved).
+  // Two activation rows: the token's (both gate|ups, then the shared expert's SwiGLU row for its
+  // down) and a routed slot's SwiGLU row (the routed down).
   ActBuf a0{act, nullptr, -1, 1.0f}, a1{act + act_split, nullptr, -1, 1.0f};
   for (int e = router_items.x; e < router_items.y; ++e) cs.router_row(rp, e, cnt + kRouterDone);
   if (lead) stamp(kPhaseRouterRows);
@@ -569,23 +570,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-struct Limits {
-  int sms = 1, smem_optin = 227 * 1024;
-};
-const Limits& limits() {
-  static Limits d;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    d.sms = std::max(d.sms, 1);
-    if (d.smem_optin <= 0) d.smem_optin = 227 * 1024;
-  });
-  return d;
-}
-
 // The two activation rows: the token's (K = hidden) | the shared SwiGLU row + a routed one.
 int act_bytes_of(const MoeBlockParams& p) {
   const int shared = p.shared_gu.n > 0 ? act_row_bytes(p.shared_down.k) : 0;
@@ -597,7 +581,7 @@ int64_t smem_bytes(int ring, int act_bytes) {
 }
 int ring_slots(int act_bytes) {
   int ring = kMaxRing;
-  while (ring >= kMinRing && smem_bytes(ring, act_bytes) > limits().smem_optin) --ring;
+  while (ring >= kMinRing && smem_bytes(ring, act_bytes) > launch_limits().smem_optin) --ring;
   return ring;
 }
 
@@ -681,21 +665,24 @@ bool moe_block_stream_fits(const MoeBlockParams& p, std::string* why) {
 Status launch_moe_block_stream(const MoeBlockParams& p, CUstream_st* stream) {
   std::string why;
   if (!moe_block_stream_fits(p, &why)) return invalid_argument(why);
-  const Limits& d = limits();
+  const LaunchLimits& d = launch_limits();
   const int act_bytes = act_bytes_of(p);
   const int ring = ring_slots(act_bytes);
   const size_t smem = static_cast<size_t>(smem_bytes(ring, act_bytes));
+  // Once per process: the opt-in to the whole shared memory and the check that a CTA of the
+  // largest size fits on an SM (every CTA must be resident at once: they wait on each other;
+  // smaller rings fit wherever the largest does).
   static std::once_flag once;
-  static cudaError_t attr_err = cudaSuccess;
+  static cudaError_t setup_err = cudaSuccess;
+  static int per_sm = 0;
   std::call_once(once, [&] {
-    attr_err = cudaFuncSetAttribute(moe_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    d.smem_optin);
+    setup_err = cudaFuncSetAttribute(moe_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     d.smem_optin);
+    if (setup_err == cudaSuccess)
+      setup_err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_block_kernel, kThreads,
+                                                                d.smem_optin);
   });
-  M3_CUDA_RETURN_IF_ERROR(attr_err);
-  // Every CTA must be resident at once (they wait on each other): one per SM.
-  int per_sm = 0;
-  M3_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_block_kernel, kThreads, smem));
+  M3_CUDA_RETURN_IF_ERROR(setup_err);
   if (per_sm < 1) return internal_error("[cuda.moe_block] the kernel does not fit on an SM");
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, moe_block_kernel, dim3(static_cast<unsigned>(d.sms)),
                                         dim3(kThreads), smem, stream, p, ring, act_bytes));

@@ -19,11 +19,11 @@
 // count).
 //
 // Measured (H200, M3.1-Flash shapes, docs/perf-log.md session 14): correct, but slower than the
-// per-kernel path: 80.5 us per block alone against 75.8 us for the per-kernel sequence on one
-// stream, and ~12 us more per MoE layer inside the model, where the per-kernel path overlaps the
-// shared expert's stream with the router and the routed experts on a second stream. At one token
-// the NVFP4 experts' dequantisation bounds their consumers at ~2.4-2.6 TB/s in either design, so
-// removing the kernel boundaries does not shorten the block. CudaM3Options::persistent_moe is
+// per-kernel path: 78.4-79.0 us per block alone against 75.3-75.9 us for the per-kernel sequence on
+// one stream, and ~12 us more per MoE layer inside the model, where the per-kernel path overlaps
+// the shared expert's stream with the router and the routed experts on a second stream. At one
+// token the NVFP4 experts' dequantisation bounds their consumers at ~2.4-2.6 TB/s in either design,
+// so removing the kernel boundaries does not shorten the block. CudaM3Options::persistent_moe is
 // off by default; the kernel stays as the tested base of the persistent decode layer
 // (docs/dev/decode-persistent-layer.md).
 //

@@ -1,5 +1,7 @@
 #include "backend/cuda/runtime/stream.h"
 
+#include <mutex>
+
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace m3::cuda {
@@ -26,6 +28,23 @@ Status Stream::synchronize() const {
 void Stream::reset() {
   if (s_ != nullptr) cudaStreamDestroy(s_);
   s_ = nullptr;
+}
+
+const LaunchLimits& launch_limits() {
+  static LaunchLimits d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int dev = 0, sms = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        sms > 0)
+      d.sms = sms;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
+            cudaSuccess &&
+        optin > 0)
+      d.smem_optin = optin;
+  });
+  return d;
 }
 
 Result<DeviceInfo> select_device(int device) {

@@ -48,6 +48,15 @@ struct DeviceInfo {
   int64_t max_smem_optin = 0;
 };
 
+// The current device's SM count and opt-in shared memory per block, read once per process (the
+// persistent launches size their grids and shared-memory rings by them); sm_90's 227 KB and one
+// SM where the device cannot be read (host-side shape checks without a GPU).
+struct LaunchLimits {
+  int sms = 1;
+  int smem_optin = 227 * 1024;
+};
+const LaunchLimits& launch_limits();
+
 // Selects `device` and checks that it is compute capability 9.0 (the kernels are built for
 // sm_90a only); failed_precondition-like errors come back as invalid_argument naming the device.
 Result<DeviceInfo> select_device(int device);
