@@ -267,9 +267,11 @@ class Harness {
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant,
                                                  bool overlap = true, bool pdl = true,
                                                  int gemv_variant = 5, bool pdl_chain = false,
-                                                 bool persistent_moe = false) {
+                                                 bool persistent_moe = false,
+                                                 bool fused_norm_route = false) {
     CudaM3Options o;
     o.persistent_moe = persistent_moe;
+    o.fused_norm_route = fused_norm_route;
     o.pdl_chain = pdl_chain;
     o.decode_gemv_variant = gemv_variant;
     o.num_kv_pages = kPages;
@@ -449,8 +451,9 @@ TEST(CudaRealModel, MixedBatch) {
 
 // (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs with the
 // shared expert on its own stream and programmatic dependent launch on every kernel of the
-// critical path (pdl_chain) against eager launches on one stream without it (same kernels and
-// sums: bitwise equal); both on the tensor-core GEMVs (variant 5), and models on variants 3 and 6
+// critical path (pdl_chain) against eager launches on one stream without it and with the
+// post-attention norm and router as two launches instead of the fused one at batch 1 (same sums:
+// bitwise equal); both on the tensor-core GEMVs (variant 5), and models on variants 3 and 6
 // (5 where 6 does not fit) with the default options, each against the CPU.
 // Contexts whose block tables fit the indexer's top-k (width <= index_topk_blocks = 3 here, so
 // up to 256 tokens) skip the indexer (every block attended): `indexer_skipped` says whether every
@@ -461,7 +464,9 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   ASSERT_TRUE(h.ready());
   h.reset_pages();
   auto on = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
-                        /*pdl_chain=*/true);
+                        /*pdl_chain=*/true, /*persistent_moe=*/false, /*fused_norm_route=*/true);
+  // Eager, serial, without PDL, and the post-attention norm and the router as two launches
+  // (the fused kernel of `on` is bitwise those two, so the rows must still be equal).
   auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false);
   auto v3 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/3);
   auto v6 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/6);
@@ -528,6 +533,13 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
     EXPECT_GE((*pm)->stats().persistent_moe_blocks, 2);
   else
     EXPECT_EQ((*pm)->stats().persistent_moe_blocks, 0);
+  // The fused post-attention norm + router runs exactly at batch 1 (both MoE layers), never
+  // where it is off.
+  if (batch == 1)
+    EXPECT_GE(st_on.fused_norm_routes, 2);
+  else
+    EXPECT_EQ(st_on.fused_norm_routes, 0);
+  EXPECT_EQ(st_off.fused_norm_routes, 0);
   EXPECT_EQ(bitwise_bad, 0);
   EXPECT_EQ(st_on.decode_steps, steps);  // every step took the GEMV path
   EXPECT_EQ(st_off.decode_steps, steps);

@@ -52,6 +52,7 @@ if want tests decode; then
   run_test sparse_decode_test 60
   run_test moe_route_test 90
   run_test moe_block_stream_test 90
+  run_test norm_route_test 60
   run_test attention_inputs_test 90
   run_test sampling_test 60
 fi
@@ -179,11 +180,14 @@ elif command -v compute-sanitizer >/dev/null; then
   rc5=$(san memcheck 60 moe_route_test 'MoeRoute.GraphReplays')
   # The persistent MoE block (counters, mbarrier ring, bulk copies) at small shapes.
   rc8=$(san memcheck 90 moe_block_stream_test 'MoeBlockStream.MatchesRouter*')
+  # The fused post-attention norm + router (bulk copies, distributed shared memory).
+  rc9=$(san memcheck 60 norm_route_test 'NormRoute.*')
+  rc10=$(san racecheck 60 norm_route_test 'NormRoute.EqualsCluster*')
   # The norm's cluster kernel (distributed shared memory) and one-CTA kernel, and the decode
   # attention's split + combine (every-block cases: small), memcheck and racecheck.
   rc6=$(san memcheck 60 sparse_decode_test 'AddRmsNorm.*:SparseDecode.EveryBlock*')
   rc7=$(san racecheck 60 sparse_decode_test 'AddRmsNorm.FusedDelta*')
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s racecheck=%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc3" "$rc7" "$((SECONDS - t0))")")
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc9" "$rc3" "$rc7" "$rc10" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")

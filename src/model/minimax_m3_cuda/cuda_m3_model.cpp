@@ -20,6 +20,7 @@
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/moe/moe_block_stream.h"
 #include "backend/cuda/moe/moe_route.h"
+#include "backend/cuda/moe/norm_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
@@ -329,6 +330,10 @@ struct CudaM3Model::Impl {
   // residual += pending delta; h (and its f16 form for variant 5) = norm(residual) · (1 + weight).
   Status add_norm(const Bufs& b, const PendingDelta& pd, const uint16_t* weight, int64_t rows,
                   bool f16_copy) {
+    return cuda::launch_add_rms_norm(norm_params(b, pd, weight, rows, f16_copy), st());
+  }
+  cuda::AddRmsNormParams norm_params(const Bufs& b, const PendingDelta& pd,
+                                     const uint16_t* weight, int64_t rows, bool f16_copy) const {
     cuda::AddRmsNormParams np{b.residual, nullptr, weight, b.h, rows, hd, eps};
     if (f16_copy) np.out_f16 = b.h16, np.out_inv_scale = b.h_inv;
     np.pdl = chain_pdl();
@@ -347,7 +352,26 @@ struct CudaM3Model::Impl {
         np.moe_top_k = kk;
         break;
     }
-    return cuda::launch_add_rms_norm(np, st());
+    return np;
+  }
+
+  // The post-attention norm of a MoE layer fused with the router at one token
+  // (moe/norm_route.h; bitwise the norm then the fused router) where it fits; *routed says
+  // whether it ran (else the caller launches the norm and the router).
+  Status norm_and_route(const Bufs& b, const PendingDelta& pd, const DevLayer& L, bool f16_copy,
+                        bool* routed) {
+    *routed = false;
+    if (!opt.fused_norm_route || opt.norm_cluster_rows < 1 ||
+        L.router.format != QuantFormat::kBf16)
+      return Status::ok();
+    cuda::NormRouteParams p{norm_params(b, pd, L.post_norm, 1, f16_copy), route_params(b, L, 1)};
+    // Its router rows are requested before the wait: launched as a programmatic dependent of
+    // o_proj they arrive under its stream, as the separate router's did under the norm.
+    p.norm.pdl = opt.pdl && (opt.pdl_chain || opt.pdl_router);
+    if (!cuda::norm_route_problem(p).empty()) return Status::ok();
+    *routed = true;
+    ++stats.fused_norm_routes;
+    return cuda::launch_norm_route(p, st());
   }
 
   Status plinear(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, float* y,
@@ -482,7 +506,10 @@ struct CudaM3Model::Impl {
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
     M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, o_f16 ? b.attn16 : nullptr,
                                                  b.attn_inv}, rows, b, pending));
-    M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
+    bool routed = false;
+    if (L.moe && rows == 1 && !opt.persistent_moe)
+      M3_RETURN_IF_ERROR(norm_and_route(b, *pending, L, v5, &routed));
+    if (!routed) M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
     const auto swiglu_to = [&](const DevMatrix& gu, const DevMatrix& down, int64_t r,
@@ -534,8 +561,9 @@ struct CudaM3Model::Impl {
     if (side_path && !opt.shared_expert_after_router) M3_RETURN_IF_ERROR(fork_shared_expert());
     // The fused router up to 32 rows: its last CTA runs every row's top-k and the grouping, which
     // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
-    if (L.router.format == QuantFormat::kBf16 && rows <= 32 &&
-        ne <= 512 && kk <= 16) {
+    if (routed) {
+      // The routing is already there (norm_and_route).
+    } else if (L.router.format == QuantFormat::kBf16 && rows <= 32 && ne <= 512 && kk <= 16) {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
       rp.pdl = chain_pdl() || (opt.pdl && opt.pdl_router);

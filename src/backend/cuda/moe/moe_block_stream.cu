@@ -32,21 +32,16 @@
 #include "backend/cuda/moe/routing_device.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/mbarrier.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/stream.h"
 
 namespace m3::cuda {
 namespace {
 
-using gemv::bulk_copy;
 using gemv::consumers_sync;
-using gemv::cp_async_mbar_arrive_noinc;
 using gemv::e4m3x2_to_f16x2;
 using gemv::e8m0_exact;
-using gemv::mbar_arrive;
-using gemv::mbar_expect_tx;
-using gemv::mbar_init;
-using gemv::mbar_wait;
 using gemv::mma_f16;
 using gemv::mma_fragment_store;
 using gemv::mma_tile_weight_row;
@@ -505,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- Producer: weights depend on no kernel, so they stream before the previous kernel has
     // finished; only the routed experts wait (for the routing of this launch).
     Producer pr{{ring_base, full0, empty0, ring, 0, 0},
-                gemv::l2_evict_first(),
+                l2_evict_first(),
                 lane,
                 min(ring, kEarlyDepth)};
     if (lane == 0) stamp(kPhaseProducerStart);

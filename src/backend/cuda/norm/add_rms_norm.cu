@@ -2,6 +2,8 @@
 
 #include <cuda_fp16.h>
 
+#include "backend/cuda/norm/add_rms_norm_device.cuh"
+#include "backend/cuda/runtime/cluster.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -10,80 +12,13 @@
 namespace m3::cuda {
 namespace {
 
+using namespace norm;
+
 // 1024 threads, at most 2 float4 each: every load of a row (residual, delta or its partial
 // sources, weight) is issued before the first reduction, so a row costs about one memory latency
 // plus the reductions (batch 1 runs one CTA; it was ~5 us with 256 threads and serial loads).
 constexpr int kThreads = 1024;
 constexpr int kMaxVecPerThread = 2;  // hidden <= 1024 · 2 · 4 = 8192
-
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
-__device__ __forceinline__ float4 mul4(float4 a, float s) {
-  return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
-}
-
-// Element group i (float4) of row t's delta from the fused source: the split-K sum in slice order
-// from 0 (gemv_epilogue_kernel's order) or the MoE combine in slot order (moe_combine_kernel's
-// order, the first product not added to 0).
-__device__ __forceinline__ float4 fused_delta(const AddRmsNormParams& p, int64_t t, int64_t i,
-                                              int64_t nv) {
-  if (p.delta_partial != nullptr) {
-    const float4* src = reinterpret_cast<const float4*>(p.delta_partial) + t * nv + i;
-    const int64_t plane = p.t * nv;
-    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int64_t s = 0; s < p.delta_slices; ++s) a = add4(a, __ldcg(src + s * plane));
-    return a;
-  }
-  const float4* c = reinterpret_cast<const float4*>(p.moe_contrib) + t * p.moe_top_k * nv + i;
-  float4 o = mul4(__ldcg(c), p.moe_weights[t * p.moe_top_k]);
-#pragma unroll 4
-  for (int64_t s = 1; s < p.moe_top_k; ++s)
-    o = add4(o, mul4(__ldcg(c + s * nv), p.moe_weights[t * p.moe_top_k + s]));
-  if (p.moe_shared != nullptr)
-    o = add4(o, __ldcg(reinterpret_cast<const float4*>(p.moe_shared) + t * nv + i));
-  return o;
-}
-
-// residual + delta at float4 i of row t (the residual alone without a delta).
-__device__ __forceinline__ float4 row_piece(const AddRmsNormParams& p, const float4* r,
-                                            const float4* d, bool has_delta, int64_t t, int64_t i,
-                                            int64_t nv) {
-  float4 x = r[i];
-  if (has_delta) {
-    const float4 y = d ? d[i] : fused_delta(p, t, i, nv);
-    x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-  }
-  return x;
-}
-
-// bf16(x · inv · (1 + w)) of a float4 piece with its bf16 weights wv, as two bf16 pairs.
-__device__ __forceinline__ uint2 norm_piece(float4 x, float inv, uint2 wv) {
-  const float w0 = 1.0f + __uint_as_float(wv.x << 16), w1 = 1.0f + __uint_as_float(wv.x & 0xFFFF0000u);
-  const float w2 = 1.0f + __uint_as_float(wv.y << 16), w3 = 1.0f + __uint_as_float(wv.y & 0xFFFF0000u);
-  const uint32_t a = f32_to_bf16(x.x * inv * w0) | (uint32_t(f32_to_bf16(x.y * inv * w1)) << 16);
-  const uint32_t b = f32_to_bf16(x.z * inv * w2) | (uint32_t(f32_to_bf16(x.w * inv * w3)) << 16);
-  return make_uint2(a, b);
-}
-
-__device__ __forceinline__ float abs_max_bf16x4(uint2 o, float m) {
-  for (uint32_t u : {o.x, o.y})
-    m = fmaxf(m, fmaxf(fabsf(bf16_to_f32(uint16_t(u))), fabsf(bf16_to_f32(uint16_t(u >> 16)))));
-  return m;
-}
-
-// The f16 copy of a bf16 piece times 2^sh (s = 2^sh: exact, x_f16.h's rule).
-__device__ __forceinline__ uint2 f16_piece(uint2 o, float s) {
-  uint32_t h[2];
-  const uint32_t in[2] = {o.x, o.y};
-  for (int q = 0; q < 2; ++q) {
-    const __half2 v2 = __floats2half2_rn(bf16_to_f32(uint16_t(in[q])) * s,
-                                         bf16_to_f32(uint16_t(in[q] >> 16)) * s);
-    h[q] = *reinterpret_cast<const uint32_t*>(&v2);
-  }
-  return make_uint2(h[0], h[1]);
-}
 
 // One block per token; each thread keeps its float4 pieces of the row in registers between the
 // sum of squares and the scaling, so the row is read once.
@@ -158,31 +93,7 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
 // cluster barrier, then every CTA sums the slots in rank order (the same total everywhere).
 // H200 (docs/perf-log.md session 11): 8-layer batch-1 steps ~0.5 % shorter; inside the model a
 // norm's duration is set mostly by the next GEMV's weight stream, which starts beside it.
-constexpr int kClusterCtas = 8;
 constexpr int kClusterThreads = 256;  // hidden <= 8 · 256 · 4 = 8192
-
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Stores v at the address of `local` in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ void st_shared_cluster(const float* local, uint32_t rank, float v) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-}
 
 __global__ void __launch_bounds__(kClusterThreads) add_rms_norm_cluster_kernel(AddRmsNormParams p) {
   pdl_launch_dependents();
