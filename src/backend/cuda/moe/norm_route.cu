@@ -241,21 +241,9 @@ Status launch_norm_route(const NormRouteParams& p, CUstream_st* stream) {
     if (attr_err != cudaSuccess) (void)cudaGetLastError();  // not left for the next launch check
   });
   M3_CUDA_RETURN_IF_ERROR(attr_err);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kClusterCtas);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = layout(p.norm.hidden, p.route.num_experts).total;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.norm.pdl ? 2 : 1;
-  M3_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, norm_route_kernel, p));
+  M3_CUDA_RETURN_IF_ERROR(launch_cluster_kernel(
+      p.norm.pdl, norm_route_kernel, dim3(kClusterCtas), dim3(kThreads),
+      layout(p.norm.hidden, p.route.num_experts).total, kClusterCtas, stream, p));
   return Status::ok();
 }
 

@@ -5,15 +5,20 @@
 //   logits, top-k ids and weights, group_offsets / sorted_rows / active_groups of `out`
 //       -- bit for bit what launch_moe_route stores on that `out` (moe/moe_route.h).
 //
-// Why (H200, docs/perf-log.md session 15): at batch 1 the router is on the critical path between
-// the post-attention norm and the routed experts, and as a separate launch it took ~13 us inside
-// the model for 1.5 MB of weights (7.9 us alone): its weight rows and the norm's output come
-// through L2 behind the shared expert's stream, then a fence + ticket, then the last CTA's top-k
-// and grouping. Here each CTA copies its E/8 router rows into shared memory (bulk copies started
-// before the wait for the kernel before it, so they arrive under o_proj), the 8 CTAs exchange the
-// normed row through distributed shared memory, and CTA 0 runs the top-k and the grouping on
-// logits the others stored into its shared memory: no global round trip between the norm and
-// the routing.
+// Why: at batch 1 the router is on the critical path between the post-attention norm and the
+// routed experts, and as a separate launch it took ~14 us inside the model for 1.5 MB of weights
+// (7.9 us alone): its weight rows and the norm's output come through L2 behind the shared
+// expert's stream, then a fence + ticket, then the last CTA's top-k and grouping. Here each CTA
+// bulk-copies its E/8 router rows into shared memory before the wait for the kernel before it,
+// the 8 CTAs exchange the normed row through distributed shared memory, and CTA 0 runs the top-k
+// and the grouping on logits the others stored into its shared memory: no global round trip
+// between the norm and the routing.
+//
+// Measured (H200, M3.1-Flash, docs/perf-log.md session 15): the routing is ready 11.0 us after
+// o_proj ends instead of 17.7 (the CTAs, 211 KB of shared memory each, become resident only at
+// o_proj's tail, so the copies do not overlap it), but the step is slower: the separate router's
+// window was filled by the shared expert, which then has to share the routed experts' window.
+// CudaM3Options::fused_norm_route is therefore off.
 //
 // Summation orders are those of the two kernels it replaces: the norm's partial sums per CTA
 // (threads beyond a CTA's pieces add exact zeros), each logit as launch_moe_route's thread t of

@@ -168,20 +168,9 @@ Status launch_add_rms_norm(const AddRmsNormParams& p, CUstream_st* stream) {
                                           stream, p));
     return Status::ok();
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.t * kClusterCtas));
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 2 : 1;
-  M3_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, add_rms_norm_cluster_kernel, p));
+  M3_CUDA_RETURN_IF_ERROR(launch_cluster_kernel(
+      p.pdl, add_rms_norm_cluster_kernel, dim3(static_cast<unsigned>(p.t * kClusterCtas)),
+      dim3(kClusterThreads), 0, kClusterCtas, stream, p));
   return Status::ok();
 }
 
