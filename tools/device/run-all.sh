@@ -90,6 +90,11 @@ if want bench decode; then
   timeout 90 "$B/moe_block_bench" 5 >>"$OUT/step.log" 2>&1
   rc=$?
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' moe_block_bench "$rc" "$((SECONDS - t0))")")
+  # FP8 mma precision and the NVFP4 consumer step's issue ceiling (weights in shared memory).
+  t0=$SECONDS
+  timeout 60 "$B/fp8_mma_probe" >>"$OUT/step.log" 2>&1
+  rc=$?
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' fp8_mma_probe "$rc" "$((SECONDS - t0))")")
   cat "$OUT/step.log" >>"$LOG"
 fi
 if want tests; then
