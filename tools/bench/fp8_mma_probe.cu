@@ -12,7 +12,8 @@
 //    L2: what the SM can issue), per 256 NVFP4 weights (one 16 x 16 block, 144 bytes with its
 //    scales):
 //      f16:  variant 5's packed step (quant_gemv_mma.cuh): a word -> four f16x2 fragments by
-//            bit placement, four HMUL2 by the block scale, one mma.m16n8k16 f16;
+//            bit placement, four HMUL2 by the block scale, one mma.m16n8k16 f16 (the scales
+//            arrive as f16x2 words: variant 5 converts them from E4M3 once per 8 k-steps);
 //      fp8:  two words -> four E4M3 registers by bit placement, one mma.m16n8k32 e4m3 (two
 //            blocks: activation terms of block 0 in columns 0-3, block 1 in 4-7), four FFMA by
 //            the lane's block scale (E4M3 -> f32 per step).
