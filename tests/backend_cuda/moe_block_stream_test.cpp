@@ -144,6 +144,7 @@ void run_block(const Shape& s, uint32_t seed) {
   cuda::MoeBlockParams p;
   p.route = route_params(got);
   p.counters = counters.ptr();
+  // One matrix of one activation row (dense) or of the routed rows (routed, below).
   auto dense = [&](cuda::QuantGemvParams& q, uint8_t* w, uint8_t* sc, int64_t n, int64_t k,
                    const uint16_t* in, const float* inv, int layout) {
     q.format = QuantFormat::kMxfp8;
@@ -168,11 +169,9 @@ void run_block(const Shape& s, uint32_t seed) {
   }
   auto routed = [&](cuda::QuantGemvParams& q, uint8_t* w, uint8_t* sc, float* gl, int64_t n,
                     int64_t k, const uint16_t* in, const float* inv, int layout, int64_t div) {
+    dense(q, w, sc, n, k, in, inv, layout);
     q.format = QuantFormat::kNvfp4;
-    q.w = w;
-    q.w_scale = sc;
     q.w_global = gl;
-    q.w_layout = layout;
     q.num_groups = E;
     q.group_offsets = got.offs.ptr();
     q.sorted_rows = got.sorted.ptr();
@@ -180,12 +179,6 @@ void run_block(const Shape& s, uint32_t seed) {
     q.num_slots = std::min(E, K);
     q.num_rows = K;
     q.max_group_rows = 1;
-    q.n = n;
-    q.k = k;
-    q.xh = in;
-    q.ldx = k;
-    q.x_inv_scale = inv;
-    q.x_inv_const = inv ? 1.0f : 1.0f / 256.0f;
     q.x_row_div = div;
   };
   routed(p.experts_gu, eup.ptr(), dev.up_s.ptr(), dev.up_g.ptr(), 2 * I, H, xh.ptr(), xinv.ptr(), 2,

@@ -3,7 +3,7 @@
 //
 // 1. Precision. How exactly does Hopper's mma.sync m16n8k32 e4m3 x e4m3 -> f32 sum its 32 exact
 //    products (DeepSeek-V3 reports ~14 bits kept by Hopper's FP8 GEMM accumulation)? Random
-//    A (E2M1 codes placed into E4M3: the value x 2^6) and B (random normal E4M3) tiles, a zero
+//    A (E2M1 codes placed into E4M3: the value x 2^6) and B (random finite E4M3) tiles, a zero
 //    and a large C; each D element against the exact sum in double. Printed: the worst
 //    |D - exact| / Σ|a·b| (the unit the CPU bound of quant_gemv_mma_test scales), and the worst
 //    |D - exact| in units of the largest product, over many tiles.
@@ -33,25 +33,13 @@
 #include <random>
 #include <vector>
 
+#include "backend/cuda/gemm/quant_gemv_mma.cuh"
+#include "core/dtype.h"
+#include "cuda_bench_util.h"
 #include "quant/nvfp4_mma_layout.h"
 
 namespace {
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-// ---- E4M3 on the host (finite values only).
-double e4m3_value(uint8_t b) {
-  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  const double v = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return s ? -v : v;
-}
 // An E2M1 code (s e e m) placed into an E4M3 byte: s -> bit 7, e e m -> bits 4..2 (value x 2^6).
 uint8_t e2m1_as_e4m3(uint8_t c) { return static_cast<uint8_t>(((c & 8) << 4) | ((c & 7) << 2)); }
 
@@ -63,19 +51,8 @@ __device__ __forceinline__ void mma_e4m3_k32(float (&d)[4], const uint32_t (&a)[
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+using m3::cuda::gemv::hmul2;
+using m3::cuda::gemv::mma_f16;
 
 // ---- 1. Precision: tiles[t] = A (16 x 32 bytes, row-major) and B (8 x 32 bytes, column n's 32
 // k values contiguous); C = c_value everywhere; D out [tiles][16][8].
@@ -107,23 +84,22 @@ void precision_probe() {
   std::mt19937 rng(7);
   std::vector<uint8_t> a(kTiles * 16 * 32), b(kTiles * 8 * 32);
   for (auto& v : a) v = e2m1_as_e4m3(static_cast<uint8_t>(rng() & 15));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : b) {  // random normal E4M3 bytes (no NaN: exponent and mantissa not all ones)
+  for (auto& v : b) {  // random finite E4M3 bytes (no NaN: exponent and mantissa not all ones)
     do v = static_cast<uint8_t>(rng() & 0xFF);
     while ((v & 0x7F) == 0x7F);
   }
   uint8_t *da, *db;
   float* dd;
-  CK(cudaMalloc(&da, a.size()));
-  CK(cudaMalloc(&db, b.size()));
-  CK(cudaMalloc(&dd, kTiles * 128 * sizeof(float)));
-  CK(cudaMemcpy(da, a.data(), a.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(db, b.data(), b.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&da, a.size()));
+  CHECK_CUDA(cudaMalloc(&db, b.size()));
+  CHECK_CUDA(cudaMalloc(&dd, kTiles * 128 * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(da, a.data(), a.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(db, b.data(), b.size(), cudaMemcpyHostToDevice));
   for (float c_value : {0.0f, 1024.0f}) {
     precision_kernel<<<kTiles, 32>>>(da, db, c_value, dd);
-    CK(cudaGetLastError());
+    CHECK_CUDA(cudaGetLastError());
     std::vector<float> d(kTiles * 128);
-    CK(cudaMemcpy(d.data(), dd, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(d.data(), dd, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double worst_mag = 0, worst_max = 0, worst_f32 = 0;
     for (int tile = 0; tile < kTiles; ++tile)
       for (int r = 0; r < 16; ++r)
@@ -131,7 +107,7 @@ void precision_probe() {
           double exact = 0, mag = 0, pmax = 0;
           float f32 = 0.0f;  // sequential float32 sum, for scale
           for (int k = 0; k < 32; ++k) {
-            const double p = e4m3_value(a[tile * 512 + r * 32 + k]) * e4m3_value(b[tile * 256 + n * 32 + k]);
+            const double p = m3::e4m3_to_f32(a[tile * 512 + r * 32 + k]) * m3::e4m3_to_f32(b[tile * 256 + n * 32 + k]);
             exact += p;
             mag += std::abs(p);
             pmax = std::max(pmax, std::abs(p));
@@ -148,9 +124,9 @@ void precision_probe() {
                 c_value, worst_mag, std::log2(worst_mag + 1e-300), worst_max, worst_f32,
                 std::log2(worst_f32 + 1e-300));
   }
-  CK(cudaFree(da));
-  CK(cudaFree(db));
-  CK(cudaFree(dd));
+  CHECK_CUDA(cudaFree(da));
+  CHECK_CUDA(cudaFree(db));
+  CHECK_CUDA(cudaFree(dd));
 }
 
 // ---- 2. Issue cost. Each warp owns 4 KB of shared memory (words, scale bytes, activations) and
@@ -213,31 +189,31 @@ __global__ void issue_kernel(int steps, float* out, long long* cycles) {
 
 void issue_probe() {
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int steps = 4096;
   for (int fp8 = 0; fp8 < 2; ++fp8) {
     auto* kernel = fp8 ? issue_kernel<true> : issue_kernel<false>;
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     for (int warps : {4, 8, 16, 32}) {
       // One CTA per SM of `warps` warps (at most 1024 threads).
       float* out;
       long long* cyc;
-      CK(cudaMalloc(&out, sms * warps * 32 * sizeof(float)));
-      CK(cudaMalloc(&cyc, sms * warps * sizeof(long long)));
+      CHECK_CUDA(cudaMalloc(&out, sms * warps * 32 * sizeof(float)));
+      CHECK_CUDA(cudaMalloc(&cyc, sms * warps * sizeof(long long)));
       const size_t smem = static_cast<size_t>(warps) * kWarpBytes;
       kernel<<<sms, warps * 32, smem>>>(steps / 8, out, cyc);  // warm-up
       cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      CK(cudaEventRecord(e0));
+      CHECK_CUDA(cudaEventCreate(&e0));
+      CHECK_CUDA(cudaEventCreate(&e1));
+      CHECK_CUDA(cudaEventRecord(e0));
       kernel<<<sms, warps * 32, smem>>>(steps, out, cyc);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaGetLastError());
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      CHECK_CUDA(cudaGetLastError());
       float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
       std::vector<long long> c(sms * warps);
-      CK(cudaMemcpy(c.data(), cyc, c.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(c.data(), cyc, c.size() * sizeof(long long), cudaMemcpyDeviceToHost));
       double mean = 0;
       for (long long v : c) mean += double(v);
       mean /= double(c.size());
@@ -249,10 +225,10 @@ void issue_probe() {
       std::printf("issue %s, %2d warps/SM: %.2f cycles per 256 weights per SM (loop), %.3f ns "
                   "(kernel time): whole GPU %.2f TB/s of NVFP4 weights\n",
                   fp8 ? "fp8 k32" : "f16 k16", warps, cyc_per_256, ns_per_256, bytes_per_s * 1e-12);
-      CK(cudaFree(out));
-      CK(cudaFree(cyc));
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
+      CHECK_CUDA(cudaFree(out));
+      CHECK_CUDA(cudaFree(cyc));
+      CHECK_CUDA(cudaEventDestroy(e0));
+      CHECK_CUDA(cudaEventDestroy(e1));
     }
   }
 }

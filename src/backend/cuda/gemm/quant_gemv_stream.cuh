@@ -83,6 +83,23 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * kStreamConsumers) : "memory");
 }
 
+// One lane's MXFP8 scale block (variant 6 and the persistent MoE block, moe/moe_block_stream.cu;
+// variant 5's k order within a block): the 8 codes of row g (`lo`) and of row g + 8 (`hi`) at
+// elements 8t .. 8t + 7, the activations `xv` (f16) of the same elements and the block's E8M0
+// factors; both k-steps into a zeroed fragment, which is added to acc scaled in f32.
+__device__ __forceinline__ void stream_mxfp8_block(uint2 lo, uint2 hi, uint4 xv, float f_lo,
+                                                   float f_hi, float (&acc)[4]) {
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_f16(d, e4m3x2_to_f16x2(lo.x), e4m3x2_to_f16x2(hi.x), e4m3x2_to_f16x2(lo.x >> 16),
+          e4m3x2_to_f16x2(hi.x >> 16), xv.x, xv.y);
+  mma_f16(d, e4m3x2_to_f16x2(lo.y), e4m3x2_to_f16x2(hi.y), e4m3x2_to_f16x2(lo.y >> 16),
+          e4m3x2_to_f16x2(hi.y >> 16), xv.z, xv.w);
+  acc[0] = fmaf(d[0], f_lo, acc[0]);
+  acc[1] = fmaf(d[1], f_lo, acc[1]);
+  acc[2] = fmaf(d[2], f_hi, acc[2]);
+  acc[3] = fmaf(d[3], f_hi, acc[3]);
+}
+
 // One warp's NVFP4 step of a stage in shared memory (the mma layout; variant 6 and the persistent
 // MoE block, moe/moe_block_stream.cu): chunk `ci` of the stage `sp` (1 KB, 128 K x 16 rows) with
 // its block scales in `sc` (rows `scale_stride` bytes apart, 8 bytes per chunk) against the
@@ -260,17 +277,8 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
               *reinterpret_cast<const uint2*>(sp + (g + 8) * S::kRowStride + 32 * j + 8 * t);
           const uint4 xv =
               *reinterpret_cast<const uint4*>(xr + 2 * (st * S::kStageK + 32 * j + 8 * t));
-          const float f_lo = e8m0_exact(sc[g * S::kScaleStride + j]);
-          const float f_hi = e8m0_exact(sc[(g + 8) * S::kScaleStride + j]);
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_f16(d, e4m3x2_to_f16x2(wl.x), e4m3x2_to_f16x2(wh.x), e4m3x2_to_f16x2(wl.x >> 16),
-                  e4m3x2_to_f16x2(wh.x >> 16), xv.x, xv.y);
-          mma_f16(d, e4m3x2_to_f16x2(wl.y), e4m3x2_to_f16x2(wh.y), e4m3x2_to_f16x2(wl.y >> 16),
-                  e4m3x2_to_f16x2(wh.y >> 16), xv.z, xv.w);
-          acc[hb][0] = fmaf(d[0], f_lo, acc[hb][0]);
-          acc[hb][1] = fmaf(d[1], f_lo, acc[hb][1]);
-          acc[hb][2] = fmaf(d[2], f_hi, acc[hb][2]);
-          acc[hb][3] = fmaf(d[3], f_hi, acc[hb][3]);
+          stream_mxfp8_block(wl, wh, xv, e8m0_exact(sc[g * S::kScaleStride + j]),
+                             e8m0_exact(sc[(g + 8) * S::kScaleStride + j]), acc[hb]);
         }
       } else if (warp < valid) {
         stream_nvfp4_chunk(sp, sc, xr, st * 16 + warp, warp, lane, S::kScaleStride, acc);

@@ -40,9 +40,8 @@ namespace m3::cuda {
 namespace {
 
 using gemv::consumers_sync;
-using gemv::e4m3x2_to_f16x2;
+using gemv::stream_mxfp8_block;
 using gemv::e8m0_exact;
-using gemv::mma_f16;
 using gemv::mma_fragment_store;
 using gemv::mma_tile_weight_row;
 
@@ -366,17 +365,9 @@ struct Consumer {
                                                             (j & 3) * 512 + 16 * lane);
             const uint4 xv =
                 *reinterpret_cast<const uint4*>(act + 2 * (st * kMxStageK + 32 * j + 8 * t));
-            const float f_lo = e8m0_exact(sc[g * kMxScaleStride + j]);
-            const float f_hi = e8m0_exact(sc[(g + 8) * kMxScaleStride + j]);
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_f16(d, e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.z), e4m3x2_to_f16x2(v.x >> 16),
-                    e4m3x2_to_f16x2(v.z >> 16), xv.x, xv.y);
-            mma_f16(d, e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.w), e4m3x2_to_f16x2(v.y >> 16),
-                    e4m3x2_to_f16x2(v.w >> 16), xv.z, xv.w);
-            acc[hb][0] = fmaf(d[0], f_lo, acc[hb][0]);
-            acc[hb][1] = fmaf(d[1], f_lo, acc[hb][1]);
-            acc[hb][2] = fmaf(d[2], f_hi, acc[hb][2]);
-            acc[hb][3] = fmaf(d[3], f_hi, acc[hb][3]);
+            stream_mxfp8_block(make_uint2(v.x, v.y), make_uint2(v.z, v.w), xv,
+                               e8m0_exact(sc[g * kMxScaleStride + j]),
+                               e8m0_exact(sc[(g + 8) * kMxScaleStride + j]), acc[hb]);
           }
         } else if constexpr (F == QuantFormat::kNvfp4) {
           const int valid = min(kFp4StageChunks, units - st * kFp4StageChunks);

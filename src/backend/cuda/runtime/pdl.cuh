@@ -22,25 +22,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialisation attribute
-// when `pdl` (the kernel must then call pdl_wait() as above). Returns the launch's error.
-template <typename... KernelArgs, typename... Args>
-cudaError_t launch_kernel(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                          size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-// The same with thread-block clusters of `cluster_x` CTAs along x (grid.x a multiple of it).
+// kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster_x` CTAs
+// along x (grid.x a multiple of it; 0: no cluster attribute), with the programmatic-serialisation
+// attribute when `pdl` (the kernel must then call pdl_wait() as above). Returns the launch's
+// error.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_cluster_kernel(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                                   size_t smem, unsigned cluster_x, cudaStream_t stream,
@@ -51,15 +36,30 @@ cudaError_t launch_cluster_kernel(bool pdl, void (*kernel)(KernelArgs...), dim3 
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster_x;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 0;
+  if (cluster_x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The same without clusters: kernel<<<grid, block, smem, stream>>>(args...).
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_kernel(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                          size_t smem, cudaStream_t stream, Args&&... args) {
+  return launch_cluster_kernel(pdl, kernel, grid, block, smem, 0u, stream,
+                               std::forward<Args>(args)...);
 }
 
 }  // namespace m3::cuda
