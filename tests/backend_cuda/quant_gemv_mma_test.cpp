@@ -98,6 +98,18 @@ void check_repeat_and_accumulate(cuda::QuantGemvParams p, Dev<float>& y,
     ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
 }
 
+// Variant 5 on p (writing every element of `out`) with stage_x off: where the launcher stages
+// the activations with the weights (NVFP4, one row per group), reading them through L1 must give
+// the same bits (elsewhere both launches take the same path).
+template <typename T>
+void expect_same_unstaged(cuda::QuantGemvParams p, Dev<T>& out, const std::vector<T>& want,
+                          const std::string& name) {
+  p.stage_x = false;
+  p.epilogue.accumulate = false;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+  EXPECT_EQ(out.host(), want) << name << ": activations through L1 differ from staged ones";
+}
+
 // Variant 6 on p (already set up for variant 5): the same bound, deterministic, accumulate
 // bitwise. It must run exactly where the shapes allow (checked against `expect_fits`).
 void check_stream(cuda::QuantGemvParams p, const std::vector<float>& want,
@@ -157,6 +169,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
                            " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
   expect_close(y0, want, bound, name + " v5");
   check_repeat_and_accumulate(p, y, y0, name + " v5");
+  expect_same_unstaged(p, y, y0, name + " v5");
 
   // Variant 7 (MXFP8, 1..8 rows, K % 128) reads the bf16 rows itself: the same bound,
   // deterministic, accumulate bitwise; refused elsewhere.
@@ -246,6 +259,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   expect_close(yp, want, bound, name + " v5 mma layout");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
+  expect_same_unstaged(p, y, yp, name + " v5 mma layout");
   check_stream(p, want, bound, v6_shape && c.k % 256 == 0, name + " mma layout");
   p.w_layout = 2;  // the pair tiling goes with SwiGLU only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
@@ -277,6 +291,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kNvfp4, 5, 300, 640, 0},     // 8-byte scale copies
                       Case{QuantFormat::kNvfp4, 7, 48, 384, 0},      // mma layout, 8-byte scales
                       Case{QuantFormat::kNvfp4, 3, 512, 2048, 20},
+                      Case{QuantFormat::kNvfp4, 1, 48, 384, 0},      // staged x, a partial stage
+                      Case{QuantFormat::kNvfp4, 1, 160, 640, 20},    // staged x, 8-byte scales
                       Case{QuantFormat::kNvfp4, 8, 2048, 1024, 0},   // v6: one stage per tile
                       Case{QuantFormat::kMxfp8, 7, 160, 512, 0},     // v6: 10 tiles, 10 CTAs
                       Case{QuantFormat::kMxfp8, 4, 4096, 1536, 0}));  // v6: 3 stages
@@ -343,6 +359,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   }
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto act_h = act.host();
+  if (variant == 5) expect_same_unstaged(p, act, act_h, name + " gate|up");
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
   auto act16 = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act16.ptr();
@@ -385,6 +402,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
   const auto y0 = y.host();
   expect_close(y0, yw, yb, name + " down (f16 activations)");
+  if (variant == 5) expect_same_unstaged(p, y, y0, name + " down");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
 }

@@ -20,7 +20,7 @@ static_assert(kMmaStages * mma_stage_bytes<QuantFormat::kMxfp8>() >= 4 * 32 * 16
               "the cross-warp sums fit in a warp's ring");
 
 // Resident CTAs per SM for each width (1, 2, 4, 6, 8), computed once per instantiation.
-template <QuantFormat F, int NG, bool kPacked>
+template <QuantFormat F, int NG, bool kPacked, bool kStageX>
 const int* occupancy_table(int* sms_out) {
   static int occ[9] = {};
   static int sms = 0;
@@ -29,12 +29,13 @@ const int* occupancy_table(int* sms_out) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
+    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStageX>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         mma_smem_bytes<F>(8));
+                         mma_smem_bytes<F, kStageX>(8));
     for (int w : {1, 2, 4, 6, 8}) {
       int o = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w, mma_smem_bytes<F>(w)) !=
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, 32 * w,
+                                                        mma_smem_bytes<F, kStageX>(w)) !=
           cudaSuccess)
         o = 1;
       occ[w] = std::max(o, 1);
@@ -75,23 +76,42 @@ int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms, bool pac
   return best;
 }
 
-template <QuantFormat F, int NG, bool kPacked>
+template <QuantFormat F, int NG, bool kPacked, bool kStageX = false>
 Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
-  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked>;
+  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStageX>;
   int sms = 1;
-  const int* occ = occupancy_table<F, NG, kPacked>(&sms);
+  const int* occ = occupancy_table<F, NG, kPacked, kStageX>(&sms);
   const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
   const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms,
                              kPacked && p.group_offsets != nullptr);
   M3_CUDA_RETURN_IF_ERROR(
-      launch_kernel(p.pdl, kernel, grid, dim3(32 * w), mma_smem_bytes<F>(w), s, p));
+      launch_kernel(p.pdl, kernel, grid, dim3(32 * w), mma_smem_bytes<F, kStageX>(w), s, p));
   return Status::ok();
+}
+
+// Whether the NVFP4 activations go through the weight ring (the kernel's kStageX): where every
+// group has at most one row and p.stage_x. H200 (docs/perf-log.md, session 16): the NVFP4
+// experts at one token 53.0 -> 49.2 us. Not MXFP8: at one row it was slower so (shared gate|up
+// 18.1 -> 19.2 us, down 11.3 -> 12.0; its 256-byte slices per stage are L1 hits).
+// M3_GEMV5_STAGE_X=0 turns it off, for benchmarks.
+bool stage_x(const QuantGemvParams& p) {
+  static const bool off = [] {
+    const char* e = std::getenv("M3_GEMV5_STAGE_X");
+    return e != nullptr && std::atoi(e) == 0;
+  }();
+  const int64_t rows = p.group_offsets == nullptr ? p.num_rows
+                       : p.max_group_rows > 0   ? std::min(p.max_group_rows, p.num_rows)
+                                                : p.num_rows;
+  return p.stage_x && !off && rows <= 1;
 }
 
 template <QuantFormat F, bool kPacked>
 Status launch_format(const QuantGemvParams& p, int ng, dim3 grid, cudaStream_t s) {
   switch (ng) {
-    case 1: return launch_one<F, 1, kPacked>(p, grid, s);
+    case 1:
+      if constexpr (F == QuantFormat::kNvfp4)
+        if (stage_x(p)) return launch_one<F, 1, kPacked, true>(p, grid, s);
+      return launch_one<F, 1, kPacked>(p, grid, s);
     case 2: return launch_one<F, 2, kPacked>(p, grid, s);
     default: return launch_one<F, 4, kPacked>(p, grid, s);
   }

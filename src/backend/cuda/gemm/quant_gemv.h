@@ -84,8 +84,14 @@ struct QuantGemvParams {
   int64_t num_slots = 1;                   // grid size over groups: min(G, num_rows)
   int64_t num_rows = 0;                    // routed rows (the r range)
   // Grouped: an upper bound on the rows of one group (0: num_rows), e.g. the tokens of a MoE
-  // step (a token picks an expert once). Variant 6 holds that many rows per group and needs <= 8.
+  // step (a token picks an expert once). Variant 6 holds that many rows per group and needs <= 8;
+  // variant 5 stages the activations with its weights where it is 1 (see stage_x).
   int64_t max_group_rows = 0;
+  // Variant 5, NVFP4, where every group has at most one row (dense: num_rows == 1; grouped:
+  // max_group_rows == 1): copy each stage's activation slice into the weight ring instead of
+  // reading it through L1 (quant_gemv_mma.cuh, kStageX). Bitwise the same results; false for
+  // A/B runs and the tests that compare the two (M3_GEMV5_STAGE_X=0: off for benchmarks).
+  bool stage_x = true;
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
   int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads

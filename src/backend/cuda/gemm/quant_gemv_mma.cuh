@@ -82,10 +82,24 @@ template <QuantFormat F>
 constexpr int mma_stage_bytes() {
   return MmaTraits<F>::kU * MmaTraits<F>::kChunkBytes + MmaTraits<F>::kScaleBytes;
 }
+// The activation slice of one stage (kU chunks of one row, f16) when it is staged with the
+// weights (kStageX below, NVFP4 only): 512 bytes.
 template <QuantFormat F>
-constexpr int mma_smem_bytes(int warps) {
-  return warps * kMmaStages * mma_stage_bytes<F>();
+constexpr int mma_x_stage_bytes() {
+  return MmaTraits<F>::kU * MmaTraits<F>::kChunkK * 2;
 }
+template <QuantFormat F, bool kStageX = false>
+constexpr int mma_slot_bytes() {
+  return mma_stage_bytes<F>() + (kStageX ? mma_x_stage_bytes<F>() : 0);
+}
+template <QuantFormat F, bool kStageX = false>
+constexpr int mma_smem_bytes(int warps) {
+  return warps * kMmaStages * mma_slot_bytes<F, kStageX>();
+}
+// Where NVFP4 activation piece pc (16 bytes, pc = 4t + q: columns 32t + 8q of a chunk) sits in a
+// staged slice: quarter-warps read q fixed and t = 0..3, 64 bytes apart, which would put t and
+// t + 2 on the same banks; flipping q's low bit for t >= 2 spreads them over all 32 banks.
+__device__ __forceinline__ int nvfp4_x_piece_slot(int pc) { return pc ^ ((pc >> 3) & 1); }
 
 // x, which the compiler cannot recompute from its inputs (it keeps or spills the register).
 __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
@@ -224,12 +238,24 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // or 2): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
 // 16-byte loads and turns each word into a k-step's four A registers with 4 shifts and 4
 // LOP3s (row-major: 16 shifts and masks), and the activations need no byte permutes.
-template <QuantFormat F, int NG, bool kPacked = false>
+// kStageX (NVFP4, NG == 1, one activation row per pass): the row's slice of each stage is copied into
+// the ring slot with the stage's weights (one more 16-byte cp.async per lane), so the mma reads
+// its activations from shared memory instead of through L1. Without it each chunk's first mma
+// waits for an L1/L2 load issued at the chunk's start (ncu, session 12: long-scoreboard stalls
+// first, mostly that load; L1 hit rate 31 %: a warp reads each activation once, and the CTAs of
+// an SM read them at about the same time). More rows per group take one pass (one stream of the
+// weights) per row, so the launcher chooses it only where a group has at most one row (batch-1
+// decode: a token picks an expert once).
+template <QuantFormat F, int NG, bool kPacked = false, bool kStageX = false>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
+  static_assert(!kStageX || (NG == 1 && F == QuantFormat::kNvfp4),
+                "staged activations: NVFP4, one row per pass");
   using T = MmaTraits<F>;
   constexpr int kU = T::kU;
-  constexpr int kStage = mma_stage_bytes<F>();
-  constexpr int kRowsPerPass = 8 * NG;
+  constexpr int kStage = mma_stage_bytes<F>();        // the x slice (kStageX) follows it
+  constexpr int kSlot = mma_slot_bytes<F, kStageX>();  // ring slot stride
+  constexpr int kXChunkPieces = T::kChunkK * 2 / 16;   // 16-byte pieces of x per chunk
+  constexpr int kRowsPerPass = kStageX ? 1 : 8 * NG;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -262,14 +288,14 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int st_begin = static_cast<int>(int64_t{stages} * warp / nwarps);
   const int st_end = static_cast<int>(int64_t{stages} * (warp + 1) / nwarps);
   const int nst = st_end - st_begin;
-  uint8_t* ring = smem + warp * kMmaStages * kStage;
+  uint8_t* ring = smem + warp * kMmaStages * kSlot;
   // The ring's shared-memory address, once, through an opaque move: otherwise ptxas, short of
   // registers under the 80-register cap, rematerialises it from the special registers (CTA id,
   // thread id) at every stage (SASS: ~10 instructions per stage).
   const uint32_t ring_s = opaque_u32(smem_u32(ring));
   static_assert(kMmaStages == 2, "the lane's copy addresses below are per slot");
   const uint32_t ring_lane0 = opaque_u32(ring_s + 16 * lane),
-                 ring_lane1 = opaque_u32(ring_s + kStage + 16 * lane);
+                 ring_lane1 = opaque_u32(ring_s + kSlot + 16 * lane);
 
   // This lane's copies, fixed for the whole stream. MXFP8: a chunk = 16 rows x 32 bytes = 32
   // pieces of 16 bytes (lane l: row l / 2, half l % 2); scales: rows 0..15 x 4 bytes (4 chunks;
@@ -304,8 +330,9 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const bool scale16 = F == QuantFormat::kNvfp4 && scale_cols % 16 == 0 &&
                        (reinterpret_cast<uintptr_t>(sbase) & 15) == 0;
 
+  const uint8_t* xsrc = nullptr;  // kStageX: the pass's activation row (f16 bytes)
   auto issue = [&](int s, int slot) {
-    const uint32_t base = ring_s + slot * kStage;
+    const uint32_t base = ring_s + slot * kSlot;
     const int c0 = s * kU;
     if constexpr (kPacked) {
       // The lane's pieces of kU consecutive 1-KB blocks (N % 16 == 0: every tile is whole), no
@@ -348,6 +375,15 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       cp_async8(base + kU * T::kChunkBytes + s_r * 16 + u * 8,
                 s_src + (in ? int64_t{c0 + u} * 8 : 0), in ? 8 : 0);
     }
+    if constexpr (kStageX) {
+      // The stage's kU chunks of the row are contiguous: lane l copies piece l; chunks past K
+      // are zero-filled (their weights are zero too).
+      static_assert(kU * kXChunkPieces == 32, "one piece per lane");
+      const int u = lane / kXChunkPieces, pc = lane % kXChunkPieces;
+      const bool in = c0 + u < chunks;
+      cp_async16(base + kStage + 16 * (u * kXChunkPieces + nvfp4_x_piece_slot(pc)),
+                 xsrc + (in ? int64_t{c0} * T::kChunkK * 2 + 16 * lane : 0), in ? 16 : 0);
+    }
   };
 
   for (int r0 = r_begin; r0 < r_end; r0 += kRowsPerPass) {
@@ -362,6 +398,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       const int r = r0 + m;
       const int64_t rid = p.sorted_rows ? p.sorted_rows[r] : r;
       xrow[ng] = p.xh + (rid / p.x_row_div) * p.ldx + (F == QuantFormat::kMxfp8 ? 8 : 32) * t;
+      if (kStageX) xsrc = reinterpret_cast<const uint8_t*>(p.xh + (rid / p.x_row_div) * p.ldx);
     }
     float acc[NG][4];
 #pragma unroll
@@ -376,9 +413,19 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     float acc_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     // One stage from ring slot `slot` (chunks c0 .. c0 + kU; those past K are zero weights and
-    // read the last chunk's activations, so they add exact zeros).
+    // read the last chunk's activations, or staged zeros, so they add exact zeros).
     auto compute = [&](int slot, int c0) {
-      const uint8_t* st = ring + slot * kStage;
+      const uint8_t* st = ring + slot * kSlot;
+      // Piece pc (16 bytes) of chunk u's activations: staged in the slot or read through L1.
+      auto x16 = [&](int ng, int u, int c, int pc) -> uint4 {
+        if constexpr (kStageX) {
+          return *reinterpret_cast<const uint4*>(
+              st + kStage + 16 * (u * kXChunkPieces + nvfp4_x_piece_slot(pc)));
+        } else {  // xrow already points at the lane's first piece (t)
+          const int q = F == QuantFormat::kNvfp4 ? pc & 3 : 0;
+          return __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * T::kChunkK + 8 * q));
+        }
+      };
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int c = min(c0 + u, chunks - 1);  // activations: never past the row
@@ -395,7 +442,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
           const float f_lo = e8m0_exact(sc[g * 4 + u]), f_hi = e8m0_exact(sc[(g + 8) * 4 + u]);
 #pragma unroll
           for (int ng = 0; ng < NG; ++ng) {
-            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 32));
+            const uint4 xv = x16(ng, u, c, t);
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             mma_f16(d, a00, a01, a02, a03, xv.x, xv.y);
             mma_f16(d, a10, a11, a12, a13, xv.z, xv.w);
@@ -421,7 +468,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
           for (int ng = 0; ng < NG; ++ng)
 #pragma unroll
             for (int q = 0; q < 4; ++q)
-              xc[ng][q] = __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 8 * q));
+              xc[ng][q] = x16(ng, u, c, 4 * t + q);
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const uint32_t x = wv[i];
@@ -462,8 +509,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
 #pragma unroll
             for (int ng = 0; ng < NG; ++ng) {
               // x elements 8q .. 8q + 7 of the lane's 32.
-              const uint4 xv =
-                  __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * 128 + 8 * q));
+              const uint4 xv = x16(ng, u, c, 4 * t + q);
               // k-step 0: pairs (0,4), (1,5); k-step 1: (2,6), (3,7).
               mma_f16(acc[ng], l0, h0, l1, h1, prmt(xv.x, xv.z, 0x5410), prmt(xv.x, xv.z, 0x7632));
               mma_f16(acc[ng], l2, h2, l3, h3, prmt(xv.y, xv.w, 0x5410), prmt(xv.y, xv.w, 0x7632));
