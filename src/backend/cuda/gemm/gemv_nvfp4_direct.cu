@@ -1,3 +1,7 @@
+// EXPERIMENT, not yet run on a GPU (session 16's device time ran out after it was built): off
+// unless QuantGemvParams::variant = 8 or M3_NVFP4_DIRECT=1; its first device call is in
+// docs/dev/decode-persistent-layer.md, "Session 16".
+//
 // NVFP4 "direct" GEMV for one activation row per group (batch-1 routed experts): variant 5's
 // tensor-core step (quant_gemv_mma.cuh, the mma layout of quant/nvfp4_mma_layout.h) with the
 // weights and block scales loaded straight into registers two stages ahead, as variant 7 does for
