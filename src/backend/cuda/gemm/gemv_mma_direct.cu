@@ -203,17 +203,7 @@ __global__ void __launch_bounds__(256, 2) mxfp8_direct_kernel(QuantGemvParams p)
       }
     }
   };
-  // Stage i is computed from slot i % NS, whose registers then take stage i + NS.
-  for (int i0 = 0; i0 < nst; i0 += NS) {
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-      const int i = i0 + j;
-      if (i < nst) {
-        compute(st_begin + i, j);
-        if (i + NS < nst) load(st_begin + i + NS, j);
-      }
-    }
-  }
+  register_pipeline<NS>(st_begin, nst, compute, load);
 
   // The fragments (times the warp's own activation factors where it converted x), summed
   // over the warps in warp order; then the epilogue, one thread per (group, lane).

@@ -60,14 +60,9 @@ __global__ void __launch_bounds__(256, 2) nvfp4_direct_kernel(QuantGemvParams p)
   // The group (expert) comes from the previous kernel: wait before anything is read.
   pdl_launch_dependents();
   pdl_wait();
-  int64_t grp = 0;
-  int r_begin = 0, r_end = static_cast<int>(p.num_rows);
-  if (p.group_offsets != nullptr) {
-    grp = p.active_groups[blockIdx.y];
-    if (grp < 0) return;  // whole CTA
-    r_begin = p.group_offsets[grp];
-    r_end = p.group_offsets[grp + 1];
-  }
+  int64_t grp;
+  int r_begin, r_end;
+  if (!cta_group_rows(p, &grp, &r_begin, &r_end)) return;  // whole CTA
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
   auto weight_row = [&](int r) { return mma_tile_weight_row(tile, r, n, swiglu); };
@@ -120,40 +115,20 @@ __global__ void __launch_bounds__(256, 2) nvfp4_direct_kernel(QuantGemvParams p)
         const int c = s * kStageChunks + u;
         const uint4 h0 = wa[slot][u][0], h1 = wa[slot][u][1];
         const uint4 w0 = swap ? h1 : h0, w1 = swap ? h0 : h1;
-        // Blocks 2t, 2t + 1 of rows g (l) and g + 8 (h), x 2^7 (nvfp4_lane_scales' values).
-        const uint32_t s2l = hmul2(e4m3x2_to_f16x2(sc[slot][u][0]), 0x58005800u);
-        const uint32_t s2h = hmul2(e4m3x2_to_f16x2(sc[slot][u][1]), 0x58005800u);
-        const uint32_t sl0 = prmt(s2l, 0, 0x1010), sl1 = prmt(s2l, 0, 0x3232);
-        const uint32_t sh0 = prmt(s2h, 0, 0x1010), sh1 = prmt(s2h, 0, 0x3232);
+        // Blocks 2t, 2t + 1 of rows g (l) and g + 8 (h) (nvfp4_lane_scales' values).
+        uint32_t sl0, sl1, sh0, sh1;
+        nvfp4_scale_operands(sc[slot][u][0], sc[slot][u][1], &sl0, &sl1, &sh0, &sh1);
         uint4 xc[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           xc[q] = *reinterpret_cast<const uint4*>(
               xs + 16 * nvfp4_x_piece_slot(c * 16 + 4 * t + q));
         const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t x = wv[i];
-          const uint32_t scl = i < 4 ? sl0 : sl1, sch = i < 4 ? sh0 : sh1;
-          const uint4 xv = xc[i / 2];
-          mma_f16(i % 2 ? acc_odd : acc, hmul2(nvfp4_mma::fragment(x, 0), scl),
-                  hmul2(nvfp4_mma::fragment(x, 1), sch), hmul2(nvfp4_mma::fragment(x, 2), scl),
-                  hmul2(nvfp4_mma::fragment(x, 3), sch), i % 2 ? xv.z : xv.x,
-                  i % 2 ? xv.w : xv.y);
-        }
+        nvfp4_chunk_mma(wv, sl0, sl1, sh0, sh1, xc,
+                        [&](int i) -> float(&)[4] { return i % 2 ? acc_odd : acc; });
       }
     };
-    // Stage i is computed from slot i % kInFlight, whose registers then take stage i + kInFlight.
-    for (int i0 = 0; i0 < nst; i0 += kInFlight) {
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        const int i = i0 + j;
-        if (i < nst) {
-          compute(st_begin + i, j);
-          if (i + kInFlight < nst) load(st_begin + i + kInFlight, j);
-        }
-      }
-    }
+    register_pipeline<kInFlight>(st_begin, nst, compute, load);
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[j] += acc_odd[j];
 

@@ -144,20 +144,77 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
+// The four scale operands of a lane from its two pairs of E4M3 block scales (low and high byte:
+// blocks 2t and 2t + 1) of rows g (lo2) and g + 8 (hi2): each x 2^7 as an f16x2 broadcast to
+// both halves (exact); l0 / h0 serve k-steps 0..3 of a chunk, l1 / h1 k-steps 4..7.
+__device__ __forceinline__ void nvfp4_scale_operands(uint32_t lo2, uint32_t hi2, uint32_t* l0,
+                                                     uint32_t* l1, uint32_t* h0, uint32_t* h1) {
+  const uint32_t s2l = hmul2(e4m3x2_to_f16x2(lo2), 0x58005800u);
+  const uint32_t s2h = hmul2(e4m3x2_to_f16x2(hi2), 0x58005800u);
+  *l0 = prmt(s2l, 0, 0x1010), *l1 = prmt(s2l, 0, 0x3232);
+  *h0 = prmt(s2h, 0, 0x1010), *h1 = prmt(s2h, 0, 0x3232);
+}
+
 // The NVFP4 block scales of lane (g, t) from a stage's scale area sc = [row 16][chunk][8 blocks]
 // (this chunk's column; rows `row_stride` bytes apart): blocks 2t and 2t + 1 of rows g (l) and
-// g + 8 (h), each x 2^7 as an f16x2 broadcast to both halves (exact).
+// g + 8 (h) (nvfp4_scale_operands).
 __device__ __forceinline__ void nvfp4_lane_scales(const uint8_t* sc, int g, int t, uint32_t* l0,
                                                   uint32_t* l1, uint32_t* h0, uint32_t* h1,
                                                   int row_stride = 16) {
-  const uint32_t s2l = hmul2(
-      e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * row_stride + 2 * t)),
-      0x58005800u);
-  const uint32_t s2h = hmul2(
-      e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * row_stride + 2 * t)),
-      0x58005800u);
-  *l0 = prmt(s2l, 0, 0x1010), *l1 = prmt(s2l, 0, 0x3232);
-  *h0 = prmt(s2h, 0, 0x1010), *h1 = prmt(s2h, 0, 0x3232);
+  nvfp4_scale_operands(*reinterpret_cast<const uint16_t*>(sc + g * row_stride + 2 * t),
+                       *reinterpret_cast<const uint16_t*>(sc + (g + 8) * row_stride + 2 * t),
+                       l0, l1, h0, h1);
+}
+
+// The 8 k-steps of one NVFP4 chunk in the mma layout for one group of 8 activation rows: the
+// lane's words wv (k-steps 0..7), its block scales (nvfp4_lane_scales: l0 / h0 for k-steps 0..3,
+// l1 / h1 for 4..7) and activations xc (16 bytes per pair of k-steps); k-step i accumulates into
+// chain(i) (a float[4] fragment), so the callers choose how many independent chains they keep.
+template <typename Chain>
+__device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&wv)[8], uint32_t l0, uint32_t l1,
+                                                uint32_t h0, uint32_t h1, const uint4 (&xc)[4],
+                                                Chain chain) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t x = wv[i];
+    const uint32_t scl = i < 4 ? l0 : l1, sch = i < 4 ? h0 : h1;
+    const uint4 xv = xc[i / 2];
+    mma_f16(chain(i), hmul2(nvfp4_mma::fragment(x, 0), scl),
+            hmul2(nvfp4_mma::fragment(x, 1), sch), hmul2(nvfp4_mma::fragment(x, 2), scl),
+            hmul2(nvfp4_mma::fragment(x, 3), sch), i % 2 ? xv.z : xv.x, i % 2 ? xv.w : xv.y);
+  }
+}
+
+// A warp's register pipeline over its stages st_begin .. st_begin + nst (variants 7 and 8): stage
+// i is computed from register slot i % NS (compute(stage, slot)), whose registers then take stage
+// i + NS (load(stage, slot)); the first NS stages are loaded by the caller. Slots are
+// compile-time constants after unrolling, so the loads stay in registers.
+template <int NS, typename Compute, typename Load>
+__device__ __forceinline__ void register_pipeline(int st_begin, int nst, Compute compute,
+                                                  Load load) {
+  for (int i0 = 0; i0 < nst; i0 += NS) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int i = i0 + j;
+      if (i < nst) {
+        compute(st_begin + i, j);
+        if (i + NS < nst) load(st_begin + i + NS, j);
+      }
+    }
+  }
+}
+
+// The group of this CTA's slot (blockIdx.y) and its rows [*r_begin, *r_end) of the routed rows
+// (ungrouped: group 0, every row); false for an empty slot (the whole CTA then returns).
+__device__ __forceinline__ bool cta_group_rows(const QuantGemvParams& p, int64_t* grp,
+                                               int* r_begin, int* r_end) {
+  *grp = 0, *r_begin = 0, *r_end = static_cast<int>(p.num_rows);
+  if (p.group_offsets == nullptr) return true;
+  *grp = p.active_groups[blockIdx.y];
+  if (*grp < 0) return false;
+  *r_begin = p.group_offsets[*grp];
+  *r_end = p.group_offsets[*grp + 1];
+  return true;
 }
 
 // Tile row r (0..15) of 16-row tile `tile` -> weight row (-1: past N); SwiGLU: gate rows i0 + r
@@ -266,14 +323,9 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   pdl_launch_dependents();
   pdl_wait();
 
-  int64_t grp = 0;
-  int r_begin = 0, r_end = static_cast<int>(p.num_rows);
-  if (p.group_offsets != nullptr) {
-    grp = p.active_groups[blockIdx.y];
-    if (grp < 0) return;  // whole CTA
-    r_begin = p.group_offsets[grp];
-    r_end = p.group_offsets[grp + 1];
-  }
+  int64_t grp;
+  int r_begin, r_end;
+  if (!cta_group_rows(p, &grp, &r_begin, &r_end)) return;  // whole CTA
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
   const int64_t row_bytes = F == QuantFormat::kMxfp8 ? k : k / 2;

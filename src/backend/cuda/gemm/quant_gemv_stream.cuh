@@ -121,15 +121,7 @@ __device__ __forceinline__ void stream_nvfp4_chunk(const uint8_t* sp, const uint
   for (int q = 0; q < 4; ++q)
     xc[q] = *reinterpret_cast<const uint4*>(xr + 2 * (c * 128 + 32 * t + 8 * q));
   const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t x = wv[i];
-    const uint32_t scl = i < 4 ? sl0 : sl1, sch = i < 4 ? sh0 : sh1;
-    const uint4 xv = xc[i / 2];
-    mma_f16(acc[i % 4], hmul2(nvfp4_mma::fragment(x, 0), scl),
-            hmul2(nvfp4_mma::fragment(x, 1), sch), hmul2(nvfp4_mma::fragment(x, 2), scl),
-            hmul2(nvfp4_mma::fragment(x, 3), sch), i % 2 ? xv.z : xv.x, i % 2 ? xv.w : xv.y);
-  }
+  nvfp4_chunk_mma(wv, sl0, sl1, sh0, sh1, xc, [&](int i) -> float(&)[4] { return acc[i % 4]; });
 }
 
 // ring: slots in the pipeline; cap: activation rows held per group (<= 8).
