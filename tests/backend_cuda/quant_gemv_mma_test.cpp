@@ -98,9 +98,9 @@ void check_repeat_and_accumulate(cuda::QuantGemvParams p, Dev<float>& y,
     ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
 }
 
-// Variant 5 on p (writing every element of `out`) with stage_x off: where the launcher stages
-// the activations with the weights (NVFP4, one row per group), reading them through L1 must give
-// the same bits (elsewhere both launches take the same path).
+// Variant 5 on p (writing every element of `out`) with stage_x off, where the launcher stages
+// the activations with the weights (NVFP4, one row per group): reading them through L1 must give
+// the same bits.
 template <typename T>
 void expect_same_unstaged(cuda::QuantGemvParams p, Dev<T>& out, const std::vector<T>& want,
                           const std::string& name) {
@@ -169,7 +169,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
                            " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
   expect_close(y0, want, bound, name + " v5");
   check_repeat_and_accumulate(p, y, y0, name + " v5");
-  expect_same_unstaged(p, y, y0, name + " v5");
+  if (c.f == QuantFormat::kNvfp4 && c.m == 1) expect_same_unstaged(p, y, y0, name + " v5");
 
   // Variant 7 (MXFP8, 1..8 rows, K % 128) reads the bf16 rows itself: the same bound,
   // deterministic, accumulate bitwise; refused elsewhere.
@@ -259,7 +259,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   expect_close(yp, want, bound, name + " v5 mma layout");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
-  expect_same_unstaged(p, y, yp, name + " v5 mma layout");
+  if (c.m == 1) expect_same_unstaged(p, y, yp, name + " v5 mma layout");
   {  // Variant 8 (weights into registers; K % 256, one row per pass): the same bound,
      // deterministic, accumulate bitwise; refused elsewhere.
     cuda::QuantGemvParams q = p;
@@ -374,7 +374,8 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   }
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto act_h = act.host();
-  if (variant == 5) expect_same_unstaged(p, act, act_h, name + " gate|up");
+  const bool staged = variant == 5 && f == QuantFormat::kNvfp4 && tokens == 1;
+  if (staged) expect_same_unstaged(p, act, act_h, name + " gate|up");
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
   auto act16 = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act16.ptr();
@@ -417,7 +418,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
   const auto y0 = y.host();
   expect_close(y0, yw, yb, name + " down (f16 activations)");
-  if (variant == 5) expect_same_unstaged(p, y, y0, name + " down");
+  if (staged) expect_same_unstaged(p, y, y0, name + " down");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
 }

@@ -99,10 +99,7 @@ bool stage_x(const QuantGemvParams& p) {
     const char* e = std::getenv("M3_GEMV5_STAGE_X");
     return e != nullptr && std::atoi(e) == 0;
   }();
-  const int64_t rows = p.group_offsets == nullptr ? p.num_rows
-                       : p.max_group_rows > 0   ? std::min(p.max_group_rows, p.num_rows)
-                                                : p.num_rows;
-  return p.stage_x && !off && rows <= 1;
+  return p.stage_x && !off && rows_per_group(p) <= 1;
 }
 
 template <QuantFormat F, bool kPacked>
@@ -163,8 +160,7 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
     const char* e = std::getenv("M3_NVFP4_DIRECT");
     return e != nullptr && std::atoi(e) == 1;
   }();
-  if (direct8 && p.format == QuantFormat::kNvfp4 && p.w_layout != 0 && stage_x(p) &&
-      nvfp4_direct_params_problem(p).empty())
+  if (direct8 && rows_per_group(p) <= 1 && nvfp4_direct_params_problem(p).empty())
     return launch_nvfp4_direct(p, s);
   const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
   // Rows per pass: a dense linear's batch; for experts twice the average rows per expert

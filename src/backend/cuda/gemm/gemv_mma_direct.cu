@@ -33,6 +33,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
+#include "backend/cuda/runtime/stream.h"
 #include "quant/mxfp8_mma_layout.h"
 
 namespace m3::cuda::gemv {
@@ -241,15 +242,11 @@ __global__ void __launch_bounds__(256, 2) mxfp8_direct_kernel(QuantGemvParams p)
 template <int NG, bool PK, bool XF>
 Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
   auto* kernel = mxfp8_direct_kernel<NG, PK, XF>;
+  const int sms = launch_limits().sms;
   static std::once_flag once;
-  static int sms = 1;
   static int occ[kMaxWarps + 1] = {};
   static size_t occ_smem = ~size_t{0};
   std::call_once(once, [&] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    sms = std::max(sms, 1);
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
   });
   const int64_t fill_rows = XF ? 0 : p.num_rows;

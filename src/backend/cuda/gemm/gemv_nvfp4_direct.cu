@@ -31,6 +31,7 @@
 #include "backend/cuda/gemm/quant_gemv_mma.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
+#include "backend/cuda/runtime/stream.h"
 #include "quant/nvfp4_mma_layout.h"
 
 namespace m3::cuda::gemv {
@@ -169,13 +170,9 @@ Status launch_nvfp4_direct(const QuantGemvParams& p, cudaStream_t s) {
   const std::string why = nvfp4_direct_params_problem(p);
   if (!why.empty()) return invalid_argument("[cuda.quant_gemv] NVFP4 direct: " + why);
   auto* kernel = nvfp4_direct_kernel;
+  const int sms = launch_limits().sms;
   static std::once_flag once;
-  static int sms = 1;
   std::call_once(once, [&] {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    sms = std::max(sms, 1);
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
   });
   // Resident CTAs per SM for each width at this K (cached per K).

@@ -12,12 +12,13 @@
 namespace m3::cuda {
 
 namespace gemv {
-namespace {
 
 int64_t rows_per_group(const QuantGemvParams& p) {
   if (p.group_offsets == nullptr) return p.num_rows;
   return p.max_group_rows > 0 ? std::min(p.max_group_rows, p.num_rows) : p.num_rows;
 }
+
+namespace {
 
 constexpr int kMinRing = 4;
 

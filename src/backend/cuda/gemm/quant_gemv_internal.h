@@ -32,6 +32,10 @@ void choose_iters_v3(const QuantGemvParams& p, int resident, V3Plan* plan);
 Status launch_mxfp8_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 
+// The most activation rows one group can hold (dense: every row; grouped: max_group_rows where
+// given), which sizes variant 6's activation buffer and picks variant 5's staged activations.
+int64_t rows_per_group(const QuantGemvParams& p);
+
 // Variant 5 (quant_gemv_mma.cuh, gemv_mma.cu): tensor-core GEMV with the epilogue fused.
 Status launch_mma(const QuantGemvParams& p, cudaStream_t s);
 // What variants 5 and 6 both need of their parameters (f16 activations and weights 16-byte
