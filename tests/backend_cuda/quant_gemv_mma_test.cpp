@@ -379,6 +379,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
   auto act16 = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act16.ptr();
+  const cuda::QuantGemvParams up16 = p;
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto act16_h = act16.host();
   // The f16 copy is the bf16 value x 2^8, exact down to the f16 subnormal step (2^-24, so
@@ -421,6 +422,22 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   if (staged) expect_same_unstaged(p, y, y0, name + " down");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
+  if (variant == 5) {
+    // The down product as the model runs it: a programmatic dependent of a fresh gate|up, its
+    // routing and first weights read before its wait. Bitwise the plain launch; had it read its
+    // activations before the gate|up wrote them, it would have read the poison.
+    auto act16_pdl = Dev<uint16_t>::poisoned(rows * inter);
+    cuda::QuantGemvParams up = up16;
+    up.epilogue.act = act16_pdl.ptr();
+    cuda::QuantGemvParams down = p;
+    down.xh = act16_pdl.ptr();
+    down.pdl = down.weights_before_wait = true;
+    auto y_pdl = Dev<float>::poisoned(rows * hidden);
+    down.epilogue.y = y_pdl.ptr();
+    ASSERT_TRUE(cuda::launch_quant_gemv(up, stream()).is_ok());
+    ASSERT_TRUE(cuda::launch_quant_gemv(down, stream()).is_ok());
+    EXPECT_EQ(y_pdl.host(), y0) << name << ": down with its weights before the wait differs";
+  }
 }
 
 // Experts: tokens x top_k routed rows through their expert's gate|up with the fused SwiGLU

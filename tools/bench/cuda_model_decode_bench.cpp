@@ -107,6 +107,9 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   if (const char* e = std::getenv("M3_BENCH_PDL_CHAIN")) o.pdl_chain = std::atoi(e) != 0;
   // M3_BENCH_PDL_ROUTER=0: the router launched plainly after the norm (A/B of pdl_router).
   if (const char* e = std::getenv("M3_BENCH_PDL_ROUTER")) o.pdl_router = std::atoi(e) != 0;
+  // M3_BENCH_DOWN_EARLY=0: the experts' down product launched plainly after their gate|up (A/B
+  // of expert_down_early).
+  if (const char* e = std::getenv("M3_BENCH_DOWN_EARLY")) o.expert_down_early = std::atoi(e) != 0;
   // M3_BENCH_ATTN_MMA=0: the decode attention's float32-FMA split kernel at every batch (A/B).
   if (const char* e = std::getenv("M3_BENCH_ATTN_MMA")) o.mma_decode_attention = std::atoi(e) != 0;
   // M3_BENCH_MXFP8_LAYOUT=0: the MXFP8 dense matrices stay row-major (variants 3 / 5 instead of

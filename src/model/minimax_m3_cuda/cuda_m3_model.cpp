@@ -254,7 +254,7 @@ struct CudaM3Model::Impl {
   // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
   Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
               const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
-              cudaStream_t on = nullptr) {
+              cudaStream_t on = nullptr, bool weights_first = false) {
     if (on == nullptr) on = st();
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
     p.x_row_div = x_row_div;
@@ -277,6 +277,11 @@ struct CudaM3Model::Impl {
       // Variant 5 on the main stream with pdl_chain (the side stream's first kernel follows an
       // event, not a kernel of its own stream: plain launches there).
       p.pdl = opt.pdl && (stream || (opt.pdl_chain && on == st()));
+      // weights_first: neither the weights nor the routing come from the kernel before (the
+      // experts' down product after their variant-5 gate|up, which lets its dependents start
+      // only after its own wait): requested before the wait, under PDL.
+      if (weights_first && opt.decode_gemv_variant != 6 && opt.pdl && on == st())
+        p.pdl = p.weights_before_wait = true;
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
@@ -588,7 +593,8 @@ struct CudaM3Model::Impl {
         swiglu_to(L.experts_gu, L.experts_down, rows * kk, b.act, b.act16);
     M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
     M3_RETURN_IF_ERROR(gemv(L.experts_down, act_in(swiglu_r, b.act, inter), rows * kk,
-                            store_to(b.contrib, hd), b, true, 1));
+                            store_to(b.contrib, hd), b, true, 1, nullptr,
+                            opt.expert_down_early));
     const float* shared = nullptr;
     if (side_path) {
       M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), join_ev, 0));

@@ -72,6 +72,12 @@ struct CudaM3Options {
   // 1.586 / 1.579, 1.601 / 1.581 ms; 4K 1.662 / 1.647, 1.652 / 1.650, 1.666 / 1.645; batch 8
   // 4K 3.047 / 3.024, 3.027 / 3.029, 3.044 / 3.036 (docs/perf-log.md session 11).
   bool pdl_router = true;
+  // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
+  // dependent of their gate|up, its CTAs reading the routing and requesting their first stage
+  // of weights before they wait (QuantGemvParams::weights_before_wait), so that its stream
+  // starts in the gate|up kernel's tail instead of one HBM round trip after it ends. Same
+  // results bit for bit.
+  bool expert_down_early = true;
   // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
   // on M3.1-Flash), the indexer would select every block of every row: its two launches per
   // layer are skipped and the attention reads every block (the same set of keys; bit for bit

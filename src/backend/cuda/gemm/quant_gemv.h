@@ -92,6 +92,13 @@ struct QuantGemvParams {
   // reading it through L1 (quant_gemv_mma.cuh, kStageX). Bitwise the same results; false for
   // A/B runs and the tests that compare the two (M3_GEMV5_STAGE_X=0: off for benchmarks).
   bool stage_x = true;
+  // Variant 5: read the routing and request the first stage's weights before the PDL wait (the
+  // activations after it). Only where the previous kernel on the stream wrote neither: the
+  // routed experts' down product after their gate|up (the routing is two kernels old, and
+  // variant 5 lets its dependents start only after its own wait, so the routing is complete).
+  // Bitwise the same results; with `pdl` the first weights stream under the previous kernel's
+  // tail.
+  bool weights_before_wait = false;
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
   int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads

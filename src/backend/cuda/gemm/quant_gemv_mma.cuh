@@ -204,16 +204,25 @@ __device__ __forceinline__ void register_pipeline(int st_begin, int nst, Compute
   }
 }
 
-// The group of this CTA's slot (blockIdx.y) and its rows [*r_begin, *r_end) of the routed rows
-// (ungrouped: group 0, every row); false for an empty slot (the whole CTA then returns).
+// The group of this CTA's slot (blockIdx.y; ungrouped: 0), or -1 for an empty slot (the whole
+// CTA then returns), and the group's rows [*r_begin, *r_end) of the routed rows (ungrouped: every
+// row). Read through L2 (weights_before_wait reads them before the PDL wait: no L1 line of an
+// earlier kernel may answer).
+__device__ __forceinline__ int64_t cta_group(const QuantGemvParams& p) {
+  return p.group_offsets == nullptr ? 0 : __ldcg(p.active_groups + blockIdx.y);
+}
+__device__ __forceinline__ void group_rows(const QuantGemvParams& p, int64_t grp, int* r_begin,
+                                           int* r_end) {
+  *r_begin = 0, *r_end = static_cast<int>(p.num_rows);
+  if (p.group_offsets == nullptr) return;
+  *r_begin = __ldcg(p.group_offsets + grp);
+  *r_end = __ldcg(p.group_offsets + grp + 1);
+}
 __device__ __forceinline__ bool cta_group_rows(const QuantGemvParams& p, int64_t* grp,
                                                int* r_begin, int* r_end) {
-  *grp = 0, *r_begin = 0, *r_end = static_cast<int>(p.num_rows);
-  if (p.group_offsets == nullptr) return true;
-  *grp = p.active_groups[blockIdx.y];
+  *grp = cta_group(p);
   if (*grp < 0) return false;
-  *r_begin = p.group_offsets[*grp];
-  *r_end = p.group_offsets[*grp + 1];
+  group_rows(p, *grp, r_begin, r_end);
   return true;
 }
 
@@ -319,13 +328,18 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   const int tile = blockIdx.x;
   // Launched with `pdl` (runtime/pdl.cuh): the CTA may start under the previous kernel's tail and
   // waits for it here, before the routing or the activations it wrote are read (no-ops without
-  // the launch attribute). Its own dependents may be scheduled from now on.
-  pdl_launch_dependents();
-  pdl_wait();
+  // the launch attribute). With p.weights_before_wait the group is read and the first stages'
+  // weights are requested first, and the CTA waits just before it needs the rows (below).
+  // Its dependents may be scheduled only once it has waited: a dependent that reads this
+  // kernel's inputs before its own wait (weights_before_wait) then finds them complete.
+  const bool early = p.weights_before_wait;
+  if (!early) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
 
-  int64_t grp;
-  int r_begin, r_end;
-  if (!cta_group_rows(p, &grp, &r_begin, &r_end)) return;  // whole CTA
+  const int64_t grp = cta_group(p);
+  if (grp < 0) return;  // an empty slot: the whole CTA
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
   const int64_t row_bytes = F == QuantFormat::kMxfp8 ? k : k / 2;
@@ -383,7 +397,9 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
                        (reinterpret_cast<uintptr_t>(sbase) & 15) == 0;
 
   const uint8_t* xsrc = nullptr;  // kStageX: the pass's activation row (f16 bytes)
-  auto issue = [&](int s, int slot) {
+  // Stage s into ring slot `slot`: its weights and scales (issue_weights) and, kStageX, its
+  // activations (issue_x).
+  auto issue_weights = [&](int s, int slot) {
     const uint32_t base = ring_s + slot * kSlot;
     const int c0 = s * kU;
     if constexpr (kPacked) {
@@ -427,7 +443,11 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       cp_async8(base + kU * T::kChunkBytes + s_r * 16 + u * 8,
                 s_src + (in ? int64_t{c0 + u} * 8 : 0), in ? 8 : 0);
     }
+  };
+  auto issue_x = [&](int s, int slot) {
     if constexpr (kStageX) {
+      const uint32_t base = ring_s + slot * kSlot;
+      const int c0 = s * kU;
       // The stage's kU chunks of the row are contiguous: lane l copies piece l; chunks past K
       // are zero-filled (their weights are zero too).
       static_assert(kU * kXChunkPieces == 32, "one piece per lane");
@@ -437,6 +457,32 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
                  xsrc + (in ? int64_t{c0} * T::kChunkK * 2 + 16 * lane : 0), in ? 16 : 0);
     }
   };
+  auto issue = [&](int s, int slot) {
+    issue_weights(s, slot);
+    issue_x(s, slot);
+  };
+
+  // The first pass's first kMmaStages stages of weights and scales go out as soon as the group
+  // is known: before the group's rows and their activations are read (two dependent L2 round
+  // trips), and with p.weights_before_wait before the PDL wait, so that the stream starts under
+  // the previous kernel's tail. Their activations follow in the pipeline below. H200, 8-layer
+  // model steps in one run, three rounds, two stages against one: 1.560 / 1.554 / 1.559 against
+  // 1.575 / 1.554 / 1.564 ms at batch 1, 1K; 1.615 / 1.618 / 1.614 against 1.629 / 1.613 /
+  // 1.625 at 4K; 2.820 / 2.825 / 2.830 against 2.839 / 2.820 / 2.838 at batch 8. Alone (no
+  // kernel before it to overlap) the batch-1 experts lose by it, 50.9-51.1 against 49.3-49.4
+  // us: the first mma then waits for both stages (docs/perf-log.md, session 17).
+  int prefetched = min(nst, kMmaStages);
+  for (int i = 0; i < prefetched; ++i) issue_weights(st_begin + i, i);
+  if (early) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+  int r_begin, r_end;
+  group_rows(p, grp, &r_begin, &r_end);
+  if (r_begin >= r_end) {  // no rows (an active group has some): let the copies land first
+    cp_async_wait<0>();
+    return;
+  }
 
   for (int r0 = r_begin; r0 < r_end; r0 += kRowsPerPass) {
     const int rows_here = min(r_end - r0, kRowsPerPass);
@@ -577,17 +623,24 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     __syncthreads();  // the previous pass's sums (which reuse the rings) have been read
 #pragma unroll
     for (int i = 0; i < kMmaStages - 1; ++i) {
-      if (i < nst) issue(st_begin + i, i);
+      if (i < prefetched)
+        issue_x(st_begin + i, i);
+      else if (i < nst)
+        issue(st_begin + i, i);
       cp_async_commit();
     }
     for (int i = 0; i < nst; ++i) {
       cp_async_wait<kMmaStages - 2>();
       __syncwarp();  // every lane's copies of stage i are visible; slot (i - 1) is free
-      if (i + kMmaStages - 1 < nst)
-        issue(st_begin + i + kMmaStages - 1, (i + kMmaStages - 1) % kMmaStages);
+      const int next = i + kMmaStages - 1;
+      if (next < prefetched)  // its weights went out before the rows were read
+        issue_x(st_begin + next, next % kMmaStages);
+      else if (next < nst)
+        issue(st_begin + next, next % kMmaStages);
       cp_async_commit();
       compute(i % kMmaStages, (st_begin + i) * kU);
     }
+    prefetched = 0;  // later passes stream the weights again, whole
     cp_async_wait<0>();
     if constexpr (kOddChain)
 #pragma unroll
