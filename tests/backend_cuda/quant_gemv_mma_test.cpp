@@ -260,21 +260,6 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
   if (c.m == 1) expect_same_unstaged(p, y, yp, name + " v5 mma layout");
-  {  // Variant 8 (weights into registers; K % 256, one row per pass): the same bound,
-     // deterministic, accumulate bitwise; refused elsewhere.
-    cuda::QuantGemvParams q = p;
-    q.variant = 8;
-    auto y8 = Dev<float>::poisoned(c.m * c.n);
-    q.epilogue.y = y8.ptr();
-    if (c.k % 256 == 0) {
-      ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v8";
-      const auto y80 = y8.host();
-      expect_close(y80, want, bound, name + " v8");
-      check_repeat_and_accumulate(q, y8, y80, name + " v8");
-    } else {
-      EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v8";
-    }
-  }
   check_stream(p, want, bound, v6_shape && c.k % 256 == 0, name + " mma layout");
   p.w_layout = 2;  // the pair tiling goes with SwiGLU only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
@@ -464,9 +449,8 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   for (const Routing& routing : routings)
     for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8})
       for (bool packed : {false, true})
-        for (int variant : {5, 6, 8})
-          if ((!packed || f == QuantFormat::kNvfp4) && (variant != 8 || packed))
-            run_grouped(routing, f, packed, variant);
+        for (int variant : {5, 6})
+          if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed, variant);
 }
 
 // Variant 7's fused SwiGLU on a dense MXFP8 gate|up [2·inter, hidden] (the shared expert and

@@ -155,13 +155,6 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
   if (p.w_layout != 0 && (p.format != QuantFormat::kNvfp4 || p.n % 16 != 0))
     return bad("variant 5: the mma layout (w_layout " + std::to_string(p.w_layout) +
                ") needs NVFP4 weights and N % 16 == 0 (N = " + std::to_string(p.n) + ")");
-  // Experiment (M3_NVFP4_DIRECT=1): one row per group on variant 8 (gemv_nvfp4_direct.cu).
-  static const bool direct8 = [] {
-    const char* e = std::getenv("M3_NVFP4_DIRECT");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
-  if (direct8 && rows_per_group(p) <= 1 && nvfp4_direct_params_problem(p).empty())
-    return launch_nvfp4_direct(p, s);
   const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
   // Rows per pass: a dense linear's batch; for experts twice the average rows per expert
   // (more take another pass over the weights).

@@ -123,7 +123,6 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.variant == 5) return gemv::launch_mma(p, stream);
   if (p.variant == 6) return gemv::launch_stream(p, stream);
   if (p.variant == 7) return gemv::launch_direct(p, stream);
-  if (p.variant == 8) return gemv::launch_nvfp4_direct(p, stream);
   if (p.w_layout != 0)
     return invalid_argument(
         "[cuda.quant_gemv] an mma layout is read by variants 5 and 6 (NVFP4) and 7 (MXFP8) only");

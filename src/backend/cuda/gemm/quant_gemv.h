@@ -118,11 +118,7 @@ struct QuantGemvParams {
                                     // mma layout (w_layout 1 / 2, quant/mxfp8_mma_layout.h;
                                     // gemv_mma_direct.cu): reads xh (any rows, passes of 32)
                                     // or, without it, x (bf16, up to 8 rows); the epilogue is
-                                    // always fused (partial unused), K % 128, SwiGLU N % 16;
-                                    // 8 = NVFP4 in the mma layout with variant 5's inputs and
-                                    // epilogues, weights and scales into registers stages
-                                    // ahead (gemv_nvfp4_direct.cu): K % 256, N % 16, one row
-                                    // per pass (for one row per group: batch-1 experts)
+                                    // always fused (partial unused), K % 128, SwiGLU N % 16
   // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
   // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
   // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,

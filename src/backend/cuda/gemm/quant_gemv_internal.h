@@ -51,11 +51,6 @@ Status launch_stream(const QuantGemvParams& p, cudaStream_t s);
 std::string direct_params_problem(const QuantGemvParams& p);
 Status launch_direct(const QuantGemvParams& p, cudaStream_t s);
 
-// Variant 8 (gemv_nvfp4_direct.cu): NVFP4 in the mma layout at one row per group on the tensor
-// cores, weights and scales loaded into registers stages ahead. "" when it can run p, else why.
-std::string nvfp4_direct_params_problem(const QuantGemvParams& p);
-Status launch_nvfp4_direct(const QuantGemvParams& p, cudaStream_t s);
-
 // Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
 dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);

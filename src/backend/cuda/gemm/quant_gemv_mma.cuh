@@ -185,7 +185,7 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&wv)[8], uint32_
   }
 }
 
-// A warp's register pipeline over its stages st_begin .. st_begin + nst (variants 7 and 8): stage
+// A warp's register pipeline over its stages st_begin .. st_begin + nst (variant 7): stage
 // i is computed from register slot i % NS (compute(stage, slot)), whose registers then take stage
 // i + NS (load(stage, slot)); the first NS stages are loaded by the caller. Slots are
 // compile-time constants after unrolling, so the loads stay in registers.
