@@ -73,10 +73,12 @@ struct CudaM3Options {
   // 4K 3.047 / 3.024, 3.027 / 3.029, 3.044 / 3.036 (docs/perf-log.md session 11).
   bool pdl_router = true;
   // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
-  // dependent of their gate|up, its CTAs reading the routing and requesting their first stage
+  // dependent of their gate|up, its CTAs reading the routing and requesting their first stages
   // of weights before they wait (QuantGemvParams::weights_before_wait), so that its stream
   // starts in the gate|up kernel's tail instead of one HBM round trip after it ends. Same
-  // results bit for bit.
+  // results bit for bit. H200, 8-layer steps off / on in one call: batch 1 1K 1.582 / 1.570,
+  // 1.579 / 1.568 ms; 4K 1.643 / 1.628, 1.642 / 1.637; batch 8 2.872 / 2.848, 2.868 / 2.854
+  // (docs/perf-log.md session 17, run 9).
   bool expert_down_early = true;
   // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
   // on M3.1-Flash), the indexer would select every block of every row: its two launches per

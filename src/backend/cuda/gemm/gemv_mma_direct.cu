@@ -40,6 +40,26 @@ namespace m3::cuda::gemv {
 
 namespace {
 
+// A warp's register pipeline over its stages st_begin .. st_begin + nst: stage
+// i is computed from register slot i % NS (compute(stage, slot)), whose registers then take stage
+// i + NS (load(stage, slot)); the first NS stages are loaded by the caller. Slots are
+// compile-time constants after unrolling, so the loads stay in registers.
+template <int NS, typename Compute, typename Load>
+__device__ __forceinline__ void register_pipeline(int st_begin, int nst, Compute compute,
+                                                  Load load) {
+  for (int i0 = 0; i0 < nst; i0 += NS) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int i = i0 + j;
+      if (i < nst) {
+        compute(st_begin + i, j);
+        if (i + NS < nst) load(st_begin + i + NS, j);
+      }
+    }
+  }
+}
+
+
 constexpr int kBlock = 32;                    // elements per E8M0 scale
 constexpr int kStageBlocks = 4;               // blocks per stage: one 32-bit scale word per row
 constexpr int kStageK = kBlock * kStageBlocks;

@@ -92,7 +92,7 @@ struct QuantGemvParams {
   // reading it through L1 (quant_gemv_mma.cuh, kStageX). Bitwise the same results; false for
   // A/B runs and the tests that compare the two (M3_GEMV5_STAGE_X=0: off for benchmarks).
   bool stage_x = true;
-  // Variant 5: read the routing and request the first stage's weights before the PDL wait (the
+  // Variant 5: read the routing and request the first stages' weights before the PDL wait (the
   // activations after it). Only where the previous kernel on the stream wrote neither: the
   // routed experts' down product after their gate|up (the routing is two kernels old, and
   // variant 5 lets its dependents start only after its own wait, so the routing is complete).
@@ -131,9 +131,9 @@ struct QuantGemvParams {
   // Variants 3, 5 and 6: programmatic dependent launch (runtime/pdl.cuh). Variant 3 requests
   // its first weights (dense: into registers or L2) before it waits for the previous kernel on
   // the stream, so the weight stream starts under that kernel's tail; grouped launches wait
-  // first (the group ids come from the previous kernel). Variant 5 waits at its start (its CTAs
-  // are resident and launched when the previous kernel ends). Results are bitwise the same
-  // either way.
+  // first (the group ids come from the previous kernel). Variant 5 waits at its start, or with
+  // weights_before_wait once its first weight stages are requested, and lets its own dependents
+  // start only after that wait. Results are bitwise the same either way.
   bool pdl = false;
 };
 

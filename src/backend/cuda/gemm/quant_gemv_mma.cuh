@@ -185,25 +185,6 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&wv)[8], uint32_
   }
 }
 
-// A warp's register pipeline over its stages st_begin .. st_begin + nst (variant 7): stage
-// i is computed from register slot i % NS (compute(stage, slot)), whose registers then take stage
-// i + NS (load(stage, slot)); the first NS stages are loaded by the caller. Slots are
-// compile-time constants after unrolling, so the loads stay in registers.
-template <int NS, typename Compute, typename Load>
-__device__ __forceinline__ void register_pipeline(int st_begin, int nst, Compute compute,
-                                                  Load load) {
-  for (int i0 = 0; i0 < nst; i0 += NS) {
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-      const int i = i0 + j;
-      if (i < nst) {
-        compute(st_begin + i, j);
-        if (i + NS < nst) load(st_begin + i + NS, j);
-      }
-    }
-  }
-}
-
 // The group of this CTA's slot (blockIdx.y; ungrouped: 0), or -1 for an empty slot (the whole
 // CTA then returns), and the group's rows [*r_begin, *r_end) of the routed rows (ungrouped: every
 // row). Read through L2 (weights_before_wait reads them before the PDL wait: no L1 line of an
@@ -217,13 +198,6 @@ __device__ __forceinline__ void group_rows(const QuantGemvParams& p, int64_t grp
   if (p.group_offsets == nullptr) return;
   *r_begin = __ldcg(p.group_offsets + grp);
   *r_end = __ldcg(p.group_offsets + grp + 1);
-}
-__device__ __forceinline__ bool cta_group_rows(const QuantGemvParams& p, int64_t* grp,
-                                               int* r_begin, int* r_end) {
-  *grp = cta_group(p);
-  if (*grp < 0) return false;
-  group_rows(p, *grp, r_begin, r_end);
-  return true;
 }
 
 // Tile row r (0..15) of 16-row tile `tile` -> weight row (-1: past N); SwiGLU: gate rows i0 + r
