@@ -20,7 +20,7 @@ static_assert(kMmaStages * mma_stage_bytes<QuantFormat::kMxfp8>() >= 4 * 32 * 16
               "the cross-warp sums fit in a warp's ring");
 
 // Resident CTAs per SM for each width (1, 2, 4, 6, 8), computed once per instantiation.
-template <QuantFormat F, int NG, bool kPacked, bool kStageX>
+template <QuantFormat F, int NG, bool kPacked, bool kStageX, bool kScaleOut>
 const int* occupancy_table(int* sms_out) {
   static int occ[9] = {};
   static int sms = 0;
@@ -29,7 +29,7 @@ const int* occupancy_table(int* sms_out) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStageX>;
+    auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStageX, kScaleOut>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          mma_smem_bytes<F, kStageX>(8));
     for (int w : {1, 2, 4, 6, 8}) {
@@ -76,11 +76,11 @@ int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms, bool pac
   return best;
 }
 
-template <QuantFormat F, int NG, bool kPacked, bool kStageX = false>
+template <QuantFormat F, int NG, bool kPacked, bool kStageX = false, bool kScaleOut = false>
 Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
-  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStageX>;
+  auto* kernel = quant_gemv_mma_kernel<F, NG, kPacked, kStageX, kScaleOut>;
   int sms = 1;
-  const int* occ = occupancy_table<F, NG, kPacked, kStageX>(&sms);
+  const int* occ = occupancy_table<F, NG, kPacked, kStageX, kScaleOut>(&sms);
   const int64_t stages = (p.k / MmaTraits<F>::kChunkK + MmaTraits<F>::kU - 1) / MmaTraits<F>::kU;
   const int w = choose_width(int64_t{grid.x} * grid.y, stages, occ, sms,
                              kPacked && p.group_offsets != nullptr);
@@ -102,12 +102,26 @@ bool stage_x(const QuantGemvParams& p) {
   return p.stage_x && !off && rows_per_group(p) <= 1;
 }
 
+// Whether staged NVFP4 weights in the mma layout take their block scales on the mma's outputs
+// (the kernel's kScaleOut): p.scale_out, unless M3_GEMV5_SCALE_OUT=0 (for benchmarks).
+bool scale_out(const QuantGemvParams& p) {
+  static const bool off = [] {
+    const char* e = std::getenv("M3_GEMV5_SCALE_OUT");
+    return e != nullptr && std::atoi(e) == 0;
+  }();
+  return p.scale_out && !off;
+}
+
 template <QuantFormat F, bool kPacked>
 Status launch_format(const QuantGemvParams& p, int ng, dim3 grid, cudaStream_t s) {
   switch (ng) {
     case 1:
       if constexpr (F == QuantFormat::kNvfp4)
-        if (stage_x(p)) return launch_one<F, 1, kPacked, true>(p, grid, s);
+        if (stage_x(p)) {
+          if constexpr (kPacked)
+            if (scale_out(p)) return launch_one<F, 1, true, true, true>(p, grid, s);
+          return launch_one<F, 1, kPacked, true>(p, grid, s);
+        }
       return launch_one<F, 1, kPacked>(p, grid, s);
     case 2: return launch_one<F, 2, kPacked>(p, grid, s);
     default: return launch_one<F, 4, kPacked>(p, grid, s);

@@ -92,6 +92,12 @@ struct QuantGemvParams {
   // reading it through L1 (quant_gemv_mma.cuh, kStageX). Bitwise the same results; false for
   // A/B runs and the tests that compare the two (M3_GEMV5_STAGE_X=0: off for benchmarks).
   bool stage_x = true;
+  // Variant 5 with staged activations and NVFP4 in the mma layout: the block scales multiply the
+  // mma's outputs (one per block and row) instead of its dequantised weights (quant_gemv_mma.cuh,
+  // kScaleOut): fewer instructions per weight word; the sums are rounded in another order (the
+  // same bound). False for the tests that compare staged and unstaged activations bitwise
+  // (M3_GEMV5_SCALE_OUT=0: off for benchmarks).
+  bool scale_out = true;
   // Variant 5: read the routing and request the first stages' weights before the PDL wait (the
   // activations after it). Only where the previous kernel on the stream wrote neither: the
   // routed experts' down product after their gate|up (the routing is two kernels old, and

@@ -83,10 +83,15 @@ constexpr int mma_stage_bytes() {
   return MmaTraits<F>::kU * MmaTraits<F>::kChunkBytes + MmaTraits<F>::kScaleBytes;
 }
 // The activation slice of one stage (kU chunks of one row, f16) when it is staged with the
-// weights (kStageX below, NVFP4 only): 512 bytes.
+// weights (kStageX below, NVFP4 only): each chunk's 256 bytes followed by 16 bytes of zeros,
+// which the lanes that carry no activation in an output-scaled mma read (kScaleOut below).
+template <QuantFormat F>
+constexpr int mma_x_chunk_stride() {
+  return MmaTraits<F>::kChunkK * 2 + 16;
+}
 template <QuantFormat F>
 constexpr int mma_x_stage_bytes() {
-  return MmaTraits<F>::kU * MmaTraits<F>::kChunkK * 2;
+  return MmaTraits<F>::kU * mma_x_chunk_stride<F>();
 }
 template <QuantFormat F, bool kStageX = false>
 constexpr int mma_slot_bytes() {
@@ -116,6 +121,16 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// d = A·B (a zero accumulator: no instructions to clear d first).
+__device__ __forceinline__ void mma_f16_first(float (&d)[4], uint32_t a0, uint32_t a1,
+                                              uint32_t a2, uint32_t a3, uint32_t b0,
+                                              uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   uint32_t h;
@@ -130,6 +145,11 @@ __device__ __forceinline__ uint32_t e2m1_pair_h2(uint32_t w) {
   const uint32_t mag = (kMag >= 0 ? (w << kMag) : (w >> -kMag)) & 0x0E000E00u;
   const uint32_t sign = (kSign >= 0 ? (w << kSign) : (w >> -kSign)) & 0x80008000u;
   return mag | sign;
+}
+
+// The f16 in the low 16 bits of h, as float (exact).
+__device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu)));
 }
 
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
@@ -249,13 +269,16 @@ __device__ __forceinline__ void mma_fragment_store(const QuantGemvParams& p, con
 }
 
 // The routed rows and factors of lane `ln`'s two tokens m0 + 2t, m0 + 2t + 1 among rows r0 ..
-// r0 + rows_here of group grp (for mma_fragment_store).
+// r0 + rows_here of group grp (for mma_fragment_store). NVFP4: the sums are in units of
+// `nvfp4_unit` (2^7: block scales x 2^7 on E2M1 x 2^-14; 2^14: unscaled E2M1 x 2^-14).
 template <QuantFormat F>
 __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, int ln, int m0,
                                                     int rows_here, int r0, int64_t grp,
-                                                    int64_t (&rid)[2], float (&f)[2]) {
+                                                    int64_t (&rid)[2], float (&f)[2],
+                                                    float nvfp4_unit = 128.0f) {
   float gm = 1.0f;
-  if constexpr (F == QuantFormat::kNvfp4) gm = (p.w_global ? p.w_global[grp] : 1.0f) * 128.0f;
+  if constexpr (F == QuantFormat::kNvfp4)
+    gm = (p.w_global ? p.w_global[grp] : 1.0f) * nvfp4_unit;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int m = m0 + 2 * (ln & 3) + j;
@@ -286,15 +309,29 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // an SM read them at about the same time). More rows per group take one pass (one stream of the
 // weights) per row, so the launcher chooses it only where a group has at most one row (batch-1
 // decode: a token picks an expert once).
-template <QuantFormat F, int NG, bool kPacked = false, bool kStageX = false>
+// kScaleOut (kPacked and kStageX): the block scales multiply the mma's outputs instead of its A
+// operands. With one activation row the mma's 8 B columns are free: the lanes of column c =
+// 2t' + h carry the activations of k-group t' in the k-steps of half h (k-steps 4h .. 4h + 3,
+// whose weights are all in block 2t' + h), the others zeros (read from the zeros after each
+// staged chunk), so output column c of a chunk holds its rows' sums over block c alone; the lane
+// holding columns 2t, 2t + 1 multiplies them by the scales of blocks 2t, 2t + 1 (4 FFMA per
+// chunk instead of 4 HMUL2 per mma), and the columns are summed at the end. SASS: 205 instead
+// of 256 instructions per stage's compute (16 mma). H200, one call (docs/perf-log.md session
+// 18, run 1): 8-layer model steps 1.622 / 1.685, 1.625 / 1.685, 1.621 / 1.693 ms (batch 1 at 1K
+// / 4K) against 1.644 / 1.701, 1.640 / 1.700, 1.641 / 1.698 without; the experts alone only
+// 62.3-62.5 against 62.8-63.2 us: alone they are not bound by their instruction count.
+template <QuantFormat F, int NG, bool kPacked = false, bool kStageX = false,
+          bool kScaleOut = false>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
   static_assert(!kStageX || (NG == 1 && F == QuantFormat::kNvfp4),
                 "staged activations: NVFP4, one row per pass");
+  static_assert(!kScaleOut || (kPacked && kStageX), "output scales: packed, staged activations");
   using T = MmaTraits<F>;
   constexpr int kU = T::kU;
   constexpr int kStage = mma_stage_bytes<F>();        // the x slice (kStageX) follows it
   constexpr int kSlot = mma_slot_bytes<F, kStageX>();  // ring slot stride
   constexpr int kXChunkPieces = T::kChunkK * 2 / 16;   // 16-byte pieces of x per chunk
+  constexpr int kXChunk = mma_x_chunk_stride<F>();     // staged x: a chunk's slice + 16 zeros
   constexpr int kRowsPerPass = kStageX ? 1 : 8 * NG;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -336,6 +373,12 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   static_assert(kMmaStages == 2, "the lane's copy addresses below are per slot");
   const uint32_t ring_lane0 = opaque_u32(ring_s + 16 * lane),
                  ring_lane1 = opaque_u32(ring_s + kSlot + 16 * lane);
+  // kScaleOut: where this lane reads its activations of k-step pair q (k-steps 2q, 2q + 1) in a
+  // staged chunk: its B column g is block 2t + h's where g = 2t + h (h = q / 2), else the zeros.
+  int x_off[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    x_off[q] = g == 2 * t + (q >> 1) ? 16 * nvfp4_x_piece_slot(4 * t + q) : T::kChunkK * 2;
 
   // This lane's copies, fixed for the whole stream. MXFP8: a chunk = 16 rows x 32 bytes = 32
   // pieces of 16 bytes (lane l: row l / 2, half l % 2); scales: rows 0..15 x 4 bytes (4 chunks;
@@ -427,7 +470,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       static_assert(kU * kXChunkPieces == 32, "one piece per lane");
       const int u = lane / kXChunkPieces, pc = lane % kXChunkPieces;
       const bool in = c0 + u < chunks;
-      cp_async16(base + kStage + 16 * (u * kXChunkPieces + nvfp4_x_piece_slot(pc)),
+      cp_async16(base + kStage + u * kXChunk + 16 * nvfp4_x_piece_slot(pc),
                  xsrc + (in ? int64_t{c0} * T::kChunkK * 2 + 16 * lane : 0), in ? 16 : 0);
     }
   };
@@ -481,7 +524,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     // chunk's 8 mma form two dependent chains instead of one (with NG > 1 the groups already do).
     // H200, cuda_decode_bench experts: 1 / 8 / 32 tokens 51.2-51.9 / 251.6-252.7 / 689.0-690.5
     // us against 51.9-52.1 / 253.1-253.4 / 692.6-697.3 (docs/perf-log.md session 12).
-    constexpr bool kOddChain = kPacked && NG == 1;
+    constexpr bool kOddChain = kPacked && NG == 1 && !kScaleOut;
     float acc_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     // One stage from ring slot `slot` (chunks c0 .. c0 + kU; those past K are zero weights and
@@ -491,8 +534,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       // Piece pc (16 bytes) of chunk u's activations: staged in the slot or read through L1.
       auto x16 = [&](int ng, int u, int c, int pc) -> uint4 {
         if constexpr (kStageX) {
-          return *reinterpret_cast<const uint4*>(
-              st + kStage + 16 * (u * kXChunkPieces + nvfp4_x_piece_slot(pc)));
+          return *reinterpret_cast<const uint4*>(st + kStage + u * kXChunk +
+                                                 16 * nvfp4_x_piece_slot(pc));
         } else {  // xrow already points at the lane's first piece (t)
           const int q = F == QuantFormat::kNvfp4 ? pc & 3 : 0;
           return __ldg(reinterpret_cast<const uint4*>(xrow[ng] + c * T::kChunkK + 8 * q));
@@ -523,6 +566,41 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
             acc[ng][2] = fmaf(d[2], f_hi, acc[ng][2]);
             acc[ng][3] = fmaf(d[3], f_hi, acc[ng][3]);
           }
+        } else if constexpr (kScaleOut) {
+          const uint8_t* wl = st + u * T::kChunkBytes + lane * 32;
+          const int sw = (lane >> 2) & 1;
+          const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
+          const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
+          const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          // The lane's activations of k-step pairs q = 0..3, or zeros (x_off).
+          const uint8_t* xs = st + kStage + u * kXChunk;
+          uint4 xc[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) xc[q] = *reinterpret_cast<const uint4*>(xs + x_off[q]);
+          // Two chains (even and odd k-steps), each from a zero accumulator.
+          float de[4], dodd[4];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const uint32_t x = wv[i];
+            const uint4 xv = xc[i / 2];
+            const uint32_t b0 = i % 2 ? xv.z : xv.x, b1 = i % 2 ? xv.w : xv.y;
+            const uint32_t a0 = nvfp4_mma::fragment(x, 0), a1 = nvfp4_mma::fragment(x, 1),
+                           a2 = nvfp4_mma::fragment(x, 2), a3 = nvfp4_mma::fragment(x, 3);
+            float(&d)[4] = i % 2 ? dodd : de;
+            if (i < 2)
+              mma_f16_first(d, a0, a1, a2, a3, b0, b1);
+            else
+              mma_f16(d, a0, a1, a2, a3, b0, b1);
+          }
+          // Blocks 2t (low byte) and 2t + 1 of rows g and g + 8: this lane's output columns.
+          const uint8_t* sc = st + kU * T::kChunkBytes + u * 8 + 2 * t;
+          const uint32_t hl = e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + g * 16));
+          const uint32_t hh =
+              e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(sc + (g + 8) * 16));
+          const float s[4] = {f16_bits_to_f32(hl), f16_bits_to_f32(hl >> 16), f16_bits_to_f32(hh),
+                              f16_bits_to_f32(hh >> 16)};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[0][j] = fmaf(de[j] + dodd[j], s[j], acc[0][j]);
         } else if constexpr (kPacked) {
           // This lane's 8 words (k-steps 0..7); the halves are swapped for lanes with bit 2 set.
           const uint8_t* wl = st + u * T::kChunkBytes + lane * 32;
@@ -595,6 +673,11 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     // commits one group (possibly empty), so wait_group<kMmaStages - 2> means "stage i landed"
     // (kMmaStages = 2: wait for everything, the one stage in flight).
     __syncthreads();  // the previous pass's sums (which reuse the rings) have been read
+    if constexpr (kScaleOut) {  // the zeros after each staged chunk (the sums may have used them)
+      if (lane < kMmaStages * kU)
+        *reinterpret_cast<uint4*>(ring + (lane / kU) * kSlot + kStage + (lane % kU) * kXChunk +
+                                  T::kChunkK * 2) = make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int i = 0; i < kMmaStages - 1; ++i) {
       if (i < prefetched)
@@ -619,6 +702,16 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     if constexpr (kOddChain)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[0][j] += acc_odd[j];
+    if constexpr (kScaleOut) {
+      // Rows g and g + 8 over the 8 block columns (2 here, 2 in each lane of the quad), into
+      // column 0, the row's (the other columns are not stored: one row per pass).
+      float lo = acc[0][0] + acc[0][1], hi = acc[0][2] + acc[0][3];
+      lo += __shfl_xor_sync(0xFFFFFFFFu, lo, 1);
+      hi += __shfl_xor_sync(0xFFFFFFFFu, hi, 1);
+      lo += __shfl_xor_sync(0xFFFFFFFFu, lo, 2);
+      hi += __shfl_xor_sync(0xFFFFFFFFu, hi, 2);
+      acc[0][0] = lo, acc[0][2] = hi, acc[0][1] = 0.0f, acc[0][3] = 0.0f;
+    }
 
     // Sum the warps' fragments in warp order; then the epilogue, one thread per (group, lane).
     __syncthreads();  // every warp is done with its ring: reuse the memory for the sums
@@ -637,7 +730,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       }
       int64_t rid[2];
       float f[2];
-      mma_fragment_tokens<F>(p, ln, ng * 8, rows_here, r0, grp, rid, f);
+      mma_fragment_tokens<F>(p, ln, ng * 8, rows_here, r0, grp, rid, f,
+                             kScaleOut ? 16384.0f : 128.0f);
       mma_fragment_store(p, v, weight_row(ln >> 2), weight_row((ln >> 2) + 8), rid, f);
     }
   }
