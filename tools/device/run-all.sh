@@ -182,6 +182,11 @@ elif command -v compute-sanitizer >/dev/null; then
   rc3=$(san racecheck 20 cuda_composite_ops_test '*CudaPagedAttention*/0:*CudaIndexerTopk*/0')
   # GEMV variant 7 and the MXFP8 repack (small shapes), and the fused router.
   rc4=$(san memcheck 90 quant_gemv_mma_test 'QuantGemvDirect.*:QuantGemvMmaArgs.*')
+  # GEMV variant 5 on one NVFP4 row (staged activations, block scales on the mma's outputs, a
+  # partial last stage; the zeros after each staged chunk), memcheck and racecheck.
+  v5one='Shapes/QuantGemvMma.DenseMatchesCpuOnDequantisedWeights/17:Shapes/QuantGemvMma.DenseMatchesCpuOnDequantisedWeights/18'
+  rc11=$(san memcheck 90 quant_gemv_mma_test "$v5one")
+  rc12=$(san racecheck 90 quant_gemv_mma_test "$v5one")
   rc5=$(san memcheck 60 moe_route_test 'MoeRoute.GraphReplays')
   # The persistent MoE block (counters, mbarrier ring, bulk copies) at small shapes.
   rc8=$(san memcheck 90 moe_block_stream_test 'MoeBlockStream.MatchesRouter*')
@@ -192,7 +197,7 @@ elif command -v compute-sanitizer >/dev/null; then
   # attention's split + combine (every-block cases: small), memcheck and racecheck.
   rc6=$(san memcheck 60 sparse_decode_test 'AddRmsNorm.*:SparseDecode.EveryBlock*')
   rc7=$(san racecheck 60 sparse_decode_test 'AddRmsNorm.FusedDelta*')
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc9" "$rc3" "$rc7" "$rc10" "$((SECONDS - t0))")")
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc9" "$rc11" "$rc3" "$rc7" "$rc10" "$rc12" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")
