@@ -175,6 +175,18 @@ __device__ __forceinline__ void nvfp4_scale_operands(uint32_t lo2, uint32_t hi2,
   *h0 = prmt(s2h, 0, 0x1010), *h1 = prmt(s2h, 0, 0x3232);
 }
 
+// Lane `lane`'s 8 words (k-steps 0..7) of one NVFP4 chunk in the mma layout (1 KB at `chunk`):
+// its 32 bytes, whose 16-byte halves are swapped for lanes with bit 2 set (conflict-free reads).
+__device__ __forceinline__ void nvfp4_lane_words(const uint8_t* chunk, int lane,
+                                                 uint32_t (&wv)[8]) {
+  const uint8_t* wl = chunk + lane * 32;
+  const int sw = (lane >> 2) & 1;
+  const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
+  const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
+  wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w;
+  wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+}
+
 // The NVFP4 block scales of lane (g, t) from a stage's scale area sc = [row 16][chunk][8 blocks]
 // (this chunk's column; rows `row_stride` bytes apart): blocks 2t and 2t + 1 of rows g (l) and
 // g + 8 (h) (nvfp4_scale_operands).
@@ -568,11 +580,8 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
             acc[ng][3] = fmaf(d[3], f_hi, acc[ng][3]);
           }
         } else if constexpr (kScaleOut) {
-          const uint8_t* wl = st + u * T::kChunkBytes + lane * 32;
-          const int sw = (lane >> 2) & 1;
-          const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
-          const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
-          const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+          uint32_t wv[8];
+          nvfp4_lane_words(st + u * T::kChunkBytes, lane, wv);
           // The lane's activations of k-step pairs q = 0..3, or zeros (x_off).
           const uint8_t* xs = st + kStage + u * kXChunk;
           uint4 xc[4];
@@ -603,15 +612,11 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
 #pragma unroll
           for (int j = 0; j < 4; ++j) acc[0][j] = fmaf(de[j] + dodd[j], s[j], acc[0][j]);
         } else if constexpr (kPacked) {
-          // This lane's 8 words (k-steps 0..7); the halves are swapped for lanes with bit 2 set.
-          const uint8_t* wl = st + u * T::kChunkBytes + lane * 32;
-          const int sw = (lane >> 2) & 1;
-          const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
-          const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
+          uint32_t wv[8];
+          nvfp4_lane_words(st + u * T::kChunkBytes, lane, wv);
           // Block scales: k-steps 0..3 are block 2t, 4..7 block 2t + 1.
           uint32_t sl0, sl1, sh0, sh1;
           nvfp4_lane_scales(st + kU * T::kChunkBytes + u * 8, g, t, &sl0, &sl1, &sh0, &sh1);
-          const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
           // The chunk's activations first (independent of the weights): their L1/L2 latency
           // overlaps the dequantisation instead of stalling the first mma of each pair.
           uint4 xc[NG][4];

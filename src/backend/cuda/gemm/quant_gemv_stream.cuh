@@ -110,17 +110,14 @@ __device__ __forceinline__ void stream_nvfp4_chunk(const uint8_t* sp, const uint
                                                    const uint8_t* xr, int c, int ci, int lane,
                                                    int scale_stride, float (&acc)[4][4]) {
   const int g = lane >> 2, t = lane & 3;
-  const uint8_t* wl = sp + ci * 1024 + lane * 32;
-  const int sw = (lane >> 2) & 1;
-  const uint4 w0 = *reinterpret_cast<const uint4*>(wl + 16 * sw);
-  const uint4 w1 = *reinterpret_cast<const uint4*>(wl + 16 * (sw ^ 1));
+  uint32_t wv[8];
+  nvfp4_lane_words(sp + ci * 1024, lane, wv);
   uint32_t sl0, sl1, sh0, sh1;
   nvfp4_lane_scales(sc + ci * 8, g, t, &sl0, &sl1, &sh0, &sh1, scale_stride);
   uint4 xc[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q)
     xc[q] = *reinterpret_cast<const uint4*>(xr + 2 * (c * 128 + 32 * t + 8 * q));
-  const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
   nvfp4_chunk_mma(wv, sl0, sl1, sh0, sh1, xc, [&](int i) -> float(&)[4] { return acc[i % 4]; });
 }
 
