@@ -54,6 +54,7 @@ if want tests decode; then
   run_test moe_block_stream_test 90
   run_test norm_route_test 60
   run_test attention_inputs_test 90
+  run_test embed_bf16_test 30
   run_test sampling_test 60
 fi
 
