@@ -121,8 +121,10 @@ struct GpuRun {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
 };
+// split: with the greedy scratch (greedy rows over kSampleGreedySplits CTAs), run twice (the
+// tickets must be back at zero for the second run).
 GpuRun run_gpu(const std::vector<float>& logits, int64_t batch, int64_t vocab,
-            const std::vector<cuda::SampleRowParams>& rows, bool with_mask) {
+            const std::vector<cuda::SampleRowParams>& rows, bool with_mask, bool split = false) {
   Dev<float> dl(logits);
   Dev<cuda::SampleRowParams> dr(rows);
   auto out = Dev<int32_t>::poisoned(batch);
@@ -135,7 +137,19 @@ GpuRun run_gpu(const std::vector<float>& logits, int64_t batch, int64_t vocab,
   p.rows = dr.ptr();
   p.out = out.ptr();
   p.kept_mask = with_mask ? mask.ptr() : nullptr;
+  const int64_t sl = cuda::kSampleGreedySplits;
+  auto gv = Dev<float>::poisoned(batch * sl);
+  auto gi = Dev<int32_t>::poisoned(batch * sl);
+  Dev<uint32_t> gt(std::vector<uint32_t>(static_cast<size_t>(batch), 0u));
+  if (split) p.greedy_value = gv.ptr(), p.greedy_index = gi.ptr(), p.greedy_tickets = gt.ptr();
   EXPECT_TRUE(cuda::launch_sample(p, stream()).is_ok());
+  if (split) {
+    const std::vector<int32_t> first = out.host();
+    EXPECT_EQ(gt.host(), std::vector<uint32_t>(static_cast<size_t>(batch), 0u))
+        << "tickets not reset";
+    EXPECT_TRUE(cuda::launch_sample(p, stream()).is_ok());
+    EXPECT_EQ(out.host(), first) << "second split run differs";
+  }
   GpuRun r;
   r.tokens = out.host();
   if (with_mask) r.mask = mask.host();
@@ -179,6 +193,10 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
   std::vector<cuda::SampleRowParams> rows;
   for (int64_t b = 0; b < batch; ++b) rows.push_back(row_params(b, 1000 + seed));
   const GpuRun g = run_gpu(logits, batch, vocab, rows, true);
+  // Greedy rows over several CTAs: the same tokens and kept sets, every row.
+  const GpuRun gs = run_gpu(logits, batch, vocab, rows, true, /*split=*/true);
+  EXPECT_EQ(gs.tokens, g.tokens) << "greedy rows split over CTAs";
+  EXPECT_TRUE(gs.mask == g.mask) << "kept sets with the greedy rows split over CTAs";
   int skipped = 0, compared = 0, windowed = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
@@ -224,6 +242,34 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
 TEST(CudaSample, MatchesCpuSamplerAtRealVocab) { check_batch(16, 200064, 3); }
 TEST(CudaSample, MatchesCpuSamplerBatch128) { check_batch(128, 200064, 5); }
 TEST(CudaSample, MatchesCpuSamplerOddVocab) { check_batch(24, 1001, 7); }
+// A vocabulary smaller than the greedy slices (empty slices) and all-equal or NaN rows.
+TEST(CudaSample, GreedySplitEdgeRows) {
+  const int64_t vocab = 20, batch = 3;
+  std::vector<float> logits(static_cast<size_t>(batch * vocab), 0.5f);  // row 0: all ties -> 0
+  logits[vocab + 17] = 3.0f;                                             // row 1: id 17
+  for (int64_t i = 0; i < vocab; ++i) logits[2 * vocab + i] = std::nanf("");  // row 2: -1
+  logits[2 * vocab + 9] = -INFINITY;                                      // ... except -inf: 9
+  std::vector<cuda::SampleRowParams> rows(batch);
+  for (auto& r : rows) r.temperature = 0.0f;
+  const GpuRun one = run_gpu(logits, batch, vocab, rows, false);
+  const GpuRun split = run_gpu(logits, batch, vocab, rows, false, /*split=*/true);
+  EXPECT_EQ(one.tokens, (std::vector<int32_t>{0, 17, 9}));
+  EXPECT_EQ(split.tokens, one.tokens);
+}
+TEST(CudaSample, RefusesPartialGreedyScratch) {
+  Dev<float> dl(std::vector<float>(8, 0.0f));
+  Dev<cuda::SampleRowParams> dr(std::vector<cuda::SampleRowParams>(1));
+  auto out = Dev<int32_t>::poisoned(1);
+  Dev<float> gv(std::vector<float>(cuda::kSampleGreedySplits, 0.0f));
+  cuda::SampleParams p;
+  p.logits = dl.ptr();
+  p.batch = 1;
+  p.vocab = p.ld = 8;
+  p.rows = dr.ptr();
+  p.out = out.ptr();
+  p.greedy_value = gv.ptr();  // without greedy_index and greedy_tickets
+  EXPECT_EQ(cuda::launch_sample(p, stream()).code(), StatusCode::kInvalidArgument);
+}
 
 // Many draws of one distribution (V = 64, top_k = 10): counts against the renormalised softmax,
 // chi-square with 9 degrees of freedom below its 1 - 1e-6 quantile (Wilson-Hilferty).

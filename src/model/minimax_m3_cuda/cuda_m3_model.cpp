@@ -89,6 +89,10 @@ struct Bufs {
   uint32_t* moe_block_counters = nullptr;  // persistent MoE block: kMoeBlockCounters per layer
   cuda::SampleRowParams* sample_rows = nullptr;  // decode: per-row sampling knobs (device)
   int32_t* sampled = nullptr;                    // decode: the sampled token per row
+  // decode: greedy rows' argmax over kSampleGreedySplits CTAs (SampleParams)
+  float* greedy_value = nullptr;
+  int32_t* greedy_index = nullptr;
+  uint32_t* greedy_tickets = nullptr;
   int64_t partial_elems = 0;
   float* partial_side = nullptr;  // split-K scratch of the shared expert on the side stream
   int64_t partial_side_elems = 0;
@@ -955,6 +959,10 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.route_counter, a.alloc<uint32_t>(1, what));
   M3_ASSIGN_OR_RETURN(b.sample_rows, a.alloc<cuda::SampleRowParams>(r, what));
   M3_ASSIGN_OR_RETURN(b.sampled, a.alloc<int32_t>(r, what));
+  M3_ASSIGN_OR_RETURN(b.greedy_value, a.alloc<float>(r * cuda::kSampleGreedySplits, what));
+  M3_ASSIGN_OR_RETURN(b.greedy_index, a.alloc<int32_t>(r * cuda::kSampleGreedySplits, what));
+  M3_ASSIGN_OR_RETURN(b.greedy_tickets, a.alloc<uint32_t>(r, what));
+  M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.greedy_tickets, 0, static_cast<size_t>(r) * 4));
   M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.route_counter, 0, sizeof(uint32_t)));
   {
     // Per layer: consecutive layers' blocks may overlap under programmatic dependent launch.
@@ -1239,6 +1247,9 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       sp.ld = im.vocab;
       sp.rows = im.dec.sample_rows;
       sp.out = im.dec.sampled;
+      sp.greedy_value = im.dec.greedy_value;
+      sp.greedy_index = im.dec.greedy_index;
+      sp.greedy_tickets = im.dec.greedy_tickets;
       M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
       M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, im.dec.sampled, t_all * 4,
                                               cudaMemcpyDeviceToHost, st));

@@ -57,6 +57,7 @@ struct Smem {
   u64 pick_above;
   int32_t found;
   int32_t last_kept;
+  bool last_slice;
 };
 
 __device__ __forceinline__ float block_max(float v, Smem& sh) {
@@ -180,12 +181,23 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   const SampleRowParams rp = p.rows[b];
   uint8_t* mask = p.kept_mask ? p.kept_mask + static_cast<int64_t>(b) * p.vocab : nullptr;
 
+  // A row's CTAs (gridDim.y > 1 only with the greedy scratch): non-greedy rows take one.
+  const int slice = blockIdx.y, slices = gridDim.y;
   if (rp.temperature < 1e-5f) {  // greedy: argmax, ties to the lowest id, NaN never wins
+    const int lo = static_cast<int>(int64_t{v} * slice / slices);
+    const int hi = static_cast<int>(int64_t{v} * (slice + 1) / slices);
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int i = tid; i < v; i += kThreads) {
-      const float x = row[i];
-      if (x > bv || (x == bv && i < bi)) bv = x, bi = i;
+    // Four loads in flight per thread before the compares (one latency per 4K logits).
+    for (int i0 = lo + tid; i0 < hi; i0 += 4 * kThreads) {
+      float x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] = i0 + j * kThreads < hi ? row[i0 + j * kThreads] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + j * kThreads;
+        if (i < hi && (x[j] > bv || (x[j] == bv && i < bi))) bv = x[j], bi = i;
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -198,14 +210,33 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     if (tid == 0) {
       for (int w = 1; w < kWarps; ++w)
         if (sh.fred[w] > bv || (sh.fred[w] == bv && sh.ired[w] < bi)) bv = sh.fred[w], bi = sh.ired[w];
+      sh.last_slice = true;
+      if (slices > 1) {
+        // This slice's result, then a ticket; the last slice's CTA reduces them all.
+        const int64_t at = int64_t{b} * slices + slice;
+        p.greedy_value[at] = bv;
+        p.greedy_index[at] = bi;
+        __threadfence();
+        sh.last_slice = atomicAdd(&p.greedy_tickets[b], 1u) == static_cast<uint32_t>(slices - 1);
+        if (sh.last_slice) {
+          __threadfence();
+          for (int s = 0; s < slices; ++s) {
+            const float ov = __ldcg(p.greedy_value + int64_t{b} * slices + s);
+            const int oi = __ldcg(p.greedy_index + int64_t{b} * slices + s);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+          }
+          p.greedy_tickets[b] = 0;  // for the next launch (graph replays)
+        }
+      }
       sh.found = bi == INT_MAX ? -1 : bi;
-      p.out[b] = sh.found;
+      if (sh.last_slice) p.out[b] = sh.found;
     }
     __syncthreads();
-    if (mask)
+    if (mask && sh.last_slice)
       for (int i = tid; i < v; i += kThreads) mask[i] = i == sh.found ? 1 : 0;
     return;
   }
+  if (slice > 0) return;
 
   const float inv_t = 1.0f / rp.temperature;
   auto zat = [&](int i) {
@@ -408,7 +439,13 @@ Status launch_sample(const SampleParams& p, CUstream_st* stream) {
                             " / row stride " + std::to_string(p.ld));
   if (p.rows == nullptr || p.out == nullptr || p.logits == nullptr)
     return invalid_argument("[cuda.sample] logits, rows and out are required");
-  sample_kernel<<<static_cast<unsigned>(p.batch), kThreads, 0, stream>>>(p);
+  const int n_scratch = (p.greedy_value != nullptr) + (p.greedy_index != nullptr) +
+                        (p.greedy_tickets != nullptr);
+  if (n_scratch != 0 && n_scratch != 3)
+    return invalid_argument("[cuda.sample] greedy_value, greedy_index and greedy_tickets go together");
+  if (p.batch > INT_MAX) return invalid_argument("[cuda.sample] batch too large");
+  const unsigned slices = n_scratch == 3 ? static_cast<unsigned>(kSampleGreedySplits) : 1u;
+  sample_kernel<<<dim3(static_cast<unsigned>(p.batch), slices), kThreads, 0, stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(sample_kernel);
   return Status::ok();
 }

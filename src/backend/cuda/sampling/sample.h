@@ -15,7 +15,7 @@
 // CPU's unless a cut (top_p's cumulative mass against top_p · total, min_p's ratio, u against a
 // cumulative mass) falls within ~1e-6 relative of a boundary.
 //
-// Method (no sort): one CTA of 1024 threads per row; top_k and top_p thresholds by a 4-pass
+// Method (no sort): one CTA of 1024 threads per row (greedy rows: up to kSampleGreedySplits); top_k and top_p thresholds by a 4-pass
 // 8-bit radix select on an order-preserving key of z (counts for top_k, masses for top_p;
 // warp-aggregated shared-memory histograms), ties at the threshold resolved by the lowest ids; the
 // draw by a scan over contiguous per-warp id ranges. About 12 passes over the row (from L2 after the first); no workspace in global memory.
@@ -46,7 +46,18 @@ struct SampleParams {
   // Optional (tests): kept_mask[b, i] = 1 where token i is in row b's final kept set (0 else);
   // nullptr in decode.
   uint8_t* kept_mask = nullptr;          // [B, vocab]
+  // Optional scratch that spreads each greedy row over kSampleGreedySplits CTAs (each takes the
+  // argmax of a slice, the last to finish, by a ticket, reduces the slices' results; the same
+  // token bit for bit: the (value, lowest id) maximum does not depend on the order). One CTA
+  // scanning the 200,064 logits of a row took 21 us per decode step on the H200 (docs/perf-log.md
+  // session 19). All three or none; tickets zero before the first launch (cudaMemset), and every
+  // launch leaves them zero.
+  float* greedy_value = nullptr;         // [B, kSampleGreedySplits]
+  int32_t* greedy_index = nullptr;       // [B, kSampleGreedySplits]
+  uint32_t* greedy_tickets = nullptr;    // [B]
 };
+
+constexpr int64_t kSampleGreedySplits = 32;
 
 // Token ids for every row. No allocation; capturable in a CUDA graph.
 Status launch_sample(const SampleParams& p, CUstream_st* stream);
