@@ -388,6 +388,12 @@ void bench_sampling(int64_t batch, bool greedy) {
   p.ld = V;
   p.rows = rows;
   p.out = out;
+  // The greedy rows over kSampleGreedySplits CTAs, as the model samples them.
+  const int64_t sl = kSampleGreedySplits;
+  p.greedy_value = static_cast<float*>(dalloc(4 * batch * sl));
+  p.greedy_index = static_cast<int32_t*>(dalloc(4 * batch * sl));
+  p.greedy_tickets = static_cast<uint32_t*>(dalloc(4 * batch));
+  CHECK_CUDA(cudaMemset(p.greedy_tickets, 0, 4 * batch));
   const double ms = time_ms([&](int) { CHECK_OK(launch_sample(p, st())); }, 10, 7);
   report(std::string("sample ") + (greedy ? "greedy" : "T0.8 k50 p0.9 minp0.02") + " B=" +
              std::to_string(batch) + " V=200064",
@@ -395,6 +401,9 @@ void bench_sampling(int64_t batch, bool greedy) {
   cudaFree(logits);
   cudaFree(rows);
   cudaFree(out);
+  cudaFree(p.greedy_value);
+  cudaFree(p.greedy_index);
+  cudaFree(p.greedy_tickets);
 }
 
 // One decode-attention problem at the real shapes: B sequences of `ctx` tokens (queries at
