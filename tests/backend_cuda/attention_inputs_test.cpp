@@ -9,8 +9,10 @@
 // without a page. Plus a float64 reference of q / index q / k, placement and V rounding checked
 // on the host, determinism and argument checks.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
+#include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/kv/kv_write_bf16.h"
 #include "backend/cuda/rope/attention_inputs.h"
@@ -342,6 +344,139 @@ TEST(AttentionInputs, MatchesFloat64NormRope) {
                          std::to_string(s));
       }
     }
+}
+
+// The decode chain as the model launches it with pdl_attention: the attention inputs write this
+// step's keys (the index key at each row's position among them), the indexer's scoring runs as
+// their programmatic dependent and loads the keys of earlier positions before its wait
+// (keys_before_wait), the top-k and the split attention follow as programmatic dependents. Against
+// the same kernels launched plainly after a synchronise: block scores, selection and attention
+// output bit for bit. The position rows start as a poison that would win its block's max-pool
+// (index keys of 1000 in every dimension), and with local_blocks 0 the query's own block competes
+// in the selection, so a key read before its write shows in the scores and the selection.
+TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
+  const Layout l = m3_flash();
+  const int64_t top_k = 16, hq = l.hq, hkv = l.hkv, hix = l.hix;
+  // pos % 128: 0, 127, 0, 43, 0, 127, 7, 39.
+  const std::vector<int64_t> lens = {1, 128, 129, 300, 2049, 4096, 5000, 9000};
+  const int64_t t = static_cast<int64_t>(lens.size());
+  int64_t max_blocks = 0, pages = 1;  // page 0 unused
+  for (int64_t n : lens) max_blocks = std::max(max_blocks, (n + kPage - 1) / kPage), pages += (n + kPage - 1) / kPage;
+  std::vector<int32_t> perm(pages - 1), tables(t * max_blocks, -1), pos(t);
+  std::iota(perm.begin(), perm.end(), 1);
+  std::mt19937 rng(4242);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int64_t next = 0;
+  for (int64_t b = 0; b < t; ++b) {
+    pos[b] = static_cast<int32_t>(lens[b] - 1);
+    for (int64_t j = 0; j < (lens[b] + kPage - 1) / kPage; ++j) tables[b * max_blocks + j] = perm[next++];
+  }
+  std::vector<float> f;
+  std::vector<uint16_t> ck, cv, cik, wq, wk, wiq, wik;
+  bf16_randn(pages * kPage * hkv * kD, 4243, 1.0f, &f, &ck);
+  bf16_randn(pages * kPage * hkv * kD, 4244, 1.0f, &f, &cv);
+  bf16_randn(pages * kPage * kD, 4245, 1.0f, &f, &cik);
+  bf16_randn(kD, 4246, 0.3f, &f, &wq);
+  bf16_randn(kD, 4247, 0.3f, &f, &wk);
+  bf16_randn(kD, 4248, 0.3f, &f, &wiq);
+  bf16_randn(kD, 4249, 0.3f, &f, &wik);
+  for (int64_t b = 0; b < t; ++b) {
+    const int64_t slot = int64_t{tables[b * max_blocks + pos[b] / kPage]} * kPage + pos[b] % kPage;
+    for (int64_t e = 0; e < kD; ++e) cik[slot * kD + e] = f32_to_bf16(1000.0f);
+  }
+  const std::vector<float> partial = randn(t * l.ld, 4250, 1.5f);
+
+  struct Out {
+    std::vector<float> scores;
+    std::vector<int32_t> sel;
+    std::vector<uint16_t> attn;
+  };
+  auto run = [&](bool chain, int64_t local_blocks) {
+    Dev<float> dpart(partial);
+    Dev<uint16_t> dck(ck), dcv(cv), dcik(cik), dwq(wq), dwk(wk), dwiq(wiq), dwik(wik);
+    Dev<int32_t> dtab(tables), dpos(pos);
+    auto q = Dev<uint16_t>::poisoned(t * hq * kD), iq = Dev<uint16_t>::poisoned(t * hix * kD);
+    auto scores = Dev<float>::poisoned(t * hix * max_blocks);
+    auto sel = Dev<int32_t>::poisoned(t * hix * top_k);
+    auto opart = Dev<float>::poisoned(t * hq * top_k * 4 * kD);
+    auto ml = Dev<float>::poisoned(t * hq * top_k * 4 * 2);
+    auto attn = Dev<uint16_t>::poisoned(t * hq * kD);
+    const cuda::KvCacheBf16View view{dck.ptr(), dcv.ptr(), dcik.ptr(), pages, kPage, hkv, kD, kD};
+    cuda::AttentionInputsParams ap;
+    ap.partial = dpart.ptr();
+    ap.ld = l.ld;
+    ap.t = t;
+    ap.positions = dpos.ptr();
+    ap.off_q = l.off_q, ap.off_k = l.off_k, ap.off_v = l.off_v, ap.off_iq = l.off_iq, ap.off_ik = l.off_ik;
+    ap.num_q_heads = hq, ap.num_kv_heads = hkv, ap.num_index_heads = hix;
+    ap.q_norm = dwq.ptr(), ap.k_norm = dwk.ptr(), ap.iq_norm = dwiq.ptr(), ap.ik_norm = dwik.ptr();
+    ap.q_out = q.ptr();
+    ap.iq_out = iq.ptr();
+    ap.cache = view;
+    ap.block_tables = dtab.ptr();
+    ap.max_blocks = max_blocks;
+    EXPECT_TRUE(cuda::launch_attention_inputs(ap, stream()).is_ok());
+    if (!chain) gpu()->synchronize();
+    cuda::IndexerDecodeParams ip;
+    ip.iq = iq.ptr();
+    ip.cache = view;
+    ip.positions = dpos.ptr();
+    ip.block_tables = dtab.ptr();
+    ip.batch = t;
+    ip.num_index_heads = hix;
+    ip.max_blocks = max_blocks;
+    ip.top_k = top_k;
+    ip.local_blocks = local_blocks;
+    ip.block_scores = scores.ptr();
+    ip.selected = sel.ptr();
+    ip.pdl = ip.keys_before_wait = ip.dependent_launch = chain;
+    EXPECT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
+    if (!chain) gpu()->synchronize();
+    cuda::SparseDecodeParams sp;
+    sp.q = q.ptr();
+    sp.cache = view;
+    sp.positions = dpos.ptr();
+    sp.block_tables = dtab.ptr();
+    sp.selected = sel.ptr();
+    sp.batch = t;
+    sp.num_heads = hq;
+    sp.max_blocks = max_blocks;
+    sp.top_k = top_k;
+    sp.scale = 1.0f / std::sqrt(float(kD));
+    sp.max_key_splits = 4;
+    sp.o_partial = opart.ptr();
+    sp.ml_partial = ml.ptr();
+    sp.out = attn.ptr();
+    sp.pdl = sp.dependent_launch = chain;
+    EXPECT_TRUE(cuda::launch_sparse_decode(sp, stream()).is_ok());
+    gpu()->synchronize();
+    return Out{scores.host(), sel.host(), attn.host()};
+  };
+  for (int64_t local_blocks : {0, 1}) {
+    const Out ref = run(false, local_blocks);
+    // Not vacuous: every row's own block scored from its written key (finite, not the poison's
+    // ~1000 · Σ|iq| scale), every attention output written.
+    for (int64_t b = 0; b < t; ++b)
+      for (int64_t h = 0; h < hix; ++h) {
+        const float own = ref.scores[(b * hix + h) * max_blocks + pos[b] / kPage];
+        ASSERT_TRUE(std::isfinite(own) && std::abs(own) < 200.0f) << "row " << b << ": " << own;
+      }
+    for (uint16_t x : ref.attn) ASSERT_TRUE(std::isfinite(bf16_to_f32(x))) << "attention not written";
+    for (int round = 0; round < 3; ++round) {
+      const Out got = run(true, local_blocks);
+      int64_t ds = 0, dsel = 0, da = 0;
+      for (size_t i = 0; i < ref.scores.size(); ++i)
+        ds += std::memcmp(&ref.scores[i], &got.scores[i], sizeof(float)) != 0;
+      for (size_t i = 0; i < ref.sel.size(); ++i) dsel += ref.sel[i] != got.sel[i];
+      for (size_t i = 0; i < ref.attn.size(); ++i) da += ref.attn[i] != got.attn[i];
+      EXPECT_EQ(ds, 0) << "block scores, local_blocks " << local_blocks;
+      EXPECT_EQ(dsel, 0) << "selection, local_blocks " << local_blocks;
+      EXPECT_EQ(da, 0) << "attention, local_blocks " << local_blocks;
+      std::printf("[ %-40s ] local_blocks %lld round %d: %lld scores, %lld slots, %lld outputs "
+                  "differ\n", "indexer chain under PDL", (long long)local_blocks, round,
+                  (long long)ds, (long long)dsel, (long long)da);
+    }
+  }
 }
 
 TEST(AttentionInputs, RefusesBadArguments) {

@@ -194,7 +194,8 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
 // heads, with unused heads), local_blocks 2 and init_blocks 2, and candidate counts n = 157,
 // 313, 782 (the rank count with 4, 2 and 1 lanes per candidate; the test above has 32, 16 and 8)
 // and 5. Against the CPU indexer with the tie criterion of IndexerAndAttentionMatchCpu; a second
-// launch (the top-k not a programmatic dependent) must give the same selection.
+// launch (the top-k not a programmatic dependent) and a top-k with each row's rank count in one
+// CTA instead of spread over several must give the same selection.
 TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
   const int64_t Dix = 128, S = 128, top_k = 16, local_blocks = 2, init_blocks = 2;
   const std::vector<int64_t> lens = {20000, 40000, 100000, 600};
@@ -286,6 +287,14 @@ TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
     ip.dependent_launch = false;
     ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
     EXPECT_EQ(dsel2.host(), gsel) << "Hix " << Hix << ": second run differs";
+    // The rank count of each row in one CTA (spread_rank off) instead of up to 16 (this batch:
+    // max_blocks 782, so each row's candidates are split 13 ways): the same selection.
+    auto dsel3 = Dev<int32_t>::poisoned(B * Hix * top_k);
+    ip.selected = dsel3.ptr();
+    ip.scores_ready = true;  // the top-k alone, on the same block scores
+    ip.spread_rank = false;
+    ASSERT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
+    EXPECT_EQ(dsel3.host(), gsel) << "Hix " << Hix << ": one CTA per row differs";
   }
 }
 

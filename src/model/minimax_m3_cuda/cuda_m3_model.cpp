@@ -462,7 +462,8 @@ struct CudaM3Model::Impl {
     ip.init_blocks = cfg.index_init_blocks;
     ip.block_scores = b.block_scores;
     ip.selected = b.selected;
-    ip.pdl = chain_pdl();
+    ip.pdl = chain_pdl() || (opt.pdl && opt.pdl_indexer);
+    ip.keys_before_wait = ip.pdl;  // one row per sequence: earlier positions are earlier steps'
     if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
     cuda::SparseDecodeParams ap;
     ap.q = b.q;

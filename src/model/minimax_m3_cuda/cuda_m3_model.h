@@ -72,6 +72,16 @@ struct CudaM3Options {
   // 1.586 / 1.579, 1.601 / 1.581 ms; 4K 1.662 / 1.647, 1.652 / 1.650, 1.666 / 1.645; batch 8
   // 4K 3.047 / 3.024, 3.027 / 3.029, 3.044 / 3.036 (docs/perf-log.md session 11).
   bool pdl_router = true;
+  // With `pdl`: the indexer's scoring launched as a programmatic dependent of the attention
+  // inputs even without pdl_chain, loading the index keys of earlier positions before its wait
+  // (IndexerDecodeParams::keys_before_wait: decode rows are one per sequence, so those keys were
+  // written in earlier steps); the attention inputs let it start only after their own wait, so
+  // its CTAs never sit beside the q/k/v GEMV. Same results bit for bit. H200, 8-layer steps,
+  // three rounds (docs/perf-log.md session 20): batch 1 4K 1.686 / 1.690 / 1.685 against
+  // 1.701 / 1.675 / 1.700 ms, 32K 1.739 / 1.738 / 1.737 against 1.747 / 1.724 / 1.748. The split
+  // attention as a programmatic dependent too was slower (32K 1.75-1.80 against 1.72-1.76 ms):
+  // its wait ends later than a graph edge would start it, and its few loads gain nothing.
+  bool pdl_indexer = true;
   // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
   // dependent of their gate|up, its CTAs reading the routing and requesting their first stages
   // of weights before they wait (QuantGemvParams::weights_before_wait), so that its stream

@@ -41,6 +41,13 @@ struct IndexerDecodeParams {
                                          // previous kernel on the stream (it reads positions and
                                          // block tables before it waits: inputs no kernel of the
                                          // step writes); same results
+  bool keys_before_wait = false;         // with pdl: the index keys of positions < positions[b]
+                                         // loaded before the wait (the caller guarantees they
+                                         // were written before the previous kernel started, as
+                                         // in decode, one row per sequence); the position's own
+                                         // row after it. Same results
+  bool spread_rank = true;               // the top-k's rank count of a row over several CTAs
+                                         // at small batches (indexer_decode.cu); same results
   float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
   int32_t* selected = nullptr;           // [B, Hix, top_k] out: block ids by descending score
                                          // (ties: lower id), -1 = empty slot

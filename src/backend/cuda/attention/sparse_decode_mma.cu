@@ -69,7 +69,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi, float* lo_r, f
 __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-  pdl_launch_dependents();  // the combine's CTAs may be scheduled now; they wait in pdl_wait()
   const int slot = blockIdx.x, g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -78,6 +77,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   const int64_t hkv = c.num_kv_heads;
   const int64_t pos = p.positions[b];  // an input of the step: read before the wait
   pdl_wait();
+  pdl_launch_dependents();  // not before the wait: see sparse_decode_split_kernel
   // The group's Q fragments for the 8 dim steps (rows = heads), requested before the selection
   // -> block table chain below.
   const uint32_t* qrow =

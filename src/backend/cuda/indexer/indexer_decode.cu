@@ -7,6 +7,8 @@
 // query and all key loads before it needs them and reads shared memory in 16-byte pieces; the
 // top-k spreads each candidate's rank count over up to 32 lanes and is launched as a programmatic
 // dependent of the score kernel (its launch overlaps the scoring's tail).
+#include <algorithm>
+
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
@@ -45,24 +47,40 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   // inputs of the step, read in parallel and before the wait for the previous kernel (launched
   // with p.pdl; a no-op without); the index queries, which that kernel writes, right after it:
   // all three loads are in flight together.
-  const int64_t pos_in = p.positions[b];
+  const int64_t pos = p.positions[b];
   const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
   const int32_t entry = p.block_tables[row + blk];
+  const int64_t page = blk <= pos / kS ? entry : -1;
+  const bool has_page = page >= 0 && page < p.cache.num_pages;
+  // Thread tid loads pieces tid + j·kThreads: key row 8j + tid / 16, 16 bytes each.
+  constexpr int kPieces = kS * kDix / 8 / kThreads;  // 16
+  const uint4* src = reinterpret_cast<const uint4*>(p.cache.idx_k + (has_page ? page : 0) * kS * kDix);
+  uint4 kr[kPieces];
+  // keys_before_wait: every key before the row's position was written before the previous kernel
+  // started (decode: earlier steps), so the page's keys go out before the wait, except the
+  // position's own row, which the previous kernel (the attention inputs) writes: those 16 pieces
+  // are loaded again after the wait, through L2 (no L1 line of that row was read before it).
+  const int own_row = blk == pos / kS ? static_cast<int>(pos % kS) : -1;
+  if (p.keys_before_wait && has_page) {
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j) kr[j] = __ldg(src + tid + j * kThreads);
+  }
   pdl_wait();
   uint4 qr = make_uint4(0, 0, 0, 0);
   if (tid < hix * kDix / 8) qr = __ldg(reinterpret_cast<const uint4*>(p.iq + b * hix * kDix) + tid);
-  const int64_t pos = pos_in;
   float* out = p.block_scores + b * hix * p.max_blocks + blk;
-  const int64_t page = blk <= pos / kS ? entry : -1;
-  if (page < 0 || page >= p.cache.num_pages) {
+  if (!has_page) {
     if (tid < hix) out[tid * p.max_blocks] = -INFINITY;
     return;
   }
-  constexpr int kPieces = kS * kDix / 8 / kThreads;  // 16
-  const uint4* src = reinterpret_cast<const uint4*>(p.cache.idx_k + page * kS * kDix);
-  uint4 kr[kPieces];
+  if (!p.keys_before_wait) {
 #pragma unroll
-  for (int j = 0; j < kPieces; ++j) kr[j] = __ldg(src + tid + j * kThreads);
+    for (int j = 0; j < kPieces; ++j) kr[j] = __ldg(src + tid + j * kThreads);
+  } else if (own_row >= 0) {
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j)
+      if ((tid + j * kThreads) / (kDix / 8) == own_row) kr[j] = __ldcg(src + tid + j * kThreads);
+  }
   if (tid < hix * kDix / 8) {
     const uint32_t w[4] = {qr.x, qr.y, qr.z, qr.w};
     float* dst = &qs[tid / (kDix / 8)][(tid % (kDix / 8)) * 8];
@@ -110,13 +128,21 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   }
 }
 
-// One CTA (kTopkThreads) per (sequence, index head). `dependent`: launched as a programmatic
-// dependent of the score kernel: the positions (written before that kernel started) are read
-// before pdl_wait(), the scores after it.
+// Candidates per CTA of the rank count: a (sequence, index head) row of n candidates is spread
+// over gridDim.y = ceil(max_blocks / kRankPerCta) CTAs (at most kRankMax / kRankPerCta), each
+// ranking its share of the candidates against all n. One CTA ranking 256 candidates (32K tokens)
+// issues 64 comparisons per thread on one SM (~6.5 us with its launch, against ~2.6 us for 32).
+constexpr int kRankPerCta = 64;
+constexpr int64_t kRowsWithoutSpread = 128;
+
+// kTopkThreads per CTA, grid (sequence · index head, parts). `dependent`: launched as a
+// programmatic dependent of the score kernel: the positions (written before that kernel started)
+// are read before pdl_wait(), the scores after it.
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecodeParams p,
                                                                     bool dependent) {
   pdl_launch_dependents();  // a PDL attention split may be scheduled; it waits for this grid
   const int64_t bh = blockIdx.x, b = bh / p.num_index_heads;
+  const int part_id = blockIdx.y, parts = gridDim.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   float* sc = p.block_scores + bh * p.max_blocks;
   const int64_t qb = min(static_cast<int64_t>(p.positions[b] / kS), p.max_blocks - 1);
@@ -139,16 +165,20 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecod
       s_sc[i] = v == v ? v : -INFINITY;
     }
     __syncthreads();
-    // P = blockDim / n (rounded to powers of two, 1..32) adjacent lanes per candidate: each
-    // counts the competitors j = part, part + P, ..., and a shuffle adds the P counts (integers:
-    // exact in any order). n = 32 (4K tokens): one comparison per thread; n = 256: 64.
+    // This CTA ranks candidates c0 .. c1 - 1 (an even share of the n; none for some CTAs of a
+    // short row). P = blockDim / (c1 - c0) (rounded to powers of two, 1..32) adjacent lanes per
+    // candidate: each counts the competitors j = part, part + P, ..., and a shuffle adds the P
+    // counts (integers: exact in any order). n = 32 (4K tokens): one CTA, one comparison per
+    // thread; n = 256: 4 CTAs, 16 per thread.
+    const int64_t share = (n + parts - 1) / parts;
+    const int64_t c0 = min(n, part_id * share), c1 = min(n, c0 + share);
     int np2 = 1;
-    while (np2 < n) np2 <<= 1;
+    while (np2 < c1 - c0) np2 <<= 1;
     const int P = min(32, max(1, static_cast<int>(blockDim.x) / np2));
     const int part = tid % P;
-    for (int64_t base = 0; base < n; base += blockDim.x / P) {  // block-uniform
+    for (int64_t base = c0; base < c1; base += blockDim.x / P) {  // block-uniform
       const int64_t i = base + tid / P;
-      const bool live = i < n;
+      const bool live = i < c1;
       const float v = live ? s_sc[i] : 0.0f;
       int rank = 0;
       if (live)
@@ -159,9 +189,11 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecod
       for (int o = P / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
       if (live && part == 0 && rank < k) out[rank] = v == -INFINITY ? -1 : static_cast<int32_t>(i);
     }
-    for (int64_t slot = k + tid; slot < p.top_k; slot += blockDim.x) out[slot] = -1;
+    if (part_id == 0)
+      for (int64_t slot = k + tid; slot < p.top_k; slot += blockDim.x) out[slot] = -1;
     return;
   }
+  if (part_id != 0) return;  // the slot-by-slot selection runs in one CTA per row
   if (tid == 0) {
     for (int64_t i = 0; i < p.local_blocks; ++i) sc[qb - i > 0 ? qb - i : 0] = INFINITY;
     for (int64_t i = 0; i < min(p.init_blocks, qb + 1); ++i) sc[i] = INFINITY;
@@ -221,8 +253,16 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
   // After the score kernel, a programmatic dependent launch (its launch and CTA start overlap
   // the scoring's tail). With scores_ready the previous kernel is the caller's: a plain launch.
   const bool dependent = !p.scores_ready && p.dependent_launch;
+  // Rows spread over several CTAs only while the rows alone leave the GPU mostly idle (decode at
+  // small batches; not the prefill's tokens · heads rows, where it would only repeat the loads).
+  const int64_t rows = p.batch * p.num_index_heads;
+  const int64_t parts =
+      rows >= kRowsWithoutSpread || !p.spread_rank
+          ? 1
+          : std::min<int64_t>(kRankMax / kRankPerCta, (p.max_blocks + kRankPerCta - 1) / kRankPerCta);
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(dependent, indexer_topk_kernel,
-                                        dim3(static_cast<unsigned>(p.batch * p.num_index_heads)),
+                                        dim3(static_cast<unsigned>(p.batch * p.num_index_heads),
+                                             static_cast<unsigned>(parts)),
                                         dim3(kTopkThreads), 0, stream, p, dependent));
   return Status::ok();
 }

@@ -48,7 +48,6 @@ __device__ __forceinline__ void load_head(const float* src, int64_t num_slices, 
 // One warp per (token, head); row = token · heads_per_token + head.
 __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   __shared__ float y[kWarps][kD];
-  pdl_launch_dependents();
   const AttentionInputsParams& p = a.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t per_token = a.seg_end[kNumSegs - 1];
@@ -60,6 +59,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   while (h >= a.seg_end[sg]) ++sg;
   if (sg > 0) h -= a.seg_end[sg - 1];  // head within segment sg
   pdl_wait();  // everything below reads the GEMV's output or writes what later kernels read
+  // Dependents (the indexer's scoring, or the split attention) may be scheduled from here on,
+  // not before: launched at this kernel's start they would sit resident beside the q/k/v GEMV's
+  // stream, and what they do before their own wait (loading the index keys of earlier
+  // positions) is better done under this kernel's few microseconds than under that stream.
+  pdl_launch_dependents();
 
   // The projection loads first: they do not wait for the positions -> block table -> slot chain.
   float v[4];
