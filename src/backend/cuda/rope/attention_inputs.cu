@@ -58,6 +58,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   int sg = 0;
   while (h >= a.seg_end[sg]) ++sg;
   if (sg > 0) h -= a.seg_end[sg - 1];  // head within segment sg
+  // The position and the block table are inputs of the step (no kernel writes them): the
+  // position -> table -> slot chain runs before the wait, under the GEMV this kernel follows, so
+  // that after it only the projection's loads are on the critical path.
+  const int32_t pos = p.positions[tok];
+  const KvCacheBf16View& c = p.cache;
+  // Cache rows written by this warp's head kind (K, V: Hkv·D per slot; index key: Dix).
+  int64_t slot = -1;
+  if (sg == kSegK || sg == kSegV || (sg == kSegIk && c.idx_k != nullptr))
+    slot = kv_cache_slot(c, p.block_tables, p.max_blocks, tok, pos);
   pdl_wait();  // everything below reads the GEMV's output or writes what later kernels read
   // Dependents (the indexer's scoring, or the split attention) may be scheduled from here on,
   // not before: launched at this kernel's start they would sit resident beside the q/k/v GEMV's
@@ -65,15 +74,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   // positions) is better done under this kernel's few microseconds than under that stream.
   pdl_launch_dependents();
 
-  // The projection loads first: they do not wait for the positions -> block table -> slot chain.
   float v[4];
   load_head(p.partial + tok * p.ld + a.seg_off[sg] + h * kD + lane, p.num_slices, p.t * p.ld, v);
-  const int32_t pos = p.positions[tok];
-  const KvCacheBf16View& c = p.cache;
-  // Cache rows written by this warp's head kind (K, V: Hkv·D per slot; index key: Dix).
-  int64_t slot = -1;
-  if (sg == kSegK || sg == kSegV || (sg == kSegIk && c.idx_k != nullptr))
-    slot = kv_cache_slot(c, p.block_tables, p.max_blocks, tok, pos);
   if (sg == kSegV) {
     if (slot < 0) return;
     uint16_t* dst = c.v + slot * (c.num_kv_heads * kD) + h * kD + lane;

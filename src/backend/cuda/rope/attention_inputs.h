@@ -66,7 +66,8 @@ struct AttentionInputsParams {
   const int32_t* block_tables = nullptr;  // [T, max_blocks] page ids, -1 = none
   int64_t max_blocks = 0;
   // Programmatic dependent launch (runtime/pdl.cuh): the kernel may start under the GEMV's tail
-  // and waits for it before reading `partial`. Results are the same either way.
+  // and waits for it before reading `partial`; positions and block_tables (inputs of the step,
+  // which no kernel writes) are read before that wait. Results are the same either way.
   bool pdl = false;
 };
 
