@@ -115,8 +115,9 @@ struct CudaM3Options {
   // batch 1 1K 1.592 / 1.592 against 1.603 / 1.597 ms, 4K 1.663 / 1.662 against 1.670 / 1.667
   // (docs/perf-log.md session 11).
   int64_t norm_cluster_rows = 16;
-  // Decode attention without key splits (batches where top_k · Hkv · B CTAs fill the GPU: 8 and
-  // up on M3.1-Flash) on the tensor cores (SparseDecodeParams::mma) instead of float32 FMAs.
+  // Decode attention on the tensor cores (SparseDecodeParams::mma: one CTA per selected block)
+  // instead of float32 FMAs (with key splits below batch 8). H200, graph-timed split + combine
+  // at batch 1: 6.5-6.9 against 8.8-9.0 us (docs/perf-log.md session 20).
   bool mma_decode_attention = true;
   // Decode at one row: a MoE layer's router, shared expert and routed experts in one persistent
   // launch (moe/moe_block_stream.h: weights streamed into shared memory across the ops, counters

@@ -10,9 +10,10 @@
 // read shared memory in 16-byte pieces (4-8 FMAs per load instead of 1-2), the softmax
 // statistics come from registers, and the combine reads each partial state once with all of a
 // thread's loads in flight. The arithmetic per score and per partial P·V is the same sequence
-// of fmaf as the CPU-ordered loop (d, then key, ascending). Without key splits (batch >= 8 on
-// the real shapes) the launcher runs the tensor-core split kernel instead where
-// SparseDecodeParams::mma asks for it (sparse_decode_mma.cu: 2.0-2.5x faster at batch 8-128, H200).
+// of fmaf as the CPU-ordered loop (d, then key, ascending). Where SparseDecodeParams::mma asks
+// for it the launcher runs the tensor-core split kernel instead, one CTA per selected block at
+// every batch (sparse_decode_mma.cu: 2.0-2.5x faster at batch 8-128, and at batch 1 faster than
+// this kernel with 4 key splits; H200).
 #include "backend/cuda/attention/sparse_decode.h"
 
 #include "backend/cuda/attention/sparse_decode_mma.h"
@@ -371,10 +372,13 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
       misaligned(p.o_partial, 16) || misaligned(p.ml_partial, 8))
     return invalid_argument("[cuda.sparse_decode] q, cache.k, cache.v and o_partial must be "
                             "16-byte aligned, ml_partial 8-byte aligned (16-byte loads)");
-  // Key splits: up to max_key_splits (the partial buffers' capacity), while the grid stays
-  // within about one wave: 4 CTAs per SM (a 4-split CTA holds 27 KB of shared memory and a
-  // 2-split one 46 KB, so 4+ of either fit an SM). Batch 1 (64 blocks · groups): 4 splits, 256
-  // CTAs; batch 2: 4 splits, 512; batch 4: 2 splits, 512; batch 8: none, 512.
+  // With mma, one CTA per selected block on the tensor cores at every batch: at batch 1 (64
+  // CTAs) it takes 6.5-6.9 us with its combine against 8.8-9.0 us for 4 key splits on FMAs (256
+  // CTAs, 4x the partial states to combine; H200, graph-timed, 1K-32K). Without: key splits up
+  // to max_key_splits (the partial buffers' capacity), while the grid stays within about one
+  // wave: 4 CTAs per SM (a 4-split CTA holds 27 KB of shared memory and a 2-split one 46 KB, so
+  // 4+ of either fit an SM). Batch 1 (64 blocks · groups): 4 splits, 256 CTAs; batch 2: 4
+  // splits, 512; batch 4: 2 splits, 512; batch 8: none, 512.
   static int sms = 0;
   if (sms == 0) {
     int dev = 0;
@@ -387,6 +391,8 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
     if (p.max_key_splits != 1 && p.max_key_splits != 2 && p.max_key_splits != 4)
       return invalid_argument("[cuda.sparse_decode] key splits must be 1, 2 or 4");
     splits = static_cast<int>(p.max_key_splits);
+  } else if (p.mma) {
+    splits = 1;
   } else if (p.max_key_splits >= 4 && ctas * 4 <= 4 * sms) {
     splits = 4;
   } else if (p.max_key_splits >= 2 && ctas * 2 <= 4 * sms) {

@@ -69,14 +69,16 @@ struct SparseDecodeParams {
   int64_t batch = 0, num_heads = 0, max_blocks = 0, top_k = 16;
   int64_t block_table_stride = -1;       // as in IndexerDecodeParams
   float scale = 0.0f;                    // softmax scale (1/sqrt(D))
-  // Key splits: a selected block's 128 keys may be shared by up to max_key_splits CTAs (1, 2
-  // or 4; chosen by the launcher for small batches, where top_k · Hkv · B CTAs would leave the
-  // GPU idle). The partial buffers hold top_k · max_key_splits states per head.
+  // Key splits (the FMA kernel only, so not with mma unless forced): a selected block's 128
+  // keys may be shared by up to max_key_splits CTAs (1, 2 or 4; chosen by the launcher for small
+  // batches, where top_k · Hkv · B CTAs would leave the GPU idle). The partial buffers hold
+  // top_k · max_key_splits states per head.
   int64_t max_key_splits = 1;
   bool force_key_splits = false;         // tests: use exactly max_key_splits (1, 2 or 4)
   // One split per block on the tensor cores (sparse_decode_mma.cu: P rounded to bf16, both for
   // P·V and for the sums, so the output is the weighted mean of V with weights perturbed by at
-  // most 2^-8 relatively) instead of the float32-FMA kernel; key splits keep the FMA kernel.
+  // most 2^-8 relatively) instead of the float32-FMA kernel, at every batch; forced key splits
+  // keep the FMA kernel.
   bool mma = false;
   bool dependent_launch = true;          // the combine as a programmatic dependent of the split
                                          // kernel (false: a plain launch; same results)
