@@ -351,7 +351,8 @@ TEST(AttentionInputs, MatchesFloat64NormRope) {
 // their programmatic dependent and loads the keys of earlier positions before its wait
 // (keys_before_wait), the top-k and the split attention follow as programmatic dependents. Against
 // the same kernels launched plainly after a synchronise: block scores, selection and attention
-// output bit for bit. The position rows start as a poison that would win its block's max-pool
+// output bit for bit (the split attention on FMAs with local_blocks 0, on the tensor cores with
+// 1). The position rows start as a poison that would win its block's max-pool
 // (index keys of 1000 in every dimension), and with local_blocks 0 the query's own block competes
 // in the selection, so a key read before its write shows in the scores and the selection.
 TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
@@ -444,6 +445,7 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
     sp.top_k = top_k;
     sp.scale = 1.0f / std::sqrt(float(kD));
     sp.max_key_splits = 4;
+    sp.mma = local_blocks == 1;  // both split kernels: 4 key splits on FMAs, or the tensor cores
     sp.o_partial = opart.ptr();
     sp.ml_partial = ml.ptr();
     sp.out = attn.ptr();

@@ -27,8 +27,6 @@ namespace m3::cuda {
 namespace {
 
 constexpr int kS = 128, kD = 128, kGroup = 16, kThreads = 128;
-// Table rows up to this many blocks (128K tokens) are staged in shared memory by the split kernel.
-constexpr int kTableSmem = 1024;
 // 32-bit words per K row in shared memory: 64 + 4 keeps rows 16-byte aligned, and the 8 lanes of
 // a quarter-warp reading rows s .. s+7 at the same column hit banks 4s + c: conflict-free.
 constexpr int kKPitch = kD / 2 + 4;
@@ -68,23 +66,6 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   // 16-byte pieces per thread) do not depend on the selection: their loads go out right after
   // the wait, under the selection -> block table chain below.
   const int64_t pos = p.positions[b];
-  // With a selection and a table row of at most kTableSmem blocks, the row (also an input of the
-  // step) is loaded here into registers, with the position, and goes to shared memory once the
-  // selection has been requested: the chain is then {selection, table row} -> K / V instead of
-  // selection -> table entry -> K / V (one L2 round trip less on the critical path).
-  const int32_t* sel = p.selected != nullptr ? p.selected + (b * hkv + g) * p.top_k : nullptr;
-  const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
-  const bool table_smem = sel != nullptr && p.max_blocks <= kTableSmem;  // uniform
-  constexpr int kTableRegs = kTableSmem / kThreads;
-  __shared__ int32_t s_table[kTableSmem];
-  int32_t table_part[kTableRegs];
-  if (table_smem) {
-#pragma unroll
-    for (int j = 0; j < kTableRegs; ++j) {
-      const int64_t i = tid + j * kThreads;
-      table_part[j] = i < p.max_blocks ? p.block_tables[row + i] : -1;
-    }
-  }
   pdl_wait();
   // The combine's CTAs may be scheduled from here on (they wait in pdl_wait()), not from this
   // kernel's start: the combine lets the o_proj GEMV start at once, and that GEMV requests its
@@ -97,22 +78,15 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   for (int j = 0; j < kGroup * kD / 8 / kThreads; ++j) qr[j] = __ldg(qg + tid + j * kThreads);
   const int64_t qb = pos / kS;
   // No selection: slot j is block j (max_blocks <= top_k, checked by the launcher).
+  const int32_t* sel = p.selected != nullptr ? p.selected + (b * hkv + g) * p.top_k : nullptr;
   const int32_t blk = sel != nullptr ? sel[slot] : slot;
   const int64_t key0 = int64_t{blk} * kS + part * kKeys;  // position of this CTA's first key
   bool skip = blk < 0 || blk > qb || key0 > pos;  // key0 > pos: every key of the part is future
   // Duplicates count once (the first slot). No early exit: the loads go out together.
   if (sel != nullptr)
     for (int i = 0; i < slot; ++i) skip |= sel[i] == blk;
-  if (table_smem) {
-#pragma unroll
-    for (int j = 0; j < kTableRegs; ++j)
-      if (tid + j * kThreads < p.max_blocks) s_table[tid + j * kThreads] = table_part[j];
-    __syncthreads();
-  }
-  const int64_t page = skip                   ? -1
-                       : !table_smem          ? p.block_tables[row + blk]
-                       : blk < p.max_blocks   ? s_table[blk]
-                                              : -1;
+  const int64_t row = b * (p.block_table_stride < 0 ? p.max_blocks : p.block_table_stride);
+  const int64_t page = skip ? -1 : p.block_tables[row + blk];
   // This part's partial state of head 0 (head h at + h · slots): its (max, sum) at
   // ml_partial + state·2, its o row at o_partial + state·kD.
   const int64_t slots = p.top_k * SPLITS;
