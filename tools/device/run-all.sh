@@ -198,7 +198,12 @@ elif command -v compute-sanitizer >/dev/null; then
   # attention's split + combine (every-block cases: small), memcheck and racecheck.
   rc6=$(san memcheck 60 sparse_decode_test 'AddRmsNorm.*:SparseDecode.EveryBlock*')
   rc7=$(san racecheck 60 sparse_decode_test 'AddRmsNorm.FusedDelta*')
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc9" "$rc11" "$rc3" "$rc7" "$rc10" "$rc12" "$((SECONDS - t0))")")
+  # The decode attention chain under PDL (scoring with its keys before the wait, the top-k over
+  # several CTAs per row, both split kernels) and the spread top-k at other head counts.
+  rc13=$(san memcheck 60 attention_inputs_test 'AttentionInputs.IndexerChain*')
+  rc14=$(san racecheck 60 attention_inputs_test 'AttentionInputs.IndexerChain*')
+  rc15=$(san racecheck 90 sparse_decode_test 'SparseDecode.IndexerHeadCounts*')
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc8" "$rc9" "$rc11" "$rc13" "$rc3" "$rc7" "$rc10" "$rc12" "$rc14" "$rc15" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")
