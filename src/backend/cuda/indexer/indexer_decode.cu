@@ -1,12 +1,14 @@
 // Lightning indexer for decode (bf16 index-key cache, float32 scores): one CTA per (block,
 // sequence) loads the page's 128 index keys once and scores them against the Hix query heads,
-// max-pooling to one score per (head, block); then one CTA per (sequence, head) forces the local
-// and init blocks and picks the top_k blocks (descending score, ties to the lower id).
+// max-pooling to one score per (head, block); then one to 16 CTAs per (sequence, head) force the
+// local and init blocks and pick the top_k blocks (descending score, ties to the lower id).
 //
 // At batch 1-8 both kernels are latency-bound (32-2048 small CTAs): the score kernel issues the
-// query and all key loads before it needs them and reads shared memory in 16-byte pieces; the
-// top-k spreads each candidate's rank count over up to 32 lanes and is launched as a programmatic
-// dependent of the score kernel (its launch overlaps the scoring's tail).
+// query and all key loads before it needs them (with keys_before_wait, the keys of earlier
+// positions before its PDL wait) and reads shared memory in 16-byte pieces; the top-k spreads
+// each row's candidates over CTAs and each candidate's rank count over up to 32 lanes, and is
+// launched as a programmatic dependent of the score kernel (its launch overlaps the scoring's
+// tail).
 #include <algorithm>
 
 #include "backend/cuda/attention/sparse_decode.h"
