@@ -77,8 +77,9 @@ struct CudaM3Options {
   // (IndexerDecodeParams::keys_before_wait: decode rows are one per sequence, so those keys were
   // written in earlier steps); the attention inputs let it start only after their own wait, so
   // its CTAs never sit beside the q/k/v GEMV. Same results bit for bit. H200, 8-layer steps,
-  // three rounds (docs/perf-log.md session 20): batch 1 4K 1.686 / 1.690 / 1.685 against
-  // 1.701 / 1.675 / 1.700 ms, 32K 1.739 / 1.738 / 1.737 against 1.747 / 1.724 / 1.748. The split
+  // on / off in one call, three rounds (docs/perf-log.md session 20, run 5): batch 1 4K 1.650 /
+  // 1.653 / 1.650 against 1.676 / 1.663 / 1.677 ms, 32K 1.675 / 1.674 / 1.677 against 1.695 /
+  // 1.680 / 1.694; batch 8 level. The split
   // attention as a programmatic dependent too was slower (32K 1.75-1.80 against 1.72-1.76 ms):
   // its wait ends later than a graph edge would start it, and its few loads gain nothing.
   bool pdl_indexer = true;
