@@ -98,7 +98,8 @@ void check_repeat_and_accumulate(cuda::QuantGemvParams p, Dev<float>& y,
     ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
 }
 
-// Variant 5 on p (writing every element of `out`) with stage_x off, where the launcher stages
+// Variant 5 on p (writing every element of `out`, whose bits are `want`) with the staged
+// activations copied through L2 only, then with stage_x off, where the launcher stages
 // the activations with the weights (NVFP4, one row per group): reading them through L1 must give
 // the same bits as staging them. In the mma layout the staged kernel takes the block scales on
 // the mma's outputs (scale_out), which rounds in another order (the caller checks `want` against
@@ -107,6 +108,12 @@ template <typename T>
 void expect_same_unstaged(cuda::QuantGemvParams p, Dev<T>& out, const std::vector<T>& want,
                           const std::string& name) {
   p.epilogue.accumulate = false;
+  // The staged slices copied through L2 only (stage_x_l1 off) instead of through L1: the same
+  // bytes, so the same bits.
+  p.stage_x_l1 = false;
+  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
+  EXPECT_EQ(out.host(), want) << name << ": staged activations through L2 only differ";
+  p.stage_x_l1 = true;
   std::vector<T> staged = want;
   if (p.w_layout != 0) {
     p.scale_out = false;

@@ -112,8 +112,20 @@ bool scale_out(const QuantGemvParams& p) {
   return p.scale_out && !off;
 }
 
+// Whether staged activations go through L1 (QuantGemvParams::stage_x_l1), unless
+// M3_GEMV5_X_L1=0 (for benchmarks).
+bool stage_x_l1(const QuantGemvParams& p) {
+  static const bool off = [] {
+    const char* e = std::getenv("M3_GEMV5_X_L1");
+    return e != nullptr && std::atoi(e) == 0;
+  }();
+  return p.stage_x_l1 && !off;
+}
+
 template <QuantFormat F, bool kPacked>
-Status launch_format(const QuantGemvParams& p, int ng, dim3 grid, cudaStream_t s) {
+Status launch_format(const QuantGemvParams& p_in, int ng, dim3 grid, cudaStream_t s) {
+  QuantGemvParams p = p_in;
+  p.stage_x_l1 = stage_x_l1(p_in);
   switch (ng) {
     case 1:
       if constexpr (F == QuantFormat::kNvfp4)

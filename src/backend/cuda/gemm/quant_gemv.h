@@ -92,6 +92,14 @@ struct QuantGemvParams {
   // reading it through L1 (quant_gemv_mma.cuh, kStageX). Bitwise the same results; false for
   // A/B runs and the tests that compare the two (M3_GEMV5_STAGE_X=0: off for benchmarks).
   bool stage_x = true;
+  // With stage_x: the activation slices are copied through L1 (cp.async.ca) rather than L2 only.
+  // At one token every CTA of a grouped launch reads the same row, stage by stage, about when the
+  // others do: through L2 alone each 128-byte line is requested by ~1536 warps at once and its L2
+  // slice answers them one after another; through L1 the CTAs of an SM share one request. H200,
+  // cuda_decode_bench, the batch-1 experts' gate|up: 37.1 against 44.2 us, the same as not
+  // copying the activations at all (docs/perf-log.md session 21). Bitwise the same results; false
+  // only for A/B runs (M3_GEMV5_X_L1=0).
+  bool stage_x_l1 = true;
   // Variant 5 with staged activations and NVFP4 in the mma layout: the block scales multiply the
   // mma's outputs (one per block and row) instead of its dequantised weights (quant_gemv_mma.cuh,
   // kScaleOut): fewer instructions per weight word; the sums are rounded in another order (the

@@ -16,6 +16,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                "r"(src_size));
 }
+// The same through L1 (cp.async.ca): for data many CTAs of an SM read at about the same time.
+__device__ __forceinline__ void cp_async16_l1(uint32_t dst, const void* src, int src_size) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(src_size));
+}
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_size) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src),
                "r"(src_size));

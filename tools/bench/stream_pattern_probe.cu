@@ -1,0 +1,121 @@
+// Does the order in which a batch-1 expert GEMV's warps walk their weights limit its HBM rate?
+// (docs/dev/decode-persistent-layer.md, "Session 21".)
+//
+// Variant 5 (gemm/quant_gemv_mma.cuh) at one token runs one wave of 1536 CTAs x 2 warps over the
+// four routed experts' gate|up; each warp streams its own contiguous ~24 KB (half of one tile in
+// the mma layout) in 2-KB stages through a 2-slot cp.async ring (one stage in flight while one is
+// computed). It reaches ~2 TB/s, a plain grid-stride read of the same bytes ~3.5+, and neither
+// fewer instructions per stage nor more stages in flight moved it (sessions 12-18). This probe
+// keeps only the access pattern: the same number of warps, stages and stage size, cp.async into
+// the same ring, a fixed spin per stage standing in for the compute, no arithmetic. It varies:
+//   layout 0  each warp's stages contiguous (the mma layout: warp w reads [w·S, (w+1)·S) stages),
+//   layout 1  the stages interleaved over the warps (stage s of warp w at s·warps + w: at any
+//             moment the GPU's requests cover one contiguous region),
+//   ring      2, 3 slots (1, 2 stages in flight while one is consumed),
+//   spin      0, 1000, 2000 cycles per stage (the compute stand-in; the real stage is ~205
+//             instructions per warp, 6 warps per scheduler),
+//   warps     2 or 4 per CTA (1536 CTAs and the same bytes: 4 warps read half as many stages
+//             each, two waves' worth of warps),
+// and prints each configuration's time and rate beside the plain read (runtime/read_probe.cu).
+//
+// Usage: stream_pattern_probe   (no arguments; a few seconds)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "backend/cuda/runtime/cp_async.cuh"
+#include "backend/cuda/runtime/read_probe.h"
+#include "cuda_bench_util.h"
+
+namespace {
+
+using namespace m3;
+using namespace m3::cuda;
+using namespace m3::cuda_bench;
+
+constexpr int kStageBytes = 2048;
+
+template <int R>
+__global__ void pattern_kernel(const uint8_t* __restrict__ base, int stages, int layout, int spin,
+                               uint32_t* sink) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int64_t gw = int64_t{blockIdx.x} * nw + warp, total = int64_t{gridDim.x} * nw;
+  uint8_t* ring = smem + warp * R * kStageBytes;
+  const uint32_t ring_s = smem_u32(ring);
+  auto src = [&](int s) {
+    return base + (layout == 0 ? gw * stages + s : int64_t{s} * total + gw) * kStageBytes;
+  };
+  auto issue = [&](int s, int slot) {
+    const uint8_t* p = src(s);
+#pragma unroll
+    for (int h = 0; h < kStageBytes / 512; ++h)
+      cp_async16(ring_s + slot * kStageBytes + 16 * (lane + 32 * h), p + 16 * (lane + 32 * h), 16);
+  };
+#pragma unroll
+  for (int i = 0; i < R - 1; ++i) {
+    if (i < stages) issue(i, i);
+    cp_async_commit();
+  }
+  uint32_t acc = 0;
+  for (int i = 0; i < stages; ++i) {
+    const int next = i + R - 1;
+    if (next < stages) issue(next, next % R);
+    cp_async_commit();
+    cp_async_wait<R - 1>();
+    __syncwarp();
+    acc ^= reinterpret_cast<const uint32_t*>(ring + (i % R) * kStageBytes)[lane];
+    if (spin > 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < spin) {
+      }
+    }
+    __syncwarp();
+  }
+  if (acc == 0x12345678u) sink[gw] = acc;  // keeps the reads
+}
+
+}  // namespace
+
+int main() {
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t pool = int64_t{1} << 30;
+  uint8_t* buf = dalloc<uint8_t>(pool);
+  CHECK_CUDA(cudaMemsetAsync(buf, 0x5A, pool, g_stream));
+  uint32_t* sink = dalloc<uint32_t>(1 << 20);
+  const int total_warps = 3072, total_stages = 12;  // variant 5 at one token: 1536 CTAs x 2 x 12
+  const int64_t bytes = int64_t{total_warps} * total_stages * kStageBytes;  // 75.5 MB
+  const int64_t copies = pool / bytes;
+  std::printf("%-52s %9s %9s\n", "pattern (75.5 MB, 2-KB stages, one wave)", "us", "TB/s");
+  for (int per_sm : {4, 8}) {
+    const double ms = median_ms(
+        [&](int i) { CHECK_OK(launch_read_probe(buf + (i % copies) * bytes, bytes, per_sm * sms, sink, st())); },
+        5, 15, 4);
+    std::printf("plain read, %d CTAs/SM %40s %9.1f %9.2f\n", per_sm, "", ms * 1e3, bytes / ms / 1e9);
+  }
+  for (int warps : {2, 4})
+    for (int layout : {0, 1})
+      for (int ring : {2, 3})
+        for (int spin : {0, 1000, 2000}) {
+          const int ctas = total_warps / 2, stages = total_stages * 2 / warps;
+          const int smem = warps * ring * kStageBytes;
+          const double ms = median_ms(
+              [&](int i) {
+                const uint8_t* b = buf + (i % copies) * bytes;
+                if (ring == 2)
+                  pattern_kernel<2><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
+                else if (ring == 3)
+                  pattern_kernel<3><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
+                else
+                  pattern_kernel<4><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
+              },
+              5, 15, 4);
+          std::printf("warps %d layout %d (%s) ring %d spin %4d %12s %9.1f %9.2f\n", warps, layout,
+                      layout == 0 ? "per warp" : "interleaved", ring, spin, "", ms * 1e3,
+                      bytes / ms / 1e9);
+        }
+  return 0;
+}
