@@ -97,8 +97,10 @@ struct QuantGemvParams {
   // others do: through L2 alone each 128-byte line is requested by ~1536 warps at once and its L2
   // slice answers them one after another; through L1 the CTAs of an SM share one request. H200,
   // cuda_decode_bench, the batch-1 experts' gate|up: 37.1 against 44.2 us, the same as not
-  // copying the activations at all (docs/perf-log.md session 21). Bitwise the same results; false
-  // only for A/B runs (M3_GEMV5_X_L1=0).
+  // copying the activations at all (docs/perf-log.md session 21). The slices are read after the
+  // PDL wait, as every L1 read of an earlier kernel's output here, so no stale line can answer
+  // (cuda_real_model_test compares graphs with PDL against eager serial launches bitwise at
+  // batch 1). Bitwise the same results; false only for A/B runs (M3_GEMV5_X_L1=0).
   bool stage_x_l1 = true;
   // Variant 5 with staged activations and NVFP4 in the mma layout: the block scales multiply the
   // mma's outputs (one per block and row) instead of its dequantised weights (quant_gemv_mma.cuh,
