@@ -107,10 +107,8 @@ int main() {
                 const uint8_t* b = buf + (i % copies) * bytes;
                 if (ring == 2)
                   pattern_kernel<2><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
-                else if (ring == 3)
-                  pattern_kernel<3><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
                 else
-                  pattern_kernel<4><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
+                  pattern_kernel<3><<<ctas, 32 * warps, smem, g_stream>>>(b, stages, layout, spin, sink);
               },
               5, 15, 4);
           std::printf("warps %d layout %d (%s) ring %d spin %4d %12s %9.1f %9.2f\n", warps, layout,

@@ -94,8 +94,9 @@ struct QuantGemvParams {
   bool stage_x = true;
   // With stage_x: the activation slices are copied through L1 (cp.async.ca) rather than L2 only.
   // At one token every CTA of a grouped launch reads the same row, stage by stage, about when the
-  // others do: through L2 alone each 128-byte line is requested by ~1536 warps at once and its L2
-  // slice answers them one after another; through L1 the CTAs of an SM share one request. H200,
+  // others do: through L2 alone each 128-byte line is requested by up to ~1536 warps at once, which
+  // its one L2 slice serves in turn (the mechanism the measurements point to, not profiled);
+  // through L1 the CTAs of an SM share one request. H200,
   // cuda_decode_bench, the batch-1 experts' gate|up: 37.1 against 44.2 us, the same as not
   // copying the activations at all (docs/perf-log.md session 21). The slices are read after the
   // PDL wait, as every L1 read of an earlier kernel's output here, so no stale line can answer
