@@ -67,6 +67,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   int64_t slot = -1;
   if (sg == kSegK || sg == kSegV || (sg == kSegIk && c.idx_k != nullptr))
     slot = kv_cache_slot(c, p.block_tables, p.max_blocks, tok, pos);
+  // The norm weight's factors and the rotation's sin / cos (a weight load and a double-precision
+  // sincos per dim) depend only on the layer and the position: computed under the GEMV too, not
+  // after the projection's loads (docs/perf-log.md session 22).
+  const uint16_t* weight = sg == kSegQ    ? p.q_norm
+                           : sg == kSegK  ? p.k_norm
+                           : sg == kSegIq ? p.iq_norm
+                                          : p.ik_norm;
+  qk_norm::HeadFactors f;
+  if (sg != kSegV)
+    qk_norm::head_factors(weight, static_cast<float>(pos), a.inv_freq, p.rotary_dim, p.rot_width,
+                          lane, f);
   pdl_wait();  // everything below reads the GEMV's output or writes what later kernels read
   // Dependents (the indexer's scoring, or the split attention) may be scheduled from here on,
   // not before: launched at this kernel's start they would sit resident beside the q/k/v GEMV's
@@ -83,13 +94,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
     for (int j = 0; j < 4; ++j) dst[32 * j] = f32_to_bf16(v[j]);
     return;
   }
-  const uint16_t* weight = sg == kSegQ    ? p.q_norm
-                           : sg == kSegK  ? p.k_norm
-                           : sg == kSegIq ? p.iq_norm
-                                          : p.ik_norm;
   uint16_t o[4];
-  qk_norm::norm_rope_head(v, weight, p.eps, static_cast<float>(pos), a.inv_freq, p.rotary_dim,
-                          p.rot_width, y[warp], lane, o);
+  qk_norm::norm_rope_finish(v, f, p.eps, p.rot_width, y[warp], lane, o);
   uint16_t* dst[2] = {nullptr, nullptr};
   switch (sg) {
     case kSegQ:
