@@ -268,8 +268,10 @@ class Harness {
                                                  bool overlap = true, bool pdl = true,
                                                  int gemv_variant = 5, bool pdl_chain = false,
                                                  bool persistent_moe = false,
-                                                 bool fused_norm_route = false) {
+                                                 bool fused_norm_route = false,
+                                                 bool cluster_combine = true) {
     CudaM3Options o;
+    o.cluster_attention_combine = cluster_combine;
     o.persistent_moe = persistent_moe;
     o.fused_norm_route = fused_norm_route;
     o.pdl_chain = pdl_chain;
@@ -465,9 +467,12 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   h.reset_pages();
   auto on = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
                         /*pdl_chain=*/true, /*persistent_moe=*/false, /*fused_norm_route=*/true);
-  // Eager, serial, without PDL, and the post-attention norm and the router as two launches
-  // (the fused kernel of `on` is bitwise those two, so the rows must still be equal).
-  auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false);
+  // Eager, serial, without PDL, the post-attention norm and the router as two launches and the
+  // split attention and its combine as two (the fused kernels of `on` are bitwise those, so
+  // the rows must still be equal).
+  auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false, /*gemv_variant=*/5,
+                        /*pdl_chain=*/false, /*persistent_moe=*/false, /*fused_norm_route=*/false,
+                        /*cluster_combine=*/false);
   auto v3 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/3);
   auto v6 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/6);
   auto pm = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,

@@ -157,6 +157,28 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     ap.pdl = splits != 2;  // the split kernel as a programmatic dependent (same results)
     ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
     auto gout = dout.host();
+    if (mma && splits == 1) {
+      // The clustered split (the 16 CTAs of a group merge their states in distributed shared
+      // memory, no combine launch): the same output bit for bit, with and without PDL.
+      for (bool pdl : {false, true}) {
+        auto dout2 = Dev<uint16_t>::poisoned(B * H * D);
+        cuda::SparseDecodeParams ap2 = ap;
+        ap2.cluster_combine = ap2.force_cluster_combine = true;  // B = 6: 384 CTAs
+        ap2.pdl = pdl;
+        ap2.out = dout2.ptr();
+        ASSERT_TRUE(cuda::launch_sparse_decode(ap2, stream()).is_ok());
+        EXPECT_TRUE(dout2.host() == gout) << "clustered split, pdl " << pdl;
+      }
+      // Unforced, at batch 1 (64 CTAs: within the one-CTA-per-SM limit): the first row again.
+      auto dout3 = Dev<uint16_t>::poisoned(H * D);
+      cuda::SparseDecodeParams ap3 = ap;
+      ap3.batch = 1;
+      ap3.cluster_combine = true;
+      ap3.out = dout3.ptr();
+      ASSERT_TRUE(cuda::launch_sparse_decode(ap3, stream()).is_ok());
+      const std::vector<uint16_t> first(gout.begin(), gout.begin() + H * D);
+      EXPECT_TRUE(dout3.host() == first) << "clustered split at batch 1";
+    }
     std::vector<float> got(B * H * D), want(B * H * D);
     std::vector<double> bound(B * H * D);
     for (int64_t b = 0; b < B; ++b) {
@@ -484,6 +506,14 @@ TEST(SparseDecode, EveryBlockWithoutSelectionEqualsTheAscendingSelection) {
     int64_t nonzero = 0;
     for (uint16_t x : b) nonzero += (x & 0x7FFF) != 0;
     EXPECT_EQ(a, b) << "splits " << splits << (mma ? " mma" : "");
+    if (mma && splits == 1) {
+      // The clustered split on the identity selection too.
+      ap.cluster_combine = ap.force_cluster_combine = true;
+      ap.out = with_sel.ptr();
+      ASSERT_TRUE(cuda::launch_sparse_decode(ap, stream()).is_ok());
+      EXPECT_EQ(with_sel.host(), b) << "clustered split, no selection";
+      ap.cluster_combine = ap.force_cluster_combine = false;
+    }
     EXPECT_GT(nonzero, B * H * D / 2) << "splits " << splits << ": the output is mostly zero";
     ap.max_blocks = top_k + 1;  // wider tables: the identity would miss blocks
     EXPECT_FALSE(cuda::launch_sparse_decode(ap, stream()).is_ok());

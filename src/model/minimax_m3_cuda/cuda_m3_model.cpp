@@ -481,6 +481,7 @@ struct CudaM3Model::Impl {
     ap.ml_partial = b.ml;
     ap.max_key_splits = kKeySplits;  // the launcher splits keys only for small batches
     ap.mma = opt.mma_decode_attention;
+    ap.cluster_combine = opt.cluster_attention_combine;
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }

@@ -83,6 +83,11 @@ struct CudaM3Options {
   // attention as a programmatic dependent too was slower (32K 1.75-1.80 against 1.72-1.76 ms):
   // its wait ends later than a graph edge would start it, and its few loads gain nothing.
   bool pdl_indexer = true;
+  // The tensor-core decode attention's 16 split CTAs of a KV group as one thread-block cluster
+  // that merges its partial states in distributed shared memory (SparseDecodeParams::
+  // cluster_combine): no combine launch. Same results bit for bit. Measurement:
+  // docs/perf-log.md session 22.
+  bool cluster_attention_combine = true;
   // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
   // dependent of their gate|up, its CTAs reading the routing and requesting their first stages
   // of weights before they wait (QuantGemvParams::weights_before_wait), so that its stream

@@ -16,6 +16,7 @@
 // this kernel with 4 key splits; H200).
 #include "backend/cuda/attention/sparse_decode.h"
 
+#include "backend/cuda/attention/decode_combine.cuh"
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/dynamic_smem.cuh"
@@ -219,98 +220,19 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   }
 }
 
-// One CTA per (head, sequence) merges the top_k · splits partial states: the maximum over the
-// slots, each slot's weight exp(m_i - m) once into shared memory (a chunk at a time), then warp w
-// sums slots w, w + 4, ... for 4 dims per lane (16-byte loads, 8 in flight), and the four warp
-// sums are added in a fixed order. Skipped slots (m_i = -inf, weight 0) are never read: their
-// o_partial rows were not written.
-constexpr int kCombineChunk = 1024;
-constexpr int kPreSlots = 64;
-
-// Maximum over the CTA (kThreads), every thread gets it; `red` holds kThreads / 32 floats.
-__device__ __forceinline__ float cta_max(float v, float* red) {
-  v = warp_max(v);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = red[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, red[w]);
-  return v;
-}
-
+// One CTA per (head, sequence) merges the top_k · splits partial states
+// (decode_combine::combine_head).
 __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseDecodeParams p,
                                                                          int64_t slots) {
   pdl_launch_dependents();  // a following PDL GEMV (o_proj) may start streaming its weights
   pdl_wait();               // launched as a programmatic dependent of the split kernel
-  __shared__ float s_w[kCombineChunk];
-  __shared__ __align__(16) float s_num[kThreads / 32][kD];
-  __shared__ float s_red[32], s_mred[kThreads / 32];
   const int64_t bh = blockIdx.x;  // b·H + h
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int lane = threadIdx.x & 31;
   const float2* ml = reinterpret_cast<const float2*>(p.ml_partial + bh * slots * 2);
   const float4* o = reinterpret_cast<const float4*>(p.o_partial + bh * slots * kD);
-  // Up to kPreSlots states (batch 1-4 with 4 key splits: 64): this warp's o rows are requested
-  // now, with the statistics, instead of after the maximum and the weights (one memory latency
-  // less). A skipped state's row was never written: it is loaded but replaced by 0 below.
-  constexpr int kPre = kPreSlots / (kThreads / 32);
-  float4 pre[kPre];
-  const bool preloaded = slots <= kPreSlots;
-  if (preloaded) {
-#pragma unroll
-    for (int j = 0; j < kPre; ++j) {
-      const int64_t i = warp + j * (kThreads / 32);
-      pre[j] = i < slots ? o[i * (kD / 4) + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-  float m = -INFINITY;
-  for (int64_t i = tid; i < slots; i += kThreads) m = fmaxf(m, ml[i].x);
-  m = cta_max(m, s_mred);
-  uint16_t* out = p.out + bh * kD;
-  if (m == -INFINITY) {  // uniform: no allowed key in any slot
-    out[tid] = 0;
-    return;
-  }
-  float den = 0.0f;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int64_t c0 = 0; c0 < slots; c0 += kCombineChunk) {
-    const int n = static_cast<int>(slots - c0 < kCombineChunk ? slots - c0 : kCombineChunk);
-    for (int i = tid; i < n; i += kThreads) {
-      const float2 x = ml[c0 + i];
-      const float w = x.x == -INFINITY ? 0.0f : expf(x.x - m);
-      s_w[i] = w;
-      den = fmaf(x.y, w, den);
-    }
-    __syncthreads();
-    if (preloaded) {  // one chunk (slots <= kPreSlots < kCombineChunk): the same sums in order
-#pragma unroll
-      for (int j = 0; j < kPre; ++j) {
-        const int i = warp + j * (kThreads / 32);
-        if (i < n) {
-          const float w = s_w[i];
-          const float4 x = w != 0.0f ? pre[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          acc.x = fmaf(x.x, w, acc.x), acc.y = fmaf(x.y, w, acc.y);
-          acc.z = fmaf(x.z, w, acc.z), acc.w = fmaf(x.w, w, acc.w);
-        }
-      }
-      continue;  // no second chunk: n == slots
-    }
-#pragma unroll 8
-    for (int i = warp; i < n; i += kThreads / 32) {
-      // w = 0: a skipped slot (never written) or an underflowed weight (adds nothing).
-      const float w = s_w[i];
-      const float4 x =
-          w != 0.0f ? o[(c0 + i) * (kD / 4) + lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      acc.x = fmaf(x.x, w, acc.x), acc.y = fmaf(x.y, w, acc.y);
-      acc.z = fmaf(x.z, w, acc.z), acc.w = fmaf(x.w, w, acc.w);
-    }
-    __syncthreads();  // s_w is rewritten by the next chunk
-  }
-  *reinterpret_cast<float4*>(&s_num[warp][4 * lane]) = acc;
-  den = block_sum(den, s_red);  // synchronises: s_num is complete
-  float num = s_num[0][tid];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) num += s_num[w][tid];
-  out[tid] = f32_to_bf16(num / den);
+  decode_combine::combine_head(
+      slots, [ml](int64_t i) { return ml[i]; },
+      [o, lane](int64_t i) { return o[i * (kD / 4) + lane]; }, p.out + bh * kD);
 }
 
 template <int SPLITS>
@@ -372,6 +294,9 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   } else if (p.max_key_splits >= 2 && ctas * 2 <= 4 * sms) {
     splits = 2;
   }
+  if (splits == 1 && p.mma && (p.force_cluster_combine || (p.cluster_combine && ctas <= sms)) &&
+      sparse_decode_mma_cluster_fits(p))
+    return launch_sparse_decode_mma_cluster(p, stream);  // merges in the cluster: no combine
   dim3 grid(static_cast<unsigned>(p.top_k * splits), static_cast<unsigned>(c.num_kv_heads),
             static_cast<unsigned>(p.batch));
   if (splits == 4) {

@@ -22,7 +22,9 @@
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/attention/decode_combine.cuh"
 #include "backend/cuda/attention/mma_bf16.cuh"
+#include "backend/cuda/runtime/cluster.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/dynamic_smem.cuh"
@@ -38,14 +40,21 @@ constexpr int kWarpKeys = kS / kWarps;  // 32
 constexpr int kPitch = kD + 8;
 constexpr int kOPitch = kD + 8;  // floats per head row of a warp's O in the cross-warp sum
 
+template <bool CLUSTER>
 struct Smem {
   uint16_t k[kS][kPitch];  // reused for the warps' O fragments once the scores are done
   uint16_t v[kS][kPitch];
   float red_m[kWarps][kGroup];
   float red_l[kWarps][kGroup];
+  // CLUSTER: what the cluster's CTAs (slot s) push into the CTA of head h: its partial state
+  // for that head (rows s of recv_o, recv_ml).
+  float recv_o[CLUSTER ? kGroup : 1][kD];
+  float2 recv_ml[CLUSTER ? kGroup : 1];
 };
 static_assert(sizeof(uint16_t) * kS * kPitch >= sizeof(float) * kWarps * kGroup * kOPitch,
               "the warps' O fragments fit where K was");
+static_assert(kGroup * decode_combine::kD == kGroup * kD && decode_combine::kThreads == kThreads,
+              "one CTA merges one head");
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -66,9 +75,32 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi, float* lo_r, f
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Phase 1 of the cluster barrier (every CTA's pushes are visible), then CTA `slot` merges head
+// g·kGroup + slot of sequence b from the kGroup states it received, in slot order.
+template <typename SM>
+__device__ __forceinline__ void merge_in_cluster(const SparseDecodeParams& p, SM& sm, int64_t b,
+                                                 int g, int slot) {
+  cluster_arrive_release();
+  cluster_wait();
+  const int lane = threadIdx.x & 31;
+  decode_combine::combine_head(
+      kGroup, [&sm](int64_t i) { return sm.recv_ml[i]; },
+      [&sm, lane](int64_t i) { return *reinterpret_cast<const float4*>(&sm.recv_o[i][4 * lane]); },
+      p.out + (b * p.num_heads + g * kGroup + slot) * kD);
+}
+
+// CLUSTER (top_k == kGroup): the top_k CTAs of a (KV group, sequence) form one thread-block
+// cluster; CTA s pushes its partial state of head h into CTA h's shared memory (distributed
+// shared memory) instead of global memory, and after one cluster barrier CTA h merges head h
+// with the combine kernel's code (decode_combine.cuh): the same bits, without the combine's
+// launch and its round trip through memory.
+template <bool CLUSTER>
 __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem<CLUSTER>& sm = *reinterpret_cast<Smem<CLUSTER>*>(smem_raw);
+  // Phase 0 of the cluster barrier: this CTA has started, so its shared memory may be written
+  // by the others once they have waited for the phase.
+  if constexpr (CLUSTER) cluster_arrive_relaxed();
   const int slot = blockIdx.x, g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -104,6 +136,14 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   const int64_t slots = p.top_k;
   const int64_t state = (b * p.num_heads + g * kGroup) * slots + slot;
   if (skip || page < 0 || page >= c.num_pages) {
+    if constexpr (CLUSTER) {
+      cluster_wait();  // phase 0
+      if (tid < kGroup)
+        st_shared_cluster_u2(&sm.recv_ml[slot], tid,
+                             make_uint2(__float_as_uint(-INFINITY), __float_as_uint(0.0f)));
+      merge_in_cluster(p, sm, b, g, slot);
+      return;
+    }
     if (tid < kGroup) {
       p.ml_partial[(state + tid * slots) * 2] = -INFINITY;
       p.ml_partial[(state + tid * slots) * 2 + 1] = 0.0f;
@@ -230,6 +270,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
         make_float2(oacc[nt][2], oacc[nt][3]);
   }
   __syncthreads();
+  if constexpr (CLUSTER) cluster_wait();  // phase 0: every CTA of the cluster has started
 #pragma unroll
   for (int i = tid; i < kGroup * kD / 4; i += kThreads) {
     const int h = i / (kD / 4), d = 4 * (i % (kD / 4));
@@ -239,26 +280,77 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
       const float4 x = *reinterpret_cast<const float4*>(&osum[(w * kGroup + h) * kOPitch + d]);
       o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
     }
-    *reinterpret_cast<float4*>(p.o_partial + (state + h * slots) * kD + d) = o;
+    if constexpr (CLUSTER)
+      st_shared_cluster_f4(&sm.recv_o[slot][d], h, o);
+    else
+      *reinterpret_cast<float4*>(p.o_partial + (state + h * slots) * kD + d) = o;
   }
   if (tid < kGroup) {
     float mm = sm.red_m[0][tid], ll = sm.red_l[0][tid];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) mm = fmaxf(mm, sm.red_m[w][tid]), ll += sm.red_l[w][tid];
-    p.ml_partial[(state + tid * slots) * 2] = mm;
-    p.ml_partial[(state + tid * slots) * 2 + 1] = ll;
+    if constexpr (CLUSTER) {
+      st_shared_cluster_u2(&sm.recv_ml[slot], tid,
+                           make_uint2(__float_as_uint(mm), __float_as_uint(ll)));
+    } else {
+      p.ml_partial[(state + tid * slots) * 2] = mm;
+      p.ml_partial[(state + tid * slots) * 2 + 1] = ll;
+    }
   }
+  if constexpr (CLUSTER) merge_in_cluster(p, sm, b, g, slot);
 }
 
 }  // namespace
 
 Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream) {
-  constexpr int kSmem = static_cast<int>(sizeof(Smem));
-  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<sparse_decode_mma_kernel>(kSmem));
+  constexpr int kSmem = static_cast<int>(sizeof(Smem<false>));
+  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<sparse_decode_mma_kernel<false>>(kSmem));
   const dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.batch));
-  M3_CUDA_RETURN_IF_ERROR(
-      launch_kernel(p.pdl, sparse_decode_mma_kernel, grid, dim3(kThreads), kSmem, stream, p));
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, sparse_decode_mma_kernel<false>, grid,
+                                        dim3(kThreads), kSmem, stream, p));
+  return Status::ok();
+}
+
+bool sparse_decode_mma_cluster_fits(const SparseDecodeParams& p) {
+  if (p.top_k != kGroup) return false;
+  // Once per process: the 16-CTA cluster (non-portable size) must be schedulable.
+  static const bool schedulable = [] {
+    constexpr int kSmem = static_cast<int>(sizeof(Smem<true>));
+    auto* kernel = sparse_decode_mma_kernel<true>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(kGroup, 1, 1);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kGroup;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return clusters > 0;
+  }();
+  return schedulable;
+}
+
+Status launch_sparse_decode_mma_cluster(const SparseDecodeParams& p, CUstream_st* stream) {
+  constexpr int kSmem = static_cast<int>(sizeof(Smem<true>));
+  const dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(p.cache.num_kv_heads),
+                  static_cast<unsigned>(p.batch));
+  M3_CUDA_RETURN_IF_ERROR(launch_cluster_kernel(p.pdl, sparse_decode_mma_kernel<true>, grid,
+                                                dim3(kThreads), kSmem, kGroup, stream, p));
   return Status::ok();
 }
 

@@ -10,4 +10,10 @@ namespace m3::cuda {
 
 Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream);
 
+// The clustered form (SparseDecodeParams::cluster_combine): the split and the merge in one
+// launch, writing p.out (no partial buffers, no combine). Needs top_k == 16 and a GPU that can
+// schedule a 16-CTA cluster of it: sparse_decode_mma_cluster_fits.
+bool sparse_decode_mma_cluster_fits(const SparseDecodeParams& p);
+Status launch_sparse_decode_mma_cluster(const SparseDecodeParams& p, CUstream_st* stream);
+
 }  // namespace m3::cuda

@@ -1,6 +1,7 @@
 // Thread-block cluster primitives (sm_90): the CTA's rank, stores into another CTA's shared
 // memory (distributed shared memory) and the split cluster barrier. Used by the cluster norm
-// (norm/add_rms_norm.cu) and the fused post-attention norm + router (moe/norm_route.cu).
+// (norm/add_rms_norm.cu), the fused post-attention norm + router (moe/norm_route.cu) and the
+// clustered decode attention (attention/sparse_decode_mma.cu).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,16 @@ __device__ __forceinline__ void st_shared_cluster_u2(const void* local, uint32_t
                : "=r"(remote)
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
   asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};" ::"r"(remote), "r"(v.x), "r"(v.y)
+               : "memory");
+}
+// Stores the float4 v at the address of `local` (16-byte aligned) in cluster CTA `rank`.
+__device__ __forceinline__ void st_shared_cluster_f4(const void* local, uint32_t rank, float4 v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 }
 __device__ __forceinline__ void cluster_arrive_relaxed() {
