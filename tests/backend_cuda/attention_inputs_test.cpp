@@ -392,7 +392,9 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
     std::vector<int32_t> sel;
     std::vector<uint16_t> attn;
   };
-  auto run = [&](bool chain, int64_t local_blocks) {
+  // cluster_select: the chain with the top-k computed by the clustered split kernel from the
+  // block scores (SparseDecodeParams::block_scores; the selection array is then not written).
+  auto run = [&](bool chain, int64_t local_blocks, bool cluster_select = false) {
     Dev<float> dpart(partial);
     Dev<uint16_t> dck(ck), dcv(cv), dcik(cik), dwq(wq), dwk(wk), dwiq(wiq), dwik(wik);
     Dev<int32_t> dtab(tables), dpos(pos);
@@ -431,6 +433,7 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
     ip.block_scores = scores.ptr();
     ip.selected = sel.ptr();
     ip.pdl = ip.keys_before_wait = ip.dependent_launch = chain;
+    ip.skip_topk = cluster_select;
     EXPECT_TRUE(cuda::launch_indexer_decode(ip, stream()).is_ok());
     if (!chain) gpu()->synchronize();
     cuda::SparseDecodeParams sp;
@@ -450,6 +453,12 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
     sp.ml_partial = ml.ptr();
     sp.out = attn.ptr();
     sp.pdl = sp.dependent_launch = chain;
+    if (cluster_select) {
+      sp.selected = nullptr;
+      sp.block_scores = scores.ptr();
+      sp.local_blocks = local_blocks;
+      sp.cluster_combine = sp.force_cluster_combine = true;
+    }
     EXPECT_TRUE(cuda::launch_sparse_decode(sp, stream()).is_ok());
     gpu()->synchronize();
     return Out{scores.host(), sel.host(), attn.host()};
@@ -477,6 +486,19 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
       std::printf("[ %-40s ] local_blocks %lld round %d: %lld scores, %lld slots, %lld outputs "
                   "differ\n", "indexer chain under PDL", (long long)local_blocks, round,
                   (long long)ds, (long long)dsel, (long long)da);
+    }
+    if (local_blocks == 1) {  // the tensor-core split (the clustered kernel is one of its forms)
+      for (bool chain : {false, true}) {
+        const Out got = run(chain, local_blocks, /*cluster_select=*/true);
+        int64_t ds = 0, da = 0;
+        for (size_t i = 0; i < ref.scores.size(); ++i)
+          ds += std::memcmp(&ref.scores[i], &got.scores[i], sizeof(float)) != 0;
+        for (size_t i = 0; i < ref.attn.size(); ++i) da += ref.attn[i] != got.attn[i];
+        EXPECT_EQ(ds, 0) << "block scores, cluster select, chain " << chain;
+        EXPECT_EQ(da, 0) << "attention, cluster select, chain " << chain;
+        std::printf("[ %-40s ] chain %d: %lld scores, %lld outputs differ\n",
+                    "top-k in the attention's cluster", int(chain), (long long)ds, (long long)da);
+      }
     }
   }
 }

@@ -169,6 +169,14 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
         ASSERT_TRUE(cuda::launch_sparse_decode(ap2, stream()).is_ok());
         EXPECT_TRUE(dout2.host() == gout) << "clustered split, pdl " << pdl;
       }
+      // The cluster's own selection needs max_blocks <= 1024 (here 1094) and the cluster.
+      cuda::SparseDecodeParams bad = ap;
+      bad.block_scores = scores.ptr();
+      bad.cluster_combine = bad.force_cluster_combine = true;
+      EXPECT_EQ(cuda::launch_sparse_decode(bad, stream()).code(), StatusCode::kInvalidArgument);
+      bad.max_blocks = 1024;
+      bad.force_cluster_combine = bad.cluster_combine = false;
+      EXPECT_EQ(cuda::launch_sparse_decode(bad, stream()).code(), StatusCode::kInvalidArgument);
       // Unforced, at batch 1 (64 CTAs: within the one-CTA-per-SM limit): the first row again.
       auto dout3 = Dev<uint16_t>::poisoned(H * D);
       cuda::SparseDecodeParams ap3 = ap;

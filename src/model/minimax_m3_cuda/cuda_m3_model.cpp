@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/attention/sparse_prefill.h"
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/quant_gemv.h"
@@ -464,7 +465,6 @@ struct CudaM3Model::Impl {
     ip.selected = b.selected;
     ip.pdl = chain_pdl() || (opt.pdl && opt.pdl_indexer);
     ip.keys_before_wait = ip.pdl;  // one row per sequence: earlier positions are earlier steps'
-    if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
     cuda::SparseDecodeParams ap;
     ap.q = b.q;
     ap.cache = cache;
@@ -482,6 +482,17 @@ struct CudaM3Model::Impl {
     ap.max_key_splits = kKeySplits;  // the launcher splits keys only for small batches
     ap.mma = opt.mma_decode_attention;
     ap.cluster_combine = opt.cluster_attention_combine;
+    // The clustered split selects from the block scores itself: no top-k launch.
+    const bool cluster_select = !every_block && opt.cluster_attention_select && hix == hkv &&
+                                mb <= cuda::kClusterSelectMax && cuda::sparse_decode_clusters(ap);
+    if (cluster_select) {
+      ip.skip_topk = true;
+      ap.selected = nullptr;
+      ap.block_scores = b.block_scores;
+      ap.local_blocks = cfg.index_local_blocks;
+      ap.init_blocks = cfg.index_init_blocks;
+    }
+    if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }

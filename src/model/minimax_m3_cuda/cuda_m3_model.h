@@ -88,6 +88,11 @@ struct CudaM3Options {
   // cluster_combine): no combine launch. Same results bit for bit. Measurement:
   // docs/perf-log.md session 22.
   bool cluster_attention_combine = true;
+  // With the clustered split (cluster_attention_combine, batch 1-2), up to 1024 blocks of
+  // context: the cluster also computes the indexer's top-k from its block scores
+  // (SparseDecodeParams::block_scores): no top-k launch. Same results bit for bit. Measurement:
+  // docs/perf-log.md session 22.
+  bool cluster_attention_select = true;
   // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
   // dependent of their gate|up, its CTAs reading the routing and requesting their first stages
   // of weights before they wait (QuantGemvParams::weights_before_wait), so that its stream

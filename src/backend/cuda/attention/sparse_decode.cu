@@ -16,6 +16,8 @@
 // this kernel with 4 key splits; H200).
 #include "backend/cuda/attention/sparse_decode.h"
 
+#include <string>
+
 #include "backend/cuda/attention/decode_combine.cuh"
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -244,7 +246,27 @@ Status launch_split(const SparseDecodeParams& p, dim3 grid, CUstream_st* stream)
   return Status::ok();
 }
 
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 1;
+    }
+    return n;
+  }();
+  return sms;
+}
+
 }  // namespace
+
+bool sparse_decode_clusters(const SparseDecodeParams& p) {
+  if (!p.mma || p.force_key_splits || !(p.cluster_combine || p.force_cluster_combine))
+    return false;
+  const int64_t ctas = p.top_k * p.cache.num_kv_heads * p.batch;
+  return (p.force_cluster_combine || ctas <= sm_count()) && sparse_decode_mma_cluster_fits(p);
+}
 
 Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   if (p.batch == 0) return Status::ok();
@@ -257,7 +279,7 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
                             ", page " + std::to_string(c.page_size) + ", H " +
                             std::to_string(p.num_heads) + ", Hkv " +
                             std::to_string(c.num_kv_heads));
-  if (p.selected == nullptr && p.max_blocks > p.top_k)
+  if (p.selected == nullptr && p.block_scores == nullptr && p.max_blocks > p.top_k)
     return invalid_argument("[cuda.sparse_decode] no selection (every block) needs max_blocks <= "
                             "top_k; got " + std::to_string(p.max_blocks) + " > " +
                             std::to_string(p.top_k));
@@ -275,12 +297,7 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   // wave: 4 CTAs per SM (a 4-split CTA holds 27 KB of shared memory and a 2-split one 46 KB, so
   // 4+ of either fit an SM). Batch 1 (64 blocks · groups): 4 splits, 256 CTAs; batch 2: 4
   // splits, 512; batch 4: 2 splits, 512; batch 8: none, 512.
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0;
-    M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-    M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  }
+  const int sms = sm_count();
   int splits = 1;
   const int64_t ctas = p.top_k * c.num_kv_heads * p.batch;
   if (p.force_key_splits) {
@@ -294,9 +311,12 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   } else if (p.max_key_splits >= 2 && ctas * 2 <= 4 * sms) {
     splits = 2;
   }
-  if (splits == 1 && p.mma && (p.force_cluster_combine || (p.cluster_combine && ctas <= sms)) &&
-      sparse_decode_mma_cluster_fits(p))
-    return launch_sparse_decode_mma_cluster(p, stream);  // merges in the cluster: no combine
+  const bool clusters = splits == 1 && sparse_decode_clusters(p);
+  if (p.block_scores != nullptr && (!clusters || p.max_blocks > kClusterSelectMax))
+    return invalid_argument("[cuda.sparse_decode] block_scores need the clustered split kernel "
+                            "(sparse_decode_clusters) and max_blocks <= 1024, got max_blocks " +
+                            std::to_string(p.max_blocks));
+  if (clusters) return launch_sparse_decode_mma_cluster(p, stream);  // merges: no combine
   dim3 grid(static_cast<unsigned>(p.top_k * splits), static_cast<unsigned>(c.num_kv_heads),
             static_cast<unsigned>(p.batch));
   if (splits == 4) {

@@ -46,6 +46,8 @@ struct IndexerDecodeParams {
                                          // were written before the previous kernel started, as
                                          // in decode, one row per sequence); the position's own
                                          // row after it. Same results
+  bool skip_topk = false;                // the scoring only: the clustered split attention selects
+                                         // from block_scores (SparseDecodeParams::block_scores)
   bool spread_rank = true;               // the top-k's rank count of a row over several CTAs
                                          // at small batches (indexer_decode.cu); same results
   float* block_scores = nullptr;         // [B, Hix, max_blocks] scratch
@@ -68,6 +70,13 @@ struct SparseDecodeParams {
                                          // every block of each sequence anyway
   int64_t batch = 0, num_heads = 0, max_blocks = 0, top_k = 16;
   int64_t block_table_stride = -1;       // as in IndexerDecodeParams
+  // Instead of `selected`: the indexer's block scores [B, Hkv, max_blocks] (one index head per KV
+  // group; launch_indexer_decode with skip_topk), from which the clustered split kernel selects
+  // the blocks itself, exactly as the indexer's top-k would (the same local / init blocks
+  // forced, the same order and ties). Only where sparse_decode_clusters(p) and max_blocks <=
+  // 1024 (checked); `selected` is then not read.
+  const float* block_scores = nullptr;
+  int64_t local_blocks = 1, init_blocks = 0;
   float scale = 0.0f;                    // softmax scale (1/sqrt(D))
   // Key splits (the FMA kernel only, so not with mma unless forced): a selected block's 128
   // keys may be shared by up to max_key_splits CTAs (1, 2 or 4; chosen by the launcher for small
@@ -105,5 +114,10 @@ struct SparseDecodeParams {
 // zeros. The identity selection (selected == nullptr) gives bit for bit the output of the
 // selection 0, 1, ..., top_k - 1.
 Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream);
+
+// Whether launch_sparse_decode(p) runs the clustered split kernel (cluster_combine or
+// force_cluster_combine, mma, top_k == 16, the grid within its limit, the GPU able to schedule
+// the cluster): where block_scores may be given.
+bool sparse_decode_clusters(const SparseDecodeParams& p);
 
 }  // namespace m3::cuda

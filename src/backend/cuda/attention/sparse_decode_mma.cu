@@ -50,6 +50,10 @@ struct Smem {
   // for that head (rows s of recv_o, recv_ml).
   float recv_o[CLUSTER ? kGroup : 1][kD];
   float2 recv_ml[CLUSTER ? kGroup : 1];
+  // CLUSTER with block_scores: the row's candidate scores, and the selection (slot -> block)
+  // that the cluster's CTAs push into every CTA.
+  float cand[CLUSTER ? kClusterSelectMax : 1];
+  int32_t sel[CLUSTER ? kGroup : 1];
 };
 static_assert(sizeof(uint16_t) * kS * kPitch >= sizeof(float) * kWarps * kGroup * kOPitch,
               "the warps' O fragments fit where K was");
@@ -73,6 +77,52 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi, float* lo_r, f
   *lo_r = __low2float(v);
   *hi_r = __high2float(v);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The indexer's top-k of row (b, KV group g) computed by the cluster (SparseDecodeParams::
+// block_scores): indexer_topk_kernel's rank count (the local and init blocks forced to +inf, NaN
+// as -inf; rank = the candidates with a greater score or an equal one and a lower id), CTA
+// `slot` ranking candidates slot, slot + kGroup, ... against all n with P adjacent lanes each;
+// a candidate of rank r < min(top_k, n) is pushed into sel[r] of every CTA of the cluster (-1
+// for a -inf score), the slots from min(top_k, n) on are -1. Waits for phase 0 (every CTA
+// started) before its pushes, then one more phase makes them visible.
+template <typename SM>
+__device__ __forceinline__ void select_in_cluster(const SparseDecodeParams& p, SM& sm, int64_t b,
+                                                  int g, int slot, int64_t pos) {
+  const int tid = threadIdx.x;
+  const int64_t qb = min(pos / kS, p.max_blocks - 1);
+  const int64_t n = qb + 1, k = min(p.top_k, n);
+  const float* sc = p.block_scores + (b * p.cache.num_kv_heads + g) * p.max_blocks;
+  const int64_t local0 = p.local_blocks >= 1 ? qb - p.local_blocks + 1 : n;
+  for (int64_t i = tid; i < n; i += kThreads) {
+    const float v = i >= local0 || i < p.init_blocks ? INFINITY : sc[i];
+    sm.cand[i] = v == v ? v : -INFINITY;
+  }
+  if (tid >= k && tid < kGroup) sm.sel[tid] = -1;  // never pushed: ranks < k only
+  __syncthreads();
+  const int m = n > slot ? static_cast<int>((n - slot + kGroup - 1) / kGroup) : 0;
+  int np2 = 1;
+  while (np2 < m) np2 <<= 1;
+  const int P = min(32, max(1, kThreads / np2));  // kThreads / P >= m: one pass
+  const int part = tid % P, c = tid / P;
+  const bool live = c < m;
+  const int64_t i = slot + int64_t{kGroup} * c;
+  const float v = live ? sm.cand[i] : 0.0f;
+  int rank = 0;
+  if (live)
+    for (int64_t j = part; j < n; j += P) {
+      const float u = sm.cand[j];
+      rank += (u > v) || (u == v && j < i);
+    }
+  for (int o = P / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+  cluster_wait();  // phase 0: every CTA has started
+  if (live && part == 0 && rank < k) {
+    const float id = __int_as_float(v == -INFINITY ? -1 : static_cast<int32_t>(i));
+    for (int r = 0; r < kGroup; ++r)
+      st_shared_cluster(reinterpret_cast<const float*>(&sm.sel[rank]), r, id);
+  }
+  cluster_arrive_release();
+  cluster_wait();
 }
 
 // Phase 1 of the cluster barrier (every CTA's pushes are visible), then CTA `slot` merges head
@@ -126,6 +176,14 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   const int64_t qb = pos / kS;
   // The selection and skip rules of the FMA kernel (sparse_decode.cu) with one split.
   const int32_t* sel = p.selected != nullptr ? p.selected + (b * hkv + g) * p.top_k : nullptr;
+  bool phase0_waited = false;  // CLUSTER: phase 0 (every CTA started) is waited for once
+  if constexpr (CLUSTER) {
+    if (p.block_scores != nullptr) {
+      select_in_cluster(p, sm, b, g, slot, pos);
+      sel = sm.sel;
+      phase0_waited = true;
+    }
+  }
   const int32_t blk = sel != nullptr ? sel[slot] : slot;
   const int64_t key0 = int64_t{blk} * kS;
   bool skip = blk < 0 || blk > qb;
@@ -137,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   const int64_t state = (b * p.num_heads + g * kGroup) * slots + slot;
   if (skip || page < 0 || page >= c.num_pages) {
     if constexpr (CLUSTER) {
-      cluster_wait();  // phase 0
+      if (!phase0_waited) cluster_wait();  // phase 0
       if (tid < kGroup)
         st_shared_cluster_u2(&sm.recv_ml[slot], tid,
                              make_uint2(__float_as_uint(-INFINITY), __float_as_uint(0.0f)));
@@ -270,7 +328,8 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
         make_float2(oacc[nt][2], oacc[nt][3]);
   }
   __syncthreads();
-  if constexpr (CLUSTER) cluster_wait();  // phase 0: every CTA of the cluster has started
+  if constexpr (CLUSTER)
+    if (!phase0_waited) cluster_wait();  // phase 0: every CTA of the cluster has started
 #pragma unroll
   for (int i = tid; i < kGroup * kD / 4; i += kThreads) {
     const int h = i / (kD / 4), d = 4 * (i % (kD / 4));

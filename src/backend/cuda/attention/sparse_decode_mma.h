@@ -14,6 +14,8 @@ Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream
 // launch, writing p.out (no partial buffers, no combine). Needs top_k == 16 and a GPU that can
 // schedule a 16-CTA cluster of it: sparse_decode_mma_cluster_fits.
 bool sparse_decode_mma_cluster_fits(const SparseDecodeParams& p);
+// Candidate blocks up to which the clustered kernel selects from SparseDecodeParams::block_scores.
+constexpr int64_t kClusterSelectMax = 1024;
 Status launch_sparse_decode_mma_cluster(const SparseDecodeParams& p, CUstream_st* stream);
 
 }  // namespace m3::cuda

@@ -252,6 +252,7 @@ Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) 
         p.pdl, p.num_index_heads <= 4 ? indexer_score_kernel<4> : indexer_score_kernel<8>, grid,
         dim3(kThreads), 0, stream, p));
   }
+  if (p.skip_topk) return Status::ok();  // the clustered split attention selects
   // After the score kernel, a programmatic dependent launch (its launch and CTA start overlap
   // the scoring's tail). With scores_ready the previous kernel is the caller's: a plain launch.
   const bool dependent = !p.scores_ready && p.dependent_launch;
