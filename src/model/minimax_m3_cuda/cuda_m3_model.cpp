@@ -493,6 +493,8 @@ struct CudaM3Model::Impl {
       ap.init_blocks = cfg.index_init_blocks;
     }
     if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
+    // The clustered split under programmatic dependent launch (measured only in that form).
+    if (opt.pdl && opt.pdl_cluster_attention && cuda::sparse_decode_clusters(ap)) ap.pdl = true;
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }

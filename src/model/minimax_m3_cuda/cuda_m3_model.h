@@ -93,6 +93,12 @@ struct CudaM3Options {
   // (SparseDecodeParams::block_scores): no top-k launch. Same results bit for bit. Measurement:
   // docs/perf-log.md session 22.
   bool cluster_attention_select = true;
+  // With `pdl`: the clustered split attention (batch 1-2) launched as a programmatic dependent
+  // of the kernel before it (the indexer's scoring, or the attention inputs); it reads only the
+  // positions before its wait. Same results. H200, 8-layer steps, three rounds in one call
+  // (docs/perf-log.md session 22): -0.4 to -1.5 % at 1K / 4K / 32K. (The unclustered split under
+  // PDL was slower in session 20: its wait ended later than a graph edge started it.)
+  bool pdl_cluster_attention = true;
   // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
   // dependent of their gate|up, its CTAs reading the routing and requesting their first stages
   // of weights before they wait (QuantGemvParams::weights_before_wait), so that its stream
