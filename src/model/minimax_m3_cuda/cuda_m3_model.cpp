@@ -483,8 +483,9 @@ struct CudaM3Model::Impl {
     ap.mma = opt.mma_decode_attention;
     ap.cluster_combine = opt.cluster_attention_combine;
     // The clustered split selects from the block scores itself: no top-k launch.
-    const bool cluster_select = !every_block && opt.cluster_attention_select && hix == hkv &&
-                                mb <= cuda::kClusterSelectMax && cuda::sparse_decode_clusters(ap);
+    const bool clusters = cuda::sparse_decode_clusters(ap);
+    const bool cluster_select = clusters && !every_block && opt.cluster_attention_select &&
+                                hix == hkv && mb <= cuda::kClusterSelectMax;
     if (cluster_select) {
       ip.skip_topk = true;
       ap.selected = nullptr;
@@ -494,7 +495,7 @@ struct CudaM3Model::Impl {
     }
     if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
     // The clustered split under programmatic dependent launch (measured only in that form).
-    if (opt.pdl && opt.pdl_cluster_attention && cuda::sparse_decode_clusters(ap)) ap.pdl = true;
+    if (opt.pdl && opt.pdl_cluster_attention && clusters) ap.pdl = true;
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }

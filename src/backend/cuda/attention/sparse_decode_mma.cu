@@ -57,8 +57,8 @@ struct Smem {
 };
 static_assert(sizeof(uint16_t) * kS * kPitch >= sizeof(float) * kWarps * kGroup * kOPitch,
               "the warps' O fragments fit where K was");
-static_assert(kGroup * decode_combine::kD == kGroup * kD && decode_combine::kThreads == kThreads,
-              "one CTA merges one head");
+static_assert(decode_combine::kD == kD && decode_combine::kThreads == kThreads,
+              "one CTA of this kernel merges one head with decode_combine::combine_head");
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
