@@ -24,6 +24,7 @@
 
 #include "backend/cuda/attention/decode_combine.cuh"
 #include "backend/cuda/attention/mma_bf16.cuh"
+#include "backend/cuda/indexer/block_rank.cuh"
 #include "backend/cuda/runtime/cluster.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -93,31 +94,22 @@ __device__ __forceinline__ void select_in_cluster(const SparseDecodeParams& p, S
   const int64_t qb = min(pos / kS, p.max_blocks - 1);
   const int64_t n = qb + 1, k = min(p.top_k, n);
   const float* sc = p.block_scores + (b * p.cache.num_kv_heads + g) * p.max_blocks;
-  const int64_t local0 = p.local_blocks >= 1 ? qb - p.local_blocks + 1 : n;
-  for (int64_t i = tid; i < n; i += kThreads) {
-    const float v = i >= local0 || i < p.init_blocks ? INFINITY : sc[i];
-    sm.cand[i] = v == v ? v : -INFINITY;
-  }
+  const int64_t local0 = block_rank::local_first(qb, p.local_blocks);
+  for (int64_t i = tid; i < n; i += kThreads)
+    sm.cand[i] = block_rank::candidate_key(sc, i, local0, p.init_blocks);
   if (tid >= k && tid < kGroup) sm.sel[tid] = -1;  // never pushed: ranks < k only
   __syncthreads();
+  // This CTA ranks candidates slot, slot + kGroup, ... (all in one pass).
   const int m = n > slot ? static_cast<int>((n - slot + kGroup - 1) / kGroup) : 0;
-  int np2 = 1;
-  while (np2 < m) np2 <<= 1;
-  const int P = min(32, max(1, kThreads / np2));  // kThreads / P >= m: one pass
+  const int P = block_rank::lanes_per_candidate(m, kThreads);
   const int part = tid % P, c = tid / P;
   const bool live = c < m;
   const int64_t i = slot + int64_t{kGroup} * c;
   const float v = live ? sm.cand[i] : 0.0f;
-  int rank = 0;
-  if (live)
-    for (int64_t j = part; j < n; j += P) {
-      const float u = sm.cand[j];
-      rank += (u > v) || (u == v && j < i);
-    }
-  for (int o = P / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+  const int rank = block_rank::rank_of(sm.cand, n, i, v, live, part, P);
   cluster_wait();  // phase 0: every CTA has started
   if (live && part == 0 && rank < k) {
-    const float id = __int_as_float(v == -INFINITY ? -1 : static_cast<int32_t>(i));
+    const float id = __int_as_float(block_rank::selected_id(v, i));
     for (int r = 0; r < kGroup; ++r)
       st_shared_cluster(reinterpret_cast<const float*>(&sm.sel[rank]), r, id);
   }

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "backend/cuda/attention/sparse_decode.h"
+#include "backend/cuda/indexer/block_rank.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -153,43 +154,26 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecod
   const int64_t k = min(p.top_k, qb + 1);
   const int64_t n = qb + 1;  // candidate blocks 0 .. qb
   if (n <= kRankMax) {
-    // Up to kRankMax candidates: each block's rank in (score descending, id ascending) order by
-    // counting the blocks that beat it (n^2 comparisons from shared memory, one pass, no barrier
-    // per slot). Rank r < k goes to slot r; the ranks are a permutation of 0 .. n-1, so slots
-    // 0 .. k-1 are each written once. A -inf (missing page) or NaN score never wins: its slot
-    // gets -1, as in the selection loop below. The local blocks (max(qb - local + 1, 0) .. qb)
-    // and the init blocks (0 .. init - 1) are forced to +inf here, in shared memory, as the
-    // selection loop does in block_scores.
+    // Up to kRankMax candidates: each block's rank by block_rank.cuh's rule (n^2 comparisons from
+    // shared memory, one pass, no barrier per slot); rank r < k goes to slot r, each written once.
     __shared__ float s_sc[kRankMax];
-    const int64_t local0 = p.local_blocks >= 1 ? qb - p.local_blocks + 1 : n;
-    for (int64_t i = tid; i < n; i += blockDim.x) {
-      const float v = i >= local0 || i < p.init_blocks ? INFINITY : sc[i];
-      s_sc[i] = v == v ? v : -INFINITY;
-    }
+    const int64_t local0 = block_rank::local_first(qb, p.local_blocks);
+    for (int64_t i = tid; i < n; i += blockDim.x)
+      s_sc[i] = block_rank::candidate_key(sc, i, local0, p.init_blocks);
     __syncthreads();
     // This CTA ranks candidates c0 .. c1 - 1 (an even share of the n; none for some CTAs of a
-    // short row). P = blockDim / (c1 - c0) (rounded to powers of two, 1..32) adjacent lanes per
-    // candidate: each counts the competitors j = part, part + P, ..., and a shuffle adds the P
-    // counts (integers: exact in any order). n = 32 (4K tokens): one CTA, one comparison per
-    // thread; n = 256: 4 CTAs, 16 per thread.
+    // short row), P adjacent lanes per candidate. n = 32 (4K tokens): one CTA, one comparison
+    // per thread; n = 256: 4 CTAs, 16 per thread.
     const int64_t share = (n + parts - 1) / parts;
     const int64_t c0 = min(n, part_id * share), c1 = min(n, c0 + share);
-    int np2 = 1;
-    while (np2 < c1 - c0) np2 <<= 1;
-    const int P = min(32, max(1, static_cast<int>(blockDim.x) / np2));
+    const int P = block_rank::lanes_per_candidate(c1 - c0, static_cast<int>(blockDim.x));
     const int part = tid % P;
     for (int64_t base = c0; base < c1; base += blockDim.x / P) {  // block-uniform
       const int64_t i = base + tid / P;
       const bool live = i < c1;
       const float v = live ? s_sc[i] : 0.0f;
-      int rank = 0;
-      if (live)
-        for (int64_t j = part; j < n; j += P) {
-          const float u = s_sc[j];
-          rank += (u > v) || (u == v && j < i);
-        }
-      for (int o = P / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
-      if (live && part == 0 && rank < k) out[rank] = v == -INFINITY ? -1 : static_cast<int32_t>(i);
+      const int rank = block_rank::rank_of(s_sc, n, i, v, live, part, P);
+      if (live && part == 0 && rank < k) out[rank] = block_rank::selected_id(v, i);
     }
     if (part_id == 0)
       for (int64_t slot = k + tid; slot < p.top_k; slot += blockDim.x) out[slot] = -1;
