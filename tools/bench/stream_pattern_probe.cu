@@ -18,11 +18,18 @@
 //             each, two waves' worth of warps),
 // and prints each configuration's time and rate beside the plain read (runtime/read_probe.cu).
 //
-// Usage: stream_pattern_probe   (no arguments; a few seconds)
+// `stream_pattern_probe reg` (session 23) instead asks the same of variant 7's pattern
+// (gemm/gemv_mma_direct.cu: o_proj at one row, 384 CTAs x W warps, each warp's contiguous share
+// of its tile's 64 stages of 2 KB loaded straight into registers, NS stages in flight, a spin per
+// stage for the compute): whether register-fed loads reach the rate of a plain read and of
+// cp.async into shared memory with the same bytes in flight.
+//
+// Usage: stream_pattern_probe [reg]   (a few seconds)
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/read_probe.h"
@@ -76,9 +83,86 @@ __global__ void pattern_kernel(const uint8_t* __restrict__ base, int stages, int
   if (acc == 0x12345678u) sink[gw] = acc;  // keeps the reads
 }
 
+__device__ __forceinline__ uint4 ld_na(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Variant 7's weight stream without its arithmetic: tile = CTA, warp w takes stages [S·w/W,
+// S·(w+1)/W) of the tile's S contiguous 2-KB stages, lane l 16 bytes at u·512 + 16·l of each; NS
+// stages in registers, stage i + NS requested once stage i is consumed (slots unrolled, so the
+// registers stay registers).
+template <int NS>
+__global__ void __launch_bounds__(256) register_pattern_kernel(const uint8_t* __restrict__ base,
+                                                               int stages, int spin,
+                                                               uint32_t* sink) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int st_begin = stages * warp / nw, st_end = stages * (warp + 1) / nw;
+  const int nst = st_end - st_begin;
+  const uint8_t* w = base + int64_t{blockIdx.x} * stages * kStageBytes + 16 * lane;
+  uint4 r[NS][4];
+  auto load = [&](int st, int slot) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) r[slot][u] = ld_na(w + int64_t{st} * kStageBytes + u * 512);
+  };
+#pragma unroll
+  for (int j = 0; j < NS; ++j)
+    if (j < nst) load(st_begin + j, j);
+  uint32_t acc = 0;
+  for (int i0 = 0; i0 < nst; i0 += NS) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int i = i0 + j;
+      if (i < nst) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc ^= r[j][u].x ^ r[j][u].y ^ r[j][u].z ^ r[j][u].w;
+        if (spin > 0) {
+          const long long t0 = clock64();
+          while (clock64() - t0 < spin) {
+          }
+        }
+        if (i + NS < nst) load(st_begin + i + NS, j);
+      }
+    }
+  }
+  if (acc == 0x12345678u) sink[blockIdx.x * nw + warp] = acc;  // keeps the reads
+}
+
+void register_patterns(uint8_t* buf, int64_t pool, uint32_t* sink, int sms) {
+  const int tiles = 384, stages = 64;  // o_proj [6144 x 8192] in the mma layout
+  const int64_t bytes = int64_t{tiles} * stages * kStageBytes;  // 50.3 MB
+  const int64_t copies = pool / bytes;
+  std::printf("%-52s %9s %9s\n", "variant 7's pattern (50.3 MB, 2-KB stages)", "us", "TB/s");
+  for (int per_sm : {4, 8}) {
+    const double ms = median_ms(
+        [&](int i) { CHECK_OK(launch_read_probe(buf + (i % copies) * bytes, bytes, per_sm * sms, sink, st())); },
+        5, 15, 4);
+    std::printf("plain read, %d CTAs/SM %40s %9.1f %9.2f\n", per_sm, "", ms * 1e3, bytes / ms / 1e9);
+  }
+  for (int warps : {4, 6, 8})
+    for (int ns : {1, 2, 3, 4})
+      for (int spin : {0, 400}) {
+        const double ms = median_ms(
+            [&](int i) {
+              const uint8_t* b = buf + (i % copies) * bytes;
+              const dim3 grid(tiles), block(32 * warps);
+              if (ns == 1) register_pattern_kernel<1><<<grid, block, 0, g_stream>>>(b, stages, spin, sink);
+              if (ns == 2) register_pattern_kernel<2><<<grid, block, 0, g_stream>>>(b, stages, spin, sink);
+              if (ns == 3) register_pattern_kernel<3><<<grid, block, 0, g_stream>>>(b, stages, spin, sink);
+              if (ns == 4) register_pattern_kernel<4><<<grid, block, 0, g_stream>>>(b, stages, spin, sink);
+            },
+            5, 15, 4);
+        std::printf("registers: warps %d, %d stages in flight, spin %4d %15s %9.1f %9.2f\n", warps,
+                    ns, spin, "", ms * 1e3, bytes / ms / 1e9);
+      }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -86,6 +170,10 @@ int main() {
   uint8_t* buf = dalloc<uint8_t>(pool);
   CHECK_CUDA(cudaMemsetAsync(buf, 0x5A, pool, g_stream));
   uint32_t* sink = dalloc<uint32_t>(1 << 20);
+  if (argc > 1 && std::strcmp(argv[1], "reg") == 0) {
+    register_patterns(buf, pool, sink, sms);
+    return 0;
+  }
   const int total_warps = 3072, total_stages = 12;  // variant 5 at one token: 1536 CTAs x 2 x 12
   const int64_t bytes = int64_t{total_warps} * total_stages * kStageBytes;  // 75.5 MB
   const int64_t copies = pool / bytes;
