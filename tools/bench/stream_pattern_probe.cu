@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/cuda/gemm/quant_gemv.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/read_probe.h"
 #include "cuda_bench_util.h"
@@ -83,12 +84,14 @@ __global__ void pattern_kernel(const uint8_t* __restrict__ base, int stages, int
   if (acc == 0x12345678u) sink[gw] = acc;  // keeps the reads
 }
 
-__device__ __forceinline__ uint4 ld_na(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
+// The plain read of `bytes` (copies rotating) at 4 and 8 CTAs per SM: the reference rows.
+void plain_reads(uint8_t* buf, int64_t bytes, int64_t copies, uint32_t* sink, int sms) {
+  for (int per_sm : {4, 8}) {
+    const double ms = median_ms(
+        [&](int i) { CHECK_OK(launch_read_probe(buf + (i % copies) * bytes, bytes, per_sm * sms, sink, st())); },
+        5, 15, 4);
+    std::printf("plain read, %d CTAs/SM %40s %9.1f %9.2f\n", per_sm, "", ms * 1e3, bytes / ms / 1e9);
+  }
 }
 
 // Variant 7's weight stream without its arithmetic: tile = CTA, warp w takes stages [S·w/W,
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(256) register_pattern_kernel(const uint8_t* __
   uint4 r[NS][4];
   auto load = [&](int st, int slot) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) r[slot][u] = ld_na(w + int64_t{st} * kStageBytes + u * 512);
+    for (int u = 0; u < 4; ++u) r[slot][u] = gemv::ld_stream(w + int64_t{st} * kStageBytes + u * 512);
   };
 #pragma unroll
   for (int j = 0; j < NS; ++j)
@@ -136,12 +139,7 @@ void register_patterns(uint8_t* buf, int64_t pool, uint32_t* sink, int sms) {
   const int64_t bytes = int64_t{tiles} * stages * kStageBytes;  // 50.3 MB
   const int64_t copies = pool / bytes;
   std::printf("%-52s %9s %9s\n", "variant 7's pattern (50.3 MB, 2-KB stages)", "us", "TB/s");
-  for (int per_sm : {4, 8}) {
-    const double ms = median_ms(
-        [&](int i) { CHECK_OK(launch_read_probe(buf + (i % copies) * bytes, bytes, per_sm * sms, sink, st())); },
-        5, 15, 4);
-    std::printf("plain read, %d CTAs/SM %40s %9.1f %9.2f\n", per_sm, "", ms * 1e3, bytes / ms / 1e9);
-  }
+  plain_reads(buf, bytes, copies, sink, sms);
   for (int warps : {4, 6, 8})
     for (int ns : {1, 2, 3, 4})
       for (int spin : {0, 400}) {
@@ -178,12 +176,7 @@ int main(int argc, char** argv) {
   const int64_t bytes = int64_t{total_warps} * total_stages * kStageBytes;  // 75.5 MB
   const int64_t copies = pool / bytes;
   std::printf("%-52s %9s %9s\n", "pattern (75.5 MB, 2-KB stages, one wave)", "us", "TB/s");
-  for (int per_sm : {4, 8}) {
-    const double ms = median_ms(
-        [&](int i) { CHECK_OK(launch_read_probe(buf + (i % copies) * bytes, bytes, per_sm * sms, sink, st())); },
-        5, 15, 4);
-    std::printf("plain read, %d CTAs/SM %40s %9.1f %9.2f\n", per_sm, "", ms * 1e3, bytes / ms / 1e9);
-  }
+  plain_reads(buf, bytes, copies, sink, sms);
   for (int warps : {2, 4})
     for (int layout : {0, 1})
       for (int ring : {2, 3})
