@@ -81,12 +81,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi, float* lo_r, f
 }
 
 // The indexer's top-k of row (b, KV group g) computed by the cluster (SparseDecodeParams::
-// block_scores): indexer_topk_kernel's rank count (the local and init blocks forced to +inf, NaN
-// as -inf; rank = the candidates with a greater score or an equal one and a lower id), CTA
-// `slot` ranking candidates slot, slot + kGroup, ... against all n with P adjacent lanes each;
-// a candidate of rank r < min(top_k, n) is pushed into sel[r] of every CTA of the cluster (-1
-// for a -inf score), the slots from min(top_k, n) on are -1. Waits for phase 0 (every CTA
-// started) before its pushes, then one more phase makes them visible.
+// block_scores) with the top-k kernel's rule (indexer/block_rank.cuh): CTA `slot` ranks
+// candidates slot, slot + kGroup, ... against all n; a candidate of rank r < min(top_k, n) is
+// pushed into sel[r] of every CTA of the cluster, the slots from min(top_k, n) on are -1. Waits
+// for phase 0 (every CTA started) before its pushes, then one more phase makes them visible.
 template <typename SM>
 __device__ __forceinline__ void select_in_cluster(const SparseDecodeParams& p, SM& sm, int64_t b,
                                                   int g, int slot, int64_t pos) {
