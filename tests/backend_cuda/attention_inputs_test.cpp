@@ -458,6 +458,7 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
       sp.block_scores = scores.ptr();
       sp.local_blocks = local_blocks;
       sp.cluster_combine = sp.force_cluster_combine = true;
+      sp.dependents_at_start = chain;  // the model's form (its dependents: cuda_real_model_test)
     }
     EXPECT_TRUE(cuda::launch_sparse_decode(sp, stream()).is_ok());
     gpu()->synchronize();

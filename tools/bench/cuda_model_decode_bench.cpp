@@ -117,6 +117,10 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // pdl_cluster_attention).
   if (const char* e = std::getenv("M3_BENCH_PDL_SPLIT"))
     o.pdl_cluster_attention = std::atoi(e) != 0;
+  // M3_BENCH_SPLIT_EARLY=0: o_proj launched after the clustered split's wait (A/B of
+  // split_dependents_early).
+  if (const char* e = std::getenv("M3_BENCH_SPLIT_EARLY"))
+    o.split_dependents_early = std::atoi(e) != 0;
   if (const char* e = std::getenv("M3_BENCH_CLUSTER_SELECT"))
     o.cluster_attention_select = std::atoi(e) != 0;
   // M3_BENCH_PDL_ROUTER=0: the router launched plainly after the norm (A/B of pdl_router).

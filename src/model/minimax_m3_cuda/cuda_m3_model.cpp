@@ -495,7 +495,10 @@ struct CudaM3Model::Impl {
     }
     if (!every_block) M3_RETURN_IF_ERROR(cuda::launch_indexer_decode(ip, st()));
     // The clustered split under programmatic dependent launch (measured only in that form).
-    if (opt.pdl && opt.pdl_cluster_attention && clusters) ap.pdl = true;
+    if (opt.pdl && opt.pdl_cluster_attention && clusters) {
+      ap.pdl = true;
+      ap.dependents_at_start = opt.split_dependents_early;
+    }
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());
   }
