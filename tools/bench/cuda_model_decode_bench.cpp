@@ -111,18 +111,18 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // cluster_attention_combine).
   if (const char* e = std::getenv("M3_BENCH_CLUSTER_COMBINE"))
     o.cluster_attention_combine = std::atoi(e) != 0;
-  // M3_BENCH_CLUSTER_SELECT=0: the indexer's top-k as its own launch (A/B of
-  // cluster_attention_select).
   // M3_BENCH_PDL_SPLIT=0: the clustered split attention after a graph edge (A/B of
   // pdl_cluster_attention).
   if (const char* e = std::getenv("M3_BENCH_PDL_SPLIT"))
     o.pdl_cluster_attention = std::atoi(e) != 0;
+  // M3_BENCH_CLUSTER_SELECT=0: the indexer's top-k as its own launch (A/B of
+  // cluster_attention_select).
+  if (const char* e = std::getenv("M3_BENCH_CLUSTER_SELECT"))
+    o.cluster_attention_select = std::atoi(e) != 0;
   // M3_BENCH_SPLIT_EARLY=0: o_proj launched after the clustered split's wait (A/B of
   // split_dependents_early).
   if (const char* e = std::getenv("M3_BENCH_SPLIT_EARLY"))
     o.split_dependents_early = std::atoi(e) != 0;
-  if (const char* e = std::getenv("M3_BENCH_CLUSTER_SELECT"))
-    o.cluster_attention_select = std::atoi(e) != 0;
   // M3_BENCH_PDL_ROUTER=0: the router launched plainly after the norm (A/B of pdl_router).
   if (const char* e = std::getenv("M3_BENCH_PDL_ROUTER")) o.pdl_router = std::atoi(e) != 0;
   // M3_BENCH_DOWN_EARLY=0: the experts' down product launched plainly after their gate|up (A/B

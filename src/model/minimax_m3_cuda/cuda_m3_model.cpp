@@ -497,7 +497,7 @@ struct CudaM3Model::Impl {
     // The clustered split under programmatic dependent launch (measured only in that form).
     if (opt.pdl && opt.pdl_cluster_attention && clusters) {
       ap.pdl = true;
-      ap.dependents_at_start = opt.split_dependents_early;
+      ap.dependents_at_start = opt.split_dependents_early && cluster_select;
     }
     ap.out = b.attn;
     return cuda::launch_sparse_decode(ap, st());

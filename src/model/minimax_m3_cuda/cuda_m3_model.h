@@ -102,9 +102,9 @@ struct CudaM3Options {
   // With pdl_cluster_attention and the cluster's own selection: the o_proj GEMV may launch at
   // the split's start, its first weight stages streaming while the indexer's scoring computes
   // (SparseDecodeParams::dependents_at_start). Same results. H200, in-kernel %globaltimer stamps
-  // (median over 15 steps): o_proj ends 0.76 us sooner at 4K and at 32K; 8-layer steps, six
-  // rounds in one call: -0.2 % at 4K, -0.45 % at 32K, inside the calls' ~1 % spread
-  // (docs/perf-log.md session 24).
+  // (median over 15 steps): o_proj ends 0.76 us sooner at 4K and at 32K; 8-layer steps, four
+  // rounds in one call: -0.3 % at 4K, -0.2 % at 32K, faster in every round at 4K and 8K
+  // (docs/perf-log.md session 24, runs 7 and 10).
   bool split_dependents_early = true;
   // With `pdl`: the routed experts' down product (variant 5) launched as a programmatic
   // dependent of their gate|up, its CTAs reading the routing and requesting their first stages

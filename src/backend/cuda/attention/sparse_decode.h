@@ -103,10 +103,11 @@ struct SparseDecodeParams {
   bool pdl = false;                      // the split kernel as a programmatic dependent of the
                                          // previous kernel on the stream (positions read before
                                          // the wait, as in IndexerDecodeParams); same results
-  // The clustered split with its own selection (block_scores): its dependents (the o_proj GEMV,
-  // which requests its first weight stages before its own wait) may launch at the split's start
-  // instead of after its wait, so that those requests stream while the scoring computes (HBM
-  // idle) rather than beside the split's selection and K / V loads. Same results.
+  // The clustered split: its dependents (the o_proj GEMV, which requests its first weight stages
+  // before its own wait) may launch at the split's start instead of after its wait. The model
+  // sets it where the split selects from block_scores, so that those requests stream while the
+  // indexer's scoring computes (HBM idle) rather than beside the split's selection and K / V
+  // loads. Same results.
   bool dependents_at_start = false;
   float* o_partial = nullptr;            // [B, H, top_k · max_key_splits, D] scratch
   float* ml_partial = nullptr;           // [B, H, top_k · max_key_splits, 2] (max, sum of exp)

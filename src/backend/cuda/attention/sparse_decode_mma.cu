@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   // Phase 0 of the cluster barrier: this CTA has started, so its shared memory may be written
   // by the others once they have waited for the phase.
   if constexpr (CLUSTER) cluster_arrive_relaxed();
-  if (CLUSTER && p.dependents_at_start && p.block_scores != nullptr) pdl_launch_dependents();
+  if (CLUSTER && p.dependents_at_start) pdl_launch_dependents();
   const int slot = blockIdx.x, g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   const int64_t hkv = c.num_kv_heads;
   const int64_t pos = p.positions[b];  // an input of the step: read before the wait
   pdl_wait();
-  pdl_launch_dependents();  // not before the wait (but see dependents_at_start): see
+  pdl_launch_dependents();  // not before the wait unless dependents_at_start: see
                             // sparse_decode_split_kernel
   // The group's Q fragments for the 8 dim steps (rows = heads), requested before the selection
   // -> block table chain below.
