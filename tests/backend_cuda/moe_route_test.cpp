@@ -243,6 +243,20 @@ TEST(MoeRoute, MatchesDotProductsTopkAndGrouping) {
             d.p.pdl = false;
             EXPECT_TRUE(d.read() == got) << "second launch differs";
             EXPECT_EQ(d.counter_value(), 0u);
+            // (4) topk_only (one token's experts read the top-k itself): the same logits, ids
+            // and weights, the grouping not written, the counter back at zero.
+            d.poison();
+            d.p.topk_only = true;
+            ASSERT_TRUE(cuda::launch_moe_route(d.p, stream()).is_ok());
+            d.p.topk_only = false;
+            const Outputs only = d.read();
+            EXPECT_TRUE(same_bits(only.logits, got.logits)) << "topk_only: logits differ";
+            EXPECT_EQ(only.ids, got.ids) << "topk_only: ids differ";
+            EXPECT_TRUE(same_bits(only.w, got.w)) << "topk_only: weights differ";
+            EXPECT_TRUE(std::all_of(only.offs.begin(), only.offs.end(),
+                                    [](int32_t v) { return v == kIntPoison; }))
+                << "topk_only wrote the grouping";
+            EXPECT_EQ(d.counter_value(), 0u);
             ++cases;
             if (::testing::Test::HasFailure()) return;
           }

@@ -11,7 +11,10 @@
 // giving 2·gamma_{K+2}; the CPU's sum is within gamma_{K+2}; the NVFP4 global multiplier is a
 // rounded reciprocal (4u as in quant_gemv_test). |gpu - cpu| <= (3·gamma_{K+2} + 4u)·Σ|x||w|.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
+#include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/gemm/quant_gemv.h"
@@ -466,6 +469,130 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
       for (bool packed : {false, true})
         for (int variant : {5, 6})
           if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed, variant);
+}
+
+// One token's experts reading their slots' experts from the token's top-k
+// (QuantGemvParams::token_topk_ids) against the same GEMVs reading launch_group_by_expert's
+// grouping of that top-k: the gate|up's activations and the down's rows are the same bits, also
+// as the model chains them (the down a programmatic dependent reading its slot before its wait).
+// Top-k from launch_router_topk on crafted logits: 128 experts with a bias; 37 experts with tied
+// logits; 8 experts of which 6 are NaN (two slots stay empty: those rows keep their poison); 20
+// experts all tied (the lowest ids win).
+struct TokenSlotsCase {
+  int32_t experts, top_k;
+  std::vector<float> logits;
+  bool bias;
+};
+void run_token_slots(const TokenSlotsCase& c, QuantFormat f, bool packed) {
+  const int64_t inter = 128, hidden = 256, e = c.experts, k = c.top_k;
+  const std::string name = std::string(f == QuantFormat::kNvfp4 ? "NVFP4" : "MXFP8") +
+                           (packed ? " mma layout" : "") + ", " + std::to_string(e) +
+                           " experts, top " + std::to_string(k);
+  Dev<float> logits(c.logits);
+  Dev<float> bias(randn(e, 77, 0.05f));
+  auto ids = Dev<int32_t>::poisoned(k);
+  auto wts = Dev<float>::poisoned(k);
+  RouterTopkParams rp{logits.ptr(), c.bias ? bias.ptr() : nullptr, ids.ptr(), wts.ptr(), 1, e, k,
+                      2.5f};
+  ASSERT_TRUE(cuda::launch_router_topk(rp, stream()).is_ok());
+  const std::vector<int32_t> ids_h = ids.host();
+  DevRouting route(ids_h, e);
+
+  const ExpertSet ex = make_experts(f, e, inter, hidden, 500, 600);
+  DevExperts dev(ex);
+  auto up_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.up_w.size()));
+  auto down_p = Dev<uint8_t>::poisoned(static_cast<int64_t>(ex.down_w.size()));
+  if (packed) {
+    ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.up_w.ptr(), up_p.ptr(), e, 2 * inter, hidden,
+                                              nvfp4_mma::Tiling::kSwigluPairs, stream()).is_ok());
+    ASSERT_TRUE(cuda::launch_nvfp4_mma_repack(dev.down_w.ptr(), down_p.ptr(), e, hidden, inter,
+                                              nvfp4_mma::Tiling::kRows16, stream()).is_ok());
+  }
+  std::vector<float> xf;
+  std::vector<uint16_t> xb;
+  make_x(1, hidden, 41, &xf, &xb);
+  Dev<uint16_t> dx(xb);
+  XF16 x16(dx, xf, 1, hidden);
+
+  cuda::QuantGemvParams up = grouped_params(f, dev, route, true, inter, hidden);
+  cuda::QuantGemvParams down = grouped_params(f, dev, route, false, inter, hidden);
+  if (packed) {
+    up.w = up_p.ptr(), up.w_layout = 2;
+    down.w = down_p.ptr(), down.w_layout = 1;
+  }
+  up.xh = x16.xh.ptr();
+  up.x_inv_scale = x16.inv.ptr();
+  up.x_row_div = k;
+  up.variant = down.variant = 5;
+  up.max_group_rows = down.max_group_rows = 1;
+  up.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
+  down.x_inv_const = 1.0f / 256.0f;
+  down.epilogue.ldy = hidden;
+  auto run = [&](bool token, bool pdl, std::vector<uint16_t>* act_h, std::vector<float>* y_h) {
+    auto act = Dev<uint16_t>::poisoned(k * inter);
+    auto y = Dev<float>::poisoned(k * hidden);
+    cuda::QuantGemvParams u = up, d = down;
+    u.epilogue.act = act.ptr();
+    d.xh = act.ptr();
+    d.epilogue.y = y.ptr();
+    if (token) {
+      u.token_topk_ids = d.token_topk_ids = ids.ptr();
+      u.sorted_rows = d.sorted_rows = nullptr;
+    }
+    if (pdl) u.pdl = d.pdl = d.weights_before_wait = true;
+    ASSERT_TRUE(cuda::launch_quant_gemv(u, stream()).is_ok()) << name;
+    ASSERT_TRUE(cuda::launch_quant_gemv(d, stream()).is_ok()) << name;
+    *act_h = act.host();
+    *y_h = y.host();
+  };
+  std::vector<uint16_t> act_ref, act_tok;
+  std::vector<float> y_ref, y_tok;
+  run(false, false, &act_ref, &y_ref);
+  for (const bool pdl : {false, true}) {
+    const std::string what = name + (pdl ? ", PDL chain" : ", plain launches");
+    run(true, pdl, &act_tok, &y_tok);
+    EXPECT_EQ(act_tok, act_ref) << what << ": gate|up activations differ";
+    EXPECT_EQ(0, std::memcmp(y_tok.data(), y_ref.data(), y_ref.size() * 4))
+        << what << ": down rows differ";
+  }
+  // The slots with an expert were computed (finite), the others kept the poison (NaN).
+  int32_t valid = 0;
+  for (int32_t id : ids_h) valid += id >= 0 && id < e ? 1 : 0;
+  for (int64_t r = 0; r < k; ++r)
+    EXPECT_EQ(y_ref[r * hidden] == y_ref[r * hidden], r < valid)
+        << name << ": routed row " << r << " written / empty unlike its slot";
+
+  // Refused: sorted_rows set, more slots than rows, another variant.
+  cuda::QuantGemvParams bad = up;
+  auto act = Dev<uint16_t>::poisoned(k * inter);
+  bad.epilogue.act = act.ptr();
+  bad.token_topk_ids = ids.ptr();
+  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": sorted_rows set";
+  bad.sorted_rows = nullptr;
+  EXPECT_TRUE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name;
+  bad.num_slots = k + 1;
+  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": slots > rows";
+  bad.num_slots = k;
+  bad.variant = 6;
+  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": variant 6";
+}
+
+TEST(QuantGemvMmaGrouped, TokenSlotsFromTopk) {
+  std::vector<TokenSlotsCase> cases;
+  cases.push_back({128, 4, randn(128, 91, 2.0f), true});
+  std::vector<float> tied = randn(37, 92, 1.0f);
+  for (int i : {3, 9, 17, 30}) tied[i] = 1.5f;  // four equal leaders, and more ties below
+  tied[11] = tied[12] = tied[36] = 0.75f;
+  cases.push_back({37, 3, tied, false});
+  std::vector<float> nan(8, std::nanf(""));
+  nan[2] = 0.5f, nan[6] = -0.25f;
+  cases.push_back({8, 4, nan, true});
+  cases.push_back({20, 4, std::vector<float>(20, 0.3f), false});
+  for (const TokenSlotsCase& c : cases) {
+    run_token_slots(c, QuantFormat::kNvfp4, true);
+    run_token_slots(c, QuantFormat::kNvfp4, false);
+    run_token_slots(c, QuantFormat::kMxfp8, false);
+  }
 }
 
 // Variant 7's fused SwiGLU on a dense MXFP8 gate|up [2·inter, hidden] (the shared expert and

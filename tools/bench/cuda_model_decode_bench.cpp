@@ -6,9 +6,12 @@
 // tables, the CUDA-graph replay, and the copy of B x V float32 logits back to the host.
 //
 // The KV pages are zero (attention costs the same whatever the values); each step rewrites
-// position C - 1. Three models of 1, 3 and 8 layers give by difference the time of a dense-MLP
-// layer, a MoE layer and the rest (embedding, final norm, lm_head, host work); the 60-layer
-// figure (3 dense + 57 MoE layers) is extrapolated from them and says so.
+// position C - 1. Models of 1, 3 and 8 layers, and the largest of up to 24 that fits the free
+// memory, give by difference the time of a dense-MLP layer (1 -> 3), a MoE layer (3 -> the
+// largest; 8 where no larger one fits) and the rest (embedding, final norm, lm_head, host work);
+// the 60-layer figure (3 dense + 57 MoE layers) is extrapolated from them and says so. The step
+// is then t3 + 57 (tL - t3) / (L - 3): with L = 24 a noise of s in each measured step moves it by
+// ~3.2 s, with L = 8 by ~15 s (11.4 t8 - 10.4 t3).
 //
 // Bytes per 60-layer step (for the roofline): every dense weight byte once (MXFP8 1 + 1/32 bytes
 // per element, BF16 router and lm_head 2), each touched routed expert once (NVFP4 0.5 + 1/16):
@@ -21,7 +24,10 @@
 //                                [decode_gemv_variant=5]
 // Environment, for profilers and A/B runs: M3_BENCH_ONLY=B,C[;B,C...] runs those configs (batch
 // B, context C tokens);
-// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed).
+// M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
+// M3_BENCH_BIG_LAYERS=L (9..60, or 0 for none) the model the MoE layer's time is taken from.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -128,6 +134,12 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // M3_BENCH_DOWN_EARLY=0: the experts' down product launched plainly after their gate|up (A/B
   // of expert_down_early).
   if (const char* e = std::getenv("M3_BENCH_DOWN_EARLY")) o.expert_down_early = std::atoi(e) != 0;
+  // M3_BENCH_ROUTE_IN_EXPERTS=0: the batch-1 experts read the router's grouping (A/B of
+  // route_in_experts).
+  if (const char* e = std::getenv("M3_BENCH_ROUTE_IN_EXPERTS"))
+    o.route_in_experts = std::atoi(e) != 0;
+  // M3_BENCH_PDL_NORMS=0..3: which norms are programmatic dependents (A/B of pdl_norms).
+  if (const char* e = std::getenv("M3_BENCH_PDL_NORMS")) o.pdl_norms = std::atoi(e);
   // M3_BENCH_ATTN_MMA=0: the decode attention's float32-FMA split kernel at every batch (A/B).
   if (const char* e = std::getenv("M3_BENCH_ATTN_MMA")) o.mma_decode_attention = std::atoi(e) != 0;
   // M3_BENCH_MXFP8_LAYOUT=0: the MXFP8 dense matrices stay row-major (variants 3 / 5 instead of
@@ -152,6 +164,32 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
     std::exit(1);
   }
   return std::move(m).value();
+}
+
+// The largest model of up to 24 layers whose weights and KV pages fit the free device memory
+// (0: none larger than 8), or M3_BENCH_BIG_LAYERS.
+int64_t big_layers(int64_t pages) {
+  if (const char* e = std::getenv("M3_BENCH_BIG_LAYERS")) {
+    const int64_t l = std::atoll(e);
+    return l > 8 && l <= 60 ? l : 0;
+  }
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  const MiniMaxM3Config f = builtin_m3_flash_config(60);
+  const double mx = 1.0 + 1.0 / 32, fp4 = 0.5 + 1.0 / 16;
+  const int64_t hd = f.hidden_size, d = f.head_dim;
+  const double nqkv = double(f.num_attention_heads * d + 2 * f.num_key_value_heads * d +
+                             f.index_n_heads * f.index_head_dim + f.index_head_dim);
+  const double layer = (nqkv * hd + double(hd) * f.num_attention_heads * d) * mx +
+                       3.0 * f.shared_intermediate_size * f.n_shared_experts * hd * mx +
+                       2.0 * f.num_local_experts * hd +
+                       f.num_local_experts * 3.0 * f.intermediate_size * hd * fp4 +
+                       double(pages) * double(CudaM3Model::kv_bytes_per_page(f)) / 60.0;
+  // Embedding and lm_head (bf16), the decode buffers and a margin.
+  const double fixed = 2.0 * 2.0 * double(f.vocab_size) * hd + 6e9;
+  const int64_t fit = static_cast<int64_t>((double(free_b) - fixed) / layer);
+  const int64_t l = std::min<int64_t>(24, fit);
+  return l > 8 ? l : 0;
 }
 
 }  // namespace
@@ -209,15 +247,21 @@ int main(int argc, char** argv) {
                   (long long)c.ctx, (long long)layers, step_ms(model.get(), c, 15));
     return 0;
   }
-  for (int64_t layers : {1, 3, 8}) {
+  const int64_t big = big_layers(pages);
+  std::vector<int64_t> counts = {1, 3, 8};
+  if (big > 0) counts.push_back(big);
+  for (int64_t layers : counts) {
     auto model = load(layers, pages, overlap, pdl, variant);
     for (size_t i = 0; i < configs.size(); ++i) t[i].push_back(step_ms(model.get(), configs[i], 15));
   }
-  std::printf("%-16s %8s %8s %8s | %9s %9s %9s %8s %8s\n", "config", "L=1 ms", "L=3 ms", "L=8 ms",
-              "dense us", "MoE us", "rest ms", "60L ms*", "HBM %*");
+  const std::string big_col = big > 0 ? "L=" + std::to_string(big) + " ms" : "";
+  std::printf("%-16s %8s %8s %8s %8s | %9s %9s %9s %8s %8s\n", "config", "L=1 ms", "L=3 ms",
+              "L=8 ms", big_col.c_str(), "dense us", "MoE us", "rest ms", "60L ms*", "HBM %*");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
-    const double dense_layer = (t[i][1] - t[i][0]) / 2, moe_layer = (t[i][2] - t[i][1]) / 5;
+    const double t_big = big > 0 ? t[i][3] : t[i][2];
+    const double dense_layer = (t[i][1] - t[i][0]) / 2,
+                 moe_layer = (t_big - t[i][1]) / double((big > 0 ? big : 8) - 3);
     const double rest = t[i][0] - dense_layer;
     const double step60 = 3 * dense_layer + 57 * moe_layer + rest;
     const double touched = c.batch == 1 ? double(k) : e * (1 - std::pow(1 - double(k) / e, double(c.batch)));
@@ -230,15 +274,19 @@ int main(int argc, char** argv) {
     const double frac = bytes60 / (step60 * 1e-3) / kHbm;
     char name[48];
     std::snprintf(name, sizeof name, "B=%lld ctx=%lldK", (long long)c.batch, (long long)(c.ctx / 1024));
-    std::printf("%-16s %8.3f %8.3f %8.3f | %9.1f %9.1f %9.3f %8.2f %7.1f%%\n", name, t[i][0], t[i][1],
-                t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60, 100 * frac);
+    char big_ms[16] = "";
+    if (big > 0) std::snprintf(big_ms, sizeof big_ms, "%.3f", t_big);
+    std::printf("%-16s %8.3f %8.3f %8.3f %8s | %9.1f %9.1f %9.3f %8.2f %7.1f%%\n", name, t[i][0],
+                t[i][1], t[i][2], big_ms, dense_layer * 1e3, moe_layer * 1e3, rest, step60,
+                100 * frac);
     if (tsv)
       std::fprintf(tsv, "v%d %d%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.3f\t%.4g\t%.4f\n", variant, overlap ? 1 : 0, pdl ? 1 : 0,
                    name, t[i][0], t[i][1], t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60,
                    bytes60, frac);
   }
-  std::printf("* 60 layers extrapolated: 3 x dense + 57 x MoE layer time + rest, all measured by "
-              "difference of the 1-, 3- and 8-layer models; bytes as in the header comment.\n");
+  std::printf("* 60 layers extrapolated: 3 x dense + 57 x MoE layer time + rest, measured by "
+              "difference of the 1-, 3- and %lld-layer models; bytes as in the header comment.\n",
+              static_cast<long long>(big > 0 ? big : 8));
   if (tsv) std::fclose(tsv);
   return 0;
 }

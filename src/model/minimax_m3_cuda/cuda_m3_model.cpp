@@ -259,11 +259,16 @@ struct CudaM3Model::Impl {
   // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
   Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
               const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
-              cudaStream_t on = nullptr, bool weights_first = false) {
+              cudaStream_t on = nullptr, bool weights_first = false,
+              bool token_slots = false) {
     if (on == nullptr) on = st();
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
     p.x_row_div = x_row_div;
     if (grouped) group_by_routing(&p, b);
+    if (token_slots) {  // one token: slot s = its s-th expert (variant 5 only: checked)
+      p.token_topk_ids = b.topk_ids;
+      p.sorted_rows = nullptr;
+    }
     if (direct(m)) {
       p.variant = 7;
       p.epilogue = e;
@@ -338,9 +343,12 @@ struct CudaM3Model::Impl {
   }
 
   // residual += pending delta; h (and its f16 form for variant 5) = norm(residual) · (1 + weight).
+  // pdl_bit: the pdl_norms bit that makes this norm a programmatic dependent (0: none).
   Status add_norm(const Bufs& b, const PendingDelta& pd, const uint16_t* weight, int64_t rows,
-                  bool f16_copy) {
-    return cuda::launch_add_rms_norm(norm_params(b, pd, weight, rows, f16_copy), st());
+                  bool f16_copy, int pdl_bit = 0) {
+    cuda::AddRmsNormParams np = norm_params(b, pd, weight, rows, f16_copy);
+    if (opt.pdl && (opt.pdl_norms & pdl_bit) != 0) np.pdl = true;
+    return cuda::launch_add_rms_norm(np, st());
   }
   cuda::AddRmsNormParams norm_params(const Bufs& b, const PendingDelta& pd,
                                      const uint16_t* weight, int64_t rows, bool f16_copy) const {
@@ -513,7 +521,7 @@ struct CudaM3Model::Impl {
     const bool v5 = opt.decode_gemv_variant >= 5;
     // The norms also write the f16 form of their output for variant 5.
     const GemvIn h_in{b.h, hd, v5 ? b.h16 : nullptr, b.h_inv};
-    M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, v5));
+    M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, v5, 2));
     // The projection's partial sums (or, on variant 5, its output) go straight into the fused
     // split-K sum + QK norm/RoPE + KV-cache write.
     int64_t slices = 1;
@@ -537,7 +545,7 @@ struct CudaM3Model::Impl {
     bool routed = false;
     if (L.moe && rows == 1 && !opt.persistent_moe)
       M3_RETURN_IF_ERROR(norm_and_route(b, *pending, L, v5, &routed));
-    if (!routed) M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5));
+    if (!routed) M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5, 1));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
     const auto swiglu_to = [&](const DevMatrix& gu, const DevMatrix& down, int64_t r,
@@ -587,6 +595,12 @@ struct CudaM3Model::Impl {
       return Status::ok();
     };
     if (side_path && !opt.shared_expert_after_router) M3_RETURN_IF_ERROR(fork_shared_expert());
+    // One token on variant 5: the experts read their slots' experts from the top-k
+    // (route_in_experts).
+    const bool token_route =
+        rows == 1 && opt.route_in_experts && !routed && L.router.format == QuantFormat::kBf16 &&
+        ne <= 512 && kk <= 16 && opt.decode_gemv_variant == 5 && h_in.f16 != nullptr &&
+        tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
     // The fused router up to 32 rows: its last CTA runs every row's top-k and the grouping, which
     // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
     if (routed) {
@@ -595,6 +609,7 @@ struct CudaM3Model::Impl {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
       rp.pdl = chain_pdl() || (opt.pdl && opt.pdl_router);
+      rp.topk_only = token_route;
       M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
     } else {
       M3_RETURN_IF_ERROR(
@@ -614,10 +629,11 @@ struct CudaM3Model::Impl {
     if (side_path && opt.shared_expert_after_router) M3_RETURN_IF_ERROR(fork_shared_expert());
     const GemvEpilogueParams swiglu_r =
         swiglu_to(L.experts_gu, L.experts_down, rows * kk, b.act, b.act16);
-    M3_RETURN_IF_ERROR(gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk));
+    M3_RETURN_IF_ERROR(
+        gemv(L.experts_gu, h_in, rows * kk, swiglu_r, b, true, kk, nullptr, false, token_route));
     M3_RETURN_IF_ERROR(gemv(L.experts_down, act_in(swiglu_r, b.act, inter), rows * kk,
                             store_to(b.contrib, hd), b, true, 1, nullptr,
-                            opt.expert_down_early));
+                            opt.expert_down_early, token_route));
     const float* shared = nullptr;
     if (side_path) {
       M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), join_ev, 0));

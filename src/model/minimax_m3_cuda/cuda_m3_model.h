@@ -114,6 +114,25 @@ struct CudaM3Options {
   // 1.579 / 1.568 ms; 4K 1.643 / 1.628, 1.642 / 1.637; batch 8 2.872 / 2.848, 2.868 / 2.854
   // (docs/perf-log.md session 17, run 9).
   bool expert_down_early = true;
+  // Decode at one row, variant 5: the router writes the top-k without the grouping
+  // (MoeRouteParams::topk_only) and the routed experts' CTAs read their slot's expert from the
+  // top-k ids (QuantGemvParams::token_topk_ids: one word instead of the grouping's two dependent
+  // reads). Bitwise the same results (a one-token grouping is the sorted top-k). H200, with
+  // pdl_norms (both changes against neither): 8-layer steps, six rounds in one call, batch 1 4K
+  // 1.531 -> 1.507 ms, 32K 1.546 -> 1.521; 60 layers (from the 24-layer model, three rounds)
+  // 7.48-7.51 -> 7.18-7.22 ms at 4K, 7.62-7.63 -> 7.29-7.34 at 32K (docs/perf-log.md
+  // session 25, runs 4 and 7).
+  bool route_in_experts = true;
+  // With `pdl`, decode norms launched as programmatic dependents of the kernel before them: bit 1
+  // the post-attention norm (after o_proj), bit 2 the input norm (after the MoE / MLP down; its
+  // edge from the shared expert's stream stays a plain one). The norm waits before it reads;
+  // its own dependents (the router, the q/k/v GEMV) then launch under its predecessor's tail.
+  // Same results. (Slower in session 11, when o_proj was not yet one wave of variant 7.) H200,
+  // 8-layer steps with route_in_experts, ms at 4K / 32K: neither 1.513 / 1.527, bit 1 1.511 /
+  // 1.528 (three rounds), bit 2 1.513 / 1.530, both 1.507 / 1.521 (six rounds; three more in
+  // run 3: 1.501 / 1.518): each alone level, the two together -0.5 to -0.8 % (session 25, runs
+  // 3-4).
+  int pdl_norms = 3;
   // Decode: where the block tables' width is at most index_topk_blocks (contexts up to 2K tokens
   // on M3.1-Flash), the indexer would select every block of every row: its two launches per
   // layer are skipped and the attention reads every block (the same set of keys; bit for bit

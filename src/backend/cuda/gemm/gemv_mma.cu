@@ -181,6 +181,11 @@ Status launch_mma(const QuantGemvParams& p, cudaStream_t s) {
   if (p.w_layout != 0 && (p.format != QuantFormat::kNvfp4 || p.n % 16 != 0))
     return bad("variant 5: the mma layout (w_layout " + std::to_string(p.w_layout) +
                ") needs NVFP4 weights and N % 16 == 0 (N = " + std::to_string(p.n) + ")");
+  if (p.token_topk_ids != nullptr &&
+      (p.group_offsets == nullptr || p.sorted_rows != nullptr || p.num_slots > p.num_rows))
+    return bad("variant 5: token_topk_ids (one row per slot, routed row = slot) needs a grouped "
+               "launch (group_offsets, active_groups set), sorted_rows null and num_slots <= "
+               "num_rows");
   const int64_t slots = p.group_offsets ? std::max<int64_t>(1, p.num_slots) : 1;
   // Rows per pass: a dense linear's batch; for experts twice the average rows per expert
   // (more take another pass over the weights).

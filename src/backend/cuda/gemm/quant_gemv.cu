@@ -121,6 +121,8 @@ int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.num_rows == 0 || p.n == 0) return Status::ok();
   if (p.variant == 5) return gemv::launch_mma(p, stream);
+  if (p.token_topk_ids != nullptr)
+    return invalid_argument("[cuda.quant_gemv] token_topk_ids is read by variant 5 only");
   if (p.variant == 6) return gemv::launch_stream(p, stream);
   if (p.variant == 7) return gemv::launch_direct(p, stream);
   if (p.w_layout != 0)

@@ -82,6 +82,14 @@ struct QuantGemvParams {
   const int32_t* sorted_rows = nullptr;    // [num_rows] routed row ids, grouped by g
   const int32_t* active_groups = nullptr;  // [num_slots] groups with rows, -1 = empty slot
   int64_t num_slots = 1;                   // grid size over groups: min(G, num_rows)
+  // Variant 5, one token's routed experts (num_rows == top_k rows, one per slot): the expert of
+  // slot s is token_topk_ids[s], the token's top-k as launch_router_topk writes it (ascending
+  // expert ids; an id outside [0, G) leaves its slot empty), and slot s computes routed row s.
+  // That is launch_group_by_expert's grouping of one token, so the router needs no grouping
+  // (MoeRouteParams::topk_only) and the CTA reads one word instead of active_groups and then
+  // group_offsets. group_offsets and active_groups must still be set (they mark the launch as
+  // grouped) and are not read; sorted_rows must be null.
+  const int32_t* token_topk_ids = nullptr;
   int64_t num_rows = 0;                    // routed rows (the r range)
   // Grouped: an upper bound on the rows of one group (0: num_rows), e.g. the tokens of a MoE
   // step (a token picks an expert once). Variant 6 holds that many rows per group and needs <= 8;

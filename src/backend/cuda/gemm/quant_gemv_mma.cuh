@@ -222,11 +222,19 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&wv)[8], uint32_
 // row). Read through L2 (weights_before_wait reads them before the PDL wait: no L1 line of an
 // earlier kernel may answer).
 __device__ __forceinline__ int64_t cta_group(const QuantGemvParams& p) {
+  if (p.token_topk_ids != nullptr) {  // one token: slot s is its s-th expert
+    const int32_t id = __ldcg(p.token_topk_ids + blockIdx.y);
+    return id >= 0 && id < p.num_groups ? id : -1;
+  }
   return p.group_offsets == nullptr ? 0 : __ldcg(p.active_groups + blockIdx.y);
 }
 __device__ __forceinline__ void group_rows(const QuantGemvParams& p, int64_t grp, int* r_begin,
                                            int* r_end) {
   *r_begin = 0, *r_end = static_cast<int>(p.num_rows);
+  if (p.token_topk_ids != nullptr) {  // slot s: routed row s
+    *r_begin = blockIdx.y, *r_end = blockIdx.y + 1;
+    return;
+  }
   if (p.group_offsets == nullptr) return;
   *r_begin = __ldcg(p.group_offsets + grp);
   *r_end = __ldcg(p.group_offsets + grp + 1);

@@ -1,7 +1,7 @@
 // Fused MoE router (moe_route.h): router GEMV, sigmoid top-k and token-to-expert grouping in one
 // launch. Phase 1 (every CTA): whole-K dot products of one weight row with a block of rows.
 // Phase 2 (the last CTA to finish phase 1, found with a fence + atomic counter): top-k of every
-// row, then the grouping, with the same device code as launch_router_topk and
+// row, then (unless topk_only) the grouping, with the same device code as launch_router_topk and
 // launch_group_by_expert (moe/routing_device.cuh).
 #include <cuda_runtime.h>
 
@@ -134,8 +134,9 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
     __syncwarp();  // lane 0 wrote the slots; the warp goes on together
   }
   __syncthreads();  // s_ids complete
-  routing::group_by_expert_block(s_ids, p.rows * p.top_k, p.num_experts, s_offs, s_warp_sums,
-                                 p.group_offsets, p.sorted_rows, p.active_groups);
+  if (!p.topk_only)
+    routing::group_by_expert_block(s_ids, p.rows * p.top_k, p.num_experts, s_offs,
+                                   s_warp_sums, p.group_offsets, p.sorted_rows, p.active_groups);
   // Every other CTA has taken its ticket, so nobody reads the counter any more in this launch.
   if (tid == 0) *p.counter = 0u;
   pdl_launch_dependents();
@@ -157,10 +158,13 @@ Status launch_moe_route(const MoeRouteParams& p, CUstream_st* stream) {
     return bad("hidden " + std::to_string(p.hidden) + " is not a positive multiple of 8");
   if (p.ldx < p.hidden || p.ldx % 8 != 0)
     return bad("ldx " + std::to_string(p.ldx) + " is below hidden or not a multiple of 8");
-  if (p.x == nullptr || p.w == nullptr || p.logits == nullptr || p.topk_ids == nullptr ||
-      p.topk_w == nullptr || p.group_offsets == nullptr || p.sorted_rows == nullptr ||
-      p.active_groups == nullptr || p.counter == nullptr)
-    return bad("null input, output or counter pointer");
+  if (p.x == nullptr || p.w == nullptr || p.logits == nullptr)
+    return bad("null input or logits pointer");
+  if (p.topk_ids == nullptr || p.topk_w == nullptr || p.counter == nullptr)
+    return bad("null top-k output or counter pointer");
+  if (!p.topk_only &&
+      (p.group_offsets == nullptr || p.sorted_rows == nullptr || p.active_groups == nullptr))
+    return bad("null grouping output pointer");
   if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0)
     return bad("x and w must be 16-byte aligned");
   if (p.rows == 0) return Status::ok();

@@ -51,6 +51,10 @@ struct MoeRouteParams {
   uint32_t* counter = nullptr;       // one device word: zero before the first launch (cudaMemset
                                      // once); every launch leaves it zero. Launches that share a
                                      // counter must not run concurrently.
+  // The logits and the top-k, not the grouping (group_offsets, sorted_rows, active_groups may be
+  // null): for one token, whose expert GEMVs take their slots' experts from topk_ids directly
+  // (QuantGemvParams::token_topk_ids), so that the grouping's block-wide pass is off the path.
+  bool topk_only = false;
   // Programmatic dependent launch (runtime/pdl.cuh): the CTAs may start under the previous
   // kernel's tail; each prefetches its weight row into L2, then waits for that kernel before it
   // reads x or writes anything. Same results either way.
