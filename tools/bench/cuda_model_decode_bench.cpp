@@ -168,6 +168,30 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   return std::move(m).value();
 }
 
+// Bytes one decode step reads, by part (the header comment's rule).
+struct StepBytes {
+  double attn_w = 0;     // q|k|v|index + o_proj, one layer (MXFP8)
+  double dense_mlp = 0;  // one dense layer's MLP (MXFP8)
+  double shared = 0;     // one MoE layer's shared expert (MXFP8)
+  double router = 0;     // one MoE layer's router (BF16)
+  double expert = 0;     // one routed expert (NVFP4)
+  double head = 0;       // lm_head (BF16)
+};
+StepBytes step_bytes(const MiniMaxM3Config& f) {
+  const int64_t hd = f.hidden_size, d = f.head_dim, nh = f.num_attention_heads;
+  const int64_t nqkv = nh * d + 2 * f.num_key_value_heads * d +
+                       f.index_n_heads * f.index_head_dim + f.index_head_dim;
+  const double mx = 1.0 + 1.0 / 32, fp4 = 0.5 + 1.0 / 16;
+  StepBytes b;
+  b.attn_w = (double(nqkv) * hd + double(hd) * nh * d) * mx;
+  b.dense_mlp = 3.0 * f.dense_intermediate_size * hd * mx;
+  b.shared = 3.0 * f.shared_intermediate_size * f.n_shared_experts * hd * mx;
+  b.router = 2.0 * f.num_local_experts * hd;
+  b.expert = 3.0 * f.intermediate_size * hd * fp4;
+  b.head = 2.0 * f.vocab_size * hd;
+  return b;
+}
+
 // The largest model of up to 24 layers whose weights and KV pages fit the free device memory
 // (0: none larger than 8), or M3_BENCH_BIG_LAYERS.
 int64_t big_layers(int64_t pages) {
@@ -178,17 +202,12 @@ int64_t big_layers(int64_t pages) {
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
   const MiniMaxM3Config f = builtin_m3_flash_config(60);
-  const double mx = 1.0 + 1.0 / 32, fp4 = 0.5 + 1.0 / 16;
-  const int64_t hd = f.hidden_size, d = f.head_dim;
-  const double nqkv = double(f.num_attention_heads * d + 2 * f.num_key_value_heads * d +
-                             f.index_n_heads * f.index_head_dim + f.index_head_dim);
-  const double layer = (nqkv * hd + double(hd) * f.num_attention_heads * d) * mx +
-                       3.0 * f.shared_intermediate_size * f.n_shared_experts * hd * mx +
-                       2.0 * f.num_local_experts * hd +
-                       f.num_local_experts * 3.0 * f.intermediate_size * hd * fp4 +
+  const StepBytes sb = step_bytes(f);
+  // Every expert of a MoE layer is resident (not only the touched ones).
+  const double layer = sb.attn_w + sb.shared + sb.router + f.num_local_experts * sb.expert +
                        double(pages) * double(CudaM3Model::kv_bytes_per_page(f)) / 60.0;
   // Embedding and lm_head (bf16), the decode buffers and a margin.
-  const double fixed = 2.0 * 2.0 * double(f.vocab_size) * hd + 6e9;
+  const double fixed = 2.0 * sb.head + 6e9;
   const int64_t fit = static_cast<int64_t>((double(free_b) - fixed) / layer);
   const int64_t l = std::min<int64_t>(24, fit);
   return l > 8 ? l : 0;
@@ -219,15 +238,11 @@ int main(int argc, char** argv) {
   int64_t pages = 0;
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
   const MiniMaxM3Config f = builtin_m3_flash_config(60);
-  const int64_t hd = f.hidden_size, d = f.head_dim, nh = f.num_attention_heads,
-                hkv = f.num_key_value_heads, e = f.num_local_experts, k = f.num_experts_per_tok;
-  const int64_t nqkv = nh * d + 2 * hkv * d + f.index_n_heads * f.index_head_dim + f.index_head_dim;
-  const double mx = 1.0 + 1.0 / 32, fp4 = 0.5 + 1.0 / 16;
-  const double attn_w = (double(nqkv) * hd + double(hd) * nh * d) * mx;
-  const double dense_mlp = 3.0 * f.dense_intermediate_size * hd * mx;
-  const double shared = 3.0 * f.shared_intermediate_size * f.n_shared_experts * hd * mx;
-  const double router = 2.0 * e * hd, expert = 3.0 * f.intermediate_size * hd * fp4;
-  const double head = 2.0 * f.vocab_size * hd;
+  const int64_t d = f.head_dim, hkv = f.num_key_value_heads, e = f.num_local_experts,
+                k = f.num_experts_per_tok;
+  const StepBytes sb = step_bytes(f);
+  const double attn_w = sb.attn_w, dense_mlp = sb.dense_mlp, shared = sb.shared,
+               router = sb.router, expert = sb.expert, head = sb.head;
 
   std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
               "expert overlap %s, programmatic dependent launch %s, GEMV variant %d; median of 15 steps "

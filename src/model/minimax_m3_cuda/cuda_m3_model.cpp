@@ -595,17 +595,18 @@ struct CudaM3Model::Impl {
       return Status::ok();
     };
     if (side_path && !opt.shared_expert_after_router) M3_RETURN_IF_ERROR(fork_shared_expert());
-    // One token on variant 5: the experts read their slots' experts from the top-k
-    // (route_in_experts).
-    const bool token_route =
-        rows == 1 && opt.route_in_experts && !routed && L.router.format == QuantFormat::kBf16 &&
-        ne <= 512 && kk <= 16 && opt.decode_gemv_variant == 5 && h_in.f16 != nullptr &&
-        tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
     // The fused router up to 32 rows: its last CTA runs every row's top-k and the grouping, which
     // at 128 rows took 112 us (H200, moe_route_test) where it is ~10 us at one row.
+    const bool fused_router =
+        L.router.format == QuantFormat::kBf16 && rows <= 32 && ne <= 512 && kk <= 16;
+    // One token on variant 5: the fused router skips the grouping and the experts read their
+    // slots' experts from the top-k (route_in_experts).
+    const bool token_route = rows == 1 && opt.route_in_experts && !routed && fused_router &&
+                             opt.decode_gemv_variant == 5 && h_in.f16 != nullptr &&
+                             tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
     if (routed) {
       // The routing is already there (norm_and_route).
-    } else if (L.router.format == QuantFormat::kBf16 && rows <= 32 && ne <= 512 && kk <= 16) {
+    } else if (fused_router) {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
       rp.pdl = chain_pdl() || (opt.pdl && opt.pdl_router);
