@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "chat/jinja/builtins.h"
+#include "core/json_depth.h"
 
 namespace m3 {
 namespace {
@@ -72,6 +73,10 @@ Status parse_tool_call_arguments(json& messages) {
         if (args->is_object() || args->is_array()) continue;
         if (!args->is_string())
           return invalid_argument(where + ".function.arguments: expected a JSON string or object");
+        if (json_too_deep(args->get_ref<const std::string&>())) {
+          return invalid_argument(where + ".function.arguments nests more than " +
+                                  std::to_string(kMaxJsonDepth) + " levels deep");
+        }
         json parsed = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
         if (parsed.is_discarded())
           return invalid_argument(where + ".function.arguments is not valid JSON");

@@ -93,6 +93,9 @@ class InferenceBackend {
   virtual bool ready() const = 0;
   // Maximum prompt + completion tokens per request.
   virtual int32_t context_length() const = 0;
+  // The most requests submit() holds waiting at once (--max-queued-requests), 0 when unbounded.
+  // A job of more choices than this can never be admitted, however idle the backend is.
+  virtual int32_t max_queued_requests() const { return 0; }
 
   // Queues a request. Errors: kInvalidArgument (HTTP 400), kResourceExhausted (the waiting queue
   // is full: HTTP 429). On success returns the id for cancel(); `on_event` is then called until an

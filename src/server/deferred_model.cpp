@@ -20,6 +20,10 @@ class DeferredBackend : public InferenceBackend {
     auto* b = inner.load();
     return b ? b->context_length() : 0;
   }
+  int32_t max_queued_requests() const override {
+    auto* b = inner.load();
+    return b ? b->max_queued_requests() : 0;
+  }
   Result<uint64_t> submit(BackendRequest request, EventCallback on_event) override {
     auto* b = inner.load();
     if (!b) return loading();

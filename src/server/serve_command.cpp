@@ -182,6 +182,18 @@ const std::vector<Flag>& flags() {
        INT_FLAG(server.media.max_image_bytes, 1, INT64_MAX)},
       {"--max-request-body-bytes", true, "largest request body, else 413 (default 64 MiB)",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},
+      {"--max-connections", true,
+       "open connections served at once; beyond it 503 and close (default: the open-file limit "
+       "less 64)",
+       INT_FLAG(server.max_connections, 1, 10000000)},
+      {"--keep-alive-timeout", true,
+       "seconds a connection may wait without a complete request header (default 5)",
+       [](ServeFlags& f, const std::string& v) {
+         auto r = to_double("--keep-alive-timeout", v, 0.1, 3600.0);
+         if (!r.is_ok()) return r.status();
+         f.server.keep_alive_timeout = std::chrono::milliseconds(static_cast<int64_t>(*r * 1000));
+         return Status::ok();
+       }},
       {"--http-threads", true, "HTTP I/O threads (default 4)", INT_FLAG(server.io_threads, 1, 256)},
       {"--tokenizer-worker-num", true, "request preprocessing threads (default 2)",
        INT_FLAG(server.worker_threads, 1, 256)},

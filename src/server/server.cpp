@@ -4,6 +4,7 @@
 
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <future>
@@ -20,6 +21,7 @@ struct Server::Impl {
   std::unique_ptr<boost::asio::thread_pool> workers;
   std::unique_ptr<http::HttpServer> http;
   bool stopped = false;
+  std::atomic<bool> stop_now{false};  // a second signal during the drain
 };
 
 void raise_file_limit() {
@@ -47,6 +49,8 @@ Server::Server(ServerOptions options, InferenceBackend* backend, const TextCodec
   hc.host = ctx.options.host;
   hc.port = ctx.options.port;
   hc.max_body_bytes = ctx.options.max_body_bytes;
+  hc.max_connections = ctx.options.max_connections;
+  hc.keep_alive_timeout = ctx.options.keep_alive_timeout;
   hc.io_threads = ctx.options.io_threads;
   impl_->http = std::make_unique<http::HttpServer>(
       hc, [&ctx](http::Request&& req, std::shared_ptr<http::Responder> res) {
@@ -72,9 +76,12 @@ uint16_t Server::port() const {
 bool Server::drain() {
   auto& ctx = impl_->ctx;
   ctx.draining.store(true);
-  impl_->http->stop_accepting();
+  // The listener stays open: /health answers 503 and new generation requests are refused with
+  // 503 on new connections too, while the requests already running finish.
+  impl_->http->start_draining();
   auto deadline = std::chrono::steady_clock::now() + ctx.options.drain_timeout;
-  while (ctx.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+  while (ctx.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline &&
+         !impl_->stop_now.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   bool clean = ctx.in_flight.load() == 0;
@@ -118,13 +125,24 @@ int Server::wait_for_signal_and_drain() {
   signals.async_wait(
       [&got](const boost::system::error_code& ec, int sig) { got.set_value(ec ? 0 : sig); });
   int sig = fut.get();
-  std::fprintf(stderr, "m3serve: received signal %d, draining %lld in-flight request(s)\n", sig,
-               static_cast<long long>(impl_->ctx.in_flight.load()));
+  std::fprintf(stderr,
+               "m3serve: received signal %d, draining %lld in-flight request(s); a second signal "
+               "stops at once\n",
+               sig, static_cast<long long>(impl_->ctx.in_flight.load()));
+  // A second signal ends the drain: stop() then cancels what is left, and each of those requests
+  // still gets its last event (finish_reason "abort") before the process exits.
+  signals.async_wait([this](const boost::system::error_code& ec, int) {
+    if (!ec) impl_->stop_now.store(true);
+  });
   bool clean = drain();
-  if (!clean) {
+  if (impl_->stop_now.load()) {
+    std::fprintf(stderr, "m3serve: second signal: cancelling %lld request(s)\n",
+                 static_cast<long long>(impl_->ctx.in_flight.load()));
+  } else if (!clean) {
     std::fprintf(stderr, "m3serve: drain timeout; %lld request(s) cut off\n",
                  static_cast<long long>(impl_->ctx.in_flight.load()));
   }
+  signals.cancel();
   stop();
   std::fprintf(stderr, "m3serve: stopped\n");
   return clean ? 0 : 1;

@@ -20,6 +20,8 @@ struct ServerOptions {
   std::string tool_call_parser = "minimax-m3";  // or "none"
   int32_t context_length = 0;                   // 0: the backend's
   size_t max_body_bytes = 64u << 20;
+  int64_t max_connections = 0;  // 0: derived from the open-file limit
+  std::chrono::milliseconds keep_alive_timeout{5000};  // idle connection, or a slow header
   int io_threads = 4;
   int worker_threads = 2;  // request preprocessing (parse, render, tokenize), like SGLang's
                            // --tokenizer-worker-num

@@ -34,6 +34,9 @@ class EngineBackend final : public server::InferenceBackend {
 
   bool ready() const override { return true; }  // the model is loaded before construction
   int32_t context_length() const override { return context_length_; }
+  int32_t max_queued_requests() const override {
+    return engine_->config().max_waiting_requests;
+  }
   // Errors: the engine's invalid arguments; kResourceExhausted when the waiting queue is full
   // (429); kUnavailable when the engine is draining.
   Result<uint64_t> submit(server::BackendRequest request, server::EventCallback on_event) override;

@@ -44,7 +44,8 @@ TEST(Auth, BearerComparison) {
   EXPECT_TRUE(authorized("sk-1", "Bearer sk-1"));
   EXPECT_FALSE(authorized("sk-1", "Bearer sk-2"));
   EXPECT_FALSE(authorized("sk-1", "Bearer sk-1x"));
-  EXPECT_FALSE(authorized("sk-1", "bearer sk-1"));
+  EXPECT_TRUE(authorized("sk-1", "bearer sk-1"));  // the scheme is case-insensitive
+  EXPECT_FALSE(authorized("sk-1", "bearer SK-1"));  // the key is not
   EXPECT_FALSE(authorized("sk-1", ""));
 }
 

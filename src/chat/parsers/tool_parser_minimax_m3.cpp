@@ -6,6 +6,7 @@
 #include <set>
 
 #include "chat/parsers/markers_minimax_m3.h"
+#include "core/json_depth.h"
 
 namespace m3::chat {
 
@@ -157,7 +158,8 @@ const json* branch_of_type(const json* s, const std::string& want, int depth = 0
 }
 
 std::optional<json> parse_json(std::string_view t) {
-  if (t.empty()) return std::nullopt;
+  // Model output is text like any other: too deep to walk safely is not JSON to us.
+  if (t.empty() || json_too_deep(t)) return std::nullopt;
   json j = json::parse(t.begin(), t.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
   return j;

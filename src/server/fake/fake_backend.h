@@ -45,6 +45,7 @@ class FakeBackend : public InferenceBackend {
 
   bool ready() const override;
   int32_t context_length() const override { return options_.context_length; }
+  int32_t max_queued_requests() const override { return options_.max_waiting; }
   Result<uint64_t> submit(BackendRequest request, EventCallback on_event) override;
   void cancel(uint64_t id) override;
   BackendStats stats() const override;

@@ -3,7 +3,10 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdio>
+#include <string_view>
 #include <thread>
 
 #include "chat/parsers/markers_minimax_m3.h"
@@ -22,7 +25,20 @@ void send_json(http::Responder& r, int status, const json& body) {
 
 void send_error(ServerContext& ctx, http::Responder& r, const ApiError& e) {
   ctx.metrics->count_rejected(e.status);
-  r.send(e.status, "application/json", e.body());
+  // A full queue clears as requests finish: tell the client when to retry (RFC 9110 10.2.3).
+  http::Headers headers;
+  if (e.status == 429) headers.emplace_back("Retry-After", "1");
+  r.send(e.status, "application/json", e.body(), std::move(headers));
+}
+
+// An unexpected exception is the server's fault: a 500 that says so without echoing the
+// exception's text (which can name internals), and the text on stderr for the operator.
+void send_internal_error(ServerContext& ctx, http::Responder& r, const http::Request& req,
+                         const char* what) {
+  std::fprintf(stderr, "m3serve: internal error on %s %s: %s\n", req.method.c_str(),
+               req.path.c_str(), what);
+  send_error(ctx, r,
+             internal_error("The server failed to process the request; the error is logged."));
 }
 
 int64_t unix_now() {
@@ -102,6 +118,15 @@ void submit_job(ServerContext& ctx, std::shared_ptr<http::Responder> responder,
                 GenerationConfig cfg, BackendRequest breq) {
   if (auto e = check_available(ctx)) return send_error(ctx, *responder, *e);
   const int32_t n = std::max(1, cfg.n);
+  // Every choice waits in the backend's queue at once: more than it holds can never be admitted,
+  // so that is the request's fault (400), not a retryable 429.
+  if (const int32_t cap = ctx.backend->max_queued_requests(); cap > 0 && n > cap) {
+    return send_error(ctx, *responder,
+                      bad_request("'n' = " + std::to_string(n) + " choices can never be admitted: "
+                                  "this server queues at most " + std::to_string(cap) +
+                                  " requests at once (--max-queued-requests).",
+                                  "n", "n_exceeds_queue"));
+  }
   const std::string id = cfg.id;
   auto job = std::make_shared<GenerationJob>(ctx, std::move(cfg), responder);
   for (int32_t i = 0; i < n; ++i) {
@@ -266,7 +291,15 @@ void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Respond
     auto parsed = parse_chat_request(b);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ctx, responder, *e);
     ChatRequest& r = std::get<ChatRequest>(parsed);
-    bool add_gen = b.value("add_generation_prompt", true);
+    bool add_gen = true;
+    if (auto it = b.find("add_generation_prompt"); it != b.end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        return send_error(ctx, responder,
+                          bad_request("'add_generation_prompt' must be a boolean.",
+                                      "add_generation_prompt"));
+      }
+      add_gen = it->get<bool>();
+    }
     // As for chat: tool_choice none leaves the tools out of the prompt (counts match usage).
     json tools = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
     auto rendered = ctx.renderer->render(r.messages, tools, r.template_kwargs, add_gen);
@@ -314,7 +347,16 @@ void handle_detokenize(ServerContext& ctx, const http::Request& req, http::Respo
     }
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
-  auto text = ctx.codec->decode(ids, b.value("skip_special_tokens", false));
+  bool skip_special = false;
+  if (auto it = b.find("skip_special_tokens"); it != b.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return send_error(ctx, responder,
+                        bad_request("'skip_special_tokens' must be a boolean.",
+                                    "skip_special_tokens"));
+    }
+    skip_special = it->get<bool>();
+  }
+  auto text = ctx.codec->decode(ids, skip_special);
   if (!text.is_ok()) {
     return send_error(ctx, responder, bad_request(text.status().message(), "tokens"));
   }
@@ -368,12 +410,21 @@ void handle_health_generate(ServerContext& ctx, std::shared_ptr<http::Responder>
 }  // namespace
 
 bool authorized(const std::string& api_key, const std::string& header) {
-  const std::string expected = "Bearer " + api_key;
-  // Constant time in the length of the expected value.
-  unsigned char diff = header.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    unsigned char h = i < header.size() ? static_cast<unsigned char>(header[i]) : 0;
-    diff |= h ^ static_cast<unsigned char>(expected[i]);
+  // "Bearer" SP+ token (RFC 9110 11.1: the scheme is case-insensitive; RFC 6750 2.1).
+  static constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+  }
+  size_t start = kScheme.size();
+  if (header[start] != ' ') return false;
+  while (start < header.size() && header[start] == ' ') ++start;
+  const std::string_view token(header.data() + start, header.size() - start);
+  // Constant time in the length of the expected key.
+  unsigned char diff = token.size() == api_key.size() ? 0 : 1;
+  for (size_t i = 0; i < api_key.size(); ++i) {
+    unsigned char h = i < token.size() ? static_cast<unsigned char>(token[i]) : 0;
+    diff |= h ^ static_cast<unsigned char>(api_key[i]);
   }
   return diff == 0;
 }
@@ -458,7 +509,7 @@ void handle_request(ServerContext& ctx, http::Request&& request,
       else if (req.path == "/detokenize")
         handle_detokenize(ctx, req, *responder);
     } catch (const std::exception& e) {
-      send_error(ctx, *responder, internal_error(std::string("Internal error: ") + e.what()));
+      send_internal_error(ctx, *responder, req, e.what());
     }
   });
 }

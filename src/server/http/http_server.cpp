@@ -1,5 +1,6 @@
 #include "server/http/http_server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -11,6 +12,7 @@
 #include <deque>
 #include <mutex>
 
+#include "server/http/request_parsing.h"
 #include "server/protocol/errors.h"
 
 namespace m3::server::http {
@@ -67,7 +69,8 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& [k, v] : headers) out += k + ": " + v + "\r\n";
     promised_keep_alive_ = keep_alive();
     out += promised_keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-    out += body;
+    // HEAD: the GET response's header, Content-Length included, and never a body (RFC 9110 9.3.2).
+    if (!head_request_) out += body;
     response_done_ = true;
     queue(std::move(out));
   }
@@ -115,9 +118,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void do_read() {
     if (closed_) return;
     parser_.emplace();
-    parser_->header_limit(64 * 1024);
+    parser_->header_limit(static_cast<uint32_t>(server_.config_.max_header_bytes));
     parser_->body_limit(server_.config_.max_body_bytes);
-    stream_.expires_after(server_.config_.idle_timeout);
+    stream_.expires_after(server_.config_.keep_alive_timeout);
     bhttp::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -125,8 +128,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header(beast::error_code ec) {
     // Beast checks Content-Length against the body limit while parsing the header.
-    if (ec == bhttp::error::body_limit) return reject_too_large();
-    if (ec) return close();  // end of stream, timeout, malformed header
+    if (ec) return on_read_error(ec);
+    if (auto rejection = check_request_header(*parser_)) return reject(*rejection);
+    stream_.expires_after(server_.config_.body_timeout);
     const auto& req = parser_->get();
     auto expect = req.find(bhttp::field::expect);
     if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) {
@@ -147,32 +151,38 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
-  void reject_too_large() {
+  // A malformed or over-limit request gets its status; a closed socket or a timeout gets nothing.
+  void on_read_error(const beast::error_code& ec) {
+    const int status = read_error_status(ec);
+    if (status == 0) return close();
+    if (status == 413) {
+      return reject({413, payload_too_large(server_.config_.max_body_bytes).message});
+    }
+    if (status == 431) {
+      return reject({431, "The request's header is larger than the limit of " +
+                              std::to_string(server_.config_.max_header_bytes) + " bytes."});
+    }
+    return reject({status, "Malformed HTTP request: " + ec.message() + "."});
+  }
+
+  // Answers and closes: after a request the server refuses at the HTTP level, the rest of the
+  // bytes on the connection cannot be framed reliably.
+  void reject(const Rejection& rejection) {
     ++gen_;
-    response_started_ = false;
-    response_done_ = false;
-    keep_alive_ = false;  // the unread body is still on the wire
-    respond(gen_, 413, "application/json", payload_too_large(server_.config_.max_body_bytes).body(),
-            {});
+    response_started_ = true;
+    response_done_ = true;
+    keep_alive_ = false;
+    promised_keep_alive_ = false;
+    stream_.expires_never();
+    queue(rejection_response(rejection));
   }
 
   void on_read(beast::error_code ec) {
-    if (ec == bhttp::error::body_limit) return reject_too_large();
-    if (ec) return close();
+    if (ec) return on_read_error(ec);
     stream_.expires_never();
-    auto msg = parser_->release();
-    Request req;
-    req.method = std::string(msg.method_string());
-    req.target = std::string(msg.target());
-    req.path = req.target.substr(0, req.target.find('?'));
-    for (const auto& f : msg) {
-      std::string name(f.name_string());
-      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      req.headers[name] = std::string(f.value());
-    }
-    req.body = std::move(msg.body());
-    req.received = std::chrono::steady_clock::now();
-    keep_alive_ = msg.keep_alive();
+    keep_alive_ = parser_->get().keep_alive();
+    Request req = to_request(parser_->release());
+    head_request_ = req.method == "HEAD";
 
     ++gen_;
     response_started_ = false;
@@ -184,7 +194,11 @@ class Session : public std::enable_shared_from_this<Session> {
     try {
       server_.handler_(std::move(req), responder);
     } catch (const std::exception& e) {
-      respond(gen_, 500, "application/json", internal_error(e.what()).body(), {});
+      std::fprintf(stderr, "m3serve: internal error in a request handler: %s\n", e.what());
+      respond(gen_, 500, "application/json",
+              internal_error("The server failed to process the request; the error is logged.")
+                  .body(),
+              {});
     }
   }
 
@@ -290,6 +304,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool watching_ = false;
   bool closed_ = false;
   bool keep_alive_ = true;
+  bool head_request_ = false;  // the current request is a HEAD: no body in its response
   bool promised_keep_alive_ = false;  // the Connection header of the current response
   uint64_t gen_ = 0;  // request number on this connection
   bool response_started_ = false;
@@ -371,22 +386,131 @@ net::io_context& HttpServer::io_context() {
   return impl_->ioc;
 }
 
-namespace {
-
-void do_accept(tcp::acceptor& acceptor, HttpServer& server,
-               std::function<std::shared_ptr<Session>(tcp::socket)> make) {
-  acceptor.async_accept(net::make_strand(acceptor.get_executor()),
-                        [&acceptor, &server, make](beast::error_code ec, tcp::socket socket) {
-                          if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-                          if (!ec) {
-                            socket.set_option(tcp::no_delay(true), ec);
-                            make(std::move(socket))->start();
-                          }
-                          do_accept(acceptor, server, make);
-                        });
+int64_t max_connections_for_file_limit(uint64_t open_file_limit) {
+  // Kept back: 48 descriptors for the process's own files and 16 for refusals in flight.
+  constexpr uint64_t kReserved = 64;
+  constexpr int64_t kCeiling = 100000;
+  if (open_file_limit <= kReserved + 8) return 8;
+  return static_cast<int64_t>(std::min<uint64_t>(open_file_limit - kReserved, kCeiling));
 }
 
-}  // namespace
+// The accept loop. Past max_connections a new connection is answered 503 and closed (at most
+// kMaxRefusing of those at a time; beyond, it is closed at once). When accept() itself fails for
+// want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), it waits before trying again
+// instead of spinning on a listener that stays readable.
+class Acceptor : public std::enable_shared_from_this<Acceptor> {
+ public:
+  static constexpr int64_t kMaxRefusing = 16;
+  static constexpr auto kBackoff = std::chrono::milliseconds(100);
+
+  Acceptor(tcp::acceptor& acceptor, HttpServer& server)
+      : acceptor_(acceptor), server_(server), timer_(acceptor.get_executor()) {}
+
+  void start() { accept(); }
+
+ private:
+  void accept() {
+    acceptor_.async_accept(net::make_strand(acceptor_.get_executor()),
+                           [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+                             self->on_accept(ec, std::move(socket));
+                           });
+  }
+
+  void on_accept(beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      if (ec == net::error::no_descriptors || ec.value() == ENFILE ||
+          ec == net::error::no_buffer_space || ec == net::error::no_memory) {
+        return back_off(ec);
+      }
+      return accept();  // a connection reset before it was accepted, and the like
+    }
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    if (server_.open_connections_.load() >= server_.max_connections_) {
+      refuse(std::move(socket));
+    } else {
+      std::make_shared<Session>(std::move(socket), server_)->start();
+    }
+    accept();
+  }
+
+  void back_off(const beast::error_code& ec) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_log_ > std::chrono::seconds(10)) {
+      last_log_ = now;
+      std::fprintf(stderr,
+                   "m3serve: cannot accept connections (%s; %lld open): retrying every %lld ms; "
+                   "raise the open-file limit or lower --max-connections\n",
+                   ec.message().c_str(), static_cast<long long>(server_.open_connections()),
+                   static_cast<long long>(kBackoff.count()));
+    }
+    timer_.expires_after(kBackoff);
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->acceptor_.is_open()) return;
+      self->accept();
+    });
+  }
+
+  // 503 and close, without reading the request: the client learns the server is full instead of
+  // waiting on a connection nobody will serve.
+  void refuse(tcp::socket socket) {
+    server_.refused_connections_.fetch_add(1);
+    if (server_.refusing_connections_.load() >= kMaxRefusing) return;  // closed as it leaves
+    server_.refusing_connections_.fetch_add(1);
+    struct Refusal {
+      Refusal(tcp::socket s, HttpServer& srv, std::string text)
+          : socket(std::move(s)), server(srv), response(std::move(text)) {}
+      ~Refusal() { server.refusing_connections_.fetch_sub(1); }
+      tcp::socket socket;
+      HttpServer& server;
+      std::string response;
+      std::array<char, 4096> scratch{};
+    };
+    const std::string body =
+        unavailable("The server has " + std::to_string(server_.max_connections_) +
+                        " connections open, its limit (--max-connections); retry later.",
+                    "too_many_connections")
+            .body();
+    auto r = std::make_shared<Refusal>(
+        std::move(socket), server_,
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        "Retry-After: 1\r\nContent-Length: " +
+            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+    net::async_write(r->socket, net::buffer(r->response), [r](beast::error_code ec, size_t) {
+      if (ec) return;
+      beast::error_code ignored;
+      r->socket.shutdown(tcp::socket::shutdown_send, ignored);
+      // Read what the client sent until it closes (or briefly), so closing does not reset the
+      // connection before the 503 is read.
+      auto timer = std::make_shared<net::steady_timer>(r->socket.get_executor());
+      timer->expires_after(std::chrono::seconds(1));
+      timer->async_wait([r](beast::error_code ec) {
+        if (ec) return;
+        beast::error_code ignored;
+        r->socket.close(ignored);
+      });
+      auto drain = std::make_shared<std::function<void()>>();
+      *drain = [r, timer, drain] {
+        r->socket.async_read_some(net::buffer(r->scratch),
+                                  [r, timer, drain](beast::error_code ec, size_t) {
+                                    if (ec) {
+                                      timer->cancel();
+                                      *drain = nullptr;  // breaks the cycle
+                                      return;
+                                    }
+                                    (*drain)();
+                                  });
+      };
+      (*drain)();
+    });
+  }
+
+  tcp::acceptor& acceptor_;
+  HttpServer& server_;
+  net::steady_timer timer_;
+  std::chrono::steady_clock::time_point last_log_{};
+};
 
 Status HttpServer::start() {
   beast::error_code ec;
@@ -411,19 +535,20 @@ Status HttpServer::start() {
                             std::to_string(config_.port) + ": " + ec.message());
   }
   bound_port_ = acc.local_endpoint().port();
-  do_accept(acc, *this,
-            [this](tcp::socket s) { return std::make_shared<Session>(std::move(s), *this); });
+  max_connections_ = config_.max_connections;
+  if (max_connections_ <= 0) {
+    rlimit rl{};
+    const uint64_t limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+    max_connections_ = max_connections_for_file_limit(limit);
+  }
+  std::make_shared<Acceptor>(acc, *this)->start();
   int n = std::max(1, config_.io_threads);
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { impl_->ioc.run(); });
   return Status::ok();
 }
 
-void HttpServer::stop_accepting() {
+void HttpServer::start_draining() {
   closing_.store(true);
-  net::post(impl_->ioc, [this] {
-    beast::error_code ignored;
-    impl_->acceptor.close(ignored);
-  });
 }
 
 void HttpServer::stop() {
@@ -433,6 +558,8 @@ void HttpServer::stop() {
   impl_->ioc.stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  beast::error_code ignored;
+  impl_->acceptor.close(ignored);  // no I/O thread is left to race with
 }
 
 }  // namespace m3::server::http

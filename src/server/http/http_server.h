@@ -27,7 +27,7 @@ class io_context;
 namespace m3::server::http {
 
 struct Request {
-  std::string method;                          // "GET", "POST", ...
+  std::string method;                          // "GET", "POST", ... (HEAD gets no body back)
   std::string target;                          // path and query as sent
   std::string path;                            // without the query
   std::map<std::string, std::string> headers;  // lower-case names
@@ -66,9 +66,22 @@ struct ServerConfig {
   std::string host = "0.0.0.0";
   uint16_t port = 30000;
   size_t max_body_bytes = 64u << 20;
+  size_t max_header_bytes = 64u << 10;  // request line + headers; beyond it 431
   int io_threads = 4;
-  std::chrono::seconds idle_timeout{300};  // a keep-alive connection with no request
+  // How long a connection may sit without a complete request header: an idle keep-alive
+  // connection, or a client sending its header slowly. Then it is closed.
+  std::chrono::milliseconds keep_alive_timeout{5000};
+  // How long the body of a request may take to arrive once its header has.
+  std::chrono::milliseconds body_timeout{60000};
+  // Open connections served at once; beyond it a new connection gets 503 and is closed.
+  // 0: derived from the open-file limit (max_connections_for_file_limit()).
+  int64_t max_connections = 0;
 };
+
+// The default connection cap for an open-file limit: every connection is a descriptor, and the
+// process keeps some for itself (model files, logs, the event loop) and for answering refused
+// connections.
+int64_t max_connections_for_file_limit(uint64_t open_file_limit);
 
 class HttpServer {
  public:
@@ -81,12 +94,16 @@ class HttpServer {
   Status start();
   uint16_t port() const { return bound_port_; }  // the real port (config port 0 = any free)
 
-  // Draining: stop accepting; responses from now on carry "Connection: close".
-  void stop_accepting();
+  // Draining: keep accepting (so /health can answer 503 on a new connection), but every
+  // response from now on carries "Connection: close".
+  void start_draining();
   // Stops all I/O (open connections are dropped) and joins the threads.
   void stop();
 
   int64_t open_connections() const { return open_connections_.load(); }
+  int64_t max_connections() const { return max_connections_; }
+  // Connections refused because max_connections were open (for /metrics and tests).
+  int64_t refused_connections() const { return refused_connections_.load(); }
   bool closing() const { return closing_.load(); }
   boost::asio::io_context& io_context();
 
@@ -96,11 +113,15 @@ class HttpServer {
   ServerConfig config_;
   HandlerFn handler_;
   uint16_t bound_port_ = 0;
+  int64_t max_connections_ = 0;
   std::atomic<int64_t> open_connections_{0};
+  std::atomic<int64_t> refusing_connections_{0};  // 503s still being written
+  std::atomic<int64_t> refused_connections_{0};
   std::atomic<bool> closing_{false};
   std::vector<std::thread> threads_;
 
   friend class Session;
+  friend class Acceptor;
 };
 
 }  // namespace m3::server::http

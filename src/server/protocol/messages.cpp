@@ -1,5 +1,7 @@
 #include "server/protocol/messages.h"
 
+#include "core/json_depth.h"
+
 namespace m3::server {
 
 using json = nlohmann::ordered_json;
@@ -129,6 +131,11 @@ Parsed<json> convert_messages(const json& messages, std::vector<ImageRef>& image
               args = fn["arguments"];
             } else if (fn["arguments"].is_string()) {
               const std::string& s = fn["arguments"].get_ref<const std::string&>();
+              if (json_too_deep(s)) {
+                return bad_request(p + ".function.arguments nests more than " +
+                                       std::to_string(kMaxJsonDepth) + " levels deep, the limit.",
+                                   p + ".function.arguments", "json_too_deep");
+              }
               args = s.empty() ? json::object() : json::parse(s, nullptr, false);
               if (args.is_discarded() || !args.is_object()) {
                 return bad_request(p + ".function.arguments must be a JSON object encoded as a "

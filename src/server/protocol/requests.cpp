@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/json_depth.h"
+
 #include "server/protocol/messages.h"
 
 namespace m3::server {
@@ -26,21 +28,66 @@ std::optional<ApiError> get_number(const json& body, const char* key, double lo,
   return std::nullopt;
 }
 
+// An integral JSON number as int64, or nullopt when it is not integral or does not fit: a double
+// such as 1e300 or 4294967296.5, an unsigned value past INT64_MAX. Never wraps.
+std::optional<int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // [-2^63, 2^63): exactly the doubles that convert to int64 without overflow.
+    if (!std::isfinite(d) || std::floor(d) != d || d < -9223372036854775808.0 ||
+        d >= 9223372036854775808.0) {
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> get_int(const json& body, const char* key, int64_t lo, int64_t hi,
                                 std::optional<int64_t>& out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
-  bool integral = it->is_number_integer() || it->is_number_unsigned() ||
-                  (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>());
+  const bool integral = it->is_number_integer() ||
+                        (it->is_number_float() && std::isfinite(it->get<double>()) &&
+                         std::floor(it->get<double>()) == it->get<double>());
   if (!integral) return bad_request(std::string("'") + key + "' must be an integer.", key);
-  double d = it->get<double>();
-  if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+  const std::optional<int64_t> v = as_int64(*it);
+  if (!v || *v < lo || *v > hi) {
     return bad_request(std::string("'") + key + "' must be between " + std::to_string(lo) +
                            " and " + std::to_string(hi) + "; got " + it->dump() + ".",
                        key);
   }
-  out = it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
+  out = *v;
   return std::nullopt;
+}
+
+// A token id field: an integer in [0, INT32_MAX]. The vocabulary bound is checked where the
+// vocabulary is known (the handlers, the engine); here nothing may wrap into a valid-looking id.
+std::optional<int32_t> as_token_id(const json& v) {
+  if (!v.is_number_integer()) return std::nullopt;
+  const std::optional<int64_t> id = as_int64(v);
+  if (!id || *id < 0 || *id > INT32_MAX) return std::nullopt;
+  return static_cast<int32_t>(*id);
+}
+
+// A logit_bias key: the decimal form of a token id as OpenAI writes it ("0", "1234"), nothing
+// else: no sign, no spaces, no leading zeros, no exponent.
+std::optional<int32_t> canonical_token_key(const std::string& key) {
+  if (key.empty() || key.size() > 10) return std::nullopt;
+  if (key.size() > 1 && key[0] == '0') return std::nullopt;
+  int64_t id = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = id * 10 + (c - '0');
+  }
+  if (id > INT32_MAX) return std::nullopt;
+  return static_cast<int32_t>(id);
 }
 
 std::optional<ApiError> get_bool(const json& body, const char* key, bool& out) {
@@ -139,10 +186,13 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
     if (!it->is_array())
       return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
     for (const auto& x : *it) {
-      if (!x.is_number_integer()) {
-        return bad_request("'stop_token_ids' must be a list of integers.", "stop_token_ids");
+      const std::optional<int32_t> id = as_token_id(x);
+      if (!id) {
+        return bad_request("'stop_token_ids' must be a list of token ids (integers from 0 to " +
+                               std::to_string(INT32_MAX) + "); got " + x.dump() + ".",
+                           "stop_token_ids");
       }
-      s.stop_token_ids.push_back(x.get<int32_t>());
+      s.stop_token_ids.push_back(*id);
     }
   }
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
@@ -156,15 +206,10 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
       return bad_request("'logit_bias' may bias at most 300 tokens.", "logit_bias");
     }
     for (const auto& [key, value] : it->items()) {
-      size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(key, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX) {
-        return bad_request("'logit_bias' keys must be token ids; got '" + key + "'.",
+      const std::optional<int32_t> id = canonical_token_key(key);
+      if (!id) {
+        return bad_request("'logit_bias' keys must be token ids written as plain decimal "
+                               "integers (\"1234\"); got '" + key + "'.",
                            "logit_bias");
       }
       if (!value.is_number() || !std::isfinite(value.get<double>()) ||
@@ -173,7 +218,7 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
                                value.dump() + " for token " + key + ".",
                            "logit_bias");
       }
-      s.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+      s.logit_bias.emplace_back(*id, value.get<float>());
     }
   }
   if (chat) {
@@ -211,7 +256,7 @@ std::optional<ApiError> parse_tools(const json& body, ChatRequest& r) {
     for (size_t i = 0; i < it->size(); ++i) {
       const json& t = (*it)[i];
       std::string p = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object() || t.value("type", "") != "function") {
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function") {
         return bad_request(p + ".type must be 'function'.", p + ".type");
       }
       if (!t.contains("function") || !t["function"].is_object()) {
@@ -344,13 +389,20 @@ std::optional<ApiError> parse_thinking(const json& body, ChatRequest& r) {
 
 Parsed<json> parse_json_body(const std::string& body) {
   if (body.empty()) return bad_request("The request body is empty; expected a JSON object.");
+  // Refused before anything is built: every later walker of the document recurses per level.
+  if (json_too_deep(body)) {
+    return bad_request("The request body nests arrays and objects more than " +
+                           std::to_string(kMaxJsonDepth) + " levels deep, the limit.",
+                       "", "json_too_deep");
+  }
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
-    // Find where it broke, for a useful message.
+    // Find where it broke, for a useful message. Any of the library's exceptions here is the
+    // body's fault (a syntax error, or a number that overflows a double: 1e999).
     try {
       json reparsed = json::parse(body);
       (void)reparsed;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       return bad_request(std::string("Malformed JSON in the request body: ") + e.what(), "",
                          "invalid_json");
     }
@@ -391,23 +443,39 @@ Parsed<CompletionRequest> parse_completion_request(const json& body) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) return bad_request("'prompt' is required.", "prompt");
   const json& p = *it;
-  auto all_ints = [](const json& a) {
-    for (const auto& x : a)
-      if (!x.is_number_integer()) return false;
-    return true;
+  // Token ids: each an integer in [0, INT32_MAX] (the handler checks the vocabulary).
+  auto token_ids = [&](const json& a) -> Parsed<std::vector<int32_t>> {
+    std::vector<int32_t> ids;
+    ids.reserve(a.size());
+    for (const auto& x : a) {
+      const std::optional<int32_t> id = as_token_id(x);
+      if (!id) {
+        return bad_request("'prompt' token ids must be integers from 0 to " +
+                               std::to_string(INT32_MAX) + "; got " + x.dump() + ".",
+                           "prompt");
+      }
+      ids.push_back(*id);
+    }
+    return ids;
   };
+  const json* ids = nullptr;
   if (p.is_string()) {
     r.prompt_text = p.get<std::string>();
   } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
     r.prompt_text = p[0].get<std::string>();
-  } else if (p.is_array() && !p.empty() && all_ints(p)) {
-    r.prompt_tokens = p.get<std::vector<int32_t>>();
-  } else if (p.is_array() && p.size() == 1 && p[0].is_array() && !p[0].empty() && all_ints(p[0])) {
-    r.prompt_tokens = p[0].get<std::vector<int32_t>>();
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    ids = &p;
+  } else if (p.is_array() && p.size() == 1 && p[0].is_array() && !p[0].empty()) {
+    ids = &p[0];
   } else if (p.is_array() && p.size() > 1) {
     return bad_request("Batched prompts are not supported; send one prompt per request.", "prompt");
   } else {
     return bad_request("'prompt' must be a string or a list of token ids.", "prompt");
+  }
+  if (ids) {
+    auto parsed = token_ids(*ids);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+    r.prompt_tokens = std::move(std::get<std::vector<int32_t>>(parsed));
   }
   if (r.prompt_text && r.prompt_text->empty()) {
     return bad_request("'prompt' must not be empty.", "prompt");
