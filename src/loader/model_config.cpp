@@ -15,6 +15,8 @@
 // `sparse_init_block` (ignored by transformers) fills index_init_blocks.
 #include "loader/model_config.h"
 
+#include "core/json_depth.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -375,6 +377,10 @@ Status parse_into(const json& root, const std::string& source, MiniMaxM3Config* 
 
 Result<MiniMaxM3Config> parse_minimax_m3_config(const std::string& json_text,
                                                 const std::string& source) {
+  if (json_too_deep(json_text)) {
+    return invalid_argument(source + ": nests more than " + std::to_string(kMaxJsonDepth) +
+                            " levels deep");
+  }
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return invalid_argument(source + ": not valid JSON");
   MiniMaxM3Config c;

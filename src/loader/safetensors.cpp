@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_depth.h"
+
 namespace m3 {
 
 static_assert(std::endian::native == std::endian::little,
@@ -139,6 +141,10 @@ Status SafetensorsFile::parse_header(const uint8_t* bytes, size_t size) {
                      " exceeds the 100 MiB limit");
   }
   const char* hbegin = reinterpret_cast<const char*>(bytes + 8);
+  if (json_too_deep(std::string_view(hbegin, header_len))) {
+    return data_loss(in_file(p) + "header nests more than " + std::to_string(kMaxJsonDepth) +
+                     " levels deep");
+  }
   json header = json::parse(hbegin, hbegin + header_len, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return data_loss(in_file(p) + "header is not valid JSON");
   if (!header.is_object()) return data_loss(in_file(p) + "header is not a JSON object");
@@ -267,7 +273,12 @@ Result<TensorStore> TensorStore::open_dir(const std::string& model_dir) {
     std::stringstream ss;
     ss << in.rdbuf();
     if (!in.good() && !in.eof()) return invalid_argument(ip + ": cannot read");
-    json index = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    const std::string text = ss.str();
+    if (json_too_deep(text)) {
+      return data_loss(in_file(ip) + "nests more than " + std::to_string(kMaxJsonDepth) +
+                       " levels deep");
+    }
+    json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
       return data_loss(in_file(ip) + "not a valid JSON object");
     }

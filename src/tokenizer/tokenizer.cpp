@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_depth.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
@@ -106,6 +107,10 @@ Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
 Result<Tokenizer> Tokenizer::from_strings(std::string_view tokenizer_json,
                                           std::string_view config_json,
                                           const std::string& source) {
+  if (json_too_deep(tokenizer_json) || json_too_deep(config_json)) {
+    return invalid_argument(source + ": JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                            " levels deep");
+  }
   json j = json::parse(tokenizer_json.begin(), tokenizer_json.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return invalid_argument(source + ": not a JSON object");

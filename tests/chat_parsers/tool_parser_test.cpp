@@ -263,3 +263,25 @@ TEST(ConvertScalar, Rules) {
 
 }  // namespace
 }  // namespace m3::chat
+
+namespace m3::chat {
+namespace {
+
+// Generated text is untrusted too: an argument value nested past the JSON limit is not walked as
+// JSON (which would recurse once per level), it stays the string the model wrote.
+TEST(ToolParserHostile, DeeplyNestedArgumentValueStaysAString) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  Message m = parse(block(invoke("get_weather", param("free", deep) + param("tags", deep))));
+  ASSERT_EQ(m.calls.size(), 1u);
+  json args = json::parse(m.calls[0].arguments);
+  EXPECT_EQ(args["free"], deep);
+  EXPECT_EQ(args["tags"], deep);
+  // Within the limit, the same value is JSON.
+  const std::string ok = std::string(100, '[') + std::string(100, ']');
+  m = parse(block(invoke("get_weather", param("free", ok))));
+  ASSERT_EQ(m.calls.size(), 1u);
+  EXPECT_TRUE(json::parse(m.calls[0].arguments)["free"].is_array());
+}
+
+}  // namespace
+}  // namespace m3::chat

@@ -122,6 +122,8 @@ TEST(Safetensors, CorruptHeadersFailWithTensorName) {
       {R"({"x":{"dtype":"F32","data_offsets":[0,8]}})", 8, "tensor 'x': missing array 'shape'"},
       {R"({"x":[1]})", 8, "tensor 'x': header entry is not a JSON object"},
       {R"({"__metadata__":[1]})", 0, "__metadata__ is not a JSON object"},
+      {R"({"__metadata__":{"x":)" + std::string(200000, '[') + std::string(200000, ']') + "}}", 0,
+       "header nests more than 128 levels deep"},
       {R"({"x":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8, "tensor 'x': shape"},
       {R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
        R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
