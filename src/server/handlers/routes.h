@@ -18,7 +18,8 @@ namespace m3::server {
 void handle_request(ServerContext& ctx, http::Request&& request,
                     std::shared_ptr<http::Responder> responder);
 
-// Constant-time comparison of the Authorization header with "Bearer <key>".
+// Whether an Authorization header carries the key: the scheme "Bearer" in any case, one or more
+// spaces, then the key, compared in constant time.
 bool authorized(const std::string& api_key, const std::string& authorization_header);
 
 }  // namespace m3::server
