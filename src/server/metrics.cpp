@@ -90,6 +90,9 @@ std::string Metrics::render(const BackendStats& s, bool ready, bool draining) co
   gauge("http_requests_in_flight", "Generation requests being served over HTTP.",
         double(requests_in_flight.load()));
   gauge("http_connections_open", "Open HTTP connections.", double(http_connections_open.load()));
+  counter("http_connections_refused_total",
+          "Connections refused because --max-connections were open.",
+          double(http_connections_refused_total.load()));
   gauge("server_ready", "1 when the model is loaded and the server is not draining.",
         ready && !draining ? 1 : 0);
   counter("prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",

@@ -47,6 +47,7 @@ class Metrics {
   std::atomic<uint64_t> reasoning_tokens_total{0};
   std::atomic<uint64_t> http_requests_total{0};
   std::atomic<int64_t> http_connections_open{0};
+  std::atomic<int64_t> http_connections_refused_total{0};  // past --max-connections
   std::atomic<int64_t> requests_in_flight{0};  // generation requests being served
 
   // finished_reason: stop, length, abort, error, tool_calls.

@@ -57,6 +57,7 @@ Server::Server(ServerOptions options, InferenceBackend* backend, const TextCodec
         handle_request(ctx, std::move(req), std::move(res));
       });
   ctx.open_connections = [http = impl_->http.get()] { return http->open_connections(); };
+  ctx.refused_connections = [http = impl_->http.get()] { return http->refused_connections(); };
 }
 
 Server::~Server() {

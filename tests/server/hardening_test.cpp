@@ -294,6 +294,11 @@ TEST_F(HardeningTest, ConnectionsPastTheCapGet503AndClose) {
   EXPECT_EQ(error_code(r), "too_many_connections");
   EXPECT_NE(r.headers.find("Retry-After"), std::string::npos);
   EXPECT_TRUE(extra.closed_by_peer());
+  held[0]->send("GET", "/metrics");
+  Response m = held[0]->read();
+  EXPECT_NE(m.body.find("m3serve:http_connections_refused_total{model_name=\"m3-tiny\"} 1"),
+            std::string::npos)
+      << m.body;
   held.pop_back();  // a slot frees when a connection closes
   for (int i = 0; i < 100; ++i) {
     Client again(port());

@@ -30,7 +30,8 @@ struct ServerContext {
   // Backend ids of live jobs, so shutdown can cancel them.
   std::mutex live_mu;
   std::set<uint64_t> live_ids;
-  std::function<int64_t()> open_connections;  // from the HTTP layer, for /metrics
+  std::function<int64_t()> open_connections;     // from the HTTP layer, for /metrics
+  std::function<int64_t()> refused_connections;  // likewise
 
   const std::string& model_name() const { return options.served_model_names.front(); }
   int32_t context_length() const {

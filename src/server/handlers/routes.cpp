@@ -491,6 +491,9 @@ void handle_request(ServerContext& ctx, http::Request&& request,
   }
   if (path == "/metrics") {
     if (ctx.open_connections) ctx.metrics->http_connections_open.store(ctx.open_connections());
+    if (ctx.refused_connections) {
+      ctx.metrics->http_connections_refused_total.store(ctx.refused_connections());
+    }
     return responder->send(
         200, "text/plain; version=0.0.4; charset=utf-8",
         ctx.metrics->render(ctx.backend->stats(), ctx.backend->ready(), ctx.draining.load()));
