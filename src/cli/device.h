@@ -10,7 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
-#include "engine/model_runner.h"
+#include "model/model.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/minimax_m3/model_dir.h"

@@ -382,8 +382,10 @@ bool Engine::run_step() {
   LogitsOut out;
   Status st;
   try {
-    st = sampling.empty() ? runner_->forward(plan, out)
-                          : runner_->forward_sampling(plan, sampling, out);
+    const ModelStep step = model_step(plan, sampling);
+    ModelOutput model_out;
+    st = runner_->forward(step, model_out);
+    if (st.is_ok()) st = gather_step_logits(plan, model_out, vocab_size_, out);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }

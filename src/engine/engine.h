@@ -28,10 +28,11 @@
 
 #include "core/thread_pool.h"
 #include "engine/detokenizer.h"
-#include "engine/model_runner.h"
+#include "engine/model_step.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
 #include "engine/stop_strings.h"
+#include "model/model.h"
 #include "sample/logits_processor.h"
 #include "sample/sampling_params.h"
 #include "sched/scheduler.h"

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.h"
-#include "engine/cpu_model_runner.h"
+#include "model/minimax_m3/cpu_model_runner.h"
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"

@@ -6,13 +6,15 @@
 // which lets tests check that the engine does not mix rows up.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <thread>
 #include <string>
 #include <vector>
 
-#include "engine/model_runner.h"
+#include "model/model.h"
 #include "sample/rng.h"
 #include "sample/sampler.h"
 
@@ -38,68 +40,64 @@ class FakeModel : public ModelRunner {
     }
   }
 
-  Status forward(const StepPlan& plan, LogitsOut& out) override {
+  int32_t hidden_size() const override { return 8; }
+
+  Status forward(const ModelStep& step, ModelOutput& out) override {
     ++num_calls;
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     if (fail_on_call == num_calls) return internal_error("[fake_model] injected failure");
-    out.vocab_size = vocab_;
-    out.data.clear();
-    max_batch_seqs = std::max<int32_t>(max_batch_seqs, static_cast<int32_t>(plan.seqs.size()));
-    for (const SeqSlice& s : plan.seqs) {
-      for (int32_t i = 0; i < s.num_tokens(); ++i) {
-        const int32_t pos = s.start_pos + i;
+    out.logits.assign(step.slices.size(), {});
+    out.tokens.clear();
+    max_batch_seqs = std::max<int32_t>(max_batch_seqs, static_cast<int32_t>(step.slices.size()));
+    for (size_t si = 0; si < step.slices.size(); ++si) {
+      const ModelSlice& s = step.slices[si];
+      const int32_t n = static_cast<int32_t>(s.tokens.size());
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t pos = static_cast<int32_t>(s.start_pos) + i;
         Slot& slot = slot_at(s.block_table, pos);
-        slot = Slot{s.token_ids[i], pos};
+        slot = Slot{s.tokens[i], pos};
       }
-      tokens_computed += s.num_tokens();
-      if (!s.need_logits) continue;
-      std::vector<int32_t> context(s.end_pos());
-      for (int32_t pos = 0; pos < s.end_pos(); ++pos) {
-        const Slot& slot = slot_at(s.block_table, pos);
-        if (slot.pos != pos) ++corrupt_reads;
-        context[pos] = slot.token;
+      tokens_computed += n;
+      for (int32_t r : s.logits_rows) {
+        const int32_t end = static_cast<int32_t>(s.start_pos) + r + 1;
+        std::vector<int32_t> context(end);
+        for (int32_t pos = 0; pos < end; ++pos) {
+          const Slot& slot = slot_at(s.block_table, pos);
+          if (slot.pos != pos) ++corrupt_reads;
+          context[pos] = slot.token;
+        }
+        std::vector<float>& dst = out.logits[si];
+        const size_t row = dst.size();
+        dst.resize(row + vocab_);
+        logits_for(context, vocab_, dst.data() + row);
       }
-      const size_t row = out.data.size();
-      out.data.resize(row + vocab_);
-      logits_for(context, vocab_, out.data.data() + row);
+      // Device sampling, as a GPU runner does it: the rows the engine offers are sampled here
+      // with the CPU sampler on the same logits (so outputs must equal host sampling).
+      if (!device_sampling || s.logits_rows.size() != 1) continue;
+      if (out.tokens.empty()) out.tokens.assign(step.slices.size(), -1);
+      if (!s.sample) {
+        ++host_rows;
+        continue;
+      }
+      const DeviceSampling& d = *s.sample;
+      SamplingParams p;
+      p.temperature = d.temperature;
+      p.top_k = d.top_k;
+      p.top_p = d.top_p;
+      p.min_p = d.min_p;
+      SampleInput in;
+      in.logits = out.logits[si];
+      in.params = &p;
+      in.rng = d.rng;
+      SamplerScratch scratch;
+      out.tokens[si] = bad_device_token ? vocab_ : sample_token(in, &scratch).token;
+      out.logits[si].clear();
+      ++device_rows;
     }
     return Status::ok();
   }
 
-  // Device sampling, as a GPU runner does it: the rows the engine offers are sampled here with
-  // the CPU sampler on the same logits (so outputs must equal host sampling) and leave out.data.
   bool samples_on_device() const override { return device_sampling; }
-  Status forward_sampling(const StepPlan& plan,
-                          std::span<const std::optional<DeviceSampling>> sampling,
-                          LogitsOut& out) override {
-    M3_RETURN_IF_ERROR(forward(plan, out));
-    if (!device_sampling) return Status::ok();
-    const int32_t rows = out.num_rows();
-    std::vector<float> kept;
-    out.tokens.assign(static_cast<size_t>(rows), -1);
-    for (int32_t r = 0; r < rows; ++r) {
-      if (static_cast<size_t>(r) < sampling.size() && sampling[r].has_value()) {
-        const DeviceSampling& d = *sampling[r];
-        SamplingParams p;
-        p.temperature = d.temperature;
-        p.top_k = d.top_k;
-        p.top_p = d.top_p;
-        p.min_p = d.min_p;
-        SampleInput in;
-        in.logits = out.row(r);
-        in.params = &p;
-        in.rng = d.rng;
-        SamplerScratch scratch;
-        out.tokens[r] = bad_device_token ? vocab_ : sample_token(in, &scratch).token;
-        ++device_rows;
-      } else {
-        kept.insert(kept.end(), out.row(r).begin(), out.row(r).end());
-        ++host_rows;
-      }
-    }
-    out.data = std::move(kept);
-    return Status::ok();
-  }
 
   bool device_sampling = false;   // samples_on_device()
   bool bad_device_token = false;  // return an out-of-vocabulary token for sampled rows
@@ -117,12 +115,12 @@ class FakeModel : public ModelRunner {
     int32_t token = -1;
     int32_t pos = -1;
   };
-  Slot& slot_at(const BlockTable& bt, int32_t pos) {
+  Slot& slot_at(std::span<const int32_t> bt, int32_t pos) {
     const size_t page_idx = static_cast<size_t>(pos / page_size_);
     M3_CHECK(page_idx < bt.size(), "[fake_model] position " + std::to_string(pos) +
                                        " beyond the block table (" + std::to_string(bt.size()) +
                                        " pages)");
-    const PageId page = bt[page_idx];
+    const int32_t page = bt[page_idx];
     M3_CHECK(page >= 0 && page < num_pages_, "[fake_model] bad page id");
     return kv_[static_cast<size_t>(page) * page_size_ + pos % page_size_];
   }

@@ -45,7 +45,7 @@ Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const Wei
 }
 
 Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
-                      ForwardOutput* out) {
+                      ForwardOutput* out, std::span<const int32_t> capture_layers) {
   const MiniMaxM3Config& c = cfg_;
   Backend* be = backend_;
   const int64_t hd = c.hidden_size, d = c.head_dim, nh = c.num_attention_heads,
@@ -84,11 +84,28 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
     for (int32_t r : in.logits_rows)
       if (r < 0 || r >= static_cast<int32_t>(in.tokens.size()))
         return invalid_argument(who + "logits row " + std::to_string(r) + " out of range");
+    for (const InputEmbedding& e : in.embeddings) {
+      if (e.token_index < 0 || e.token_index >= static_cast<int32_t>(in.tokens.size()))
+        return invalid_argument(who + "input embedding for token " +
+                                std::to_string(e.token_index) + " out of range");
+      if (static_cast<int64_t>(e.values.size()) != hd)
+        return invalid_argument(who + "input embedding of " + std::to_string(e.values.size()) +
+                                " values; the hidden size is " + std::to_string(hd));
+    }
     offsets.push_back(static_cast<int64_t>(ids.size()));
     tables.push_back(upload(be, std::vector<int32_t>(in.block_table.begin(), in.block_table.end())));
   }
   const int64_t t_all = static_cast<int64_t>(ids.size());
   if (t_all == 0) return invalid_argument("[model.minimax_m3.forward] empty batch");
+  std::vector<bool> capture(static_cast<size_t>(c.num_hidden_layers), false);
+  for (int32_t layer : capture_layers) {
+    if (layer < 0 || layer >= c.num_hidden_layers)
+      return invalid_argument("[model.minimax_m3.forward] capture layer " +
+                              std::to_string(layer) + " outside [0, " +
+                              std::to_string(c.num_hidden_layers) + ")");
+    capture[static_cast<size_t>(layer)] = true;
+  }
+  out->hidden.assign(capture_layers.empty() ? 0 : batch.size(), {});
 
   // ---- Device scratch.
   auto ids_d = upload(be, ids), pos_d = upload(be, positions);
@@ -121,6 +138,26 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
   };
 
   be->embedding({w_.embed.data(), ids_d.data(), x.data(), t_all, vocab, hd});
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (const InputEmbedding& e : batch[s].embeddings) {
+      be->copy_to_device(x.data() + (offsets[s] + e.token_index) * hd, e.values.data(),
+                         hd * static_cast<int64_t>(sizeof(float)));
+    }
+  }
+  // Each captured layer's rows in capture_layers order: hidden[s] is [layers, tokens, hd].
+  auto capture_after = [&](int64_t li) {
+    for (size_t k = 0; k < capture_layers.size(); ++k) {
+      if (capture_layers[k] != li) continue;
+      be->synchronize();
+      for (size_t s = 0; s < batch.size(); ++s) {
+        const int64_t n = offsets[s + 1] - offsets[s];
+        std::vector<float>& dst = out->hidden[s];
+        dst.resize(capture_layers.size() * static_cast<size_t>(n * hd));
+        be->copy_to_host(dst.data() + k * static_cast<size_t>(n * hd), x.data() + offsets[s] * hd,
+                         n * hd * static_cast<int64_t>(sizeof(float)));
+      }
+    }
+  };
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const LayerWeights& lw = w_.layers[li];
     KvLayerView kv = cache->layer(li);
@@ -182,6 +219,7 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
       }
     }
     be->add({x.data(), y.data(), x.data(), t_all * hd});
+    if (capture[static_cast<size_t>(li)]) capture_after(li);
   }
 
   // ---- Final norm and LM head, only on the rows that need logits.

@@ -16,31 +16,13 @@
 #include "loader/weight_source.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/weights.h"
-#include "sample/device_sampling.h"
+#include "model/model.h"
 
 namespace m3::minimax_m3 {
 
-// New tokens of one sequence for one forward step (a prefill chunk, a decode token, or several
-// draft tokens). The cache must already hold positions [0, start_pos) of this sequence; the step
-// writes positions [start_pos, start_pos + tokens.size()). Positions are token indices in the
-// sequence (HF's position_ids), which also anchor the sparse blocks.
-struct SequenceInput {
-  std::span<const int32_t> tokens;       // [T_i] token ids
-  int64_t start_pos = 0;                 // position of tokens[0]
-  std::span<const int32_t> block_table;  // page ids; must cover start_pos + T_i positions
-  std::vector<int32_t> logits_rows;      // which of tokens (0-based) need logits, any order
-  // Set (with exactly one logits row): the model may sample that row itself and return the token
-  // instead of the logits (ForwardOutput::tokens); models that cannot ignore it.
-  std::optional<DeviceSampling> sample;
-};
-
-// Logits for each sequence: logits[i] is [logits_rows.size(), vocab], rows in the order asked;
-// except where tokens[i] >= 0 (tokens is empty or one per sequence): the model sampled sequence
-// i's row (SequenceInput::sample) and logits[i] is empty.
-struct ForwardOutput {
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> tokens;
-};
+// A step's batch and output are the engine's model-neutral ones (model/model.h).
+using SequenceInput = ModelSlice;
+using ForwardOutput = ModelOutput;
 
 class Model {
  public:
@@ -53,9 +35,13 @@ class Model {
 
   // Runs one step over several sequences at once. Linear layers run on all tokens together;
   // attention runs per sequence. On the CPU backend a sequence's logits are bitwise independent
-  // of the other sequences in the batch. Errors (bad token id, block table too short, empty
-  // input) leave the cache contents of untouched positions intact.
-  Status forward(std::span<const SequenceInput> batch, PagedKvCache* cache, ForwardOutput* out);
+  // of the other sequences in the batch. Supplied input embeddings replace the token embedding
+  // of their tokens; `capture_layers` returns the residual stream after those decoder layers
+  // (out->hidden). Errors (bad token id, block table too short, empty input, a bad embedding or
+  // layer index) leave the cache contents of untouched positions intact. The model never
+  // samples: SequenceInput::sample is ignored and out->tokens stays empty.
+  Status forward(std::span<const SequenceInput> batch, PagedKvCache* cache, ForwardOutput* out,
+                 std::span<const int32_t> capture_layers = {});
 
  private:
   Model(const MiniMaxM3Config& cfg, Backend* backend) : cfg_(cfg), backend_(backend) {}

@@ -3,7 +3,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/step_batch.h"
 #include "kv/kv_budget.h"
 #include "model/minimax_m3_cuda/fit_check.h"
 
@@ -33,17 +32,24 @@ int32_t CudaM3ModelRunner::page_size() const {
   return static_cast<int32_t>(model_->page_size());
 }
 
-Status CudaM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
-  return forward_sampling(plan, {}, out);
+int32_t CudaM3ModelRunner::hidden_size() const {
+  return static_cast<int32_t>(model_->config().hidden_size);
 }
 
-Status CudaM3ModelRunner::forward_sampling(const StepPlan& plan,
-                                           std::span<const std::optional<DeviceSampling>> sampling,
-                                           LogitsOut& out) {
-  const std::vector<minimax_m3::SequenceInput> batch = step_batch(plan, sampling);
-  minimax_m3::ForwardOutput fo;
-  M3_RETURN_IF_ERROR(model_->forward(batch, &fo));
-  return gather_step_logits(plan, fo, vocab_size(), "model.minimax_m3_cuda.runner", out);
+Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
+  if (!step.capture_layers.empty()) {
+    return Status(StatusCode::kUnimplemented,
+                  "[model.minimax_m3_cuda.runner] hidden-state capture is not available on the "
+                  "CUDA path");
+  }
+  for (const ModelSlice& s : step.slices) {
+    if (!s.embeddings.empty()) {
+      return Status(StatusCode::kUnimplemented,
+                    "[model.minimax_m3_cuda.runner] input embeddings are not available on the "
+                    "CUDA path");
+    }
+  }
+  return model_->forward(step.slices, &out);
 }
 
 }  // namespace m3

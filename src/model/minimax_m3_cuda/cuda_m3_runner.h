@@ -1,13 +1,13 @@
-// ModelRunner over CudaM3Model (the real-shape CUDA path): a StepPlan becomes CudaM3Model's batch
-// (one SequenceInput per slice, logits for the last token of the slices that need them), exactly
-// as MiniMaxM3ModelRunner does for the float32 Model. The scheduler's page ids index the model's
-// bf16 KV cache directly.
+// The engine's ModelRunner (model/model.h) over CudaM3Model (the real-shape CUDA path): the step's
+// slices are CudaM3Model's batch, as for the float32 model's runner. The scheduler's page ids
+// index the model's bf16 KV cache directly. Input embeddings and hidden-state capture are not
+// available on this path yet (a step asking for them fails with kUnimplemented).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
-#include "engine/model_runner.h"
+#include "model/model.h"
 #include "model/minimax_m3_cuda/cuda_m3_model.h"
 
 namespace m3 {
@@ -25,15 +25,13 @@ class CudaM3ModelRunner final : public ModelRunner {
                                                            minimax_m3::CudaM3Options options);
 
   int32_t vocab_size() const override;
+  int32_t hidden_size() const override;
   int32_t num_kv_pages() const override;
   int32_t page_size() const override;
-  Status forward(const StepPlan& plan, LogitsOut& out) override;
   // Decode rows the engine offers are sampled on the GPU after the head (only their token ids
   // are copied back); other rows, and the rows of a prefill step, return their logits.
   bool samples_on_device() const override { return true; }
-  Status forward_sampling(const StepPlan& plan,
-                          std::span<const std::optional<DeviceSampling>> sampling,
-                          LogitsOut& out) override;
+  Status forward(const ModelStep& step, ModelOutput& out) override;
 
   minimax_m3::CudaM3Model& model() { return *model_; }
 

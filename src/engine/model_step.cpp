@@ -1,12 +1,14 @@
-#include "engine/step_batch.h"
+#include "engine/model_step.h"
 
 #include <string>
 
 namespace m3 {
 
-std::vector<minimax_m3::SequenceInput> step_batch(
-    const StepPlan& plan, std::span<const std::optional<DeviceSampling>> sampling) {
-  std::vector<minimax_m3::SequenceInput> batch(plan.seqs.size());
+ModelStep model_step(const StepPlan& plan,
+                     std::span<const std::optional<DeviceSampling>> sampling) {
+  ModelStep step;
+  std::vector<ModelSlice>& batch = step.slices;
+  batch.resize(plan.seqs.size());
   size_t row = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqSlice& s = plan.seqs[i];
@@ -18,11 +20,12 @@ std::vector<minimax_m3::SequenceInput> step_batch(
     if (row < sampling.size()) batch[i].sample = sampling[row];
     ++row;
   }
-  return batch;
+  return step;
 }
 
-Status gather_step_logits(const StepPlan& plan, const minimax_m3::ForwardOutput& fo, int32_t vocab,
-                          const char* who, LogitsOut& out) {
+Status gather_step_logits(const StepPlan& plan, const ModelOutput& fo, int32_t vocab,
+                          LogitsOut& out) {
+  const char* who = "engine";
   out.vocab_size = vocab;
   out.data.clear();
   out.tokens.clear();

@@ -1,7 +1,7 @@
-// ModelRunner over the MiniMax-M3 model (src/model/minimax_m3) and its paged KV cache: turns a
-// StepPlan into Model::forward's batch (one SequenceInput per slice, logits for the last token of
-// the slices that need them). The page ids the scheduler hands out index the model's
-// PagedKvCache directly, so the cache must have at least as many pages as the engine's pool.
+// The engine's ModelRunner (model/model.h) over the float32 MiniMax-M3 model on any Backend
+// (model.h in this folder) and its paged KV cache. The page ids the scheduler hands out index
+// the PagedKvCache directly, so the cache must have at least as many pages as the engine's pool.
+// Honours input embeddings and hidden-state capture; samples nothing itself.
 // On the CPU backend a sequence's logits do not depend on the rest of the batch (the model's
 // contract), which the engine tests check end to end.
 #pragma once
@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "engine/model_runner.h"
+#include "model/model.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
 
@@ -31,9 +31,11 @@ class MiniMaxM3ModelRunner final : public ModelRunner {
   static int64_t bytes_per_page(Backend* backend, const MiniMaxM3Config& cfg);
 
   int32_t vocab_size() const override;
+  int32_t hidden_size() const override;
   int32_t num_kv_pages() const override;
   int32_t page_size() const override;
-  Status forward(const StepPlan& plan, LogitsOut& out) override;
+  ModelFeatures features() const override { return {true, true}; }
+  Status forward(const ModelStep& step, ModelOutput& out) override;
 
   minimax_m3::Model& model() { return *model_; }
 

@@ -2,13 +2,13 @@
 // block selection, so sparse attention is live): greedy output equals the model's own
 // single-sequence generate(), and on the CPU backend a request's tokens AND logprobs are bitwise
 // the same alone, batched with others, after a prefix-cache hit, and after preemption.
-#include "engine/cpu_model_runner.h"
+#include "model/minimax_m3/cpu_model_runner.h"
 
 #include <gtest/gtest.h>
 
-#include "../model/tiny_model.h"
+#include "model/tiny_model.h"
 #include "backend/cpu/cpu_backend.h"
-#include "engine_test_util.h"
+#include "engine/engine_test_util.h"
 #include "model/minimax_m3/runner.h"
 
 namespace m3 {

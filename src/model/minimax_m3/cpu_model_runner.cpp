@@ -1,9 +1,8 @@
-#include "engine/cpu_model_runner.h"
+#include "model/minimax_m3/cpu_model_runner.h"
 
 #include <string>
 #include <vector>
 
-#include "engine/step_batch.h"
 #include "kv/kv_budget.h"
 
 namespace m3 {
@@ -17,7 +16,7 @@ int64_t MiniMaxM3ModelRunner::bytes_per_page(Backend* backend, const MiniMaxM3Co
 Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create(
     std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
     int64_t kv_cache_bytes) {
-  if (!backend || !model) return invalid_argument("[engine.cpu_model_runner] null backend/model");
+  if (!backend || !model) return invalid_argument("[model.minimax_m3.cpu_model_runner] null backend/model");
   const int64_t page_bytes = bytes_per_page(backend.get(), model->config());
   M3_ASSIGN_OR_RETURN(int32_t pages, kv_pages_for_budget(kv_cache_bytes, page_bytes));
   return create_with_pages(std::move(backend), std::move(model), pages);
@@ -26,12 +25,12 @@ Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create(
 Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create_with_pages(
     std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
     int32_t num_pages) {
-  if (!backend || !model) return invalid_argument("[engine.cpu_model_runner] null backend/model");
+  if (!backend || !model) return invalid_argument("[model.minimax_m3.cpu_model_runner] null backend/model");
   if (model->backend() != backend.get()) {
-    return invalid_argument("[engine.cpu_model_runner] the model was loaded on another backend");
+    return invalid_argument("[model.minimax_m3.cpu_model_runner] the model was loaded on another backend");
   }
   if (num_pages <= 0) {
-    return invalid_argument("[engine.cpu_model_runner] KV cache of " + std::to_string(num_pages) +
+    return invalid_argument("[model.minimax_m3.cpu_model_runner] KV cache of " + std::to_string(num_pages) +
                             " pages");
   }
   std::unique_ptr<MiniMaxM3ModelRunner> r(new MiniMaxM3ModelRunner());
@@ -44,6 +43,9 @@ Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create_with_
 int32_t MiniMaxM3ModelRunner::vocab_size() const {
   return static_cast<int32_t>(model_->config().vocab_size);
 }
+int32_t MiniMaxM3ModelRunner::hidden_size() const {
+  return static_cast<int32_t>(model_->config().hidden_size);
+}
 int32_t MiniMaxM3ModelRunner::num_kv_pages() const {
   return static_cast<int32_t>(cache_->num_pages());
 }
@@ -51,11 +53,8 @@ int32_t MiniMaxM3ModelRunner::page_size() const {
   return static_cast<int32_t>(cache_->page_size());
 }
 
-Status MiniMaxM3ModelRunner::forward(const StepPlan& plan, LogitsOut& out) {
-  const std::vector<minimax_m3::SequenceInput> batch = step_batch(plan);
-  minimax_m3::ForwardOutput fo;
-  M3_RETURN_IF_ERROR(model_->forward(batch, cache_.get(), &fo));
-  return gather_step_logits(plan, fo, vocab_size(), "engine.cpu_model_runner", out);
+Status MiniMaxM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
+  return model_->forward(step.slices, cache_.get(), &out, step.capture_layers);
 }
 
 }  // namespace m3
