@@ -1,5 +1,6 @@
 // m3serve generate: greedy (temperature 0) or sampled generation from prompt token ids; prints
-// {"output_ids": [...]} as JSON.
+// {"output_ids": [...]} as JSON. It runs the engine `serve` runs (one sampler, one RNG): the same
+// prompt ids, temperature and seed give the same tokens as a /v1/completions request.
 //   m3serve generate --model-path DIR --prompt-ids 1,2,3 [--max-tokens 32] [--temperature 0]
 //                    [--seed S] [--ignore-eos] [--output-format json] [--device cpu]
 //                    [--threads N] [--prefill-chunk N] [--load-format dummy [--num-layers N]]
@@ -13,8 +14,7 @@
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/model_command.h"
-#include "model/minimax_m3/model_dir.h"
-#include "model/minimax_m3/runner.h"
+#include "cli/engine_run.h"
 
 namespace m3::cli {
 namespace {
@@ -24,8 +24,10 @@ constexpr const char* kGenerateUsage =
     "Generates tokens after the prompt and prints {\"output_ids\": [...]}.\n\n"
     "options:\n" M3_CLI_MODEL_INPUT_OPTIONS
     "  --max-tokens N         tokens to generate (default 32)\n"
-    "  --temperature T        0 = greedy (default); > 0 samples from softmax(logits / T)\n"
-    "  --seed S               sampling seed (default 0)\n"
+    "  --temperature T        0 = greedy (default); > 0 samples with generation_config.json's\n"
+    "                         other defaults (top_p, top_k), as the server does\n"
+    "  --seed S               sampling seed (default 0); the engine's counter-based RNG, as\n"
+    "                         the server's 'seed'\n"
     "  --ignore-eos           do not stop at the end-of-sequence token\n"
     "                         (eos from generation_config.json, else "
     "config.json)\n" M3_CLI_MODEL_RUN_OPTIONS;
@@ -62,67 +64,46 @@ int cmd_generate(const std::vector<std::string>& args) {
       !parse_model_command_args("generate", args, kGenerateUsage, {"--ignore-eos"},
                                 {"--max-tokens", "--temperature", "--seed"}, extra, &flags, &rc))
     return rc;
-  const std::string& model_path = flags.model_path;
-  const std::string& device = flags.device;
-  const int64_t threads = flags.threads, chunk = flags.prefill_chunk;
   std::vector<int32_t> prompt;
-  if (int rc = check_model_command_flags("generate", flags, kGenerateUsage, &prompt); rc != 0) return rc;
+  if (int rc = check_model_command_flags("generate", flags, kGenerateUsage, &prompt); rc != 0) {
+    return rc;
+  }
+  if (max_tokens == 0) {
+    std::fputs("{\"output_ids\": []}\n", stdout);
+    return 0;
+  }
 
-  if (device == "cuda") {  // the real-shape kernels when the config fits them (else below)
-    minimax_m3::GenerateOptions o;
-    o.max_tokens = max_tokens;
-    o.temperature = temperature;
-    o.seed = static_cast<uint64_t>(seed);
-    o.ignore_eos = ignore_eos;
-    o.prefill_chunk = chunk;
-    bool used = false;
-    std::vector<int32_t> ids;
-    Status st = real_shape_generate(model_path, flags.load_format, flags.num_layers, prompt, o,
-                                    &used, &ids);
-    if (!st.is_ok()) {
-      std::fprintf(stderr, "m3serve generate: %s\n", st.to_string().c_str());
-      return 1;
-    }
-    if (used) {
-      std::string s = "{\"output_ids\": [";
-      for (size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
-      s += "]}\n";
-      std::fwrite(s.data(), 1, s.size(), stdout);
-      return 0;
-    }
-  }
-  auto made = make_backend(device, static_cast<int>(threads));
-  if (!made.is_ok()) {
-    std::fprintf(stderr, "m3serve generate: %s\n", made.status().message().c_str());
-    return 1;
-  }
-  Backend& backend = **made;
-  auto loaded = load_model(model_path, flags.load_format, flags.num_layers, &backend);
+  // The engine `serve` runs, with a KV pool of exactly this one request.
+  serving::EngineStackOptions o = engine_options(flags);
+  o.context_length = static_cast<int32_t>(
+      std::min<int64_t>(INT32_MAX, static_cast<int64_t>(prompt.size()) + max_tokens));
+  auto loaded = serving::make_engine(flags.model_path, o);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "m3serve generate: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
-  const auto& cfg = loaded->config;
-  const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
-  const int64_t pages = (total + cfg.index_block_size - 1) / cfg.index_block_size;
-  minimax_m3::PagedKvCache cache(&backend, cfg, pages);
-  minimax_m3::SimplePagePool pool(pages);
-  minimax_m3::GenerateOptions opts;
-  opts.max_tokens = max_tokens;
-  opts.temperature = temperature;
-  opts.seed = static_cast<uint64_t>(seed);
-  opts.eos_token_ids = loaded->eos_token_ids;
-  opts.ignore_eos = ignore_eos;
-  opts.prefill_chunk = chunk;
-  auto out = minimax_m3::generate(loaded->model.get(), &cache, &pool, prompt, opts);
+  Engine& engine = *loaded->engine;
+  // The request a /v1/completions call with these fields makes: the fields left unset take
+  // generation_config.json's defaults there and here alike.
+  server::SamplingOptions sampling;
+  sampling.temperature = temperature;
+  sampling.seed = static_cast<uint64_t>(seed);
+  sampling.max_tokens = static_cast<int32_t>(std::min<int64_t>(max_tokens, INT32_MAX));
+  sampling.ignore_eos = ignore_eos;
+  GenerateRequest req;
+  req.prompt_tokens = std::move(prompt);
+  req.params = serving::to_sampling_params(sampling, engine.default_sampling_params());
+  req.tag = "generate";
+  auto out = run_request(engine, std::move(req));
   if (!out.is_ok()) {
     std::fprintf(stderr, "m3serve generate: %s\n", out.status().to_string().c_str());
     return 1;
   }
-  std::string s = "{\"output_ids\": [";
-  for (size_t i = 0; i < out->size(); ++i) s += (i ? ", " : "") + std::to_string((*out)[i]);
-  s += "]}\n";
-  std::fwrite(s.data(), 1, s.size(), stdout);
+  const std::vector<int32_t>& ids = out->tokens;
+  std::string text = "{\"output_ids\": [";
+  for (size_t i = 0; i < ids.size(); ++i) text += (i ? ", " : "") + std::to_string(ids[i]);
+  text += "]}\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }
 

@@ -1,7 +1,8 @@
-// m3serve score: run a prompt (token ids) through the model once and print, as JSON, the argmax
+// m3serve score: run a prompt (token ids) through the engine once and print, as JSON, the argmax
 // of every position and the logits of the last position.
 //   m3serve score --model-path DIR --prompt-ids 1,2,3 [--output-format json] [--device cpu]
 //                 [--threads N] [--prefill-chunk N] [--load-format dummy [--num-layers N]]
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -14,8 +15,7 @@
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/model_command.h"
-#include "model/minimax_m3/model_dir.h"
-#include "model/minimax_m3/runner.h"
+#include "cli/engine_run.h"
 
 namespace m3::cli {
 namespace {
@@ -30,8 +30,9 @@ int write_scores(const std::vector<float>& logits, int64_t n, int64_t vocab) {
   std::string out = "{\"argmax\": [";
   for (int64_t t = 0; t < n; ++t) {
     if (t) out += ", ";
-    out += std::to_string(minimax_m3::argmax(std::span<const float>(logits.data() + t * vocab,
-                                                                    static_cast<size_t>(vocab))));
+    // Ties go to the lowest id, as torch.argmax returns the first maximum.
+    const float* row = logits.data() + t * vocab;
+    out += std::to_string(std::max_element(row, row + vocab) - row);
   }
   out += "], \"last_logits\": [";
   char buf[32];
@@ -57,48 +58,35 @@ int cmd_score(const std::vector<std::string>& args) {
   if (int rc = 0;
       !parse_model_command_args("score", args, kScoreUsage, {}, {}, nullptr, &flags, &rc))
     return rc;
-  const std::string& model_path = flags.model_path;
-  const std::string& device = flags.device;
-  const int64_t threads = flags.threads, chunk = flags.prefill_chunk;
   std::vector<int32_t> prompt;
   if (int rc = check_model_command_flags("score", flags, kScoreUsage, &prompt); rc != 0) return rc;
 
-  if (device == "cuda") {  // the real-shape kernels when the config fits them (else below)
-    bool used = false;
-    std::vector<float> logits;
-    int64_t vocab = 0;
-    Status st = real_shape_score(model_path, flags.load_format, flags.num_layers, prompt, chunk,
-                                 &used, &logits, &vocab);
-    if (!st.is_ok()) {
-      std::fprintf(stderr, "m3serve score: %s\n", st.to_string().c_str());
-      return 1;
-    }
-    if (used) return write_scores(logits, static_cast<int64_t>(prompt.size()), vocab);
-  }
-  auto made = make_backend(device, static_cast<int>(threads));
-  if (!made.is_ok()) {
-    std::fprintf(stderr, "m3serve score: %s\n", made.status().message().c_str());
-    return 1;
-  }
-  Backend& backend = **made;
-  auto loaded = load_model(model_path, flags.load_format, flags.num_layers, &backend);
+  // The engine `serve` runs; the request asks for the logits of every prompt position and one
+  // greedy token (which is not printed).
+  serving::EngineStackOptions o = engine_options(flags);
+  o.context_length = static_cast<int32_t>(
+      std::min<int64_t>(INT32_MAX, static_cast<int64_t>(prompt.size()) + 1));
+  auto loaded = serving::make_engine(flags.model_path, o);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "m3serve score: %s\n", loaded.status().to_string().c_str());
     return 1;
   }
-  const auto& cfg = loaded->config;
+  Engine& engine = *loaded->engine;
   const int64_t n = static_cast<int64_t>(prompt.size());
-  const int64_t pages = (n + cfg.index_block_size - 1) / cfg.index_block_size;
-  minimax_m3::PagedKvCache cache(&backend, cfg, pages);
-  minimax_m3::SimplePagePool pool(pages);
-  minimax_m3::SequenceRunner seq(loaded->model.get(), &cache, &pool);
-  std::vector<float> logits;
-  Status st = seq.append(prompt, chunk, true, &logits);
-  if (!st.is_ok()) {
-    std::fprintf(stderr, "m3serve score: %s\n", st.to_string().c_str());
+  GenerateRequest req;
+  req.prompt_tokens = std::move(prompt);
+  req.params = engine.default_sampling_params();
+  req.params.temperature = 0.0f;
+  req.params.max_tokens = 1;
+  req.params.ignore_eos = true;
+  req.prompt_logits = true;
+  req.tag = "score";
+  auto out = run_request(engine, std::move(req));
+  if (!out.is_ok()) {
+    std::fprintf(stderr, "m3serve score: %s\n", out.status().to_string().c_str());
     return 1;
   }
-  return write_scores(logits, n, cfg.vocab_size);
+  return write_scores(out->prompt_logits, n, engine.vocab_size());
 }
 
 }  // namespace m3::cli

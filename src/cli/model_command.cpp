@@ -1,6 +1,7 @@
 #include "cli/model_command.h"
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,9 +9,36 @@
 #include <vector>
 
 #include "cli/device.h"
-#include "model/minimax_m3/runner.h"
+#include "core/status.h"
 
 namespace m3::cli {
+
+namespace {
+
+// "1,2,3" (spaces allowed around ids) -> non-negative int32 token ids; errors name the entry.
+Result<std::vector<int32_t>> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (true) {
+    size_t comma = text.find(',', start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                     : comma - start);
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    bool ok = !item.empty() && item.size() <= 10 &&
+              item.find_first_not_of("0123456789") == std::string::npos;
+    long long v = ok ? std::stoll(item) : -1;
+    if (!ok || v > INT32_MAX)
+      return invalid_argument("entry " + std::to_string(ids.size() + 1) + " ('" + item +
+                              "') is not a token id (a non-negative integer)");
+    ids.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ids;
+}
+
+}  // namespace
 
 bool parse_int(const std::string& s, int64_t* out) {
   if (s.empty()) return false;
@@ -156,7 +184,7 @@ int check_model_command_flags(const char* command, const ModelCommandFlags& flag
                  flags.device.c_str());
     return 2;
   }
-  auto parsed = minimax_m3::parse_token_ids(flags.prompt_ids);
+  auto parsed = parse_token_ids(flags.prompt_ids);
   if (!parsed.is_ok()) {
     std::fprintf(stderr, "m3serve %s: --prompt-ids: %s\n", command,
                  parsed.status().message().c_str());

@@ -30,6 +30,10 @@ struct Engine::ReqCtx {
   bool scheduled = false;
   Usage usage;
   RequestTimes times;
+  // GenerateRequest::prompt_logits: [prompt_len, vocab], filled by position as the prefill runs
+  // (a preempted prefill recomputes into the same rows), handed over with the first token.
+  std::vector<float> prompt_logits;
+  bool prompt_logits_sent = false;
 };
 
 struct Engine::Inbox {
@@ -137,6 +141,10 @@ Result<RequestHandle> Engine::submit(GenerateRequest request) {
   }
   SamplingParams& p = request.params;
   M3_RETURN_IF_ERROR(validate_sampling_params(p, vocab_size_));
+  if (request.prompt_logits && p.n != 1) {
+    return invalid_argument("prompt logits are returned for n = 1 only; got n = " +
+                            std::to_string(p.n));
+  }
   if (!p.stop.empty() && !config_.detokenizer) {
     return invalid_argument("stop strings need a detokenizer; this engine has none");
   }
@@ -255,6 +263,7 @@ void Engine::admit(std::unique_ptr<ReqCtx> req) {
     spec.seq_index = seq->index;
     spec.prompt = req->req.prompt_tokens;
     spec.wait_for = (share && seq->index > 0) ? leader : -1;
+    spec.match_prefix = !req->req.prompt_logits;
     if (seq->index == 0) leader = seq->id;
     Status st = sched_->add(std::move(spec));
     if (!st.is_ok()) {
@@ -300,6 +309,11 @@ void Engine::emit(ReqCtx* req, std::vector<SeqDelta> deltas, const Status& error
   if (has_token && req->times.first_token == Clock::time_point{}) req->times.first_token = e.time;
   e.done = req->num_unfinished == 0;
   if (e.done) req->times.finished = e.time;
+  if (req->req.prompt_logits && !req->prompt_logits_sent && (has_token || e.done) &&
+      error.is_ok()) {
+    req->prompt_logits_sent = true;
+    e.prompt_logits = std::move(req->prompt_logits);
+  }
   e.usage = req->usage;
   e.times = req->times;
   req->stream->push(std::move(e));
@@ -379,13 +393,26 @@ bool Engine::run_step() {
         d = device_sampling(p, sample_key(*req, *seq));
     }
   }
+  // Slices of requests that want their prompt logits return a row for every prompt token.
+  std::vector<ReqCtx*> prompt_rows(plan.seqs.size(), nullptr);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqSlice& s = plan.seqs[i];
+    auto it = requests_.find(s.request_id);
+    if (it == requests_.end() || !it->second->req.prompt_logits) continue;
+    if (s.start_pos < static_cast<int32_t>(it->second->req.prompt_tokens.size())) {
+      prompt_rows[i] = it->second.get();
+    }
+  }
   LogitsOut out;
   Status st;
   try {
-    const ModelStep step = model_step(plan, sampling);
+    std::vector<bool> all_rows(plan.seqs.size());
+    for (size_t i = 0; i < plan.seqs.size(); ++i) all_rows[i] = prompt_rows[i] != nullptr;
+    const ModelStep step = model_step(plan, sampling, all_rows);
     ModelOutput model_out;
     st = runner_->forward(step, model_out);
-    if (st.is_ok()) st = gather_step_logits(plan, model_out, vocab_size_, out);
+    if (st.is_ok()) st = gather_step_logits(plan, step, model_out, vocab_size_, out);
+    if (st.is_ok()) keep_prompt_logits(plan, step, model_out, prompt_rows);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }
@@ -401,6 +428,23 @@ bool Engine::run_step() {
   sched_->commit(plan);
   sample_and_emit(plan, out);
   return true;
+}
+
+void Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
+                                const ModelOutput& out, std::span<ReqCtx* const> prompt_rows) {
+  const size_t V = static_cast<size_t>(vocab_size_);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    ReqCtx* req = prompt_rows[i];
+    if (!req) continue;
+    const size_t prompt_len = req->req.prompt_tokens.size();
+    if (req->prompt_logits.empty()) req->prompt_logits.resize(prompt_len * V);
+    const std::vector<int32_t>& rows = step.slices[i].logits_rows;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const size_t pos = static_cast<size_t>(plan.seqs[i].start_pos + rows[r]);
+      if (pos >= prompt_len) continue;
+      std::copy_n(out.logits[i].begin() + r * V, V, req->prompt_logits.begin() + pos * V);
+    }
+  }
 }
 
 RngKey Engine::sample_key(const ReqCtx& req, const SeqCtx& seq) {

@@ -4,54 +4,61 @@
 
 namespace m3 {
 
-ModelStep model_step(const StepPlan& plan,
-                     std::span<const std::optional<DeviceSampling>> sampling) {
+ModelStep model_step(const StepPlan& plan, std::span<const std::optional<DeviceSampling>> sampling,
+                     const std::vector<bool>& all_rows) {
   ModelStep step;
-  std::vector<ModelSlice>& batch = step.slices;
-  batch.resize(plan.seqs.size());
+  step.slices.resize(plan.seqs.size());
   size_t row = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqSlice& s = plan.seqs[i];
-    batch[i].tokens = s.token_ids;
-    batch[i].start_pos = s.start_pos;
-    batch[i].block_table = s.block_table;
+    ModelSlice& m = step.slices[i];
+    m.tokens = s.token_ids;
+    m.start_pos = s.start_pos;
+    m.block_table = s.block_table;
+    if (i < all_rows.size() && all_rows[i]) {
+      for (int32_t t = 0; t < s.num_tokens(); ++t) m.logits_rows.push_back(t);
+    } else if (s.need_logits) {
+      m.logits_rows = {s.num_tokens() - 1};
+    }
     if (!s.need_logits) continue;
-    batch[i].logits_rows = {s.num_tokens() - 1};
-    if (row < sampling.size()) batch[i].sample = sampling[row];
+    // The runner may sample only a slice's single row.
+    if (row < sampling.size() && m.logits_rows.size() == 1) m.sample = sampling[row];
     ++row;
   }
   return step;
 }
 
-Status gather_step_logits(const StepPlan& plan, const ModelOutput& fo, int32_t vocab,
-                          LogitsOut& out) {
-  const char* who = "engine";
+Status gather_step_logits(const StepPlan& plan, const ModelStep& step, const ModelOutput& mo,
+                          int32_t vocab, LogitsOut& out) {
   out.vocab_size = vocab;
   out.data.clear();
   out.tokens.clear();
-  const bool sampled = !fo.tokens.empty();
-  if (sampled && fo.tokens.size() != plan.seqs.size())
-    return internal_error(std::string("[") + who + "] " + std::to_string(fo.tokens.size()) +
+  const size_t V = static_cast<size_t>(vocab);
+  const bool sampled = !mo.tokens.empty();
+  if (sampled && mo.tokens.size() != plan.seqs.size()) {
+    return internal_error("[engine] the model returned " + std::to_string(mo.tokens.size()) +
                           " sampled-token entries for " + std::to_string(plan.seqs.size()) +
                           " sequences");
-  size_t kept = 0;
-  for (size_t i = 0; i < plan.seqs.size(); ++i)
-    if (plan.seqs[i].need_logits && !(sampled && fo.tokens[i] >= 0)) ++kept;
-  out.data.reserve(kept * static_cast<size_t>(vocab));
+  }
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const size_t rows = step.slices[i].logits_rows.size();
+    const bool row_sampled = sampled && mo.tokens[i] >= 0;
+    const size_t want = row_sampled ? 0 : rows * V;
+    if (rows > 0 && (i >= mo.logits.size() || mo.logits[i].size() != want)) {
+      return internal_error("[engine] sequence " + std::to_string(i) + " got " +
+                            std::to_string(i < mo.logits.size() ? mo.logits[i].size() : 0) +
+                            " logits, expected " + std::to_string(want));
+    }
     if (!plan.seqs[i].need_logits) continue;
     if (sampled) {
       // The engine checks the tokens against the vocabulary and the rows it offered
       // (Engine::check_step_output), for every runner.
-      out.tokens.push_back(fo.tokens[i] >= 0 ? fo.tokens[i] : -1);
-      if (fo.tokens[i] >= 0) continue;
+      out.tokens.push_back(row_sampled ? mo.tokens[i] : -1);
+      if (row_sampled) continue;
     }
-    if (i >= fo.logits.size() || fo.logits[i].size() != static_cast<size_t>(vocab)) {
-      return internal_error(std::string("[") + who + "] sequence " + std::to_string(i) + " got " +
-                            std::to_string(i < fo.logits.size() ? fo.logits[i].size() : 0) +
-                            " logits, expected " + std::to_string(vocab));
-    }
-    out.data.insert(out.data.end(), fo.logits[i].begin(), fo.logits[i].end());
+    // The sampler reads the row after the slice's last token: the last row asked for.
+    out.data.insert(out.data.end(), mo.logits[i].end() - static_cast<std::ptrdiff_t>(V),
+                    mo.logits[i].end());
   }
   return Status::ok();
 }

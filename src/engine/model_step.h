@@ -34,14 +34,17 @@ struct LogitsOut {
 };
 
 // The model's batch for `plan`; spans point into `plan` (which must outlive the step).
-// `sampling` (empty, or one entry per slice with need_logits): ModelSlice::sample.
+// `sampling` (empty, or one entry per slice with need_logits): ModelSlice::sample, offered only
+// where the slice asks for one row. `all_rows[i]`: slice i asks for the logits of every token
+// (prompt logits), else only a slice with need_logits asks, for its last token.
 ModelStep model_step(const StepPlan& plan,
-                     std::span<const std::optional<DeviceSampling>> sampling = {});
+                     std::span<const std::optional<DeviceSampling>> sampling = {},
+                     const std::vector<bool>& all_rows = {});
 
-// Copies the logits of the slices with need_logits into `out` ([rows, vocab] in plan order);
+// Copies the last row of each slice with need_logits into `out` ([rows, vocab] in plan order);
 // where the model sampled a row itself (mo.tokens), out.tokens gets the token and out.data
-// skips the row. A row of the wrong length is an internal error.
-Status gather_step_logits(const StepPlan& plan, const ModelOutput& mo, int32_t vocab,
-                          LogitsOut& out);
+// skips the row. Output of the wrong shape for `step` is an internal error.
+Status gather_step_logits(const StepPlan& plan, const ModelStep& step, const ModelOutput& mo,
+                          int32_t vocab, LogitsOut& out);
 
 }  // namespace m3

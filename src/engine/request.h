@@ -21,6 +21,9 @@ struct GenerateRequest {
   SamplingParams params;               // start from Engine::default_sampling_params()
   bool skip_special_tokens = true;     // for the detokenizer factory
   std::string tag;                     // free-form id for logs (e.g. the OpenAI request id)
+  // Return the logits of every prompt position (RequestEvent::prompt_logits), for scoring. The
+  // prompt is then computed in full, never served from the prefix cache; n must be 1.
+  bool prompt_logits = false;
 };
 
 enum class FinishReason : uint8_t {
@@ -74,6 +77,10 @@ struct RequestEvent {
   RequestTimes times;          // filled as far as known
   Clock::time_point time;      // when the engine emitted the event
   Status error;                // non-ok on a failed request (then done, finish kError)
+  // With GenerateRequest::prompt_logits, on the event of the first generated token (or the
+  // last event if none is generated): [prompt_tokens, vocab] row-major, the logits after each
+  // prompt position.
+  std::vector<float> prompt_logits;
 };
 
 }  // namespace m3

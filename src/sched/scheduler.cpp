@@ -41,6 +41,7 @@ Status Scheduler::add(SeqSpec spec) {
   seq->num_prompt_tokens = static_cast<int32_t>(spec.prompt.size());
   seq->tokens = std::move(spec.prompt);
   seq->wait_for = spec.wait_for;
+  seq->match_prefix = spec.match_prefix;
   seq->arrival = next_arrival_++;
   Seq* raw = seq.get();
   seqs_.emplace(raw->id, std::move(seq));
@@ -154,7 +155,7 @@ StepPlan Scheduler::plan() {
       continue;
     }
     std::vector<PageId> matched;
-    if (config_.enable_prefix_cache) {
+    if (config_.enable_prefix_cache && seq->match_prefix) {
       matched = index_->match(seq->tokens, (seq->num_tokens() - 1) / P);
     }
     for (PageId p : matched) pool_->incref(p);  // before ensure_free can evict them

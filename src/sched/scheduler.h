@@ -66,6 +66,7 @@ struct SequenceState {
   int32_t num_preemptions = 0;
   uint64_t arrival = 0;              // submission order; lower = older = higher priority
   SeqId wait_for = -1;               // admit only once this sequence has finished its prefill
+  bool match_prefix = true;          // false: every position is computed (prompt logits)
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - num_prompt_tokens; }
@@ -79,6 +80,9 @@ struct SeqSpec {
   // n > 1: siblings wait for the first sequence's prefill, then share its full prompt pages
   // through the prefix index instead of computing the prompt n times. -1 = no dependency.
   SeqId wait_for = -1;
+  // False: never served from the prefix cache, so every prompt position is computed (a request
+  // that wants the logits of every prompt position).
+  bool match_prefix = true;
 };
 
 struct SchedulerCounters {

@@ -37,25 +37,45 @@ Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
   return o;
 }
 
-Result<EngineStack> make_engine_stack(const std::string& model_path,
-                                      const EngineStackOptions& options) {
+namespace {
+
+// The config of `model_path`, or the built-in M3.1-Flash config for dummy weights without a
+// directory; dummy weights keep the first num_layers layers when asked.
+Result<MiniMaxM3Config> model_config(const std::string& model_path,
+                                     const EngineStackOptions& options) {
+  if (options.dummy_weights && model_path.empty()) {
+    return minimax_m3::builtin_m3_flash_config(options.num_layers > 0 ? options.num_layers : 60);
+  }
+  M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, load_minimax_m3_config(model_path));
+  if (options.num_layers > 0) {
+    if (!options.dummy_weights) return invalid_argument("--num-layers needs --load-format dummy");
+    if (options.num_layers < c.num_hidden_layers) {
+      c.num_hidden_layers = options.num_layers;
+      c.layer_types.resize(static_cast<size_t>(options.num_layers));
+      c.mlp_layer_types.resize(static_cast<size_t>(options.num_layers));
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStackOptions& options,
+                                 DetokenizerFactory detokenizer) {
   if (options.device != "auto" && options.device != "cpu" && options.device != "cuda") {
     return invalid_argument("--device '" + options.device + "': allowed: auto, cpu, cuda");
   }
   if (options.device == "cuda" && !options.make_backend) {
     return Status(StatusCode::kUnimplemented, "--device cuda: no CUDA backend factory given");
   }
-  if (!fs::is_directory(model_path)) {
+  if (!(options.dummy_weights && model_path.empty()) && !fs::is_directory(model_path)) {
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
   }
-  // Tokenizer and template first: they fail fast and cheaply.
-  M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, load_tokenizer(model_path));
-  M3_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_chat_template(model_path));
 
   // --device cuda: the real-shape kernels when the config fits them, else the float32 backend.
   bool real_shape = false;
   if (options.device == "cuda" && options.make_cuda_runner) {
-    M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, load_minimax_m3_config(model_path));
+    M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, model_config(model_path, options));
     const Status fit = minimax_m3::check_real_shape_fit(c);
     real_shape = fit.is_ok();
     if (!real_shape)
@@ -65,13 +85,15 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   std::unique_ptr<Backend> backend;
   minimax_m3::LoadedModel loaded;
   if (real_shape) {  // config and weights only: the runner puts them on the GPU itself
-    M3_ASSIGN_OR_RETURN(loaded.config, load_minimax_m3_config(model_path));
+    M3_ASSIGN_OR_RETURN(loaded.config, model_config(model_path, options));
     if (options.dummy_weights) {
       loaded.weights = std::make_unique<minimax_m3::DummyWeightSource>(loaded.config);
     } else {
       M3_ASSIGN_OR_RETURN(loaded.weights, Checkpoint::open(model_path));
     }
-    M3_ASSIGN_OR_RETURN(loaded.eos_token_ids, minimax_m3::read_generation_eos(model_path));
+    if (!model_path.empty()) {
+      M3_ASSIGN_OR_RETURN(loaded.eos_token_ids, minimax_m3::read_generation_eos(model_path));
+    }
     if (loaded.eos_token_ids.empty()) loaded.eos_token_ids = loaded.config.eos_token_ids;
   } else {
     if (options.make_backend) {
@@ -80,14 +102,18 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
     } else {
       backend = std::make_unique<CpuBackend>(options.num_threads);
     }
-    M3_ASSIGN_OR_RETURN(loaded, options.dummy_weights
-                                    ? minimax_m3::load_dummy_model(model_path, 0, backend.get())
-                                    : minimax_m3::load_model_dir(model_path, backend.get()));
+    if (options.dummy_weights) {
+      M3_ASSIGN_OR_RETURN(loaded, minimax_m3::load_dummy_model(model_path, options.num_layers,
+                                                               backend.get()));
+    } else {
+      if (options.num_layers > 0) return invalid_argument("--num-layers needs --load-format dummy");
+      M3_ASSIGN_OR_RETURN(loaded, minimax_m3::load_model_dir(model_path, backend.get()));
+    }
   }
 
   GenerationDefaults defaults;
   const fs::path gen = fs::path(model_path) / "generation_config.json";
-  if (fs::exists(gen)) {
+  if (!model_path.empty() && fs::exists(gen)) {
     M3_ASSIGN_OR_RETURN(defaults, load_generation_config(gen.string()));
   }
   if (defaults.eos_token_ids.empty()) {
@@ -109,11 +135,14 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   const int64_t page_bytes =
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
-  const int64_t pages = page_bytes > 0 ? options.kv_cache_bytes / page_bytes : 0;
-  const int64_t needed_pages = (int64_t{context_length} - 1 + page_size - 1) / page_size;
-  if (pages < std::max<int64_t>(needed_pages, 1)) {
+  const int64_t needed_pages =
+      std::max<int64_t>(1, (int64_t{context_length} - 1 + page_size - 1) / page_size);
+  const int64_t kv_cache_bytes =
+      options.kv_cache_bytes > 0 ? options.kv_cache_bytes : needed_pages * page_bytes;
+  const int64_t pages = page_bytes > 0 ? kv_cache_bytes / page_bytes : 0;
+  if (pages < needed_pages) {
     return invalid_argument(
-        "--kv-cache-bytes " + std::to_string(options.kv_cache_bytes) + " holds " +
+        "--kv-cache-bytes " + std::to_string(kv_cache_bytes) + " holds " +
         std::to_string(pages) + " KV pages of " + std::to_string(page_size) + " tokens (" +
         std::to_string(page_bytes) + " bytes each); one request of the context length " +
         std::to_string(context_length) + " needs " + std::to_string(needed_pages) + " pages = " +
@@ -123,23 +152,20 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   std::fprintf(stderr,
                "m3serve: KV cache %lld bytes (--kv-cache-bytes): %lld pages of %d tokens, "
                "%lld bytes per page, %lld tokens\n",
-               static_cast<long long>(options.kv_cache_bytes), static_cast<long long>(pages),
+               static_cast<long long>(kv_cache_bytes), static_cast<long long>(pages),
                page_size, static_cast<long long>(page_bytes),
                static_cast<long long>(pages * page_size));
 
   std::unique_ptr<ModelRunner> runner;
   if (real_shape) {
-    M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights,
-                                                         options.kv_cache_bytes));
+    M3_ASSIGN_OR_RETURN(runner,
+                        options.make_cuda_runner(loaded.config, *loaded.weights, kv_cache_bytes));
     std::fprintf(stderr, "m3serve: --device cuda: real-shape kernels (quantised weights, bf16 KV "
                          "cache)\n");
   } else {
-    M3_ASSIGN_OR_RETURN(runner,
-                        MiniMaxM3ModelRunner::create(std::move(backend), std::move(loaded.model),
-                                                     options.kv_cache_bytes));
+    M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
+                                    std::move(backend), std::move(loaded.model), kv_cache_bytes));
   }
-  auto keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
-      new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
 
   EngineConfig cfg;
   cfg.scheduler.page_size = page_size;
@@ -152,13 +178,30 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   cfg.context_length = context_length;
   cfg.max_waiting_requests = options.max_queued_requests;
   cfg.generation_defaults = defaults;
-  auto tails = std::make_shared<DetokenizerTails>();
-  cfg.detokenizer = make_detokenizer_factory(tokenizer, tails);
-  M3_ASSIGN_OR_RETURN(auto engine, Engine::create(std::move(cfg), std::move(runner)));
+  cfg.detokenizer = std::move(detokenizer);
+  LoadedEngine out;
+  M3_ASSIGN_OR_RETURN(out.engine, Engine::create(std::move(cfg), std::move(runner)));
+  out.context_length = context_length;
+  out.keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
+      new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
+  return out;
+}
 
+Result<EngineStack> make_engine_stack(const std::string& model_path,
+                                      const EngineStackOptions& options) {
+  if (!fs::is_directory(model_path)) {
+    return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
+  }
+  // Tokenizer and template first: they fail fast and cheaply.
+  M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, load_tokenizer(model_path));
+  M3_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_chat_template(model_path));
+  auto tails = std::make_shared<DetokenizerTails>();
+  M3_ASSIGN_OR_RETURN(LoadedEngine loaded,
+                      make_engine(model_path, options, make_detokenizer_factory(tokenizer, tails)));
   EngineStack stack;
-  stack.backend = std::make_unique<EngineBackend>(std::move(engine), context_length,
-                                                  std::move(keepalive), std::move(tails));
+  stack.backend =
+      std::make_unique<EngineBackend>(std::move(loaded.engine), loaded.context_length,
+                                      std::move(loaded.keepalive), std::move(tails));
   stack.codec = std::make_unique<TokenizerCodec>(tokenizer);
   stack.renderer = std::make_unique<TemplateRenderer>(std::move(tmpl));
   return stack;

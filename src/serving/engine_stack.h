@@ -1,6 +1,8 @@
-// make_engine_stack(): loads a MiniMax-M3 model directory (config.json, safetensors checkpoint,
-// tokenizer.json, chat template, generation_config.json) and builds what `m3serve serve` needs:
-// the Engine behind an EngineBackend, the TokenizerCodec and the TemplateRenderer.
+// The composition of the model commands: make_engine() loads a MiniMax-M3 model directory
+// (config.json, safetensors checkpoint or dummy weights, generation_config.json) into an Engine
+// over the right ModelRunner; make_engine_stack() adds the tokenizer and the chat template and
+// builds what `m3serve serve` needs. `generate` and `score` drive the same Engine, so every
+// command samples with one sampler and one RNG.
 #pragma once
 
 #include <cstdint>
@@ -35,11 +37,14 @@ struct EngineStackOptions {
                                                      int64_t kv_cache_bytes)>
       make_cuda_runner;
   bool dummy_weights = false;  // --load-format dummy: random weights for the directory's config
+                               // (the built-in MiniMax-M3.1-Flash config when the path is empty)
+  int64_t num_layers = 0;      // with dummy_weights: keep the first num_layers layers (0: all)
   int32_t context_length = 0;           // 0: max_position_embeddings
   int32_t max_running_requests = 0;     // 0: the scheduler's default (256)
   int32_t chunked_prefill_size = 8192;  // -1 or 0: no chunking (the whole prompt at once)
   int32_t max_queued_requests = 4096;
-  int64_t kv_cache_bytes = int64_t{512} << 20;  // CPU KV pool
+  int64_t kv_cache_bytes = int64_t{512} << 20;  // KV pool; 0: exactly one request of the
+                                                // context length
   int32_t num_threads = 0;                      // CPU threads for the model; 0: all cores
   bool enable_prefix_cache = true;
 };
@@ -47,6 +52,17 @@ struct EngineStackOptions {
 // The engine flags of `m3serve serve` (src/server/serve_command.h). Unsupported values (tp > 1,
 // speculative decoding) are errors naming the flag.
 Result<EngineStackOptions> options_from_flags(const server::ServeFlags& flags);
+
+// An Engine over the model of `model_path` (may be empty with dummy_weights), with no text output
+// unless `detokenizer` is given. Every error names the directory and the file at fault.
+struct LoadedEngine {
+  std::shared_ptr<void> keepalive;  // the checkpoint the model's weights may map: declared first,
+                                    // destroyed after the engine
+  std::unique_ptr<Engine> engine;
+  int32_t context_length = 0;
+};
+Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStackOptions& options,
+                                 DetokenizerFactory detokenizer = {});
 
 struct EngineStack {
   std::unique_ptr<EngineBackend> backend;

@@ -21,7 +21,7 @@
 #include "../model/golden_fixture.h"
 #include "cuda_test_util.h"
 #include "model/minimax_m3/model_dir.h"
-#include "model/minimax_m3/runner.h"
+#include "../model/single_sequence.h"
 
 namespace m3::golden {
 namespace {
@@ -48,7 +48,7 @@ TEST_P(CudaGolden, MatchesReference) {
     const int64_t max_new = greedy_max_tokens(p);
     const int64_t pages = pages_for(cfg, n + max_new);
     minimax_m3::PagedKvCache cache(backend, cfg, pages);
-    minimax_m3::SimplePagePool pool(pages);
+    testing::SimplePagePool pool(pages);
     std::vector<float> logits;
     Status st = prefill_logits(model, &cache, &pool, ids, &logits);
     ASSERT_TRUE(st.is_ok()) << tag << ": " << st.to_string();
@@ -66,11 +66,11 @@ TEST_P(CudaGolden, MatchesReference) {
     if (greedy.is_object()) {
       std::vector<int32_t> want = greedy.at("output_ids").get<std::vector<int32_t>>();
       std::vector<double> gm = greedy.value("margins", std::vector<double>{});
-      minimax_m3::GenerateOptions opts;
+      testing::GenerateOptions opts;
       opts.max_tokens = max_new;
       opts.eos_token_ids = loaded->eos_token_ids;
       opts.ignore_eos = static_cast<int64_t>(want.size()) == max_new;
-      auto got = minimax_m3::generate(model, &cache, &pool, ids, opts);
+      auto got = testing::generate(model, &cache, &pool, ids, opts);
       ASSERT_TRUE(got.is_ok()) << tag << ": " << got.status().to_string();
       const size_t limit = greedy_compare_limit(want, gm, near_tie);
       ASSERT_GE(got->size(), limit) << tag;

@@ -7,15 +7,15 @@
 #include "../model/tiny_model.h"
 #include "cuda_test_util.h"
 #include "model/minimax_m3/model.h"
-#include "model/minimax_m3/runner.h"
+#include "../model/single_sequence.h"
 
 namespace m3 {
 namespace {
 
 using minimax_m3::Model;
 using minimax_m3::PagedKvCache;
-using minimax_m3::SequenceRunner;
-using minimax_m3::SimplePagePool;
+using testing::SequenceRunner;
+using testing::SimplePagePool;
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -76,7 +76,7 @@ void expect_matches_reference(const MiniMaxM3Config& cfg, int64_t len, uint32_t 
       if (v != best) second = std::max(second, want[t][v]);
     if (want[t][best] - second > tol) {
       ++argmax_checked;
-      EXPECT_EQ(minimax_m3::argmax(std::span<const float>(got.data() + t * V, V)), best)
+      EXPECT_EQ(testing::argmax(std::span<const float>(got.data() + t * V, V)), best)
           << what << " position " << t;
     }
   }
@@ -120,12 +120,12 @@ TEST(CudaModel, DecodeAndChunksMatchOnePrefillAndCpu) {
       for (int64_t v = 0; v < V; ++v)
         worst = std::max(worst, std::abs(got[t * V + v] - want[t * V + v]) / (4e-5 * scale));
       // Argmax must agree unless the CPU's top-2 gap is within the tolerance (a rounding tie).
-      const int32_t best = minimax_m3::argmax(std::span<const float>(want.data() + t * V, V));
+      const int32_t best = testing::argmax(std::span<const float>(want.data() + t * V, V));
       float second = -INFINITY;
       for (int64_t v = 0; v < V; ++v)
         if (v != best) second = std::max(second, want[t * V + v]);
       if (want[t * V + best] - second > 8e-5 * scale) {
-        EXPECT_EQ(minimax_m3::argmax(std::span<const float>(got.data() + t * V, V)), best)
+        EXPECT_EQ(testing::argmax(std::span<const float>(got.data() + t * V, V)), best)
             << "chunk " << chunk << " position " << t;
       }
     }
@@ -138,14 +138,14 @@ TEST(CudaModel, DecodeAndChunksMatchOnePrefillAndCpu) {
 TEST(CudaModel, SteadyDecodeDoesNotCallCudaMalloc) {
   auto* be = cuda_test::gpu();
   Harness g(testing::tiny_config(), 71, be);
-  minimax_m3::GenerateOptions opts;
+  testing::GenerateOptions opts;
   opts.max_tokens = 4;
   opts.ignore_eos = true;
   auto prompt = random_tokens(9, g.cfg.vocab_size, 72);
-  ASSERT_TRUE(minimax_m3::generate(g.model.get(), g.cache.get(), g.pool.get(), prompt, opts).is_ok());
+  ASSERT_TRUE(testing::generate(g.model.get(), g.cache.get(), g.pool.get(), prompt, opts).is_ok());
   const int64_t before = be->allocator_stats().num_device_allocs;
   opts.max_tokens = 24;
-  auto gen = minimax_m3::generate(g.model.get(), g.cache.get(), g.pool.get(), prompt, opts);
+  auto gen = testing::generate(g.model.get(), g.cache.get(), g.pool.get(), prompt, opts);
   ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
   const auto st = be->allocator_stats();
   std::printf("[ %-40s ] cudaMalloc calls during 24 decode steps: %lld (cache hits %lld)\n",

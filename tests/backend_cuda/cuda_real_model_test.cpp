@@ -56,7 +56,7 @@
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
-#include "model/minimax_m3/runner.h"
+#include "../model/single_sequence.h"
 #include "model/minimax_m3_cuda/cuda_m3_model.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
@@ -228,7 +228,7 @@ struct Compare {
         if (i != best) second = std::max(second, double(c[i]));
       if (c[best] - second > 2 * bound) {
         ++argmax_checked;
-        if (minimax_m3::argmax(std::span<const float>(g, static_cast<size_t>(v))) != best)
+        if (testing::argmax(std::span<const float>(g, static_cast<size_t>(v))) != best)
           ++argmax_bad;
       }
       ++rows;
@@ -348,7 +348,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 int32_t last_argmax(const std::vector<float>& logits, int64_t v) {
-  return minimax_m3::argmax(std::span<const float>(
+  return testing::argmax(std::span<const float>(
       logits.data() + logits.size() - static_cast<size_t>(v), static_cast<size_t>(v)));
 }
 

@@ -96,9 +96,9 @@ TEST(Cli, BadInputFailsCleanly) {
     std::string args, message;
   };
   const std::vector<Case> cases = {
-      {"score --model-path /nonexistent/dir --prompt-ids 1", "not a directory"},
+      {"score --model-path /nonexistent/dir --prompt-ids 1", "does not exist"},
       {"score --model-path " + kFixture + " --prompt-ids 1,x", "entry 2"},
-      {"score --model-path " + kFixture + " --prompt-ids 1,100000", "outside the vocabulary"},
+      {"score --model-path " + kFixture + " --prompt-ids 1,100000", "not in the vocabulary"},
       // Without the CUDA backend: "not built with the CUDA backend"; with it but no GPU (CI):
       // "no usable GPU". Both name the flag.
       {"score --model-path " + kFixture + " --prompt-ids 1 --device cuda", "--device cuda: "},

@@ -9,7 +9,7 @@
 #include "model/tiny_model.h"
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_test_util.h"
-#include "model/minimax_m3/runner.h"
+#include "single_sequence.h"
 
 namespace m3 {
 namespace {
@@ -77,10 +77,10 @@ TEST(CpuModelRunner, GreedyMatchesTheModelsSingleSequenceGenerate) {
     ASSERT_TRUE(o.done);
     ASSERT_TRUE(o.error.is_ok()) << o.error.to_string();
     minimax_m3::PagedKvCache cache(t.runner->model().backend(), t.cfg, 32);
-    minimax_m3::SimplePagePool pool(32);
-    minimax_m3::GenerateOptions opts;
+    testing::SimplePagePool pool(32);
+    testing::GenerateOptions opts;
     opts.max_tokens = 10;
-    auto ref = minimax_m3::generate(&t.runner->model(), &cache, &pool, r.prompt_tokens, opts);
+    auto ref = testing::generate(&t.runner->model(), &cache, &pool, r.prompt_tokens, opts);
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
     EXPECT_EQ(o.tokens[0], *ref) << "prompt length " << len;
   }

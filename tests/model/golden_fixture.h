@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "model/minimax_m3/runner.h"
+#include "single_sequence.h"
 
 namespace m3::golden {
 
@@ -92,9 +92,9 @@ inline std::string prompt_tag(const std::string& dir, int i) {
 
 // One prefill of `ids` in a fresh sequence, logits of every position into *logits.
 inline Status prefill_logits(minimax_m3::Model* model, minimax_m3::PagedKvCache* cache,
-                             minimax_m3::SimplePagePool* pool, const std::vector<int32_t>& ids,
+                             testing::SimplePagePool* pool, const std::vector<int32_t>& ids,
                              std::vector<float>* logits) {
-  minimax_m3::SequenceRunner seq(model, cache, pool);
+  testing::SequenceRunner seq(model, cache, pool);
   return seq.append(ids, 0, true, logits);
 }
 
@@ -145,7 +145,7 @@ inline void check_argmax(const json& p, const std::vector<float>& logits, int64_
   std::vector<double> margins = p.value("argmax_margin", std::vector<double>{});
   for (int64_t t = 0; t < n; ++t) {
     const int32_t got =
-        minimax_m3::argmax(std::span<const float>(logits.data() + t * vocab, vocab));
+        testing::argmax(std::span<const float>(logits.data() + t * vocab, vocab));
     const double margin = t < static_cast<int64_t>(margins.size()) ? margins[t] : INFINITY;
     if (margin <= near_tie) {
       ++count->skipped;
@@ -199,12 +199,12 @@ inline Result<std::vector<int32_t>> greedy_tokens(minimax_m3::Model* model, Back
                                                   const std::vector<int32_t>& prompt, int64_t n) {
   const int64_t pages = pages_for(cfg, static_cast<int64_t>(prompt.size()) + n);
   minimax_m3::PagedKvCache cache(backend, cfg, pages);
-  minimax_m3::SimplePagePool pool(pages);
-  minimax_m3::GenerateOptions opts;
+  testing::SimplePagePool pool(pages);
+  testing::GenerateOptions opts;
   opts.max_tokens = n;
   opts.temperature = 0.0;
   opts.ignore_eos = true;
-  return minimax_m3::generate(model, &cache, &pool, prompt, opts);
+  return testing::generate(model, &cache, &pool, prompt, opts);
 }
 
 }  // namespace m3::golden

@@ -23,7 +23,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "golden_fixture.h"
 #include "model/minimax_m3/model_dir.h"
-#include "model/minimax_m3/runner.h"
+#include "single_sequence.h"
 
 namespace m3::golden {
 namespace {
@@ -62,7 +62,7 @@ TEST_P(GoldenTest, MatchesReference) {
     const int64_t max_new = greedy_max_tokens(p);
     const int64_t pages = pages_for(cfg, n + max_new);
     minimax_m3::PagedKvCache cache(&backend, cfg, pages);
-    minimax_m3::SimplePagePool pool(pages);
+    testing::SimplePagePool pool(pages);
 
     // One prefill, logits of every position.
     std::vector<float> logits;
@@ -84,7 +84,7 @@ TEST_P(GoldenTest, MatchesReference) {
     // Incremental decode and chunked prefill reproduce the one-shot prefill (bitwise on the CPU).
     for (int64_t chunk : {int64_t{1}, int64_t{7}}) {
       std::vector<float> inc;
-      minimax_m3::SequenceRunner seq(model, &cache, &pool);
+      testing::SequenceRunner seq(model, &cache, &pool);
       Status st = seq.append(ids, chunk, true, &inc);
       ASSERT_TRUE(st.is_ok()) << st.to_string();
       EXPECT_TRUE(inc == logits) << tag << ": chunk " << chunk << " differs from one prefill";
@@ -94,12 +94,12 @@ TEST_P(GoldenTest, MatchesReference) {
     if (greedy.is_object()) {
       std::vector<int32_t> want = greedy.at("output_ids").get<std::vector<int32_t>>();
       std::vector<double> gm = greedy.value("margins", std::vector<double>{});
-      minimax_m3::GenerateOptions opts;
+      testing::GenerateOptions opts;
       opts.max_tokens = max_new;
       opts.eos_token_ids = loaded->eos_token_ids;
       // A reference that stopped early stopped at EOS; otherwise it ran to max_tokens.
       opts.ignore_eos = static_cast<int64_t>(want.size()) == max_new;
-      auto got = minimax_m3::generate(model, &cache, &pool, ids, opts);
+      auto got = testing::generate(model, &cache, &pool, ids, opts);
       ASSERT_TRUE(got.is_ok()) << tag << ": " << got.status().to_string();
       const size_t limit = greedy_compare_limit(want, gm, near_tie);
       ASSERT_GE(got->size(), limit) << tag;

@@ -15,7 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "golden_fixture.h"
 #include "model/minimax_m3/model_dir.h"
-#include "model/minimax_m3/runner.h"
+#include "single_sequence.h"
 
 namespace m3::golden {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/model.h"
-#include "model/minimax_m3/runner.h"
+#include "single_sequence.h"
 #include "tiny_model.h"
 
 namespace m3 {
@@ -21,8 +21,8 @@ using minimax_m3::ForwardOutput;
 using minimax_m3::Model;
 using minimax_m3::PagedKvCache;
 using minimax_m3::SequenceInput;
-using minimax_m3::SequenceRunner;
-using minimax_m3::SimplePagePool;
+using testing::SequenceRunner;
+using testing::SimplePagePool;
 using testing::NamingStyle;
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
@@ -90,7 +90,7 @@ void expect_close_to_reference(const MiniMaxM3Config& cfg, const NamingStyle& st
     for (int64_t v = 0; v < V; ++v)
       if (v != best) second = std::max(second, want[t][v]);
     if (want[t][best] - second > tol) {
-      EXPECT_EQ(minimax_m3::argmax(std::span<const float>(got.data() + t * V, V)), best)
+      EXPECT_EQ(testing::argmax(std::span<const float>(got.data() + t * V, V)), best)
           << "position " << t;
     }
   }
@@ -224,10 +224,10 @@ TEST(MiniMaxM3Model, GreedyGenerateMatchesArgmaxOfFullForward) {
   Harness hx(testing::tiny_config(), 61);
   const int64_t V = hx.cfg.vocab_size;
   auto prompt = random_tokens(7, V, 62);
-  minimax_m3::GenerateOptions opts;
+  testing::GenerateOptions opts;
   opts.max_tokens = 12;
   opts.ignore_eos = true;
-  auto gen = minimax_m3::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
+  auto gen = testing::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
   ASSERT_TRUE(gen.is_ok()) << gen.status().to_string();
   ASSERT_EQ(gen->size(), 12u);
   // Re-run prompt + generated tokens in one forward: each generated token is the argmax of the
@@ -237,21 +237,21 @@ TEST(MiniMaxM3Model, GreedyGenerateMatchesArgmaxOfFullForward) {
   auto logits = hx.run(seq, 0);
   for (size_t i = 0; i < gen->size(); ++i) {
     size_t pos = prompt.size() - 1 + i;
-    EXPECT_EQ((*gen)[i], minimax_m3::argmax(std::span<const float>(logits.data() + pos * V, V)))
+    EXPECT_EQ((*gen)[i], testing::argmax(std::span<const float>(logits.data() + pos * V, V)))
         << "token " << i;
   }
   // Stop at EOS: make the first generated token the EOS id.
   opts.ignore_eos = false;
   opts.eos_token_ids = {(*gen)[0]};
-  auto stopped = minimax_m3::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
+  auto stopped = testing::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
   ASSERT_TRUE(stopped.is_ok());
   EXPECT_EQ(*stopped, std::vector<int32_t>{(*gen)[0]});
   // Sampling is reproducible with a seed.
   opts.ignore_eos = true;
   opts.temperature = 0.8;
   opts.seed = 5;
-  auto s1 = minimax_m3::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
-  auto s2 = minimax_m3::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
+  auto s1 = testing::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
+  auto s2 = testing::generate(hx.model.get(), hx.cache.get(), hx.pool.get(), prompt, opts);
   ASSERT_TRUE(s1.is_ok() && s2.is_ok());
   EXPECT_EQ(*s1, *s2);
   EXPECT_EQ(hx.pool->num_free(), 64);  // every page came back

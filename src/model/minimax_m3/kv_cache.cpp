@@ -30,24 +30,4 @@ KvLayerView PagedKvCache::layer(int64_t i) {
           num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_};
 }
 
-SimplePagePool::SimplePagePool(int64_t num_pages) {
-  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
-}
-
-Status SimplePagePool::allocate(int64_t n, std::vector<int32_t>* table) {
-  if (n > num_free())
-    return Status(StatusCode::kResourceExhausted,
-                  "[model.kv_cache] need " + std::to_string(n) + " pages, " +
-                      std::to_string(num_free()) + " free");
-  for (int64_t i = 0; i < n; ++i) {
-    table->push_back(free_.back());
-    free_.pop_back();
-  }
-  return Status::ok();
-}
-
-void SimplePagePool::release(const std::vector<int32_t>& pages) {
-  for (auto it = pages.rbegin(); it != pages.rend(); ++it) free_.push_back(*it);
-}
-
 }  // namespace m3::minimax_m3

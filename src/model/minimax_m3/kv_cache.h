@@ -4,8 +4,8 @@
 // sparse layers, the index keys [P, S, Dix] (after index_k_norm + RoPE). S = index_block_size, so
 // one page is one MSA block and a page id covers K, V and the index keys of that block in every
 // layer (m3-architecture.md §3.6). Which pages belong to which sequence is the caller's business:
-// it passes a block table (logical block -> page id) with every forward call. SimplePagePool is a
-// minimal free list for tests and the CLI; the server's kv layer will hand out pages instead.
+// it passes a block table (logical block -> page id) with every forward call; the engine's page
+// pool (kv/page_pool.h) hands the pages out.
 #pragma once
 
 #include <cstdint>
@@ -34,19 +34,6 @@ class PagedKvCache {
   int64_t num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_;
   int64_t bytes_per_page_ = 0;
   std::vector<Layer> layers_;
-};
-
-// A LIFO free list of page ids [0, num_pages).
-class SimplePagePool {
- public:
-  explicit SimplePagePool(int64_t num_pages);
-  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
-  // Appends n pages to *table; resource_exhausted (and no change) when fewer are free.
-  Status allocate(int64_t n, std::vector<int32_t>* table);
-  void release(const std::vector<int32_t>& pages);
-
- private:
-  std::vector<int32_t> free_;
 };
 
 }  // namespace m3::minimax_m3

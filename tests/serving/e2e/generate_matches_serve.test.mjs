@@ -1,0 +1,47 @@
+// One generation path: `m3serve generate` drives the engine `m3serve serve` runs, so the same
+// prompt ids, temperature and seed give the same tokens from both, greedy and sampled.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { MODEL, serverBin, startServer, stopServer } from './helpers.mjs';
+
+let srv;
+before(async () => { srv = await startServer([]); });
+after(async () => { assert.equal(await stopServer(srv), 0, srv?.log()); });
+
+function generate(ids, temperature, seed, maxTokens) {
+  const out = execFileSync(serverBin, ['generate', '--prompt-ids', ids.join(','), '--max-tokens',
+    String(maxTokens), '--temperature', String(temperature), '--seed', String(seed),
+    '--ignore-eos', '--model-path', 'models/m3-tiny'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+  return JSON.parse(out).output_ids;
+}
+
+async function post(path, body) {
+  const r = await fetch(`${srv.url}${path}`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  assert.equal(r.status, 200, await r.clone().text());
+  return r.json();
+}
+
+for (const [temperature, seed] of [[0, 0], [1, 7], [1, 1234567]]) {
+  test(`generate equals /v1/completions at temperature ${temperature}, seed ${seed}`, async () => {
+    const { tokens: ids } = await post('/tokenize', { prompt: 'What is 47 + 35?' });
+    const maxTokens = 24;
+    const fromGenerate = generate(ids, temperature, seed, maxTokens);
+    assert.equal(fromGenerate.length, maxTokens);
+    const completion = await post('/v1/completions', {
+      model: MODEL, prompt: ids, max_tokens: maxTokens, temperature, seed, ignore_eos: true,
+    });
+    assert.equal(completion.usage.completion_tokens, maxTokens);
+    const { prompt: text } = await post('/detokenize', { tokens: fromGenerate, skip_special_tokens: true });
+    assert.equal(completion.choices[0].text, text);
+  });
+}
+
+test('sampled generate depends on the seed', () => {
+  const ids = [4066, 1, 2, 3, 4, 5];
+  const a = generate(ids, 1, 1, 16), b = generate(ids, 1, 2, 16), a2 = generate(ids, 1, 1, 16);
+  assert.deepEqual(a, a2);
+  assert.notDeepEqual(a, b);
+});
