@@ -3,7 +3,7 @@
 //
 // The conversion functions are header-only, `inline`, free of std:: calls and marked
 // M3_HOST_DEVICE so CUDA kernels can use the very same definitions as the CPU reference.
-// Formats: ../shared/docs/m3-architecture.md §4.3-4.4 and docs/formats/quant-formats.md.
+// Formats: docs/formats/quant-formats.md (and docs/design/model.md, "Checkpoint formats").
 #pragma once
 
 #include <stddef.h>

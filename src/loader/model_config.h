@@ -1,6 +1,6 @@
 // MiniMax-M3 text-model hyper-parameters, parsed from config.json (the multimodal wrapper with
 // `text_config`, or a bare text config; HF-normalised or legacy checkpoint field names).
-// See ../shared/docs/m3-architecture.md §1. Every value is read from the file; the defaults below
+// See docs/design/model.md, "Configuration". Every value is read from the file; the defaults below
 // are the real model's values and only apply where the file is silent and the reference agrees.
 #pragma once
 

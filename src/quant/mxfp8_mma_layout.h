@@ -5,7 +5,7 @@
 // Why: variant 7 on the checkpoint's row-major order, where each 16-row tile of a 32-column
 // block is sixteen 32-byte pieces of rows K bytes apart, ran at 2.3-2.6 TB/s (qkv [9856 x 6144]
 // at one row: 26.7 us); the same kernel reading each (tile, 128 columns) as 2 KB contiguous
-// bytes ran it in 19.1 us (H200, docs/perf-log.md session 10): HBM serves long runs faster.
+// bytes ran it in 19.1 us (H200): HBM serves long runs faster.
 //
 // Geometry. A matrix [N, K] of E4M3 codes is cut into tiles of 16 rows (kRows16: rows
 // 16τ .. 16τ + 15; kSwigluPairs, for a gate|up matrix read with the SwiGLU epilogue: gate rows

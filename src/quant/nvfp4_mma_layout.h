@@ -4,7 +4,7 @@
 //
 // Why: on Hopper the NVFP4 GEMV (backend/cuda/gemm/quant_gemv_mma.cuh) issues ~33 instructions
 // per mma, two thirds of them dequantisation (ncu on the H200, batch-1 experts: issue slots 56 %
-// busy, ALU the busiest pipe; docs/perf-log.md session 5). E2M1 code n = s e1 e0 m becomes the
+// busy, ALU the busiest pipe). E2M1 code n = s e1 e0 m becomes the
 // exact f16 n · 2^-14 when e1 e0 m go to f16 bits 11..9 and s to bit 15. In the checkpoint's
 // order (two codes per byte) the sign and the magnitude of a code need different shifts, so each
 // f16x2 costs two shifts and two masks. Here a word is stored pre-mixed (an invertible linear map
@@ -14,7 +14,7 @@
 // with T = the f16x2 bit positions {9, 10, 11, 15, 25, 26, 27, 31}: 4 shifts + 4 LOP3 for 8
 // codes. Plain shifts rather than rotations (the first version used 4 funnel shifts) because
 // ptxas issues left shifts as IMAD.SHL on the FMA pipe, while funnel shifts and LOP3 share the ALU
-// pipe, which ncu showed as the busiest (58 % at batch 1, session 8 in docs/perf-log.md); this
+// pipe, which ncu showed as the busiest (58 % at batch 1); this
 // moves 3 of the 8 instructions per word off it. (Exhaustive search over shifts of up to
 // 12 bits: no invertible choice needs fewer than 4.)
 //

@@ -1,5 +1,5 @@
 // The interface between the HTTP server and whatever generates tokens. The real Engine
-// (src/engine) is adapted to it by a thin wrapper (EngineBackend, to come); FakeBackend
+// (src/engine) is adapted to it by a thin wrapper (EngineBackend, src/serving); FakeBackend
 // (fake/fake_backend.h) plays scripted outputs for tests. Plain data, no engine headers, so the
 // server builds and is tested on its own.
 //

@@ -1,9 +1,9 @@
 // check_schedule (src/model/minimax_m3_cuda/persistent_schedule.h): lists that can finish are
 // accepted with the counters they end at; lists that cannot are refused with the SM, op and
 // condition that never holds; malformed lists are refused. The last tests build the batch-1 MoE
-// block of M3.1-Flash as a persistent kernel would run it (docs/dev/decode-persistent-layer.md,
-// step 1) on 132 SMs and check it, and a variant with the router's top-k placed after the routed
-// experts on its own SM, which deadlocks.
+// block of M3.1-Flash as a persistent kernel would run it (docs/design/decode-kernels.md) on 132
+// SMs and check it, and a variant with the router's top-k placed after the routed experts on its
+// own SM, which deadlocks.
 #include "model/minimax_m3_cuda/persistent_schedule.h"
 
 #include <gtest/gtest.h>

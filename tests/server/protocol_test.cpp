@@ -126,7 +126,7 @@ TEST(Protocol, InvalidParametersNameTheField) {
       "messages[0].content[0].type");
 }
 
-// Every sampling control of issue 5 reaches the backend's SamplingOptions unchanged, and a bad
+// Every sampling control of the API reaches the backend's SamplingOptions unchanged, and a bad
 // value is a 400 naming it. max_completion_tokens wins over the deprecated max_tokens.
 TEST(Protocol, SamplingFieldsReachTheRequest) {
   auto r = chat_ok(std::string("{") + kMsg +

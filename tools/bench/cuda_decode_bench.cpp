@@ -183,7 +183,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
   const int64_t wb = d.wbytes(), sb = d.sbytes();
   // M3_BENCH_L2_WARM=1: the same copy every launch. This makes the matrix L2-resident only where
   // it is well below the L2: Nsight Compute measured a 3-4 % L2 hit rate on o_proj (52 MB) and
-  // qkv (62.5 MB) in this mode (docs/perf-log.md session 23), so warm = cold for those says
+  // qkv (62.5 MB) in this mode, so warm = cold for those says
   // nothing about the kernels' dependence on HBM.
   static const bool warm = std::getenv("M3_BENCH_L2_WARM") != nullptr;
   const int64_t copies = warm ? 1 : d.copies;

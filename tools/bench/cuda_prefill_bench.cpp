@@ -43,7 +43,7 @@ using namespace m3;
 using namespace m3::cuda;
 using namespace m3::cuda_bench;
 
-constexpr double kPeak = 830e12;  // bf16 dense, cuBLASLt on random data (../shared/docs/device.md)
+constexpr double kPeak = 830e12;  // bf16 dense, cuBLASLt on random data (docs/performance.md)
 constexpr int64_t kHd = 6144, kH = 64, kHkv = 4, kD = 128, kHix = 4, kDix = 128, kS = 128;
 constexpr int64_t kTopK = 16, kE = 128, kK4 = 4, kI = 3072, kSI = 3072, kDI = 12288;
 constexpr int64_t kQkv = 9856;

@@ -1,7 +1,7 @@
 // What a dependency between two steps of a decode layer costs on the GPU, inside a CUDA graph:
 // a kernel boundary (plain launch, or programmatic dependent launch) against a grid-wide barrier
 // inside one persistent kernel, and a dependent L2 round trip. The decode step at batch 1 is a
-// chain of ~11 small kernels per layer (docs/perf-log.md session 11); this says how much of each
+// chain of ~11 small kernels per layer (docs/design/decode-kernels.md); this says how much of each
 // link a persistent kernel per attention block could save.
 //
 // Each "step" does the same small work on every CTA (one 16-byte load of what the previous step

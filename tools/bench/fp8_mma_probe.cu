@@ -1,5 +1,5 @@
 // Two questions before an FP8 tensor-core path for the batch-1 NVFP4 experts is built
-// (docs/dev/decode-persistent-layer.md, "Session 15"):
+// (the answers: docs/design/decode-kernels.md, "Measured facts the design rests on"):
 //
 // 1. Precision. How exactly does Hopper's mma.sync m16n8k32 e4m3 x e4m3 -> f32 sum its 32 exact
 //    products (DeepSeek-V3 reports ~14 bits kept by Hopper's FP8 GEMM accumulation)? Random

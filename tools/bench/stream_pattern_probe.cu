@@ -1,11 +1,11 @@
 // Does the order in which a batch-1 expert GEMV's warps walk their weights limit its HBM rate?
-// (docs/dev/decode-persistent-layer.md, "Session 21".)
+// (The answer: docs/design/decode-kernels.md, "Measured facts the design rests on".)
 //
 // Variant 5 (gemm/quant_gemv_mma.cuh) at one token runs one wave of 1536 CTAs x 2 warps over the
 // four routed experts' gate|up; each warp streams its own contiguous ~24 KB (half of one tile in
 // the mma layout) in 2-KB stages through a 2-slot cp.async ring (one stage in flight while one is
 // computed). It reaches ~2 TB/s, a plain grid-stride read of the same bytes ~3.5+, and neither
-// fewer instructions per stage nor more stages in flight moved it (sessions 12-18). This probe
+// fewer instructions per stage nor more stages in flight moved it. This probe
 // keeps only the access pattern: the same number of warps, stages and stage size, cp.async into
 // the same ring, a fixed spin per stage standing in for the compute, no arithmetic. It varies:
 //   layout 0  each warp's stages contiguous (the mma layout: warp w reads [w·S, (w+1)·S) stages),
@@ -18,7 +18,7 @@
 //             each, two waves' worth of warps),
 // and prints each configuration's time and rate beside the plain read (runtime/read_probe.cu).
 //
-// `stream_pattern_probe reg` (session 23) instead asks the same of variant 7's pattern
+// `stream_pattern_probe reg` instead asks the same of variant 7's pattern
 // (gemm/gemv_mma_direct.cu: o_proj at one row, 384 CTAs x W warps, each warp's contiguous share
 // of its tile's 64 stages of 2 KB loaded straight into registers, NS stages in flight, a spin per
 // stage for the compute): whether register-fed loads reach the rate of a plain read and of

@@ -15,7 +15,7 @@
 set -uo pipefail
 PART=${1:-all}
 case "$PART" in all | tests | bench | decode) ;; *) echo "usage: run-all.sh [all|tests|bench|decode]" >&2; exit 2 ;; esac
-# want P...: this run includes part P (decode = the decode-path tests and benchmarks only, ~5.5 min on the H200 of session 22).
+# want P...: this run includes part P (decode = the decode-path tests and benchmarks only, ~5.5 min on an H200).
 want() {
   [ "$PART" = all ] && return 0
   local x
@@ -48,7 +48,7 @@ run_test() {  # name limit
 want tests && run_test cuda_ops_test 40
 if want tests decode; then
   run_test quant_gemv_test 90
-  run_test quant_gemv_mma_test 240  # ~170 s on the H200s of sessions 14-22 (150 cut it)
+  run_test quant_gemv_mma_test 240  # ~170 s on an H200 (150 cut it)
   run_test sparse_decode_test 60
   run_test moe_route_test 90
   run_test moe_block_stream_test 90
@@ -103,7 +103,7 @@ if want tests; then
   run_test cuda_model_test 40
 fi
 want tests decode && run_test cuda_real_model_test 120
-# Prefill (issue 6): tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
+# Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
 if want tests; then
@@ -119,7 +119,7 @@ if want bench; then
     tee -a "$OUT/bench.log" >>"$LOG"
 fi
 
-# m3serve --device cuda (issue 6): the bundled model's greedy tokens on the GPU equal the CPU's,
+# m3serve --device cuda: the bundled model's greedy tokens on the GPU equal the CPU's,
 # and --load-format dummy runs the built-in MiniMax-M3.1-Flash config (1 layer, real shapes).
 if want tests && [ -x "$B/m3serve" ]; then
   t0=$SECONDS

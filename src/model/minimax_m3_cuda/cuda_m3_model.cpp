@@ -48,7 +48,7 @@ constexpr int64_t kKeySplits = 4;
 
 // GEMV variant per storage format where the tensor-core variant 5 is not used: 3 (activations
 // in shared memory, several 16-byte loads in flight per lane; 1.3-1.8x variant 0 at batch 1 on
-// the H200, docs/perf-log.md) for MXFP8 and NVFP4, 2 for BF16 (lm_head at batch 1: 579 us, 88%
+// the H200) for MXFP8 and NVFP4, 2 for BF16 (lm_head at batch 1: 579 us, 88%
 // of HBM, against 621 us for variant 0). The fit check guarantees K % 1024.
 int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 2 : 3; }
 
@@ -56,7 +56,7 @@ int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 2 : 3; }
 // large MXFP8 matrices at one row, where variant 3 is faster (H200, batch 1: qkv [9856 x 6144]
 // 22.5 against 24.7 us, o_proj [6144 x 8192] 20.6 against 22.3, dense gate|up 47 against 59;
 // but the shared expert's gate|up [6144 x 6144] 17.7 against 18.1 with its epilogue launch and
-// down [6144 x 3072] 11.0 against 12.8, docs/perf-log.md session 8; NVFP4 experts and every
+// down [6144 x 3072] 11.0 against 12.8; NVFP4 experts and every
 // batch >= 2 are faster on variant 5). Variant 5's small CTAs also share the SMs better with
 // the routed experts beside it.
 bool use_tensor_core_gemv(QuantFormat f, int64_t rows, int64_t n, int64_t k) {
@@ -169,7 +169,7 @@ struct CudaM3Model::Impl {
   CudaM3Stats stats;
   // Page-locked host staging of a decode step: its inputs (ids, positions, block tables) and its
   // logits. From pageable memory each copy is staged by the driver in pieces: at 8 rows the
-  // per-row logits copies took ~0.45 ms each (H200 CUPTI trace, docs/perf-log.md session 8).
+  // per-row logits copies took ~0.45 ms each (H200 CUPTI trace).
   // Grown on demand, never shrunk.
   void* host_stage = nullptr;
   size_t host_stage_bytes = 0;

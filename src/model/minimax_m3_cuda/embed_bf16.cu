@@ -15,8 +15,8 @@ constexpr int kBatch = 4;  // 16-byte pieces per thread whose loads are in fligh
 // One CTA per token. With vec (dim % 8 == 0, table and out 16-byte aligned) each thread loads up
 // to kBatch pieces of 8 bf16 before it stores any: one memory latency per 8K elements. The plain
 // per-element loop paid one latency per element per thread (its stores may alias the table for
-// the compiler): 10 us for one 6144-wide row at the start of every decode step (H200 CUPTI trace,
-// docs/perf-log.md session 19).
+// the compiler): 10 us for one 6144-wide row at the start of every decode step (H200 CUPTI
+// trace).
 __global__ void __launch_bounds__(kThreads) embed_bf16_kernel(EmbedBf16Params p, bool vec) {
   const int64_t row = blockIdx.x;
   const int32_t id = p.ids[row];

@@ -1,4 +1,4 @@
-// The instruction lists of a persistent decode kernel (docs/dev/decode-persistent-layer.md) and
+// The instruction lists of a persistent decode kernel (docs/design/decode-kernels.md) and
 // the host check that they cannot deadlock. Host-only (no CUDA): the lists are built and checked
 // once per (layer kind, batch bucket) before the first launch, and the kernel then trusts them.
 //

@@ -1,10 +1,11 @@
 // What one rank of a tensor-parallel (and optionally expert-parallel) group holds of MiniMax-M3
-// (../shared/docs/design.md, "Tensor parallel"): attention heads and the dense / shared-expert
-// intermediate dimension split by rank; routed experts either split whole by rank (expert
-// parallel) or each split by its intermediate dimension (tensor parallel MoE). Column-parallel
-// linears (q|k|v|index q, gate|up) keep the rank's rows, row-parallel ones (o_proj, down) the
-// rank's columns; their partial outputs are summed across ranks (all-reduce, fused with the
-// residual add, in the multi-GPU issue). The index key (one head) and the router are replicated.
+// (docs/design/architecture.md, "Tensor parallelism"): attention heads and the dense /
+// shared-expert intermediate dimension split by rank; routed experts either split whole by rank
+// (expert parallel) or each split by its intermediate dimension (tensor parallel MoE).
+// Column-parallel linears (q|k|v|index q, gate|up) keep the rank's rows, row-parallel ones
+// (o_proj, down) the rank's columns; their partial outputs are summed across ranks (all-reduce,
+// fused with the residual add; not wired yet: --tp above 1 is refused). The index key (one head)
+// and the router are replicated.
 //
 // Host-only (no CUDA): the CUDA model's loader slices weights with these ranges and
 // loader/raw_slice.h; one rank (the default) is the whole model.

@@ -92,7 +92,7 @@ struct SparseDecodeParams {
   // With mma and top_k == 16, where the split grid has at most one CTA per SM (batch 1-2 on
   // M3.1-Flash): the 16 split CTAs of a (KV group, sequence) as one thread-block cluster that
   // merges the partial states itself (sparse_decode_mma.cu; no combine launch, the partial
-  // buffers unused): the same bits. H200, 8-layer steps, same call (docs/perf-log.md session 22):
+  // buffers unused): the same bits. H200, 8-layer steps, same call:
   // batch 1 -1.6 / -0.9 / -0.7 % at 1K / 4K / 32K, batch 8 +2.1 % (512 CTAs of 78 KB: two per
   // SM instead of three), hence the limit. Where the GPU cannot schedule the cluster, the two
   // launches. force_cluster_combine (tests): at any grid size.

@@ -3,7 +3,7 @@
 // of batches >= 8 where the grid fills the GPU without key splits (sparse_decode.cu launches it
 // when SparseDecodeParams::mma is set; its combine merges the partial states unchanged).
 //
-// Why (H200, docs/perf-log.md session 12): the float32-FMA split kernel does 2 x 16 x 128 x 128
+// Why (measured on the H200): the float32-FMA split kernel does 2 x 16 x 128 x 128
 // FMAs per CTA for 64 KB of keys and values; at batch 32-128 it ran at 16-18 TFLOP/s and 1.3-1.4
 // TB/s (B=128, 4K: 466 us per layer for 673 MB), bound by its arithmetic and shared-memory loads,
 // not by HBM. Here the same work is 32 + 32 mma per warp.

@@ -63,7 +63,7 @@ int choose_width(int64_t ctas, int64_t stages, const int* occ, int sms, bool pac
   if (ctas <= int64_t{occ[best]} * sms) return best;
   // NVFP4 experts in the mma layout over several waves: one warp per CTA, the most warps per SM
   // (H200, cuda_decode_bench: 2 / 8 / 32 / 128 tokens 82.6 / 255.6 / 693.2 / 1221.8 us against
-  // 87.2 / 257.1 / 722.3 / 1276.2 with 2 warps; docs/perf-log.md session 12). One wave (a token)
+  // 87.2 / 257.1 / 722.3 / 1276.2 with 2 warps). One wave (a token)
   // keeps 2: 56.0 against 51.4 us.
   if (packed_grouped) return 1;
   if (ctas >= 4 * int64_t{occ[4]} * sms) return 2;
@@ -90,7 +90,7 @@ Status launch_one(const QuantGemvParams& p, dim3 grid, cudaStream_t s) {
 }
 
 // Whether the NVFP4 activations go through the weight ring (the kernel's kStageX): where every
-// group has at most one row and p.stage_x. H200 (docs/perf-log.md, session 16): the NVFP4
+// group has at most one row and p.stage_x. H200: the NVFP4
 // experts at one token 53.0 -> 49.2 us. Not MXFP8: at one row it was slower so (shared gate|up
 // 18.1 -> 19.2 us, down 11.3 -> 12.0; its 256-byte slices per stage are L1 hits).
 // M3_GEMV5_STAGE_X=0 turns it off, for benchmarks.

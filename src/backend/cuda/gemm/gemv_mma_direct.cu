@@ -2,7 +2,7 @@
 // cores, the weights loaded straight into registers two stages ahead (no shared-memory ring),
 // from the mma layout (quant/mxfp8_mma_layout.h: 2-KB contiguous runs) or row-major.
 //
-// Why (H200, docs/perf-log.md session 10): at one row variant 3 (float FMAs, ~0.24 instructions
+// Why (measured on the H200): at one row variant 3 (float FMAs, ~0.24 instructions
 // per weight byte) ran qkv [9856 x 6144] in 22.5 us and variant 5 (tensor cores through a
 // cp.async ring) in 25.0 us, against a 17.5-us plain read of the same bytes. This kernel on
 // row-major weights was no faster (26.7 us): each warp's 16 rows are 32-byte pieces K bytes
@@ -67,7 +67,7 @@ constexpr int kMaxRows = 8;                   // the mma's N
 constexpr int kMaxWarps = 8;
 constexpr int kPad = 8;                       // f16 elements after each activation row (banks)
 // Stages each warp keeps in flight in registers (2 x 2 KB; 3 or 4 spend the registers of more
-// warps and were no faster: docs/perf-log.md session 10).
+// warps and were no faster on the H200).
 constexpr int kStagesInFlight = 2;
 
 __device__ __forceinline__ uint2 ld_stream8(const uint8_t* p) {
@@ -289,8 +289,7 @@ Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
   // Warps per CTA: the widest whose grid is resident in one wave with at most ~24 warps per SM;
   // one warp where wider CTAs would leave a second wave (the dense gate|up's 1536 tiles); never
   // more warps than stages. H200, one row, this choice against 2 / 4 / 8 warps forced: qkv 20.6
-  // against 24.9 / 20.5 / 24.5 us, o_proj 18.6 against 26.9 / 19.6 / 21.4 (docs/perf-log.md
-  // session 10, run 2).
+  // against 24.9 / 20.5 / 24.5 us, o_proj 18.6 against 26.9 / 19.6 / 21.4.
   int warps = 1;
   for (int w = 1; w <= kMaxWarps; ++w)
     if (tiles * w <= int64_t{24} * sms && tiles <= int64_t{occ[w]} * sms) warps = w;

@@ -106,7 +106,7 @@ struct QuantGemvParams {
   // its one L2 slice serves in turn (the mechanism the measurements point to, not profiled);
   // through L1 the CTAs of an SM share one request. H200,
   // cuda_decode_bench, the batch-1 experts' gate|up: 37.1 against 44.2 us, the same as not
-  // copying the activations at all (docs/perf-log.md session 21). The slices are read after the
+  // copying the activations at all. The slices are read after the
   // PDL wait, as every L1 read of an earlier kernel's output here, so no stale line can answer
   // (cuda_real_model_test compares graphs with PDL against eager serial launches bitwise at
   // batch 1). Bitwise the same results; false only for A/B runs (M3_GEMV5_X_L1=0).

@@ -37,7 +37,7 @@
 //    k-step i are the 8 contiguous bytes at column 32t + 4i (no byte permutes). ncu, experts at
 //    batch 1: 25 instead of 33 instructions per mma; 1.1x (H200: 70.9 -> 62.4 us at T=1).
 //
-// Measured (H200, docs/perf-log.md): 1.2-4x variant 3 from 2 activation rows and for the NVFP4
+// Measured (H200): 1.2-4x variant 3 from 2 activation rows and for the NVFP4
 // experts at any batch, but slower than variant 3 for MXFP8 at one row, where each warp's
 // instruction stream (dequantise, mma, scale) is latency-bound (ncu: 12.6 cycles per issued
 // instruction, < 1 eligible warp per scheduler).
@@ -70,8 +70,8 @@ struct MmaTraits<QuantFormat::kNvfp4> {
   static constexpr int kU = 2;               // chunks per stage (2 KB)
   static constexpr int kScaleBytes = 16 * 2 * 8;  // 16 rows x 2 chunks x 8 E4M3 bytes
 };
-// Ring slots per warp: one stage in flight while one is used. Measured on the H200 (docs/
-// perf-log.md, session 7) against 3 and 4 slots: NVFP4 experts at 1 / 8 / 32 tokens 52.8 / 263.7 /
+// Ring slots per warp: one stage in flight while one is used. Measured on the H200 against 3
+// and 4 slots: NVFP4 experts at 1 / 8 / 32 tokens 52.8 / 263.7 /
 // 734.8 us (3 slots 56.2 / 267.2 / 737.3, 4 slots 59.5 / 294.0 / 790.6), MXFP8 o_proj at 8 rows
 // 24.1 us (24.3, 29.4): the warps are bound by their instruction latency, not by the loads in
 // flight, and smaller rings leave more of the SM's unified memory to L1 (the activations) and
@@ -324,13 +324,13 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // kStageX (NVFP4, NG == 1, one activation row per pass): the row's slice of each stage is copied into
 // the ring slot with the stage's weights (one more 16-byte cp.async per lane), so the mma reads
 // its activations from shared memory instead of through L1. Without it each chunk's first mma
-// waits for an L1/L2 load issued at the chunk's start (ncu, session 12: long-scoreboard stalls
+// waits for an L1/L2 load issued at the chunk's start (ncu: long-scoreboard stalls
 // first, mostly that load; L1 hit rate 31 %: a warp reads each activation once, and the CTAs of
 // an SM read them at about the same time). More rows per group take one pass (one stream of the
 // weights) per row, so the launcher chooses it only where a group has at most one row (batch-1
 // decode: a token picks an expert once). The slice goes through L1 (p.stage_x_l1): at one token
 // every CTA copies the same row at about the same stage, and through L2 alone those requests
-// queue at the line's L2 slice (the experts' gate|up 44.2 -> 37.1 us, session 21).
+// queue at the line's L2 slice (the experts' gate|up 44.2 -> 37.1 us).
 // kScaleOut (kPacked and kStageX): the block scales multiply the mma's outputs instead of its A
 // operands. With one activation row the mma's 8 B columns are free: the lanes of column c =
 // 2t' + h carry the activations of k-group t' in the k-steps of half h (k-steps 4h .. 4h + 3,
@@ -338,11 +338,11 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // staged chunk), so output column c of a chunk holds its rows' sums over block c alone; the lane
 // holding columns 2t, 2t + 1 multiplies them by the scales of blocks 2t, 2t + 1 (4 FFMA per
 // chunk instead of 4 HMUL2 per mma), and the columns are summed at the end. SASS: 205 instead
-// of 256 instructions per stage's compute (16 mma). H200, one call (docs/perf-log.md session
-// 18, run 1): 8-layer model steps 1.622 / 1.685, 1.625 / 1.685, 1.621 / 1.693 ms (batch 1 at 1K
+// of 256 instructions per stage's compute (16 mma). H200, one call: 8-layer model steps
+// 1.622 / 1.685, 1.625 / 1.685, 1.621 / 1.693 ms (batch 1 at 1K
 // / 4K) against 1.644 / 1.701, 1.640 / 1.700, 1.641 / 1.698 without; the experts alone only
 // 62.3-62.5 against 62.8-63.2 us: alone they are not bound by their instruction count; 60
-// layers at batch 1: -2.0 to -2.6 % (run 3).
+// layers at batch 1: -2.0 to -2.6 %.
 template <QuantFormat F, int NG, bool kPacked = false, bool kStageX = false,
           bool kScaleOut = false>
 __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
   // 1.575 / 1.554 / 1.564 ms at batch 1, 1K; 1.615 / 1.618 / 1.614 against 1.629 / 1.613 /
   // 1.625 at 4K; 2.820 / 2.825 / 2.830 against 2.839 / 2.820 / 2.838 at batch 8. Alone (no
   // kernel before it to overlap) the batch-1 experts lose by it, 50.9-51.1 against 49.3-49.4
-  // us: the first mma then waits for both stages (docs/perf-log.md, session 17).
+  // us: the first mma then waits for both stages.
   int prefetched = min(nst, kMmaStages);
   for (int i = 0; i < prefetched; ++i) issue_weights(st_begin + i, i);
   if (early) {
@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
     // Packed NVFP4 at one group of 8 tokens: the odd k-steps accumulate apart, so that the
     // chunk's 8 mma form two dependent chains instead of one (with NG > 1 the groups already do).
     // H200, cuda_decode_bench experts: 1 / 8 / 32 tokens 51.2-51.9 / 251.6-252.7 / 689.0-690.5
-    // us against 51.9-52.1 / 253.1-253.4 / 692.6-697.3 (docs/perf-log.md session 12).
+    // us against 51.9-52.1 / 253.1-253.4 / 692.6-697.3.
     constexpr bool kOddChain = kPacked && NG == 1 && !kScaleOut;
     float acc_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 

@@ -2,8 +2,8 @@
 // group (batch-1 and small-batch decode). Written after ncu showed variant 5 (quant_gemv_mma.cuh)
 // at ~41 % of HBM for the NVFP4 experts at batch 1, to test whether short-lived CTAs (one 16-row
 // tile each: a pipeline fill and an exit per tile, per-lane cp.async addressing) were what held
-// it back. Measured on the H200 (docs/perf-log.md, session 6): no; at batch 1 it is between 6 %
-// faster and 32 % slower than the best other variant per matrix (runs 5 and 9), and slower
+// it back. Measured on the H200: no; at batch 1 it is between 6 %
+// faster and 32 % slower than the best other variant per matrix, and slower
 // inside the model, where its one-CTA-per-SM launches cannot overlap the shared expert's stream.
 // It stays selectable
 // (QuantGemvParams::variant = 6, CudaM3Options::decode_gemv_variant = 6) and tested, as the base

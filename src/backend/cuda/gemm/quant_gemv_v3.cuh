@@ -1,6 +1,6 @@
 // GEMV variant 3 for MXFP8 / NVFP4 weights and 1..8 (per group) activation rows, designed for
 // HBM bandwidth on H200 after the first run showed variants 0/1 latency-bound (96 registers, 25 %
-// occupancy, the scale load issued after the weight load was consumed; docs/perf-log.md).
+// occupancy, the scale load issued after the weight load was consumed).
 //
 // Work split: a CTA (8 warps) owns one K-slice of kC chunks (a chunk = one 16-byte load per lane
 // per weight row: 512 MXFP8 / 1024 NVFP4 elements) and a tile of 8·RW·iters weight rows of one

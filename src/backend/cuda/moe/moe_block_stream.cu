@@ -63,7 +63,7 @@ constexpr int kMaxRing = 16;
 // bandwidth (~0.8 us x 4.8 TB/s / 132 SMs is ~30 KB), no more, because every request queued
 // beyond that delays the dependent loads (router rows, logits, counters) by its share of the
 // queue. H200: the router rows were done 2.3 / 3.1 / 5.9 us after the start with 2 / 4 / 10
-// stages in flight (docs/perf-log.md session 14).
+// stages in flight.
 constexpr int kEarlyDepth = 3;
 // Bytes of an f16 activation row of K elements in shared memory (+64: rows of a quarter-warp on
 // other banks; 128-byte multiples).
@@ -103,8 +103,7 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   return v;
 }
 __device__ __forceinline__ void spin_until(const uint32_t* p, uint32_t target) {
-  // Backed off, since every CTA polls the same words (added with run 6's changes; its own
-  // effect was not measured apart: docs/perf-log.md session 14).
+  // Backed off, since every CTA polls the same words (its own effect was not measured apart).
   while (ld_acquire(p) < target) __nanosleep(64);
   __threadfence();
 }

@@ -1,8 +1,8 @@
-// The batch-1 MoE block of a decode step in one persistent launch (step 1 of
-// docs/dev/decode-persistent-layer.md): the router GEMV, its sigmoid top-k and grouping, the
-// shared expert (MXFP8 gate|up + SwiGLU, down) and the routed experts (NVFP4 gate|up + SwiGLU,
-// down), from the post-attention norm's output to the outputs the next norm sums (the shared
-// expert's row and one row per routed slot).
+// The batch-1 MoE block of a decode step in one persistent launch (the first piece of the
+// persistent decode layer, docs/design/decode-kernels.md): the router GEMV, its sigmoid top-k and
+// grouping, the shared expert (MXFP8 gate|up + SwiGLU, down) and the routed experts (NVFP4
+// gate|up + SwiGLU, down), from the post-attention norm's output to the outputs the next norm
+// sums (the shared expert's row and one row per routed slot).
 //
 // Why: per kernel, every weight stream starts and stops with its launch, and the routed experts'
 // stream cannot start before the router's kernel has ended. Here one CTA per SM stays resident
@@ -18,14 +18,14 @@
 // list, so the lists cannot deadlock while all CTAs are resident (one per SM, grid = the SM
 // count).
 //
-// Measured (H200, M3.1-Flash shapes, docs/perf-log.md session 14): correct, but slower than the
+// Measured (H200, M3.1-Flash shapes): correct, but slower than the
 // per-kernel path: 78.4-79.0 us per block alone against 75.3-75.9 us for the per-kernel sequence on
 // one stream, and ~12 us more per MoE layer inside the model, where the per-kernel path overlaps
 // the shared expert's stream with the router and the routed experts on a second stream. At one
 // token the NVFP4 experts' dequantisation bounds their consumers at ~2.4-2.6 TB/s in either design,
 // so removing the kernel boundaries does not shorten the block. CudaM3Options::persistent_moe is
 // off by default; the kernel stays as the tested base of the persistent decode layer
-// (docs/dev/decode-persistent-layer.md).
+// (docs/design/decode-kernels.md).
 //
 // Results: the logits, top-k ids and weights and the grouping are bitwise those of
 // launch_moe_route (the same dot order, the same top-k device code, a warp grouping equal to

@@ -14,7 +14,7 @@
 // and the grouping on logits the others stored into its shared memory: no global round trip
 // between the norm and the routing.
 //
-// Measured (H200, M3.1-Flash, docs/perf-log.md session 15): the routing is ready 11.0 us after
+// Measured (H200, M3.1-Flash): the routing is ready 11.0 us after
 // o_proj ends instead of 17.7 (the CTAs, 211 KB of shared memory each, become resident only at
 // o_proj's tail, so the copies do not overlap it), but the step is slower: the separate router's
 // window was filled by the shared expert, which then has to share the routed experts' window.

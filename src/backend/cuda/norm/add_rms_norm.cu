@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm_kernel(AddRmsNormParams
 // one. The CTAs' sums of squares and f16 row maxima are exchanged through distributed shared
 // memory: each CTA stores its partial into slot `rank` of every CTA of the cluster, then one
 // cluster barrier, then every CTA sums the slots in rank order (the same total everywhere).
-// H200 (docs/perf-log.md session 11): 8-layer batch-1 steps ~0.5 % shorter; inside the model a
+// H200: 8-layer batch-1 steps ~0.5 % shorter; inside the model a
 // norm's duration is set mostly by the next GEMV's weight stream, which starts beside it.
 constexpr int kClusterThreads = 256;  // hidden <= 8 · 256 · 4 = 8192
 

@@ -5,7 +5,7 @@
 // header.
 //
 // The delta can also be produced here, which saves the small kernel that would write it (at batch
-// 1 each such launch costs as much as its work; docs/perf-log.md, session 5):
+// 1 each such launch costs as much as its work):
 //  * split-K partial sums of a GEMV (quant_gemv.h): delta[t] = Σ_s partial[s, t] summed from 0 in
 //    slice order, bit for bit what the GEMV's epilogue would have stored;
 //  * the MoE combine (moe_combine.h): delta[t] = Σ_s w[t, s] · contrib[t·K + s] (+ shared[t]),

@@ -28,8 +28,8 @@ __device__ __forceinline__ float4 mul4(float4 a, float s) {
 // order, the first product not added to 0).
 // Sources up to this many (split-K slices, MoE slots) are all requested before the first sum:
 // with the loop below the loads went out one L2 round trip after another (the MoE-combine norm
-// took ~6.7 us at batch 1 against ~3 us for a stored delta; H200 trace, docs/perf-log.md
-// session 15). The sums keep their order, so the bits are the loop's.
+// took ~6.7 us at batch 1 against ~3 us for a stored delta; H200 trace). The sums keep their
+// order, so the bits are the loop's.
 constexpr int kHoistedSources = 8;
 
 __device__ __forceinline__ float4 fused_delta(const AddRmsNormParams& p, int64_t t, int64_t i,

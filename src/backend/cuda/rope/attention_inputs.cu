@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
     slot = kv_cache_slot(c, p.block_tables, p.max_blocks, tok, pos);
   // The norm weight's factors and the rotation's sin / cos (a weight load and a double-precision
   // sincos per dim) depend only on the layer and the position: computed under the GEMV too, not
-  // after the projection's loads (docs/perf-log.md session 22).
+  // after the projection's loads.
   const uint16_t* weight = sg == kSegQ    ? p.q_norm
                            : sg == kSegK  ? p.k_norm
                            : sg == kSegIq ? p.iq_norm

@@ -49,8 +49,8 @@ struct SampleParams {
   // Optional scratch that spreads each greedy row over kSampleGreedySplits CTAs (each takes the
   // argmax of a slice, the last to finish, by a ticket, reduces the slices' results; the same
   // token bit for bit: the (value, lowest id) maximum does not depend on the order). One CTA
-  // scanning the 200,064 logits of a row took 21 us per decode step on the H200 (docs/perf-log.md
-  // session 19). All three or none; tickets zero before the first launch (cudaMemset), and every
+  // scanning the 200,064 logits of a row took 21 us per decode step on the H200. All three or
+  // none; tickets zero before the first launch (cudaMemset), and every
   // launch leaves them zero.
   float* greedy_value = nullptr;         // [B, kSampleGreedySplits]
   int32_t* greedy_index = nullptr;       // [B, kSampleGreedySplits]
