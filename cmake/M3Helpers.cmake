@@ -11,7 +11,7 @@ if(M3_SANITIZE)
 endif()
 
 # m3_add_layer(NAME [DEPS dep...]): a static library m3_NAME from every .cpp in the calling folder
-# (not recursive). Layers depend only on the layers named in DEPS; see docs/design.md.
+# (not recursive). Layers depend only on the layers named in DEPS; see docs/design/architecture.md.
 function(m3_add_layer NAME)
   cmake_parse_arguments(ARG "" "" "DEPS;SOURCES" ${ARGN})
   if(ARG_SOURCES)

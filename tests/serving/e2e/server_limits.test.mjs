@@ -1,4 +1,4 @@
-// Server limits end to end on the real bundled model (issue 5): 1,000 idle keep-alive connections
+// Server limits end to end on the real bundled model: 1,000 idle keep-alive connections
 // held while requests still succeed, a non-streaming disconnect returning the KV pages, every
 // error status of the issue (400 with the parameter, context length with both numbers, 401 on
 // every route but /health, 404, 413, 429 when the waiting queue is full, 503 while draining), the
