@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/device.h"
 #include "cli/model_command.h"
 #include "cli/engine_run.h"
 
@@ -74,10 +73,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
 
   // The engine `serve` runs, with a KV pool of exactly this one request.
-  serving::EngineStackOptions o = engine_options(flags);
+  app::EngineStackOptions o = engine_options(flags);
   o.context_length = static_cast<int32_t>(
       std::min<int64_t>(INT32_MAX, static_cast<int64_t>(prompt.size()) + max_tokens));
-  auto loaded = serving::make_engine(flags.model_path, o);
+  auto loaded = app::make_engine(flags.model_path, o);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "m3serve generate: %s\n", loaded.status().to_string().c_str());
     return 1;

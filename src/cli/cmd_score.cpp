@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/device.h"
 #include "cli/model_command.h"
 #include "cli/engine_run.h"
 
@@ -63,10 +62,10 @@ int cmd_score(const std::vector<std::string>& args) {
 
   // The engine `serve` runs; the request asks for the logits of every prompt position and one
   // greedy token (which is not printed).
-  serving::EngineStackOptions o = engine_options(flags);
+  app::EngineStackOptions o = engine_options(flags);
   o.context_length = static_cast<int32_t>(
       std::min<int64_t>(INT32_MAX, static_cast<int64_t>(prompt.size()) + 1));
-  auto loaded = serving::make_engine(flags.model_path, o);
+  auto loaded = app::make_engine(flags.model_path, o);
   if (!loaded.is_ok()) {
     std::fprintf(stderr, "m3serve score: %s\n", loaded.status().to_string().c_str());
     return 1;

@@ -1,5 +1,6 @@
 #include <cstdio>
 
+#include "app/devices.h"
 #include "cli/commands.h"
 
 #ifndef M3_VERSION
@@ -13,11 +14,7 @@ namespace m3::cli {
 
 int cmd_version(const std::vector<std::string>& /*args*/) {
   std::printf("m3serve %s (commit %s)\n", M3_VERSION, M3_GIT_COMMIT);
-#if defined(M3_HAVE_CUDA)
-  std::printf("cuda: yes (sm_90a)\n");
-#else
-  std::printf("cuda: no\n");
-#endif
+  std::printf(app::cuda_built_in() ? "cuda: yes (sm_90a)\n" : "cuda: no\n");
   return 0;
 }
 

@@ -1,14 +1,14 @@
 #include "cli/engine_run.h"
 
-#include "cli/device.h"
+#include "app/devices.h"
 
 namespace m3::cli {
 
-serving::EngineStackOptions engine_options(const ModelCommandFlags& flags) {
-  serving::EngineStackOptions o;
+app::EngineStackOptions engine_options(const ModelCommandFlags& flags) {
+  app::EngineStackOptions o;
   o.device = flags.device;
-  o.make_backend = make_backend;
-  o.make_cuda_runner = make_cuda_model_runner;
+  o.make_backend = app::make_backend;
+  o.make_cuda_runner = app::make_cuda_model_runner;
   o.dummy_weights = flags.load_format == "dummy";
   o.num_layers = flags.num_layers;
   o.num_threads = static_cast<int32_t>(flags.threads);

@@ -8,13 +8,13 @@
 #include "cli/model_command.h"
 #include "core/status.h"
 #include "engine/engine.h"
-#include "serving/engine_stack.h"
+#include "app/engine_stack.h"
 
 namespace m3::cli {
 
 // --device, --threads, --prefill-chunk, --load-format and --num-layers as engine options; the
 // device factories of this binary (CUDA when built in).
-serving::EngineStackOptions engine_options(const ModelCommandFlags& flags);
+app::EngineStackOptions engine_options(const ModelCommandFlags& flags);
 
 struct EngineRun {
   std::vector<int32_t> tokens;       // generated, an EOS or stop token included

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/device.h"
+#include "app/devices.h"
 #include "core/status.h"
 
 namespace m3::cli {
@@ -172,7 +172,7 @@ int check_model_command_flags(const char* command, const ModelCommandFlags& flag
                  command, flags.format.c_str());
     return 2;
   }
-  if (flags.device == "cuda" && !cuda_built_in()) {
+  if (flags.device == "cuda" && !app::cuda_built_in()) {
     std::fprintf(stderr,
                  "m3serve %s: --device cuda: this m3serve was not built with the CUDA backend "
                  "(configure with -DM3_CUDA=ON where nvcc is installed)\n",

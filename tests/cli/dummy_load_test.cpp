@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.h"
-#include "cli/device.h"
+#include "app/devices.h"
 #include "core/dtype.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "../model/single_sequence.h"
@@ -109,15 +109,15 @@ TEST(DummyWeights, TinyConfigLoadsAndScores) {
 }
 
 TEST(DeviceFlag, CpuWorksCudaIsClearWithoutIt) {
-  auto cpu = cli::make_backend("cpu", 1);
+  auto cpu = app::make_backend("cpu", 1);
   ASSERT_TRUE(cpu.is_ok());
   EXPECT_EQ((*cpu)->kind(), DeviceKind::kCpu);
-  auto bad = cli::make_backend("tpu", 1);
+  auto bad = app::make_backend("tpu", 1);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("cpu or cuda"), std::string::npos);
-  auto cuda = cli::make_backend("cuda", 1);
+  auto cuda = app::make_backend("cuda", 1);
   // Compiled here without M3_HAVE_CUDA: the message says how to get it.
-  ASSERT_FALSE(cli::cuda_built_in());
+  ASSERT_FALSE(app::cuda_built_in());
   ASSERT_FALSE(cuda.is_ok());
   EXPECT_NE(cuda.status().message().find("not built with the CUDA backend"), std::string::npos)
       << cuda.status().message();

@@ -2,7 +2,6 @@
 
 #include "server/handlers/routes.h"
 #include "server/metrics.h"
-#include "server/serve_command.h"
 
 namespace m3::server {
 namespace {
@@ -47,70 +46,6 @@ TEST(Auth, BearerComparison) {
   EXPECT_TRUE(authorized("sk-1", "bearer sk-1"));  // the scheme is case-insensitive
   EXPECT_FALSE(authorized("sk-1", "bearer SK-1"));  // the key is not
   EXPECT_FALSE(authorized("sk-1", ""));
-}
-
-TEST(ServeFlags, SGLangNames) {
-  auto f = parse_serve_flags({"--model-path",
-                              "/m/M3",
-                              "--host",
-                              "127.0.0.1",
-                              "--port=8000",
-                              "--api-key",
-                              "k",
-                              "--reasoning-parser",
-                              "minimax-m3",
-                              "--tool-call-parser",
-                              "none",
-                              "--chunked-prefill-size",
-                              "4096",
-                              "--max-running-requests",
-                              "64",
-                              "--mem-fraction-static",
-                              "0.85",
-                              "--context-length",
-                              "32768",
-                              "--load-format",
-                              "dummy",
-                              "--served-model-name",
-                              "m3,alias",
-                              "--tp",
-                              "2",
-                              "--revision",
-                              "main",
-                              "--trust-remote-code",
-                              "--allowed-media-domains",
-                              "a.com,.b.org"});
-  ASSERT_TRUE(f.is_ok()) << f.status().message();
-  EXPECT_EQ(f->model_path, "/m/M3");
-  EXPECT_EQ(f->server.port, 8000);
-  EXPECT_EQ(f->server.api_key, "k");
-  EXPECT_EQ(f->server.tool_call_parser, "none");
-  EXPECT_EQ(f->chunked_prefill_size, 4096);
-  EXPECT_EQ(f->tp, 2);
-  EXPECT_DOUBLE_EQ(f->mem_fraction_static, 0.85);
-  EXPECT_EQ(f->server.context_length, 32768);
-  EXPECT_EQ(f->server.served_model_names, (std::vector<std::string>{"m3", "alias"}));
-  EXPECT_EQ(f->server.media.allowed_domains, (std::vector<std::string>{"a.com", ".b.org"}));
-  auto underscores = parse_serve_flags({"--model_path", "x"});
-  ASSERT_TRUE(underscores.is_ok());
-  EXPECT_EQ(underscores->model_path, "x");
-  EXPECT_EQ(parse_serve_flags({})->server.served_model_names.front(), "m3-tiny");
-}
-
-TEST(ServeFlags, ErrorsWithHints) {
-  auto f = parse_serve_flags({"--model-pth", "x"});
-  ASSERT_FALSE(f.is_ok());
-  EXPECT_NE(f.status().message().find("did you mean '--model-path'"), std::string::npos)
-      << f.status().message();
-  auto g = parse_serve_flags({"--mem-fraction", "0.8"});
-  ASSERT_FALSE(g.is_ok());
-  EXPECT_NE(g.status().message().find("--mem-fraction-static"), std::string::npos);
-  EXPECT_FALSE(parse_serve_flags({"--port", "http"}).is_ok());
-  EXPECT_FALSE(parse_serve_flags({"--port"}).is_ok());
-  EXPECT_FALSE(parse_serve_flags({"--reasoning-parser", "deepseek-r1"}).is_ok());
-  EXPECT_FALSE(parse_serve_flags({"--mem-fraction-static", "1.5"}).is_ok());
-  EXPECT_FALSE(parse_serve_flags({"stray"}).is_ok());
-  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
 }
 
 }  // namespace

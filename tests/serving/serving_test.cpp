@@ -15,10 +15,14 @@
 
 #include "engine/request.h"
 #include "serving/engine_detokenizer.h"
-#include "serving/engine_stack.h"
+#include "app/engine_stack.h"
 
 namespace m3::serving {
 namespace {
+
+using app::EngineStackOptions;
+using app::make_engine_stack;
+using app::EngineStack;
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -454,12 +458,12 @@ TEST(EngineStack, KvCacheBytesSizesThePoolAndIsValidated) {
   EXPECT_GT(pages_a, 0);
   EXPECT_LE(std::abs(pages_b - 2 * pages_a), 1) << pages_a << " " << pages_b;
 
-  server::ServeFlags flags;
-  flags.kv_cache_bytes = 123456789;
-  auto from = options_from_flags(flags);
+  app::ServeConfig config;
+  config.kv_cache_bytes = 123456789;
+  auto from = app::options_from_config(config);
   ASSERT_TRUE(from.is_ok());
   EXPECT_EQ(from->kv_cache_bytes, 123456789);
-  EXPECT_EQ(options_from_flags(server::ServeFlags{})->kv_cache_bytes, int64_t{512} << 20);
+  EXPECT_EQ(app::options_from_config(app::ServeConfig{})->kv_cache_bytes, int64_t{512} << 20);
 }
 
 TEST(EngineStack, MissingModelDirectoryIsNamed) {

@@ -1,4 +1,4 @@
-#include "serving/engine_stack.h"
+#include "app/engine_stack.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,11 +13,11 @@
 #include "sample/sampling_params.h"
 #include "serving/engine_detokenizer.h"
 
-namespace m3::serving {
+namespace m3::app {
 
 namespace fs = std::filesystem;
 
-Result<EngineStackOptions> options_from_flags(const server::ServeFlags& f) {
+Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   EngineStackOptions o;
   if (f.tp != 1) {
     return Status(StatusCode::kUnimplemented,
@@ -193,18 +193,18 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
   }
   // Tokenizer and template first: they fail fast and cheaply.
-  M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, load_tokenizer(model_path));
+  M3_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer, serving::load_tokenizer(model_path));
   M3_ASSIGN_OR_RETURN(ChatTemplate tmpl, load_chat_template(model_path));
-  auto tails = std::make_shared<DetokenizerTails>();
+  auto tails = std::make_shared<serving::DetokenizerTails>();
   M3_ASSIGN_OR_RETURN(LoadedEngine loaded,
-                      make_engine(model_path, options, make_detokenizer_factory(tokenizer, tails)));
+                      make_engine(model_path, options, serving::make_detokenizer_factory(tokenizer, tails)));
   EngineStack stack;
   stack.backend =
-      std::make_unique<EngineBackend>(std::move(loaded.engine), loaded.context_length,
+      std::make_unique<serving::EngineBackend>(std::move(loaded.engine), loaded.context_length,
                                       std::move(loaded.keepalive), std::move(tails));
-  stack.codec = std::make_unique<TokenizerCodec>(tokenizer);
-  stack.renderer = std::make_unique<TemplateRenderer>(std::move(tmpl));
+  stack.codec = std::make_unique<serving::TokenizerCodec>(tokenizer);
+  stack.renderer = std::make_unique<serving::TemplateRenderer>(std::move(tmpl));
   return stack;
 }
 
-}  // namespace m3::serving
+}  // namespace m3::app

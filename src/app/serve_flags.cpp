@@ -1,21 +1,14 @@
-#include "server/serve_command.h"
+#include "app/serve_flags.h"
 
 #include <algorithm>
-#include <atomic>
-#include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
-#include <memory>
-#include <thread>
+#include <string_view>
 
 #include "chat/parsers/output_parser.h"
-#include "server/fake/fake_backend.h"
-#include "server/fake/fake_codec.h"
-#include "server/fake/fake_renderer.h"
-#include "server/server.h"
+#include "server/fake/fake_flags.h"
 
-namespace m3::server {
+namespace m3::app {
 
 namespace {
 
@@ -23,7 +16,7 @@ struct Flag {
   const char* name;
   bool takes_value;
   const char* help;  // nullptr: hidden
-  std::function<Status(ServeFlags&, const std::string&)> set;
+  std::function<Status(ServeConfig&, const std::string&)> set;
 };
 
 Result<int64_t> to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
@@ -51,7 +44,7 @@ Result<double> to_double(const std::string& flag, const std::string& v, double l
 }
 
 #define INT_FLAG(field, lo, hi)                       \
-  [](ServeFlags& f, const std::string& v) -> Status { \
+  [](ServeConfig& f, const std::string& v) -> Status { \
     auto r = to_int(current_flag(), v, lo, hi);       \
     if (!r.is_ok()) return r.status();                \
     f.field = static_cast<decltype(f.field)>(*r);     \
@@ -79,28 +72,28 @@ std::vector<std::string> split_list(const std::string& v) {
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> kFlags = {
       {"--model-path", true, "checkpoint directory (default: the bundled models/m3-tiny)",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          f.model_path = v;
          return Status::ok();
        }},
       {"--host", true, "address to listen on (default 0.0.0.0)",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          f.server.host = v;
          return Status::ok();
        }},
       {"--port", true, "port (default 30000; 0 picks a free one)", INT_FLAG(server.port, 0, 65535)},
       {"--api-key", true, "require 'Authorization: Bearer <key>' on every route but /health",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          f.server.api_key = v;
          return Status::ok();
        }},
       {"--served-model-name", true, "model name(s) reported and accepted, comma-separated",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          f.server.served_model_names = split_list(v);
          return Status::ok();
        }},
       {"--reasoning-parser", true, "minimax-m3 (default) or none",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          if (!chat::is_known_reasoning_parser(v))
            return invalid_argument("--reasoning-parser: unknown parser '" + v +
                                    "'; available: minimax-m3, none");
@@ -108,7 +101,7 @@ const std::vector<Flag>& flags() {
          return Status::ok();
        }},
       {"--tool-call-parser", true, "minimax-m3 (default) or none",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          if (!chat::is_known_tool_parser(v))
            return invalid_argument("--tool-call-parser: unknown parser '" + v +
                                    "'; available: minimax-m3, none");
@@ -128,14 +121,14 @@ const std::vector<Flag>& flags() {
        "length",
        INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
       {"--mem-fraction-static", true, "GPU memory fraction for weights + KV cache",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          auto r = to_double("--mem-fraction-static", v, 0.0, 1.0);
          if (!r.is_ok()) return r.status();
          f.mem_fraction_static = *r;
          return Status::ok();
        }},
       {"--load-format", true, "auto, safetensors or dummy",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          if (v != "auto" && v != "safetensors" && v != "dummy")
            return invalid_argument("--load-format: '" + v + "'; allowed: auto, safetensors, dummy");
          f.load_format = v;
@@ -144,37 +137,37 @@ const std::vector<Flag>& flags() {
       {"--tp", true, "tensor-parallel size (also --tp-size)", INT_FLAG(tp, 1, 64)},
       {"--tp-size", true, nullptr, INT_FLAG(tp, 1, 64)},
       {"--device", true, "auto, cuda or cpu",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          if (v != "auto" && v != "cuda" && v != "cpu")
            return invalid_argument("--device: '" + v + "'; allowed: auto, cuda, cpu");
          f.device = v;
          return Status::ok();
        }},
       {"--speculative-algorithm", true, "DSPARK, MTP or NEXTN (when the engine supports it)",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          f.speculative_algorithm = v;
          return Status::ok();
        }},
       {"--enable-hierarchical-cache", false, "host-memory KV tier",
-       [](ServeFlags& f, const std::string&) {
+       [](ServeConfig& f, const std::string&) {
          f.enable_hierarchical_cache = true;
          return Status::ok();
        }},
       {"--hicache-size", true, "host KV tier size in GB",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          auto r = to_double("--hicache-size", v, 0.0, 1e6);
          if (!r.is_ok()) return r.status();
          f.hicache_size_gb = *r;
          return Status::ok();
        }},
       {"--revision", true, "ignored (offline: the checkpoint directory is used as is)",
-       [](ServeFlags&, const std::string&) { return Status::ok(); }},
+       [](ServeConfig&, const std::string&) { return Status::ok(); }},
       {"--trust-remote-code", false, "ignored (accepted for SGLang compatibility)",
-       [](ServeFlags&, const std::string&) { return Status::ok(); }},
+       [](ServeConfig&, const std::string&) { return Status::ok(); }},
       {"--enable-metrics", false, "accepted; /metrics is always on",
-       [](ServeFlags&, const std::string&) { return Status::ok(); }},
+       [](ServeConfig&, const std::string&) { return Status::ok(); }},
       {"--allowed-media-domains", true, "hosts allowed in remote image URLs, comma-separated",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          f.server.media.allowed_domains = split_list(v);
          return Status::ok();
        }},
@@ -188,7 +181,7 @@ const std::vector<Flag>& flags() {
        INT_FLAG(server.max_connections, 1, 10000000)},
       {"--keep-alive-timeout", true,
        "seconds a connection may wait without a complete request header (default 5)",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          auto r = to_double("--keep-alive-timeout", v, 0.1, 3600.0);
          if (!r.is_ok()) return r.status();
          f.server.keep_alive_timeout = std::chrono::milliseconds(static_cast<int64_t>(*r * 1000));
@@ -198,28 +191,12 @@ const std::vector<Flag>& flags() {
       {"--tokenizer-worker-num", true, "request preprocessing threads (default 2)",
        INT_FLAG(server.worker_threads, 1, 256)},
       {"--drain-timeout", true, "seconds in-flight requests get on SIGTERM (default 30)",
-       [](ServeFlags& f, const std::string& v) {
+       [](ServeConfig& f, const std::string& v) {
          auto r = to_double("--drain-timeout", v, 0.0, 86400.0);
          if (!r.is_ok()) return r.status();
          f.server.drain_timeout = std::chrono::milliseconds(static_cast<int64_t>(*r * 1000));
          return Status::ok();
        }},
-      {"--help", false, "show this help",
-       [](ServeFlags& f, const std::string&) {
-         f.help = true;
-         return Status::ok();
-       }},
-      // Hidden test flags.
-      {"--fake-backend", false, nullptr,
-       [](ServeFlags& f, const std::string&) {
-         f.fake_backend = true;
-         return Status::ok();
-       }},
-      {"--fake-tokens-per-step", true, nullptr, INT_FLAG(fake_tokens_per_step, 1, 64)},
-      {"--fake-step-ms", true, nullptr, INT_FLAG(fake_step_ms, 0, 10000)},
-      {"--fake-ready-after-ms", true, nullptr, INT_FLAG(fake_ready_after_ms, 0, 600000)},
-      {"--fake-max-running", true, nullptr, INT_FLAG(fake_max_running, 1, 1000000)},
-      {"--fake-load-ms", true, nullptr, INT_FLAG(fake_load_ms, 0, 600000)},
   };
   return kFlags;
 }
@@ -247,16 +224,18 @@ std::string serve_help() {
       "options:\n";
   for (const auto& f : flags()) {
     if (!f.help) continue;
-    char line[256];
+    char line[512];
     std::snprintf(line, sizeof line, "  %-28s %s\n",
                   (std::string(f.name) + (f.takes_value ? " V" : "")).c_str(), f.help);
     out += line;
   }
+  out += "  --help                       show this help\n";
   return out;
 }
 
-Result<ServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
-  ServeFlags out;
+Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
+  ParsedServeFlags parsed;
+  ServeConfig& out = parsed.config;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i];
     std::string value;
@@ -268,10 +247,18 @@ Result<ServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
     }
     std::string normalized = arg;
     std::replace(normalized.begin(), normalized.end(), '_', '-');
+    if (normalized == "--help" || normalized == "-h") {
+      if (has_inline) return invalid_argument("--help takes no value");
+      parsed.help = true;
+      continue;
+    }
     const Flag* flag = nullptr;
     for (const auto& f : flags())
       if (normalized == f.name) flag = &f;
-    if (!flag) {
+    const server::FakeFlag* fake = nullptr;
+    for (const auto& f : server::fake_flags())
+      if (normalized == f.name) fake = &f;
+    if (!flag && !fake) {
       if (arg.rfind("--", 0) != 0) {
         return invalid_argument("unexpected argument '" + arg + "' (flags start with --)");
       }
@@ -290,14 +277,16 @@ Result<ServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
       }
       return invalid_argument(msg + " (see 'm3serve serve --help')");
     }
-    if (flag->takes_value && !has_inline) {
-      if (i + 1 >= args.size()) return invalid_argument(std::string(flag->name) + " needs a value");
+    const char* name = flag ? flag->name : fake->name;
+    const bool takes_value = flag ? flag->takes_value : fake->takes_value;
+    if (takes_value && !has_inline) {
+      if (i + 1 >= args.size()) return invalid_argument(std::string(name) + " needs a value");
       value = args[++i];
-    } else if (!flag->takes_value && has_inline) {
-      return invalid_argument(std::string(flag->name) + " takes no value");
+    } else if (!takes_value && has_inline) {
+      return invalid_argument(std::string(name) + " takes no value");
     }
-    g_current_flag = flag->name;
-    Status s = flag->set(out, value);
+    g_current_flag = name;
+    Status s = flag ? flag->set(out, value) : fake->set(out.fake, value);
     if (!s.is_ok()) return s;
   }
   out.server.model_path = out.model_path;
@@ -306,78 +295,7 @@ Result<ServeFlags> parse_serve_flags(const std::vector<std::string>& args) {
     while (name.size() > 1 && name.back() == '/') name.pop_back();
     out.server.served_model_names.push_back(name);
   }
-  return out;
+  return parsed;
 }
 
-int run_serve_command(const std::vector<std::string>& args, const ModelStackFactory& make_model) {
-  auto parsed = parse_serve_flags(args);
-  if (!parsed.is_ok()) {
-    std::fprintf(stderr, "m3serve serve: %s\n", parsed.status().message().c_str());
-    return 2;
-  }
-  ServeFlags& f = *parsed;
-  if (f.help) {
-    std::fputs(serve_help().c_str(), stdout);
-    return 0;
-  }
-  ModelStackFactory factory = make_model;
-  if (f.fake_backend) {
-    factory = [](const ServeFlags& f) -> Result<ModelStack> {
-      std::this_thread::sleep_for(std::chrono::milliseconds(f.fake_load_ms));
-      FakeBackendOptions fo;
-      fo.context_length = f.server.context_length > 0 ? f.server.context_length : 8192;
-      fo.tokens_per_step = f.fake_tokens_per_step;
-      fo.step_ms = f.fake_step_ms;
-      fo.ready_after = std::chrono::milliseconds(f.fake_ready_after_ms);
-      fo.max_running = f.fake_max_running;
-      fo.max_waiting = f.max_queued_requests;
-      ModelStack stack;
-      stack.backend = std::make_unique<FakeBackend>(fo);
-      stack.codec = std::make_unique<FakeCodec>();
-      stack.renderer = std::make_unique<FakeRenderer>();
-      return stack;
-    };
-  }
-  if (!factory) {
-    std::fprintf(stderr, "m3serve serve: no model backend is linked in; use --fake-backend\n");
-    return 1;
-  }
-
-  DeferredModel model;  // declared first: outlives the server
-  Server server(f.server, model.backend(), model.codec(), model.renderer());
-  Status s = server.start();
-  if (!s.is_ok()) {
-    std::fprintf(stderr, "m3serve serve: %s\n", s.message().c_str());
-    return 1;
-  }
-  std::atomic<bool> load_failed{false};
-  auto load = [&] {
-    auto stack = factory(f);
-    if (!stack.is_ok()) {
-      std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
-      load_failed.store(true);
-      std::raise(SIGTERM);  // ends wait_for_signal_and_drain()
-      return;
-    }
-    model.install(std::move(stack).value());
-    std::fprintf(stderr, "m3serve: model loaded\n");
-    std::fflush(stderr);
-  };
-  // The fake backend without --fake-load-ms has nothing to load: install it before announcing the
-  // port, so a client that starts sending at once never races the background load (a 503).
-  const bool load_now = f.fake_backend && f.fake_load_ms == 0;
-  if (load_now) load();
-  std::fprintf(stderr, "m3serve: serving '%s' on http://%s:%u (%s backend)%s\n",
-               f.server.served_model_names.front().c_str(), f.server.host.c_str(), server.port(),
-               f.fake_backend ? "fake" : "engine", load_now ? "" : "; loading the model");
-  std::fflush(stderr);
-
-  std::thread loader;
-  if (!load_now) loader = std::thread(load);
-  int rc = server.wait_for_signal_and_drain();
-  if (loader.joinable()) loader.join();
-  server.stop();
-  return load_failed.load() ? 1 : rc;
-}
-
-}  // namespace m3::server
+}  // namespace m3::app

@@ -13,7 +13,7 @@
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 
-namespace m3::cli {
+namespace m3::app {
 
 // True when this binary has the CUDA backend built in.
 bool cuda_built_in();
@@ -31,4 +31,4 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                                                             const WeightSource& src,
                                                             int64_t kv_cache_bytes);
 
-}  // namespace m3::cli
+}  // namespace m3::app

@@ -15,12 +15,12 @@
 #include "model/model.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
-#include "server/serve_command.h"
+#include "app/serve.h"
 #include "serving/engine_backend.h"
 #include "serving/template_renderer.h"
 #include "serving/tokenizer_codec.h"
 
-namespace m3::serving {
+namespace m3::app {
 
 struct EngineStackOptions {
   std::string device = "auto";          // auto (= cpu), cpu or cuda (needs make_backend)
@@ -49,9 +49,9 @@ struct EngineStackOptions {
   bool enable_prefix_cache = true;
 };
 
-// The engine flags of `m3serve serve` (src/server/serve_command.h). Unsupported values (tp > 1,
-// speculative decoding) are errors naming the flag.
-Result<EngineStackOptions> options_from_flags(const server::ServeFlags& flags);
+// The engine options of `m3serve serve`'s config. Unsupported values (tp > 1, speculative
+// decoding) are errors naming the flag.
+Result<EngineStackOptions> options_from_config(const ServeConfig& config);
 
 // An Engine over the model of `model_path` (may be empty with dummy_weights), with no text output
 // unless `detokenizer` is given. Every error names the directory and the file at fault.
@@ -65,13 +65,13 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                  DetokenizerFactory detokenizer = {});
 
 struct EngineStack {
-  std::unique_ptr<EngineBackend> backend;
-  std::unique_ptr<TokenizerCodec> codec;
-  std::unique_ptr<TemplateRenderer> renderer;
+  std::unique_ptr<serving::EngineBackend> backend;
+  std::unique_ptr<serving::TokenizerCodec> codec;
+  std::unique_ptr<serving::TemplateRenderer> renderer;
 };
 
 // Every error names the directory and the file at fault.
 Result<EngineStack> make_engine_stack(const std::string& model_path,
                                       const EngineStackOptions& options);
 
-}  // namespace m3::serving
+}  // namespace m3::app

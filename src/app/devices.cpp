@@ -1,4 +1,4 @@
-#include "cli/device.h"
+#include "app/devices.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "model/minimax_m3_cuda/cuda_m3_runner.h"
 #endif
 
-namespace m3::cli {
+namespace m3::app {
 
 bool cuda_built_in() {
 #if defined(M3_HAVE_CUDA)
@@ -52,4 +52,4 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
 #endif
 }
 
-}  // namespace m3::cli
+}  // namespace m3::app

@@ -1,0 +1,106 @@
+#include "app/serve.h"
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <system_error>
+#include <thread>
+
+#include "app/devices.h"
+#include "app/engine_stack.h"
+#include "server/deferred_model.h"
+#include "server/fake/fake_codec.h"
+#include "server/fake/fake_renderer.h"
+#include "server/server.h"
+
+namespace m3::app {
+
+namespace fs = std::filesystem;
+
+std::string default_model_path() {
+  const fs::path in_repo = fs::path(M3_REPO_ROOT) / "models" / "m3-tiny";
+  if (fs::exists(in_repo / "config.json")) return in_repo.string();
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path near =
+        (exe.parent_path() / ".." / ".." / "models" / "m3-tiny").lexically_normal();
+    if (fs::exists(near / "config.json")) return near.string();
+  }
+  return in_repo.string();  // the error then names where we looked first
+}
+
+namespace {
+
+// The engine over the checkpoint, with its tokenizer and chat template.
+Result<server::ModelStack> load_engine(const ServeConfig& config) {
+  const std::string path = config.model_path.empty() ? default_model_path() : config.model_path;
+  M3_ASSIGN_OR_RETURN(EngineStackOptions options, options_from_config(config));
+  options.make_backend = make_backend;                // --device cuda: CudaBackend when built in
+  options.make_cuda_runner = make_cuda_model_runner;  // real-shape kernels when the config fits
+  M3_ASSIGN_OR_RETURN(EngineStack stack, make_engine_stack(path, options));
+  server::ModelStack out;
+  out.backend = std::move(stack.backend);
+  out.codec = std::move(stack.codec);
+  out.renderer = std::move(stack.renderer);
+  return out;
+}
+
+// The scripted backend of --fake-backend, after its pretend load time.
+server::ModelStack load_fake(const ServeConfig& config) {
+  std::this_thread::sleep_for(config.fake.load_time);
+  server::FakeBackendOptions fo = config.fake.backend;
+  fo.context_length = config.server.context_length > 0 ? config.server.context_length : 8192;
+  fo.max_waiting = config.max_queued_requests;
+  server::ModelStack stack;
+  stack.backend = std::make_unique<server::FakeBackend>(fo);
+  stack.codec = std::make_unique<server::FakeCodec>();
+  stack.renderer = std::make_unique<server::FakeRenderer>();
+  return stack;
+}
+
+}  // namespace
+
+int run_serve(const ServeConfig& config) {
+  server::DeferredModel model;  // declared first: outlives the server
+  server::Server server(config.server, model.backend(), model.codec(), model.renderer());
+  Status s = server.start();
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "m3serve serve: %s\n", s.message().c_str());
+    return 1;
+  }
+  std::atomic<bool> load_failed{false};
+  auto load = [&] {
+    Result<server::ModelStack> stack =
+        config.fake.enabled ? Result<server::ModelStack>(load_fake(config)) : load_engine(config);
+    if (!stack.is_ok()) {
+      std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
+      load_failed.store(true);
+      std::raise(SIGTERM);  // ends wait_for_signal_and_drain()
+      return;
+    }
+    model.install(std::move(stack).value());
+    std::fprintf(stderr, "m3serve: model loaded\n");
+    std::fflush(stderr);
+  };
+  // The fake backend without a load time has nothing to load: install it before announcing the
+  // port, so a client that starts sending at once never races the background load (a 503).
+  const bool load_now = config.fake.enabled && config.fake.load_time.count() == 0;
+  if (load_now) load();
+  std::fprintf(stderr, "m3serve: serving '%s' on http://%s:%u (%s backend)%s\n",
+               config.server.served_model_names.front().c_str(), config.server.host.c_str(),
+               server.port(), config.fake.enabled ? "fake" : "engine",
+               load_now ? "" : "; loading the model");
+  std::fflush(stderr);
+
+  std::thread loader;
+  if (!load_now) loader = std::thread(load);
+  int rc = server.wait_for_signal_and_drain();
+  if (loader.joinable()) loader.join();
+  server.stop();
+  return load_failed.load() ? 1 : rc;
+}
+
+}  // namespace m3::app

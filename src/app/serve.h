@@ -1,0 +1,41 @@
+// `m3serve serve`, composed: the HTTP server (src/server) in front of the model the config names
+// (the engine over a checkpoint, app/engine_stack.h, or the scripted fake backend), listening
+// before the model has loaded, serving until SIGTERM, then draining.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "server/fake/fake_flags.h"
+#include "server/server_options.h"
+
+namespace m3::app {
+
+// Everything `serve` is configured with (from the flags, serve_flags.h).
+struct ServeConfig {
+  server::ServerOptions server;
+  std::string model_path;  // empty: the bundled models/m3-tiny
+  std::string load_format = "auto";
+  int32_t chunked_prefill_size = 8192;
+  int32_t max_running_requests = 0;
+  int32_t max_queued_requests = 4096;
+  int64_t kv_cache_bytes = 0;  // KV pool; 0: the default (512 MiB)
+  double mem_fraction_static = 0.0;
+  int32_t tp = 1;
+  std::string speculative_algorithm;
+  bool enable_hierarchical_cache = false;
+  double hicache_size_gb = 0;
+  std::string device = "auto";
+  server::FakeServeOptions fake;  // --fake-backend and its flags (tests, demos)
+};
+
+// The bundled model: in the source tree this binary was built from, else next to the binary
+// (build/bin/m3serve -> ../../models/m3-tiny).
+std::string default_model_path();
+
+// Listens, loads the model in the background (/health answers 503 until then), serves until
+// SIGTERM or SIGINT, drains. Returns the process's exit status: 1 when the port cannot be bound
+// or the model fails to load, else the drain's (0 when every request finished in time).
+int run_serve(const ServeConfig& config);
+
+}  // namespace m3::app
