@@ -106,7 +106,9 @@ TEST_F(HardeningTest, RequestFaultsAre400NotInternalErrors) {
     EXPECT_EQ(r.status, 400) << k.path << " " << k.body << " -> " << r.body;
     json e = json::parse(r.body)["error"];
     EXPECT_EQ(e["type"], "invalid_request_error");
-    if (*k.param) EXPECT_EQ(e["param"], k.param) << r.body;
+    if (*k.param) {
+      EXPECT_EQ(e["param"], k.param) << r.body;
+    }
   }
   expect_healthy(port());
 }
@@ -114,9 +116,9 @@ TEST_F(HardeningTest, RequestFaultsAre400NotInternalErrors) {
 TEST_F(HardeningTest, TokenIdsNeverWrap) {
   start();
   Client c(port());
-  for (const std::string& prompt : {"[4294967297]", "[-4294967295]", "[-1]", "[2147483648]",
+  for (const char* prompt : {"[4294967297]", "[-4294967295]", "[-1]", "[2147483648]",
                                     "[1.5]", "[[4294967297]]", "[1, \"x\"]", "[1e300]"}) {
-    c.send("POST", "/v1/completions", R"({"prompt":)" + prompt + R"(,"echo":true})");
+    c.send("POST", "/v1/completions", std::string(R"({"prompt":)") + prompt + R"(,"echo":true})");
     Response r = c.read();
     EXPECT_EQ(r.status, 400) << prompt << " -> " << r.body;
     EXPECT_EQ(json::parse(r.body)["error"]["param"], "prompt") << r.body;
@@ -125,14 +127,14 @@ TEST_F(HardeningTest, TokenIdsNeverWrap) {
   c.send("POST", "/v1/completions", R"({"prompt":[2147483647]})");
   Response r = c.read();
   EXPECT_EQ(r.status, 400) << r.body;
-  for (const std::string& ids : {"[4294967296]", "[-1]", "[1.5]", "[\"1\"]"}) {
-    c.send("POST", "/v1/completions", R"({"prompt":"hi","stop_token_ids":)" + ids + "}");
+  for (const char* ids : {"[4294967296]", "[-1]", "[1.5]", "[\"1\"]"}) {
+    c.send("POST", "/v1/completions", std::string(R"({"prompt":"hi","stop_token_ids":)") + ids + "}");
     r = c.read();
     EXPECT_EQ(r.status, 400) << ids << " -> " << r.body;
     EXPECT_EQ(json::parse(r.body)["error"]["param"], "stop_token_ids") << r.body;
   }
-  for (const std::string& ids : {"[4294967297]", "[-1]", "[1.0]"}) {
-    c.send("POST", "/detokenize", R"({"tokens":)" + ids + "}");
+  for (const char* ids : {"[4294967297]", "[-1]", "[1.0]"}) {
+    c.send("POST", "/detokenize", std::string(R"({"tokens":)") + ids + "}");
     r = c.read();
     EXPECT_EQ(r.status, 400) << ids << " -> " << r.body;
   }
