@@ -19,13 +19,22 @@ namespace fs = std::filesystem;
 
 Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   EngineStackOptions o;
-  if (f.tp != 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "--tp " + std::to_string(f.tp) + ": tensor parallelism is not supported yet");
-  }
+  // Features that are not built yet are refused, naming the flag, rather than ignored.
+  auto not_yet = [](const std::string& flag, const std::string& what) {
+    return Status(StatusCode::kUnimplemented, flag + ": " + what + " is not supported yet");
+  };
+  if (f.tp != 1) return not_yet("--tp " + std::to_string(f.tp), "tensor parallelism");
+  if (f.dp != 1) return not_yet("--dp " + std::to_string(f.dp), "data-parallel attention");
+  if (f.ep != 1) return not_yet("--ep " + std::to_string(f.ep), "expert parallelism");
   if (!f.speculative_algorithm.empty()) {
-    return Status(StatusCode::kUnimplemented, "--speculative-algorithm " + f.speculative_algorithm +
-                                                  ": speculative decoding is not supported yet");
+    return not_yet("--speculative-algorithm " + f.speculative_algorithm, "speculative decoding");
+  }
+  if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "bf16") {
+    return not_yet("--kv-cache-dtype " + f.kv_cache_dtype, "a quantised KV cache");
+  }
+  if (f.enable_hierarchical_cache || f.hicache_size_gb > 0) {
+    return not_yet(f.enable_hierarchical_cache ? "--enable-hierarchical-cache" : "--hicache-size",
+                   "the host-memory KV tier");
   }
   o.dummy_weights = f.load_format == "dummy";
   o.device = f.device;

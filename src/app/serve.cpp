@@ -10,6 +10,7 @@
 
 #include "app/devices.h"
 #include "app/engine_stack.h"
+#include "app/hf_cache.h"
 #include "server/deferred_model.h"
 #include "server/fake/fake_codec.h"
 #include "server/fake/fake_renderer.h"
@@ -38,9 +39,20 @@ namespace {
 Result<server::ModelStack> load_engine(const ServeConfig& config) {
   const std::string path = config.model_path.empty() ? default_model_path() : config.model_path;
   M3_ASSIGN_OR_RETURN(EngineStackOptions options, options_from_config(config));
+  M3_ASSIGN_OR_RETURN(ResolvedModel model, resolve_model_path(path, config.revision));
+  if (!model.repo_id.empty()) {
+    std::fprintf(stderr, "m3serve: model %s at revision %s (%s)\n", model.repo_id.c_str(),
+                 model.revision.c_str(), model.dir.c_str());
+  } else {
+    std::fprintf(stderr, "m3serve: model %s\n", model.dir.c_str());
+  }
+  if (model.has_dspark) {
+    std::fprintf(stderr, "m3serve: DSpark draft found in the target checkpoint's dspark/ "
+                         "subfolder\n");
+  }
   options.make_backend = make_backend;                // --device cuda: CudaBackend when built in
   options.make_cuda_runner = make_cuda_model_runner;  // real-shape kernels when the config fits
-  M3_ASSIGN_OR_RETURN(EngineStack stack, make_engine_stack(path, options));
+  M3_ASSIGN_OR_RETURN(EngineStack stack, make_engine_stack(model.dir, options));
   server::ModelStack out;
   out.backend = std::move(stack.backend);
   out.codec = std::move(stack.codec);
@@ -64,6 +76,14 @@ server::ModelStack load_fake(const ServeConfig& config) {
 }  // namespace
 
 int run_serve(const ServeConfig& config) {
+  for (const std::string& n : config.notices) std::fprintf(stderr, "m3serve: note: %s\n", n.c_str());
+  // Flags whose feature is not built yet are refused before anything starts.
+  if (!config.fake.enabled) {
+    if (auto options = options_from_config(config); !options.is_ok()) {
+      std::fprintf(stderr, "m3serve serve: %s\n", options.status().message().c_str());
+      return 2;
+    }
+  }
   server::DeferredModel model;  // declared first: outlives the server
   server::Server server(config.server, model.backend(), model.codec(), model.renderer());
   Status s = server.start();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "server/fake/fake_flags.h"
 #include "server/server_options.h"
@@ -14,7 +15,8 @@ namespace m3::app {
 // Everything `serve` is configured with (from the flags, serve_flags.h).
 struct ServeConfig {
   server::ServerOptions server;
-  std::string model_path;  // empty: the bundled models/m3-tiny
+  std::string model_path;  // empty: the bundled models/m3-tiny; a directory or ORG/NAME
+  std::string revision;    // with a repo id: commit, prefix or ref (hf_cache.h)
   std::string load_format = "auto";
   int32_t chunked_prefill_size = 8192;
   int32_t max_running_requests = 0;
@@ -22,11 +24,19 @@ struct ServeConfig {
   int64_t kv_cache_bytes = 0;  // KV pool; 0: the default (512 MiB)
   double mem_fraction_static = 0.0;
   int32_t tp = 1;
+  int32_t dp = 1;
+  int32_t ep = 1;
+  bool enable_dp_attention = false;
+  bool enable_expert_parallel = false;
+  std::string kv_cache_dtype = "auto";
   std::string speculative_algorithm;
+  bool speculative_block_verification = false;
   bool enable_hierarchical_cache = false;
   double hicache_size_gb = 0;
   std::string device = "auto";
   server::FakeServeOptions fake;  // --fake-backend and its flags (tests, demos)
+  // Accepted flags that change nothing here, each with why: printed at startup.
+  std::vector<std::string> notices;
 };
 
 // The bundled model: in the source tree this binary was built from, else next to the binary

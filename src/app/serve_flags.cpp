@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <string_view>
 
 #include "chat/parsers/output_parser.h"
@@ -12,10 +14,27 @@ namespace m3::app {
 
 namespace {
 
+enum class FlagGroup { kModel, kParallel, kMemory, kScheduling, kSpeculative, kServer, kSecurity };
+
+const char* group_title(FlagGroup g) {
+  switch (g) {
+    case FlagGroup::kModel: return "model";
+    case FlagGroup::kParallel: return "devices and parallelism";
+    case FlagGroup::kMemory: return "memory";
+    case FlagGroup::kScheduling: return "scheduling";
+    case FlagGroup::kSpeculative: return "speculative decoding";
+    case FlagGroup::kServer: return "server";
+    case FlagGroup::kSecurity: return "security and limits";
+  }
+  return "";
+}
+
 struct Flag {
   const char* name;
   bool takes_value;
-  const char* help;  // nullptr: hidden
+  FlagGroup group;
+  const char* help;     // what m3serve does with it; nullptr: an alias, listed under its name
+  const char* example;  // a valid value other than the default (the flag-table test uses it)
   std::function<Status(ServeConfig&, const std::string&)> set;
 };
 
@@ -69,30 +88,78 @@ std::vector<std::string> split_list(const std::string& v) {
   return out;
 }
 
+// What the setters of inert flags say at startup: the flag, its value, and why it changes nothing.
+Status note(ServeConfig& f, const std::string& flag, const std::string& value,
+            const std::string& why) {
+  f.notices.push_back(flag + (value.empty() ? "" : " " + value) + ": " + why);
+  return Status::ok();
+}
+
+Status set_double(double& out, const std::string& flag, const std::string& v, double lo,
+                  double hi) {
+  auto r = to_double(flag, v, lo, hi);
+  if (!r.is_ok()) return r.status();
+  out = *r;
+  return Status::ok();
+}
+
+Status set_seconds(std::chrono::milliseconds& out, const std::string& flag,
+                   const std::string& v, double lo, double hi) {
+  double seconds = 0;
+  M3_RETURN_IF_ERROR(set_double(seconds, flag, v, lo, hi));
+  out = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  return Status::ok();
+}
+
+Status set_choice(std::string& out, const std::string& flag, const std::string& v,
+                  std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == a) {
+      out = v;
+      return Status::ok();
+    }
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  return invalid_argument(flag + ": '" + v + "'; allowed: " + list);
+}
+
 const std::vector<Flag>& flags() {
+  using G = FlagGroup;
   static const std::vector<Flag> kFlags = {
-      {"--model-path", true, "checkpoint directory (default: the bundled models/m3-tiny)",
+      // ---- model
+      {"--model-path", true, G::kModel,
+       "checkpoint directory, or a Hugging Face repo id (ORG/NAME) resolved offline in the hub "
+       "cache (default: the bundled models/m3-tiny)",
+       "MiniMaxAI/MiniMax-M3.1-Flash",
        [](ServeConfig& f, const std::string& v) {
          f.model_path = v;
          return Status::ok();
        }},
-      {"--host", true, "address to listen on (default 0.0.0.0)",
+      {"--revision", true, G::kModel,
+       "with a repo id: a commit hash, a unique prefix of one, or a ref (default: main)", "main",
        [](ServeConfig& f, const std::string& v) {
-         f.server.host = v;
+         f.revision = v;
          return Status::ok();
        }},
-      {"--port", true, "port (default 30000; 0 picks a free one)", INT_FLAG(server.port, 0, 65535)},
-      {"--api-key", true, "require 'Authorization: Bearer <key>' on every route but /health",
+      {"--load-format", true, G::kModel, "auto, safetensors or dummy (random weights)", "dummy",
        [](ServeConfig& f, const std::string& v) {
-         f.server.api_key = v;
-         return Status::ok();
+         return set_choice(f.load_format, "--load-format", v, {"auto", "safetensors", "dummy"});
        }},
-      {"--served-model-name", true, "model name(s) reported and accepted, comma-separated",
+      {"--trust-remote-code", false, G::kModel,
+       "accepted; MiniMax-M3's code is built in (no Python code is run)", "",
+       [](ServeConfig& f, const std::string&) {
+         return note(f, "--trust-remote-code", "",
+                     "MiniMax-M3's model code is built into m3serve; no checkpoint code is run");
+       }},
+      {"--served-model-name", true, G::kModel,
+       "model name(s) reported and accepted, comma-separated (default: --model-path as given)",
+       "m3,alias",
        [](ServeConfig& f, const std::string& v) {
          f.server.served_model_names = split_list(v);
          return Status::ok();
        }},
-      {"--reasoning-parser", true, "minimax-m3 (default) or none",
+      {"--reasoning-parser", true, G::kModel, "minimax-m3 (default) or none", "none",
        [](ServeConfig& f, const std::string& v) {
          if (!chat::is_known_reasoning_parser(v))
            return invalid_argument("--reasoning-parser: unknown parser '" + v +
@@ -100,7 +167,7 @@ const std::vector<Flag>& flags() {
          f.server.reasoning_parser = v;
          return Status::ok();
        }},
-      {"--tool-call-parser", true, "minimax-m3 (default) or none",
+      {"--tool-call-parser", true, G::kModel, "minimax-m3 (default) or none", "none",
        [](ServeConfig& f, const std::string& v) {
          if (!chat::is_known_tool_parser(v))
            return invalid_argument("--tool-call-parser: unknown parser '" + v +
@@ -108,94 +175,178 @@ const std::vector<Flag>& flags() {
          f.server.tool_call_parser = v;
          return Status::ok();
        }},
-      {"--context-length", true, "maximum prompt + completion tokens per request",
+      {"--context-length", true, G::kModel,
+       "maximum prompt + completion tokens per request (also --max-model-len)", "32768",
        INT_FLAG(server.context_length, 1, INT32_MAX)},
-      {"--chunked-prefill-size", true, "prefill tokens per step (default 8192)",
-       INT_FLAG(chunked_prefill_size, -1, INT32_MAX)},
-      {"--max-running-requests", true, "requests decoded together",
-       INT_FLAG(max_running_requests, 1, INT32_MAX)},
-      {"--max-queued-requests", true, "waiting requests before 429 (default 4096)",
-       INT_FLAG(max_queued_requests, 1, INT32_MAX)},
-      {"--kv-cache-bytes", true,
-       "CPU KV cache pool in bytes (default 536870912); must hold one request of the context "
-       "length",
-       INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
-      {"--mem-fraction-static", true, "GPU memory fraction for weights + KV cache",
+      {"--max-model-len", true, G::kModel, nullptr, "32768",
+       INT_FLAG(server.context_length, 1, INT32_MAX)},
+      // ---- parallelism
+      {"--device", true, G::kParallel, "auto (default: CUDA when available, else CPU), cuda or cpu",
+       "cpu",
        [](ServeConfig& f, const std::string& v) {
-         auto r = to_double("--mem-fraction-static", v, 0.0, 1.0);
+         return set_choice(f.device, "--device", v, {"auto", "cuda", "cpu"});
+       }},
+      {"--tp", true, G::kParallel,
+       "tensor-parallel ranks (also --tp-size, --tensor-parallel-size); only 1 today", "2",
+       INT_FLAG(tp, 1, 64)},
+      {"--tp-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},
+      {"--tensor-parallel-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},
+      {"--dp", true, G::kParallel, "data-parallel attention ranks (also --dp-size); only 1 today",
+       "2", INT_FLAG(dp, 1, 64)},
+      {"--dp-size", true, G::kParallel, nullptr, "2", INT_FLAG(dp, 1, 64)},
+      {"--enable-dp-attention", false, G::kParallel, "attention data-parallel over --dp ranks", "",
+       [](ServeConfig& f, const std::string&) {
+         f.enable_dp_attention = true;
+         return Status::ok();
+       }},
+      {"--ep", true, G::kParallel, "expert-parallel ranks (also --ep-size); only 1 today", "2",
+       INT_FLAG(ep, 1, 64)},
+      {"--ep-size", true, G::kParallel, nullptr, "2", INT_FLAG(ep, 1, 64)},
+      {"--enable-expert-parallel", false, G::kParallel,
+       "vLLM's switch: experts split over the tensor-parallel ranks (--ep = --tp)", "",
+       [](ServeConfig& f, const std::string&) {
+         f.enable_expert_parallel = true;
+         return Status::ok();
+       }},
+      {"--moe-runner-backend", true, G::kParallel,
+       "accepted; m3serve's own NVFP4 / MXFP8 MoE kernels are always used",
+       "flashinfer_trtllm_routed",
+       [](ServeConfig& f, const std::string& v) {
+         return note(f, "--moe-runner-backend", v,
+                     "m3serve runs its own NVFP4 / MXFP8 MoE kernels; there is no other MoE "
+                     "runner to choose");
+       }},
+      {"--cuda-graph-backend-prefill", true, G::kParallel,
+       "accepted; prefill runs without CUDA graphs", "breakable",
+       [](ServeConfig& f, const std::string& v) {
+         return note(f, "--cuda-graph-backend-prefill", v,
+                     "prefill runs without CUDA graphs (decode steps are captured)");
+       }},
+      {"--cuda-graph-max-bs-decode", true, G::kParallel,
+       "accepted; decode graphs are captured per batch bucket up to 128 rows", "64",
+       [](ServeConfig& f, const std::string& v) {
+         auto r = to_int("--cuda-graph-max-bs-decode", v, 1, 1 << 20);
          if (!r.is_ok()) return r.status();
-         f.mem_fraction_static = *r;
-         return Status::ok();
+         return note(f, "--cuda-graph-max-bs-decode", v,
+                     "decode steps are captured as CUDA graphs per batch bucket, up to 128 rows "
+                     "per step; the limit is not configurable");
        }},
-      {"--load-format", true, "auto, safetensors or dummy",
+      // ---- memory
+      {"--mem-fraction-static", true, G::kMemory,
+       "device memory fraction for weights + KV pool (also --gpu-memory-utilization); the CPU "
+       "pool is sized by --kv-cache-bytes",
+       "0.85",
        [](ServeConfig& f, const std::string& v) {
-         if (v != "auto" && v != "safetensors" && v != "dummy")
-           return invalid_argument("--load-format: '" + v + "'; allowed: auto, safetensors, dummy");
-         f.load_format = v;
-         return Status::ok();
+         M3_RETURN_IF_ERROR(set_double(f.mem_fraction_static, "--mem-fraction-static", v, 0.0, 1.0));
+         return note(f, "--mem-fraction-static", v,
+                     "the KV pool is sized by --kv-cache-bytes (default 512 MiB); planning by "
+                     "memory fraction is not built yet");
        }},
-      {"--tp", true, "tensor-parallel size (also --tp-size)", INT_FLAG(tp, 1, 64)},
-      {"--tp-size", true, nullptr, INT_FLAG(tp, 1, 64)},
-      {"--device", true, "auto, cuda or cpu",
+      {"--gpu-memory-utilization", true, G::kMemory, nullptr, "0.85",
        [](ServeConfig& f, const std::string& v) {
-         if (v != "auto" && v != "cuda" && v != "cpu")
-           return invalid_argument("--device: '" + v + "'; allowed: auto, cuda, cpu");
-         f.device = v;
-         return Status::ok();
+         M3_RETURN_IF_ERROR(set_double(f.mem_fraction_static, "--gpu-memory-utilization", v, 0.0, 1.0));
+         return note(f, "--gpu-memory-utilization", v,
+                     "the KV pool is sized by --kv-cache-bytes (default 512 MiB); planning by "
+                     "memory fraction is not built yet");
        }},
-      {"--speculative-algorithm", true, "DSPARK, MTP or NEXTN (when the engine supports it)",
+      {"--kv-cache-bytes", true, G::kMemory,
+       "KV cache pool in bytes (default 536870912); must hold one request of the context length",
+       "1048576", INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
+      {"--kv-cache-dtype", true, G::kMemory, "auto (default) or bf16; fp8_e4m3 / fp4_e2m1 not yet",
+       "fp8_e4m3",
        [](ServeConfig& f, const std::string& v) {
-         f.speculative_algorithm = v;
-         return Status::ok();
+         return set_choice(f.kv_cache_dtype, "--kv-cache-dtype", v,
+                           {"auto", "bf16", "fp8_e4m3", "fp4_e2m1"});
        }},
-      {"--enable-hierarchical-cache", false, "host-memory KV tier",
+      {"--block-size", true, G::kMemory,
+       "vLLM's KV block size: accepted as 128; KV pages are the model's 128-token sparse blocks",
+       "128",
+       [](ServeConfig& f, const std::string& v) {
+         auto r = to_int("--block-size", v, 1, 1 << 20);
+         if (!r.is_ok()) return r.status();
+         if (*r != 128) {
+           return invalid_argument("--block-size " + v +
+                                   ": KV pages are the model's 128-token sparse-attention blocks; "
+                                   "only 128 is possible");
+         }
+         return note(f, "--block-size", v, "KV pages are the model's sparse-attention blocks");
+       }},
+      {"--enable-hierarchical-cache", false, G::kMemory, "host-memory KV tier (not built yet)", "",
        [](ServeConfig& f, const std::string&) {
          f.enable_hierarchical_cache = true;
          return Status::ok();
        }},
-      {"--hicache-size", true, "host KV tier size in GB",
+      {"--hicache-size", true, G::kMemory, "host KV tier size in GB (not built yet)", "64",
        [](ServeConfig& f, const std::string& v) {
-         auto r = to_double("--hicache-size", v, 0.0, 1e6);
-         if (!r.is_ok()) return r.status();
-         f.hicache_size_gb = *r;
+         return set_double(f.hicache_size_gb, "--hicache-size", v, 0.0, 1e6);
+       }},
+      // ---- scheduling
+      {"--chunked-prefill-size", true, G::kScheduling, "prefill tokens per step (default 8192)",
+       "4096", INT_FLAG(chunked_prefill_size, -1, INT32_MAX)},
+      {"--max-running-requests", true, G::kScheduling, "requests decoded together", "64",
+       INT_FLAG(max_running_requests, 1, INT32_MAX)},
+      {"--max-queued-requests", true, G::kScheduling, "waiting requests before 429 (default 4096)",
+       "100", INT_FLAG(max_queued_requests, 1, INT32_MAX)},
+      {"--tokenizer-worker-num", true, G::kScheduling,
+       "request preprocessing threads: parse, render, tokenize (default 2)", "8",
+       INT_FLAG(server.worker_threads, 1, 256)},
+      // ---- speculative
+      {"--speculative-algorithm", true, G::kSpeculative, "DSPARK (not built yet)", "DSPARK",
+       [](ServeConfig& f, const std::string& v) {
+         f.speculative_algorithm = v;
          return Status::ok();
        }},
-      {"--revision", true, "ignored (offline: the checkpoint directory is used as is)",
-       [](ServeConfig&, const std::string&) { return Status::ok(); }},
-      {"--trust-remote-code", false, "ignored (accepted for SGLang compatibility)",
-       [](ServeConfig&, const std::string&) { return Status::ok(); }},
-      {"--enable-metrics", false, "accepted; /metrics is always on",
-       [](ServeConfig&, const std::string&) { return Status::ok(); }},
-      {"--allowed-media-domains", true, "hosts allowed in remote image URLs, comma-separated",
+      {"--speculative-use-block-verification", false, G::kSpeculative,
+       "block verification of the draft (with --speculative-algorithm)", "",
+       [](ServeConfig& f, const std::string&) {
+         f.speculative_block_verification = true;
+         return Status::ok();
+       }},
+      // ---- server
+      {"--host", true, G::kServer, "address to listen on (default 0.0.0.0)", "127.0.0.1",
+       [](ServeConfig& f, const std::string& v) {
+         f.server.host = v;
+         return Status::ok();
+       }},
+      {"--port", true, G::kServer, "port (default 30000; 0 picks a free one)", "8000",
+       INT_FLAG(server.port, 0, 65535)},
+      {"--http-threads", true, G::kServer, "HTTP I/O threads (default 4)", "2",
+       INT_FLAG(server.io_threads, 1, 256)},
+      {"--drain-timeout", true, G::kServer, "seconds in-flight requests get on SIGTERM (default 30)",
+       "5",
+       [](ServeConfig& f, const std::string& v) {
+         return set_seconds(f.server.drain_timeout, "--drain-timeout", v, 0.0, 86400.0);
+       }},
+      {"--enable-metrics", false, G::kServer, "accepted; /metrics is always on", "",
+       [](ServeConfig& f, const std::string&) {
+         return note(f, "--enable-metrics", "", "/metrics is always on");
+       }},
+      // ---- security
+      {"--api-key", true, G::kSecurity,
+       "require 'Authorization: Bearer <key>' on every route but /health", "sk-1",
+       [](ServeConfig& f, const std::string& v) {
+         f.server.api_key = v;
+         return Status::ok();
+       }},
+      {"--allowed-media-domains", true, G::kSecurity,
+       "hosts allowed in remote image URLs, comma-separated", "a.com",
        [](ServeConfig& f, const std::string& v) {
          f.server.media.allowed_domains = split_list(v);
          return Status::ok();
        }},
-      {"--max-image-bytes", true, "largest accepted image (default 20 MiB)",
+      {"--max-image-bytes", true, G::kSecurity, "largest accepted image (default 20 MiB)", "1000",
        INT_FLAG(server.media.max_image_bytes, 1, INT64_MAX)},
-      {"--max-request-body-bytes", true, "largest request body, else 413 (default 64 MiB)",
+      {"--max-request-body-bytes", true, G::kSecurity,
+       "largest request body, else 413 (default 64 MiB)", "4096",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},
-      {"--max-connections", true,
+      {"--max-connections", true, G::kSecurity,
        "open connections served at once; beyond it 503 and close (default: the open-file limit "
        "less 64)",
-       INT_FLAG(server.max_connections, 1, 10000000)},
-      {"--keep-alive-timeout", true,
-       "seconds a connection may wait without a complete request header (default 5)",
+       "100", INT_FLAG(server.max_connections, 1, 10000000)},
+      {"--keep-alive-timeout", true, G::kSecurity,
+       "seconds a connection may wait without a complete request header (default 5)", "2",
        [](ServeConfig& f, const std::string& v) {
-         auto r = to_double("--keep-alive-timeout", v, 0.1, 3600.0);
-         if (!r.is_ok()) return r.status();
-         f.server.keep_alive_timeout = std::chrono::milliseconds(static_cast<int64_t>(*r * 1000));
-         return Status::ok();
-       }},
-      {"--http-threads", true, "HTTP I/O threads (default 4)", INT_FLAG(server.io_threads, 1, 256)},
-      {"--tokenizer-worker-num", true, "request preprocessing threads (default 2)",
-       INT_FLAG(server.worker_threads, 1, 256)},
-      {"--drain-timeout", true, "seconds in-flight requests get on SIGTERM (default 30)",
-       [](ServeConfig& f, const std::string& v) {
-         auto r = to_double("--drain-timeout", v, 0.0, 86400.0);
-         if (!r.is_ok()) return r.status();
-         f.server.drain_timeout = std::chrono::milliseconds(static_cast<int64_t>(*r * 1000));
-         return Status::ok();
+         return set_seconds(f.server.keep_alive_timeout, "--keep-alive-timeout", v, 0.1, 3600.0);
        }},
   };
   return kFlags;
@@ -218,18 +369,32 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::string serve_help() {
   std::string out =
-      "usage: m3serve serve [--model-path DIR] [options]\n\n"
+      "usage: m3serve serve [--model-path DIR|ORG/NAME] [options]\n\n"
       "Serves an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models,\n"
-      "/health, /health_generate, /tokenize, /detokenize, /metrics). Flags follow SGLang.\n\n"
-      "options:\n";
-  for (const auto& f : flags()) {
-    if (!f.help) continue;
-    char line[512];
-    std::snprintf(line, sizeof line, "  %-28s %s\n",
-                  (std::string(f.name) + (f.takes_value ? " V" : "")).c_str(), f.help);
-    out += line;
+      "/health, /health_generate, /tokenize, /detokenize, /metrics). Flags follow SGLang; vLLM's\n"
+      "names are accepted where they mean the same. A flag that changes nothing here says so at\n"
+      "startup; one whose feature is not built yet is refused.\n";
+  for (FlagGroup g : {FlagGroup::kModel, FlagGroup::kParallel, FlagGroup::kMemory,
+                      FlagGroup::kScheduling, FlagGroup::kSpeculative, FlagGroup::kServer,
+                      FlagGroup::kSecurity}) {
+    out += std::string("\n") + group_title(g) + ":\n";
+    for (const auto& f : flags()) {
+      if (!f.help || f.group != g) continue;
+      char line[640];
+      std::snprintf(line, sizeof line, "  %-36s %s\n",
+                    (std::string(f.name) + (f.takes_value ? " V" : "")).c_str(), f.help);
+      out += line;
+    }
   }
-  out += "  --help                       show this help\n";
+  out += "\n  --help                               show this help\n";
+  return out;
+}
+
+std::vector<FlagExample> serve_flag_examples() {
+  std::vector<FlagExample> out;
+  for (const auto& f : flags()) {
+    out.push_back({f.name, f.takes_value ? f.example : "", f.help == nullptr});
+  }
   return out;
 }
 
@@ -288,6 +453,22 @@ Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args)
     g_current_flag = name;
     Status s = flag ? flag->set(out, value) : fake->set(out.fake, value);
     if (!s.is_ok()) return s;
+  }
+  // Flags that change nothing in combination with the others.
+  if (out.enable_dp_attention && out.dp == 1) {
+    out.notices.push_back("--enable-dp-attention: with --dp 1 attention is not split");
+  }
+  if (out.enable_expert_parallel && out.tp == 1) {
+    out.notices.push_back("--enable-expert-parallel: with one rank there are no experts to split");
+  }
+  if (out.speculative_block_verification && out.speculative_algorithm.empty()) {
+    out.notices.push_back(
+        "--speculative-use-block-verification: no --speculative-algorithm, nothing to verify");
+  }
+  if (out.kv_cache_dtype == "bf16") {
+    out.notices.push_back(
+        "--kv-cache-dtype bf16: the CUDA path's KV is bf16 already (auto); the CPU reference "
+        "keeps float32");
   }
   out.server.model_path = out.model_path;
   if (out.server.served_model_names.empty()) {

@@ -17,6 +17,15 @@ struct ParsedServeFlags {
 };
 
 Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args);
+
+// Every flag of the table with a valid, non-default example value (empty for a switch), so a test
+// can check that each one either changes the config or leaves a startup notice.
+struct FlagExample {
+  std::string name;
+  std::string value;
+  bool alias = false;
+};
+std::vector<FlagExample> serve_flag_examples();
 std::string serve_help();
 // Edit distance, for "did you mean" hints.
 size_t edit_distance(const std::string& a, const std::string& b);

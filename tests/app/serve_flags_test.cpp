@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "app/engine_stack.h"
 #include "app/serve_flags.h"
 
 namespace m3::app {
@@ -100,6 +101,100 @@ TEST(ServeFlags, ConnectionLimits) {
   EXPECT_EQ(f->config.server.keep_alive_timeout, std::chrono::milliseconds(2500));
   EXPECT_FALSE(parse_serve_flags({"--max-connections", "0"}).is_ok());
   EXPECT_FALSE(parse_serve_flags({"--keep-alive-timeout", "0"}).is_ok());
+}
+
+}  // namespace
+}  // namespace m3::app
+
+namespace m3::app {
+namespace {
+
+// A summary of everything a flag can set, to tell a config from the default one.
+std::string summary(const ServeConfig& c) {
+  std::string s;
+  auto add = [&](const auto& v) { s += std::to_string(v) + "|"; };
+  s += c.model_path + "|" + c.revision + "|" + c.load_format + "|" + c.device + "|" +
+       c.kv_cache_dtype + "|" + c.speculative_algorithm + "|" + c.server.host + "|" +
+       c.server.api_key + "|" + c.server.reasoning_parser + "|" + c.server.tool_call_parser + "|";
+  for (const auto& n : c.server.served_model_names) s += n + ",";
+  for (const auto& d : c.server.media.allowed_domains) s += d + ",";
+  add(c.chunked_prefill_size); add(c.max_running_requests); add(c.max_queued_requests);
+  add(c.kv_cache_bytes); add(c.mem_fraction_static); add(c.tp); add(c.dp); add(c.ep);
+  add(c.enable_dp_attention); add(c.enable_expert_parallel); add(c.enable_hierarchical_cache);
+  add(c.hicache_size_gb); add(c.speculative_block_verification); add(c.server.port);
+  add(c.server.context_length); add(c.server.max_body_bytes); add(c.server.max_connections);
+  add(c.server.keep_alive_timeout.count()); add(c.server.io_threads);
+  add(c.server.worker_threads); add(c.server.media.max_image_bytes);
+  add(c.server.drain_timeout.count());
+  return s;
+}
+
+// Every flag either changes the configuration or leaves a startup notice that names it: nothing
+// is parsed and then dropped.
+TEST(ServeFlags, EveryFlagTakesEffectOrSaysWhyNot) {
+  const ServeConfig defaults = parse_serve_flags({})->config;
+  const auto examples = serve_flag_examples();
+  ASSERT_GT(examples.size(), 40u);
+  for (const FlagExample& f : examples) {
+    std::vector<std::string> args = {f.name};
+    if (!f.value.empty()) args.push_back(f.value);
+    auto parsed = parse_serve_flags(args);
+    ASSERT_TRUE(parsed.is_ok()) << f.name << " " << f.value << ": " << parsed.status().message();
+    const bool changed = summary(parsed->config) != summary(defaults);
+    bool noted = false;
+    for (const std::string& n : parsed->config.notices) noted |= n.rfind(f.name, 0) == 0;
+    EXPECT_TRUE(changed || noted) << f.name << " " << f.value
+                                  << " neither changes the config nor says why not";
+    if (!f.alias) {
+      EXPECT_NE(serve_help().find(f.name), std::string::npos) << f.name << " missing from --help";
+    }
+  }
+}
+
+// The deployment guide's quickstart parses; the features it names that are not built yet are
+// refused by name when the server starts (options_from_config), the inert ones leave notices.
+TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
+  auto f = parse_serve_flags(
+      {"--trust-remote-code", "--model-path", "MiniMaxAI/MiniMax-M3.1-Flash", "--revision", "main",
+       "--reasoning-parser", "minimax-m3", "--tool-call-parser", "minimax-m3", "--tp", "4",
+       "--moe-runner-backend", "flashinfer_trtllm_routed", "--speculative-algorithm", "DSPARK",
+       "--speculative-use-block-verification", "--cuda-graph-backend-prefill", "breakable",
+       "--chunked-prefill-size", "32768", "--max-running-requests", "128",
+       "--cuda-graph-max-bs-decode", "128", "--mem-fraction-static", "0.8",
+       "--tokenizer-worker-num", "8", "--host", "0.0.0.0", "--port", "30000"});
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  EXPECT_EQ(f->config.server.served_model_names.front(), "MiniMaxAI/MiniMax-M3.1-Flash");
+  for (const char* inert : {"--trust-remote-code", "--moe-runner-backend",
+                            "--cuda-graph-backend-prefill", "--cuda-graph-max-bs-decode",
+                            "--mem-fraction-static"}) {
+    bool noted = false;
+    for (const std::string& n : f->config.notices) noted |= n.rfind(inert, 0) == 0;
+    EXPECT_TRUE(noted) << inert;
+  }
+  auto refused = options_from_config(f->config);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("--tp 4"), std::string::npos);
+  for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--speculative-algorithm", "DSPARK"}, "--speculative-algorithm DSPARK"},
+           {{"--dp", "2"}, "--dp 2"},
+           {{"--ep", "8"}, "--ep 8"},
+           {{"--kv-cache-dtype", "fp8_e4m3"}, "--kv-cache-dtype fp8_e4m3"},
+           {{"--enable-hierarchical-cache"}, "--enable-hierarchical-cache"}}) {
+    auto g = parse_serve_flags(flags);
+    ASSERT_TRUE(g.is_ok());
+    auto o = options_from_config(g->config);
+    ASSERT_FALSE(o.is_ok()) << named;
+    EXPECT_EQ(o.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(o.status().message().find(named), std::string::npos) << o.status().message();
+  }
+  // vLLM's names mean the same.
+  auto v = parse_serve_flags({"--tensor-parallel-size", "2", "--max-model-len", "4096",
+                              "--gpu-memory-utilization", "0.9", "--block-size", "128"});
+  ASSERT_TRUE(v.is_ok()) << v.status().message();
+  EXPECT_EQ(v->config.tp, 2);
+  EXPECT_EQ(v->config.server.context_length, 4096);
+  EXPECT_DOUBLE_EQ(v->config.mem_fraction_static, 0.9);
+  EXPECT_FALSE(parse_serve_flags({"--block-size", "16"}).is_ok());
 }
 
 }  // namespace

@@ -254,6 +254,7 @@ TEST_F(HardeningTest, MalformedHttpGetsAStatusThenClose) {
   expect_rejected(port(), "GET /health\r\n", 400, "HTTP/0.9");
   expect_rejected(port(), "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "HTTP/2 preface");
   expect_rejected(port(), "GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "two Hosts");
+  expect_rejected(port(), "GET /health HTTP/1.1\r\n\r\n", 400, "HTTP/1.1 without Host");
   expect_rejected(port(), "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400,
                   "a TLS hello");
   expect_healthy(port());

@@ -34,6 +34,9 @@ std::optional<Rejection> check_request_header(const RequestParser& parser) {
   if (req.version() != 10 && req.version() != 11) {
     return Rejection{400, "Only HTTP/1.0 and HTTP/1.1 are served here."};
   }
+  if (req.version() == 11 && req.count(bhttp::field::host) == 0) {
+    return Rejection{400, "An HTTP/1.1 request must carry a Host header."};  // RFC 9112 3.2
+  }
   for (auto field : {bhttp::field::host, bhttp::field::authorization, bhttp::field::content_type,
                      bhttp::field::content_length}) {
     if (req.count(field) > 1) {

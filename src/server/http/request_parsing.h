@@ -34,7 +34,8 @@ int read_error_status(const boost::beast::error_code& ec);
 // - HTTP/1.0 and HTTP/1.1 only (HTTP/2's preface parses as version 2.0);
 // - Transfer-Encoding must end in chunked (else the body length is unknowable: 400) and carry no
 //   other coding (501), and may not come with Content-Length (a smuggling vector: 400);
-// - Host, Authorization, Content-Type and Content-Length may appear once each.
+// - Host, Authorization, Content-Type and Content-Length may appear once each, and an HTTP/1.1
+//   request must carry Host.
 std::optional<Rejection> check_request_header(const RequestParser& parser);
 
 // The parsed message as a handler's Request (lower-case header names).
