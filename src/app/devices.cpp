@@ -20,6 +20,21 @@ bool cuda_built_in() {
 #endif
 }
 
+std::string resolve_device(const std::string& device) {
+  if (device != "auto") return device;
+  if (!cuda_built_in()) {
+    std::fprintf(stderr, "m3serve: --device auto: cpu (this m3serve has no CUDA backend)\n");
+    return "cpu";
+  }
+  auto probe = make_backend("cuda", 1);
+  if (!probe.is_ok()) {
+    std::fprintf(stderr, "m3serve: --device auto: cpu (%s)\n", probe.status().message().c_str());
+    return "cpu";
+  }
+  std::fprintf(stderr, "m3serve: --device auto: cuda (%s)\n", (*probe)->name().c_str());
+  return "cuda";
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads) {
   if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(threads));
   if (device != "cuda")

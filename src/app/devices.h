@@ -18,6 +18,10 @@ namespace m3::app {
 // True when this binary has the CUDA backend built in.
 bool cuda_built_in();
 
+// "auto": "cuda" when this binary has the CUDA backend and a GPU is usable, else "cpu", with one
+// line on stderr saying which and why; "cpu" and "cuda" stay as they are.
+std::string resolve_device(const std::string& device);
+
 // "cpu": the CPU backend with `threads` threads (0: all cores). "cuda": the CUDA backend on GPU 0
 // (an error naming the reason when the binary was built without CUDA or no usable GPU is
 // present). Anything else: invalid_argument.

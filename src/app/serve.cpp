@@ -50,6 +50,7 @@ Result<server::ModelStack> load_engine(const ServeConfig& config) {
     std::fprintf(stderr, "m3serve: DSpark draft found in the target checkpoint's dspark/ "
                          "subfolder\n");
   }
+  options.device = resolve_device(options.device);
   options.make_backend = make_backend;                // --device cuda: CudaBackend when built in
   options.make_cuda_runner = make_cuda_model_runner;  // real-shape kernels when the config fits
   M3_ASSIGN_OR_RETURN(EngineStack stack, make_engine_stack(model.dir, options));

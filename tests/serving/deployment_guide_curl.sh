@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# The MiniMax deployment guide's three curl requests against `m3serve serve` on the bundled
-# m3-tiny, sent with curl as the guide sends them (only the host, port and model name differ:
-# the guide's model name is not served here, and an unknown model is a 404 by design):
+# The MiniMax-M3.1-Flash deployment guide end to end on the CPU: the bundled m3-tiny is laid out
+# in a temporary Hugging Face cache as MiniMaxAI/MiniMax-M3.1-Flash (blobs, a snapshot of
+# symlinks, refs/main), and `m3serve serve` starts with the guide's quickstart command line, with
+# the flags whose features are not built yet (--tp 4, --speculative-algorithm DSPARK) left out
+# (tests/app/serve_flags_test.cpp checks that they are refused by name). Then the guide's
+# requests, as curl sends them, with the guide's model name:
 #   (a) a plain text chat            -> 200 with choices[0].message
 #   (b) the same, thinking disabled  -> 200, no reasoning_content in the message
-#   (c) an image_url content part    -> a 400 OpenAI error object (image input not available /
-#                                       the domain not allowed), never a crash
-# then /health is still 200. Usage: deployment_guide_curl.sh <m3serve binary>
+#   (c) reasoning_effort low         -> 200
+#   (d) an image_url content part    -> a 400 OpenAI error object (the remote host is not on
+#                                       --allowed-media-domains), never a crash
+# and /health is still 200. Usage: deployment_guide_curl.sh <m3serve binary>
 set -euo pipefail
 
 BIN=${1:-${M3SERVE_BIN:-build/bin/m3serve}}
-MODEL=m3-tiny
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+MODEL=MiniMaxAI/MiniMax-M3.1-Flash
 WORK=$(mktemp -d)
 LOG=$WORK/server.log
 SERVER_PID=
@@ -29,8 +34,26 @@ fail() {
   exit 1
 }
 
-# A short context keeps the guide's requests (no max_tokens) quick on the CPU.
-"$BIN" serve --host 127.0.0.1 --port 0 --context-length 512 >"$LOG" 2>&1 &
+# The hub cache layout huggingface_hub writes: files as blobs, the snapshot as symlinks to them.
+COMMIT=4f1c2e0d9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e
+REPO=$WORK/hub/models--MiniMaxAI--MiniMax-M3.1-Flash
+mkdir -p "$REPO/blobs" "$REPO/snapshots/$COMMIT" "$REPO/refs"
+for f in "$ROOT"/models/m3-tiny/*; do
+  name=$(basename "$f")
+  blob=$(sha256sum "$f" | cut -c1-64)
+  cp "$f" "$REPO/blobs/$blob"
+  ln -s "../../blobs/$blob" "$REPO/snapshots/$COMMIT/$name"
+done
+printf '%s' "$COMMIT" >"$REPO/refs/main"
+
+# The guide's quickstart, on the CPU; a short context keeps its requests (no max_tokens) quick.
+HF_HUB_CACHE=$WORK/hub HF_HUB_OFFLINE=1 "$BIN" serve --trust-remote-code \
+  --model-path "$MODEL" --revision "${COMMIT:0:12}" \
+  --reasoning-parser minimax-m3 --tool-call-parser minimax-m3 --tp 1 \
+  --moe-runner-backend flashinfer_trtllm_routed --speculative-use-block-verification \
+  --cuda-graph-backend-prefill breakable --chunked-prefill-size 32768 --max-running-requests 128 \
+  --cuda-graph-max-bs-decode 128 --mem-fraction-static 0.8 --tokenizer-worker-num 8 \
+  --host 127.0.0.1 --port 0 --context-length 512 >"$LOG" 2>&1 &
 SERVER_PID=$!
 PORT=
 for _ in $(seq 1 600); do
@@ -47,6 +70,12 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] || fail "the model did not load"
+grep -q "model $MODEL at revision $COMMIT" "$LOG" || fail "the startup log does not name the revision"
+for flag in --trust-remote-code --moe-runner-backend --cuda-graph-backend-prefill \
+            --cuda-graph-max-bs-decode --mem-fraction-static --speculative-use-block-verification; do
+  grep -q "note: $flag" "$LOG" || fail "no startup note for the inert flag $flag"
+done
+echo "ok the guide's quickstart: ready, revision $COMMIT, a note for each inert flag"
 
 # Runs a JS assertion on a response body (JSON in $WORK/body): `node` is what the e2e tests use.
 check() {
@@ -87,7 +116,21 @@ code=$(curl -s -o "$WORK/body" -w '%{http_code}' "$BASE/v1/chat/completions" \
 check "(b) no reasoning_content" "r.choices[0].message.role === 'assistant' && !r.choices[0].message.reasoning_content && typeof r.choices[0].message.content === 'string'"
 echo "ok (b) thinking disabled: 200, no reasoning_content"
 
-# (c) An image part: a clear 400 OpenAI error naming the image part.
+# (c) reasoning_effort low.
+code=$(curl -s -o "$WORK/body" -w '%{http_code}' "$BASE/v1/chat/completions" \
+  -H "Content-Type: application/json" \
+  -d '{
+    "model": "'"$MODEL"'",
+    "messages": [
+      {"role": "user", "content": "Who won the world series in 2020?"}
+    ],
+    "reasoning_effort": "low"
+  }')
+[ "$code" = 200 ] || { cat "$WORK/body" >&2; fail "(c) status $code"; }
+check "(c) choices[0].message" "r.choices[0].message.role === 'assistant'"
+echo "ok (c) reasoning_effort low: 200"
+
+# (d) An image part: a clear 400 OpenAI error naming the image part.
 code=$(curl -s -o "$WORK/body" -w '%{http_code}' "$BASE/v1/chat/completions" \
   -H "Content-Type: application/json" \
   -d '{
@@ -99,11 +142,11 @@ code=$(curl -s -o "$WORK/body" -w '%{http_code}' "$BASE/v1/chat/completions" \
       ]}
     ]
   }')
-[ "$code" = 400 ] || { cat "$WORK/body" >&2; fail "(c) status $code, expected 400"; }
-check "(c) OpenAI error object" "r.error && r.error.type === 'invalid_request_error' && /image|domain/i.test(r.error.message) && r.error.param.startsWith('messages[0].content[0]')"
-echo "ok (c) image input: 400 $(node -e "const e=JSON.parse(require('fs').readFileSync('$WORK/body','utf8')).error; console.log(e.code + ': ' + e.message)")"
+[ "$code" = 400 ] || { cat "$WORK/body" >&2; fail "(d) status $code, expected 400"; }
+check "(d) OpenAI error object" "r.error && r.error.type === 'invalid_request_error' && /allowed-media-domains/.test(r.error.message) && r.error.param.startsWith('messages[0].content[0]')"
+echo "ok (d) image input: 400 $(node -e "const e=JSON.parse(require('fs').readFileSync('$WORK/body','utf8')).error; console.log(e.code + ': ' + e.message)")"
 
 # Still healthy, still serving.
-[ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] || fail "/health after (c)"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] || fail "/health after the requests"
 kill -0 "$SERVER_PID" 2>/dev/null || fail "the server died"
-echo "ok health 200 after the three requests"
+echo "ok health 200 after the guide's requests"
