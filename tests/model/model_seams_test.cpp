@@ -15,12 +15,7 @@
 namespace m3 {
 namespace {
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
+using testing::random_tokens;
 
 struct Runner {
   MiniMaxM3Config cfg = testing::tiny_config();

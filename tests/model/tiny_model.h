@@ -43,6 +43,14 @@ class MemoryWeightSource : public WeightSource {
 
 // A tiny config: 3 layers (sparse + dense MLP, full + MoE, sparse + MoE), blocks of 4 tokens,
 // top-3 blocks, so sequences of a few dozen tokens exercise real block selection.
+// `n` token ids in [0, vocab), reproducible from `seed`.
+inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
 inline MiniMaxM3Config tiny_config() {
   MiniMaxM3Config c;
   c.model_type = "minimax_m3_vl";
