@@ -458,53 +458,63 @@ class Acceptor : public std::enable_shared_from_this<Acceptor> {
     server_.refused_connections_.fetch_add(1);
     if (server_.refusing_connections_.load() >= kMaxRefusing) return;  // closed as it leaves
     server_.refusing_connections_.fetch_add(1);
-    struct Refusal {
-      Refusal(tcp::socket s, HttpServer& srv, std::string text)
-          : socket(std::move(s)), server(srv), response(std::move(text)) {}
-      ~Refusal() { server.refusing_connections_.fetch_sub(1); }
-      tcp::socket socket;
-      HttpServer& server;
-      std::string response;
-      std::array<char, 4096> scratch{};
-    };
     const std::string body =
         unavailable("The server has " + std::to_string(server_.max_connections_) +
                         " connections open, its limit (--max-connections); retry later.",
                     "too_many_connections")
             .body();
-    auto r = std::make_shared<Refusal>(
+    std::make_shared<Refusal>(
         std::move(socket), server_,
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
         "Retry-After: 1\r\nContent-Length: " +
-            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
-    net::async_write(r->socket, net::buffer(r->response), [r](beast::error_code ec, size_t) {
-      if (ec) return;
-      beast::error_code ignored;
-      r->socket.shutdown(tcp::socket::shutdown_send, ignored);
-      // Read what the client sent until it closes (or briefly), so closing does not reset the
-      // connection before the 503 is read.
-      auto timer = std::make_shared<net::steady_timer>(r->socket.get_executor());
-      timer->expires_after(std::chrono::seconds(1));
-      timer->async_wait([r](beast::error_code ec) {
-        if (ec) return;
-        beast::error_code ignored;
-        r->socket.close(ignored);
-      });
-      auto drain = std::make_shared<std::function<void()>>();
-      *drain = [r, timer, drain] {
-        r->socket.async_read_some(net::buffer(r->scratch),
-                                  [r, timer, drain](beast::error_code ec, size_t) {
-                                    if (ec) {
-                                      timer->cancel();
-                                      *drain = nullptr;  // breaks the cycle
-                                      return;
-                                    }
-                                    (*drain)();
-                                  });
-      };
-      (*drain)();
-    });
+            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body)
+        ->start();
   }
+
+  // One refused connection: writes the 503, half-closes, then reads what the client still sends
+  // until it closes (or for at most a second), so closing does not reset the connection before
+  // the 503 is read. Every pending operation holds it; it ends with the last one.
+  class Refusal : public std::enable_shared_from_this<Refusal> {
+   public:
+    Refusal(tcp::socket s, HttpServer& srv, std::string text)
+        : socket_(std::move(s)), timer_(socket_.get_executor()), server_(srv),
+          response_(std::move(text)) {}
+    ~Refusal() { server_.refusing_connections_.fetch_sub(1); }
+
+    void start() {
+      net::async_write(socket_, net::buffer(response_),
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         if (ec) return;
+                         beast::error_code ignored;
+                         self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
+                         self->timer_.expires_after(std::chrono::seconds(1));
+                         self->timer_.async_wait([self](beast::error_code ec) {
+                           if (ec) return;
+                           beast::error_code ignored;
+                           self->socket_.close(ignored);
+                         });
+                         self->read();
+                       });
+    }
+
+   private:
+    void read() {
+      socket_.async_read_some(net::buffer(scratch_),
+                              [self = shared_from_this()](beast::error_code ec, size_t) {
+                                if (ec) {
+                                  self->timer_.cancel();
+                                  return;
+                                }
+                                self->read();
+                              });
+    }
+
+    tcp::socket socket_;
+    net::steady_timer timer_;
+    HttpServer& server_;
+    std::string response_;
+    std::array<char, 4096> scratch_{};
+  };
 
   tcp::acceptor& acceptor_;
   HttpServer& server_;
