@@ -38,6 +38,15 @@ std::string directive(const std::string& text, const std::string& key) {
   return text.substr(b, e - b);
 }
 
+// A directive's integer value clamped to [lo, hi], or `fallback` when it is not a decimal integer
+// (the prompt is client text: a directive the fake cannot read is ignored, never a throw).
+int32_t directive_int(const std::string& v, int32_t fallback, int32_t lo, int32_t hi) {
+  if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos) {
+    return fallback;
+  }
+  return std::clamp(static_cast<int32_t>(std::stol(v)), lo, hi);
+}
+
 size_t utf8_incomplete_tail(const std::string& s) {
   size_t n = s.size();
   for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
@@ -106,12 +115,10 @@ Result<uint64_t> FakeBackend::submit(BackendRequest request, EventCallback on_ev
   r->infinite = prompt.find("FAKE_INFINITE") != std::string::npos;
   r->fail = prompt.find("FAKE_ERROR") != std::string::npos;
   if (!r->infinite) r->output.push_back(FakeCodec::kEos);
-  r->tokens_per_step = options_.tokens_per_step;
-  if (auto v = directive(prompt, "FAKE_TPS"); !v.empty())
-    r->tokens_per_step = std::max(1, std::stoi(v));
-  r->step = std::chrono::milliseconds(options_.step_ms);
-  if (auto v = directive(prompt, "FAKE_STEP_MS"); !v.empty())
-    r->step = std::chrono::milliseconds(std::max(0, std::stoi(v)));
+  r->tokens_per_step =
+      directive_int(directive(prompt, "FAKE_TPS"), options_.tokens_per_step, 1, 1 << 20);
+  r->step = std::chrono::milliseconds(
+      directive_int(directive(prompt, "FAKE_STEP_MS"), options_.step_ms, 0, 600000));
   r->on_event = std::make_shared<EventCallback>(std::move(on_event));
   std::lock_guard lock(mu_);
   if (static_cast<int32_t>(waiting_.size()) >= options_.max_waiting) {
