@@ -267,13 +267,9 @@ class Harness {
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant,
                                                  bool overlap = true, bool pdl = true,
                                                  int gemv_variant = 5, bool pdl_chain = false,
-                                                 bool persistent_moe = false,
-                                                 bool fused_norm_route = false,
                                                  bool cluster_combine = true) {
     CudaM3Options o;
     o.cluster_attention_combine = cluster_combine;
-    o.persistent_moe = persistent_moe;
-    o.fused_norm_route = fused_norm_route;
     o.pdl_chain = pdl_chain;
     o.decode_gemv_variant = gemv_variant;
     o.num_kv_pages = kPages;
@@ -453,8 +449,7 @@ TEST(CudaRealModel, MixedBatch) {
 
 // (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs with the
 // shared expert on its own stream and programmatic dependent launch on every kernel of the
-// critical path (pdl_chain) against eager launches on one stream without it and with the
-// post-attention norm and router as two launches instead of the fused one at batch 1 (same sums:
+// critical path (pdl_chain) against eager launches on one stream without it (same sums:
 // bitwise equal); both on the tensor-core GEMVs (variant 5), and models on variants 3 and 6
 // (5 where 6 does not fit) with the default options, each against the CPU.
 // Contexts whose block tables fit the indexer's top-k (width <= index_topk_blocks = 3 here, so
@@ -466,19 +461,13 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   ASSERT_TRUE(h.ready());
   h.reset_pages();
   auto on = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
-                        /*pdl_chain=*/true, /*persistent_moe=*/false, /*fused_norm_route=*/true);
-  // Eager, serial, without PDL, and the post-attention norm and the router as two launches
-  // (the fused kernel of `on` is bitwise those two, so the rows must still be equal). The
-  // clustered split attention is off in `off` too, but this config's top-k of 3 blocks never
+                        /*pdl_chain=*/true);
+  // Eager, serial, without PDL (the rows must still be equal). The clustered split attention is off in `off` too, but this config's top-k of 3 blocks never
   // takes it (it needs 16): sparse_decode_test and attention_inputs_test compare it bitwise.
   auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false, /*gemv_variant=*/5,
-                        /*pdl_chain=*/false, /*persistent_moe=*/false, /*fused_norm_route=*/false,
-                        /*cluster_combine=*/false);
+                        /*pdl_chain=*/false, /*cluster_combine=*/false);
   auto v3 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/3);
   auto v6 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/6);
-  auto pm = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
-                        /*pdl_chain=*/false, /*persistent_moe=*/true);
-  ASSERT_TRUE(pm.is_ok()) << pm.status().to_string();
   ASSERT_TRUE(on.is_ok()) << on.status().to_string();
   ASSERT_TRUE(off.is_ok()) << off.status().to_string();
   ASSERT_TRUE(v3.is_ok()) << v3.status().to_string();
@@ -495,13 +484,13 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
   ASSERT_NO_FATAL_FAILURE(
-      h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get(), pm->get()}, &cpu, &gpu));
-  Compare cmp{h.rel_bound()}, cmp3{h.rel_bound()}, cmp6{h.rel_bound()}, cmpp{h.rel_bound()};
+      h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get()}, &cpu, &gpu));
+  Compare cmp{h.rel_bound()}, cmp3{h.rel_bound()}, cmp6{h.rel_bound()};
   int64_t bitwise_bad = 0;
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t i = 0; i < batch; ++i) toks[i] = {last_argmax(cpu.logits[i], v)};
     ASSERT_NO_FATAL_FAILURE(
-        h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get(), pm->get()}, &cpu, &gpu));
+        h.step(ptrs, toks, false, {on->get(), off->get(), v3->get(), v6->get()}, &cpu, &gpu));
     for (int64_t i = 0; i < batch; ++i) {
       ASSERT_EQ(gpu[0].logits[i].size(), static_cast<size_t>(v));
       ASSERT_EQ(gpu[1].logits[i].size(), static_cast<size_t>(v));
@@ -510,8 +499,6 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
       cmp3.rows_of(gpu[2].logits[i].data(), cpu.logits[i].data(), 1, v);
       ASSERT_EQ(gpu[3].logits[i].size(), static_cast<size_t>(v));
       cmp6.rows_of(gpu[3].logits[i].data(), cpu.logits[i].data(), 1, v);
-      ASSERT_EQ(gpu[4].logits[i].size(), static_cast<size_t>(v));
-      cmpp.rows_of(gpu[4].logits[i].data(), cpu.logits[i].data(), 1, v);
       if (std::memcmp(gpu[0].logits[i].data(), gpu[1].logits[i].data(), v * sizeof(float)) != 0)
         ++bitwise_bad;
     }
@@ -522,7 +509,6 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   cmp.report(what);
   cmp3.report(what + " (GEMV variant 3)");
   cmp6.report(what + " (GEMV variant 6)");
-  cmpp.report(what + " (persistent MoE block at batch 1)");
   std::printf(
       "[cuda_real_model] %-44s graph+overlap+pdl vs eager serial: %lld of %lld rows differ bitwise; graphs "
       "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
@@ -533,19 +519,6 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   EXPECT_TRUE(cmp.ok());
   EXPECT_TRUE(cmp3.ok());
   EXPECT_TRUE(cmp6.ok());
-  EXPECT_TRUE(cmpp.ok());
-  // The persistent MoE block runs exactly at batch 1 (both MoE layers, eagerly and captured).
-  if (batch == 1)
-    EXPECT_GE((*pm)->stats().persistent_moe_blocks, 2);
-  else
-    EXPECT_EQ((*pm)->stats().persistent_moe_blocks, 0);
-  // The fused post-attention norm + router runs exactly at batch 1 (both MoE layers), never
-  // where it is off.
-  if (batch == 1)
-    EXPECT_GE(st_on.fused_norm_routes, 2);
-  else
-    EXPECT_EQ(st_on.fused_norm_routes, 0);
-  EXPECT_EQ(st_off.fused_norm_routes, 0);
   EXPECT_EQ(bitwise_bad, 0);
   EXPECT_EQ(st_on.decode_steps, steps);  // every step took the GEMV path
   EXPECT_EQ(st_off.decode_steps, steps);

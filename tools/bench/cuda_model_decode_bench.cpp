@@ -152,13 +152,6 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, b
   // skip_indexer_when_every_block_fits; contexts up to 2K tokens).
   if (const char* e = std::getenv("M3_BENCH_SKIP_INDEXER"))
     o.skip_indexer_when_every_block_fits = std::atoi(e) != 0;
-  // M3_BENCH_PERSISTENT_MOE=1: batch-1 MoE blocks in one persistent launch (A/B of
-  // CudaM3Options::persistent_moe).
-  if (const char* e = std::getenv("M3_BENCH_PERSISTENT_MOE")) o.persistent_moe = std::atoi(e) != 0;
-  // M3_BENCH_FUSED_NORM_ROUTE=0: the batch-1 post-attention norm and router as two launches (A/B
-  // of CudaM3Options::fused_norm_route).
-  if (const char* e = std::getenv("M3_BENCH_FUSED_NORM_ROUTE"))
-    o.fused_norm_route = std::atoi(e) != 0;
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());

@@ -19,9 +19,7 @@
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
-#include "backend/cuda/moe/moe_block_stream.h"
 #include "backend/cuda/moe/moe_route.h"
-#include "backend/cuda/moe/norm_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
@@ -87,7 +85,6 @@ struct Bufs {
   uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
   float *h_inv = nullptr, *attn_inv = nullptr;
   uint32_t* route_counter = nullptr;  // launch_moe_route's arrival counter (zero between launches)
-  uint32_t* moe_block_counters = nullptr;  // persistent MoE block: kMoeBlockCounters per layer
   cuda::SampleRowParams* sample_rows = nullptr;  // decode: per-row sampling knobs (device)
   int32_t* sampled = nullptr;                    // decode: the sampled token per row
   // decode: greedy rows' argmax over kSampleGreedySplits CTAs (SampleParams)
@@ -373,25 +370,6 @@ struct CudaM3Model::Impl {
     return np;
   }
 
-  // The post-attention norm of a MoE layer fused with the router at one token
-  // (moe/norm_route.h; bitwise the norm then the fused router) where it fits; *routed says
-  // whether it ran (else the caller launches the norm and the router).
-  Status norm_and_route(const Bufs& b, const PendingDelta& pd, const DevLayer& L, bool f16_copy,
-                        bool* routed) {
-    *routed = false;
-    if (!opt.fused_norm_route || opt.norm_cluster_rows < 1 ||
-        L.router.format != QuantFormat::kBf16)
-      return Status::ok();
-    cuda::NormRouteParams p{norm_params(b, pd, L.post_norm, 1, f16_copy), route_params(b, L, 1)};
-    // Its router rows are requested before the wait: launched as a programmatic dependent of
-    // o_proj they arrive under its stream, as the separate router's did under the norm.
-    p.norm.pdl = opt.pdl && (opt.pdl_chain || opt.pdl_router);
-    if (!cuda::norm_route_problem(p).empty()) return Status::ok();
-    *routed = true;
-    ++stats.fused_norm_routes;
-    return cuda::launch_norm_route(p, st());
-  }
-
   Status plinear(const DevMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, float* y,
                  int64_t ldy) {
     cuda::PrefillLinearParams p;
@@ -542,10 +520,7 @@ struct CudaM3Model::Impl {
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
     M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, o_f16 ? b.attn16 : nullptr,
                                                  b.attn_inv}, rows, b, pending));
-    bool routed = false;
-    if (L.moe && rows == 1 && !opt.persistent_moe)
-      M3_RETURN_IF_ERROR(norm_and_route(b, *pending, L, v5, &routed));
-    if (!routed) M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5, 1));
+    M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, v5, 1));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
     const auto swiglu_to = [&](const DevMatrix& gu, const DevMatrix& down, int64_t r,
@@ -566,14 +541,6 @@ struct CudaM3Model::Impl {
       const GemvEpilogueParams sw = swiglu_to(L.mlp_gu, L.mlp_down, rows, b.act_s, b.act_s16);
       M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, sw, b));
       return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
-    }
-    if (rows == 1 && opt.persistent_moe) {
-      bool launched = false;
-      M3_RETURN_IF_ERROR(moe_block(b, layer, L, h_in, &launched));
-      if (launched) {
-        *pending = {PendingDelta::kMoe, 0, L.shared_gu.n > 0 ? b.shared : nullptr};
-        return Status::ok();
-      }
     }
     // The shared expert reads only the normed hidden states: on the side stream it overlaps the
     // routed path below (own split-K scratch; joined before the combine). Works eagerly and under
@@ -601,12 +568,10 @@ struct CudaM3Model::Impl {
         L.router.format == QuantFormat::kBf16 && rows <= 32 && ne <= 512 && kk <= 16;
     // One token on variant 5: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (route_in_experts).
-    const bool token_route = rows == 1 && opt.route_in_experts && !routed && fused_router &&
+    const bool token_route = rows == 1 && opt.route_in_experts && fused_router &&
                              opt.decode_gemv_variant == 5 && h_in.f16 != nullptr &&
                              tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
-    if (routed) {
-      // The routing is already there (norm_and_route).
-    } else if (fused_router) {
+    if (fused_router) {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
       rp.pdl = chain_pdl() || (opt.pdl && opt.pdl_router);
@@ -668,45 +633,6 @@ struct CudaM3Model::Impl {
     rp.sorted_rows = b.sorted;
     rp.active_groups = b.active;
     return rp;
-  }
-
-  // One token's MoE block in one persistent launch (moe/moe_block_stream.h) where its shapes
-  // and storage fit (*launched says whether it ran; else the caller takes the per-kernel path).
-  Status moe_block(const Bufs& b, int64_t layer, const DevLayer& L, const GemvIn& h_in,
-                   bool* launched) {
-    *launched = false;
-    if (h_in.f16 == nullptr || L.router.format != QuantFormat::kBf16) return Status::ok();
-    cuda::MoeBlockParams p;
-    p.route = route_params(b, L, 1);
-    const auto up = [&](const DevMatrix& m, uint16_t* act, bool grouped) {
-      cuda::QuantGemvParams q = gemv_params(m, h_in, grouped ? kk : 1, b);
-      q.epilogue.kind = GemvEpilogue::kSwigluF16;
-      q.epilogue.act = act;
-      q.epilogue.alpha = alpha;
-      q.epilogue.limit = limit;
-      return q;
-    };
-    const auto down = [&](const DevMatrix& m, const uint16_t* act, float* y, bool grouped) {
-      cuda::QuantGemvParams q =
-          gemv_params(m, GemvIn{nullptr, m.k, act, nullptr, 1.0f / 256.0f}, grouped ? kk : 1, b);
-      q.epilogue = store_to(y, hd);
-      return q;
-    };
-    if (L.shared_gu.n > 0) {
-      p.shared_gu = up(L.shared_gu, b.act_s16, false);
-      p.shared_down = down(L.shared_down, b.act_s16, b.shared, false);
-    }
-    p.experts_gu = up(L.experts_gu, b.act16, true);
-    p.experts_gu.x_row_div = kk;
-    group_by_routing(&p.experts_gu, b);
-    p.experts_down = down(L.experts_down, b.act16, b.contrib, true);
-    group_by_routing(&p.experts_down, b);
-    p.counters = b.moe_block_counters + layer * cuda::kMoeBlockCounters;
-    p.pdl = opt.pdl;
-    if (!cuda::moe_block_stream_fits(p)) return Status::ok();
-    *launched = true;
-    ++stats.persistent_moe_blocks;
-    return cuda::launch_moe_block_stream(p, st());
   }
 
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
@@ -1000,12 +926,6 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.greedy_tickets, a.alloc<uint32_t>(r, what));
   M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.greedy_tickets, 0, static_cast<size_t>(r) * 4));
   M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.route_counter, 0, sizeof(uint32_t)));
-  {
-    // Per layer: consecutive layers' blocks may overlap under programmatic dependent launch.
-    const int64_t words = cuda::kMoeBlockCounters * std::max<int64_t>(cfg.num_hidden_layers, 1);
-    M3_ASSIGN_OR_RETURN(b.moe_block_counters, a.alloc<uint32_t>(words, what));
-    M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.moe_block_counters, 0, words * sizeof(uint32_t)));
-  }
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
   M3_ASSIGN_OR_RETURN(b.contrib, a.alloc<float>(r * kk * hd, what));

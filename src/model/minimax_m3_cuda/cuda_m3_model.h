@@ -157,20 +157,6 @@ struct CudaM3Options {
   // instead of float32 FMAs (with key splits below batch 8). H200, graph-timed split + combine
   // at batch 1: 6.5-6.9 against 8.8-9.0 us.
   bool mma_decode_attention = true;
-  // Decode at one row: a MoE layer's router, shared expert and routed experts in one persistent
-  // launch (moe/moe_block_stream.h: weights streamed into shared memory across the ops, counters
-  // instead of kernel boundaries) where its shapes fit; else the per-kernel path. Off: on the
-  // H200 it was slower, 8-layer steps at batch 1 1.676-1.677 against 1.578-1.584 ms at 1K and
-  // 1.744-1.747 against 1.648-1.655 ms at 4K (docs/design/decode-kernels.md).
-  bool persistent_moe = false;
-  // Decode at one row: a MoE layer's post-attention norm and its router in one cluster launch
-  // (moe/norm_route.h: the router rows copied into shared memory, the routing computed without a
-  // global round trip; bitwise the two launches it replaces) where it fits. Off: on the H200 the
-  // routing is ready 11 instead of 17.7 us after o_proj, but the shared expert, which the
-  // separate router's window hid, then starts after the routing and shares the routed experts'
-  // window; 8-layer steps at batch 1 1.582-1.602 against 1.563-1.571 ms at 1K, 1.648-1.675
-  // against 1.629-1.646 ms at 4K (docs/performance.md).
-  bool fused_norm_route = false;
   int device = 0;
   int prefill_attention_variant = 1;  // PrefillAttentionParams::variant (sparse_prefill.h)
   int prefill_indexer_variant = 1;    // PrefillAttentionParams::indexer_variant
@@ -186,11 +172,6 @@ struct CudaM3Stats {
   // Steps whose one-token rows attended every block without the indexer
   // (skip_indexer_when_every_block_fits).
   int64_t indexer_skipped_steps = 0;
-  // MoE blocks launched as one persistent kernel (persistent_moe; a captured graph counts its
-  // launches once, at capture).
-  int64_t persistent_moe_blocks = 0;
-  // MoE post-attention norms fused with the router (fused_norm_route; counted as above).
-  int64_t fused_norm_routes = 0;
   double graph_launch_us = 0;      // host time inside cudaGraphLaunch, summed over the replays
   int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although quantised on disk
   int64_t quantised_matrices = 0;  // fused matrices kept MXFP8 / NVFP4

@@ -83,8 +83,7 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(32 * kStreamConsumers) : "memory");
 }
 
-// One lane's MXFP8 scale block (variant 6 and the persistent MoE block, moe/moe_block_stream.cu;
-// variant 5's k order within a block): the 8 codes of row g (`lo`) and of row g + 8 (`hi`) at
+// One lane's MXFP8 scale block (variant 6; variant 5's k order within a block): the 8 codes of row g (`lo`) and of row g + 8 (`hi`) at
 // elements 8t .. 8t + 7, the activations `xv` (f16) of the same elements and the block's E8M0
 // factors; both k-steps into a zeroed fragment, which is added to acc scaled in f32.
 __device__ __forceinline__ void stream_mxfp8_block(uint2 lo, uint2 hi, uint4 xv, float f_lo,
@@ -100,8 +99,7 @@ __device__ __forceinline__ void stream_mxfp8_block(uint2 lo, uint2 hi, uint4 xv,
   acc[3] = fmaf(d[3], f_hi, acc[3]);
 }
 
-// One warp's NVFP4 step of a stage in shared memory (the mma layout; variant 6 and the persistent
-// MoE block, moe/moe_block_stream.cu): chunk `ci` of the stage `sp` (1 KB, 128 K x 16 rows) with
+// One warp's NVFP4 step of a stage in shared memory (the mma layout; variant 6): chunk `ci` of the stage `sp` (1 KB, 128 K x 16 rows) with
 // its block scales in `sc` (rows `scale_stride` bytes apart, 8 bytes per chunk) against the
 // activation row(s) `xr` (f16; chunk c of the row = elements 128c ..), c the chunk's index in
 // K. This lane's 8 words (k-steps 0..7; halves swapped for lanes with bit 2 set) are dequantised

@@ -13,8 +13,7 @@ namespace m3::cuda::routing {
 
 constexpr int kMaxExperts = 512;  // router_topk / moe_route
 
-// The router's bf16 dot products (moe_route.cu, moe_block_stream.cu: one definition, so both give
-// the same logits bit for bit). bf16 halves of a 32-bit word as float (exact):
+// The router's bf16 dot products (moe_route.cu). bf16 halves of a 32-bit word as float (exact):
 __device__ __forceinline__ float bf_lo(uint32_t u) {
   return __uint_as_float(u << 16);
 }

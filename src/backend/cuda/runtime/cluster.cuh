@@ -1,7 +1,6 @@
 // Thread-block cluster primitives (sm_90): the CTA's rank, stores into another CTA's shared
 // memory (distributed shared memory) and the split cluster barrier. Used by the cluster norm
-// (norm/add_rms_norm.cu), the fused post-attention norm + router (moe/norm_route.cu) and the
-// clustered decode attention (attention/sparse_decode_mma.cu).
+// (norm/add_rms_norm.cu) and the clustered decode attention (attention/sparse_decode_mma.cu).
 #pragma once
 
 #include <cstdint>

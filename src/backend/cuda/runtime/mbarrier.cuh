@@ -1,6 +1,5 @@
 // mbarrier and bulk-copy primitives (PTX ISA 8.0, sm_90): the shared-memory transaction barriers
-// that the persistent kernels (gemm/quant_gemv_stream.cuh, moe/moe_block_stream.cu) and the fused
-// post-attention norm + router (moe/norm_route.cu) count their bulk copies on.
+// that the persistent GEMV (gemm/quant_gemv_stream.cuh) counts its bulk copies on.
 #pragma once
 
 #include <cstdint>
