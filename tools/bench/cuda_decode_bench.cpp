@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "backend/cuda/attention/sparse_decode.h"
-#include "backend/cuda/runtime/read_probe.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/dummy/dummy_weights.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
@@ -32,6 +31,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/sampling/sample.h"
 #include "cuda_bench_util.h"
+#include "read_probe.h"
 
 namespace {
 
@@ -89,7 +89,7 @@ void bench_copy() {
   cudaFree(b);
 }
 
-// The read floor: one launch of a plain streaming read (runtime/read_probe.h) of the byte counts
+// The read floor: one launch of a plain streaming read (read_probe.h) of the byte counts
 // the decode GEMVs stream, from a 1 GiB rotation (no L2 reuse): what a GEMV of that size can reach
 // at best, launch, ramp and tail included.
 void bench_read_floor() {

@@ -16,7 +16,7 @@
 //             instructions per warp, 6 warps per scheduler),
 //   warps     2 or 4 per CTA (1536 CTAs and the same bytes: 4 warps read half as many stages
 //             each, two waves' worth of warps),
-// and prints each configuration's time and rate beside the plain read (runtime/read_probe.cu).
+// and prints each configuration's time and rate beside the plain read (read_probe.cu).
 //
 // `stream_pattern_probe reg` instead asks the same of variant 7's pattern
 // (gemm/gemv_mma_direct.cu: o_proj at one row, 384 CTAs x W warps, each warp's contiguous share
@@ -33,8 +33,8 @@
 
 #include "backend/cuda/gemm/quant_gemv.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
-#include "backend/cuda/runtime/read_probe.h"
 #include "cuda_bench_util.h"
+#include "read_probe.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
-#include "backend/cuda/runtime/read_probe.h"
+#include "read_probe.h"
 
 #include "backend/cuda/runtime/cuda_check.h"
 
-namespace m3::cuda {
+namespace m3::cuda_bench {
 namespace {
 
 __global__ void __launch_bounds__(256) read_probe_kernel(const uint4* p, int64_t n, uint32_t* sink) {
@@ -39,10 +39,10 @@ __global__ void __launch_bounds__(256) read_probe_kernel(const uint4* p, int64_t
 Status launch_read_probe(const void* p, int64_t bytes, int ctas, uint32_t* sink,
                          CUstream_st* stream) {
   if (bytes <= 0 || bytes % 16 != 0 || (reinterpret_cast<uintptr_t>(p) & 15) != 0 || ctas < 1)
-    return invalid_argument("[cuda.read_probe] bytes must be a positive multiple of 16, aligned");
+    return invalid_argument("[bench.read_probe] bytes must be a positive multiple of 16, aligned");
   read_probe_kernel<<<ctas, 256, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(read_probe_kernel);
   return Status::ok();
 }
 
-}  // namespace m3::cuda
+}  // namespace m3::cuda_bench
