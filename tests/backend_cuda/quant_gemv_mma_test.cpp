@@ -1,5 +1,6 @@
-// GEMV variants 5, 6 and 7 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
-// quant_gemv_mma.cuh, quant_gemv_stream.cuh, gemv_mma_direct.cu) and their f16 activations (x_f16.h) against the CPU backend's float32 linear
+// GEMV variants 5 and 7 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
+// quant_gemv_mma.cuh, gemv_mma_direct.cu) and their f16 activations (x_f16.h) against the CPU
+// backend's float32 linear
 // on the reference-dequantised weights, dense and grouped by expert, at the real MiniMax-M3.1-Flash
 // shapes, at odd ones, with 1..40 activation rows (several rows-per-pass instantiations and
 // passes) and with block scales spread over 20 binades (E4M3 subnormal scales, f16 subnormals).
@@ -128,27 +129,6 @@ void expect_same_unstaged(cuda::QuantGemvParams p, Dev<T>& out, const std::vecto
   EXPECT_EQ(out.host(), staged) << name << ": activations through L1 differ from staged ones";
 }
 
-// Variant 6 on p (already set up for variant 5): the same bound, deterministic, accumulate
-// bitwise. It must run exactly where the shapes allow (checked against `expect_fits`).
-void check_stream(cuda::QuantGemvParams p, const std::vector<float>& want,
-                  const std::vector<double>& bound, bool expect_fits, const std::string& name) {
-  p.variant = 6;
-  std::string why;
-  const bool fits = cuda::quant_gemv_stream_fits(p, &why);
-  EXPECT_EQ(fits, expect_fits) << name << ": variant 6 " << why;
-  if (!fits) {
-    EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
-    return;
-  }
-  auto y = Dev<float>::poisoned(static_cast<int64_t>(want.size()));
-  p.epilogue.y = y.ptr();
-  p.epilogue.accumulate = false;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
-  const auto y0 = y.host();
-  expect_close(y0, want, bound, name + " v6");
-  check_repeat_and_accumulate(p, y, y0, name + " v6");
-}
-
 TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   const Case c = GetParam();
   const QMatrix w = make_matrix(c.f, c.n, c.k, 31, c.spread);
@@ -253,11 +233,6 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
     }
   }
 
-  // Variant 6 reads MXFP8 row-major (K % 512; NVFP4 only in the mma layout, K % 256, below),
-  // N % 16, at most 8 rows whose activations take <= 96 KB of shared memory beside its ring.
-  const bool v6_shape = c.n % 16 == 0 && c.m <= 8 && c.m * (2 * c.k + 64) <= 96 * 1024;
-  check_stream(p, want, bound, c.f == QuantFormat::kMxfp8 && v6_shape && c.k % 512 == 0, name);
-
   // NVFP4 in the mma layout (quant/nvfp4_mma_layout.h), where it fits: the GPU repack equals the
   // host reference byte for byte, the GEMV meets the same bound, and the prefill dequantisation
   // of the packed matrix equals that of the row-major one bit for bit.
@@ -278,7 +253,6 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
   if (c.m == 1) expect_same_unstaged(p, y, yp, name + " v5 mma layout");
-  check_stream(p, want, bound, v6_shape && c.k % 256 == 0, name + " mma layout");
   p.w_layout = 2;  // the pair tiling goes with SwiGLU only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
   p.w_layout = 1;
@@ -311,9 +285,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantFormat::kNvfp4, 3, 512, 2048, 20},
                       Case{QuantFormat::kNvfp4, 1, 48, 384, 0},      // staged x, a partial stage
                       Case{QuantFormat::kNvfp4, 1, 160, 640, 20},    // staged x, 8-byte scales
-                      Case{QuantFormat::kNvfp4, 8, 2048, 1024, 0},   // v6: one stage per tile
-                      Case{QuantFormat::kMxfp8, 7, 160, 512, 0},     // v6: 10 tiles, 10 CTAs
-                      Case{QuantFormat::kMxfp8, 4, 4096, 1536, 0}));  // v6: 3 stages
+                      Case{QuantFormat::kNvfp4, 8, 2048, 1024, 0},   // 128 tiles, 8 stages
+                      Case{QuantFormat::kMxfp8, 7, 160, 512, 0},     // 10 tiles
+                      Case{QuantFormat::kMxfp8, 4, 4096, 1536, 0}));  // 12 stages
 
 struct Routing {
   int64_t tokens;
@@ -323,12 +297,12 @@ struct Routing {
 
 // One routing through gate|up (+ SwiGLU) and down; NVFP4 optionally in the mma layout (gate/up
 // row pairs, rows of 16), repacked on the GPU and checked against the host repack first.
-void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant) {
+void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   const int64_t experts = routing.experts, tokens = routing.tokens, top_k = 3, inter = 1024,
                 hidden = 2048;
   const int64_t rows = tokens * top_k;
   const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
-                           " v" + std::to_string(variant) + " grouped T" +
+                           " v5 grouped T" +
                            std::to_string(tokens) + " E" + std::to_string(experts) +
                            (packed ? " mma layout" : "");
   const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
@@ -362,22 +336,14 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   p.xh = x16.xh.ptr();
   p.x_inv_scale = x16.inv.ptr();
   p.x_row_div = top_k;
-  p.variant = variant;
+  p.variant = 5;
   p.max_group_rows = tokens;
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
   auto act = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act.ptr();
-  if (variant == 6) {  // variant 6: up to 8 tokens, MXFP8 row-major or NVFP4 in the mma layout
-    const bool fits = tokens <= 8 && (f == QuantFormat::kMxfp8 || packed);
-    EXPECT_EQ(cuda::quant_gemv_stream_fits(p), fits) << name;
-    if (!fits) {
-      EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
-      return;
-    }
-  }
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto act_h = act.host();
-  const bool staged = variant == 5 && f == QuantFormat::kNvfp4 && tokens == 1;
+  const bool staged = f == QuantFormat::kNvfp4 && tokens == 1;
   if (staged) expect_same_unstaged(p, act, act_h, name + " gate|up");
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
   auto act16 = Dev<uint16_t>::poisoned(rows * inter);
@@ -411,7 +377,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   use_packed(p, false);
   p.xh = act16.ptr();
   p.x_inv_const = 1.0f / 256.0f;
-  p.variant = variant;
+  p.variant = 5;
   p.max_group_rows = tokens;
   auto y = Dev<float>::poisoned(rows * hidden);
   p.epilogue.y = y.ptr();
@@ -425,7 +391,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed, int variant
   if (staged) expect_same_unstaged(p, y, y0, name + " down");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
-  if (variant == 5) {
+  {
     // The down product as the model runs it: a programmatic dependent of a fresh gate|up, its
     // routing and first weights read before its wait. Bitwise the plain launch; had it read its
     // activations before the gate|up wrote them, it would have read the poison.
@@ -467,8 +433,7 @@ TEST(QuantGemvMmaGrouped, ExpertsWithSwigluAndDown) {
   for (const Routing& routing : routings)
     for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8})
       for (bool packed : {false, true})
-        for (int variant : {5, 6})
-          if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed, variant);
+        if (!packed || f == QuantFormat::kNvfp4) run_grouped(routing, f, packed);
 }
 
 // One token's experts reading their slots' experts from the token's top-k
@@ -573,8 +538,8 @@ void run_token_slots(const TokenSlotsCase& c, QuantFormat f, bool packed) {
   bad.num_slots = k + 1;
   EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": slots > rows";
   bad.num_slots = k;
-  bad.variant = 6;
-  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": variant 6";
+  bad.variant = 7;
+  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": variant 7";
 }
 
 TEST(QuantGemvMmaGrouped, TokenSlotsFromTopk) {

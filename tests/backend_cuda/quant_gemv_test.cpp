@@ -1,7 +1,7 @@
-// The dequantising GEMV kernels (MXFP8 and NVFP4 weights, bf16 activations) against the CPU
-// backend's float32 linear on the reference-dequantised weights (src/quant; BF16 for lm_head),
-// dense and grouped by
-// expert, with both epilogues, at the real MiniMax-M3.1-Flash shapes and at odd ones.
+// The split-K GEMV kernels on the CUDA cores (variant 3 for MXFP8 and NVFP4 weights, variant 2
+// for BF16; bf16 activations) against the CPU backend's float32 linear on the
+// reference-dequantised weights (src/quant), dense and grouped by expert, with both epilogues, at
+// the real MiniMax-M3.1-Flash shapes and at odd ones.
 //
 // Bound: the GPU and the CPU each compute Σ_k x_k·w_k (x exactly representable: bf16) within
 // gamma_{K+2}·Σ|x||w| of the exact value; the GPU applies the block factor to 16- or 32-element
@@ -29,8 +29,8 @@ class QuantGemvDense : public ::testing::TestWithParam<DenseCase> {};
 
 // One dense problem on the device: weights (seed_w), bf16 activations (seed_x), the CPU result
 // and Σ|x||w|, the bound (see the top of the file; any summation order of the K products stays
-// within gamma_{K+2}), the GEMV parameters for `variant` (its slice count: partial sized for it)
-// and the store epilogue into y (poisoned).
+// within gamma_{K+2}), the GEMV parameters (variant 2 for BF16, 3 otherwise; the partial buffer
+// sized for its slice count) and the store epilogue into y (poisoned).
 struct Dense {
   QMatrix w;
   std::vector<float> xf, want, mag;
@@ -42,14 +42,14 @@ struct Dense {
   Dev<float> dg, partial, y;
   cuda::QuantGemvParams p;
   cuda::GemvEpilogueParams e;
-  Dense(const DenseCase& c, uint32_t seed_w, uint32_t seed_x, int variant)
+  Dense(const DenseCase& c, uint32_t seed_w, uint32_t seed_x)
       : w(make_matrix(c.f, c.n, c.k, seed_w)),
         xf(randn(c.m * c.k, seed_x, 1.0f)),
         want(c.m * c.n),
         mag(c.m * c.n),
         bound(want.size()),
         xb(to_bf16(&xf)),
-        slices(cuda::quant_gemv_num_slices(c.f, c.k, variant)),
+        slices(cuda::quant_gemv_num_slices(c.f, c.k)),
         dx(xb),
         dw(w.data),
         ds(w.scale),
@@ -71,7 +71,7 @@ struct Dense {
     p.n = c.n;
     p.k = c.k;
     p.partial = partial.ptr();
-    p.variant = variant;
+    p.variant = c.f == QuantFormat::kBf16 ? 2 : 3;
     e.partial = partial.ptr();
     e.num_slices = slices;
     e.num_rows = c.m;
@@ -87,79 +87,29 @@ void launch(const cuda::QuantGemvParams& p, const cuda::GemvEpilogueParams& e) {
   ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
 }
 
+// Activation rows up to 8 (several shared-memory passes of variant 3 where rows exceed its
+// capacity), K tails inside a chunk and a slice, odd N.
 TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
   const DenseCase c = GetParam();
-  Dense d(c, 7, 8, 0);
-  const std::vector<float>& want = d.want;
-  const std::vector<double>& bound = d.bound;
-  cuda::QuantGemvParams& p = d.p;
-  cuda::GemvEpilogueParams& e = d.e;
-  Dev<float>& y = d.y;
-  ASSERT_NO_FATAL_FAILURE(launch(p, e));
-  auto y0 = y.host();
-  expect_close(y0, want, bound,
+  Dense d(c, 17, 18);
+  ASSERT_NO_FATAL_FAILURE(launch(d.p, d.e));
+  // Any summation order of the K products stays within gamma_{K+2} (the top of the file).
+  expect_close(d.y.host(), d.want, d.bound,
                std::string(c.f == QuantFormat::kMxfp8   ? "mxfp8"
                            : c.f == QuantFormat::kNvfp4 ? "nvfp4"
                                                         : "bf16") +
-                   " gemv M" +
-                   std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
-  // Variant 1 (8 loads in flight) does the same arithmetic in the same order: bitwise equal.
-  p.variant = 1;
-  ASSERT_NO_FATAL_FAILURE(launch(p, e));
-  EXPECT_EQ(y.host(), y0) << "variant 1 differs from variant 0";
-  // Variant 2 (another lane summation order; falls back to 0 where it is not built): same bound.
-  p.variant = 2;
-  ASSERT_NO_FATAL_FAILURE(launch(p, e));
-  expect_close(y.host(), want, bound, "  variant 2");
-  // Variant 3 (activations in shared memory, longer K-slices: its own slice count): same bound.
-  p.variant = 3;
-  e.num_slices = cuda::quant_gemv_num_slices(c.f, c.k, 3);
-  ASSERT_LE(e.num_slices, d.slices);
-  ASSERT_NO_FATAL_FAILURE(launch(p, e));
-  expect_close(y.host(), want, bound, "  variant 3");
-}
-
-// Variant 3 alone, at shapes variants 0-2 do not take (K % 32 only) and at the real shapes with
-// up to 8 activation rows (several shared-memory passes where rows exceed its capacity).
-class QuantGemvV3 : public ::testing::TestWithParam<DenseCase> {};
-
-TEST_P(QuantGemvV3, MatchesCpuOnDequantisedWeights) {
-  const DenseCase c = GetParam();
-  Dense d(c, 17, 18, 3);
-  cuda::QuantGemvParams& p = d.p;
-  cuda::GemvEpilogueParams& e = d.e;
-  Dev<float>& y = d.y;
-  ASSERT_NO_FATAL_FAILURE(launch(p, e));
-  // Same bound as above: any summation order of the K products stays within gamma_{K+2}.
-  const std::vector<float>& want = d.want;
-  const std::vector<double>& bound = d.bound;
-  const auto y3 = y.host();
-  expect_close(y3, want, bound,
-               std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " gemv v3 M" +
-                   std::to_string(c.m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k));
-  // The fused epilogue sums the same slices in the same order: bitwise equal, twice (the tile
-  // counters must come back to zero).
-  p.fuse_epilogue = true;
-  p.epilogue = e;
-  const int64_t counters = cuda::quant_gemv_num_tile_counters(p);
-  ASSERT_GT(counters, 0);
-  Dev<uint32_t> ctr(std::vector<uint32_t>(counters, 0));
-  p.tile_counters = ctr.ptr();
-  for (int rep = 0; rep < 2; ++rep) {
-    auto yf = Dev<float>::poisoned(c.m * c.n);
-    p.epilogue.y = yf.ptr();
-    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-    EXPECT_EQ(yf.host(), y3) << "fused epilogue differs, launch " << rep;
-    EXPECT_EQ(ctr.host(), std::vector<uint32_t>(counters, 0)) << "tile counters not reset";
-  }
+                   " gemv v" + std::to_string(d.p.variant) + " M" + std::to_string(c.m) + " N" +
+                   std::to_string(c.n) + " K" + std::to_string(c.k));
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, QuantGemvV3,
+    Shapes, QuantGemvDense,
     ::testing::Values(DenseCase{QuantFormat::kMxfp8, 1, 9856, 6144},    // q|k|v|index
                       DenseCase{QuantFormat::kMxfp8, 8, 6144, 8192},    // o_proj, batch 8
                       DenseCase{QuantFormat::kMxfp8, 2, 6144, 3072},    // shared down
                       DenseCase{QuantFormat::kMxfp8, 4, 2000, 12288},   // dense down
+                      DenseCase{QuantFormat::kMxfp8, 1, 512, 6144},     // k/v proj
+                      DenseCase{QuantFormat::kMxfp8, 3, 1000, 3072},    // odd N, 3 rows
                       DenseCase{QuantFormat::kMxfp8, 5, 1000, 1536},    // odd N, K = 3 chunks
                       DenseCase{QuantFormat::kMxfp8, 7, 77, 96},        // K tail inside a chunk
                       DenseCase{QuantFormat::kMxfp8, 3, 13, 2080},      // slice tail
@@ -167,17 +117,8 @@ INSTANTIATE_TEST_SUITE_P(
                       DenseCase{QuantFormat::kNvfp4, 1, 6144, 3072},    // expert w2
                       DenseCase{QuantFormat::kNvfp4, 8, 1000, 3072},    // 2 shared-memory passes
                       DenseCase{QuantFormat::kNvfp4, 6, 1000, 1536},
-                      DenseCase{QuantFormat::kNvfp4, 3, 77, 96}));
-
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, QuantGemvDense,
-    ::testing::Values(DenseCase{QuantFormat::kMxfp8, 1, 512, 6144},     // k/v proj
-                      DenseCase{QuantFormat::kMxfp8, 3, 1000, 3072},    // odd N, 3 rows
-                      DenseCase{QuantFormat::kMxfp8, 5, 6144, 8192},    // o_proj, 5 rows
-                      DenseCase{QuantFormat::kMxfp8, 8, 256, 12288},    // dense down, 8 rows
-                      DenseCase{QuantFormat::kNvfp4, 1, 6144, 6144},    // expert w1|w3
-                      DenseCase{QuantFormat::kNvfp4, 2, 6144, 3072},    // expert w2
                       DenseCase{QuantFormat::kNvfp4, 3, 77, 2048},
+                      DenseCase{QuantFormat::kNvfp4, 3, 77, 96},
                       DenseCase{QuantFormat::kBf16, 1, 4001, 6144},     // lm_head rows
                       DenseCase{QuantFormat::kBf16, 7, 300, 2048}));
 
@@ -185,6 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
 // gate|up product, then the down product with float32 output.
 // Routings: distinct experts per token (expert 6 idle), and one where expert 3 takes every
 // token (12 rows: more than variant 3 holds in shared memory, so it takes several passes).
+// Variant 3 (MXFP8 and NVFP4).
 struct Routing {
   int64_t tokens;
   std::vector<int32_t> ids;  // [tokens * 3]
@@ -199,15 +141,12 @@ std::vector<Routing> routings() {
   return r;
 }
 
-std::string fmt_name(QuantFormat f, int variant, int64_t tokens) {
-  return std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " v" +
-         std::to_string(variant) + " T" + std::to_string(tokens);
+std::string fmt_name(QuantFormat f, int64_t tokens) {
+  return std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " v3 T" +
+         std::to_string(tokens);
 }
 
-class QuantGemvGrouped : public ::testing::TestWithParam<int> {};  // the GEMV variant
-
-TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
-  const int variant = GetParam();
+TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
   for (const Routing& routing : routings())
   for (QuantFormat f : {QuantFormat::kNvfp4, QuantFormat::kMxfp8}) {
     const int64_t experts = 8, tokens = routing.tokens, top_k = 3, inter = 1024, hidden = 2048;
@@ -233,15 +172,15 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
 
     Dev<uint16_t> dx(xb);
     DevExperts dev(ex);
-    const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden, variant);
-    const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter, variant);
+    const int64_t s_up = cuda::quant_gemv_num_slices(f, hidden);
+    const int64_t s_dn = cuda::quant_gemv_num_slices(f, inter);
     Dev<float> part_up(std::vector<float>(s_up * rows * 2 * inter)),
         part_dn(std::vector<float>(s_dn * rows * hidden));
     cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
     p.x = dx.ptr();
     p.x_row_div = top_k;
     p.partial = part_up.ptr();
-    p.variant = variant;
+    p.variant = 3;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
     auto act = Dev<uint16_t>::poisoned(rows * inter);
     cuda::GemvEpilogueParams e;
@@ -253,19 +192,6 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     e.act = act.ptr();
     ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
     auto act_h = act.host();
-    if (variant == 3) {  // fused SwiGLU epilogue: bitwise equal to the separate one
-      p.fuse_epilogue = true;
-      p.epilogue = e;
-      const int64_t counters = cuda::quant_gemv_num_tile_counters(p);
-      Dev<uint32_t> ctr(std::vector<uint32_t>(counters, 0));
-      p.tile_counters = ctr.ptr();
-      auto act_f = Dev<uint16_t>::poisoned(rows * inter);
-      p.epilogue.act = act_f.ptr();
-      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      EXPECT_EQ(act_f.host(), act_h) << fmt_name(f, variant, tokens) << " fused swiglu differs";
-      EXPECT_EQ(ctr.host(), std::vector<uint32_t>(counters, 0)) << "tile counters not reset";
-      p.fuse_epilogue = false;
-    }
 
     // CPU: gate|up per row with the expert's dequantised weights and SwiGLU (quant_matrix.h).
     std::vector<float> act_got(rows * inter), act_want(rows * inter);
@@ -277,14 +203,14 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
       for (int64_t i = 0; i < inter; ++i)
         act_got[r * inter + i] = bf16_to_f32(act_h[r * inter + i]);
     }
-    const std::string fmt = fmt_name(f, variant, tokens);
+    const std::string fmt = fmt_name(f, tokens);
     expect_close(act_got, act_want, act_bound, fmt + " grouped gate|up + swiglu (bf16)");
 
     // Down projection of the GPU's bf16 activations (exact inputs for both sides).
     p = grouped_params(f, dev, route, false, inter, hidden);
     p.x = act.ptr();
     p.partial = part_dn.ptr();
-    p.variant = variant;
+    p.variant = 3;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
     auto y = Dev<float>::poisoned(rows * hidden);
     e = {};
@@ -299,31 +225,9 @@ TEST_P(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     std::vector<double> yb;
     down_rows_reference(act_got, ids, ex, inter, hidden, (2 * gamma(inter + 2) + 4 * kU) * 1.01,
                         &yw, &yb);
-    const auto y_h = y.host();
-    expect_close(y_h, yw, yb, fmt + " grouped down (f32)");
-    if (variant == 3) {  // fused f32 epilogue: bitwise equal
-      p.fuse_epilogue = true;
-      p.epilogue = e;
-      const int64_t counters = cuda::quant_gemv_num_tile_counters(p);
-      Dev<uint32_t> ctr(std::vector<uint32_t>(counters, 0));
-      p.tile_counters = ctr.ptr();
-      auto y_f = Dev<float>::poisoned(rows * hidden);
-      p.epilogue.y = y_f.ptr();
-      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      EXPECT_EQ(y_f.host(), y_h) << fmt << " fused down differs";
-      EXPECT_EQ(ctr.host(), std::vector<uint32_t>(counters, 0)) << "tile counters not reset";
-      p.fuse_epilogue = false;
-    }
-    if (variant == 0) {
-      p.variant = 2;  // the grouped path of variant 2, same bound
-      ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
-      ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
-      expect_close(y.host(), yw, yb, fmt + " grouped down (f32) variant 2");
-    }
+    expect_close(y.host(), yw, yb, fmt + " grouped down (f32)");
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Variants, QuantGemvGrouped, ::testing::Values(0, 3));
 
 }  // namespace
 }  // namespace m3::cuda_test

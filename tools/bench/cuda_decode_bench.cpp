@@ -5,9 +5,9 @@
 // HBM roofline (and of the measured device-to-device copy rate). Weights and caches rotate over
 // several copies or routings so that the 60 MB L2 cannot serve repeated launches.
 //
-// Usage: cuda_decode_bench [results.tsv] [variant=0]   (variant 4 = 3 with the fused epilogue)
-//   prints a table (writes TSV rows when a path is given); `variant` is the GEMV variant of the
-//   main rows and of the composed estimate (the other variants get comparison rows).
+// Usage: cuda_decode_bench [results.tsv] [variant=3]
+//   prints a table (writes TSV rows when a path is given); `variant` (3, 5 or 7) is the MXFP8 GEMV
+//   variant of the main rows and of the composed estimate (the others get comparison rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -159,23 +159,19 @@ void free_dense(DenseWeights& d) {
   cudaFree(d.g);
 }
 
-// Dense GEMV + f32 epilogue at M rows.
+// Dense GEMV + f32 epilogue at M rows; `variant` 2 (BF16), 3, 5 or 7 (MXFP8 / NVFP4).
 Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, int64_t m,
-                 int variant = 0) {
+                 int variant) {
   DenseWeights d = make_dense(f, n, k);
   uint16_t* x = static_cast<uint16_t*>(dalloc(2 * m * k));
   CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
-  // Variant 4 = variant 3 with the fused split-K epilogue (one launch instead of two).
-  const bool fuse = variant == 4 && f != QuantFormat::kBf16;
   // Variants 8 and 9 (bench labels) = variant 7 reading the weights in the mma layout (random
   // bytes either way: the layout only changes the order in which they are read); 9 with the f16
   // rows also at one row (as qkv reads the norm's output).
-  const int kernel_variant = variant == 4 ? 3 : variant >= 8 ? 7 : variant;
-  const int64_t slices = quant_gemv_num_slices(f, k, kernel_variant);
+  const int kernel_variant = variant >= 8 ? 7 : variant;
+  const int64_t slices = quant_gemv_num_slices(f, k);
   float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
   float* y = static_cast<float*>(dalloc(4 * m * n));
-  uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
-  CHECK_CUDA(cudaMemset(counters, 0, 4 << 20));
   // Variant 5 reads f16 activations (x_f16.h), prepared once here.
   uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * m * k));
   float* xinv = static_cast<float*>(dalloc(4 * m));
@@ -208,22 +204,20 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     e.n = n;
     e.y = y;
     e.ldy = n;
-    if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
-    const bool tc = variant == 5 || variant == 6;  // f16 activations, epilogue fused
+    const bool tc = variant == 5;  // f16 activations, epilogue fused
     if (tc) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
     // Variant 7: the f16 rows (as the norms write them) from 2 rows, the bf16 row at one.
     if (kernel_variant == 7)
       p.epilogue = e, p.xh = m > 1 || variant == 9 ? xh : nullptr, p.x_inv_scale = xinv;
     if (variant >= 8) p.w_layout = 1;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse && !tc && kernel_variant != 7) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!tc && kernel_variant != 7) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
-  cudaFree(counters);
   cudaFree(xh);
   cudaFree(xinv);
   const double bytes = double(d.bytes_one()) + 2.0 * m * k + 4.0 * m * n;
-  report(name + " M=" + std::to_string(m) + (variant ? " v" + std::to_string(variant) : ""), ms,
-         bytes, 2.0 * m * n * k);
+  report(name + " M=" + std::to_string(m) + " v" + std::to_string(variant), ms, bytes,
+         2.0 * m * n * k);
   cudaFree(x);
   cudaFree(partial);
   cudaFree(y);
@@ -232,9 +226,10 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
 }
 
 // Routed experts of one MoE layer for T tokens (top-4 of 128): grouping, gate|up with SwiGLU
-// epilogue, down with f32 epilogue. 8 random routings rotate between launches. `packed`: the
-// NVFP4 weights repacked into the mma layout (quant/nvfp4_mma_layout.h; variant 6 needs it).
-Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
+// epilogue, down with f32 epilogue, on GEMV variant 3 or 5. 8 random routings rotate between
+// launches. `packed`: the NVFP4 weights repacked into the mma layout (quant/nvfp4_mma_layout.h;
+// variant 5 only).
+Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
   const int64_t E = 128, K4 = 4, H = 6144, I = 3072, rows = tokens * K4;
   // Experts back to back: up [E, 2I, H], down [E, H, I] (packed + scales + globals).
   auto alloc_fill = [&](int64_t bytes, DummyKind kind, uint64_t seed) {
@@ -272,16 +267,12 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
   int32_t* offs = static_cast<int32_t*>(dalloc(4 * (E + 1)));
   int32_t* sorted = static_cast<int32_t*>(dalloc(4 * rows));
   int32_t* active = static_cast<int32_t*>(dalloc(4 * E));
-  const bool fuse = variant == 4;  // variant 3 with the fused split-K epilogue
   if (packed) {
     CHECK_OK(nvfp4_mma_repack_in_place(uw, E, 2 * I, H, nvfp4_mma::Tiling::kSwigluPairs, st()));
     CHECK_OK(nvfp4_mma_repack_in_place(dw, E, H, I, nvfp4_mma::Tiling::kRows16, st()));
   }
-  const int kernel_variant = fuse ? 3 : variant;
-  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H, kernel_variant);
-  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I, kernel_variant);
-  uint32_t* counters = static_cast<uint32_t*>(dalloc(4 << 20));
-  CHECK_CUDA(cudaMemset(counters, 0, 4 << 20));
+  const int64_t su = quant_gemv_num_slices(QuantFormat::kNvfp4, H);
+  const int64_t sd = quant_gemv_num_slices(QuantFormat::kNvfp4, I);
   float* pu = static_cast<float*>(dalloc(4 * su * rows * 2 * I));
   float* pd = static_cast<float*>(dalloc(4 * sd * rows * H));
   uint16_t* act = static_cast<uint16_t*>(dalloc(2 * rows * I));
@@ -290,7 +281,7 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
   float* xinv = static_cast<float*>(dalloc(4 * tokens));
   CHECK_OK(launch_x_to_f16({x, H, tokens, H, xh, H, xinv}, st()));
   // f16 activations, epilogue fused
-  const bool v5 = variant == 5 || variant == 6;
+  const bool v5 = variant == 5;
   // M3_BENCH_MOE_PART=up / down: time only that product (with the grouping), for A/Bs.
   const char* part_env = std::getenv("M3_BENCH_MOE_PART");
   const std::string part = part_env ? part_env : "";
@@ -314,7 +305,7 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
     p.n = 2 * I;
     p.k = H;
     p.partial = pu;
-    p.variant = kernel_variant;
+    p.variant = variant;
     p.w_layout = packed ? 2 : 0;
     GemvEpilogueParams e;
     e.kind = GemvEpilogue::kSwigluBf16;
@@ -323,13 +314,12 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
     e.num_rows = rows;
     e.n = 2 * I;
     e.act = act;
-    if (fuse) p.fuse_epilogue = true, p.epilogue = e, p.tile_counters = counters;
     if (v5) {
       p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
       p.epilogue.kind = GemvEpilogue::kSwigluF16;
     }
     if (part != "down") CHECK_OK(launch_quant_gemv(p, st()));
-    if (part != "down" && !fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (part != "down" && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
     if (part == "up") return;
     p.x = act;
     p.xh = act, p.x_inv_scale = nullptr, p.x_inv_const = 1.0f / 256;
@@ -348,19 +338,19 @@ Meas bench_moe(int64_t tokens, int variant = 0, bool packed = false) {
     e.n = H;
     e.y = y;
     e.ldy = H;
-    if (fuse || v5) p.epilogue = e;
+    if (v5) p.epilogue = e;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!fuse && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   }, 10, 7);
   const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
   char name[112];
   std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s%s", (long long)tokens,
-                unique, variant ? (" v" + std::to_string(variant)).c_str() : "",
+                unique, (" v" + std::to_string(variant)).c_str(),
                 packed ? " mma layout" : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y,
-                                    counters, xh, xinv})
+                                    xh, xinv})
     cudaFree(p);
   for (int32_t* p : ids) cudaFree(p);
   return {ms, bytes};
@@ -585,7 +575,11 @@ void bench_router_graph(int64_t rows) {
 
 int main(int argc, char** argv) {
   if (argc > 1) g_tsv = std::fopen(argv[1], "w");
-  const int main_variant = argc > 2 ? std::atoi(argv[2]) : 0;
+  const int main_variant = argc > 2 ? std::atoi(argv[2]) : 3;
+  if (main_variant != 3 && main_variant != 5 && main_variant != 7) {
+    std::fprintf(stderr, "variant must be 3, 5 or 7\n");
+    return 2;
+  }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB, HBM %.0f GiB; roofline %.1f TB/s, %.0f TFLOP/s bf16\n",
@@ -619,7 +613,7 @@ int main(int argc, char** argv) {
   }
   bench_copy();
   bench_read_floor();
-  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 6 (quick A/B); =2: only
+  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 7 (quick A/B); =2: only
   // the NVFP4 experts on variant 5 in the mma layout at 1, 2, 8, 32 and 128 tokens.
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '2') {
     for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{32}, int64_t{128}})
@@ -661,11 +655,8 @@ int main(int argc, char** argv) {
         {"mxfp8 shared down [6144x3072]", 6144, 3072}};
     for (const auto& sh : shapes)
       for (int64_t m : {int64_t{1}, int64_t{8}})
-        for (int v : {3, 5, 6, 7})
-          if (v != 6 || quant_gemv_stream_shape_fits(QuantFormat::kMxfp8, 0, sh.n, sh.k, m))
-            bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
-    for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}})
-      for (int v : {5, 6}) bench_moe(b, v, true);
+        for (int v : {3, 5, 7}) bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
+    for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}}) bench_moe(b, 5, true);
     if (g_tsv) std::fclose(g_tsv);
     return 0;
   }
@@ -691,27 +682,27 @@ int main(int argc, char** argv) {
                                         dense[i].k, m, main_variant));
   std::vector<Meas> lm_head;
   for (int64_t m : {int64_t{1}, int64_t{8}})
-    lm_head.push_back(bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, m));
+    lm_head.push_back(
+        bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, m, 2));
+  // The experts: variant 3 or 5 (variant 7 reads one matrix, not experts).
+  const int moe_variant = main_variant == 7 ? 5 : main_variant;
   std::vector<Meas> moe_ms;
-  for (int64_t b : batches) moe_ms.push_back(bench_moe(b, main_variant));
+  for (int64_t b : batches) moe_ms.push_back(bench_moe(b, moe_variant));
   // Variant 3 (activations in shared memory, loads + scales in flight, 64 registers) beside the
-  // main rows when they are another variant; and variant 0 when the main rows are variant 3.
-  const int other = main_variant == 3 ? 0 : 3;
-  for (int i : {0, 1, 2, 3, 4, 5})
-    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
-      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, other);
-  for (int64_t b : batches) bench_moe(b, other);
-  // Variant 4: variant 3 with the split-K epilogue fused (one launch per GEMV).
-  for (int i : {0, 1, 2, 3})
-    for (int64_t m : {int64_t{1}, int64_t{8}})
-      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 4);
-  for (int64_t b : {int64_t{1}, int64_t{8}}) bench_moe(b, 4);
+  // main rows when they are another variant.
+  if (main_variant != 3) {
+    for (int i : {0, 1, 2, 3, 4, 5})
+      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 3);
+    for (int64_t b : batches) bench_moe(b, 3);
+  }
   // Variant 5 (tensor cores, fused epilogue) beside the main rows when they are another variant.
   if (main_variant != 5) {
     for (int i : {0, 1, 2, 3, 4, 5})
       for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{32}})
         bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
-    for (int64_t b : batches) bench_moe(b, 5);
+    if (moe_variant != 5)
+      for (int64_t b : batches) bench_moe(b, 5);
   } else {
     for (int i : {0, 1, 2, 3})
       for (int64_t m : {int64_t{2}, int64_t{32}})
@@ -719,24 +710,12 @@ int main(int argc, char** argv) {
   }
   // Variant 5 on NVFP4 experts in the mma layout (what the model runs from 9 tokens).
   for (int64_t b : batches) bench_moe(b, 5, true);
-  // Variant 6 (persistent, pipelined; up to 8 rows per group, where its shared memory fits).
-  for (int i : {0, 1, 2, 3, 4, 5})
-    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
-      if (quant_gemv_stream_shape_fits(QuantFormat::kMxfp8, 0, dense[i].n, dense[i].k, m))
-        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 6);
-  for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}}) bench_moe(b, 6, true);
-  // Variant 1 (8 loads in flight per lane instead of 4) at the batch-1 shapes, for comparison.
-  bench_moe(1, 1);
-  bench_dense(dense[0].name, QuantFormat::kMxfp8, dense[0].n, dense[0].k, 1, 1);
-  bench_dense(dense[1].name, QuantFormat::kMxfp8, dense[1].n, dense[1].k, 1, 1);
-  bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 1);
-  // Variant 2 (scales prefetched, 4 rows per warp, butterfly reduction; MXFP8 M <= 2, BF16).
-  for (int i : {0, 1, 2, 3, 4, 5})
-    for (int64_t m : {int64_t{1}, int64_t{2}})
-      bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 2);
-  bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, 1, 2);
-  bench_moe(1, 2);
-  bench_moe(8, 2);
+  // Variant 7 on the mma layout (what the model runs for every MXFP8 matrix; "v8": the bf16 row
+  // at one row, f16 rows from two).
+  if (main_variant != 7)
+    for (int i : {0, 1, 2, 3, 4, 5})
+      for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{32}})
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 8);
   for (int64_t b : batches) bench_sampling(b, false);
   bench_sampling(1, true);
   bench_sampling(128, true);

@@ -17,8 +17,11 @@
 // every block) per sequence; activations are ignored. FLOPs: 2 per weight element per token
 // (experts: 4 routed per token), attention 4·64·2048·128 per token, indexer 2·4·ctx·128 per token.
 //
-// Usage: cuda_decode_step_bench [layers=4] [gemv_variant=0] [results.tsv (appended)]
-//   gemv_variant 4 = variant 3 with the split-K epilogue fused into the GEMV.
+// The GEMVs are the CUDA-core split-K kernels (variant 3 for MXFP8 / NVFP4, variant 2 for BF16)
+// with their epilogue launches; CudaM3Model's decode step (tensor cores, fused launches) is
+// timed by cuda_model_decode_bench.
+//
+// Usage: cuda_decode_step_bench [layers=4] [results.tsv (appended)]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,9 +59,6 @@ constexpr int64_t kQkv = kH * kD + 2 * kHkv * kD + kHix * kDix + kDix;  // 9856
 constexpr int64_t kOffK = kH * kD, kOffV = kOffK + kHkv * kD, kOffIq = kOffV + kHkv * kD,
                   kOffIk = kOffIq + kHix * kDix;
 
-int g_variant = 0;  // GEMV variant; 4 = variant 3 with the fused split-K epilogue
-constexpr int64_t kTileCounters = 1 << 20;
-uint32_t* g_tile_counters = nullptr;  // zeroed once; fused GEMVs leave them zero
 
 struct QuantMatrix {  // G matrices [N, K] back to back
   QuantFormat f;
@@ -121,25 +121,13 @@ void gemv(const QuantMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, fl
   p.n = m.n;
   p.k = m.k;
   p.partial = partial;
-  // Variant 4 = variant 3 with the split-K epilogue fused into the GEMV (BF16 keeps variant 0 and
-  // the separate epilogue).
-  const bool fuse = g_variant == 4 && m.f != QuantFormat::kBf16;
-  p.variant = g_variant == 4 ? 3 : g_variant;
+  p.variant = m.f == QuantFormat::kBf16 ? 2 : 3;
   e.partial = partial;
-  e.num_slices = quant_gemv_num_slices(m.f, m.k, p.variant);
+  e.num_slices = quant_gemv_num_slices(m.f, m.k);
   e.num_rows = rows;
   e.n = m.n;
-  if (fuse) {
-    p.fuse_epilogue = true;
-    p.epilogue = e;
-    p.tile_counters = g_tile_counters;
-    if (quant_gemv_num_tile_counters(p) > kTileCounters) {
-      std::fprintf(stderr, "tile counters: %lld needed\n", (long long)quant_gemv_num_tile_counters(p));
-      std::exit(1);
-    }
-  }
   CHECK_OK(launch_quant_gemv(p, st()));
-  if (!fuse) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+  CHECK_OK(launch_quant_gemv_epilogue(e, st()));
 }
 
 GemvEpilogueParams store(float* y, int64_t ldy) {
@@ -253,25 +241,22 @@ struct Row {  // one configuration's results (60-layer figures extrapolated)
 int main(int argc, char** argv) {
   g_seed = 100;
   const int64_t layers = argc > 1 ? std::atoll(argv[1]) : 4;
-  g_variant = argc > 2 ? std::atoi(argv[2]) : 0;
   FILE* tsv = nullptr;
-  if (argc > 3) {
-    std::FILE* probe = std::fopen(argv[3], "r");
+  if (argc > 2) {
+    std::FILE* probe = std::fopen(argv[2], "r");
     const bool fresh = probe == nullptr;
     if (probe) std::fclose(probe);
-    tsv = std::fopen(argv[3], "a");
+    tsv = std::fopen(argv[2], "a");
     if (tsv && fresh)
       std::fprintf(tsv,
-                   "variant\tconfig\tlayers\tstep_ms\tlayer_us\thead_ms\texperts_us\tattn_us\t"
+                   "config\tlayers\tstep_ms\tlayer_us\thead_ms\texperts_us\tattn_us\t"
                    "layer_bytes\tlayer_flops\tlayer_frac_hbm\tstep60_ms\tbytes60\tflops60\t"
                    "tbps60\tfrac_hbm60\tfrac_flops60\n");
   }
   CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-  g_tile_counters = dalloc<uint32_t>(kTileCounters);
-  CHECK_CUDA(cudaMemset(g_tile_counters, 0, sizeof(uint32_t) * kTileCounters));
-  std::printf("decode step: %lld MoE+MSA layers + embedding + lm_head + sampling, GEMV variant %d, "
-              "CUDA graph replay\n",
-              (long long)layers, g_variant);
+  std::printf("decode step: %lld MoE+MSA layers + embedding + lm_head + sampling, CUDA-core "
+              "GEMVs, CUDA graph replay\n",
+              (long long)layers);
   // Weights.
   std::vector<Layer> L(layers);
   for (auto& l : L) {
@@ -458,9 +443,9 @@ int main(int argc, char** argv) {
                   100 * layer_rate / kHbm, r.step60_ms, 100 * rate60 / kHbm, 100 * frac_flops60);
       if (tsv)
         std::fprintf(tsv,
-                     "%d\t%s\t%lld\t%.4f\t%.2f\t%.4f\t%.2f\t%.2f\t%.0f\t%.4g\t%.4f\t%.3f\t%.0f\t%.4g\t"
+                     "%s\t%lld\t%.4f\t%.2f\t%.4f\t%.2f\t%.2f\t%.0f\t%.4g\t%.4f\t%.3f\t%.0f\t%.4g\t"
                      "%.3f\t%.4f\t%.5f\n",
-                     g_variant, cfg, (long long)layers, full, r.layer_us, head, r.experts_us,
+                     cfg, (long long)layers, full, r.layer_us, head, r.experts_us,
                      r.attn_us, r.layer_bytes, r.layer_flops, layer_rate / kHbm, r.step60_ms,
                      r.bytes60, r.flops60, rate60 / 1e12, rate60 / kHbm, frac_flops60);
       rows.push_back(r);
@@ -473,8 +458,8 @@ int main(int argc, char** argv) {
 
   // The table last: 60-layer step (extrapolated), bytes, FLOPs, roofline fractions, and where the
   // layer time goes (by the leave-one-out graphs).
-  std::printf("\n== decode step, GEMV variant %d: 60 layers extrapolated* from %lld measured\n",
-              g_variant, (long long)layers);
+  std::printf("\n== decode step, CUDA-core GEMVs: 60 layers extrapolated* from %lld measured\n",
+              (long long)layers);
   std::printf("%-16s %10s %9s %9s %8s %9s %8s | %8s %8s %8s %8s\n", "config", "step ms*", "GB*",
               "TFLOP*", "TB/s*", "HBM %*", "FLOP %*", "experts", "attn", "rest", "head");
   for (const Row& r : rows) {

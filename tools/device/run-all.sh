@@ -58,24 +58,20 @@ fi
 
 run_bench() {
   local t0=$SECONDS
-  # Main rows and the composed estimate with GEMV variant 3; variant 0/2 rows beside them.
+  # Main rows and the composed estimate with GEMV variant 3; variants 5 and 7 beside them.
   timeout 120 "$B/cuda_decode_bench" "$OUT/bench.tsv" 3 >"$OUT/bench.log" 2>&1
   local rc=$?
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
   cat "$OUT/bench.log" >>"$LOG"
 }
 want bench decode && run_bench
-# A whole decode step (2 layers + head + sampling, CUDA graph), GEMV variants 0, 3 and 4 (3 with
-# the fused split-K epilogue); per-layer time extrapolated to 60 layers; rows appended to step.tsv.
+# A whole decode step on the CUDA-core GEMVs (2 layers + head + sampling, CUDA graph); per-layer
+# time extrapolated to 60 layers; rows appended to step.tsv.
 if want bench decode; then
-  variants="0 3 4"
-  want bench || variants=3
-  for v in $variants; do
-    t0=$SECONDS
-    timeout 150 "$B/cuda_decode_step_bench" 2 "$v" "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
-    rc=$?
-    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (variant $v)" "$rc" "$((SECONDS - t0))")")
-  done
+  t0=$SECONDS
+  timeout 150 "$B/cuda_decode_step_bench" 2 "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
+  rc=$?
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (CUDA cores)" "$rc" "$((SECONDS - t0))")")
   # The same step through CudaM3Model::forward (what serving runs).
   # Shared-expert overlap, programmatic dependent launch, GEMV variant (5 = tensor cores).
   for opts in "1 1 - 5" "1 0 - 5" "1 1 - 3"; do

@@ -205,14 +205,12 @@ struct CudaM3Model::Impl {
 
   // ---- Kernel helpers (every launch's Status is checked).
 
-  // Whether the decode GEMV of m at `rows` rows takes a tensor-core variant (5, or 6 where it
-  // fits), given its input's f16 form.
+  // Whether the decode GEMV of m at `rows` rows takes a tensor-core variant (5 or 7), given its
+  // input's f16 form.
   bool tensor_core(const DevMatrix& m, int64_t rows) const {
     if (direct(m)) return true;  // only variant 7 reads this layout
     if (opt.decode_gemv_variant < 5) return false;
-    return use_tensor_core_gemv(m.format, rows, m.n, m.k) ||
-           (opt.decode_gemv_variant == 6 &&
-            cuda::quant_gemv_stream_shape_fits(m.format, m.layout, m.n, m.k, rows));
+    return use_tensor_core_gemv(m.format, rows, m.n, m.k);
   }
 
   // An MXFP8 matrix in the mma layout (repack_mxfp8): its decode GEMVs run variant 7, which
@@ -276,19 +274,17 @@ struct CudaM3Model::Impl {
     }
     if (in.f16 != nullptr && tensor_core(m, rows)) {
       p.epilogue = e;
-      // Variant 6 where it fits: up to 8 rows per group (grouped = the routed experts, `rows`
-      // = tokens x top_k; an expert gets at most one row per token).
+      // Rows per group (grouped = the routed experts, `rows` = tokens x top_k; an expert gets at
+      // most one row per token): at one, variant 5 stages the activations with its weights.
       p.max_group_rows = grouped ? rows / kk : 0;
-      const bool stream = opt.decode_gemv_variant == 6 && cuda::quant_gemv_stream_fits(p);
-      p.variant = stream ? 6 : 5;
+      p.variant = 5;
       // Variant 5 on the main stream with pdl_chain (the side stream's first kernel follows an
       // event, not a kernel of its own stream: plain launches there).
-      p.pdl = opt.pdl && (stream || (opt.pdl_chain && on == st()));
+      p.pdl = opt.pdl && opt.pdl_chain && on == st();
       // weights_first: neither the weights nor the routing come from the kernel before (the
       // experts' down product after their variant-5 gate|up, which lets its dependents start
       // only after its own wait): requested before the wait, under PDL.
-      if (weights_first && opt.decode_gemv_variant != 6 && opt.pdl && on == st())
-        p.pdl = p.weights_before_wait = true;
+      if (weights_first && opt.pdl && on == st()) p.pdl = p.weights_before_wait = true;
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
@@ -299,7 +295,7 @@ struct CudaM3Model::Impl {
     p.pdl = opt.pdl && p.variant == 3;
     e.pdl = opt.pdl;
     e.partial = b.partial;
-    e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
+    e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k);
     e.num_rows = rows;
     e.n = m.n;
     if (e.num_slices * rows * m.n > b.partial_elems)
@@ -319,7 +315,7 @@ struct CudaM3Model::Impl {
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
     p.xh = nullptr;  // variant 3/2 read the bf16 rows
     p.pdl = opt.pdl && p.variant == 3;
-    *slices = cuda::quant_gemv_num_slices(m.format, m.k, p.variant);
+    *slices = cuda::quant_gemv_num_slices(m.format, m.k);
     if (*slices * rows * m.n > b.partial_elems)
       return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the partials");
     return cuda::launch_quant_gemv(p, st());
@@ -947,8 +943,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   int64_t need = 0;
   auto fit = [&](const DevMatrix& m, int64_t rows) {
     if (m.n > 0)
-      need = std::max(need, cuda::quant_gemv_num_slices(m.format, m.k, gemv_variant(m.format)) *
-                                rows * m.n);
+      need = std::max(need, cuda::quant_gemv_num_slices(m.format, m.k) * rows * m.n);
   };
   for (const DevLayer& L : w.layers) {
     fit(L.qkv, r);
@@ -992,9 +987,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   if (options.prefill_attention_variant < 0 || options.prefill_attention_variant > 1 ||
       options.prefill_indexer_variant < 0 || options.prefill_indexer_variant > 1)
     return invalid_argument("[model.minimax_m3_cuda] prefill variants must be 0 or 1");
-  if (options.decode_gemv_variant != 3 && options.decode_gemv_variant != 5 &&
-      options.decode_gemv_variant != 6)
-    return invalid_argument("[model.minimax_m3_cuda] decode_gemv_variant must be 3, 5 or 6");
+  if (options.decode_gemv_variant != 3 && options.decode_gemv_variant != 5)
+    return invalid_argument("[model.minimax_m3_cuda] decode_gemv_variant must be 3 or 5");
   M3_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::select_device(options.device));
   (void)info;
   std::unique_ptr<CudaM3Model> m(new CudaM3Model());

@@ -51,7 +51,7 @@ struct CudaM3Options {
   // holds), but the routed experts start sooner; 8-layer steps at batch 1 on the H200 were 1.80
   // ms forked first against 1.85 ms forked after.
   bool shared_expert_after_router = false;
-  // Decode: the GEMVs (variants 3 and 6), their split-K epilogues and the attention inputs
+  // Decode: the GEMVs (variants 3 and 7), their split-K epilogues and the attention inputs
   // launched with programmatic dependent launch (backend/cuda/runtime/pdl.cuh): a GEMV streams
   // its first weights while the kernel before it finishes. Same results bit for bit; on the
   // H200 never slower beyond the noise in repeated 8-layer A/Bs at batch 1 and 8, and the
@@ -136,10 +136,7 @@ struct CudaM3Options {
   // batch 1 1.64 against 1.70-1.71 ms, batch 8 2.96-3.00 against 3.04-3.05 ms.
   bool skip_indexer_when_every_block_fits = true;
   // Decode GEMV variant for the MXFP8 / NVFP4 linears: 5 (tensor cores, epilogue fused, f16
-  // inputs written by the norms; quant_gemv_mma.cuh), 6 (as 5, but the persistent pipelined
-  // GEMV of quant_gemv_stream.cuh where it fits, up to 8 rows per group; slower inside the model
-  // on the H200; its launches also take `pdl`) or 3 (split-K +
-  // epilogue launch).
+  // inputs written by the norms; quant_gemv_mma.cuh) or 3 (split-K + epilogue launch).
   int decode_gemv_variant = 5;
   // With decode_gemv_variant >= 5: the MXFP8 dense matrices (qkv, o_proj, the dense MLP and the
   // shared expert) are repacked at load into the mma layout (quant/mxfp8_mma_layout.h, 2-KB

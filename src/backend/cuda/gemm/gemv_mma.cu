@@ -12,6 +12,11 @@
 
 namespace m3::cuda::gemv {
 
+int64_t rows_per_group(const QuantGemvParams& p) {
+  if (p.group_offsets == nullptr) return p.num_rows;
+  return p.max_group_rows > 0 ? std::min(p.max_group_rows, p.num_rows) : p.num_rows;
+}
+
 namespace {
 
 constexpr int kWidths[] = {2, 4, 6, 8};  // warps per CTA the launcher chooses from (<= 256 threads)

@@ -69,10 +69,6 @@ V3Plan plan_v3(const QuantGemvParams& p) {
   const int64_t row_tiles = (p.n + 8 * pl.rw - 1) / (8 * pl.rw);
   const int64_t ctas1 = row_tiles * pl.slices * slots;
   pl.iters = static_cast<int>(std::clamp<int64_t>(ctas1 / 1056, 1, 16));
-  if (p.fuse_epilogue && p.epilogue.kind == GemvEpilogue::kSwigluBf16) {
-    // Gate tile t pairs with up tile t + tiles/2: N/2 must be a whole number of tiles.
-    while (pl.iters > 1 && (p.n / 2) % (int64_t{8} * pl.rw * pl.iters) != 0) --pl.iters;
-  }
   const int64_t rows_per_cta = int64_t{8} * pl.rw * pl.iters;
   pl.grid = dim3(static_cast<unsigned>((p.n + rows_per_cta - 1) / rows_per_cta * pl.slices),
                  static_cast<unsigned>(slots));
@@ -84,12 +80,10 @@ void choose_iters_v3(const QuantGemvParams& p, int resident, V3Plan* plan) {
   const double slice_k = static_cast<double>(plan->kc * v3_chunk_elems(p.format));
   const double w_bytes_per_row = slice_k * (p.format == QuantFormat::kMxfp8 ? 1.0 : 0.5);
   const double x_bytes = plan->p_rows * slice_k * 2.0;
-  const bool pair = p.fuse_epilogue && p.epilogue.kind == GemvEpilogue::kSwigluBf16;
   double best = 1e300;
   int best_iters = plan->iters;
   for (int it = 1; it <= 16; ++it) {
     const int64_t rows = int64_t{8} * plan->rw * it;
-    if (pair && (p.n / 2) % rows != 0) continue;
     const int64_t ctas = (p.n + rows - 1) / rows * plan->slices * slots;
     const double waves = static_cast<double>(ctas) / std::max(1, resident);
     const double eff = waves / std::ceil(waves);
@@ -103,19 +97,10 @@ void choose_iters_v3(const QuantGemvParams& p, int resident, V3Plan* plan) {
 
 }  // namespace gemv
 
-int64_t quant_gemv_num_tile_counters(const QuantGemvParams& p) {
-  if (!gemv::uses_v3(p.format, p.variant)) return 0;
-  const gemv::V3Plan pl = gemv::plan_v3(p);
-  // Upper bound over the launcher's choice of warp steps per CTA (at least 1: 8 rows per tile).
-  return (p.n + 8 * pl.rw - 1) / (8 * pl.rw) * pl.grid.y;
-}
-
-int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant) {
-  if (gemv::uses_v3(f, variant)) {
-    const int64_t slice_k = gemv::v3_chunks(f, k) * gemv::v3_chunk_elems(f);
-    return (k + slice_k - 1) / slice_k;
-  }
-  return f == QuantFormat::kMxfp8 ? k / 512 : f == QuantFormat::kNvfp4 ? k / 1024 : k / 256;
+int64_t quant_gemv_num_slices(QuantFormat f, int64_t k) {
+  if (f == QuantFormat::kBf16) return k / 256;
+  const int64_t slice_k = gemv::v3_chunks(f, k) * gemv::v3_chunk_elems(f);
+  return (k + slice_k - 1) / slice_k;
 }
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
@@ -123,13 +108,10 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
   if (p.variant == 5) return gemv::launch_mma(p, stream);
   if (p.token_topk_ids != nullptr)
     return invalid_argument("[cuda.quant_gemv] token_topk_ids is read by variant 5 only");
-  if (p.variant == 6) return gemv::launch_stream(p, stream);
   if (p.variant == 7) return gemv::launch_direct(p, stream);
   if (p.w_layout != 0)
     return invalid_argument(
-        "[cuda.quant_gemv] an mma layout is read by variants 5 and 6 (NVFP4) and 7 (MXFP8) only");
-  if (p.fuse_epilogue && !gemv::uses_v3(p.format, p.variant))
-    return invalid_argument("[cuda.quant_gemv] fuse_epilogue needs variant 3 (MXFP8/NVFP4)");
+        "[cuda.quant_gemv] an mma layout is read by variants 5 (NVFP4) and 7 (MXFP8) only");
   if (gemv::uses_v3(p.format, p.variant)) {
     if (p.k <= 0 || p.k % 32 != 0)
       return invalid_argument("[cuda.quant_gemv] K = " + std::to_string(p.k) +
@@ -140,30 +122,15 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
       return invalid_argument("[cuda.quant_gemv] x rows and weights must be 16-byte aligned");
     if ((p.group_offsets == nullptr) != (p.active_groups == nullptr) || p.x_row_div <= 0)
       return invalid_argument("[cuda.quant_gemv] group_offsets and active_groups go together");
-    gemv::V3Plan plan = gemv::plan_v3(p);
-    QuantGemvParams q = p;
-    const bool swiglu = p.epilogue.kind == GemvEpilogue::kSwigluBf16;
-    if (p.fuse_epilogue) {
-      if (p.tile_counters == nullptr)
-        return invalid_argument("[cuda.quant_gemv] fuse_epilogue needs tile_counters");
-      if (swiglu && (p.n % 2 != 0 || (p.n / 2) % (int64_t{8} * plan.rw * plan.iters) != 0))
-        q.fuse_epilogue = false;  // gate/up tiles do not pair: separate epilogue below
-    }
-    M3_RETURN_IF_ERROR(p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8_v3(q, plan, stream)
-                                                       : gemv::launch_nvfp4_v3(q, plan, stream));
-    if (p.fuse_epilogue && !q.fuse_epilogue) {
-      GemvEpilogueParams e = p.epilogue;
-      e.partial = p.partial;
-      e.num_slices = plan.slices;
-      e.num_rows = p.num_rows;
-      e.n = p.n;
-      return launch_quant_gemv_epilogue(e, stream);
-    }
-    return Status::ok();
+    const gemv::V3Plan plan = gemv::plan_v3(p);
+    return p.format == QuantFormat::kMxfp8 ? gemv::launch_mxfp8_v3(p, plan, stream)
+                                           : gemv::launch_nvfp4_v3(p, plan, stream);
   }
-  const int64_t slice = p.format == QuantFormat::kMxfp8   ? 512
-                        : p.format == QuantFormat::kNvfp4 ? 1024
-                                                          : 256;
+  if (p.format != QuantFormat::kBf16 || p.variant != 2)
+    return invalid_argument("[cuda.quant_gemv] variant " + std::to_string(p.variant) +
+                            " for this format: BF16 takes variant 2, MXFP8 / NVFP4 variants 3, 5 "
+                            "and 7");
+  const int64_t slice = 256;
   if (p.k <= 0 || p.k % slice != 0)
     return invalid_argument("[cuda.quant_gemv] K = " + std::to_string(p.k) +
                             " must be a positive multiple of " + std::to_string(slice));
@@ -178,15 +145,7 @@ Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream) {
       p.group_offsets ? (p.num_rows + p.num_slots - 1) / std::max<int64_t>(1, p.num_slots)
                       : p.num_rows;
   const int mt = per_group <= 1 ? 1 : per_group <= 2 ? 2 : 4;
-  switch (p.format) {
-    case QuantFormat::kMxfp8:
-      return gemv::launch_mxfp8(p, mt, stream);
-    case QuantFormat::kNvfp4:
-      return gemv::launch_nvfp4(p, mt, stream);
-    case QuantFormat::kBf16:
-      return gemv::launch_bf16(p, mt, stream);
-  }
-  return invalid_argument("[cuda.quant_gemv] unknown format");
+  return gemv::launch_bf16(p, mt, stream);
 }
 
 namespace {

@@ -1,10 +1,6 @@
-// The dequantising GEMV kernel template (see quant_gemv.h for the contract).
-//
-// Work split: a warp owns kRowsPerWarp weight rows of one group and one K-slice (512 elements for
-// MXFP8, 1024 for NVFP4: one 16-byte load per lane per weight row). It keeps its lane's slice of
-// MT activation rows in registers (converted to float once) and streams its weight rows, four
-// 16-byte loads in flight, each byte read once. Per weight row the lane dot products are reduced
-// over the warp and lane 0 writes partial[s, r, n]; the epilogue sums the slices.
+// Device pieces of the CUDA-core GEMVs (see quant_gemv.h for the contract): the per-format lane
+// shapes, the streaming load, the dequantisation helpers (shared with variant 3,
+// quant_gemv_v3.cuh), and the BF16 kernel (variant 2).
 //
 // Dequantisation without tensor cores, with few integer operations per element:
 //  * MXFP8: cvt.rn.f16x2.e4m3x2 (two codes per instruction, exact), f16 -> f32 (exact); the E8M0
@@ -25,7 +21,6 @@
 namespace m3::cuda::gemv {
 
 constexpr int kWarps = 8;
-constexpr int kRowsPerWarp = 16;
 
 template <QuantFormat F>
 struct FormatTraits;
@@ -78,43 +73,9 @@ __device__ __forceinline__ float2 e2m1_pair(uint32_t w) {
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
 
-// Dot product of one lane's 16 (MXFP8) or 32 (NVFP4) weights with MT activation rows, including
-// the block scales.
+// Dot product of one lane's 8 BF16 weights with MT activation rows.
 template <QuantFormat F, int MT>
 struct LaneDot;
-
-template <int MT>
-struct LaneDot<QuantFormat::kMxfp8, MT> {
-  __device__ __forceinline__ static uint32_t load_scale(const uint8_t* scale_row, int64_t k0) {
-    return __ldg(scale_row + k0 / 32);
-  }
-  __device__ __forceinline__ static void run(uint4 wv, const uint8_t* scale_row, int64_t k0,
-                                             float g, const float (&x)[MT][16], float (&out)[MT]) {
-    run_scaled(wv, load_scale(scale_row, k0), g, x, out);
-  }
-  __device__ __forceinline__ static void run_scaled(uint4 wv, uint32_t scale_raw, float,
-                                                    const float (&x)[MT][16], float (&out)[MT]) {
-    const float s = e8m0_to_f32(static_cast<uint8_t>(scale_raw));
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-    float acc[MT];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(words[q] & 0xFFFFu));
-      const float2 b = e4m3x2_to_float2(static_cast<uint16_t>(words[q] >> 16));
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        acc[m] = fmaf(a.x, x[m][4 * q + 0], acc[m]);
-        acc[m] = fmaf(a.y, x[m][4 * q + 1], acc[m]);
-        acc[m] = fmaf(b.x, x[m][4 * q + 2], acc[m]);
-        acc[m] = fmaf(b.y, x[m][4 * q + 3], acc[m]);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < MT; ++m) out[m] = fmaf(acc[m], s, out[m]);
-  }
-};
 
 template <int MT>
 struct LaneDot<QuantFormat::kBf16, MT> {
@@ -135,133 +96,12 @@ struct LaneDot<QuantFormat::kBf16, MT> {
   }
 };
 
-template <int MT>
-struct LaneDot<QuantFormat::kNvfp4, MT> {
-  __device__ __forceinline__ static uint32_t load_scale(const uint8_t* scale_row, int64_t k0) {
-    return __ldg(reinterpret_cast<const uint16_t*>(scale_row + k0 / 16));
-  }
-  __device__ __forceinline__ static void run(uint4 wv, const uint8_t* scale_row, int64_t k0,
-                                             float g, const float (&x)[MT][32], float (&out)[MT]) {
-    run_scaled(wv, load_scale(scale_row, k0), g, x, out);
-  }
-  __device__ __forceinline__ static void run_scaled(uint4 wv, uint32_t scale_raw, float g,
-                                                    const float (&x)[MT][32], float (&out)[MT]) {
-    const float2 s = e4m3x2_to_float2(static_cast<uint16_t>(scale_raw));  // blocks k0.., k0+16..
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float acc[MT];
-#pragma unroll
-      for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
-#pragma unroll
-      for (int qq = 0; qq < 2; ++qq) {
-        const int q = 2 * half + qq;
-        const uint32_t w = words[q];
-        const float2 p0 = e2m1_pair<0>(w), p1 = e2m1_pair<1>(w), p2 = e2m1_pair<2>(w),
-                     p3 = e2m1_pair<3>(w);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          const float* xm = &x[m][8 * q];
-          acc[m] = fmaf(p0.x, xm[0], acc[m]);
-          acc[m] = fmaf(p0.y, xm[4], acc[m]);
-          acc[m] = fmaf(p1.x, xm[1], acc[m]);
-          acc[m] = fmaf(p1.y, xm[5], acc[m]);
-          acc[m] = fmaf(p2.x, xm[2], acc[m]);
-          acc[m] = fmaf(p2.y, xm[6], acc[m]);
-          acc[m] = fmaf(p3.x, xm[3], acc[m]);
-          acc[m] = fmaf(p3.y, xm[7], acc[m]);
-        }
-      }
-      const float f = (half == 0 ? s.x : s.y) * g;  // g includes the 2^14 of the f16 trick
-#pragma unroll
-      for (int m = 0; m < MT; ++m) out[m] = fmaf(acc[m], f, out[m]);
-    }
-  }
-};
-
-// UNROLL: weight rows whose 16-byte loads are issued before the first is used (loads in flight).
-template <QuantFormat F, int MT, int UNROLL>
-__global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(QuantGemvParams p) {
-  using T = FormatTraits<F>;
-  constexpr int E = T::kElemsPerLane;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t num_slices = p.k / T::kSlice;
-  const int64_t row_tiles = (p.n + kRowsPerWarp - 1) / kRowsPerWarp;
-  const int64_t wid = blockIdx.x * int64_t{kWarps} + warp;
-  if (wid >= row_tiles * num_slices) return;
-  const int64_t tile = wid / num_slices, s = wid % num_slices;
-
-  int64_t g = 0, r_begin = 0, r_end = p.num_rows;
-  if (p.group_offsets != nullptr) {
-    g = p.active_groups[blockIdx.y];
-    if (g < 0) return;
-    r_begin = p.group_offsets[g];
-    r_end = p.group_offsets[g + 1];
-  }
-  const int64_t row_bytes = p.k * T::kBits / 8;
-  const int64_t scale_cols = T::kScaleBlock > 0 ? p.k / T::kScaleBlock : 0;
-  const uint8_t* wg = p.w + g * p.n * row_bytes;
-  const uint8_t* sg = T::kScaleBlock > 0 ? p.w_scale + g * p.n * scale_cols : nullptr;
-  float gf = 1.0f;
-  if constexpr (F == QuantFormat::kNvfp4) gf = (p.w_global ? p.w_global[g] : 1.0f) * 16384.0f;
-  const int64_t k0 = s * T::kSlice + int64_t{lane} * E;  // this lane's first element
-
-  for (int64_t r0 = r_begin; r0 < r_end; r0 += MT) {
-    // This lane's slice of MT activation rows, as float.
-    float x[MT][E];
-    int64_t rid[MT];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const bool valid = r0 + m < r_end;
-      rid[m] = valid ? (p.sorted_rows ? p.sorted_rows[r0 + m] : r0 + m) : -1;
-      const int64_t xr = valid ? rid[m] / p.x_row_div : 0;
-      const uint4* src = reinterpret_cast<const uint4*>(p.x + xr * p.ldx + k0);
-#pragma unroll
-      for (int v = 0; v < E / 8; ++v) {
-        const uint4 b = valid ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
-        x[m][8 * v + 0] = bf16_lo(b.x), x[m][8 * v + 1] = bf16_hi(b.x);
-        x[m][8 * v + 2] = bf16_lo(b.y), x[m][8 * v + 3] = bf16_hi(b.y);
-        x[m][8 * v + 4] = bf16_lo(b.z), x[m][8 * v + 5] = bf16_hi(b.z);
-        x[m][8 * v + 6] = bf16_lo(b.w), x[m][8 * v + 7] = bf16_hi(b.w);
-      }
-    }
-    // Weight rows, UNROLL loads in flight.
-    for (int64_t i = 0; i < kRowsPerWarp; i += UNROLL) {
-      uint4 wv[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int64_t n = tile * kRowsPerWarp + i + u;
-        wv[u] = n < p.n ? ld_stream(wg + n * row_bytes + k0 * T::kBits / 8)
-                        : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int64_t n = tile * kRowsPerWarp + i + u;
-        if (n >= p.n) break;  // warp-uniform
-        float out[MT];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) out[m] = 0.0f;
-        LaneDot<F, MT>::run(wv[u], sg ? sg + n * scale_cols : nullptr, k0, gf, x, out);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          const float v = warp_sum(out[m]);
-          if (lane == 0 && rid[m] >= 0) p.partial[(s * p.num_rows + rid[m]) * p.n + n] = v;
-        }
-      }
-    }
-  }
-}
-
-
-// Variant 2 (the fix for variants 0/1, which the H200 showed latency-bound; BF16 lm_head at one
-// row: 579 against 621 us for variant 0):
-//  * the block scales are loaded together with the weights, so no row waits for a second memory
-//    round trip;
-//  * a warp owns kRowsV2 = 4 weight rows (NVFP4: 2, for registers): their loads and scales are
-//    issued before the first is used (8 rows needed 200+ registers), and the lane partial sums
-//    are reduced by one transposing butterfly (6 shuffles per 4 rows and activation row instead
-//    of 20).
-// The sum order across lanes differs from variants 0/1 (results agree within rounding).
+// Variant 2, the BF16 GEMV (the lm_head at one row and the router above 32 rows; 579 us for the
+// lm_head at one row on the H200, 88 % of HBM): a warp owns a K-slice of kRowsV2 = 4 weight rows
+// and keeps its lane's slice of MT activation rows in registers; the 4 rows' loads are issued
+// before the first is used, and the lane partial sums are reduced by one transposing butterfly
+// (6 shuffles per 4 rows and activation row instead of 20). Lane 0 of each row writes
+// partial[s, r, n]; the epilogue sums the slices.
 constexpr int kRowsV2 = 4;  // MXFP8 / BF16; NVFP4 uses 2 (registers)
 
 template <QuantFormat F>

@@ -15,9 +15,8 @@
 //    per-matrix float multiplier: w = e2m1 · e4m3(scale) · global (for compressed-tensors
 //    checkpoints global = 1 / weight_global_scale; ModelOpt: weight_scale_2).
 //  * BF16 (lm_head, embeddings): [N, K] bf16, no scales.
-// Requirements: K % 512 == 0 (MXFP8), K % 1024 == 0 (NVFP4), K % 256 == 0 (BF16) (all MiniMax-M3
-// in-dims qualify; variant 3: K % 32 == 0),
-// 16-byte aligned weight rows. Arithmetic is float32 throughout (products and sums), so there is no
+// Requirements: K % 256 == 0 (BF16, variant 2), K % 32 == 0 (variant 3), K % 128 == 0 (variants 5
+// and 7) (all MiniMax-M3 in-dims qualify), 16-byte aligned weight rows. Arithmetic is float32 throughout (products and sums), so there is no
 // range limit on the activations beyond float32.
 //
 // This header includes no CUDA header (cudaStream_t is forward-declared).
@@ -74,7 +73,7 @@ struct QuantGemvParams {
   // Storage order (quant/nvfp4_mma_layout.h, quant/mxfp8_mma_layout.h): 0 = the checkpoint's
   // row-major order; 1 = the mma layout in tiles of 16 rows (store epilogue); 2 = the mma layout
   // pairing gate row i with up row N/2 + i (SwiGLU epilogue). NVFP4 layouts 1 and 2 are read by
-  // variants 5 and 6 only, MXFP8 ones by variant 7 only.
+  // variant 5 only, MXFP8 ones by variant 7 only.
   int w_layout = 0;
   int64_t num_groups = 1;           // G
   // Routing of rows to groups. All nullptr: one group, rows 0..num_rows-1 in order.
@@ -92,8 +91,8 @@ struct QuantGemvParams {
   const int32_t* token_topk_ids = nullptr;
   int64_t num_rows = 0;                    // routed rows (the r range)
   // Grouped: an upper bound on the rows of one group (0: num_rows), e.g. the tokens of a MoE
-  // step (a token picks an expert once). Variant 6 holds that many rows per group and needs <= 8;
-  // variant 5 stages the activations with its weights where it is 1 (see stage_x).
+  // step (a token picks an expert once). Variant 5 stages the activations with its weights where
+  // it is 1 (see stage_x).
   int64_t max_group_rows = 0;
   // Variant 5, NVFP4, where every group has at most one row (dense: num_rows == 1; grouped:
   // max_group_rows == 1): copy each stage's activation slice into the weight ring instead of
@@ -126,34 +125,22 @@ struct QuantGemvParams {
   bool weights_before_wait = false;
   int64_t n = 0, k = 0;
   float* partial = nullptr;         // [num_slices(k), num_rows, N] scratch
-  int variant = 0;                  // kernel variant (benchmarks): 0 = 16 rows per warp, 4 loads
-                                    // in flight; 1 = 8 in flight; 2 = 4 rows per warp (NVFP4: 2),
-                                    // scales prefetched, butterfly reduction (MXFP8 MT = 4 falls
-                                    // back to 0); 3 = activations in shared memory, 6-8 loads in
-                                    // flight with their scales, <= 64 registers, K-slices of
-                                    // 1536-3072 (MXFP8/NVFP4 only, K % 32 == 0; BF16 uses 0);
+  int variant = 0;                  // kernel variant: 2 = BF16 only, 4 rows per warp, butterfly
+                                    // reduction (quant_gemv.cuh); 3 = MXFP8/NVFP4, activations in
+                                    // shared memory, 6-8 loads in flight with their scales, <= 64
+                                    // registers, K-slices of 1536-3072 (K % 32 == 0);
                                     // 5 = tensor cores (quant_gemv_mma.cuh): reads xh, the
                                     // epilogue is always fused (partial unused), K % 128,
-                                    // SwiGLU needs N % 16 == 0; 6 = persistent, pipelined
-                                    // tensor cores (quant_gemv_stream.cuh): variant 5's inputs
-                                    // and epilogues, <= 8 rows per group, MXFP8 row-major or
-                                    // NVFP4 in the mma layout (quant_gemv_stream_fits);
+                                    // SwiGLU needs N % 16 == 0;
                                     // 7 = MXFP8 of one matrix on tensor cores, weights
                                     // loaded into registers stages ahead, row-major or the
                                     // mma layout (w_layout 1 / 2, quant/mxfp8_mma_layout.h;
                                     // gemv_mma_direct.cu): reads xh (any rows, passes of 32)
                                     // or, without it, x (bf16, up to 8 rows); the epilogue is
                                     // always fused (partial unused), K % 128, SwiGLU N % 16
-  // Variant 3 only: the split-K epilogue fused into the GEMV. The last CTA to finish a row tile
-  // (an atomic counter per tile) sums the K-slices in slice order and applies `epilogue`, so the
-  // result is bitwise that of launch_quant_gemv_epilogue, without its launch. epilogue.kind, y,
-  // ldy, accumulate, act, alpha, limit are used (partial, num_slices, num_rows, n come from
-  // here). tile_counters: zeroed once by the caller, >= quant_gemv_num_tile_counters(*this)
-  // entries; every launch leaves them zero again. `partial` is still the (global) scratch.
-  bool fuse_epilogue = false;
+  // Variants 5 and 7: the fused epilogue (kind, y, ldy, accumulate, act, alpha, limit).
   GemvEpilogueParams epilogue;
-  uint32_t* tile_counters = nullptr;
-  // Variants 3, 5 and 6: programmatic dependent launch (runtime/pdl.cuh). Variant 3 requests
+  // Variants 3, 5 and 7: programmatic dependent launch (runtime/pdl.cuh). Variant 3 requests
   // its first weights (dense: into registers or L2) before it waits for the previous kernel on
   // the stream, so the weight stream starts under that kernel's tail; grouped launches wait
   // first (the group ids come from the previous kernel). Variant 5 waits at its start, or with
@@ -162,22 +149,13 @@ struct QuantGemvParams {
   bool pdl = false;
 };
 
-// Counters a fused-epilogue launch of these parameters needs (num_slots x row tiles).
-int64_t quant_gemv_num_tile_counters(const QuantGemvParams& p);
-
-// K-slices of the partial buffer for a format, K and kernel variant (variant 3 cuts K into fewer,
-// longer slices; never more than variant 0's, so a buffer sized for variant 0 fits every variant).
-// The epilogue's num_slices must come from the same call.
-int64_t quant_gemv_num_slices(QuantFormat f, int64_t k, int variant = 0);
+// K-slices of the partial buffer of the split-K kernels for a format and K (BF16: variant 2's
+// slices of 256; MXFP8 / NVFP4: variant 3's slices of 1536-4096). The epilogue's num_slices must
+// come from the same call.
+int64_t quant_gemv_num_slices(QuantFormat f, int64_t k);
 
 Status launch_quant_gemv(const QuantGemvParams& p, CUstream_st* stream);
 
-// Whether variant 6 can run these parameters (else *why says what stands in the way), and the
-// part of that decided by the shapes alone: format and storage order, N, K, rows per group (the
-// rows' activations, rows x (2K + 64) bytes, must leave room for its ring: <= 96 KB always fits).
-bool quant_gemv_stream_fits(const QuantGemvParams& p, std::string* why = nullptr);
-bool quant_gemv_stream_shape_fits(QuantFormat f, int w_layout, int64_t n, int64_t k,
-                                  int64_t rows_per_group, std::string* why = nullptr);
 Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stream);
 
 // Token-to-expert grouping for the grouped GEMV: from topk_ids [num_rows] (row r = token·K + slot)

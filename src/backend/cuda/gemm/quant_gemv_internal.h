@@ -9,8 +9,7 @@
 
 namespace m3::cuda::gemv {
 
-Status launch_mxfp8(const QuantGemvParams& p, int mt, cudaStream_t s);
-Status launch_nvfp4(const QuantGemvParams& p, int mt, cudaStream_t s);
+// Variant 2 (quant_gemv.cuh, gemv_bf16.cu): BF16 weights, mt activation rows per pass.
 Status launch_bf16(const QuantGemvParams& p, int mt, cudaStream_t s);
 
 // Variant 3 (quant_gemv_v3.cuh): the launch shape chosen on the host.
@@ -33,26 +32,23 @@ Status launch_mxfp8_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_
 Status launch_nvfp4_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s);
 
 // The most activation rows one group can hold (dense: every row; grouped: max_group_rows where
-// given), which sizes variant 6's activation buffer and picks variant 5's staged activations.
+// given), which picks variant 5's staged activations.
 int64_t rows_per_group(const QuantGemvParams& p);
 
 // Variant 5 (quant_gemv_mma.cuh, gemv_mma.cu): tensor-core GEMV with the epilogue fused.
 Status launch_mma(const QuantGemvParams& p, cudaStream_t s);
-// What variants 5 and 6 both need of their parameters (f16 activations and weights 16-byte
-// aligned, the grouping pointers together, the epilogue's output, an f16 SwiGLU output in range,
-// the storage order matching the epilogue): "" when met, else what is wrong.
+// What variant 5 needs of its parameters (f16 activations and weights 16-byte aligned, the
+// grouping pointers together, the epilogue's output, an f16 SwiGLU output in range, the storage
+// order matching the epilogue): "" when met, else what is wrong.
 std::string tensor_core_params_problem(const QuantGemvParams& p);
-
-// Variant 6 (quant_gemv_stream.cuh, gemv_stream.cu): persistent, TMA-fed tensor-core GEMV.
-Status launch_stream(const QuantGemvParams& p, cudaStream_t s);
 
 // Variant 7 (gemv_mma_direct.cu): MXFP8 at 1..8 rows on the tensor cores, weights loaded into
 // registers stages ahead, bf16 activations, epilogue fused. "" when it can run p, else why not.
 std::string direct_params_problem(const QuantGemvParams& p);
 Status launch_direct(const QuantGemvParams& p, cudaStream_t s);
 
-// Grid of the GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
+// Grid of the BF16 GEMV kernel: x over (row tiles × K-slices) in blocks of kWarps warps, y over
 // group slots.
-dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp = 16);
+dim3 grid_for(const QuantGemvParams& p, int64_t slice, int64_t rows_per_warp);
 
 }  // namespace m3::cuda::gemv

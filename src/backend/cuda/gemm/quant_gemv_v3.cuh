@@ -111,72 +111,10 @@ __device__ __forceinline__ void chunk_v3(const uint4 (&wv)[RW], const uint32_t (
   }
 }
 
-// The split-K epilogue fused into the GEMV (see QuantGemvParams::fuse_epilogue): the CTA that
-// completes a row tile (for SwiGLU: the pair of tiles holding gate rows i and up rows N/2 + i)
-// sums the slices in slice order, exactly as gemv_epilogue_kernel does.
-// Everything is recomputed from the block index and the parameters (values kept live across the
-// main loop would spill).
-__device__ __forceinline__ void fused_epilogue_v3(const QuantGemvParams& p, int slice_k,
-                                                  int rows_per_cta) {
-  __shared__ uint32_t s_last;
-  const int num_slices = static_cast<int>((p.k + slice_k - 1) / slice_k);
-  const int tile = static_cast<int>(blockIdx.x / num_slices);
-  int r_begin = 0, r_end = static_cast<int>(p.num_rows);
-  if (p.group_offsets != nullptr) {
-    const int64_t g = p.active_groups[blockIdx.y];
-    r_begin = p.group_offsets[g];
-    r_end = p.group_offsets[g + 1];
-  }
-  const bool swiglu = p.epilogue.kind == GemvEpilogue::kSwigluBf16;
-  const int tiles = static_cast<int>(gridDim.x) / num_slices;
-  const int half = tiles / 2;  // SwiGLU: tiles t and t + half pair up (host: N/2 % rows == 0)
-  const int ctr_tile = swiglu ? tile % half : tile;
-  const uint32_t expected = static_cast<uint32_t>(swiglu ? 2 * num_slices : num_slices);
-  uint32_t* ctr = p.tile_counters + static_cast<int64_t>(blockIdx.y) * tiles + ctr_tile;
-  __threadfence();  // this thread's partial stores are visible device-wide ...
-  __syncthreads();  // ... for every thread of the CTA, before the count
-  if (threadIdx.x == 0) {
-    const uint32_t old = atomicAdd(ctr, 1u);
-    s_last = old == expected - 1 ? 1u : 0u;
-    if (s_last) *ctr = 0;  // every arrival is in: reset for the next launch
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  const int64_t n = p.n, plane = p.num_rows * n;
-  const int width = rows_per_cta, nrows = r_end - r_begin;
-  for (int idx = threadIdx.x; idx < nrows * width; idx += blockDim.x) {
-    const int rr = r_begin + idx / width, col = idx % width;
-    const int64_t rid = p.sorted_rows ? p.sorted_rows[rr] : rr;
-    if (!swiglu) {
-      const int64_t c = int64_t{tile} * rows_per_cta + col;
-      if (c >= n) continue;
-      const float* src = p.partial + rid * n + c;
-      float a = 0.0f;
-      for (int sl = 0; sl < num_slices; ++sl) a += __ldcg(src + sl * plane);
-      float* y = p.epilogue.y + rid * p.epilogue.ldy + c;
-      *y = p.epilogue.accumulate ? *y + a : a;
-    } else {
-      const int64_t w2 = n / 2;
-      const int64_t i = int64_t{ctr_tile} * rows_per_cta + col;
-      if (i >= w2) continue;
-      const float* src = p.partial + rid * n + i;
-      float a = 0.0f, u = 0.0f;
-      for (int sl = 0; sl < num_slices; ++sl) a += __ldcg(src + sl * plane);
-      for (int sl = 0; sl < num_slices; ++sl) u += __ldcg(src + sl * plane + w2);
-      const float gc = fminf(a, p.epilogue.limit);
-      const float uc = fminf(fmaxf(u, -p.epilogue.limit), p.epilogue.limit);
-      const float sig = 1.0f / (1.0f + expf(-gc * p.epilogue.alpha));
-      p.epilogue.act[rid * w2 + i] = f32_to_bf16((uc + 1.0f) * (gc * sig));
-    }
-  }
-}
-
 // F: MXFP8 or NVFP4. MT: activation rows per register pass; RW: weight rows per warp step; KC:
-// chunks per K-slice; FUSE: the split-K epilogue in the kernel (a separate instantiation, so the
-// plain one keeps its spill-free register allocation). p_rows: activation rows held in shared
-// memory (a multiple of MT); iters: warp steps per CTA.
-template <QuantFormat F, int MT, int RW, int KC, bool FUSE>
+// chunks per K-slice. p_rows: activation rows held in shared memory (a multiple of MT); iters:
+// warp steps per CTA.
+template <QuantFormat F, int MT, int RW, int KC>
 __global__ void __launch_bounds__(kV3Threads, 4)
     quant_gemv_kernel_v3(QuantGemvParams p, int p_rows, int iters) {
   using T = FormatTraits<F>;
@@ -317,15 +255,14 @@ __global__ void __launch_bounds__(kV3Threads, 4)
       }
     }
   }
-  if constexpr (FUSE) fused_epilogue_v3(p, kSliceK, 8 * RW * iters);
 }
 
 // Launches one instantiation of the kernel above with the host plan (quant_gemv_internal.h),
 // shared by the per-format instantiation files (gemv_mxfp8_v3.cu, gemv_nvfp4_v3.cu). The
 // shared-memory opt-in and the resident-CTA count are cached per instantiation.
-template <QuantFormat F, int MT, int RW, int KC, bool FUSE>
-Status launch_v3_one(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
-  auto* kernel = quant_gemv_kernel_v3<F, MT, RW, KC, FUSE>;
+template <QuantFormat F, int MT, int RW, int KC>
+Status launch_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
+  auto* kernel = quant_gemv_kernel_v3<F, MT, RW, KC>;
   static bool raised = false;  // dynamic shared memory above 48 KB needs an opt-in once
   if (!raised) {
     M3_CUDA_RETURN_IF_ERROR(
@@ -349,12 +286,6 @@ Status launch_v3_one(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t 
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, kernel, pl.grid, dim3(kV3Threads), pl.smem, s, p,
                                         pl.p_rows, pl.iters));
   return Status::ok();
-}
-
-template <QuantFormat F, int MT, int RW, int KC>
-Status launch_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
-  return p.fuse_epilogue ? launch_v3_one<F, MT, RW, KC, true>(p, plan, s)
-                         : launch_v3_one<F, MT, RW, KC, false>(p, plan, s);
 }
 
 }  // namespace m3::cuda::gemv
