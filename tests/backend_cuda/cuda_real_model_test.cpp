@@ -264,21 +264,13 @@ class Harness {
     std::shuffle(pages_.begin(), pages_.end(), std::mt19937(5));  // non-identity block tables
   }
 
-  Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs, int attn_variant, int idx_variant,
-                                                 bool overlap = true, bool pdl = true,
-                                                 int gemv_variant = 5, bool pdl_chain = false,
-                                                 bool cluster_combine = true) {
+  Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs,
+                                                 minimax_m3::CudaM3Tuning tuning = {}) {
     CudaM3Options o;
-    o.cluster_attention_combine = cluster_combine;
-    o.pdl_chain = pdl_chain;
-    o.decode_gemv_variant = gemv_variant;
     o.num_kv_pages = kPages;
     o.max_batch = 16;
     o.use_graphs = graphs;
-    o.overlap_shared_expert = overlap;
-    o.pdl = pdl;
-    o.prefill_attention_variant = attn_variant;
-    o.prefill_indexer_variant = idx_variant;
+    o.tuning = tuning;
     return CudaM3Model::load(cfg_, src_, o);
   }
 
@@ -356,7 +348,7 @@ Harness& harness() {
 TEST(CudaRealModel, FitsAndLoadsQuantised) {
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
-  auto g = h.gpu_model(true, 1, 1);
+  auto g = h.gpu_model(true);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   const minimax_m3::CudaM3Stats st = (*g)->stats();
   std::printf(
@@ -384,27 +376,20 @@ TEST(CudaRealModel, PrefillAllTokenLogits) {
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
-  auto g11 = h.gpu_model(true, 1, 1);
-  auto g00 = h.gpu_model(true, 0, 0);
-  ASSERT_TRUE(g11.is_ok()) << g11.status().to_string();
-  ASSERT_TRUE(g00.is_ok()) << g00.status().to_string();
+  auto g = h.gpu_model(true);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   const int64_t n = 600, v = h.cfg().vocab_size;
   Seq s = h.new_seq(n);
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
-  ASSERT_NO_FATAL_FAILURE(
-      h.step({&s}, {random_tokens(n, v, 11)}, true, {g11->get(), g00->get()}, &cpu, &gpu));
-  ASSERT_EQ(gpu.size(), 2u);
-  const char* names[2] = {"(a) prefill 600 tokens, attention variant 1/1",
-                          "(a) prefill 600 tokens, attention variant 0/0"};
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_EQ(gpu[i].logits[0].size(), cpu.logits[0].size());
-    Compare c{h.rel_bound()};
-    c.rows_of(gpu[i].logits[0].data(), cpu.logits[0].data(), n, v);
-    c.report(names[i]);
-    EXPECT_TRUE(c.ok()) << names[i];
-  }
-  EXPECT_EQ((*g11)->stats().general_steps, 1);
+  ASSERT_NO_FATAL_FAILURE(h.step({&s}, {random_tokens(n, v, 11)}, true, {g->get()}, &cpu, &gpu));
+  ASSERT_EQ(gpu.size(), 1u);
+  ASSERT_EQ(gpu[0].logits[0].size(), cpu.logits[0].size());
+  Compare c{h.rel_bound()};
+  c.rows_of(gpu[0].logits[0].data(), cpu.logits[0].data(), n, v);
+  c.report("(a) prefill 600 tokens");
+  EXPECT_TRUE(c.ok());
+  EXPECT_EQ((*g)->stats().general_steps, 1);
 }
 
 // (b) Several prefill chunks in one step, then one prefill chunk + decode rows of two others.
@@ -412,7 +397,7 @@ TEST(CudaRealModel, MixedBatch) {
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
-  auto g = h.gpu_model(true, 1, 1);
+  auto g = h.gpu_model(true);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   const int64_t v = h.cfg().vocab_size;
   Seq a = h.new_seq(600), b = h.new_seq(260), c = h.new_seq(200);
@@ -447,11 +432,10 @@ TEST(CudaRealModel, MixedBatch) {
   EXPECT_EQ((*g)->stats().general_steps, 2);
 }
 
-// (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs with the
-// shared expert on its own stream and programmatic dependent launch on every kernel of the
-// critical path (pdl_chain) against eager launches on one stream without it (same sums:
-// bitwise equal); both on the tensor-core GEMVs (variant 5), and a model on variant 3 with the
-// default options, each against the CPU.
+// (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs against
+// eager launches (the same kernels on the same buffers: bitwise equal), and a model with the
+// tuning thresholds at 0 (one CTA per norm row; the router as GEMV + top-k + grouping launches,
+// so also at one row the experts read the grouping), each against the CPU.
 // Contexts whose block tables fit the indexer's top-k (width <= index_topk_blocks = 3 here, so
 // up to 256 tokens) skip the indexer (every block attended): `indexer_skipped` says whether every
 // decode step does, else none may.
@@ -460,16 +444,18 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
-  auto on = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/5,
-                        /*pdl_chain=*/true);
-  // Eager, serial, without PDL (the rows must still be equal). The clustered split attention is off in `off` too, but this config's top-k of 3 blocks never
-  // takes it (it needs 16): sparse_decode_test and attention_inputs_test compare it bitwise.
-  auto off = h.gpu_model(false, 1, 1, /*overlap=*/false, /*pdl=*/false, /*gemv_variant=*/5,
-                        /*pdl_chain=*/false, /*cluster_combine=*/false);
-  auto v3 = h.gpu_model(true, 1, 1, /*overlap=*/true, /*pdl=*/true, /*gemv_variant=*/3);
+  auto on = h.gpu_model(true);
+  // Eager launches (the rows must still be equal). This config's top-k of 3 blocks never takes
+  // the clustered split attention (it needs 16): sparse_decode_test and attention_inputs_test
+  // compare it bitwise.
+  auto off = h.gpu_model(false);
+  minimax_m3::CudaM3Tuning plain;
+  plain.cluster_norm_max_rows = 0;
+  plain.fused_router_max_rows = 0;
+  auto thresholds0 = h.gpu_model(true, plain);
   ASSERT_TRUE(on.is_ok()) << on.status().to_string();
   ASSERT_TRUE(off.is_ok()) << off.status().to_string();
-  ASSERT_TRUE(v3.is_ok()) << v3.status().to_string();
+  ASSERT_TRUE(thresholds0.is_ok()) << thresholds0.status().to_string();
   const int64_t v = h.cfg().vocab_size;
   std::vector<Seq> seqs;
   for (int64_t i = 0; i < batch; ++i) seqs.push_back(h.new_seq(prompt_lens[i] + steps));
@@ -482,19 +468,19 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   ForwardOutput cpu;
   std::vector<ForwardOutput> gpu;
   ASSERT_NO_FATAL_FAILURE(
-      h.step(ptrs, toks, false, {on->get(), off->get(), v3->get()}, &cpu, &gpu));
-  Compare cmp{h.rel_bound()}, cmp3{h.rel_bound()};
+      h.step(ptrs, toks, false, {on->get(), off->get(), thresholds0->get()}, &cpu, &gpu));
+  Compare cmp{h.rel_bound()}, cmp0{h.rel_bound()};
   int64_t bitwise_bad = 0;
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t i = 0; i < batch; ++i) toks[i] = {last_argmax(cpu.logits[i], v)};
     ASSERT_NO_FATAL_FAILURE(
-        h.step(ptrs, toks, false, {on->get(), off->get(), v3->get()}, &cpu, &gpu));
+        h.step(ptrs, toks, false, {on->get(), off->get(), thresholds0->get()}, &cpu, &gpu));
     for (int64_t i = 0; i < batch; ++i) {
       ASSERT_EQ(gpu[0].logits[i].size(), static_cast<size_t>(v));
       ASSERT_EQ(gpu[1].logits[i].size(), static_cast<size_t>(v));
       ASSERT_EQ(gpu[2].logits[i].size(), static_cast<size_t>(v));
       cmp.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(), 1, v);
-      cmp3.rows_of(gpu[2].logits[i].data(), cpu.logits[i].data(), 1, v);
+      cmp0.rows_of(gpu[2].logits[i].data(), cpu.logits[i].data(), 1, v);
       if (std::memcmp(gpu[0].logits[i].data(), gpu[1].logits[i].data(), v * sizeof(float)) != 0)
         ++bitwise_bad;
     }
@@ -503,16 +489,16 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   const std::string what =
       "(c) decode batch " + std::to_string(batch) + ", " + std::to_string(steps) + " steps";
   cmp.report(what);
-  cmp3.report(what + " (GEMV variant 3)");
+  cmp0.report(what + " (tuning thresholds 0)");
   std::printf(
-      "[cuda_real_model] %-44s graph+overlap+pdl vs eager serial: %lld of %lld rows differ bitwise; graphs "
+      "[cuda_real_model] %-44s graphs vs eager: %lld of %lld rows differ bitwise; graphs "
       "captured %lld, replayed %lld; decode steps %lld / %lld  -> %s\n",
       what.c_str(), (long long)bitwise_bad, (long long)(batch * steps),
       (long long)st_on.graph_captures, (long long)st_on.graph_replays,
       (long long)st_on.decode_steps, (long long)st_off.decode_steps,
       bitwise_bad == 0 ? "PASS" : "FAIL");
   EXPECT_TRUE(cmp.ok());
-  EXPECT_TRUE(cmp3.ok());
+  EXPECT_TRUE(cmp0.ok());
   EXPECT_EQ(bitwise_bad, 0);
   EXPECT_EQ(st_on.decode_steps, steps);  // every step took the GEMV path
   EXPECT_EQ(st_off.decode_steps, steps);
@@ -546,7 +532,7 @@ TEST(CudaRealModel, DeviceSamplingMatchesTheCpuSamplerOnTheSameLogits) {
   Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
-  auto g = h.gpu_model(true, 1, 1);
+  auto g = h.gpu_model(true);
   ASSERT_TRUE(g.is_ok()) << g.status().to_string();
   CudaM3Model& gpu = **g;
   const int64_t v = h.cfg().vocab_size;

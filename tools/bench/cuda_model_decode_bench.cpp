@@ -20,10 +20,10 @@
 // (min(top_k, C / 128) x 128 tokens x Hkv x D x 2 x 2 bytes) plus the whole index-key cache
 // (C x Dix x 2) where the indexer runs (C > top_k x 128).
 //
-// Usage: cuda_model_decode_bench [overlap_shared_expert=1] [pdl=1] [results.tsv (appended)|-]
-//                                [decode_gemv_variant=5]
+// Usage: cuda_model_decode_bench [results.tsv (appended)|-]
 // Environment, for profilers and A/B runs: M3_BENCH_ONLY=B,C[;B,C...] runs those configs (batch
-// B, context C tokens);
+// B, context C tokens); M3_BENCH_NORM_CLUSTER_ROWS=N and M3_BENCH_FUSED_ROUTER_ROWS=N set
+// CudaM3Tuning's cluster_norm_max_rows and fused_router_max_rows;
 // M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
 // M3_BENCH_BIG_LAYERS=L (9..60, or 0 for none) the model the MoE layer's time is taken from.
 #include <cuda_runtime.h>
@@ -92,66 +92,23 @@ double step_ms(CudaM3Model* model, const Config& c, int64_t steps) {
   return ms[ms.size() / 2];
 }
 
+// The tuning of the models: CudaM3Tuning's defaults unless the environment sets them.
+CudaM3Tuning tuning() {
+  CudaM3Tuning t;
+  if (const char* e = std::getenv("M3_BENCH_NORM_CLUSTER_ROWS")) t.cluster_norm_max_rows = std::atoll(e);
+  if (const char* e = std::getenv("M3_BENCH_FUSED_ROUTER_ROWS")) t.fused_router_max_rows = std::atoll(e);
+  return t;
+}
+
 // The model of `layers` layers; a failed load exits, unless `may_fail` (then null).
-std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool overlap, bool pdl,
-                                  int variant, bool may_fail = false) {
+std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool may_fail = false) {
   const MiniMaxM3Config cfg = builtin_m3_flash_config(layers);
   DummyWeightSource src(cfg);
   CudaM3Options o;
   o.num_kv_pages = pages;
   o.max_batch = 128;
-  o.decode_gemv_variant = variant;
   o.gpu_dummy_weights = true;
-  o.overlap_shared_expert = overlap;
-  // M3_BENCH_PRIORITY=0: both streams at the default priority (A/B of prioritize_critical_path).
-  if (const char* e = std::getenv("M3_BENCH_PRIORITY")) o.prioritize_critical_path = std::atoi(e) != 0;
-  // M3_BENCH_FORK_AFTER=1: the shared expert forked after the router (A/B).
-  if (const char* e = std::getenv("M3_BENCH_FORK_AFTER")) o.shared_expert_after_router = std::atoi(e) != 0;
-  o.pdl = pdl;
-  // M3_BENCH_PDL_CHAIN=1: every kernel of the critical path launched as a programmatic
-  // dependent, not only the GEMVs (variants 3/6), epilogues and attention inputs (A/B of
-  // pdl_chain, off by default).
-  if (const char* e = std::getenv("M3_BENCH_PDL_CHAIN")) o.pdl_chain = std::atoi(e) != 0;
-  // M3_BENCH_PDL_INDEXER=0: the indexer's scoring launched plainly (A/B of pdl_indexer).
-  if (const char* e = std::getenv("M3_BENCH_PDL_INDEXER")) o.pdl_indexer = std::atoi(e) != 0;
-  // M3_BENCH_CLUSTER_COMBINE=0: the split attention and its combine as two launches (A/B of
-  // cluster_attention_combine).
-  if (const char* e = std::getenv("M3_BENCH_CLUSTER_COMBINE"))
-    o.cluster_attention_combine = std::atoi(e) != 0;
-  // M3_BENCH_PDL_SPLIT=0: the clustered split attention after a graph edge (A/B of
-  // pdl_cluster_attention).
-  if (const char* e = std::getenv("M3_BENCH_PDL_SPLIT"))
-    o.pdl_cluster_attention = std::atoi(e) != 0;
-  // M3_BENCH_CLUSTER_SELECT=0: the indexer's top-k as its own launch (A/B of
-  // cluster_attention_select).
-  if (const char* e = std::getenv("M3_BENCH_CLUSTER_SELECT"))
-    o.cluster_attention_select = std::atoi(e) != 0;
-  // M3_BENCH_SPLIT_EARLY=0: o_proj launched after the clustered split's wait (A/B of
-  // split_dependents_early).
-  if (const char* e = std::getenv("M3_BENCH_SPLIT_EARLY"))
-    o.split_dependents_early = std::atoi(e) != 0;
-  // M3_BENCH_PDL_ROUTER=0: the router launched plainly after the norm (A/B of pdl_router).
-  if (const char* e = std::getenv("M3_BENCH_PDL_ROUTER")) o.pdl_router = std::atoi(e) != 0;
-  // M3_BENCH_DOWN_EARLY=0: the experts' down product launched plainly after their gate|up (A/B
-  // of expert_down_early).
-  if (const char* e = std::getenv("M3_BENCH_DOWN_EARLY")) o.expert_down_early = std::atoi(e) != 0;
-  // M3_BENCH_ROUTE_IN_EXPERTS=0: the batch-1 experts read the router's grouping (A/B of
-  // route_in_experts).
-  if (const char* e = std::getenv("M3_BENCH_ROUTE_IN_EXPERTS"))
-    o.route_in_experts = std::atoi(e) != 0;
-  // M3_BENCH_PDL_NORMS=0..3: which norms are programmatic dependents (A/B of pdl_norms).
-  if (const char* e = std::getenv("M3_BENCH_PDL_NORMS")) o.pdl_norms = std::atoi(e);
-  // M3_BENCH_ATTN_MMA=0: the decode attention's float32-FMA split kernel at every batch (A/B).
-  if (const char* e = std::getenv("M3_BENCH_ATTN_MMA")) o.mma_decode_attention = std::atoi(e) != 0;
-  // M3_BENCH_MXFP8_LAYOUT=0: the MXFP8 dense matrices stay row-major (variants 3 / 5 instead of
-  // variant 7 on the mma layout; A/B of CudaM3Options::mxfp8_mma_layout).
-  if (const char* e = std::getenv("M3_BENCH_MXFP8_LAYOUT")) o.mxfp8_mma_layout = std::atoi(e) != 0;
-  // M3_BENCH_NORM_CLUSTER=0: one CTA per row in every norm (A/B of norm_cluster_rows).
-  if (const char* e = std::getenv("M3_BENCH_NORM_CLUSTER")) o.norm_cluster_rows = std::atoi(e);
-  // M3_BENCH_SKIP_INDEXER=0: the indexer runs also where every block fits the selection (A/B of
-  // skip_indexer_when_every_block_fits; contexts up to 2K tokens).
-  if (const char* e = std::getenv("M3_BENCH_SKIP_INDEXER"))
-    o.skip_indexer_when_every_block_fits = std::atoi(e) != 0;
+  o.tuning = tuning();
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
@@ -209,10 +166,8 @@ int64_t big_layers(int64_t pages) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool overlap = argc > 1 ? std::atoi(argv[1]) != 0 : true;
-  const bool pdl = argc > 2 ? std::atoi(argv[2]) != 0 : true;
-  std::FILE* tsv = argc > 3 && std::string(argv[3]) != "-" ? std::fopen(argv[3], "a") : nullptr;
-  const int variant = argc > 4 ? std::atoi(argv[4]) : 5;
+  std::FILE* tsv = argc > 1 && std::string(argv[1]) != "-" ? std::fopen(argv[1], "a") : nullptr;
+  const CudaM3Tuning tn = tuning();
   std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},
                                  {32, 4096}, {32, 32768}, {128, 4096}};
   if (const char* only = std::getenv("M3_BENCH_ONLY")) {  // "B,C" or "B,C;B,C;..."
@@ -237,10 +192,10 @@ int main(int argc, char** argv) {
   const double attn_w = sb.attn_w, dense_mlp = sb.dense_mlp, shared = sb.shared,
                router = sb.router, expert = sb.expert, head = sb.head;
 
-  std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, shared "
-              "expert overlap %s, programmatic dependent launch %s, GEMV variant %d; median of 15 steps "
-              "(host + graph + %s to host)\n",
-              overlap ? "on" : "off", pdl ? "on" : "off", variant,
+  std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, cluster "
+              "norms up to %lld rows, fused router up to %lld rows; median of 15 steps (host + "
+              "graph + %s to host)\n",
+              (long long)tn.cluster_norm_max_rows, (long long)tn.fused_router_max_rows,
               std::getenv("M3_BENCH_SAMPLE") && std::atoi(std::getenv("M3_BENCH_SAMPLE")) != 0
                   ? "GPU-sampled token ids"
                   : "logits");
@@ -251,7 +206,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "M3_BENCH_LAYERS: 1..60\n");
       return 2;
     }
-    auto model = load(layers, pages, overlap, pdl, variant);
+    auto model = load(layers, pages);
     for (const Config& c : configs)
       std::printf("B=%lld ctx=%lld, %lld layers: %.3f ms per step\n", (long long)c.batch,
                   (long long)c.ctx, (long long)layers, step_ms(model.get(), c, 15));
@@ -261,7 +216,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> counts = {1, 3, 8};
   if (big > 0) counts.push_back(big);
   for (int64_t layers : counts) {
-    auto model = load(layers, pages, overlap, pdl, variant, layers == big);
+    auto model = load(layers, pages, layers == big);
     if (model == nullptr) {  // the estimate of what fits was wrong: the 8-layer slope then
       std::fprintf(stderr, "the %lld-layer model did not load: MoE layer from 3 -> 8 layers\n",
                    static_cast<long long>(big));
@@ -296,7 +251,8 @@ int main(int argc, char** argv) {
                 t[i][1], t[i][2], big_ms, dense_layer * 1e3, moe_layer * 1e3, rest, step60,
                 100 * frac);
     if (tsv)
-      std::fprintf(tsv, "v%d %d%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.3f\t%.4g\t%.4f\n", variant, overlap ? 1 : 0, pdl ? 1 : 0,
+      std::fprintf(tsv, "n%lld r%lld\t%s\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.3f\t%.4g\t%.4f\n", (long long)tn.cluster_norm_max_rows,
+                   (long long)tn.fused_router_max_rows,
                    name, t[i][0], t[i][1], t[i][2], dense_layer * 1e3, moe_layer * 1e3, rest, step60,
                    bytes60, frac);
   }

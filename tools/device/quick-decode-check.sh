@@ -4,8 +4,7 @@
 # .device/cuda from tools/device/bundle.sh (carry: [".device/cuda.tar.xz"]).
 #
 #  1. cuda_real_model_test's decode cases: the real-shape model against the CPU model, CUDA graphs
-#     with programmatic dependent launch against eager serial launches bit for bit, short
-#     contexts without the indexer;
+#     against eager launches bit for bit, short contexts without the indexer;
 #  2. 8-layer decode steps (M3.1-Flash shapes, GPU-sampled tokens) for each arm of an A/B: the
 #     arms are environment assignments for cuda_model_decode_bench, separated by '|', run in
 #     turn twice (A B A B) so that drift shows;
@@ -13,12 +12,13 @@
 # Every part writes to $OUT as it goes, so a call cut by its time limit still returns what ran.
 #
 # Usage: quick-decode-check.sh [arms] [configs]
-#   arms     default "M3_BENCH_PDL_CHAIN=0|M3_BENCH_PDL_CHAIN=1"
+#   arms     default "M3_BENCH_NORM_CLUSTER_ROWS=16|M3_BENCH_NORM_CLUSTER_ROWS=0"
+#            (CudaM3Tuning through the bench's environment)
 #   configs  M3_BENCH_ONLY, default "1,1024;1,4096;8,4096"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
-ARMS=${1:-"M3_BENCH_PDL_CHAIN=0|M3_BENCH_PDL_CHAIN=1"}
+ARMS=${1:-"M3_BENCH_NORM_CLUSTER_ROWS=16|M3_BENCH_NORM_CLUSTER_ROWS=0"}
 CONFIGS=${2:-"1,1024;1,4096;8,4096"}
 . tools/device/bundle-env.sh
 LOG=$OUT/quick.log
@@ -40,7 +40,7 @@ IFS='|' read -r -a arms <<<"$ARMS"
 for round in 1 2; do
   for arm in "${arms[@]}"; do
     run "bench round $round: $arm" 40 env $arm M3_BENCH_SAMPLE=1 M3_BENCH_LAYERS=8 \
-      M3_BENCH_ONLY="$CONFIGS" "$B/cuda_model_decode_bench" 1 1 - 5
+      M3_BENCH_ONLY="$CONFIGS" "$B/cuda_model_decode_bench" -
   done
 done
 run sparse_decode_test 60 "$B/sparse_decode_test"

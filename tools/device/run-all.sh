@@ -72,13 +72,13 @@ if want bench decode; then
   timeout 150 "$B/cuda_decode_step_bench" 2 "$OUT/step.tsv" >>"$OUT/step.log" 2>&1
   rc=$?
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "decode step (CUDA cores)" "$rc" "$((SECONDS - t0))")")
-  # The same step through CudaM3Model::forward (what serving runs).
-  # Shared-expert overlap, programmatic dependent launch, GEMV variant (5 = tensor cores).
-  for opts in "1 1 - 5" "1 0 - 5" "1 1 - 3"; do
+  # The same step through CudaM3Model::forward (what serving runs): the default tuning, then both
+  # CudaM3Tuning thresholds at 0 (one CTA per norm row, the router as three launches).
+  for arm in "" "M3_BENCH_NORM_CLUSTER_ROWS=0 M3_BENCH_FUSED_ROUTER_ROWS=0"; do
     t0=$SECONDS
-    timeout 150 "$B/cuda_model_decode_bench" $opts >>"$OUT/step.log" 2>&1
+    timeout 150 env $arm "$B/cuda_model_decode_bench" - >>"$OUT/step.log" 2>&1
     rc=$?
-    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (ov pdl - v: $opts)" "$rc" "$((SECONDS - t0))")")
+    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (${arm:-default tuning})" "$rc" "$((SECONDS - t0))")")
   done
   # FP8 mma precision and the NVFP4 consumer step's issue ceiling (weights in shared memory).
   t0=$SECONDS

@@ -7,8 +7,8 @@
 # Files back in $OUT: trace.csv (every kernel / memcpy / memset of the run, start order) and
 # trace.log (the bench's output, then the last kernels one per line, per-name totals, totals).
 #
-# The bench is `cuda_model_decode_bench 1 1 - 5`: shared-expert overlap on, programmatic dependent
-# launch on, no results file, GEMV variant 5 (its arguments 1-4). With M3_BENCH_LAYERS set it
+# The bench is `cuda_model_decode_bench -` (no results file; the tuning from the environment, see
+# the bench). With M3_BENCH_LAYERS set it
 # loads one model and runs 3 warm-up steps (the first eager, then captured; graph replays from
 # the second) and 15 timed steps per config, then exits with no GPU work after them: the last
 # kernels of the run are graph replays of the last config's last timed steps (a step launches
@@ -22,9 +22,9 @@ cd "$(dirname "$0")/../.."
 . tools/device/bundle-env.sh
 [ -f "$B/libm3_cuda_trace.so" ] || { echo "no $B/libm3_cuda_trace.so: rerun tools/device/bundle.sh" >&2; exit 1; }
 export M3_BENCH_ONLY=${1:-1,4096} M3_BENCH_LAYERS=${2:-4}
-echo "untraced: $("$B/cuda_model_decode_bench" 1 1 - 5 2>&1 | grep 'ms per step')"
+echo "untraced: $("$B/cuda_model_decode_bench" - 2>&1 | grep 'ms per step')"
 CUDA_INJECTION64_PATH="$PWD/$B/libm3_cuda_trace.so" M3_TRACE_OUT="$OUT/trace.csv" M3_TRACE_LAST=${3:-150} \
-  "$B/cuda_model_decode_bench" 1 1 - 5 >"$OUT/trace.log" 2>&1
+  "$B/cuda_model_decode_bench" - >"$OUT/trace.log" 2>&1
 echo "exit status $?"
 echo "traced:   $(grep 'ms per step' "$OUT/trace.log")"
 grep '^cuda_trace: ' "$OUT/trace.log" | head -3

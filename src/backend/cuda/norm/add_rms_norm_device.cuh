@@ -1,6 +1,6 @@
 // Device pieces of the fused residual add + Gemma RMSNorm (norm/add_rms_norm.h), shared by its
-// one-CTA and cluster kernels (add_rms_norm.cu), so that both compute the same bits: the delta
-// sources, the scaled bf16 output and its f16 copy.
+// one-CTA and cluster kernels (add_rms_norm.cu): the delta sources, the scaled bf16 output and
+// its f16 copy.
 #pragma once
 
 #include <cuda_fp16.h>
