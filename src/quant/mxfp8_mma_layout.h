@@ -1,8 +1,8 @@
-// MXFP8 weights in the order the register-fed tensor-core decode GEMV (GEMV variant 7,
+// MXFP8 weights in the order the register-fed tensor-core decode GEMV (kMmaDirect,
 // backend/cuda/gemm/gemv_mma_direct.cu) streams them ("mma layout"): every warp reads whole
 // 2-KB runs instead of 32-byte pieces of 16 rows.
 //
-// Why: variant 7 on the checkpoint's row-major order, where each 16-row tile of a 32-column
+// Why: kMmaDirect on the checkpoint's row-major order, where each 16-row tile of a 32-column
 // block is sixteen 32-byte pieces of rows K bytes apart, ran at 2.3-2.6 TB/s (qkv [9856 x 6144]
 // at one row: 26.7 us); the same kernel reading each (tile, 128 columns) as 2 KB contiguous
 // bytes ran it in 19.1 us (H200): HBM serves long runs faster.

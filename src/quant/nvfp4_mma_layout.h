@@ -2,7 +2,7 @@
 // turning a 32-bit word of codes into the four f16x2 operand registers of one mma.sync k-step
 // costs 2 instructions per register instead of 4.
 //
-// Why: on Hopper the NVFP4 GEMV (backend/cuda/gemm/quant_gemv_mma.cuh) issues ~33 instructions
+// Why: on Hopper the NVFP4 GEMV (kMmaRing, backend/cuda/gemm/gemv_mma.cuh) issues ~33 instructions
 // per mma, two thirds of them dequantisation (ncu on the H200, batch-1 experts: issue slots 56 %
 // busy, ALU the busiest pipe). E2M1 code n = s e1 e0 m becomes the
 // exact f16 n · 2^-14 when e1 e0 m go to f16 bits 11..9 and s to bit 15. In the checkpoint's

@@ -1,5 +1,5 @@
-// GEMV variants 5 and 7 (tensor cores: f16 operands, f32 accumulation, epilogue fused; see
-// quant_gemv_mma.cuh, gemv_mma_direct.cu) and their f16 activations (x_f16.h) against the CPU
+// The tensor-core GEMVs kMmaRing and kMmaDirect (f16 operands, f32 accumulation, epilogue fused;
+// see gemv_mma.cuh, gemv_mma_direct.cu) and their f16 activations (x_f16.h) against the CPU
 // backend's float32 linear
 // on the reference-dequantised weights, dense and grouped by expert, at the real MiniMax-M3.1-Flash
 // shapes, at odd ones, with 1..40 activation rows (several rows-per-pass instantiations and
@@ -29,6 +29,9 @@
 
 namespace m3::cuda_test {
 namespace {
+
+using cuda::GemvKernel;
+using cuda::WeightLayout;
 
 double bound_factor(int64_t k) { return (3 * gamma(k + 2) + 4 * kU) * 1.01; }
 
@@ -60,9 +63,9 @@ struct XF16 {
 };
 
 // The prefill path's bf16 dequantisation of rows 16.. (a range that does not start at 0) of a
-// matrix stored in `layout` (0 row-major, 1 the mma layout of its format).
+// matrix stored in `layout`.
 std::vector<uint16_t> prefill_dequant(QuantFormat f, const uint8_t* w, const uint8_t* scales,
-                                      int64_t n, int64_t k, int layout) {
+                                      int64_t n, int64_t k, WeightLayout layout) {
   cuda::DequantBf16Params d;
   d.w.format = f;
   d.w.w = w;
@@ -102,33 +105,6 @@ void check_repeat_and_accumulate(cuda::QuantGemvParams p, Dev<float>& y,
     ASSERT_EQ(y1[i], base[i] + y0[i]) << name << ": accumulate differs at " << i;
 }
 
-// Variant 5 on p (writing every element of `out`, whose bits are `want`) with the staged
-// activations copied through L2 only, then with stage_x off, where the launcher stages
-// the activations with the weights (NVFP4, one row per group): reading them through L1 must give
-// the same bits as staging them. In the mma layout the staged kernel takes the block scales on
-// the mma's outputs (scale_out), which rounds in another order (the caller checks `want` against
-// the bound): there the unstaged bits are compared with the staged ones without scale_out.
-template <typename T>
-void expect_same_unstaged(cuda::QuantGemvParams p, Dev<T>& out, const std::vector<T>& want,
-                          const std::string& name) {
-  p.epilogue.accumulate = false;
-  // The staged slices copied through L2 only (stage_x_l1 off) instead of through L1: the same
-  // bytes, so the same bits.
-  p.stage_x_l1 = false;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
-  EXPECT_EQ(out.host(), want) << name << ": staged activations through L2 only differ";
-  p.stage_x_l1 = true;
-  std::vector<T> staged = want;
-  if (p.w_layout != 0) {
-    p.scale_out = false;
-    ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
-    staged = out.host();
-  }
-  p.stage_x = false;
-  ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
-  EXPECT_EQ(out.host(), staged) << name << ": activations through L1 differ from staged ones";
-}
-
 TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   const Case c = GetParam();
   const QMatrix w = make_matrix(c.f, c.n, c.k, 31, c.spread);
@@ -157,7 +133,7 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   p.num_rows = c.m;
   p.n = c.n;
   p.k = c.k;
-  p.variant = 5;
+  p.kernel = GemvKernel::kMmaRing;
   p.epilogue.y = y.ptr();
   p.epilogue.ldy = c.n;
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
@@ -165,15 +141,14 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
   const std::string name = std::string(c.f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
                            " gemv M" + std::to_string(c.m) + " N" + std::to_string(c.n) +
                            " K" + std::to_string(c.k) + (c.spread ? " spread" : "");
-  expect_close(y0, want, bound, name + " v5");
-  check_repeat_and_accumulate(p, y, y0, name + " v5");
-  if (c.f == QuantFormat::kNvfp4 && c.m == 1) expect_same_unstaged(p, y, y0, name + " v5");
+  expect_close(y0, want, bound, name + " ring");
+  check_repeat_and_accumulate(p, y, y0, name + " ring");
 
-  // Variant 7 (MXFP8, 1..8 rows, K % 128) reads the bf16 rows itself: the same bound,
+  // kMmaDirect (MXFP8, 1..8 rows, K % 128) reads the bf16 rows itself: the same bound,
   // deterministic, accumulate bitwise; refused elsewhere.
   if (c.f == QuantFormat::kMxfp8) {
     cuda::QuantGemvParams q = p;
-    q.variant = 7;
+    q.kernel = GemvKernel::kMmaDirect;
     q.x = dx.ptr();
     q.xh = nullptr;
     q.x_inv_scale = nullptr;
@@ -183,10 +158,10 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
     if (c.m <= 8 && c.k % 128 == 0) {
       ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name;
       const auto y70 = y7.host();
-      expect_close(y70, want, bound, name + " v7");
-      check_repeat_and_accumulate(q, y7, y70, name + " v7");
+      expect_close(y70, want, bound, name + " direct");
+      check_repeat_and_accumulate(q, y7, y70, name + " direct");
     } else {
-      EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v7";
+      EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " direct";
     }
     // With the f16 rows (any number of rows: passes of up to 32).
     if (c.k % 128 == 0) {
@@ -194,12 +169,12 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
       q.x_inv_scale = x16.inv.ptr();
       ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name;
       const auto y7h = y7.host();
-      expect_close(y7h, want, bound, name + " v7 f16 rows");
-      check_repeat_and_accumulate(q, y7, y7h, name + " v7 f16 rows");
+      expect_close(y7h, want, bound, name + " direct f16 rows");
+      check_repeat_and_accumulate(q, y7, y7h, name + " direct f16 rows");
     }
     // The mma layout (quant/mxfp8_mma_layout.h) where it fits: the GPU repack equals the host
-    // reference byte for byte, variant 7 meets the bound on it with bf16 rows (up to 8) and f16
-    // rows, the other variants refuse it, and the prefill dequantisation of the packed matrix
+    // reference byte for byte, kMmaDirect meets the bound on it with bf16 rows (up to 8) and f16
+    // rows, the other kernels refuse it, and the prefill dequantisation of the packed matrix
     // equals that of the row-major one bit for bit.
     if (mxfp8_mma::fits(c.n, c.k, mxfp8_mma::Tiling::kRows16)) {
       auto dwp = Dev<uint8_t>::poisoned(static_cast<int64_t>(w.data.size()));
@@ -209,26 +184,27 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
                                                    mxfp8_mma::Tiling::kRows16))
           << name << ": GPU repack differs from the host reference";
       q.w = dwp.ptr();
-      q.w_layout = 1;
+      q.w_layout = WeightLayout::kMmaRows16;
       for (const bool f16_rows : {false, true}) {
         if (!f16_rows && c.m > 8) continue;
         q.xh = f16_rows ? x16.xh.ptr() : nullptr;
         q.x_inv_scale = f16_rows ? x16.inv.ptr() : nullptr;
-        const std::string nm = name + " v7 mma layout" + (f16_rows ? " f16 rows" : "");
+        const std::string nm = name + " direct mma layout" + (f16_rows ? " f16 rows" : "");
         ASSERT_TRUE(cuda::launch_quant_gemv(q, stream()).is_ok()) << nm;
         const auto yp = y7.host();
         expect_close(yp, want, bound, nm);
         check_repeat_and_accumulate(q, y7, yp, nm);
       }
-      q.w_layout = 2;  // the pair tiling goes with SwiGLU only
+      q.w_layout = WeightLayout::kMmaSwigluPairs;  // the pair tiling goes with SwiGLU only
       EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name;
-      q.w_layout = 1;
-      for (int v : {3, 5}) {
-        q.variant = v;
-        EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok()) << name << " v" << v;
+      q.w_layout = WeightLayout::kMmaRows16;
+      for (GemvKernel v : {GemvKernel::kDequantSplitK, GemvKernel::kMmaRing}) {
+        q.kernel = v;
+        EXPECT_FALSE(cuda::launch_quant_gemv(q, stream()).is_ok())
+            << name << " kernel " << static_cast<int>(v);
       }
-      EXPECT_EQ(prefill_dequant(c.f, dwp.ptr(), ds.ptr(), c.n, c.k, 1),
-                prefill_dequant(c.f, dw.ptr(), ds.ptr(), c.n, c.k, 0))
+      EXPECT_EQ(prefill_dequant(c.f, dwp.ptr(), ds.ptr(), c.n, c.k, WeightLayout::kMmaRows16),
+                prefill_dequant(c.f, dw.ptr(), ds.ptr(), c.n, c.k, WeightLayout::kRowMajor))
           << name << ": packed prefill dequantisation";
     }
   }
@@ -244,22 +220,21 @@ TEST_P(QuantGemvMma, DenseMatchesCpuOnDequantisedWeights) {
                                                nvfp4_mma::Tiling::kRows16))
       << name << ": GPU repack differs from the host reference";
   p.w = dwp.ptr();
-  p.w_layout = 1;
+  p.w_layout = WeightLayout::kMmaRows16;
   p.epilogue.y = y.ptr();
   p.epilogue.accumulate = false;
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto yp = y.host();
-  expect_close(yp, want, bound, name + " v5 mma layout");
+  expect_close(yp, want, bound, name + " ring mma layout");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), yp) << name << ": mma layout, second launch differs";
-  if (c.m == 1) expect_same_unstaged(p, y, yp, name + " v5 mma layout");
-  p.w_layout = 2;  // the pair tiling goes with SwiGLU only
+  p.w_layout = WeightLayout::kMmaSwigluPairs;  // the pair tiling goes with SwiGLU only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  p.w_layout = 1;
-  p.variant = 3;  // the other variants read row-major weights only
+  p.w_layout = WeightLayout::kMmaRows16;
+  p.kernel = GemvKernel::kDequantSplitK;  // the other kernels read row-major weights only
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
-  EXPECT_EQ(prefill_dequant(c.f, dwp.ptr(), ds.ptr(), c.n, c.k, 1),
-            prefill_dequant(c.f, dw.ptr(), ds.ptr(), c.n, c.k, 0))
+  EXPECT_EQ(prefill_dequant(c.f, dwp.ptr(), ds.ptr(), c.n, c.k, WeightLayout::kMmaRows16),
+            prefill_dequant(c.f, dw.ptr(), ds.ptr(), c.n, c.k, WeightLayout::kRowMajor))
       << name << ": packed prefill dequantisation";
 }
 
@@ -302,7 +277,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
                 hidden = 2048;
   const int64_t rows = tokens * top_k;
   const std::string name = std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") +
-                           " v5 grouped T" +
+                           " ring grouped T" +
                            std::to_string(tokens) + " E" + std::to_string(experts) +
                            (packed ? " mma layout" : "");
   const ExpertSet ex = make_experts(f, experts, inter, hidden, 300, 400);
@@ -328,7 +303,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   auto use_packed = [&](cuda::QuantGemvParams& q, bool up) {
     if (!packed) return;
     q.w = up ? up_p.ptr() : down_p.ptr();
-    q.w_layout = up ? 2 : 1;
+    q.w_layout = up ? WeightLayout::kMmaSwigluPairs : WeightLayout::kMmaRows16;
   };
 
   cuda::QuantGemvParams p = grouped_params(f, dev, route, true, inter, hidden);
@@ -336,15 +311,13 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   p.xh = x16.xh.ptr();
   p.x_inv_scale = x16.inv.ptr();
   p.x_row_div = top_k;
-  p.variant = 5;
+  p.kernel = GemvKernel::kMmaRing;
   p.max_group_rows = tokens;
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
   auto act = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act.ptr();
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   const auto act_h = act.host();
-  const bool staged = f == QuantFormat::kNvfp4 && tokens == 1;
-  if (staged) expect_same_unstaged(p, act, act_h, name + " gate|up");
   p.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
   auto act16 = Dev<uint16_t>::poisoned(rows * inter);
   p.epilogue.act = act16.ptr();
@@ -377,7 +350,7 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   use_packed(p, false);
   p.xh = act16.ptr();
   p.x_inv_const = 1.0f / 256.0f;
-  p.variant = 5;
+  p.kernel = GemvKernel::kMmaRing;
   p.max_group_rows = tokens;
   auto y = Dev<float>::poisoned(rows * hidden);
   p.epilogue.y = y.ptr();
@@ -388,7 +361,6 @@ void run_grouped(const Routing& routing, QuantFormat f, bool packed) {
   down_rows_reference(act_got, routing.ids, ex, inter, hidden, bound_factor(inter), &yw, &yb);
   const auto y0 = y.host();
   expect_close(y0, yw, yb, name + " down (f16 activations)");
-  if (staged) expect_same_unstaged(p, y, y0, name + " down");
   ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
   EXPECT_EQ(y.host(), y0) << name << ": second launch differs";
   {
@@ -482,13 +454,13 @@ void run_token_slots(const TokenSlotsCase& c, QuantFormat f, bool packed) {
   cuda::QuantGemvParams up = grouped_params(f, dev, route, true, inter, hidden);
   cuda::QuantGemvParams down = grouped_params(f, dev, route, false, inter, hidden);
   if (packed) {
-    up.w = up_p.ptr(), up.w_layout = 2;
-    down.w = down_p.ptr(), down.w_layout = 1;
+    up.w = up_p.ptr(), up.w_layout = WeightLayout::kMmaSwigluPairs;
+    down.w = down_p.ptr(), down.w_layout = WeightLayout::kMmaRows16;
   }
   up.xh = x16.xh.ptr();
   up.x_inv_scale = x16.inv.ptr();
   up.x_row_div = k;
-  up.variant = down.variant = 5;
+  up.kernel = down.kernel = GemvKernel::kMmaRing;
   up.max_group_rows = down.max_group_rows = 1;
   up.epilogue.kind = cuda::GemvEpilogue::kSwigluF16;
   down.x_inv_const = 1.0f / 256.0f;
@@ -527,7 +499,7 @@ void run_token_slots(const TokenSlotsCase& c, QuantFormat f, bool packed) {
     EXPECT_EQ(y_ref[r * hidden] == y_ref[r * hidden], r < valid)
         << name << ": routed row " << r << " written / empty unlike its slot";
 
-  // Refused: sorted_rows set, more slots than rows, another variant.
+  // Refused: sorted_rows set, more slots than rows, another kernel.
   cuda::QuantGemvParams bad = up;
   auto act = Dev<uint16_t>::poisoned(k * inter);
   bad.epilogue.act = act.ptr();
@@ -538,8 +510,8 @@ void run_token_slots(const TokenSlotsCase& c, QuantFormat f, bool packed) {
   bad.num_slots = k + 1;
   EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": slots > rows";
   bad.num_slots = k;
-  bad.variant = 7;
-  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": variant 7";
+  bad.kernel = GemvKernel::kMmaDirect;
+  EXPECT_FALSE(cuda::launch_quant_gemv(bad, stream()).is_ok()) << name << ": kMmaDirect";
 }
 
 TEST(QuantGemvMmaGrouped, TokenSlotsFromTopk) {
@@ -560,7 +532,7 @@ TEST(QuantGemvMmaGrouped, TokenSlotsFromTopk) {
   }
 }
 
-// Variant 7's fused SwiGLU on a dense MXFP8 gate|up [2·inter, hidden] (the shared expert and
+// kMmaDirect's fused SwiGLU on a dense MXFP8 gate|up [2·inter, hidden] (the shared expert and
 // the dense MLP at batch 1..8): bf16 and f16 x 2^8 outputs against the CPU, each warp's own
 // activation factor (rows of very different magnitudes), rows past N/2 not written.
 TEST(QuantGemvDirect, DenseSwigluMatchesCpu) {
@@ -581,11 +553,11 @@ TEST(QuantGemvDirect, DenseSwigluMatchesCpu) {
     p.num_rows = m;
     p.n = 2 * inter;
     p.k = hidden;
-    p.variant = 7;
+    p.kernel = GemvKernel::kMmaDirect;
     p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
     auto act = Dev<uint16_t>::poisoned(m * inter + 64);
     p.epilogue.act = act.ptr();
-    const std::string name = "mxfp8 v7 swiglu M" + std::to_string(m);
+    const std::string name = "mxfp8 direct swiglu M" + std::to_string(m);
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
     const auto got = act.host();
     std::vector<float> act_got(m * inter), act_want(m * inter);
@@ -615,14 +587,14 @@ TEST(QuantGemvDirect, DenseSwigluMatchesCpu) {
     ASSERT_EQ(dwp.host(), mxfp8_mma::pack_matrix(w.data.data(), 1, 2 * inter, hidden,
                                                  mxfp8_mma::Tiling::kSwigluPairs));
     p.w = dwp.ptr();
-    p.w_layout = 2;
+    p.w_layout = WeightLayout::kMmaSwigluPairs;
     p.epilogue.kind = cuda::GemvEpilogue::kSwigluBf16;
     auto actp = Dev<uint16_t>::poisoned(m * inter);
     p.epilogue.act = actp.ptr();
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
     const auto gotp = actp.host();
     EXPECT_TRUE(std::equal(gotp.begin(), gotp.end(), got.begin())) << name << " mma layout";
-    p.w_layout = 1;
+    p.w_layout = WeightLayout::kMmaRows16;
     EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok()) << name;
   }
 }
@@ -630,7 +602,7 @@ TEST(QuantGemvDirect, DenseSwigluMatchesCpu) {
 // Bad parameters are refused with a message, not launched.
 TEST(QuantGemvMmaArgs, RefusesWhatItCannotRun) {
   cuda::QuantGemvParams p;
-  p.variant = 5;
+  p.kernel = GemvKernel::kMmaRing;
   p.format = QuantFormat::kNvfp4;
   p.num_rows = 1;
   p.n = 16;
@@ -643,7 +615,7 @@ TEST(QuantGemvMmaArgs, RefusesWhatItCannotRun) {
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
   p.format = QuantFormat::kMxfp8;
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());  // xh is null
-  p.variant = 7;  // x is null
+  p.kernel = GemvKernel::kMmaDirect;  // x is null
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());
   p.format = QuantFormat::kNvfp4;
   EXPECT_FALSE(cuda::launch_quant_gemv(p, stream()).is_ok());  // MXFP8 only

@@ -1,5 +1,5 @@
-// The split-K GEMV kernels on the CUDA cores (variant 3 for MXFP8 and NVFP4 weights, variant 2
-// for BF16; bf16 activations) against the CPU backend's float32 linear on the
+// The split-K GEMV kernels on the CUDA cores (kDequantSplitK for MXFP8 and NVFP4 weights,
+// kBf16SplitK for BF16; bf16 activations) against the CPU backend's float32 linear on the
 // reference-dequantised weights (src/quant), dense and grouped by expert, with both epilogues, at
 // the real MiniMax-M3.1-Flash shapes and at odd ones.
 //
@@ -29,7 +29,7 @@ class QuantGemvDense : public ::testing::TestWithParam<DenseCase> {};
 
 // One dense problem on the device: weights (seed_w), bf16 activations (seed_x), the CPU result
 // and Σ|x||w|, the bound (see the top of the file; any summation order of the K products stays
-// within gamma_{K+2}), the GEMV parameters (variant 2 for BF16, 3 otherwise; the partial buffer
+// within gamma_{K+2}), the GEMV parameters (the split-K kernel of the format; the partial buffer
 // sized for its slice count) and the store epilogue into y (poisoned).
 struct Dense {
   QMatrix w;
@@ -71,7 +71,8 @@ struct Dense {
     p.n = c.n;
     p.k = c.k;
     p.partial = partial.ptr();
-    p.variant = c.f == QuantFormat::kBf16 ? 2 : 3;
+    p.kernel = c.f == QuantFormat::kBf16 ? cuda::GemvKernel::kBf16SplitK
+                                         : cuda::GemvKernel::kDequantSplitK;
     e.partial = partial.ptr();
     e.num_slices = slices;
     e.num_rows = c.m;
@@ -87,7 +88,7 @@ void launch(const cuda::QuantGemvParams& p, const cuda::GemvEpilogueParams& e) {
   ASSERT_TRUE(cuda::launch_quant_gemv_epilogue(e, stream()).is_ok());
 }
 
-// Activation rows up to 8 (several shared-memory passes of variant 3 where rows exceed its
+// Activation rows up to 8 (several shared-memory passes of kDequantSplitK where rows exceed its
 // capacity), K tails inside a chunk and a slice, odd N.
 TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
   const DenseCase c = GetParam();
@@ -98,7 +99,7 @@ TEST_P(QuantGemvDense, MatchesCpuOnDequantisedWeights) {
                std::string(c.f == QuantFormat::kMxfp8   ? "mxfp8"
                            : c.f == QuantFormat::kNvfp4 ? "nvfp4"
                                                         : "bf16") +
-                   " gemv v" + std::to_string(d.p.variant) + " M" + std::to_string(c.m) + " N" +
+                   " gemv split-K M" + std::to_string(c.m) + " N" +
                    std::to_string(c.n) + " K" + std::to_string(c.k));
 }
 
@@ -125,8 +126,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Grouped by expert: tokens × top_k routed rows, each through its expert; SwiGLU epilogue on the
 // gate|up product, then the down product with float32 output.
 // Routings: distinct experts per token (expert 6 idle), and one where expert 3 takes every
-// token (12 rows: more than variant 3 holds in shared memory, so it takes several passes).
-// Variant 3 (MXFP8 and NVFP4).
+// token (12 rows: more than kDequantSplitK holds in shared memory, so it takes several passes).
+// kDequantSplitK (MXFP8 and NVFP4).
 struct Routing {
   int64_t tokens;
   std::vector<int32_t> ids;  // [tokens * 3]
@@ -142,7 +143,7 @@ std::vector<Routing> routings() {
 }
 
 std::string fmt_name(QuantFormat f, int64_t tokens) {
-  return std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " v3 T" +
+  return std::string(f == QuantFormat::kMxfp8 ? "mxfp8" : "nvfp4") + " split-K T" +
          std::to_string(tokens);
 }
 
@@ -180,7 +181,7 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     p.x = dx.ptr();
     p.x_row_div = top_k;
     p.partial = part_up.ptr();
-    p.variant = 3;
+    p.kernel = cuda::GemvKernel::kDequantSplitK;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
     auto act = Dev<uint16_t>::poisoned(rows * inter);
     cuda::GemvEpilogueParams e;
@@ -210,7 +211,7 @@ TEST(QuantGemvGrouped, ExpertsWithSwigluEpilogue) {
     p = grouped_params(f, dev, route, false, inter, hidden);
     p.x = act.ptr();
     p.partial = part_dn.ptr();
-    p.variant = 3;
+    p.kernel = cuda::GemvKernel::kDequantSplitK;
     ASSERT_TRUE(cuda::launch_quant_gemv(p, stream()).is_ok());
     auto y = Dev<float>::poisoned(rows * hidden);
     e = {};

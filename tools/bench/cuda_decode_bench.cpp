@@ -5,9 +5,10 @@
 // HBM roofline (and of the measured device-to-device copy rate). Weights and caches rotate over
 // several copies or routings so that the 60 MB L2 cannot serve repeated launches.
 //
-// Usage: cuda_decode_bench [results.tsv] [variant=3]
-//   prints a table (writes TSV rows when a path is given); `variant` (3, 5 or 7) is the MXFP8 GEMV
-//   variant of the main rows and of the composed estimate (the others get comparison rows).
+// Usage: cuda_decode_bench [results.tsv|-] [kernel=split-k]
+//   prints a table (writes TSV rows when a path is given); `kernel` (split-k, ring or direct: the
+//   GemvKernels kDequantSplitK, kMmaRing, kMmaDirect) runs the MXFP8 main rows and the composed
+//   estimate (the others get comparison rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -159,20 +160,36 @@ void free_dense(DenseWeights& d) {
   cudaFree(d.g);
 }
 
-// Dense GEMV + f32 epilogue at M rows; `variant` 2 (BF16), 3, 5 or 7 (MXFP8 / NVFP4).
+// The rows' kernel and storage: the GEMV kernels, kMmaDirect also on the mma layout (random
+// bytes either way: the layout only changes the order in which they are read), there also with
+// the f16 row at one row (as q|k|v reads the norm's output).
+enum class Arm { kSplitK, kRing, kDirect, kDirectLayout, kDirectLayoutF16 };
+const char* arm_name(Arm a) {
+  switch (a) {
+    case Arm::kSplitK: return "split-k";
+    case Arm::kRing: return "ring";
+    case Arm::kDirect: return "direct";
+    case Arm::kDirectLayout: return "direct-layout";
+    case Arm::kDirectLayoutF16: return "direct-layout-f16";
+  }
+  return "?";
+}
+bool is_direct(Arm a) { return a == Arm::kDirect || a == Arm::kDirectLayout || a == Arm::kDirectLayoutF16; }
+
+// Dense GEMV + f32 epilogue at M rows (BF16: kBf16SplitK; MXFP8 / NVFP4: the arm's kernel).
 Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, int64_t m,
-                 int variant) {
+                 Arm arm) {
   DenseWeights d = make_dense(f, n, k);
   uint16_t* x = static_cast<uint16_t*>(dalloc(2 * m * k));
   CHECK_OK(fill_dummy(x, m * k, DummyKind::kBf16Normal, 5, 1.0f, st()));
-  // Variants 8 and 9 (bench labels) = variant 7 reading the weights in the mma layout (random
-  // bytes either way: the layout only changes the order in which they are read); 9 with the f16
-  // rows also at one row (as qkv reads the norm's output).
-  const int kernel_variant = variant >= 8 ? 7 : variant;
+  const GemvKernel kernel = f == QuantFormat::kBf16 ? GemvKernel::kBf16SplitK
+                            : arm == Arm::kSplitK   ? GemvKernel::kDequantSplitK
+                            : arm == Arm::kRing     ? GemvKernel::kMmaRing
+                                                    : GemvKernel::kMmaDirect;
   const int64_t slices = quant_gemv_num_slices(f, k);
   float* partial = static_cast<float*>(dalloc(4 * slices * m * n));
   float* y = static_cast<float*>(dalloc(4 * m * n));
-  // Variant 5 reads f16 activations (x_f16.h), prepared once here.
+  // The tensor-core kernels read f16 activations (x_f16.h), prepared once here.
   uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * m * k));
   float* xinv = static_cast<float*>(dalloc(4 * m));
   CHECK_OK(launch_x_to_f16({x, k, m, k, xh, k, xinv}, st()));
@@ -196,7 +213,7 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     p.n = n;
     p.k = k;
     p.partial = partial;
-    p.variant = kernel_variant;
+    p.kernel = kernel;
     GemvEpilogueParams e;
     e.partial = partial;
     e.num_slices = slices;
@@ -204,20 +221,23 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
     e.n = n;
     e.y = y;
     e.ldy = n;
-    const bool tc = variant == 5;  // f16 activations, epilogue fused
-    if (tc) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
-    // Variant 7: the f16 rows (as the norms write them) from 2 rows, the bf16 row at one.
-    if (kernel_variant == 7)
-      p.epilogue = e, p.xh = m > 1 || variant == 9 ? xh : nullptr, p.x_inv_scale = xinv;
-    if (variant >= 8) p.w_layout = 1;
+    const bool ring = kernel == GemvKernel::kMmaRing;  // f16 activations, epilogue fused
+    if (ring) p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
+    // kMmaDirect: the f16 rows (as the norms write them) from 2 rows, the bf16 row at one.
+    if (kernel == GemvKernel::kMmaDirect)
+      p.epilogue = e, p.xh = m > 1 || arm == Arm::kDirectLayoutF16 ? xh : nullptr,
+      p.x_inv_scale = xinv;
+    if (arm == Arm::kDirectLayout || arm == Arm::kDirectLayoutF16)
+      p.w_layout = WeightLayout::kMmaRows16;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!tc && kernel_variant != 7) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!ring && kernel != GemvKernel::kMmaDirect) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   });
   cudaFree(xh);
   cudaFree(xinv);
   const double bytes = double(d.bytes_one()) + 2.0 * m * k + 4.0 * m * n;
-  report(name + " M=" + std::to_string(m) + " v" + std::to_string(variant), ms, bytes,
-         2.0 * m * n * k);
+  report(name + " M=" + std::to_string(m) + " " +
+             (f == QuantFormat::kBf16 ? "split-k" : arm_name(arm)),
+         ms, bytes, 2.0 * m * n * k);
   cudaFree(x);
   cudaFree(partial);
   cudaFree(y);
@@ -226,10 +246,10 @@ Meas bench_dense(const std::string& name, QuantFormat f, int64_t n, int64_t k, i
 }
 
 // Routed experts of one MoE layer for T tokens (top-4 of 128): grouping, gate|up with SwiGLU
-// epilogue, down with f32 epilogue, on GEMV variant 3 or 5. 8 random routings rotate between
-// launches. `packed`: the NVFP4 weights repacked into the mma layout (quant/nvfp4_mma_layout.h;
-// variant 5 only).
-Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
+// epilogue, down with f32 epilogue, on kDequantSplitK or kMmaRing (`ring`). 8 random routings
+// rotate between launches. `packed`: the NVFP4 weights repacked into the mma layout
+// (quant/nvfp4_mma_layout.h; kMmaRing only).
+Meas bench_moe(int64_t tokens, bool ring, bool packed = false) {
   const int64_t E = 128, K4 = 4, H = 6144, I = 3072, rows = tokens * K4;
   // Experts back to back: up [E, 2I, H], down [E, H, I] (packed + scales + globals).
   auto alloc_fill = [&](int64_t bytes, DummyKind kind, uint64_t seed) {
@@ -277,11 +297,11 @@ Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
   float* pd = static_cast<float*>(dalloc(4 * sd * rows * H));
   uint16_t* act = static_cast<uint16_t*>(dalloc(2 * rows * I));
   float* y = static_cast<float*>(dalloc(4 * rows * H));
-  uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * tokens * H));  // variant 5: f16 activations
+  uint16_t* xh = static_cast<uint16_t*>(dalloc(2 * tokens * H));  // kMmaRing: f16 activations
   float* xinv = static_cast<float*>(dalloc(4 * tokens));
   CHECK_OK(launch_x_to_f16({x, H, tokens, H, xh, H, xinv}, st()));
   // f16 activations, epilogue fused
-  const bool v5 = variant == 5;
+  const bool tc = ring;
   // M3_BENCH_MOE_PART=up / down: time only that product (with the grouping), for A/Bs.
   const char* part_env = std::getenv("M3_BENCH_MOE_PART");
   const std::string part = part_env ? part_env : "";
@@ -305,8 +325,8 @@ Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
     p.n = 2 * I;
     p.k = H;
     p.partial = pu;
-    p.variant = variant;
-    p.w_layout = packed ? 2 : 0;
+    p.kernel = ring ? GemvKernel::kMmaRing : GemvKernel::kDequantSplitK;
+    p.w_layout = packed ? WeightLayout::kMmaSwigluPairs : WeightLayout::kRowMajor;
     GemvEpilogueParams e;
     e.kind = GemvEpilogue::kSwigluBf16;
     e.partial = pu;
@@ -314,12 +334,12 @@ Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
     e.num_rows = rows;
     e.n = 2 * I;
     e.act = act;
-    if (v5) {
+    if (tc) {
       p.xh = xh, p.x_inv_scale = xinv, p.epilogue = e;
       p.epilogue.kind = GemvEpilogue::kSwigluF16;
     }
     if (part != "down") CHECK_OK(launch_quant_gemv(p, st()));
-    if (part != "down" && !v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (part != "down" && !tc) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
     if (part == "up") return;
     p.x = act;
     p.xh = act, p.x_inv_scale = nullptr, p.x_inv_const = 1.0f / 256;
@@ -327,7 +347,7 @@ Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
     p.x_row_div = 1;
     p.w = dw;
     p.w_scale = ds;
-    p.w_layout = packed ? 1 : 0;
+    p.w_layout = packed ? WeightLayout::kMmaRows16 : WeightLayout::kRowMajor;
     p.n = H;
     p.k = I;
     p.partial = pd;
@@ -338,15 +358,15 @@ Meas bench_moe(int64_t tokens, int variant, bool packed = false) {
     e.n = H;
     e.y = y;
     e.ldy = H;
-    if (v5) p.epilogue = e;
+    if (tc) p.epilogue = e;
     CHECK_OK(launch_quant_gemv(p, st()));
-    if (!v5) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
+    if (!tc) CHECK_OK(launch_quant_gemv_epilogue(e, st()));
   }, 10, 7);
   const double expert_bytes = 3.0 * H * I * (0.5 + 1.0 / 16);
   const double bytes = unique * expert_bytes + 2.0 * tokens * H + 4.0 * rows * H;
   char name[112];
   std::snprintf(name, sizeof name, "moe nvfp4 experts T=%lld (%.1f experts)%s%s", (long long)tokens,
-                unique, (" v" + std::to_string(variant)).c_str(),
+                unique, ring ? " ring" : " split-k",
                 packed ? " mma layout" : "");
   report(name, ms, bytes, 2.0 * rows * 3 * H * I);
   for (void* p : std::vector<void*>{uw, us, dw, ds, gl, x, offs, sorted, active, pu, pd, act, y,
@@ -575,9 +595,14 @@ void bench_router_graph(int64_t rows) {
 
 int main(int argc, char** argv) {
   if (argc > 1) g_tsv = std::fopen(argv[1], "w");
-  const int main_variant = argc > 2 ? std::atoi(argv[2]) : 3;
-  if (main_variant != 3 && main_variant != 5 && main_variant != 7) {
-    std::fprintf(stderr, "variant must be 3, 5 or 7\n");
+  const std::string main_name = argc > 2 ? argv[2] : "split-k";
+  Arm main_arm = Arm::kSplitK;
+  if (main_name == "ring") {
+    main_arm = Arm::kRing;
+  } else if (main_name == "direct") {
+    main_arm = Arm::kDirect;
+  } else if (main_name != "split-k") {
+    std::fprintf(stderr, "kernel must be split-k, ring or direct\n");
     return 2;
   }
   cudaDeviceProp prop{};
@@ -613,38 +638,40 @@ int main(int argc, char** argv) {
   }
   bench_copy();
   bench_read_floor();
-  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of variants 3, 5 and 7 (quick A/B); =2: only
-  // the NVFP4 experts on variant 5 in the mma layout at 1, 2, 8, 32 and 128 tokens.
+  // M3_BENCH_STREAM_ONLY=1: only the batch-1..8 rows of the three kernels (quick A/B); =2: only
+  // the NVFP4 experts on kMmaRing in the mma layout at 1, 2, 8, 32 and 128 tokens.
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '2') {
     for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{32}, int64_t{128}})
-      bench_moe(b, 5, true);
+      bench_moe(b, true, true);
     if (g_tsv) std::fclose(g_tsv);
     return 0;
   }
-  // =3: the MXFP8 matrices at one row on variants 3, 5, 7 and 7 on the mma layout ("v8"; "v9"
-  // with the f16 row), and at 8 and 32 rows on variants 5 and 7 on the mma layout.
+  // =3: the MXFP8 matrices at one row on every arm, and at 8 and 32 rows on kMmaRing and
+  // kMmaDirect on the mma layout.
   if (const char* only = std::getenv("M3_BENCH_STREAM_ONLY"); only && *only == '3') {
     const struct { const char* name; int64_t n, k; } shapes[] = {
         {"mxfp8 qkv+indexer [9856x6144]", 9856, 6144}, {"mxfp8 o_proj [6144x8192]", 6144, 8192},
         {"mxfp8 shared gate|up [6144x6144]", 6144, 6144},
         {"mxfp8 shared down [6144x3072]", 6144, 3072},
         {"mxfp8 dense gate|up [24576x6144]", 24576, 6144}};
-    // M3_BENCH_SHAPE=text / M3_BENCH_VARIANT=v: only the one-row rows of shapes whose name
-    // contains the text, on that variant (one kernel to profile).
+    // M3_BENCH_SHAPE=text / M3_BENCH_ARM=name: only the one-row rows of shapes whose name
+    // contains the text, on that arm (one kernel to profile).
     const char* shape_only = std::getenv("M3_BENCH_SHAPE");
-    const char* variant_only = std::getenv("M3_BENCH_VARIANT");
+    const char* arm_only = std::getenv("M3_BENCH_ARM");
     for (const auto& sh : shapes)
-      for (int v : {3, 5, 7, 8, 9})
+      for (Arm a : {Arm::kSplitK, Arm::kRing, Arm::kDirect, Arm::kDirectLayout,
+                    Arm::kDirectLayoutF16})
         if ((!shape_only || std::strstr(sh.name, shape_only)) &&
-            (!variant_only || std::atoi(variant_only) == v))
-          bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, 1, v);
-    if (shape_only || variant_only) {
+            (!arm_only || std::string(arm_only) == arm_name(a)))
+          bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, 1, a);
+    if (shape_only || arm_only) {
       if (g_tsv) std::fclose(g_tsv);
       return 0;
     }
     for (int64_t m : {int64_t{8}, int64_t{32}})
       for (const auto& sh : shapes)
-        for (int v : {5, 8}) bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
+        for (Arm a : {Arm::kRing, Arm::kDirectLayout})
+          bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, a);
     if (g_tsv) std::fclose(g_tsv);
     return 0;
   }
@@ -655,8 +682,9 @@ int main(int argc, char** argv) {
         {"mxfp8 shared down [6144x3072]", 6144, 3072}};
     for (const auto& sh : shapes)
       for (int64_t m : {int64_t{1}, int64_t{8}})
-        for (int v : {3, 5, 7}) bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, v);
-    for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}}) bench_moe(b, 5, true);
+        for (Arm a : {Arm::kSplitK, Arm::kRing, Arm::kDirect})
+          bench_dense(sh.name, QuantFormat::kMxfp8, sh.n, sh.k, m, a);
+    for (int64_t b : {int64_t{1}, int64_t{2}, int64_t{8}}) bench_moe(b, true, true);
     if (g_tsv) std::fclose(g_tsv);
     return 0;
   }
@@ -675,47 +703,48 @@ int main(int argc, char** argv) {
                      {"mxfp8 dense down [6144x12288]", 6144, 12288}};
   std::vector<std::vector<Meas>> dense_ms(6);
   const int64_t batches[] = {1, 8, 32, 128};
-  std::printf("(main rows: GEMV variant %d)\n", main_variant);
+  std::printf("(main rows: %s)\n", arm_name(main_arm));
   for (int i = 0; i < 6; ++i)
     for (int64_t m : {int64_t{1}, int64_t{8}})
       dense_ms[i].push_back(bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n,
-                                        dense[i].k, m, main_variant));
+                                        dense[i].k, m, main_arm));
   std::vector<Meas> lm_head;
   for (int64_t m : {int64_t{1}, int64_t{8}})
-    lm_head.push_back(
-        bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144, m, 2));
-  // The experts: variant 3 or 5 (variant 7 reads one matrix, not experts).
-  const int moe_variant = main_variant == 7 ? 5 : main_variant;
+    lm_head.push_back(bench_dense("bf16 lm_head [200064x6144]", QuantFormat::kBf16, 200064, 6144,
+                                  m, Arm::kSplitK));
+  // The experts: kDequantSplitK or kMmaRing (kMmaDirect reads one matrix, not experts).
+  const bool moe_ring = main_arm != Arm::kSplitK;
   std::vector<Meas> moe_ms;
-  for (int64_t b : batches) moe_ms.push_back(bench_moe(b, moe_variant));
-  // Variant 3 (activations in shared memory, loads + scales in flight, 64 registers) beside the
-  // main rows when they are another variant.
-  if (main_variant != 3) {
+  for (int64_t b : batches) moe_ms.push_back(bench_moe(b, moe_ring));
+  // kDequantSplitK (activations in shared memory, loads + scales in flight, 64 registers) beside
+  // the main rows when they are another kernel.
+  if (main_arm != Arm::kSplitK) {
     for (int i : {0, 1, 2, 3, 4, 5})
       for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}})
-        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 3);
-    for (int64_t b : batches) bench_moe(b, 3);
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, Arm::kSplitK);
+    for (int64_t b : batches) bench_moe(b, false);
   }
-  // Variant 5 (tensor cores, fused epilogue) beside the main rows when they are another variant.
-  if (main_variant != 5) {
+  // kMmaRing (tensor cores, fused epilogue) beside the main rows when they are another kernel.
+  if (main_arm != Arm::kRing) {
     for (int i : {0, 1, 2, 3, 4, 5})
       for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{32}})
-        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
-    if (moe_variant != 5)
-      for (int64_t b : batches) bench_moe(b, 5);
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, Arm::kRing);
+    if (!moe_ring)
+      for (int64_t b : batches) bench_moe(b, true);
   } else {
     for (int i : {0, 1, 2, 3})
       for (int64_t m : {int64_t{2}, int64_t{32}})
-        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 5);
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, Arm::kRing);
   }
-  // Variant 5 on NVFP4 experts in the mma layout (what the model runs from 9 tokens).
-  for (int64_t b : batches) bench_moe(b, 5, true);
-  // Variant 7 on the mma layout (what the model runs for every MXFP8 matrix; "v8": the bf16 row
-  // at one row, f16 rows from two).
-  if (main_variant != 7)
+  // kMmaRing on NVFP4 experts in the mma layout (what the model runs at every batch).
+  for (int64_t b : batches) bench_moe(b, true, true);
+  // kMmaDirect on the mma layout (what the model runs for every MXFP8 matrix: the bf16 row at one
+  // row, f16 rows from two).
+  if (!is_direct(main_arm))
     for (int i : {0, 1, 2, 3, 4, 5})
       for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{32}})
-        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m, 8);
+        bench_dense(dense[i].name, QuantFormat::kMxfp8, dense[i].n, dense[i].k, m,
+                    Arm::kDirectLayout);
   for (int64_t b : batches) bench_sampling(b, false);
   bench_sampling(1, true);
   bench_sampling(128, true);

@@ -121,7 +121,7 @@ void gemv(const QuantMatrix& m, const uint16_t* x, int64_t ldx, int64_t rows, fl
   p.n = m.n;
   p.k = m.k;
   p.partial = partial;
-  p.variant = m.f == QuantFormat::kBf16 ? 2 : 3;
+  p.kernel = m.f == QuantFormat::kBf16 ? GemvKernel::kBf16SplitK : GemvKernel::kDequantSplitK;
   e.partial = partial;
   e.num_slices = quant_gemv_num_slices(m.f, m.k);
   e.num_rows = rows;

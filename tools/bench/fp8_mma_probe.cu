@@ -11,7 +11,7 @@
 // 2. Issue cost. The consumer loop of one warp on weights already in shared memory (no HBM, no
 //    L2: what the SM can issue), per 256 NVFP4 weights (one 16 x 16 block, 144 bytes with its
 //    scales):
-//      f16:  variant 5's packed step (quant_gemv_mma.cuh): a word -> four f16x2 fragments by
+//      f16:  the tensor-core GEMV's packed step (gemv_mma.cuh): a word -> four f16x2 fragments by
 //            bit placement, four HMUL2 by the block scale, one mma.m16n8k16 f16 (the scales
 //            arrive as f16x2 words: variant 5 converts them from E4M3 once per 8 k-steps);
 //      fp8:  two words -> four E4M3 registers by bit placement, one mma.m16n8k32 e4m3 (two
@@ -33,7 +33,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/gemm/quant_gemv_mma.cuh"
+#include "backend/cuda/gemm/gemv_mma.cuh"
 #include "core/dtype.h"
 #include "cuda_bench_util.h"
 #include "quant/nvfp4_mma_layout.h"

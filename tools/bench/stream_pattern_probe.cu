@@ -1,7 +1,7 @@
 // Does the order in which a batch-1 expert GEMV's warps walk their weights limit its HBM rate?
 // (The answer: docs/design/decode-kernels.md, "Measured facts the design rests on".)
 //
-// Variant 5 (gemm/quant_gemv_mma.cuh) at one token runs one wave of 1536 CTAs x 2 warps over the
+// The tensor-core ring GEMV (gemm/gemv_mma.cuh, kMmaRing) at one token runs one wave of 1536 CTAs x 2 warps over the
 // four routed experts' gate|up; each warp streams its own contiguous ~24 KB (half of one tile in
 // the mma layout) in 2-KB stages through a 2-slot cp.async ring (one stage in flight while one is
 // computed). It reaches ~2 TB/s, a plain grid-stride read of the same bytes ~3.5+, and neither
@@ -31,7 +31,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/gemm/gemv_common.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "cuda_bench_util.h"
 #include "read_probe.h"

@@ -15,10 +15,11 @@
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/attention/sparse_prefill.h"
 #include "backend/cuda/f32_ops.h"
-#include "backend/cuda/gemm/quant_gemv.h"
-#include "backend/cuda/gemm/x_f16.h"
+#include "backend/cuda/gemm/gemv_plan.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
 #include "backend/cuda/gemm/nvfp4_repack.h"
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/moe/moe_route.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
@@ -37,31 +38,20 @@ namespace {
 
 using cuda::GemvEpilogue;
 using cuda::GemvEpilogueParams;
+using cuda::GemvKernel;
 using cuda::QuantFormat;
+using cuda::WeightLayout;
 
 constexpr int64_t kPage = 128;
 // Decode attention may split a selected block's keys over up to this many CTAs (sparse_decode.h:
 // small batches); the partial buffers are sized for it.
 constexpr int64_t kKeySplits = 4;
 
-// GEMV variant per storage format where the tensor-core variant 5 is not used: 3 (activations
-// in shared memory, several 16-byte loads in flight per lane; 1.3-1.8x variant 0 at batch 1 on
-// the H200) for MXFP8 and NVFP4, 2 for BF16 (lm_head at batch 1: 579 us, 88%
-// of HBM, against 621 us for variant 0). The fit check guarantees K % 1024.
-int gemv_variant(QuantFormat f) { return f == QuantFormat::kBf16 ? 2 : 3; }
-
-// Variant 5 (tensor cores) for a quantised [n, k] matrix at `rows` activation rows, except the
-// large MXFP8 matrices at one row, where variant 3 is faster (H200, batch 1: qkv [9856 x 6144]
-// 22.5 against 24.7 us, o_proj [6144 x 8192] 20.6 against 22.3, dense gate|up 47 against 59;
-// but the shared expert's gate|up [6144 x 6144] 17.7 against 18.1 with its epilogue launch and
-// down [6144 x 3072] 11.0 against 12.8; NVFP4 experts and every
-// batch >= 2 are faster on variant 5). Variant 5's small CTAs also share the SMs better with
-// the routed experts beside it.
-bool use_tensor_core_gemv(QuantFormat f, int64_t rows, int64_t n, int64_t k) {
-  constexpr int64_t kLargeAtOneRow = int64_t{44} << 20;  // elements: between 37.7M and 50.3M
-  return f == QuantFormat::kNvfp4 ||
-         (f == QuantFormat::kMxfp8 && (rows >= 2 || n * k < kLargeAtOneRow));
-}
+static_assert(static_cast<int>(cuda::WeightLayout::kMmaRows16) ==
+                  static_cast<int>(nvfp4_mma::Tiling::kRows16) &&
+              static_cast<int>(cuda::WeightLayout::kMmaSwigluPairs) ==
+                  static_cast<int>(nvfp4_mma::Tiling::kSwigluPairs),
+              "a repacked matrix records its tiling as its WeightLayout");
 
 int64_t next_pow2(int64_t x) {
   int64_t p = 1;
@@ -80,8 +70,8 @@ struct Bufs {
   int32_t *ids = nullptr, *positions = nullptr, *tables = nullptr, *topk_ids = nullptr,
           *offs = nullptr, *sorted = nullptr, *active = nullptr, *selected = nullptr,
           *rows = nullptr;
-  // Variant-5 GEMV inputs (f16 x a power of two per row, gemm/x_f16.h): the normed hidden
-  // states and the attention output with their inverse factors; SwiGLU activations x 2^8.
+  // The tensor-core GEMVs' inputs (f16 x a power of two per row, gemm/x_f16.h): the normed
+  // hidden states and the attention output with their inverse factors; SwiGLU activations x 2^8.
   uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
   float *h_inv = nullptr, *attn_inv = nullptr;
   uint32_t* route_counter = nullptr;  // launch_moe_route's arrival counter (zero between launches)
@@ -117,7 +107,7 @@ class StepScratch {
   std::vector<void*> ptrs_;
 };
 
-// A GEMV input: bf16 rows (variants 0-3) and, for variant 5, the same rows as f16 with their
+// A GEMV input: bf16 rows and, for the tensor-core kernels, the same rows as f16 with their
 // inverse per-row factors (or one constant factor).
 struct GemvIn {
   const uint16_t* bf16 = nullptr;
@@ -205,20 +195,24 @@ struct CudaM3Model::Impl {
 
   // ---- Kernel helpers (every launch's Status is checked).
 
-  // Whether the decode GEMV of m at `rows` rows takes a tensor-core variant (5 or 7), given its
-  // input's f16 form.
-  bool tensor_core(const DevMatrix& m, int64_t rows) const {
-    if (direct(m)) return true;  // only variant 7 reads this layout
-    return use_tensor_core_gemv(m.format, rows, m.n, m.k);
+  // Whether the decode GEMV of m at `rows` rows runs on the tensor cores (given its input's f16
+  // form, which its producer then writes; gemv_plan.h).
+  static bool tensor_core(const DevMatrix& m, int64_t rows) {
+    return cuda::decode_gemv_on_tensor_cores(m.format, m.layout, rows, m.n, m.k);
   }
 
-  // An MXFP8 matrix in the mma layout (repack_mxfp8): its decode GEMVs run variant 7, which
+  // An MXFP8 matrix in the mma layout (repack_mxfp8): its decode GEMVs run kMmaDirect, which
   // reads the f16 input where there is one and converts the bf16 rows itself (up to 8) otherwise.
   static bool direct(const DevMatrix& m) {
-    return m.format == QuantFormat::kMxfp8 && m.layout != 0;
+    return m.format == QuantFormat::kMxfp8 && m.layout != WeightLayout::kRowMajor;
   }
 
-  // The launch parameters every decode GEMV of m on the input shares (ungrouped, variant 3/2).
+  // The split-K kernel of m's format (the decode GEMVs that run neither tensor-core kernel).
+  static GemvKernel split_k_kernel(const DevMatrix& m) {
+    return m.format == QuantFormat::kBf16 ? GemvKernel::kBf16SplitK : GemvKernel::kDequantSplitK;
+  }
+
+  // The launch parameters every decode GEMV of m on the input shares (ungrouped, split-K).
   cuda::QuantGemvParams gemv_params(const DevMatrix& m, const GemvIn& in, int64_t rows,
                                     const Bufs& b) const {
     cuda::QuantGemvParams p;
@@ -237,7 +231,7 @@ struct CudaM3Model::Impl {
     p.n = m.n;
     p.k = m.k;
     p.partial = b.partial;
-    p.variant = gemv_variant(m.format);
+    p.kernel = split_k_kernel(m);
     return p;
   }
 
@@ -249,8 +243,8 @@ struct CudaM3Model::Impl {
     p->num_slots = std::min<int64_t>(p->num_groups, p->num_rows);
   }
 
-  // The decode GEMV of m on the input: variant 5 where tensor_core(m, rows) and the input has its
-  // f16 form (epilogue fused, no scratch), else variant 3/2 + the split-K epilogue on the bf16.
+  // The decode GEMV of m on the input, on the kernel gemv_plan.h chooses: the tensor-core ones
+  // with their epilogue fused (no scratch), else the split-K kernel + the epilogue launch.
   Status gemv(const DevMatrix& m, const GemvIn& in, int64_t rows, GemvEpilogueParams e,
               const Bufs& b, bool grouped = false, int64_t x_row_div = 1,
               cudaStream_t on = nullptr, bool weights_first = false,
@@ -259,39 +253,38 @@ struct CudaM3Model::Impl {
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
     p.x_row_div = x_row_div;
     if (grouped) group_by_routing(&p, b);
-    if (token_slots) {  // one token: slot s = its s-th expert (variant 5 only: checked)
+    if (token_slots) {  // one token: slot s = its s-th expert (kMmaRing only: checked)
       p.token_topk_ids = b.topk_ids;
       p.sorted_rows = nullptr;
     }
-    if (direct(m)) {
-      p.variant = 7;
+    p.kernel = cuda::choose_decode_gemv(m.format, m.layout, rows, m.n, m.k, in.f16 != nullptr);
+    if (p.kernel == GemvKernel::kMmaDirect) {
       p.epilogue = e;
       // Programmatic launch on the main stream: the first weight stages stream under the
       // previous kernel's tail (the side stream's first kernel follows an event: plain).
       p.pdl = on == st();
       return cuda::launch_quant_gemv(p, on);
     }
-    if (in.f16 != nullptr && tensor_core(m, rows)) {
+    if (p.kernel == GemvKernel::kMmaRing) {
       p.epilogue = e;
       // Rows per group (grouped = the routed experts, `rows` = tokens x top_k; an expert gets at
-      // most one row per token): at one, variant 5 stages the activations with its weights.
+      // most one row per token): at one, the ring kernel stages the activations with its weights.
       p.max_group_rows = grouped ? rows / kk : 0;
-      p.variant = 5;
       // A plain launch (under PDL its CTAs would wait at their start; the whole chain launched
-      // so was 1-4 % slower at batch 1: docs/performance.md), except with weights_first: neither the weights nor the routing come from the kernel before
-      // (the experts' down product after their variant-5 gate|up, which lets its dependents
-      // start only after its own wait), so they are requested before the wait, under PDL, and
-      // stream in the previous kernel's tail. Not on the side stream, whose first kernel follows
-      // an event.
+      // so was 1-4 % slower at batch 1: docs/performance.md), except with weights_first: neither
+      // the weights nor the routing come from the kernel before (the experts' down product after
+      // their gate|up, which lets its dependents start only after its own wait), so they are
+      // requested before the wait, under PDL, and stream in the previous kernel's tail. Not on
+      // the side stream, whose first kernel follows an event.
       if (weights_first && on == st()) p.pdl = p.weights_before_wait = true;
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
-      return internal_error("[model.minimax_m3_cuda] f16 SwiGLU output needs variant 5");
-    if (m.layout != 0)
+      return internal_error("[model.minimax_m3_cuda] f16 SwiGLU output needs a tensor-core GEMV");
+    if (m.layout != WeightLayout::kRowMajor)
       return internal_error("[model.minimax_m3_cuda] an NVFP4 matrix in the mma layout without "
-                            "its f16 input (variant 5)");
-    p.pdl = p.variant == 3;
+                            "its f16 input (kMmaRing)");
+    p.pdl = p.kernel == GemvKernel::kDequantSplitK;
     e.pdl = true;
     e.partial = b.partial;
     e.num_slices = cuda::quant_gemv_num_slices(m.format, m.k);
@@ -305,23 +298,23 @@ struct CudaM3Model::Impl {
     return cuda::launch_quant_gemv_epilogue(e, on);
   }
 
-  // Variant 3/2 of a decode GEMV without its epilogue: the split-K partial sums are left in
-  // b.partial ([slices, rows, m.n]) for a consumer that sums them (the norm, attention inputs).
+  // A split-K decode GEMV without its epilogue: the partial sums are left in b.partial
+  // ([slices, rows, m.n]) for a consumer that sums them (the norm, attention inputs).
   Status gemv_partials(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
                        int64_t* slices) {
-    if (m.layout != 0)
+    if (m.layout != WeightLayout::kRowMajor)
       return internal_error("[model.minimax_m3_cuda] split-K partials of an mma-layout matrix");
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
-    p.xh = nullptr;  // variant 3/2 read the bf16 rows
-    p.pdl = p.variant == 3;
+    p.xh = nullptr;  // the split-K kernels read the bf16 rows
+    p.pdl = p.kernel == GemvKernel::kDequantSplitK;
     *slices = cuda::quant_gemv_num_slices(m.format, m.k);
     if (*slices * rows * m.n > b.partial_elems)
       return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the partials");
     return cuda::launch_quant_gemv(p, st());
   }
 
-  // A decode GEMV whose output is the residual delta [rows, m.n = hd]: variant 5 stores it in
-  // b.delta; variant 3/2 leaves its split-K partials in b.partial for the next norm to sum.
+  // A decode GEMV whose output is the residual delta [rows, m.n = hd]: a tensor-core kernel stores
+  // it in b.delta; a split-K one leaves its partials in b.partial for the next norm to sum.
   Status gemv_to_delta(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
                        PendingDelta* pending) {
     if ((in.f16 != nullptr || direct(m)) && tensor_core(m, rows)) {
@@ -334,7 +327,8 @@ struct CudaM3Model::Impl {
     return Status::ok();
   }
 
-  // residual += pending delta; h (and its f16 form for variant 5) = norm(residual) · (1 + weight).
+  // residual += pending delta; h (and its f16 form for the tensor-core GEMVs) = norm(residual) ·
+  // (1 + weight).
   // pdl: launched as a programmatic dependent of the kernel before it (the layers' two norms; it
   // waits before it reads, and its own dependents, the router or the q/k/v GEMV, then launch
   // under its predecessor's tail).
@@ -496,7 +490,7 @@ struct CudaM3Model::Impl {
     // The norms also write the f16 form of their output for the tensor-core GEMVs.
     const GemvIn h_in{b.h, hd, b.h16, b.h_inv};
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, true, true));
-    // The projection's partial sums (or, on variant 5, its output) go straight into the fused
+    // The projection's partial sums (or, on the tensor cores, its output) go straight into the fused
     // split-K sum + QK norm/RoPE + KV-cache write.
     int64_t slices = 1;
     const float* proj = b.qkv;
@@ -508,7 +502,7 @@ struct CudaM3Model::Impl {
     }
     M3_RETURN_IF_ERROR(attention_inputs(b, layer, proj, slices, rows, mb));
     M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
-    // The attention output's f16 form for a tensor-core o_proj; variant 7 converts one row
+    // The attention output's f16 form for a tensor-core o_proj; kMmaDirect converts one row
     // itself (no launch).
     const bool o_f16 = tensor_core(L.o, rows) && !(direct(L.o) && rows == 1);
     if (o_f16)
@@ -518,7 +512,8 @@ struct CudaM3Model::Impl {
                                                  b.attn_inv}, rows, b, pending));
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, true, true));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
-    // run on variant 5, else bf16 (a down product on variant 5 then reads the bf16 through 3).
+    // run on the tensor cores, else bf16 (a tensor-core down product then reads the bf16 on the
+    // split-K kernel).
     const auto swiglu_to = [&](const DevMatrix& gu, const DevMatrix& down, int64_t r,
                                uint16_t* bf16, uint16_t* f16) {
       GemvEpilogueParams e;
@@ -564,7 +559,7 @@ struct CudaM3Model::Impl {
     // the grouping, whose time grows with the rows.
     const bool fused_router = L.router.format == QuantFormat::kBf16 &&
                               rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
-    // One token on variant 5: the fused router skips the grouping and the experts read their
+    // One token on the tensor cores: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (a one-token grouping is the sorted top-k).
     const bool token_route = rows == 1 && fused_router && tensor_core(L.experts_gu, kk) &&
                              tensor_core(L.experts_down, kk);
@@ -837,17 +832,17 @@ struct CudaM3Model::Impl {
   Status repack_mxfp8();
 };
 
-// The MXFP8 dense matrices into the mma layout of GEMV variant 7 (quant/mxfp8_mma_layout.h:
-// 2-KB contiguous runs per 16-row tile, which variant 7 reads at 85-98 % of a plain read): qkv,
+// The MXFP8 dense matrices into the mma layout of kMmaDirect (quant/mxfp8_mma_layout.h: 2-KB
+// contiguous runs per 16-row tile, which kMmaDirect reads at 85-98 % of a plain read): qkv,
 // o_proj and the downs in tiles of 16 rows, the gate|up matrices in gate/up row pairs (read with
 // the SwiGLU epilogue). Routed experts (grouped) and the router stay as they are.
 Status CudaM3Model::Impl::repack_mxfp8() {
   auto repack = [&](DevMatrix& m, mxfp8_mma::Tiling t) -> Status {
-    if (m.format != QuantFormat::kMxfp8 || m.groups != 1 || m.layout != 0 ||
+    if (m.format != QuantFormat::kMxfp8 || m.groups != 1 || m.layout != WeightLayout::kRowMajor ||
         !mxfp8_mma::fits(m.n, m.k, t))
       return Status::ok();
     M3_RETURN_IF_ERROR(cuda::mxfp8_mma_repack_in_place(m.w, 1, m.n, m.k, t, st()));
-    m.layout = static_cast<int>(t);
+    m.layout = static_cast<WeightLayout>(t);
     return Status::ok();
   };
   for (DevLayer& L : w.layers) {
@@ -859,18 +854,17 @@ Status CudaM3Model::Impl::repack_mxfp8() {
   return Status::ok();
 }
 
-// NVFP4 matrices whose decode GEMV always takes variant 5 go into the mma layout (2x fewer
+// NVFP4 matrices, whose decode GEMV always runs kMmaRing, go into the mma layout (2x fewer
 // dequantisation instructions; quant/nvfp4_mma_layout.h). A gate|up / down pair only when both
-// are NVFP4 (then the SwiGLU output is always f16 and the down GEMV is variant 5 too); qkv and
-// o_proj always read f16 inputs under variant 5. The router and lm_head stay row-major (GEMV
-// variant 2/3 at one row). Prefill dequantises either layout.
+// are NVFP4 (then the SwiGLU output is always f16 and the down GEMV is kMmaRing too); qkv and
+// o_proj always read f16 inputs. Prefill dequantises either layout.
 Status CudaM3Model::Impl::repack_nvfp4() {
   auto fits = [](const DevMatrix& m, nvfp4_mma::Tiling t) {
     return m.format == QuantFormat::kNvfp4 && m.n > 0 && nvfp4_mma::fits(m.n, m.k, t);
   };
   auto repack = [&](DevMatrix& m, nvfp4_mma::Tiling t) -> Status {
     M3_RETURN_IF_ERROR(cuda::nvfp4_mma_repack_in_place(m.w, m.groups, m.n, m.k, t, st()));
-    m.layout = static_cast<int>(t);
+    m.layout = static_cast<WeightLayout>(t);
     return Status::ok();
   };
   auto pair = [&](DevMatrix& gu, DevMatrix& down) -> Status {

@@ -28,10 +28,9 @@ struct DevMatrix {
   uint8_t* scale = nullptr;  // [G, N, K/32] e8m0 | [G, N, K/16] e4m3 | a 16-byte dummy (BF16)
   float* global = nullptr;   // [G] NVFP4 multiplier; nullptr otherwise
   int64_t n = 0, k = 0, groups = 1;
-  // Storage order: 0 row-major (as loaded), 1/2 the decode GEMV's mma layout
-  // (quant/nvfp4_mma_layout.h, quant/mxfp8_mma_layout.h; QuantGemvParams::w_layout), set by the
-  // model after loading.
-  int layout = 0;
+  // Storage order: row-major as loaded; the model repacks some matrices into the decode GEMVs'
+  // mma layouts after loading (quant/nvfp4_mma_layout.h, quant/mxfp8_mma_layout.h).
+  cuda::WeightLayout layout = cuda::WeightLayout::kRowMajor;
 
   cuda::QuantWeight prefill() const {
     cuda::QuantWeight q;

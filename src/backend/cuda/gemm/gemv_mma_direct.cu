@@ -1,16 +1,16 @@
-// GEMV variant 7: MXFP8 weights of one matrix at any number of activation rows on the tensor
+// kMmaDirect: MXFP8 weights of one matrix at any number of activation rows on the tensor
 // cores, the weights loaded straight into registers two stages ahead (no shared-memory ring),
 // from the mma layout (quant/mxfp8_mma_layout.h: 2-KB contiguous runs) or row-major.
 //
-// Why (measured on the H200): at one row variant 3 (float FMAs, ~0.24 instructions
-// per weight byte) ran qkv [9856 x 6144] in 22.5 us and variant 5 (tensor cores through a
+// Why (measured on the H200): at one row kDequantSplitK (float FMAs, ~0.24 instructions
+// per weight byte) ran qkv [9856 x 6144] in 22.5 us and kMmaRing (tensor cores through a
 // cp.async ring) in 25.0 us, against a 17.5-us plain read of the same bytes. This kernel on
 // row-major weights was no faster (26.7 us): each warp's 16 rows are 32-byte pieces K bytes
 // apart. Reading each (16-row tile, 128 columns) as 2 KB contiguous bytes it takes 19.1 us, and
-// o_proj [6144 x 8192] 17.1 (variant 3: 20.7), the shared expert's gate|up 14.3 and down 9.6
-// (variant 5: 17.7 and 11.1).
+// o_proj [6144 x 8192] 17.1 (kDequantSplitK: 20.7), the shared expert's gate|up 14.3 and down
+// 9.6 (kMmaRing: 17.7 and 11.1).
 //
-// Operands (variant 5's, quant_gemv_mma.cuh): A = 16 weight rows of a tile; lane (g, t) holds
+// Operands (kMmaRing's, gemv_mma.cuh): A = 16 weight rows of a tile; lane (g, t) holds
 // the 8 codes at element 8t of each 32-element block for rows g and g + 8, k-step i of the block
 // takes elements 8t + 4i .. + 3 (cvt.rn.f16x2.e4m3x2, exact); both k-steps accumulate into a
 // zeroed fragment, scaled by the block's E8M0 factor in f32. B = up to 8 activation rows per
@@ -23,13 +23,13 @@
 // so a lane holds gate and up of one output), its W warps splitting K into contiguous ranges of
 // 4-block stages (one 32-bit scale load per row per stage; the scales stay row-major). The
 // warps' fragments are summed in warp order through shared memory (deterministic), then
-// variant 5's fused epilogue stores f32 (or adds) or applies SwiGLU-OAI to bf16 / f16 x 2^8.
+// kMmaRing's fused epilogue stores f32 (or adds) or applies SwiGLU-OAI to bf16 / f16 x 2^8.
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
 #include "backend/cuda/gemm/quant_gemv_internal.h"
-#include "backend/cuda/gemm/quant_gemv_mma.cuh"
+#include "backend/cuda/gemm/gemv_mma.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -86,11 +86,11 @@ size_t smem_bytes(int64_t fill_rows, int64_t k, int warps, int ng) {
 }
 
 // NG: groups of 8 activation rows per pass (the mma's N; more rows take more passes, each
-// streaming the weights again). PACKED: weights in the mma layout (w_layout 1 / 2). XF16: the
+// streaming the weights again). PACKED: weights in the mma layout (kMmaRows16 / kMmaSwigluPairs). XF16: the
 // activations are p.xh (f16 x a power of two per row, x_f16.h), read per block through L1;
 // else the bf16 rows (at most 8) are converted by each warp into shared memory.
 template <int NG, bool PACKED, bool XF16>
-__global__ void __launch_bounds__(256, 2) mxfp8_direct_kernel(QuantGemvParams p) {
+__global__ void __launch_bounds__(256, 2) gemv_mma_direct_kernel(QuantGemvParams p) {
   constexpr int NS = kStagesInFlight;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(256, 2) mxfp8_direct_kernel(QuantGemvParams p)
 
 template <int NG, bool PK, bool XF>
 Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
-  auto* kernel = mxfp8_direct_kernel<NG, PK, XF>;
+  auto* kernel = gemv_mma_direct_kernel<NG, PK, XF>;
   const int sms = launch_limits().sms;
   static std::once_flag once;
   static int occ[kMaxWarps + 1] = {};
@@ -286,14 +286,7 @@ Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
   const int64_t tiles = swiglu ? (p.n / 2 + 7) / 8 : (p.n + 15) / 16;
   const int64_t stages = p.k / kStageK;
-  // Warps per CTA: the widest whose grid is resident in one wave with at most ~24 warps per SM;
-  // one warp where wider CTAs would leave a second wave (the dense gate|up's 1536 tiles); never
-  // more warps than stages. H200, one row, this choice against 2 / 4 / 8 warps forced: qkv 20.6
-  // against 24.9 / 20.5 / 24.5 us, o_proj 18.6 against 26.9 / 19.6 / 21.4.
-  int warps = 1;
-  for (int w = 1; w <= kMaxWarps; ++w)
-    if (tiles * w <= int64_t{24} * sms && tiles <= int64_t{occ[w]} * sms) warps = w;
-  warps = static_cast<int>(std::min<int64_t>(warps, stages));
+  const int warps = mma_direct_warps(tiles, stages, occ, sms);
   const int64_t passes = (p.num_rows + 8 * NG - 1) / (8 * NG);
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(
       p.pdl, kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(passes)),
@@ -304,25 +297,26 @@ Status launch_one(const QuantGemvParams& p, cudaStream_t s) {
 template <bool PK>
 Status launch_layout(const QuantGemvParams& p, cudaStream_t s) {
   if (p.xh == nullptr) return launch_one<1, PK, false>(p, s);
-  const int64_t per_pass = std::min<int64_t>(p.num_rows, 32);
-  if (per_pass <= 8) return launch_one<1, PK, true>(p, s);
-  if (per_pass <= 16) return launch_one<2, PK, true>(p, s);
-  return launch_one<4, PK, true>(p, s);
+  switch (mma_direct_row_groups(p)) {
+    case 1: return launch_one<1, PK, true>(p, s);
+    case 2: return launch_one<2, PK, true>(p, s);
+    default: return launch_one<4, PK, true>(p, s);
+  }
 }
 
 }  // namespace
 
-std::string direct_params_problem(const QuantGemvParams& p) {
+std::string mma_direct_params_problem(const QuantGemvParams& p) {
   if (p.format != QuantFormat::kMxfp8) return "needs MXFP8 weights";
   if (p.group_offsets != nullptr || p.num_groups != 1) return "runs one matrix (no groups)";
   if (p.k <= 0 || p.k % kStageK != 0 || p.k > (int64_t{1} << 30) || p.n <= 0 ||
       p.n > (int64_t{1} << 30))
     return "K = " + std::to_string(p.k) + " must be a positive multiple of 128";
   const bool swiglu = p.epilogue.kind != GemvEpilogue::kStoreF32;
-  if (p.w_layout != 0) {
+  if (p.w_layout != WeightLayout::kRowMajor) {
     const auto tiling = static_cast<mxfp8_mma::Tiling>(p.w_layout);
     if (!mxfp8_mma::fits(p.n, p.k, tiling) || (tiling == mxfp8_mma::Tiling::kSwigluPairs) != swiglu)
-      return "mma layout " + std::to_string(p.w_layout) +
+      return "mma layout " + std::to_string(static_cast<int>(p.w_layout)) +
              " needs N % 16 == 0 and the pair tiling exactly with the SwiGLU epilogue";
   }
   if (p.xh == nullptr) {
@@ -348,10 +342,11 @@ std::string direct_params_problem(const QuantGemvParams& p) {
   return "";
 }
 
-Status launch_direct(const QuantGemvParams& p, cudaStream_t s) {
-  const std::string why = direct_params_problem(p);
-  if (!why.empty()) return invalid_argument("[cuda.quant_gemv] variant 7 " + why);
-  return p.w_layout != 0 ? launch_layout<true>(p, s) : launch_layout<false>(p, s);
+Status launch_mma_direct(const QuantGemvParams& p, cudaStream_t s) {
+  const std::string why = mma_direct_params_problem(p);
+  if (!why.empty()) return invalid_argument("[cuda.quant_gemv] kMmaDirect " + why);
+  return p.w_layout != WeightLayout::kRowMajor ? launch_layout<true>(p, s)
+                                               : launch_layout<false>(p, s);
 }
 
 }  // namespace m3::cuda::gemv

@@ -1,5 +1,5 @@
-// MXFP8 weights from the checkpoint's row-major order into the mma layout GEMV variant 7 streams
-// (quant/mxfp8_mma_layout.h), on the GPU. This header includes no CUDA header.
+// MXFP8 weights from the checkpoint's row-major order into the mma layout the kMmaDirect GEMV
+// streams (quant/mxfp8_mma_layout.h), on the GPU. This header includes no CUDA header.
 #pragma once
 
 #include <cstdint>

@@ -15,7 +15,7 @@ constexpr int kThreads = 256;
 // One CTA per row: the largest magnitude, then the scaled conversion (8 elements per step).
 __global__ void __launch_bounds__(kThreads) x_to_f16_kernel(XToF16Params p) {
   __shared__ float red[32];
-  pdl_launch_dependents();  // a following PDL GEMV (variant 7) may start streaming its weights
+  pdl_launch_dependents();  // a following PDL GEMV (kMmaDirect) may start streaming its weights
   const int64_t r = blockIdx.x;
   const uint4* x = reinterpret_cast<const uint4*>(p.x + r * p.ldx);
   const int64_t nv = p.k / 8;

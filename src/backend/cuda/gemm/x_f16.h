@@ -1,7 +1,7 @@
-// Activations for GEMV variant 5 (quant_gemv_mma.cuh), whose tensor-core operands are f16: each
-// bf16 row times a power of two 2^s chosen per row so its largest magnitude lands in [2^14, 2^15)
-// (every bf16 value of the row is then exactly an f16, down to 2^-31 of the largest; nothing
-// overflows), with inv_scale[r] = 2^-s. For rows whose producer does not write this form itself
+// Activations for the tensor-core GEMVs (kMmaRing, kMmaDirect; gemv_mma.cuh), whose operands are
+// f16: each bf16 row times a power of two 2^s chosen per row so its largest magnitude lands in
+// [2^14, 2^15) (every bf16 value of the row is then exactly an f16, down to 2^-31 of the largest;
+// nothing overflows), with inv_scale[r] = 2^-s. For rows whose producer does not write this form itself
 // (add_rms_norm can; the attention output cannot: a row spans many CTAs). This header includes no
 // CUDA header.
 #pragma once

@@ -29,7 +29,7 @@ struct AddRmsNormParams {
   int64_t t = 0, hidden = 0;        // hidden % 4 == 0
   float eps = 1e-6f;
   // Optional (both or neither): the same bf16 values as f16 times a power of two per row, for
-  // GEMV variant 5 (gemm/x_f16.h has the rule): out_f16 [T, Hd] f16 bits, out_inv_scale [T].
+  // the tensor-core GEMVs (gemm/x_f16.h has the rule): out_f16 [T, Hd] f16 bits, out_inv_scale [T].
   uint16_t* out_f16 = nullptr;
   float* out_inv_scale = nullptr;
   // Delta from split-K partials: [delta_slices, T, Hd] float32 (0: not used).

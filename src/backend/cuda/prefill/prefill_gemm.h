@@ -38,7 +38,7 @@ struct QuantWeight {
   const uint8_t* w_scale = nullptr;  // [G, N, K/32] e8m0 | [G, N, K/16] e4m3 | unused
   const float* w_global = nullptr;   // [G] NVFP4 multiplier (device); nullptr = 1
   int64_t n = 0, k = 0;
-  int layout = 0;  // QuantGemvParams::w_layout (0 row-major, 1/2 the NVFP4 / MXFP8 mma layout)
+  WeightLayout layout = WeightLayout::kRowMajor;  // the NVFP4 / MXFP8 mma layouts dequantised too
 };
 
 // Bytes of one matrix's data / scales (the stride between experts).

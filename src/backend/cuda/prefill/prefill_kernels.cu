@@ -238,13 +238,13 @@ Status launch_dequant_bf16(const DequantBf16Params& p, CUstream_st* stream) {
   if (w.format == QuantFormat::kMxfp8) {
     if (w.k % 32 != 0) return invalid_argument("[cuda.dequant_bf16] MXFP8 K % 32 != 0");
     const int64_t blocks = p.rows * w.k / 32;
-    if (w.layout != 0) {
+    if (w.layout != WeightLayout::kRowMajor) {
       if (!mxfp8_mma::fits(w.n, w.k, static_cast<mxfp8_mma::Tiling>(w.layout)))
         return invalid_argument("[cuda.dequant_bf16] MXFP8 mma layout " +
-                                std::to_string(w.layout) + " does not fit N " +
+                                std::to_string(static_cast<int>(w.layout)) + " does not fit N " +
                                 std::to_string(w.n) + ", K " + std::to_string(w.k));
       dequant_mxfp8_packed_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(
-          w.w, w.w_scale, p.row0, blocks, w.n, w.k, w.layout, p.out);
+          w.w, w.w_scale, p.row0, blocks, w.n, w.k, static_cast<int>(w.layout), p.out);
       M3_CUDA_RETURN_IF_LAUNCH_ERROR(dequant_mxfp8_packed_kernel);
       return Status::ok();
     }
@@ -255,13 +255,13 @@ Status launch_dequant_bf16(const DequantBf16Params& p, CUstream_st* stream) {
   } else if (w.format == QuantFormat::kNvfp4) {
     if (w.k % 16 != 0) return invalid_argument("[cuda.dequant_bf16] NVFP4 K % 16 != 0");
     const int64_t blocks = p.rows * w.k / 16;
-    if (w.layout != 0) {
+    if (w.layout != WeightLayout::kRowMajor) {
       if (!nvfp4_mma::fits(w.n, w.k, static_cast<nvfp4_mma::Tiling>(w.layout)))
         return invalid_argument("[cuda.dequant_bf16] NVFP4 mma layout " +
-                                std::to_string(w.layout) + " does not fit N " +
+                                std::to_string(static_cast<int>(w.layout)) + " does not fit N " +
                                 std::to_string(w.n) + ", K " + std::to_string(w.k));
       dequant_nvfp4_packed_kernel<<<grid_for(blocks), kThreads, 0, stream>>>(
-          w.w, w.w_scale, p.row0, blocks, w.n, w.k, w.layout, p.out);
+          w.w, w.w_scale, p.row0, blocks, w.n, w.k, static_cast<int>(w.layout), p.out);
       M3_CUDA_RETURN_IF_LAUNCH_ERROR(dequant_nvfp4_packed_kernel);
       return Status::ok();
     }

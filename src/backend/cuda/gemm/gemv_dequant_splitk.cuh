@@ -1,6 +1,6 @@
-// GEMV variant 3 for MXFP8 / NVFP4 weights and 1..8 (per group) activation rows, designed for
-// HBM bandwidth on H200 after the first run showed variants 0/1 latency-bound (96 registers, 25 %
-// occupancy, the scale load issued after the weight load was consumed).
+// kDequantSplitK: the MXFP8 / NVFP4 GEMV on the CUDA cores for 1..8 (per group) activation rows,
+// designed for HBM bandwidth on the H200 (the first CUDA-core GEMV was latency-bound: 96
+// registers, 25 % occupancy, the scale load issued after the weight load was consumed).
 //
 // Work split: a CTA (8 warps) owns one K-slice of kC chunks (a chunk = one 16-byte load per lane
 // per weight row: 512 MXFP8 / 1024 NVFP4 elements) and a tile of 8·RW·iters weight rows of one
@@ -17,21 +17,20 @@
 // chunks are reduced once over the warp.
 //
 // Split-K: the partial sums of the ceil(K / (kC·chunk)) slices go to partial[s, r, n] and the
-// existing deterministic epilogue sums them (see quant_gemv.h); the slice count is
-// quant_gemv_num_slices(format, k, 3). Requirements: K % 32 == 0, 16-byte aligned rows (K is
+// deterministic epilogue sums them (see quant_gemv.h); the slice count is
+// quant_gemv_num_slices(format, k), the launch shape plan_dequant_splitk's (gemv_plan.h).
+// Requirements: K % 32 == 0, 16-byte aligned rows (K is
 // otherwise free: lanes past K load nothing).
 #pragma once
 
-#include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/gemm/gemv_common.cuh"
 #include "backend/cuda/gemm/quant_gemv_internal.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 
 namespace m3::cuda::gemv {
 
-
-
-constexpr int kV3Threads = 256;
+constexpr int kSplitKThreads = 256;
 
 // One chunk (one 16-byte word set per weight row) of RW weight rows times MT activation rows
 // from shared memory, block scales applied, accumulated into acc[m][u]. Loop order: word q outer,
@@ -39,7 +38,7 @@ constexpr int kV3Threads = 256;
 // MXFP8: 16 E4M3 codes, one E8M0 scale. NVFP4: 32 E2M1 codes in two 16-element blocks, two E4M3
 // scales in scale_raw; g includes the 2^14 of the f16 trick and the global multiplier.
 template <QuantFormat F, int MT, int RW>
-__device__ __forceinline__ void chunk_v3(const uint4 (&wv)[RW], const uint32_t (&sc)[RW], float g,
+__device__ __forceinline__ void dequant_splitk_chunk(const uint4 (&wv)[RW], const uint32_t (&sc)[RW], float g,
                                          const float4* xs, int x0, int m_stride,
                                          float (&acc)[MT][RW]) {
   float a[MT][RW];
@@ -115,8 +114,8 @@ __device__ __forceinline__ void chunk_v3(const uint4 (&wv)[RW], const uint32_t (
 // chunks per K-slice. p_rows: activation rows held in shared memory (a multiple of MT); iters:
 // warp steps per CTA.
 template <QuantFormat F, int MT, int RW, int KC>
-__global__ void __launch_bounds__(kV3Threads, 4)
-    quant_gemv_kernel_v3(QuantGemvParams p, int p_rows, int iters) {
+__global__ void __launch_bounds__(kSplitKThreads, 4)
+    gemv_dequant_splitk_kernel(QuantGemvParams p, int p_rows, int iters) {
   using T = FormatTraits<F>;
   constexpr int E = T::kElemsPerLane;
   constexpr int kChunk = 32 * E;
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(kV3Threads, 4)
     __syncthreads();
     const int total = fill_rows * KC * kF4 * 32;
 #pragma unroll 1
-    for (int i = threadIdx.x; i < total; i += kV3Threads) {
+    for (int i = threadIdx.x; i < total; i += kSplitKThreads) {
       const int l = i & 31, j = (i >> 5) % kF4, c = (i / (32 * kF4)) % KC, m = i / (32 * kF4 * KC);
       const int kk = kbase + c * kChunk + l * E + 4 * j;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -237,7 +236,7 @@ __global__ void __launch_bounds__(kV3Threads, 4)
           uint32_t s_c[RW];
 #pragma unroll
           for (int u = 0; u < RW; ++u) w_c[u] = wv[u][c], s_c[u] = sc[u][c];
-          chunk_v3<F, MT, RW>(w_c, s_c, gf, xs, ((mb * KC + c) * kF4) * 32 + lane, KC * kF4 * 32,
+          dequant_splitk_chunk<F, MT, RW>(w_c, s_c, gf, xs, ((mb * KC + c) * kF4) * 32 + lane, KC * kF4 * 32,
                               acc);
         }
 #pragma unroll
@@ -257,12 +256,13 @@ __global__ void __launch_bounds__(kV3Threads, 4)
   }
 }
 
-// Launches one instantiation of the kernel above with the host plan (quant_gemv_internal.h),
-// shared by the per-format instantiation files (gemv_mxfp8_v3.cu, gemv_nvfp4_v3.cu). The
-// shared-memory opt-in and the resident-CTA count are cached per instantiation.
+// Launches one instantiation of the kernel above with the host plan (gemv_plan.h), shared by the
+// per-format instantiation files (gemv_dequant_splitk_mxfp8.cu, gemv_dequant_splitk_nvfp4.cu).
+// The shared-memory opt-in and the resident-CTA count are cached per instantiation.
 template <QuantFormat F, int MT, int RW, int KC>
-Status launch_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
-  auto* kernel = quant_gemv_kernel_v3<F, MT, RW, KC>;
+Status launch_dequant_splitk(const QuantGemvParams& p, const DequantSplitKPlan& plan,
+                             cudaStream_t s) {
+  auto* kernel = gemv_dequant_splitk_kernel<F, MT, RW, KC>;
   static bool raised = false;  // dynamic shared memory above 48 KB needs an opt-in once
   if (!raised) {
     M3_CUDA_RETURN_IF_ERROR(
@@ -277,14 +277,14 @@ Status launch_v3(const QuantGemvParams& p, const V3Plan& plan, cudaStream_t s) {
     M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
     M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     M3_CUDA_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kV3Threads, plan.smem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kSplitKThreads, plan.smem));
     resident = (occ > 0 ? occ : 1) * sms;
     occ_smem = plan.smem;
   }
-  V3Plan pl = plan;
-  choose_iters_v3(p, resident, &pl);
-  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, kernel, pl.grid, dim3(kV3Threads), pl.smem, s, p,
-                                        pl.p_rows, pl.iters));
+  DequantSplitKPlan pl = plan;
+  choose_dequant_splitk_iters(p, resident, &pl);
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, kernel, dim3(pl.grid_x, pl.grid_y),
+                                        dim3(kSplitKThreads), pl.smem, s, p, pl.p_rows, pl.iters));
   return Status::ok();
 }
 

@@ -1,6 +1,7 @@
-// GEMV variant 5: tensor-core (mma.sync m16n8k16, f16 in, f32 accumulate) dequantising GEMV for
-// 1..32 activation rows per group, with its epilogue fused (no split-K partial buffer, no second
-// launch). Written after ncu showed variant 3 issue-bound as much as memory-bound: dequantising
+// The tensor-core GEMV pieces (mma.sync m16n8k16, f16 in, f32 accumulate) shared by kMmaRing and
+// kMmaDirect (gemv_mma_direct.cu), and the kMmaRing kernel: a dequantising GEMV for 1..32
+// activation rows per group with its epilogue fused (no split-K partial buffer, no second
+// launch). Written after ncu showed kDequantSplitK issue-bound as much as memory-bound: dequantising
 // into float and one FMA per element costs ~8 instructions per weight byte for NVFP4; here the
 // tensor core does the multiply-adds for 16 weight rows x 8 activation rows at once, so what is
 // left per weight element is its conversion to f16.
@@ -24,7 +25,7 @@
 //
 // Work split: one CTA per 16-row tile of one group (expert). SwiGLU tiles hold gate rows
 // i0 .. i0 + 7 (fragment rows g) and up rows N/2 + i0 .. (rows g + 8), so a lane holds gate and up
-// of the same output. The CTA's W warps (2-8, gemv_mma.cu chooses) split K into W contiguous
+// of the same output. The CTA's W warps (1-8, gemv_plan.h's mma_ring_warps) split K into W contiguous
 // ranges of stages (2 KB of weights + their scales); each warp streams its range through its own
 // ring of kMmaStages slots in shared memory with cp.async (the others in flight while one is
 // computed; no registers held by loads in flight). The W partial fragments are summed through
@@ -37,15 +38,15 @@
 //    k-step i are the 8 contiguous bytes at column 32t + 4i (no byte permutes). ncu, experts at
 //    batch 1: 25 instead of 33 instructions per mma; 1.1x (H200: 70.9 -> 62.4 us at T=1).
 //
-// Measured (H200): 1.2-4x variant 3 from 2 activation rows and for the NVFP4
-// experts at any batch, but slower than variant 3 for MXFP8 at one row, where each warp's
+// Measured (H200): 1.2-4x kDequantSplitK from 2 activation rows and for the NVFP4 experts at any
+// batch, but slower than kDequantSplitK for large row-major MXFP8 matrices at one row, where each warp's
 // instruction stream (dequantise, mma, scale) is latency-bound (ncu: 12.6 cycles per issued
 // instruction, < 1 eligible warp per scheduler).
 #pragma once
 
 #include <cuda_fp16.h>
 
-#include "backend/cuda/gemm/quant_gemv.cuh"
+#include "backend/cuda/gemm/gemv_common.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "quant/nvfp4_mma_layout.h"
@@ -138,7 +139,7 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   return h;
 }
 
-// f16x2 of E2M1 codes (n_J, n_{J+4}) of word w, times 2^-14 (bit placement; see quant_gemv.cuh).
+// f16x2 of E2M1 codes (n_J, n_{J+4}) of word w, times 2^-14 (bit placement; see gemv_common.cuh).
 template <int J>
 __device__ __forceinline__ uint32_t e2m1_pair_h2(uint32_t w) {
   constexpr int kMag = 9 - 4 * J, kSign = 12 - 4 * J;
@@ -241,7 +242,8 @@ __device__ __forceinline__ void group_rows(const QuantGemvParams& p, int64_t grp
 }
 
 // Tile row r (0..15) of 16-row tile `tile` -> weight row (-1: past N); SwiGLU: gate rows i0 + r
-// (r < 8), up rows N/2 + i0 + r - 8, with i0 = 8·tile (variants 5 and 7, the mma layouts).
+// (r < 8), up rows N/2 + i0 + r - 8, with i0 = 8·tile (kMmaRing and kMmaDirect, the mma
+// layouts).
 __device__ __forceinline__ int mma_tile_weight_row(int tile, int r, int n, bool swiglu) {
   if (swiglu) {
     const int i = tile * 8 + (r & 7);
@@ -317,8 +319,8 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // registers and two CTAs: 1.3x faster for MXFP8 at batch 1, NVFP4 experts at batch 8 likewise).
 // Dynamic shared memory: mma_smem_bytes<F>(W): each warp's pipeline ring, reused for the
 // cross-warp sums after the stream.
-// kPacked (NVFP4 only): the weights are in the mma layout (quant/nvfp4_mma_layout.h, w_layout 1
-// or 2): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
+// kPacked (NVFP4 only): the weights are in the mma layout (quant/nvfp4_mma_layout.h,
+// WeightLayout::kMmaRows16 or kMmaSwigluPairs): a (tile, chunk) is 1 KB contiguous, each lane reads its 8 words with two conflict-free
 // 16-byte loads and turns each word into a k-step's four A registers with 4 shifts and 4
 // LOP3s (row-major: 16 shifts and masks), and the activations need no byte permutes.
 // kStageX (NVFP4, NG == 1, one activation row per pass): the row's slice of each stage is copied into
@@ -327,10 +329,12 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // waits for an L1/L2 load issued at the chunk's start (ncu: long-scoreboard stalls
 // first, mostly that load; L1 hit rate 31 %: a warp reads each activation once, and the CTAs of
 // an SM read them at about the same time). More rows per group take one pass (one stream of the
-// weights) per row, so the launcher chooses it only where a group has at most one row (batch-1
-// decode: a token picks an expert once). The slice goes through L1 (p.stage_x_l1): at one token
-// every CTA copies the same row at about the same stage, and through L2 alone those requests
-// queue at the line's L2 slice (the experts' gate|up 44.2 -> 37.1 us).
+// weights) per row, so the plan chooses it only where a group has at most one row (batch-1
+// decode: a token picks an expert once; gemv_plan.h, mma_ring_form). The slice goes through L1
+// (cp.async.ca): at one token every CTA copies the same row at about the same stage, and through
+// L2 alone those requests queue at the line's L2 slice (the experts' gate|up 44.2 -> 37.1 us).
+// It is read after the PDL wait, as every L1 read of an earlier kernel's output here, so no
+// stale line can answer.
 // kScaleOut (kPacked and kStageX): the block scales multiply the mma's outputs instead of its A
 // operands. With one activation row the mma's 8 B columns are free: the lanes of column c =
 // 2t' + h carry the activations of k-group t' in the k-steps of half h (k-steps 4h .. 4h + 3,
@@ -345,7 +349,7 @@ __device__ __forceinline__ void mma_fragment_tokens(const QuantGemvParams& p, in
 // layers at batch 1: -2.0 to -2.6 %.
 template <QuantFormat F, int NG, bool kPacked = false, bool kStageX = false,
           bool kScaleOut = false>
-__global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams p) {
+__global__ void __launch_bounds__(256, 3) gemv_mma_ring_kernel(QuantGemvParams p) {
   static_assert(!kStageX || (NG == 1 && F == QuantFormat::kNvfp4),
                 "staged activations: NVFP4, one row per pass");
   static_assert(!kScaleOut || (kPacked && kStageX), "output scales: packed, staged activations");
@@ -495,10 +499,7 @@ __global__ void __launch_bounds__(256, 3) quant_gemv_mma_kernel(QuantGemvParams 
       const bool in = c0 + u < chunks;
       const uint32_t dst = base + kStage + u * kXChunk + 16 * nvfp4_x_piece_slot(pc);
       const uint8_t* src = xsrc + (in ? int64_t{c0} * T::kChunkK * 2 + 16 * lane : 0);
-      if (p.stage_x_l1)  // (QuantGemvParams::stage_x_l1: the CTAs of an SM share the request)
-        cp_async16_l1(dst, src, in ? 16 : 0);
-      else
-        cp_async16(dst, src, in ? 16 : 0);
+      cp_async16_l1(dst, src, in ? 16 : 0);  // through L1: the CTAs of an SM share the request
     }
   };
   auto issue = [&](int s, int slot) {
