@@ -7,7 +7,7 @@
 #include "model/minimax_m3/dummy_weights.h"
 #if defined(M3_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
-#include "model/minimax_m3_cuda/cuda_m3_runner.h"
+#include "model/minimax_m3/cuda/cuda_m3_runner.h"
 #endif
 
 namespace m3::app {

@@ -27,7 +27,7 @@ std::string resolve_device(const std::string& device);
 // present). Anything else: invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
 
-// --device cuda, real-shape path (src/model/minimax_m3_cuda): the model on the quantised GPU
+// --device cuda, real-shape path (src/model/minimax_m3/cuda): the model on the quantised GPU
 // kernels with a bf16 KV cache of kv_cache_bytes. invalid_argument naming the field when `cfg`
 // does not fit those kernels (the caller then uses the float32 CudaBackend path), unimplemented
 // without CUDA.

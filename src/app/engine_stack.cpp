@@ -9,7 +9,7 @@
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"
-#include "model/minimax_m3_cuda/fit_check.h"
+#include "model/minimax_m3/cuda/fit_check.h"
 #include "sample/sampling_params.h"
 #include "serving/engine_detokenizer.h"
 

@@ -28,7 +28,7 @@ struct EngineStackOptions {
   // by the CLI, which links the CUDA backend. Null: the CPU backend.
   std::function<Result<std::unique_ptr<Backend>>(const std::string& device, int threads)>
       make_backend;
-  // --device cuda, real-shape kernels (src/model/minimax_m3_cuda): builds the runner from the
+  // --device cuda, real-shape kernels (src/model/minimax_m3/cuda): builds the runner from the
   // config, the weights and the KV budget; set by the CLI when CUDA is built in. Used when the
   // config fits those kernels (check_real_shape_fit), else make_backend's float32 path (one line
   // on stderr says why).

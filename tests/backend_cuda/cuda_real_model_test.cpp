@@ -1,4 +1,4 @@
-// The real-shape CUDA model (src/model/minimax_m3_cuda: quantised GEMVs, PrefillGemm, bf16 paged
+// The real-shape CUDA model (src/model/minimax_m3/cuda: quantised GEMVs, PrefillGemm, bf16 paged
 // KV, indexer + block-sparse attention, grouped experts, CUDA graphs) against the float32 CPU
 // model (src/model/minimax_m3) on the same weights, exact in their storage formats (MXFP8
 // attention / indexer / dense / shared linears, NVFP4 routed experts, BF16 the rest).
@@ -57,7 +57,7 @@
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
 #include "../model/single_sequence.h"
-#include "model/minimax_m3_cuda/cuda_m3_model.h"
+#include "model/minimax_m3/cuda/cuda_m3_model.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
 #include "sample/sampler.h"

@@ -1,4 +1,4 @@
-// The decode's embedding lookup (model/minimax_m3_cuda/embed_bf16.h): out[t] = float(table[id])
+// The decode's embedding lookup (backend/cuda/embed/embed_bf16.h): out[t] = float(table[id])
 // bit for bit (a bf16 is the high half of its float), zeros for ids outside [0, vocab), on the
 // vectorised path (dim % 8 == 0, aligned rows) and on the per-element one (odd width, or an
 // output that is not 16-byte aligned).
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
-#include "model/minimax_m3_cuda/embed_bf16.h"
+#include "backend/cuda/embed/embed_bf16.h"
 
 namespace m3::cuda_test {
 namespace {
@@ -32,8 +32,8 @@ TEST(EmbedBf16, RowsBitExactAndZerosOutsideTheVocabulary) {
       Dev<uint16_t> dt(table);
       Dev<int32_t> di(ids);
       auto out = Dev<float>::poisoned(t * dim + out_offset);
-      minimax_m3::EmbedBf16Params p{dt.ptr(), di.ptr(), out.ptr() + out_offset, t, vocab, dim};
-      ASSERT_TRUE(minimax_m3::launch_embed_bf16(p, stream()).is_ok());
+      cuda::EmbedBf16Params p{dt.ptr(), di.ptr(), out.ptr() + out_offset, t, vocab, dim};
+      ASSERT_TRUE(cuda::launch_embed_bf16(p, stream()).is_ok());
       const std::vector<float> got = out.host();
       int64_t bad = 0;
       for (int64_t r = 0; r < t; ++r)
@@ -52,10 +52,10 @@ TEST(EmbedBf16, RowsBitExactAndZerosOutsideTheVocabulary) {
 }
 
 TEST(EmbedBf16, RefusesBadShapes) {
-  minimax_m3::EmbedBf16Params p{nullptr, nullptr, nullptr, 1, 10, 8};
-  EXPECT_EQ(minimax_m3::launch_embed_bf16(p, stream()).code(), StatusCode::kInvalidArgument);
+  cuda::EmbedBf16Params p{nullptr, nullptr, nullptr, 1, 10, 8};
+  EXPECT_EQ(cuda::launch_embed_bf16(p, stream()).code(), StatusCode::kInvalidArgument);
   p.t = 0;
-  EXPECT_TRUE(minimax_m3::launch_embed_bf16(p, stream()).is_ok()) << "T = 0 launches nothing";
+  EXPECT_TRUE(cuda::launch_embed_bf16(p, stream()).is_ok()) << "T = 0 launches nothing";
 }
 
 }  // namespace

@@ -24,8 +24,8 @@ struct Case {
   bool dense;
   int64_t init_blocks;
   int64_t scratch;
-  int variant;      // 0: decode kernels; 1: tensor cores (P rounded to bf16: see the bound)
-  int indexer_variant = 0;  // 0: decode indexer kernel; 1: cuBLASLt scores + max-pool
+  int variant;      // PrefillAttentionKernel: 0 per-token decode kernels; 1 tensor cores (P rounded to bf16: see the bound)
+  int indexer_variant = 0;  // PrefillIndexerKernel: 0 per-token decode indexer; 1 cuBLASLt scores + max-pool
 };
 
 class PrefillAttention : public ::testing::TestWithParam<Case> {};
@@ -79,8 +79,8 @@ TEST_P(PrefillAttention, MatchesCpu) {
   p.scale = 1.0f / std::sqrt(float(D));
   p.selected = dsel.ptr();
   p.out = dout.ptr();
-  p.variant = c.variant;
-  p.indexer_variant = c.indexer_variant;
+  p.kernel = static_cast<cuda::PrefillAttentionKernel>(c.variant);
+  p.indexer = static_cast<cuda::PrefillIndexerKernel>(c.indexer_variant);
   static auto gemm = cuda::PrefillGemm::create(&alloc, 16 << 20);
   ASSERT_TRUE(gemm.is_ok()) << gemm.status().to_string();
   p.gemm = gemm->get();

@@ -198,7 +198,9 @@ TEST(MmaRingPlan, RowGroupsAndStagedForms) {
   // Experts (top-4 of 128): twice the average rows per expert.
   EXPECT_EQ(cuda::mma_ring_row_groups(grouped(QuantFormat::kNvfp4, 1, 4, 128)), 1);
   EXPECT_EQ(cuda::mma_ring_row_groups(grouped(QuantFormat::kNvfp4, 32, 4, 128)), 1);
-  EXPECT_EQ(cuda::mma_ring_row_groups(grouped(QuantFormat::kNvfp4, 128, 4, 128)), 2);
+  EXPECT_EQ(cuda::mma_ring_row_groups(grouped(QuantFormat::kNvfp4, 128, 4, 128)), 1);  // 2 x 4
+  EXPECT_EQ(cuda::mma_ring_row_groups(grouped(QuantFormat::kNvfp4, 256, 4, 128)), 2);  // 2 x 8
+  EXPECT_EQ(cuda::mma_ring_row_groups(grouped(QuantFormat::kNvfp4, 512, 4, 128)), 4);  // 2 x 16
   // The activations staged with the weights: NVFP4 where every group has at most one row; their
   // block scales on the mma's outputs in the mma layout too.
   cuda::QuantGemvParams one = dense(QuantFormat::kNvfp4, 1, 6144, 6144);

@@ -22,4 +22,23 @@ echo '#include "engine/engine.h"' >"$tmp/src/model/b.h"
 if python3 "$checker" "$tmp/g.dot" --src "$tmp/src" 2>/dev/null; then
   echo "FAIL: model including engine/ passed"; exit 1
 fi
-echo "layer checker: 5 passed, 0 failed"
+rm "$tmp/src/model/b.h"
+mkdir -p "$tmp/src/backend/cuda/runtime"
+echo '#include <cuda_runtime.h>' >"$tmp/src/backend/cuda/runtime/c.cpp"
+echo 'void f() { cudaDeviceSynchronize(); }  // cudaFree(p) in a comment' >>"$tmp/src/backend/cuda/runtime/c.cpp"
+echo 'void g() { sync(); }  // not cudaMemcpy(a, b) here' >"$tmp/src/model/ok.cpp"
+python3 "$checker" "$tmp/g.dot" --src "$tmp/src" || { echo "FAIL: CUDA in backend/cuda refused"; exit 1; }
+echo '#include <cuda_runtime.h>' >"$tmp/src/model/c.h"
+if python3 "$checker" "$tmp/g.dot" --src "$tmp/src" 2>/dev/null; then
+  echo "FAIL: model including cuda_runtime.h passed"; exit 1
+fi
+echo 'void f() { cudaMemcpy(a, b, n, k); }' >"$tmp/src/model/c.h"
+if python3 "$checker" "$tmp/g.dot" --src "$tmp/src" 2>/dev/null; then
+  echo "FAIL: a raw cudaMemcpy in the model passed"; exit 1
+fi
+rm "$tmp/src/model/c.h"
+touch "$tmp/src/model/k.cu"
+if python3 "$checker" "$tmp/g.dot" --src "$tmp/src" 2>/dev/null; then
+  echo "FAIL: a .cu file in the model passed"; exit 1
+fi
+echo "layer checker: 9 passed, 0 failed"

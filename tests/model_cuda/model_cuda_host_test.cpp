@@ -13,7 +13,7 @@
 #include "loader/checkpoint.h"
 #include "loader/safetensors_writer.h"
 #include "model/minimax_m3/dummy_weights.h"
-#include "model/minimax_m3_cuda/fit_check.h"
+#include "model/minimax_m3/cuda/fit_check.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
 

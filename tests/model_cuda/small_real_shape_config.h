@@ -1,7 +1,7 @@
 // A 3-layer MiniMax-M3 config small enough for the CPU reference but with the real head shapes
 // the real-shape CUDA kernels need (head_dim 128, 16 query heads per KV head, index heads of 128,
 // 128-token blocks): hidden 1024, 1 dense + 2 MoE layers of 8 experts (top-2), a shared expert.
-// Shared by the host tests of src/model/minimax_m3_cuda and cuda_real_model_test.
+// Shared by the host tests of src/model/minimax_m3/cuda and cuda_real_model_test.
 #pragma once
 
 #include <cstdint>

@@ -17,7 +17,7 @@
 // every block) per sequence; activations are ignored. FLOPs: 2 per weight element per token
 // (experts: 4 routed per token), attention 4·64·2048·128 per token, indexer 2·4·ctx·128 per token.
 //
-// The GEMVs are the CUDA-core split-K kernels (variant 3 for MXFP8 / NVFP4, variant 2 for BF16)
+// The GEMVs are the CUDA-core split-K kernels (kDequantSplitK for MXFP8 / NVFP4, kBf16SplitK for BF16)
 // with their epilogue launches; CudaM3Model's decode step (tensor cores, fused launches) is
 // timed by cuda_model_decode_bench.
 //

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "model/minimax_m3/dummy_weights.h"
-#include "model/minimax_m3_cuda/cuda_m3_model.h"
+#include "model/minimax_m3/cuda/cuda_m3_model.h"
 
 namespace {
 

@@ -170,16 +170,17 @@ int main(int argc, char** argv) {
       attn_keys += qb < kTopK ? double(i + 1) : double((kTopK - 1) * kS + i % kS + 1);
       idx_keys += double(i + 1);
     }
-    // Variant 0 (decode kernels per token) and 1 (tensor cores); the layer sums take the faster
+    // PrefillAttentionKernel kPerTokenDecode and kTensorCore with the per-token indexer, then
+    // kTensorCore with kGemmScores; the layer sums take the faster
     // (prefill_attention_test checks both on the same run).
     const double attn_flops = 4.0 * kH * kD * attn_keys + 2.0 * kHix * kDix * idx_keys;
     ap.gemm = &gemm;
-    const int combos[3][2] = {{0, 0}, {1, 0}, {1, 1}};  // (attention, indexer) variants
+    const int combos[3][2] = {{0, 0}, {1, 0}, {1, 1}};  // (PrefillAttentionKernel, PrefillIndexerKernel)
     double attn_v[3];
     int best = 0;
     for (int v = 0; v < 3; ++v) {
-      ap.variant = combos[v][0];
-      ap.indexer_variant = combos[v][1];
+      ap.kernel = static_cast<cuda::PrefillAttentionKernel>(combos[v][0]);
+      ap.indexer = static_cast<cuda::PrefillIndexerKernel>(combos[v][1]);
       attn_v[v] = time_ms([&] { CHECK_OK(launch_prefill_attention(ap, &alloc, st())); });
       report(t, {"  indexer v" + std::to_string(combos[v][1]) + " + sparse attention v" +
                      std::to_string(combos[v][0]),

@@ -13,7 +13,7 @@
 //    scales):
 //      f16:  the tensor-core GEMV's packed step (gemv_mma.cuh): a word -> four f16x2 fragments by
 //            bit placement, four HMUL2 by the block scale, one mma.m16n8k16 f16 (the scales
-//            arrive as f16x2 words: variant 5 converts them from E4M3 once per 8 k-steps);
+//            arrive as f16x2 words: kMmaRing converts them from E4M3 once per 8 k-steps);
 //      fp8:  two words -> four E4M3 registers by bit placement, one mma.m16n8k32 e4m3 (two
 //            blocks: activation terms of block 0 in columns 0-3, block 1 in 4-7), four FFMA by
 //            the lane's block scale (E4M3 -> f32 per step).
@@ -169,7 +169,7 @@ __global__ void issue_kernel(int steps, float* out, long long* cycles) {
       acc[2] = fmaf(d[2], s_hi, acc[2]);
       acc[3] = fmaf(d[3], s_hi, acc[3]);
     } else {
-      // Two k-steps of variant 5's packed path: per word four fragments, four HMUL2, one mma.
+      // Two k-steps of kMmaRing's packed path: per word four fragments, four HMUL2, one mma.
       const uint32_t words[2] = {w.x, w.y};
 #pragma unroll
       for (int i = 0; i < 2; ++i) {

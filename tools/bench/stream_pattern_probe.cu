@@ -18,7 +18,7 @@
 //             each, two waves' worth of warps),
 // and prints each configuration's time and rate beside the plain read (read_probe.cu).
 //
-// `stream_pattern_probe reg` instead asks the same of variant 7's pattern
+// `stream_pattern_probe reg` instead asks the same of kMmaDirect's pattern
 // (gemm/gemv_mma_direct.cu: o_proj at one row, 384 CTAs x W warps, each warp's contiguous share
 // of its tile's 64 stages of 2 KB loaded straight into registers, NS stages in flight, a spin per
 // stage for the compute): whether register-fed loads reach the rate of a plain read and of
@@ -94,7 +94,7 @@ void plain_reads(uint8_t* buf, int64_t bytes, int64_t copies, uint32_t* sink, in
   }
 }
 
-// Variant 7's weight stream without its arithmetic: tile = CTA, warp w takes stages [S·w/W,
+// kMmaDirect's weight stream without its arithmetic: tile = CTA, warp w takes stages [S·w/W,
 // S·(w+1)/W) of the tile's S contiguous 2-KB stages, lane l 16 bytes at u·512 + 16·l of each; NS
 // stages in registers, stage i + NS requested once stage i is consumed (slots unrolled, so the
 // registers stay registers).
@@ -138,7 +138,7 @@ void register_patterns(uint8_t* buf, int64_t pool, uint32_t* sink, int sms) {
   const int tiles = 384, stages = 64;  // o_proj [6144 x 8192] in the mma layout
   const int64_t bytes = int64_t{tiles} * stages * kStageBytes;  // 50.3 MB
   const int64_t copies = pool / bytes;
-  std::printf("%-52s %9s %9s\n", "variant 7's pattern (50.3 MB, 2-KB stages)", "us", "TB/s");
+  std::printf("%-52s %9s %9s\n", "kMmaDirect's pattern (50.3 MB, 2-KB stages)", "us", "TB/s");
   plain_reads(buf, bytes, copies, sink, sms);
   for (int warps : {4, 6, 8})
     for (int ns : {1, 2, 3, 4})
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     register_patterns(buf, pool, sink, sms);
     return 0;
   }
-  const int total_warps = 3072, total_stages = 12;  // variant 5 at one token: 1536 CTAs x 2 x 12
+  const int total_warps = 3072, total_stages = 12;  // kMmaRing at one token: 1536 CTAs x 2 x 12
   const int64_t bytes = int64_t{total_warps} * total_stages * kStageBytes;  // 75.5 MB
   const int64_t copies = pool / bytes;
   std::printf("%-52s %9s %9s\n", "pattern (75.5 MB, 2-KB stages, one wave)", "us", "TB/s");

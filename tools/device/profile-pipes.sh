@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: why a batch-1 GEMV runs at the speed it does. Nsight Compute on one
-# launch each of the NVFP4 expert gate|up (variant 5, mma layout, 1 token), the MXFP8 qkv at one
-# row on variant 3 and on variant 5: speed of light, warp stall reasons, instruction mix and the
+# launch each of the NVFP4 expert gate|up (kMmaRing, mma layout, 1 token), the MXFP8 qkv at one
+# row on kDequantSplitK and on kMmaRing: speed of light, warp stall reasons, instruction mix and the
 # utilisation of each execution pipe (ALU, FMA, tensor, LSU, ...), which says whether the
 # dequantisation saturates a pipe or the warps wait on latency. Writes $OUT/pipes-*.txt.
 # Needs .device/cuda (tools/device/bundle.sh; carry .device/cuda.tar.xz).

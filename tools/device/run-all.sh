@@ -58,7 +58,7 @@ fi
 
 run_bench() {
   local t0=$SECONDS
-  # Main rows and the composed estimate with GEMV variant 3; variants 5 and 7 beside them.
+  # Main rows and the composed estimate with GEMV kDequantSplitK; kMmaRing and kMmaDirect beside them.
   timeout 120 "$B/cuda_decode_bench" "$OUT/bench.tsv" 3 >"$OUT/bench.log" 2>&1
   local rc=$?
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_decode_bench "$rc" "$((SECONDS - t0))")")
@@ -170,9 +170,9 @@ elif command -v compute-sanitizer >/dev/null; then
     'CudaRmsNorm.*:CudaRope.*:CudaSwigluOai.*:CudaRouterTopk.*:*CudaLinear.*/1:CudaCachingAllocator.*')
   rc2=$(san memcheck 30 cuda_composite_ops_test '*/0')
   rc3=$(san racecheck 20 cuda_composite_ops_test '*CudaPagedAttention*/0:*CudaIndexerTopk*/0')
-  # GEMV variant 7 and the MXFP8 repack (small shapes), and the fused router.
+  # GEMV kMmaDirect and the MXFP8 repack (small shapes), and the fused router.
   rc4=$(san memcheck 90 quant_gemv_mma_test 'QuantGemvDirect.*:QuantGemvMmaArgs.*')
-  # GEMV variant 5 on one NVFP4 row (staged activations, block scales on the mma's outputs, a
+  # GEMV kMmaRing on one NVFP4 row (staged activations, block scales on the mma's outputs, a
   # partial last stage; the zeros after each staged chunk), memcheck and racecheck.
   v5one='Shapes/QuantGemvMma.DenseMatchesCpuOnDequantisedWeights/17:Shapes/QuantGemvMma.DenseMatchesCpuOnDequantisedWeights/18'
   rc11=$(san memcheck 90 quant_gemv_mma_test "$v5one")

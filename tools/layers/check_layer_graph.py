@@ -7,7 +7,9 @@ GRAPH.dot is `cmake --graphviz=GRAPH.dot BUILD_DIR`'s output. Every m3_* library
 a library may link only libraries of its own layer or of layers below it. With --src, every
 `#include "<folder>/..."` of a file in src/<layer>/ must name its own layer or one below. An edge
 up the order (the model linking the engine, the engine including a concrete model, the engine
-linking the server) fails the check with exit status 1. With --markdown the target graph is
+linking the server) fails the check with exit status 1. So does CUDA outside src/backend/cuda: a
+CUDA, cuBLAS, CUB, NCCL or CUPTI header included, a raw CUDA runtime, cuBLAS or NCCL call, or a
+.cu/.cuh file (the model reaches the GPU through the backend's kernel and runtime headers). With --markdown the target graph is
 printed as the table docs/design/layers.md holds.
 """
 import os
@@ -73,6 +75,35 @@ def include_problems(src_dir):
     return problems
 
 
+CUDA_HEADER = re.compile(r'^\s*#\s*include\s*<(cuda|cublas|cub/|nccl|cupti|thrust/|curand|cusparse)')
+CUDA_CALL = re.compile(r'\b(cuda[A-Z]\w*|cublas[A-Z]\w*|cublasLt[A-Z]\w*|nccl[A-Z]\w*|cu[A-Z][a-z]\w*)\s*\(')
+
+
+def cuda_problems(src_dir):
+    """CUDA used directly outside src/backend/cuda (comments are not read)."""
+    problems = []
+    allowed = os.path.join(src_dir, "backend", "cuda")
+    for root, _, files in os.walk(src_dir):
+        if os.path.commonpath([root, allowed]) == allowed:
+            continue
+        for f in sorted(files):
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, os.path.dirname(src_dir.rstrip("/")))
+            if f.endswith((".cu", ".cuh")):
+                problems.append(f"{rel}: a CUDA source outside src/backend/cuda")
+                continue
+            if not f.endswith((".h", ".hpp", ".cpp", ".cc")):
+                continue
+            for n, line in enumerate(open(path, encoding="utf-8", errors="replace"), 1):
+                code = line.split("//", 1)[0]
+                if CUDA_HEADER.match(code):
+                    problems.append(f"{rel}:{n}: includes a CUDA header outside src/backend/cuda")
+                elif (m := CUDA_CALL.search(code)) is not None:
+                    problems.append(f"{rel}:{n}: calls {m.group(1)} outside src/backend/cuda "
+                                    "(use backend/cuda/runtime)")
+    return problems
+
+
 def main():
     argv = sys.argv[1:]
     src_dir = None
@@ -95,6 +126,7 @@ def main():
                                 "above it")
     if src_dir:
         problems += include_problems(src_dir)
+        problems += cuda_problems(src_dir)
     if "--markdown" in sys.argv:
         print("| layer | target | links (project libraries) |")
         print("| --- | --- | --- |")

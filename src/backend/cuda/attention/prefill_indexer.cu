@@ -1,4 +1,4 @@
-// Lightning indexer of a prefill chunk on the tensor cores (indexer_variant 1 of
+// Lightning indexer of a prefill chunk on the tensor cores (PrefillIndexerKernel::kGemmScores of
 // launch_prefill_attention): the chunk's index keys are gathered from their pages into one
 // contiguous bf16 matrix, the token scores S[t·Hix + h, j] = <iq[t, h], idx_k[j]> come from one
 // cuBLASLt bf16 GEMM (float32 accumulation; PrefillGemm with a BF16 "weight"), and this file's

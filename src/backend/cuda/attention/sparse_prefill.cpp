@@ -32,14 +32,14 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
                             std::to_string(hkv) + ")");
   // Dense rows select every causal block: top_k = num_blocks.
   const int64_t top_k = p.dense ? p.num_blocks : p.top_k;
-  const bool mma = p.variant == 1;
+  const bool mma = p.kernel == PrefillAttentionKernel::kTensorCore;
   if (mma && p.dense) {  // no selection, no split scratch: one launch for the whole chunk
     PrefillAttentionParams whole = p;
     return launch_prefill_attention_mma(whole, nullptr, 0, stream);
   }
-  const bool gemm_indexer = !p.dense && p.indexer_variant == 1;
+  const bool gemm_indexer = !p.dense && p.indexer == PrefillIndexerKernel::kGemmScores;
   if (gemm_indexer && p.gemm == nullptr)
-    return invalid_argument("[cuda.prefill_attention] indexer_variant 1 needs a PrefillGemm");
+    return invalid_argument("[cuda.prefill_attention] the kGemmScores indexer needs a PrefillGemm");
   const int64_t per_token =
       (mma ? 0 : p.num_heads * top_k * (d + 2) * 4) + hkv * top_k * 4 +
       (p.dense ? 0 : p.num_index_heads * p.num_blocks * 4) +

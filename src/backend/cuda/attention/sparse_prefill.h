@@ -26,6 +26,25 @@ namespace m3::cuda {
 class CachingAllocator;
 class PrefillGemm;
 
+// The attention kernel of a prefill chunk.
+enum class PrefillAttentionKernel : int {
+  // The decode kernels per token (split over blocks + combine; CUDA cores). The tests' second
+  // implementation.
+  kPerTokenDecode = 0,
+  // Tensor cores (mma.sync bf16): one warp per (token, KV group), online softmax over the blocks,
+  // P rounded to bf16 for P·V (sparse_prefill_mma.cu). Production.
+  kTensorCore = 1,
+};
+
+// The indexer of a prefill chunk (its block scores).
+enum class PrefillIndexerKernel : int {
+  kPerTokenDecode = 0,  // the decode indexer kernel per token
+  // One cuBLASLt GEMM per sub-chunk for the token scores (needs `gemm`) + max-pool
+  // (prefill_indexer.cu). Reads the positions on the host once (one synchronisation) to bound
+  // the GEMM by the chunk's causal limit. Production.
+  kGemmScores = 1,
+};
+
 struct PrefillAttentionParams {
   const uint16_t* q = nullptr;           // [T, H, D] bf16 (normed + roped)
   const uint16_t* iq = nullptr;          // [T, Hix, Dix] bf16 (normed + roped); unused if dense
@@ -38,14 +57,8 @@ struct PrefillAttentionParams {
   float scale = 0.0f;                    // 1/sqrt(D)
   int32_t* selected = nullptr;           // [T, Hix, top_k] out (sparse only); nullptr: internal
   uint16_t* out = nullptr;               // [T, H, D] bf16
-  // 0: the decode kernels per token (split over blocks + combine; CUDA cores).
-  // 1: tensor cores (mma.sync bf16): one warp per (token, KV group), online softmax over the
-  //    blocks, P rounded to bf16 for P·V (sparse_prefill_mma.cu).
-  int variant = 0;
-  // Indexer: 0: the decode indexer kernel per token; 1: one cuBLASLt GEMM per sub-chunk for the
-  // token scores (needs `gemm`) + max-pool (prefill_indexer.cu). Variant 1 reads the positions
-  // on the host once (one synchronisation) to bound the GEMM by the chunk's causal limit.
-  int indexer_variant = 0;
+  PrefillAttentionKernel kernel = PrefillAttentionKernel::kPerTokenDecode;
+  PrefillIndexerKernel indexer = PrefillIndexerKernel::kPerTokenDecode;
   PrefillGemm* gemm = nullptr;
 };
 
@@ -54,7 +67,7 @@ struct PrefillAttentionParams {
 Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocator* alloc,
                                 CUstream_st* stream, int64_t scratch_bytes = int64_t{512} << 20);
 
-// Variant 1 on a chunk whose selection is ready: `selected` [T, Hkv, top_k] (nullptr: dense,
+// kTensorCore on a chunk whose selection is ready: `selected` [T, Hkv, top_k] (nullptr: dense,
 // every block 0..b_q). p.selected, p.iq and p.dense are not read.
 Status launch_prefill_attention_mma(const PrefillAttentionParams& p, const int32_t* selected,
                                     int64_t top_k, CUstream_st* stream);

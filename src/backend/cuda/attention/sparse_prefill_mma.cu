@@ -1,5 +1,5 @@
 // Tensor-core (mma.sync m16n8k16, bf16 in, float32 accumulate) block-sparse / dense causal paged
-// attention for a prefill chunk (variant 1 of launch_prefill_attention, see sparse_prefill.h).
+// attention for a prefill chunk (PrefillAttentionKernel::kTensorCore of launch_prefill_attention, see sparse_prefill.h).
 //
 // One warp owns one (token, KV group): its 16 query heads are exactly the 16 rows of the mma, so
 // each K/V page row loaded serves all 16 heads. Per selected block (128 keys) the warp computes

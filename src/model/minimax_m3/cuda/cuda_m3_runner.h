@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "model/model.h"
-#include "model/minimax_m3_cuda/cuda_m3_model.h"
+#include "model/minimax_m3/cuda/cuda_m3_model.h"
 
 namespace m3 {
 

@@ -17,7 +17,7 @@
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
-#include "model/minimax_m3_cuda/device_arena.h"
+#include "backend/cuda/runtime/device_memory.h"
 
 namespace m3::minimax_m3 {
 
@@ -71,13 +71,13 @@ struct DevWeights {
 
 // Loads every text-model weight of `cfg` from `src` into `arena`.
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                    DeviceArena* arena);
+                                    cuda::DeviceArena* arena);
 
 // `--load-format dummy` on the GPU: random weights generated in place (src/backend/cuda/dummy)
 // in M3.1-Flash's storage formats: attention, indexer, dense-MLP and shared-expert linears MXFP8,
 // routed experts NVFP4 (multiplier 2e-4), router, embedding, lm_head and norms BF16, routing bias
 // float32. Values depend on (seed, tensor); they are not DummyWeightSource's host values.
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& cfg, uint64_t seed,
-                                          DeviceArena* arena);
+                                          cuda::DeviceArena* arena);
 
 }  // namespace m3::minimax_m3

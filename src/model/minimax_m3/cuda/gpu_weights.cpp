@@ -1,9 +1,10 @@
-#include "model/minimax_m3_cuda/gpu_weights.h"
+#include "model/minimax_m3/cuda/gpu_weights.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/runtime/device_memory.h"
 #include "core/dtype.h"
 #include "model/minimax_m3/weights.h"
 
@@ -73,7 +74,7 @@ Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& 
         const size_t want_w = static_cast<size_t>(all_mx ? n : n / 2);
         const size_t want_s = static_cast<size_t>(all_mx ? n / 32 : n / 16);
         if (raws[i].data_bytes != want_w || raws[i].scale_bytes != want_s)
-          return invalid_argument("[model.minimax_m3_cuda] tensor '" + parts[i].name +
+          return invalid_argument("[model.minimax_m3.cuda] tensor '" + parts[i].name +
                                   "': stored bytes do not match its format and shape");
         append(&m.w, raws[i].data, want_w);
         append(&m.s, raws[i].scale, want_s);
@@ -101,15 +102,14 @@ Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& 
   return m;
 }
 
-Status copy_to_device(void* dst, const void* src, size_t bytes) {
+Status upload(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::ok();
-  M3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  return Status::ok();
+  return cuda::copy_to_device(dst, src, bytes);
 }
 
 class Loader {
  public:
-  Loader(const WeightSource& src, DeviceArena* arena, DevWeights* out)
+  Loader(const WeightSource& src, cuda::DeviceArena* arena, DevWeights* out)
       : src_(src), arena_(arena), out_(out) {}
 
   // A [Hd]-style vector as bf16.
@@ -118,14 +118,14 @@ class Loader {
     std::vector<uint16_t> b(t.data.size());
     for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(t.data[i]);
     M3_ASSIGN_OR_RETURN(uint16_t * d, arena_->alloc<uint16_t>(n, name));
-    M3_RETURN_IF_ERROR(copy_to_device(d, b.data(), b.size() * 2));
+    M3_RETURN_IF_ERROR(upload(d, b.data(), b.size() * 2));
     return d;
   }
 
   Result<float*> vec_f32(const std::string& name, int64_t n) {
     M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {n}));
     M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(n, name));
-    M3_RETURN_IF_ERROR(copy_to_device(d, t.data.data(), t.data.size() * 4));
+    M3_RETURN_IF_ERROR(upload(d, t.data.data(), t.data.size() * 4));
     return d;
   }
 
@@ -161,7 +161,7 @@ class Loader {
         return d;
       }
     }
-    return internal_error("[model.minimax_m3_cuda] experts of '" + per_expert[0][0].name +
+    return internal_error("[model.minimax_m3.cuda] experts of '" + per_expert[0][0].name +
                           "' did not load as BF16");
   }
 
@@ -184,11 +184,11 @@ class Loader {
 
   Status put(const DevMatrix& d, int64_t e, const HostMatrix& h) {
     M3_RETURN_IF_ERROR(
-        copy_to_device(d.w + e * static_cast<int64_t>(h.w.size()), h.w.data(), h.w.size()));
+        upload(d.w + e * static_cast<int64_t>(h.w.size()), h.w.data(), h.w.size()));
     if (h.format != QuantFormat::kBf16)
       M3_RETURN_IF_ERROR(
-          copy_to_device(d.scale + e * static_cast<int64_t>(h.s.size()), h.s.data(), h.s.size()));
-    if (d.global) M3_RETURN_IF_ERROR(copy_to_device(d.global + e, &h.mult, sizeof(float)));
+          upload(d.scale + e * static_cast<int64_t>(h.s.size()), h.s.data(), h.s.size()));
+    if (d.global) M3_RETURN_IF_ERROR(upload(d.global + e, &h.mult, sizeof(float)));
     return Status::ok();
   }
 
@@ -208,14 +208,14 @@ class Loader {
   }
 
   const WeightSource& src_;
-  DeviceArena* arena_;
+  cuda::DeviceArena* arena_;
   DevWeights* out_;
 };
 
 Result<std::string> pick(const WeightSource& src, const std::string& a, const std::string& b) {
   if (src.has(a)) return a;
   if (src.has(b)) return b;
-  return not_found("[model.minimax_m3_cuda] missing tensor: looked for '" + a + "', '" + b + "'");
+  return not_found("[model.minimax_m3.cuda] missing tensor: looked for '" + a + "', '" + b + "'");
 }
 
 // Gate and up of a SwiGLU MLP under `base` as parts (fused gate_up_proj or separate).
@@ -260,7 +260,7 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
         break;
       }
     if (base.empty())
-      return not_found("[model.minimax_m3_cuda] missing dense MLP of layer " + std::to_string(i) +
+      return not_found("[model.minimax_m3.cuda] missing dense MLP of layer " + std::to_string(i) +
                        ": looked for '" + p + "mlp.gate_proj.weight' and '" + m +
                        "gate_proj.weight'");
     const int64_t inter = c.dense_intermediate_size;
@@ -277,7 +277,7 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   if (src.has(bias)) {
     M3_ASSIGN_OR_RETURN(L->router_bias, ld.vec_f32(bias, ne));
   } else if (c.use_routing_bias) {
-    return not_found("[model.minimax_m3_cuda] missing tensor '" + m +
+    return not_found("[model.minimax_m3.cuda] missing tensor '" + m +
                      "e_score_correction_bias' (use_routing_bias is true)");
   }
   std::vector<std::vector<Part>> gu(static_cast<size_t>(ne)), down(static_cast<size_t>(ne));
@@ -300,7 +300,7 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
 // Random weights on the GPU (make_dummy_dev_weights).
 class DummyMaker {
  public:
-  DummyMaker(uint64_t seed, DeviceArena* arena) : seed_(seed), arena_(arena) {}
+  DummyMaker(uint64_t seed, cuda::DeviceArena* arena) : seed_(seed), arena_(arena) {}
 
   Result<DevMatrix> matrix(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
     DevMatrix d;
@@ -323,7 +323,7 @@ class DummyMaker {
       M3_RETURN_IF_ERROR(fill(d.scale, e / 16, cuda::DummyKind::kE4m3Scales, 1.0f));
       // e2m1 (<= 6) x e4m3 scale (0.5 .. 120) x 2e-4: weights of magnitude ~0.01-0.1.
       const std::vector<float> mult(static_cast<size_t>(g), 2e-4f);
-      M3_RETURN_IF_ERROR(copy_to_device(d.global, mult.data(), mult.size() * sizeof(float)));
+      M3_RETURN_IF_ERROR(upload(d.global, mult.data(), mult.size() * sizeof(float)));
     } else {
       M3_ASSIGN_OR_RETURN(d.w, arena_->alloc<uint8_t>(2 * e, what));
       M3_ASSIGN_OR_RETURN(d.scale, arena_->alloc<uint8_t>(16, what));
@@ -352,13 +352,13 @@ class DummyMaker {
 
   uint64_t seed_;
   uint64_t tensor_ = 0;
-  DeviceArena* arena_;
+  cuda::DeviceArena* arena_;
 };
 
 }  // namespace
 
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t seed,
-                                          DeviceArena* arena) {
+                                          cuda::DeviceArena* arena) {
   DevWeights w;
   DummyMaker mk(seed, arena);
   const int64_t hd = c.hidden_size, d = c.head_dim, v = c.vocab_size;
@@ -409,7 +409,7 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
 }
 
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                    DeviceArena* arena) {
+                                    cuda::DeviceArena* arena) {
   DevWeights w;
   M3_ASSIGN_OR_RETURN(WeightNaming naming, detect_naming(src, cfg));
   Loader ld(src, arena, &w);

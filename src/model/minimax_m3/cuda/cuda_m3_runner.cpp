@@ -1,10 +1,10 @@
-#include "model/minimax_m3_cuda/cuda_m3_runner.h"
+#include "model/minimax_m3/cuda/cuda_m3_runner.h"
 
 #include <string>
 #include <vector>
 
 #include "kv/kv_budget.h"
-#include "model/minimax_m3_cuda/fit_check.h"
+#include "model/minimax_m3/cuda/fit_check.h"
 
 namespace m3 {
 
@@ -39,13 +39,13 @@ int32_t CudaM3ModelRunner::hidden_size() const {
 Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
   if (!step.capture_layers.empty()) {
     return Status(StatusCode::kUnimplemented,
-                  "[model.minimax_m3_cuda.runner] hidden-state capture is not available on the "
+                  "[model.minimax_m3.cuda.runner] hidden-state capture is not available on the "
                   "CUDA path");
   }
   for (const ModelSlice& s : step.slices) {
     if (!s.embeddings.empty()) {
       return Status(StatusCode::kUnimplemented,
-                    "[model.minimax_m3_cuda.runner] input embeddings are not available on the "
+                    "[model.minimax_m3.cuda.runner] input embeddings are not available on the "
                     "CUDA path");
     }
   }

@@ -9,7 +9,7 @@
 
 struct CUstream_st;
 
-namespace m3::minimax_m3 {
+namespace m3::cuda {
 
 struct EmbedBf16Params {
   const uint16_t* table = nullptr;  // [V, dim] bf16 bits
@@ -20,4 +20,4 @@ struct EmbedBf16Params {
 
 Status launch_embed_bf16(const EmbedBf16Params& p, CUstream_st* stream);
 
-}  // namespace m3::minimax_m3
+}  // namespace m3::cuda

@@ -4,9 +4,9 @@
 #include <string>
 
 #include "backend/cuda/runtime/cuda_check.h"
-#include "model/minimax_m3_cuda/embed_bf16.h"
+#include "backend/cuda/embed/embed_bf16.h"
 
-namespace m3::minimax_m3 {
+namespace m3::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) embed_bf16_kernel(EmbedBf16Params p,
 Status launch_embed_bf16(const EmbedBf16Params& p, CUstream_st* stream) {
   if (p.t == 0) return Status::ok();
   if (p.t < 0 || p.t > INT_MAX || p.dim <= 0 || p.vocab <= 0 || !p.table || !p.ids || !p.out)
-    return invalid_argument("[model.minimax_m3_cuda.embed] bad shape: t " + std::to_string(p.t) +
+    return invalid_argument("[cuda.embed_bf16] bad shape: t " + std::to_string(p.t) +
                             ", dim " + std::to_string(p.dim));
   const bool vec = p.dim % 8 == 0 && (reinterpret_cast<uintptr_t>(p.table) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
@@ -68,4 +68,4 @@ Status launch_embed_bf16(const EmbedBf16Params& p, CUstream_st* stream) {
   return Status::ok();
 }
 
-}  // namespace m3::minimax_m3
+}  // namespace m3::cuda

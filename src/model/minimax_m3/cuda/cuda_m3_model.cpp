@@ -1,6 +1,4 @@
-#include "model/minimax_m3_cuda/cuda_m3_model.h"
-
-#include <cuda_runtime.h>
+#include "model/minimax_m3/cuda/cuda_m3_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -26,12 +24,13 @@
 #include "backend/cuda/rope/attention_inputs.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_memory.h"
+#include "backend/cuda/runtime/graph.h"
 #include "backend/cuda/runtime/stream.h"
 #include "backend/cuda/sampling/sample.h"
-#include "model/minimax_m3_cuda/device_arena.h"
-#include "model/minimax_m3_cuda/embed_bf16.h"
-#include "model/minimax_m3_cuda/fit_check.h"
-#include "model/minimax_m3_cuda/gpu_weights.h"
+#include "backend/cuda/embed/embed_bf16.h"
+#include "model/minimax_m3/cuda/fit_check.h"
+#include "model/minimax_m3/cuda/gpu_weights.h"
 
 namespace m3::minimax_m3 {
 namespace {
@@ -140,40 +139,25 @@ struct PendingDelta {
 struct CudaM3Model::Impl {
   // Declaration order is destruction order reversed: the arena (all load-time memory) goes last,
   // the PrefillGemm before the allocator it draws from.
-  DeviceArena arena;
+  cuda::DeviceArena arena;
   MiniMaxM3Config cfg;
   CudaM3Options opt;
   cuda::Stream stream;
   cuda::Stream side;  // the shared expert's stream (at the device's least priority)
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  cuda::Event fork_ev, join_ev;
   std::unique_ptr<cuda::CachingAllocator> alloc;
   std::unique_ptr<cuda::PrefillGemm> gemm;
   DevWeights w;
   std::vector<cuda::KvCacheBf16View> kv;
   Bufs dec;  // decode buffers, max_batch rows
   int64_t dec_rows = 0, dec_mb_cap = 0;
-  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs;
+  std::map<std::pair<int64_t, int64_t>, cuda::GraphExec> graphs;
   CudaM3Stats stats;
   // Page-locked host staging of a decode step: its inputs (ids, positions, block tables) and its
   // logits. From pageable memory each copy is staged by the driver in pieces: at 8 rows the
   // per-row logits copies took ~0.45 ms each (H200 CUPTI trace).
   // Grown on demand, never shrunk.
-  void* host_stage = nullptr;
-  size_t host_stage_bytes = 0;
-
-  Result<uint8_t*> stage(size_t bytes) {
-    if (bytes > host_stage_bytes) {
-      if (host_stage != nullptr) {
-        M3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.get()));
-        cudaFreeHost(host_stage);
-        host_stage = nullptr;
-        host_stage_bytes = 0;
-      }
-      M3_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_stage, bytes));
-      host_stage_bytes = bytes;
-    }
-    return static_cast<uint8_t*>(host_stage);
-  }
+  cuda::PinnedHostBuffer host_stage;
 
   // Shapes.
   int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
@@ -183,12 +167,9 @@ struct CudaM3Model::Impl {
   float eps = 1e-6f, alpha = 1.702f, limit = 7.0f, scale = 0.0f, routed_scale = 1.0f;
 
   ~Impl() {
-    if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
-    if (side.get() != nullptr) cudaStreamSynchronize(side.get());
-    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
-    if (host_stage != nullptr) cudaFreeHost(host_stage);
-    if (fork_ev) cudaEventDestroy(fork_ev);
-    if (join_ev) cudaEventDestroy(join_ev);
+    // Nothing may still run on the memory freed below.
+    if (stream.get() != nullptr) static_cast<void>(stream.synchronize());
+    if (side.get() != nullptr) static_cast<void>(side.synchronize());
   }
 
   cudaStream_t st() const { return stream.get(); }
@@ -280,9 +261,9 @@ struct CudaM3Model::Impl {
       return cuda::launch_quant_gemv(p, on);
     }
     if (e.kind == GemvEpilogue::kSwigluF16)
-      return internal_error("[model.minimax_m3_cuda] f16 SwiGLU output needs a tensor-core GEMV");
+      return internal_error("[model.minimax_m3.cuda] f16 SwiGLU output needs a tensor-core GEMV");
     if (m.layout != WeightLayout::kRowMajor)
-      return internal_error("[model.minimax_m3_cuda] an NVFP4 matrix in the mma layout without "
+      return internal_error("[model.minimax_m3.cuda] an NVFP4 matrix in the mma layout without "
                             "its f16 input (kMmaRing)");
     p.pdl = p.kernel == GemvKernel::kDequantSplitK;
     e.pdl = true;
@@ -291,7 +272,7 @@ struct CudaM3Model::Impl {
     e.num_rows = rows;
     e.n = m.n;
     if (e.num_slices * rows * m.n > b.partial_elems)
-      return internal_error("[model.minimax_m3_cuda] GEMV scratch too small: " +
+      return internal_error("[model.minimax_m3.cuda] GEMV scratch too small: " +
                             std::to_string(e.num_slices * rows * m.n) + " > " +
                             std::to_string(b.partial_elems) + " floats");
     M3_RETURN_IF_ERROR(cuda::launch_quant_gemv(p, on));
@@ -303,13 +284,13 @@ struct CudaM3Model::Impl {
   Status gemv_partials(const DevMatrix& m, const GemvIn& in, int64_t rows, const Bufs& b,
                        int64_t* slices) {
     if (m.layout != WeightLayout::kRowMajor)
-      return internal_error("[model.minimax_m3_cuda] split-K partials of an mma-layout matrix");
+      return internal_error("[model.minimax_m3.cuda] split-K partials of an mma-layout matrix");
     cuda::QuantGemvParams p = gemv_params(m, in, rows, b);
     p.xh = nullptr;  // the split-K kernels read the bf16 rows
     p.pdl = p.kernel == GemvKernel::kDequantSplitK;
     *slices = cuda::quant_gemv_num_slices(m.format, m.k);
     if (*slices * rows * m.n > b.partial_elems)
-      return internal_error("[model.minimax_m3_cuda] GEMV scratch too small for the partials");
+      return internal_error("[model.minimax_m3.cuda] GEMV scratch too small for the partials");
     return cuda::launch_quant_gemv(p, st());
   }
 
@@ -543,15 +524,15 @@ struct CudaM3Model::Impl {
         swiglu_to(L.shared_gu, L.shared_down, rows, b.act_s, b.act_s16);
     const GemvIn shared_act = act_in(swiglu_s, b.act_s, L.shared_down.k);
     const auto fork_shared_expert = [&]() -> Status {
-      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_ev, st()));
-      M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.get(), fork_ev, 0));
+      M3_RETURN_IF_ERROR(fork_ev.record(st()));
+      M3_RETURN_IF_ERROR(fork_ev.make_wait(side.get()));
       Bufs sb = b;
       sb.partial = b.partial_side;
       sb.partial_elems = b.partial_side_elems;
       M3_RETURN_IF_ERROR(gemv(L.shared_gu, h_in, rows, swiglu_s, sb, false, 1, side.get()));
       M3_RETURN_IF_ERROR(gemv(L.shared_down, shared_act, rows, store_to(b.shared, hd), sb, false,
                               1, side.get()));
-      M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_ev, side.get()));
+      M3_RETURN_IF_ERROR(join_ev.record(side.get()));
       return Status::ok();
     };
     if (side_path) M3_RETURN_IF_ERROR(fork_shared_expert());
@@ -594,7 +575,7 @@ struct CudaM3Model::Impl {
                             store_to(b.contrib, hd), b, true, 1, nullptr, true, token_route));
     const float* shared = nullptr;
     if (side_path) {
-      M3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(st(), join_ev, 0));
+      M3_RETURN_IF_ERROR(join_ev.make_wait(st()));
       shared = b.shared;
     }
     // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
@@ -626,7 +607,7 @@ struct CudaM3Model::Impl {
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
   Status decode_step(int64_t rows, int64_t mb) {
     const Bufs& b = dec;
-    M3_RETURN_IF_ERROR(launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
     const int64_t layers = cfg.num_hidden_layers;
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
@@ -646,7 +627,7 @@ struct CudaM3Model::Impl {
     auto it = graphs.find(key);
     if (it != graphs.end()) {
       const auto t0 = std::chrono::steady_clock::now();
-      M3_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, st()));
+      M3_RETURN_IF_ERROR(it->second.launch(st()));
       stats.graph_launch_us +=
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       ++stats.graph_replays;
@@ -655,24 +636,11 @@ struct CudaM3Model::Impl {
     // First use: run eagerly (this step's result; also does the launchers' one-time
     // cudaFuncSetAttribute calls outside the capture), then capture the same launches.
     M3_RETURN_IF_ERROR(decode_step(rows, mb));
-    M3_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(st(), cudaStreamCaptureModeThreadLocal));
-    Status s = decode_step(rows, mb);
-    cudaGraph_t graph = nullptr;
-    cudaError_t end = cudaStreamEndCapture(st(), &graph);
-    if (!s.is_ok() || end != cudaSuccess) {
-      if (graph) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      if (!s.is_ok()) return s;
-      return cuda::cuda_error(end, "cudaStreamEndCapture", __FILE__, __LINE__);
-    }
-    cudaGraphExec_t exec = nullptr;
     // Per-node priorities (copied from the capturing streams): the side stream's kernels stay
     // below the critical path's.
-    cudaError_t inst = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
-    cudaGraphDestroy(graph);
-    if (inst != cudaSuccess)
-      return cuda::cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
-    graphs.emplace(key, exec);
+    M3_ASSIGN_OR_RETURN(cuda::GraphExec exec,
+                        cuda::capture_graph(st(), [&] { return decode_step(rows, mb); }));
+    graphs.emplace(key, std::move(exec));
     ++stats.graph_captures;
     return Status::ok();
   }
@@ -712,14 +680,11 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.selected, sc.get<int32_t>(n_dec * hix * top_k));
     M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * top_k * kKeySplits * d));
     M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * top_k * kKeySplits * 2));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(b.ids, ids.data(), t * 4, cudaMemcpyHostToDevice, st()));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(b.positions, pos.data(), t * 4, cudaMemcpyHostToDevice, st()));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(b.tables, tabs.data(), t * mb * 4, cudaMemcpyHostToDevice, st()));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.ids, ids.data(), t * 4, st()));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.positions, pos.data(), t * 4, st()));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.tables, tabs.data(), t * mb * 4, st()));
 
-    M3_RETURN_IF_ERROR(launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
       const DevLayer& L = w.layers[static_cast<size_t>(l)];
       M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
@@ -747,8 +712,8 @@ struct CudaM3Model::Impl {
         ap.dense = false;
         ap.scale = scale;
         ap.out = b.attn + s.offset * nh * d;
-        ap.variant = 1;          // tensor cores (sparse_prefill_mma.cu)
-        ap.indexer_variant = 1;  // token scores by a cuBLASLt GEMM
+        ap.kernel = cuda::PrefillAttentionKernel::kTensorCore;
+        ap.indexer = cuda::PrefillIndexerKernel::kGemmScores;
         ap.gemm = gemm.get();
         M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
       }
@@ -801,8 +766,7 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.rows, sc.get<int32_t>(nr));
     M3_ASSIGN_OR_RETURN(b.h_rows, sc.get<uint16_t>(nr * hd));
     M3_ASSIGN_OR_RETURN(b.logits, sc.get<float>(nr * vocab));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(b.rows, rows.data(), nr * 4, cudaMemcpyHostToDevice, st()));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.rows, rows.data(), nr * 4, st()));
     M3_RETURN_IF_ERROR(cuda::launch_gather_bf16(b.h, b.rows, 1, nr, hd, b.h_rows, st()));
     M3_RETURN_IF_ERROR(plinear(w.lm_head, b.h_rows, hd, nr, b.logits, vocab));
     int64_t r0 = 0;
@@ -811,8 +775,8 @@ struct CudaM3Model::Impl {
       std::vector<float>& dst = out->logits[s.index];
       dst.resize(static_cast<size_t>(n * vocab));
       if (n > 0)
-        M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data(), b.logits + r0 * vocab, n * vocab * 4,
-                                                cudaMemcpyDeviceToHost, st()));
+        M3_RETURN_IF_ERROR(
+            cuda::copy_to_host_async(dst.data(), b.logits + r0 * vocab, n * vocab * 4, st()));
       r0 += n;
     }
     return stream.synchronize();
@@ -887,7 +851,7 @@ Status CudaM3Model::Impl::repack_nvfp4() {
 Status CudaM3Model::Impl::alloc_decode_buffers() {
   const int64_t r = dec_rows, mb = dec_mb_cap;
   Bufs& b = dec;
-  DeviceArena& a = arena;
+  cuda::DeviceArena& a = arena;
   const std::string what = "decode buffers";
   M3_ASSIGN_OR_RETURN(b.ids, a.alloc<int32_t>(r, what));
   M3_ASSIGN_OR_RETURN(b.positions, a.alloc<int32_t>(r, what));
@@ -911,8 +875,8 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.greedy_value, a.alloc<float>(r * cuda::kSampleGreedySplits, what));
   M3_ASSIGN_OR_RETURN(b.greedy_index, a.alloc<int32_t>(r * cuda::kSampleGreedySplits, what));
   M3_ASSIGN_OR_RETURN(b.greedy_tickets, a.alloc<uint32_t>(r, what));
-  M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.greedy_tickets, 0, static_cast<size_t>(r) * 4));
-  M3_CUDA_RETURN_IF_ERROR(cudaMemset(b.route_counter, 0, sizeof(uint32_t)));
+  M3_RETURN_IF_ERROR(cuda::fill_zero(b.greedy_tickets, static_cast<size_t>(r) * 4));
+  M3_RETURN_IF_ERROR(cuda::fill_zero(b.route_counter, sizeof(uint32_t)));
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
   M3_ASSIGN_OR_RETURN(b.contrib, a.alloc<float>(r * kk * hd, what));
@@ -968,16 +932,16 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
                                                        const CudaM3Options& options) {
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
   if (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30))
-    return invalid_argument("[model.minimax_m3_cuda] num_kv_pages " +
+    return invalid_argument("[model.minimax_m3.cuda] num_kv_pages " +
                             std::to_string(options.num_kv_pages) + " outside [1, 2^30]");
   if (options.max_batch < 1 || options.max_batch > 4096)
-    return invalid_argument("[model.minimax_m3_cuda] max_batch " +
+    return invalid_argument("[model.minimax_m3.cuda] max_batch " +
                             std::to_string(options.max_batch) + " outside [1, 4096]");
   if (options.tuning.cluster_norm_max_rows < 0)
-    return invalid_argument("[model.minimax_m3_cuda] tuning.cluster_norm_max_rows " +
+    return invalid_argument("[model.minimax_m3.cuda] tuning.cluster_norm_max_rows " +
                             std::to_string(options.tuning.cluster_norm_max_rows) + " is negative");
   if (options.tuning.fused_router_max_rows < 0 || options.tuning.fused_router_max_rows > 256)
-    return invalid_argument("[model.minimax_m3_cuda] tuning.fused_router_max_rows " +
+    return invalid_argument("[model.minimax_m3.cuda] tuning.fused_router_max_rows " +
                             std::to_string(options.tuning.fused_router_max_rows) +
                             " outside [0, 256] (the fused router's limit)");
   M3_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::select_device(options.device));
@@ -1020,8 +984,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   cuda::Stream::priority_range(&greatest, &least);
   M3_ASSIGN_OR_RETURN(im.stream, cuda::Stream::create(greatest));
   M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create(least));
-  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.fork_ev, cudaEventDisableTiming));
-  M3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&im.join_ev, cudaEventDisableTiming));
+  M3_ASSIGN_OR_RETURN(im.fork_ev, cuda::Event::create());
+  M3_ASSIGN_OR_RETURN(im.join_ev, cuda::Event::create());
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {
@@ -1030,7 +994,7 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
     M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(cfg, src, &im.arena));
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
-  M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  M3_RETURN_IF_ERROR(cuda::synchronize_device());
   M3_RETURN_IF_ERROR(im.repack_nvfp4());
   M3_RETURN_IF_ERROR(im.repack_mxfp8());
   im.stats.weight_bytes = im.arena.bytes();
@@ -1061,7 +1025,7 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   im.stats.buffer_bytes = im.arena.bytes() - im.stats.weight_bytes - im.stats.kv_bytes;
   // The uploads (cudaMemcpy from pageable memory, cudaMemset) run on the legacy stream, which a
   // non-blocking stream does not wait for: finish them before the first step.
-  M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  M3_RETURN_IF_ERROR(cuda::synchronize_device());
   return m;
 }
 
@@ -1080,9 +1044,9 @@ CudaM3Stats CudaM3Model::stats() const {
 Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out) {
   Impl& im = *impl_;
   const int64_t pages = im.opt.num_kv_pages;
-  if (batch.empty()) return invalid_argument("[model.minimax_m3_cuda.forward] empty batch");
+  if (batch.empty()) return invalid_argument("[model.minimax_m3.cuda.forward] empty batch");
   // The engine calls from its own thread; the current device is per thread.
-  M3_CUDA_RETURN_IF_ERROR(cudaSetDevice(im.opt.device));
+  M3_RETURN_IF_ERROR(cuda::set_current_device(im.opt.device));
   // ---- Validate (the messages of Model::forward) and order: one-token rows first.
   std::vector<Impl::Seq> seqs;
   std::vector<size_t> order;
@@ -1092,7 +1056,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   int64_t t_all = 0, n_dec = 0, mb = 1;
   for (size_t s : order) {
     const SequenceInput& in = batch[s];
-    const std::string who = "[model.minimax_m3_cuda.forward] sequence " + std::to_string(s) + ": ";
+    const std::string who = "[model.minimax_m3.cuda.forward] sequence " + std::to_string(s) + ": ";
     if (in.tokens.empty()) return invalid_argument(who + "no tokens");
     if (in.start_pos < 0) return invalid_argument(who + "negative start_pos");
     const int64_t n = static_cast<int64_t>(in.tokens.size());
@@ -1119,7 +1083,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     if (n == 1) ++n_dec;
     mb = std::max(mb, need);
   }
-  if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3_cuda.forward] batch too large");
+  if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3.cuda.forward] batch too large");
 
   const bool decode = n_dec == t_all && t_all <= im.dec_rows && mb <= im.dec_mb_cap;
   if (decode) {
@@ -1146,7 +1110,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     const size_t token_bytes = static_cast<size_t>((t_all + 3) / 4 * 4) * 4;  // keeps 16-byte alignment
     const size_t head_bytes = in_bytes + knob_bytes + token_bytes;
     const size_t logit_bytes = copy_logits ? static_cast<size_t>(t_all * im.vocab) * 4 : 0;
-    M3_ASSIGN_OR_RETURN(uint8_t * host, im.stage(head_bytes + logit_bytes));
+    M3_ASSIGN_OR_RETURN(uint8_t * host, im.host_stage.reserve(head_bytes + logit_bytes, im.st()));
     int32_t* ids = reinterpret_cast<int32_t*>(host);
     int32_t* pos = ids + rows;
     int32_t* tabs = pos + rows;
@@ -1161,12 +1125,9 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       std::copy(in.block_table.begin(), in.block_table.begin() + nb, tabs + r * width);
     }
     cudaStream_t st = im.st();
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(im.dec.ids, ids, rows * 4, cudaMemcpyHostToDevice, st));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(im.dec.positions, pos, rows * 4, cudaMemcpyHostToDevice, st));
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(im.dec.tables, tabs, rows * width * 4, cudaMemcpyHostToDevice, st));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.ids, ids, rows * 4, st));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.positions, pos, rows * 4, st));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.tables, tabs, rows * width * 4, st));
     auto* knobs = reinterpret_cast<cuda::SampleRowParams*>(host + in_bytes);
     auto* tokens = reinterpret_cast<int32_t*>(host + in_bytes + knob_bytes);
     if (n_sample > 0) {
@@ -1178,8 +1139,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
         knobs[s.offset] = cuda::SampleRowParams{d.temperature, d.top_k, d.top_p, d.min_p,
                                                 d.rng.seed, d.rng.stream, d.rng.counter};
       }
-      M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(im.dec.sample_rows, knobs, knob_bytes,
-                                              cudaMemcpyHostToDevice, st));
+      M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.sample_rows, knobs, knob_bytes, st));
     }
     M3_RETURN_IF_ERROR(im.run_decode(rows, width));
     if (n_sample > 0) {
@@ -1194,13 +1154,11 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       sp.greedy_index = im.dec.greedy_index;
       sp.greedy_tickets = im.dec.greedy_tickets;
       M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
-      M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens, im.dec.sampled, t_all * 4,
-                                              cudaMemcpyDeviceToHost, st));
+      M3_RETURN_IF_ERROR(cuda::copy_to_host_async(tokens, im.dec.sampled, t_all * 4, st));
     }
     float* logits = reinterpret_cast<float*>(host + head_bytes);
     if (copy_logits)
-      M3_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(logits, im.dec.logits, logit_bytes, cudaMemcpyDeviceToHost, st));
+      M3_RETURN_IF_ERROR(cuda::copy_to_host_async(logits, im.dec.logits, logit_bytes, st));
     M3_RETURN_IF_ERROR(im.stream.synchronize());
     out->logits.resize(batch.size());
     out->tokens.assign(n_sample > 0 ? batch.size() : 0, -1);

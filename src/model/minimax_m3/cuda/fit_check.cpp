@@ -1,4 +1,4 @@
-#include "model/minimax_m3_cuda/fit_check.h"
+#include "model/minimax_m3/cuda/fit_check.h"
 
 #include <string>
 
@@ -7,7 +7,7 @@ namespace {
 
 Status no_fit(const std::string& field, int64_t value, const std::string& need) {
   return invalid_argument(
-      "[model.minimax_m3_cuda] config does not fit the real-shape CUDA "
+      "[model.minimax_m3.cuda] config does not fit the real-shape CUDA "
       "kernels: " +
       field + " = " + std::to_string(value) + " (" + need + ")");
 }
