@@ -375,13 +375,26 @@ bool Engine::run_step() {
       }
     }
   }
+  // Slices of requests that want their prompt logits return a row for every prompt token.
+  std::vector<ReqCtx*> prompt_rows(plan.seqs.size(), nullptr);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqSlice& s = plan.seqs[i];
+    auto it = requests_.find(s.request_id);
+    if (it == requests_.end() || !it->second->req.prompt_logits) continue;
+    if (s.start_pos < static_cast<int32_t>(it->second->req.prompt_tokens.size())) {
+      prompt_rows[i] = it->second.get();
+    }
+  }
   // Rows the runner may sample itself (on its device): those whose parameters need nothing but
-  // the logits and the random key (device_sampling.h); the others get their logits back.
+  // the logits and the random key (device_sampling.h); the others get their logits back. A row
+  // sampled on the device returns no logits, so none whose prompt logits are kept is offered.
   std::vector<std::optional<DeviceSampling>> sampling;
   if (runner_->samples_on_device()) {
-    for (const SeqSlice& slice : plan.seqs) {
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const SeqSlice& slice = plan.seqs[i];
       if (!slice.need_logits) continue;
       std::optional<DeviceSampling>& d = sampling.emplace_back();
+      if (prompt_rows[i] != nullptr) continue;
       auto owner = seq_owner_.find(slice.seq_id);
       if (owner == seq_owner_.end()) continue;
       const ReqCtx* req = owner->second.first;
@@ -393,16 +406,6 @@ bool Engine::run_step() {
         d = device_sampling(p, sample_key(*req, *seq));
     }
   }
-  // Slices of requests that want their prompt logits return a row for every prompt token.
-  std::vector<ReqCtx*> prompt_rows(plan.seqs.size(), nullptr);
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const SeqSlice& s = plan.seqs[i];
-    auto it = requests_.find(s.request_id);
-    if (it == requests_.end() || !it->second->req.prompt_logits) continue;
-    if (s.start_pos < static_cast<int32_t>(it->second->req.prompt_tokens.size())) {
-      prompt_rows[i] = it->second.get();
-    }
-  }
   LogitsOut out;
   Status st;
   try {
@@ -412,7 +415,7 @@ bool Engine::run_step() {
     ModelOutput model_out;
     st = runner_->forward(step, model_out);
     if (st.is_ok()) st = gather_step_logits(plan, step, model_out, vocab_size_, out);
-    if (st.is_ok()) keep_prompt_logits(plan, step, model_out, prompt_rows);
+    if (st.is_ok()) st = keep_prompt_logits(plan, step, model_out, prompt_rows);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }
@@ -430,8 +433,8 @@ bool Engine::run_step() {
   return true;
 }
 
-void Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
-                                const ModelOutput& out, std::span<ReqCtx* const> prompt_rows) {
+Status Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
+                                  const ModelOutput& out, std::span<ReqCtx* const> prompt_rows) {
   const size_t V = static_cast<size_t>(vocab_size_);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     ReqCtx* req = prompt_rows[i];
@@ -439,12 +442,19 @@ void Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
     const size_t prompt_len = req->req.prompt_tokens.size();
     if (req->prompt_logits.empty()) req->prompt_logits.resize(prompt_len * V);
     const std::vector<int32_t>& rows = step.slices[i].logits_rows;
+    if (i >= out.logits.size() || out.logits[i].size() < rows.size() * V) {
+      return internal_error("[engine] the model returned " +
+                            std::to_string(i < out.logits.size() ? out.logits[i].size() / V : 0) +
+                            " logits rows for a slice that asked for " +
+                            std::to_string(rows.size()) + " (prompt logits)");
+    }
     for (size_t r = 0; r < rows.size(); ++r) {
       const size_t pos = static_cast<size_t>(plan.seqs[i].start_pos + rows[r]);
       if (pos >= prompt_len) continue;
       std::copy_n(out.logits[i].begin() + r * V, V, req->prompt_logits.begin() + pos * V);
     }
   }
+  return Status::ok();
 }
 
 RngKey Engine::sample_key(const ReqCtx& req, const SeqCtx& seq) {
