@@ -7,6 +7,7 @@
 #include "model/minimax_m3/dummy_weights.h"
 #if defined(M3_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/runtime/stream.h"
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
 #endif
 
@@ -48,6 +49,16 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
   return Status(StatusCode::kUnimplemented,
                 "--device cuda: this m3serve was not built with the CUDA backend (configure with "
                 "-DM3_CUDA=ON where nvcc is installed; 'm3serve version' says 'cuda: no')");
+#endif
+}
+
+Result<int64_t> cuda_memory_bytes() {
+#if defined(M3_HAVE_CUDA)
+  M3_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::select_device(0));
+  return info.global_mem_bytes;
+#else
+  return Status(StatusCode::kUnimplemented,
+                "--device cuda: this m3serve was not built with the CUDA backend");
 #endif
 }
 

@@ -27,6 +27,10 @@ std::string resolve_device(const std::string& device);
 // present). Anything else: invalid_argument.
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads);
 
+// The total memory of GPU 0 in bytes, as the CUDA runtime reports it (the --mem-fraction-static
+// base); unimplemented without CUDA.
+Result<int64_t> cuda_memory_bytes();
+
 // --device cuda, real-shape path (src/model/minimax_m3/cuda): the model on the quantised GPU
 // kernels with a bf16 KV cache of kv_cache_bytes. invalid_argument naming the field when `cfg`
 // does not fit those kernels (the caller then uses the float32 CudaBackend path), unimplemented

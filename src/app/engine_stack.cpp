@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "app/memory_plan.h"
+#include "app/startup_report.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/cpu_model_runner.h"
 #include "loader/checkpoint.h"
@@ -42,7 +44,8 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   o.max_running_requests = f.max_running_requests;
   o.chunked_prefill_size = f.chunked_prefill_size;
   o.max_queued_requests = f.max_queued_requests;
-  if (f.kv_cache_bytes > 0) o.kv_cache_bytes = f.kv_cache_bytes;
+  o.kv_cache_bytes = f.kv_cache_bytes;
+  o.mem_fraction_static = f.mem_fraction_static;
   return o;
 }
 
@@ -131,50 +134,72 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
 
   const int32_t max_positions =
       static_cast<int32_t>(std::min<int64_t>(loaded.config.max_position_embeddings, INT32_MAX));
-  int32_t context_length = options.context_length > 0 ? options.context_length : max_positions;
-  if (context_length > max_positions) {
-    return invalid_argument("--context-length " + std::to_string(context_length) +
-                            " exceeds the model's max_position_embeddings " +
-                            std::to_string(max_positions) + " (" + model_path + "/config.json)");
-  }
   const int32_t page_size = static_cast<int32_t>(loaded.config.index_block_size);
 
-  // The pool must hold one request of the full context length (the engine refuses a request
-  // whose prompt + max_tokens - 1 tokens exceed the pool, so a smaller pool serves nothing long).
-  const int64_t page_bytes =
+  // Memory (app/memory_plan.h): the pool must hold one request of the context length (the engine
+  // refuses a request whose prompt + max_tokens - 1 tokens exceed the pool).
+  const WeightStorage storage =
+      real_shape ? WeightStorage::kCheckpointFormats : WeightStorage::kFloat32;
+  const bool on_gpu = options.device == "cuda";
+  MemoryPlanInput mem;
+  mem.device_name = on_gpu ? "GPU" : "CPU";
+  if (options.kv_cache_bytes <= 0 && (options.mem_fraction_static > 0 || on_gpu)) {
+    if (on_gpu && options.cuda_memory_bytes) {
+      M3_ASSIGN_OR_RETURN(mem.device_memory_bytes, options.cuda_memory_bytes());
+    } else if (!on_gpu) {
+      M3_ASSIGN_OR_RETURN(mem.device_memory_bytes, available_host_memory());
+    }
+  }
+  mem.mem_fraction_static = options.mem_fraction_static;
+  mem.default_mem_fraction = on_gpu && options.default_kv_cache_bytes > 0 ? kDefaultGpuMemFraction : 0;
+  mem.default_kv_cache_bytes = options.default_kv_cache_bytes;
+  mem.kv_cache_bytes = options.kv_cache_bytes;
+  mem.weight_bytes = weight_bytes_per_device(loaded.config, storage, 1);
+  const int32_t max_running =
+      options.max_running_requests > 0 ? options.max_running_requests : kDefaultMaxRunning;
+  const int32_t chunk = options.chunked_prefill_size > 0
+                            ? options.chunked_prefill_size
+                            : (options.context_length > 0 ? options.context_length : max_positions);
+  mem.activation_bytes = activation_bytes_per_device(
+      loaded.config, storage, 1, std::max(chunk, max_running), max_running);
+  mem.kv_bytes_per_page =
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
-  const int64_t needed_pages =
-      std::max<int64_t>(1, (int64_t{context_length} - 1 + page_size - 1) / page_size);
-  const int64_t kv_cache_bytes =
-      options.kv_cache_bytes > 0 ? options.kv_cache_bytes : needed_pages * page_bytes;
-  const int64_t pages = page_bytes > 0 ? kv_cache_bytes / page_bytes : 0;
-  if (pages < needed_pages) {
-    return invalid_argument(
-        "--kv-cache-bytes " + std::to_string(kv_cache_bytes) + " holds " +
-        std::to_string(pages) + " KV pages of " + std::to_string(page_size) + " tokens (" +
-        std::to_string(page_bytes) + " bytes each); one request of the context length " +
-        std::to_string(context_length) + " needs " + std::to_string(needed_pages) + " pages = " +
-        std::to_string(needed_pages * page_bytes) +
-        " bytes. Raise --kv-cache-bytes or lower --context-length.");
-  }
+  mem.page_size = page_size;
+  mem.max_context_length = max_positions;
+  mem.context_length = options.context_length;
+  mem.cap_to_running_requests = on_gpu ? 0 : max_running;
+  M3_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(mem));
+  for (const std::string& w : plan.warnings) std::fprintf(stderr, "m3serve: warning: %s\n", w.c_str());
+  const int32_t context_length = plan.context_length;
+  const int64_t kv_cache_bytes = plan.kv_cache_bytes;
   std::fprintf(stderr,
-               "m3serve: KV cache %lld bytes (--kv-cache-bytes): %lld pages of %d tokens, "
+               "m3serve: KV cache %lld bytes (%s): %lld pages of %d tokens, "
                "%lld bytes per page, %lld tokens\n",
-               static_cast<long long>(kv_cache_bytes), static_cast<long long>(pages),
-               page_size, static_cast<long long>(page_bytes),
-               static_cast<long long>(pages * page_size));
+               static_cast<long long>(kv_cache_bytes), plan.sized_by.c_str(),
+               static_cast<long long>(plan.pages), page_size,
+               static_cast<long long>(mem.kv_bytes_per_page),
+               static_cast<long long>(plan.max_tokens));
 
   std::unique_ptr<ModelRunner> runner;
   if (real_shape) {
     M3_ASSIGN_OR_RETURN(runner,
                         options.make_cuda_runner(loaded.config, *loaded.weights, kv_cache_bytes));
-    std::fprintf(stderr, "m3serve: --device cuda: real-shape kernels (quantised weights, bf16 KV "
-                         "cache)\n");
   } else {
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
                                     std::move(backend), std::move(loaded.model), kv_cache_bytes));
   }
+  std::vector<std::string> report;
+  report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +
+                   format_bytes(mem.weight_bytes) + " on the " + mem.device_name +
+                   (real_shape ? " in those formats (real-shape CUDA kernels)"
+                               : " as float32 (the reference path)"));
+  report.push_back("layout: 1 device (tp 1, dp 1, ep 1)");
+  report.push_back(std::string("KV cache: ") + (real_shape ? "bf16" : "float32") + ", " +
+                   std::to_string(plan.pages) + " pages of " + std::to_string(page_size) +
+                   " tokens = " + std::to_string(plan.max_tokens) + " tokens (" +
+                   format_bytes(kv_cache_bytes) + ", " + plan.sized_by + "); context length " +
+                   std::to_string(context_length));
 
   EngineConfig cfg;
   cfg.scheduler.page_size = page_size;
@@ -191,6 +216,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   LoadedEngine out;
   M3_ASSIGN_OR_RETURN(out.engine, Engine::create(std::move(cfg), std::move(runner)));
   out.context_length = context_length;
+  out.report = std::move(report);
   out.keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
       new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
   return out;
@@ -211,6 +237,7 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
   stack.backend =
       std::make_unique<serving::EngineBackend>(std::move(loaded.engine), loaded.context_length,
                                       std::move(loaded.keepalive), std::move(tails));
+  stack.report = std::move(loaded.report);
   stack.codec = std::make_unique<serving::TokenizerCodec>(tokenizer);
   stack.renderer = std::make_unique<serving::TemplateRenderer>(std::move(tmpl));
   return stack;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -21,6 +22,11 @@
 #include "serving/tokenizer_codec.h"
 
 namespace m3::app {
+
+// --mem-fraction-static on the GPU when the flag is not given (SGLang picks 0.85-0.88 on
+// 80-141 GB devices), and the scheduler's default --max-running-requests.
+constexpr double kDefaultGpuMemFraction = 0.85;
+constexpr int32_t kDefaultMaxRunning = 256;
 
 struct EngineStackOptions {
   std::string device = "auto";          // auto (= cpu), cpu or cuda (needs make_backend)
@@ -43,8 +49,15 @@ struct EngineStackOptions {
   int32_t max_running_requests = 0;     // 0: the scheduler's default (256)
   int32_t chunked_prefill_size = 8192;  // -1 or 0: no chunking (the whole prompt at once)
   int32_t max_queued_requests = 4096;
-  int64_t kv_cache_bytes = int64_t{512} << 20;  // KV pool; 0: exactly one request of the
-                                                // context length
+  // KV pool (app/memory_plan.h): kv_cache_bytes > 0 is taken as given; else mem_fraction_static
+  // > 0 plans it from the device's memory (on the GPU also without the flag, at
+  // kDefaultGpuMemFraction); else the CPU pool is default_kv_cache_bytes, or exactly one request
+  // of the context length where that is 0.
+  int64_t kv_cache_bytes = 0;
+  int64_t default_kv_cache_bytes = int64_t{512} << 20;
+  double mem_fraction_static = 0;
+  // The GPU's total memory (bytes), from the CUDA runtime; set where CUDA is built in.
+  std::function<Result<int64_t>()> cuda_memory_bytes;
   int32_t num_threads = 0;                      // CPU threads for the model; 0: all cores
   bool enable_prefix_cache = true;
 };
@@ -60,6 +73,8 @@ struct LoadedEngine {
                                     // destroyed after the engine
   std::unique_ptr<Engine> engine;
   int32_t context_length = 0;
+  // The startup report's lines about the model (weights, device, KV cache), without prefix.
+  std::vector<std::string> report;
 };
 Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStackOptions& options,
                                  DetokenizerFactory detokenizer = {});
@@ -68,6 +83,7 @@ struct EngineStack {
   std::unique_ptr<serving::EngineBackend> backend;
   std::unique_ptr<serving::TokenizerCodec> codec;
   std::unique_ptr<serving::TemplateRenderer> renderer;
+  std::vector<std::string> report;  // LoadedEngine::report
 };
 
 // Every error names the directory and the file at fault.

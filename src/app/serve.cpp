@@ -50,10 +50,17 @@ Result<server::ModelStack> load_engine(const ServeConfig& config) {
     std::fprintf(stderr, "m3serve: DSpark draft found in the target checkpoint's dspark/ "
                          "subfolder\n");
   }
+  const char* draft = model.has_dspark
+                          ? "the checkpoint's dspark/ draft, unused without "
+                            "--speculative-algorithm DSPARK"
+                          : "none (no dspark/ subfolder in the checkpoint)";
   options.device = resolve_device(options.device);
   options.make_backend = make_backend;                // --device cuda: CudaBackend when built in
   options.make_cuda_runner = make_cuda_model_runner;  // real-shape kernels when the config fits
+  options.cuda_memory_bytes = cuda_memory_bytes;      // the --mem-fraction-static base
   M3_ASSIGN_OR_RETURN(EngineStack stack, make_engine_stack(model.dir, options));
+  for (const std::string& line : stack.report) std::fprintf(stderr, "m3serve: %s\n", line.c_str());
+  std::fprintf(stderr, "m3serve: draft: %s\n", draft);
   server::ModelStack out;
   out.backend = std::move(stack.backend);
   out.codec = std::move(stack.codec);
@@ -103,7 +110,9 @@ int run_serve(const ServeConfig& config) {
       return;
     }
     model.install(std::move(stack).value());
-    std::fprintf(stderr, "m3serve: model loaded\n");
+    std::fprintf(stderr, "m3serve: ready: serving '%s' on http://%s:%u\n",
+                 config.server.served_model_names.front().c_str(), config.server.host.c_str(),
+                 server.port());
     std::fflush(stderr);
   };
   // The fake backend without a load time has nothing to load: install it before announcing the

@@ -233,24 +233,20 @@ const std::vector<Flag>& flags() {
        }},
       // ---- memory
       {"--mem-fraction-static", true, G::kMemory,
-       "device memory fraction for weights + KV pool (also --gpu-memory-utilization); the CPU "
-       "pool is sized by --kv-cache-bytes",
+       "weights + KV pool at most this fraction of each device's memory (GPU: its total, "
+       "default 0.85; CPU: the available memory, default: a 512 MiB pool); the pool gets what "
+       "the weights and the step's working memory leave (docs/memory.md)",
        "0.85",
        [](ServeConfig& f, const std::string& v) {
-         M3_RETURN_IF_ERROR(set_double(f.mem_fraction_static, "--mem-fraction-static", v, 0.0, 1.0));
-         return note(f, "--mem-fraction-static", v,
-                     "the KV pool is sized by --kv-cache-bytes (default 512 MiB); planning by "
-                     "memory fraction is not built yet");
+         return set_double(f.mem_fraction_static, "--mem-fraction-static", v, 0.0, 1.0);
        }},
       {"--gpu-memory-utilization", true, G::kMemory, nullptr, "0.85",
        [](ServeConfig& f, const std::string& v) {
-         M3_RETURN_IF_ERROR(set_double(f.mem_fraction_static, "--gpu-memory-utilization", v, 0.0, 1.0));
-         return note(f, "--gpu-memory-utilization", v,
-                     "the KV pool is sized by --kv-cache-bytes (default 512 MiB); planning by "
-                     "memory fraction is not built yet");
+         return set_double(f.mem_fraction_static, "--gpu-memory-utilization", v, 0.0, 1.0);
        }},
       {"--kv-cache-bytes", true, G::kMemory,
-       "KV cache pool in bytes (default 536870912); must hold one request of the context length",
+       "KV cache pool in bytes per device, instead of planning it by --mem-fraction-static; "
+       "must hold one request of the context length",
        "1048576", INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
       {"--kv-cache-dtype", true, G::kMemory, "auto (default) or bf16; fp8_e4m3 / fp4_e2m1 not yet",
        "fp8_e4m3",

@@ -14,7 +14,7 @@ app::EngineStackOptions engine_options(const ModelCommandFlags& flags) {
   o.num_threads = static_cast<int32_t>(flags.threads);
   o.chunked_prefill_size = static_cast<int32_t>(flags.prefill_chunk);  // 0: the whole prompt
   o.enable_prefix_cache = false;  // one request: nothing to share
-  o.kv_cache_bytes = 0;           // exactly one request of the context length
+  o.default_kv_cache_bytes = 0;   // exactly one request of the context length
   o.max_running_requests = 1;
   return o;
 }

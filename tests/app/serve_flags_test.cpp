@@ -165,12 +165,12 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   ASSERT_TRUE(f.is_ok()) << f.status().message();
   EXPECT_EQ(f->config.server.served_model_names.front(), "MiniMaxAI/MiniMax-M3.1-Flash");
   for (const char* inert : {"--trust-remote-code", "--moe-runner-backend",
-                            "--cuda-graph-backend-prefill", "--cuda-graph-max-bs-decode",
-                            "--mem-fraction-static"}) {
+                            "--cuda-graph-backend-prefill", "--cuda-graph-max-bs-decode"}) {
     bool noted = false;
     for (const std::string& n : f->config.notices) noted |= n.rfind(inert, 0) == 0;
     EXPECT_TRUE(noted) << inert;
   }
+  EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
   auto refused = options_from_config(f->config);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("--tp 4"), std::string::npos);

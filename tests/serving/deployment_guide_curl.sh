@@ -72,10 +72,18 @@ done
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] || fail "the model did not load"
 grep -q "model $MODEL at revision $COMMIT" "$LOG" || fail "the startup log does not name the revision"
 for flag in --trust-remote-code --moe-runner-backend --cuda-graph-backend-prefill \
-            --cuda-graph-max-bs-decode --mem-fraction-static --speculative-use-block-verification; do
+            --cuda-graph-max-bs-decode --speculative-use-block-verification; do
   grep -q "note: $flag" "$LOG" || fail "no startup note for the inert flag $flag"
 done
-echo "ok the guide's quickstart: ready, revision $COMMIT, a note for each inert flag"
+# The startup report: weights, layout, KV cache sized by the guide's --mem-fraction-static (on the
+# CPU: of the available memory, capped at what 128 running requests of 512 tokens can hold),
+# the draft and the ready line with the served name.
+for line in "m3serve: weights: " "m3serve: layout: 1 device" \
+            "KV cache: float32, .*, --mem-fraction-static 0.8 of .* per device, capped at what 128 running requests of 512 tokens can hold); context length 512" \
+            "m3serve: draft: none" "m3serve: ready: serving '$MODEL' on http://127.0.0.1:$PORT"; do
+  grep -q -- "$line" "$LOG" || fail "no startup report line matching: $line"
+done
+echo "ok the guide's quickstart: ready, revision $COMMIT, a note for each inert flag, the report"
 
 # Runs a JS assertion on a response body (JSON in $WORK/body): `node` is what the e2e tests use.
 check() {

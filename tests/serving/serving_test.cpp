@@ -463,7 +463,12 @@ TEST(EngineStack, KvCacheBytesSizesThePoolAndIsValidated) {
   auto from = app::options_from_config(config);
   ASSERT_TRUE(from.is_ok());
   EXPECT_EQ(from->kv_cache_bytes, 123456789);
-  EXPECT_EQ(app::options_from_config(app::ServeConfig{})->kv_cache_bytes, int64_t{512} << 20);
+  // Not given: planned (the CPU's default pool, or --mem-fraction-static).
+  EXPECT_EQ(app::options_from_config(app::ServeConfig{})->kv_cache_bytes, 0);
+  EXPECT_EQ(app::options_from_config(app::ServeConfig{})->default_kv_cache_bytes, int64_t{512} << 20);
+  config.kv_cache_bytes = 0;
+  config.mem_fraction_static = 0.8;
+  EXPECT_EQ(app::options_from_config(config)->mem_fraction_static, 0.8);
 }
 
 TEST(EngineStack, MissingModelDirectoryIsNamed) {

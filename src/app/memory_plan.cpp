@@ -1,0 +1,245 @@
+#include "app/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace m3::app {
+
+namespace {
+
+double mxfp8(double n, double k) { return n * k * (1.0 + 1.0 / 32.0); }
+double nvfp4(double n, double k) { return n * k * (0.5 + 1.0 / 16.0) + 4.0; }
+double bf16(double n, double k) { return 2.0 * n * k; }
+
+// Heads of `heads` on one of `ranks` devices (replicated below one per rank).
+double heads_per_rank(int64_t heads, int ranks) {
+  return std::max(1.0, static_cast<double>(heads) / ranks);
+}
+
+int64_t pages_for(int64_t context_length, int32_t page_size) {
+  // A request of C tokens holds C - 1 positions in the cache when its last token is sampled.
+  return std::max<int64_t>(1, (context_length - 1 + page_size - 1) / page_size);
+}
+
+std::string fraction_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", f);
+  return buf;
+}
+
+}  // namespace
+
+int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks) {
+  ranks = std::max(1, ranks);
+  const bool f32 = storage == WeightStorage::kFloat32;
+  auto dense = [&](double n, double k) { return f32 ? 4.0 * n * k : mxfp8(n, k); };
+  auto expert = [&](double n, double k) { return f32 ? 4.0 * n * k : nvfp4(n, k); };
+  auto plain = [&](double n, double k) { return f32 ? 4.0 * n * k : bf16(n, k); };
+  const double h = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
+  const double q_heads = heads_per_rank(c.num_attention_heads, ranks);
+  const double kv_heads = heads_per_rank(c.num_key_value_heads, ranks);
+  const double ix_heads = heads_per_rank(c.index_n_heads, ranks);
+  double total = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    total += dense(q_heads * d, h) + 2 * dense(kv_heads * d, h) + dense(h, q_heads * d);
+    total += plain(1, 2 * h) + plain(1, 2 * d);  // input/post norms, q/k norms
+    if (c.is_sparse_layer(i)) {
+      total += dense(ix_heads * c.index_head_dim, h) + dense(c.index_head_dim, h);
+      total += plain(1, 2.0 * c.index_head_dim);
+    }
+    if (!c.is_moe_layer(i)) {
+      total += 3 * dense(static_cast<double>(c.dense_intermediate_size) / ranks, h);
+      continue;
+    }
+    total += plain(static_cast<double>(c.num_local_experts), h) + 4.0 * c.num_local_experts;
+    total += static_cast<double>(c.num_local_experts) / ranks * 3 *
+             expert(static_cast<double>(c.intermediate_size), h);
+    const double shared = static_cast<double>(c.shared_intermediate_size * c.n_shared_experts);
+    if (shared > 0) total += 3 * dense(shared / ranks, h);
+  }
+  const double vocab_rows = static_cast<double>(c.vocab_size) / ranks;
+  total += plain(vocab_rows, h) * (c.tie_word_embeddings ? 1 : 2) + plain(1, h);
+  return static_cast<int64_t>(std::ceil(total));
+}
+
+int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& c, int ranks, double kv_element_bytes,
+                                     double index_element_bytes) {
+  const double kv_heads = heads_per_rank(c.num_key_value_heads, std::max(1, ranks));
+  double per_token = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    per_token += 2 * kv_heads * c.head_dim * kv_element_bytes;
+    if (c.is_sparse_layer(i)) per_token += c.index_head_dim * index_element_bytes;
+  }
+  return static_cast<int64_t>(std::ceil(per_token * c.index_block_size));
+}
+
+int64_t activation_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks,
+                                    int64_t step_tokens, int64_t logit_rows) {
+  ranks = std::max(1, ranks);
+  const double h = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
+  const double q = heads_per_rank(c.num_attention_heads, ranks) * d;
+  const double kv = heads_per_rank(c.num_key_value_heads, ranks) * d;
+  const double ix = heads_per_rank(c.index_n_heads, ranks) * c.index_head_dim;
+  const double mlp = static_cast<double>(std::max(c.dense_intermediate_size,
+                                                  c.shared_intermediate_size)) / ranks;
+  const double k = static_cast<double>(c.num_experts_per_tok);
+  // Per token: the residual (f32), the normed row (bf16), q|k|v|index q|index k (f32), q, the
+  // attention output and index q (bf16), router logits and top-k, gate|up (f32) and its SwiGLU
+  // (bf16), the shared expert's output (f32), and per routed expert its activation and output.
+  const double per_token = 4 * h + 2 * h + 4 * (q + 2 * kv + ix + c.index_head_dim) +
+                           2 * (2 * q + ix) + 4.0 * c.num_local_experts + 8 * k +
+                           4 * 2 * mlp + 2 * mlp + 4 * h +
+                           k * (2.0 * c.intermediate_size / ranks + 4 * h);
+  const double scale = storage == WeightStorage::kFloat32 ? 2.0 : 1.0;  // f32 where bf16 above
+  const double logits = 2.0 * 4 * static_cast<double>(logit_rows) * c.vocab_size / ranks;
+  double fixed = 256.0 * (1 << 20);  // CPU: the thread pool's scratch and the sampler
+  if (storage == WeightStorage::kCheckpointFormats) {
+    // CUDA context and cuBLASLt workspace (~1 GiB), the prefill attention scratch (512 MiB) and
+    // the largest weight dequantised to bf16 for a prefill GEMM (the dense gate|up).
+    fixed = (1024.0 + 512.0) * (1 << 20) + 2.0 * 2.0 * c.dense_intermediate_size / ranks * h;
+  }
+  return static_cast<int64_t>(
+      std::ceil(scale * per_token * static_cast<double>(std::max<int64_t>(1, step_tokens)) +
+                logits + fixed));
+}
+
+Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
+  if (in.page_size <= 0 || in.kv_bytes_per_page <= 0) {
+    return invalid_argument("[memory plan] the model reports no KV layout (page of " +
+                            std::to_string(in.page_size) + " tokens, " +
+                            std::to_string(in.kv_bytes_per_page) + " bytes)");
+  }
+  if (in.context_length > in.max_context_length) {
+    return invalid_argument("--context-length " + std::to_string(in.context_length) +
+                            " exceeds the model's max_position_embeddings " +
+                            std::to_string(in.max_context_length));
+  }
+  MemoryPlan p;
+  const int64_t page_bytes = in.kv_bytes_per_page;
+  const double fraction =
+      in.mem_fraction_static > 0 ? in.mem_fraction_static : in.default_mem_fraction;
+  const int32_t wanted_context =
+      in.context_length > 0 ? in.context_length : in.max_context_length;
+  const std::string fraction_flag = in.mem_fraction_static > 0
+                                        ? "--mem-fraction-static " + fraction_text(fraction)
+                                        : "the default memory fraction " + fraction_text(fraction);
+  int64_t pool = 0;
+  if (in.kv_cache_bytes > 0) {
+    pool = in.kv_cache_bytes;
+    p.sized_by = "--kv-cache-bytes " + std::to_string(in.kv_cache_bytes);
+  } else if (fraction > 0) {
+    if (!(fraction <= 1.0)) {
+      return invalid_argument("--mem-fraction-static " + fraction_text(fraction) +
+                              " is not in (0, 1]");
+    }
+    if (in.device_memory_bytes <= 0) {
+      return invalid_argument("[memory plan] the " + in.device_name +
+                              " memory size is unknown; give --kv-cache-bytes");
+    }
+    // Whole bytes: the static part, and the rest that working memory uses first.
+    const int64_t static_bytes =
+        static_cast<int64_t>(fraction * static_cast<double>(in.device_memory_bytes));
+    const int64_t outside = in.device_memory_bytes - static_bytes;
+    p.reserve_bytes = std::max<int64_t>(0, in.activation_bytes - outside);
+    const double left = static_cast<double>(static_bytes - in.weight_bytes - p.reserve_bytes);
+    if (left < static_cast<double>(page_bytes)) {
+      return invalid_argument(
+          fraction_flag + " of " + format_bytes(in.device_memory_bytes) + " per " +
+          in.device_name + " device (" + std::to_string(in.ranks) + " device" +
+          (in.ranks == 1 ? "" : "s") + ") leaves " +
+          format_bytes(static_cast<int64_t>(std::max(0.0, left))) + " for the KV cache after " +
+          format_bytes(in.weight_bytes) + " of weights and " + format_bytes(p.reserve_bytes) +
+          " of working memory per device; one KV page needs " + format_bytes(page_bytes) +
+          ". Use more devices (--tp), raise --mem-fraction-static, or give --kv-cache-bytes");
+    }
+    pool = static_cast<int64_t>(left);
+    p.sized_by = fraction_flag + " of " + format_bytes(in.device_memory_bytes) + " per device";
+    if (in.cap_to_running_requests > 0) {
+      const int64_t useful = int64_t{in.cap_to_running_requests} *
+                             pages_for(wanted_context, in.page_size) * page_bytes;
+      if (pool > useful) {
+        pool = useful;
+        p.sized_by += ", capped at what " + std::to_string(in.cap_to_running_requests) +
+                      " running requests of " + std::to_string(wanted_context) +
+                      " tokens can hold";
+      }
+    }
+  } else if (in.default_kv_cache_bytes > 0) {
+    pool = in.default_kv_cache_bytes;
+    p.sized_by = "the default pool of " + format_bytes(pool);
+    if (in.context_length > 0) {  // an explicit context length gets at least one request's room
+      const int64_t one = pages_for(in.context_length, in.page_size) * page_bytes;
+      if (one > pool) {
+        pool = one;
+        p.sized_by = "one request of --context-length " + std::to_string(in.context_length);
+      }
+    }
+  } else {
+    pool = pages_for(wanted_context, in.page_size) * page_bytes;
+    p.sized_by = "one request of " + std::to_string(wanted_context) + " tokens";
+  }
+  p.pages = pool / page_bytes;
+  p.kv_cache_bytes = p.pages * page_bytes;
+  p.max_tokens = p.pages * in.page_size;
+  const int64_t needed = pages_for(wanted_context, in.page_size);
+  auto too_small = [&](int64_t context) {
+    const int64_t need = pages_for(context, in.page_size);
+    return invalid_argument(
+        p.sized_by + " holds " + std::to_string(p.pages) + " KV pages of " +
+        std::to_string(in.page_size) + " tokens (" + std::to_string(page_bytes) +
+        " bytes each); one request of the context length " + std::to_string(context) +
+        " needs " + std::to_string(need) + " pages = " + std::to_string(need * page_bytes) +
+        " bytes. Raise --kv-cache-bytes or --mem-fraction-static, lower --context-length, or "
+        "use more devices");
+  };
+  if (p.pages < 1) return too_small(wanted_context);
+  if (needed <= p.pages) {
+    p.context_length = wanted_context;
+  } else if (in.context_length > 0) {
+    return too_small(in.context_length);
+  } else {
+    p.context_length = static_cast<int32_t>(std::min<int64_t>(p.max_tokens, INT32_MAX));
+    p.warnings.push_back("the model's maximum context of " + std::to_string(wanted_context) +
+                         " tokens does not fit the KV pool of " + std::to_string(p.max_tokens) +
+                         " tokens; serving a context length of " +
+                         std::to_string(p.context_length) +
+                         " (raise --mem-fraction-static or use more devices for more)");
+  }
+  return p;
+}
+
+Result<int64_t> available_host_memory(const std::string& meminfo_text) {
+  std::string text = meminfo_text;
+  if (text.empty()) {
+    std::ifstream f("/proc/meminfo");
+    if (!f) return not_found("[memory plan] cannot read /proc/meminfo");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return int64_t{kb} * 1024;
+  }
+  return not_found("[memory plan] /proc/meminfo has no MemAvailable line");
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[48];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e9) {
+    std::snprintf(buf, sizeof buf, "%.1f GB", b / 1e9);
+  } else if (b >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+  }
+  return buf;
+}
+
+}  // namespace m3::app

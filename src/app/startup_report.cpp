@@ -1,0 +1,48 @@
+#include "app/startup_report.h"
+
+#include <map>
+#include <set>
+
+namespace m3::app {
+
+namespace {
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// The role of a text-model weight by its checkpoint name; empty for what the summary leaves out.
+std::string role_of(const std::string& name) {
+  if (contains(name, "vision") || contains(name, "visual") || contains(name, "projector") ||
+      contains(name, "dspark")) {
+    return "";
+  }
+  if (contains(name, ".experts.") && !contains(name, "shared_experts")) return "routed experts";
+  if (contains(name, "embed_tokens") || contains(name, "lm_head")) return "embeddings and head";
+  const bool linear = contains(name, "_proj.") || contains(name, ".w1.") || contains(name, ".w2.") ||
+                      contains(name, ".w3.");
+  return linear ? "dense linears" : "";
+}
+
+}  // namespace
+
+std::string weight_formats_summary(const WeightSource& weights) {
+  // Roles in a fixed order; the formats of each, in name order.
+  const char* order[] = {"dense linears", "routed experts", "embeddings and head"};
+  std::map<std::string, std::set<std::string>> formats;
+  for (const std::string& name : weights.names()) {
+    const std::string role = role_of(name);
+    if (role.empty()) continue;
+    auto f = weights.format(name);
+    if (f.is_ok()) formats[role].insert(weight_format_name(*f));
+  }
+  std::string out;
+  for (const char* role : order) {
+    auto it = formats.find(role);
+    if (it == formats.end()) continue;
+    std::string names;
+    for (const std::string& f : it->second) names += (names.empty() ? "" : "/") + f;
+    out += (out.empty() ? "" : ", ") + names + " " + role;
+  }
+  return out.empty() ? "no text-model linears found" : out;
+}
+
+}  // namespace m3::app

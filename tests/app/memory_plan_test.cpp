@@ -1,0 +1,215 @@
+// Memory planning (app/memory_plan.h) on MiniMax-M3.1-Flash's real shapes for devices this
+// machine does not have: 1, 2, 4 and 8 GPUs of 141 GB, bf16 and fp8 KV caches.
+#include "app/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/minimax_m3/cuda/fit_check.h"
+#include "model/minimax_m3/dummy_weights.h"
+
+namespace m3::app {
+namespace {
+
+constexpr int64_t kH200 = 141'000'000'000;
+
+MiniMaxM3Config flash() { return minimax_m3::builtin_m3_flash_config(60); }
+
+TEST(MemoryPlan, FlashWeightBytesFromParameterCounts) {
+  const MiniMaxM3Config c = flash();
+  // Counted another way: parameters by storage format over the whole model.
+  const double h = 6144, experts = 128, inter = 3072, vocab = 200064;
+  const double attention = 64 * 128 * h * 2 + 4 * 128 * h * 2 + 4 * 128 * h + 128 * h;  // q o k v iq ik
+  const double mxfp8_params = 60 * attention + 3 * 3 * 12288 * h + 57 * 3 * 3072 * h;
+  const double nvfp4_params = 57 * experts * 3 * inter * h;
+  const double bf16_params = 2 * vocab * h + 57 * experts * h;
+  const double expected = mxfp8_params * (1 + 1.0 / 32) + nvfp4_params * (0.5 + 1.0 / 16) +
+                          bf16_params * 2;
+  const double one = static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 1));
+  EXPECT_NEAR(one / expected, 1.0, 1e-3) << one;  // norms, biases and globals are the rest
+  EXPECT_GT(one, 240e9);  // the checkpoint's text model is ~246 GB
+  EXPECT_LT(one, 255e9);
+  // Split over ranks: about 1/N each, the replicated router and norms on top.
+  for (int ranks : {2, 4, 8}) {
+    const double per = static_cast<double>(
+        weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, ranks));
+    EXPECT_GT(per, one / ranks) << ranks;
+    EXPECT_LT(per, one / ranks * 1.02) << ranks;
+  }
+  // The float32 path holds 4 bytes per parameter.
+  const double f32 = static_cast<double>(weight_bytes_per_device(c, WeightStorage::kFloat32, 1));
+  EXPECT_NEAR(f32 / (4 * (mxfp8_params + nvfp4_params + bf16_params)), 1.0, 1e-3);
+}
+
+TEST(MemoryPlan, KvPageBytesMatchTheRunnerAndSplitByHeads) {
+  const MiniMaxM3Config c = flash();
+  // bf16 on one device: what the real-shape runner allocates per page.
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 1, 2, 2), minimax_m3::real_shape_kv_bytes_per_page(c));
+  // 60 layers x 128 tokens x (K and V of 4 heads x 128 + one 128-wide index key).
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 1, 2, 2), 60 * 128 * (2 * 4 * 128 * 2 + 128 * 2));
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 1, 1, 2), 60 * 128 * (2 * 4 * 128 + 128 * 2));  // fp8
+  // Two ranks hold two KV heads each; eight ranks still one (replicated); index keys everywhere.
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 2, 2, 2), 60 * 128 * (2 * 2 * 128 * 2 + 128 * 2));
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 8, 2, 2), kv_bytes_per_page_per_device(c, 4, 2, 2));
+}
+
+struct FlashCase {
+  int gpus;
+  double kv_bytes;  // 2 bf16, 1 fp8
+};
+
+MemoryPlanInput flash_input(int gpus, double kv_bytes, double fraction) {
+  const MiniMaxM3Config c = flash();
+  MemoryPlanInput in;
+  in.device_name = "GPU";
+  in.device_memory_bytes = kH200;
+  in.ranks = gpus;
+  in.mem_fraction_static = fraction;
+  in.weight_bytes = weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, gpus);
+  in.activation_bytes =
+      activation_bytes_per_device(c, WeightStorage::kCheckpointFormats, gpus, 32768, 128);
+  in.kv_bytes_per_page = kv_bytes_per_page_per_device(c, gpus, kv_bytes, 2);
+  in.page_size = 128;
+  in.max_context_length = 524288;
+  return in;
+}
+
+TEST(MemoryPlan, FlashOnH200s) {
+  for (double kv : {2.0, 1.0}) {
+    SCOPED_TRACE(kv == 2 ? "bf16 KV" : "fp8 KV");
+    // One GPU: the weights alone exceed the fraction.
+    auto one = plan_memory(flash_input(1, kv, 0.85));
+    ASSERT_FALSE(one.is_ok());
+    EXPECT_NE(one.status().message().find("--tp"), std::string::npos) << one.status().message();
+    EXPECT_NE(one.status().message().find("weights"), std::string::npos);
+    // Two GPUs at 0.85 do not hold the weights (~124 GB each of 119.9); at 0.9 they do, with a
+    // pool too small for the model's 512K context: it is capped, with a warning naming both.
+    EXPECT_FALSE(plan_memory(flash_input(2, kv, 0.85)).is_ok());
+    const MemoryPlanInput two = flash_input(2, kv, 0.9);
+    auto p2 = plan_memory(two);
+    ASSERT_TRUE(p2.is_ok()) << p2.status().to_string();
+    const int64_t static_bytes = static_cast<int64_t>(0.9 * kH200);
+    const int64_t reserve = std::max<int64_t>(0, two.activation_bytes - (kH200 - static_bytes));
+    EXPECT_EQ(p2->reserve_bytes, reserve);
+    const int64_t left = static_bytes - two.weight_bytes - reserve;
+    EXPECT_EQ(p2->pages, left / two.kv_bytes_per_page);
+    EXPECT_EQ(p2->kv_cache_bytes, p2->pages * two.kv_bytes_per_page);
+    EXPECT_EQ(p2->max_tokens, p2->pages * 128);
+    EXPECT_LT(p2->context_length, 524288);
+    EXPECT_EQ(p2->context_length, p2->max_tokens);
+    ASSERT_EQ(p2->warnings.size(), 1u);
+    EXPECT_NE(p2->warnings[0].find("524288"), std::string::npos) << p2->warnings[0];
+    EXPECT_NE(p2->warnings[0].find(std::to_string(p2->max_tokens)), std::string::npos);
+    // An explicit context the pool cannot hold is an error, not a cap.
+    MemoryPlanInput two_long = two;
+    two_long.context_length = 524288;
+    auto e2 = plan_memory(two_long);
+    ASSERT_FALSE(e2.is_ok());
+    EXPECT_NE(e2.status().message().find("524288"), std::string::npos) << e2.status().message();
+    // Four and eight GPUs: the whole context, several requests of it, no warning.
+    int64_t last_pages = 0;
+    for (int gpus : {4, 8}) {
+      const MemoryPlanInput in = flash_input(gpus, kv, 0.85);
+      auto p = plan_memory(in);
+      ASSERT_TRUE(p.is_ok()) << gpus << ": " << p.status().to_string();
+      EXPECT_EQ(p->context_length, 524288) << gpus;
+      EXPECT_TRUE(p->warnings.empty()) << gpus;
+      EXPECT_EQ(p->reserve_bytes, 0) << "the step fits in the other 15 %";
+      EXPECT_EQ(p->pages, (static_cast<int64_t>(0.85 * kH200) - in.weight_bytes) /
+                              in.kv_bytes_per_page)
+          << gpus;
+      EXPECT_GE(p->max_tokens, 2 * 524288) << gpus;
+      EXPECT_GT(p->pages, last_pages);
+      last_pages = p->pages;
+    }
+  }
+  // fp8 halves K and V, not the bf16 index keys: at one KV head per rank (4 GPUs) the pages are
+  // 2/3 the size, so 1.5x the tokens.
+  auto bf16 = plan_memory(flash_input(4, 2, 0.85));
+  auto fp8 = plan_memory(flash_input(4, 1, 0.85));
+  ASSERT_TRUE(bf16.is_ok() && fp8.is_ok());
+  EXPECT_NEAR(static_cast<double>(fp8->max_tokens) / static_cast<double>(bf16->max_tokens), 1.5,
+              0.01);
+}
+
+TEST(MemoryPlan, WorkingMemoryBeyondTheRestIsReserved) {
+  MemoryPlanInput in;
+  in.device_name = "GPU";
+  in.device_memory_bytes = 1000;
+  in.mem_fraction_static = 0.8;
+  in.weight_bytes = 300;
+  in.activation_bytes = 250;  // 50 more than the 200 outside the fraction
+  in.kv_bytes_per_page = 10;
+  in.page_size = 4;
+  in.max_context_length = 64;
+  auto p = plan_memory(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->reserve_bytes, 50);
+  EXPECT_EQ(p->pages, (800 - 300 - 50) / 10);
+  in.activation_bytes = 150;
+  EXPECT_EQ(plan_memory(in)->reserve_bytes, 0);
+  EXPECT_EQ(plan_memory(in)->pages, 50);
+  in.mem_fraction_static = 1.5;
+  EXPECT_FALSE(plan_memory(in).is_ok());
+}
+
+TEST(MemoryPlan, ExplicitBytesDefaultsAndTheRunningCap) {
+  MemoryPlanInput in;
+  in.device_name = "CPU";
+  in.device_memory_bytes = 1'000'000;
+  in.kv_bytes_per_page = 100;
+  in.page_size = 32;
+  in.max_context_length = 4096;
+  // --kv-cache-bytes wins over a fraction.
+  in.kv_cache_bytes = 12'345;
+  in.mem_fraction_static = 0.5;
+  auto p = plan_memory(in);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->pages, 123);
+  EXPECT_EQ(p->kv_cache_bytes, 12'300);
+  EXPECT_NE(p->sized_by.find("--kv-cache-bytes 12345"), std::string::npos);
+  EXPECT_EQ(p->context_length, 123 * 32) << "capped to the pool, with a warning";
+  EXPECT_EQ(p->warnings.size(), 1u);
+  // Too small for one page: the error names the flag and the pages.
+  in.kv_cache_bytes = 50;
+  auto small = plan_memory(in);
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_NE(small.status().message().find("--kv-cache-bytes 50 holds 0 KV pages"),
+            std::string::npos)
+      << small.status().message();
+  // A fraction with the running cap: 0.5 of 1 MB = 5000 pages, capped at 2 requests of 4096.
+  in.kv_cache_bytes = 0;
+  in.cap_to_running_requests = 2;
+  p = plan_memory(in);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->pages, 2 * 128);
+  EXPECT_EQ(p->context_length, 4096);
+  // No fraction: the default pool, grown to one request of an explicit context length.
+  in.mem_fraction_static = 0;
+  in.cap_to_running_requests = 0;
+  in.default_kv_cache_bytes = 1000;
+  EXPECT_EQ(plan_memory(in)->pages, 10);
+  in.context_length = 1000;
+  EXPECT_EQ(plan_memory(in)->pages, (1000 - 1 + 31) / 32);
+  EXPECT_EQ(plan_memory(in)->context_length, 1000);
+  // No default either: exactly one request (generate, score).
+  in.default_kv_cache_bytes = 0;
+  in.context_length = 65;
+  EXPECT_EQ(plan_memory(in)->pages, 2);
+  in.context_length = 5000;
+  EXPECT_FALSE(plan_memory(in).is_ok()) << "beyond max_position_embeddings";
+}
+
+TEST(MemoryPlan, AvailableHostMemoryFromMeminfo) {
+  auto m = available_host_memory("MemTotal:       24000000 kB\nMemFree:  100 kB\n"
+                                 "MemAvailable:   20000000 kB\n");
+  ASSERT_TRUE(m.is_ok());
+  EXPECT_EQ(*m, int64_t{20000000} * 1024);
+  EXPECT_FALSE(available_host_memory("MemTotal: 1 kB\n").is_ok());
+  EXPECT_TRUE(available_host_memory().is_ok()) << "this machine's /proc/meminfo";
+  EXPECT_EQ(format_bytes(141'000'000'000), "141.0 GB");
+}
+
+}  // namespace
+}  // namespace m3::app
