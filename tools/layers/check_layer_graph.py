@@ -21,7 +21,7 @@ LAYERS = [
     ("core", ["m3_core"]),
     ("quant", ["m3_quant"]),
     ("loader", ["m3_loader"]),
-    ("backend", ["m3_backend", "m3_backend_cuda"]),
+    ("backend", ["m3_backend", "m3_comm", "m3_backend_cuda"]),
     ("kv", ["m3_kv"]),
     ("sched", ["m3_sched"]),
     ("sample", ["m3_sample"]),
