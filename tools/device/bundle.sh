@@ -14,7 +14,7 @@ BINS=(cuda_ops_test cuda_composite_ops_test quant_gemv_test quant_gemv_mma_test 
       prefill_gemm_test prefill_attention_test cuda_prefill_bench cuda_golden_test
       cuda_model_decode_bench cuda_sync_bench
       sampling_test cuda_real_model_test moe_route_test attention_inputs_test embed_bf16_test
-      fp8_mma_probe stream_pattern_probe)
+      fp8_mma_probe stream_pattern_probe nccl_communicator_test)
 cmake -S . -B "$BUILD" -G Ninja -DM3_CUDA=ON >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${BINS[@]}" m3_cuda_trace
 # m3serve links every layer; others' work in progress may not compile: then bundle without it.
@@ -35,7 +35,7 @@ fi
 for b in "$DEST"/*; do
   ldd "$b" | awk '/=>/ {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
-      libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl*|librt*|libcublas*|libcudart*|libcuda.so*) ;;
+      libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl*|librt*|libcublas*|libcudart*|libcuda.so*|libnccl*) ;;  # the GPU machine has its own NCCL
       *) cp -n "$lib" "$DEST/" && echo "bundled $(basename "$lib") (needed by $(basename "$b"))" ;;
     esac
   done

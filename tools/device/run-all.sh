@@ -90,6 +90,7 @@ fi
 if want tests; then
   run_test cuda_composite_ops_test 40
   run_test cuda_model_test 40
+  run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two
 fi
 want tests decode && run_test cuda_real_model_test 120
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the

@@ -51,6 +51,10 @@ class Communicator {
   // buf[count] on every rank becomes root's.
   virtual Status broadcast(void* buf, int64_t count, DataType type, int root) = 0;
   virtual Status barrier() = 0;
+  // Returns once the collectives queued so far have completed (CPU ranks: at once, every call is
+  // synchronous). GPU ranks queue on a stream; this is where a collective that does not finish
+  // within the timeout is detected and the group aborted.
+  virtual Status synchronize() = 0;
 };
 
 }  // namespace m3::comm

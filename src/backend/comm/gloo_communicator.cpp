@@ -158,6 +158,11 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  Status synchronize() override {
+    if (failed_) return run("synchronize", 0, DataType::kU8, [] {});
+    return Status::ok();
+  }
+
   Status barrier() override {
     return run("barrier", 0, DataType::kU8, [&] {
       gloo::BarrierOptions o(ctx_);
