@@ -16,7 +16,16 @@ DeviceBuffer<T> upload(Backend* be, const std::vector<T>& host) {
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                           Backend* backend) {
+                                           Backend* backend, const TensorParallel& tp) {
+  if (tp.ranks > 1) {
+    if (tp.comm == nullptr || tp.comm->size() != tp.ranks || tp.comm->rank() != tp.rank)
+      return invalid_argument("[model.minimax_m3] tensor-parallel rank " +
+                              std::to_string(tp.rank) + " of " + std::to_string(tp.ranks) +
+                              " needs a communicator of that rank and size");
+    if (backend->name().rfind("cpu", 0) != 0)
+      return unimplemented("[model.minimax_m3] tensor parallelism of the float32 model runs on "
+                           "CPU ranks only");
+  }
   M3_RETURN_IF_ERROR(cfg.validate());
   if (cfg.rotary_dim <= 0 || cfg.rotary_dim % 2 != 0 || cfg.rotary_dim > cfg.head_dim)
     return invalid_argument("[model.minimax_m3] rotary_dim " + std::to_string(cfg.rotary_dim) +
@@ -39,9 +48,17 @@ Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const Wei
   }
   if (cfg.num_experts_per_tok > cfg.num_local_experts)
     return invalid_argument("[model.minimax_m3] num_experts_per_tok > num_local_experts");
-  std::unique_ptr<Model> m(new Model(cfg, backend));
-  M3_ASSIGN_OR_RETURN(m->w_, load_weights(src, cfg, backend));
+  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks));
+  const MiniMaxM3Config local = tp.ranks > 1 ? rank_config(cfg, tp.rank, tp.ranks) : cfg;
+  std::unique_ptr<Model> m(new Model(local, backend, tp));
+  M3_ASSIGN_OR_RETURN(m->w_, load_weights(src, cfg, backend, tp));
   return m;
+}
+
+Status Model::all_reduce(float* partial, int64_t n) {
+  if (tp_.ranks <= 1) return Status::ok();
+  backend_->synchronize();
+  return tp_.comm->all_reduce(partial, n, comm::DataType::kF32, comm::ReduceOp::kSum);
 }
 
 Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
@@ -198,6 +215,7 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
                            attn.data() + o * nh * d, n, nh, nb, nix, topk, scale});
     }
     be->linear({attn.data(), lw.wo.data(), y.data(), t_all, hd, nh * d, false});
+    M3_RETURN_IF_ERROR(all_reduce(y.data(), t_all * hd));
     be->add({x.data(), y.data(), x.data(), t_all * hd});
 
     // Feed-forward block (§2.4-§2.5).
@@ -218,6 +236,7 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
         be->add({y.data(), shared.data(), y.data(), t_all * hd});
       }
     }
+    M3_RETURN_IF_ERROR(all_reduce(y.data(), t_all * hd));
     be->add({x.data(), y.data(), x.data(), t_all * hd});
     if (capture[static_cast<size_t>(li)]) capture_after(li);
   }

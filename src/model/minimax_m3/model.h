@@ -26,9 +26,13 @@ using ForwardOutput = ModelOutput;
 
 class Model {
  public:
-  // Loads weights (float32) onto `backend` (not owned; must outlive the model).
+  // Loads weights (float32) onto `backend` (not owned; must outlive the model). With
+  // tp.ranks > 1 this is rank tp.rank's part (tensor_parallel.h): config() is then the rank's
+  // (its heads and widths, which its KV cache is made for), forward() all-reduces the partial
+  // sums through tp.comm, and every rank must run the same steps. The backend's buffers must be
+  // host memory for the communicator (the CPU backend).
   static Result<std::unique_ptr<Model>> load(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                             Backend* backend);
+                                             Backend* backend, const TensorParallel& tp = {});
 
   const MiniMaxM3Config& config() const { return cfg_; }
   Backend* backend() const { return backend_; }
@@ -44,10 +48,14 @@ class Model {
                  std::span<const int32_t> capture_layers = {});
 
  private:
-  Model(const MiniMaxM3Config& cfg, Backend* backend) : cfg_(cfg), backend_(backend) {}
+  Model(const MiniMaxM3Config& cfg, Backend* backend, const TensorParallel& tp)
+      : cfg_(cfg), backend_(backend), tp_(tp) {}
+  // Sums a rank's partial hidden states [n] over the ranks (nothing with one rank).
+  Status all_reduce(float* partial, int64_t n);
 
   MiniMaxM3Config cfg_;
   Backend* backend_;
+  TensorParallel tp_;
   ModelWeights w_;
 };
 

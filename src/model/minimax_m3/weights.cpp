@@ -1,5 +1,6 @@
 #include "model/minimax_m3/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace m3::minimax_m3 {
@@ -29,13 +30,49 @@ class Loader {
     return upload(t.data);
   }
 
-  // Loads gate [I, Hd] and up [I, Hd] into one [2·I, Hd] buffer (gate rows first).
+  // Rows [begin, begin + count) of `name` [rows, cols].
+  Result<DeviceBuffer<float>> load_rows(const std::string& name, int64_t rows, int64_t cols,
+                                        int64_t begin, int64_t count) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {rows, cols}));
+    if (begin == 0 && count == rows) return upload(t.data);
+    return upload(std::vector<float>(t.data.begin() + begin * cols,
+                                     t.data.begin() + (begin + count) * cols));
+  }
+
+  // Columns [begin, begin + count) of `name` [rows, cols].
+  Result<DeviceBuffer<float>> load_cols(const std::string& name, int64_t rows, int64_t cols,
+                                        int64_t begin, int64_t count) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {rows, cols}));
+    if (begin == 0 && count == cols) return upload(t.data);
+    std::vector<float> out(static_cast<size_t>(rows * count));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(t.data.begin() + r * cols + begin, count, out.begin() + r * count);
+    return upload(out);
+  }
+
+  // Rows [begin, begin + count) of gate [I, Hd] and of up [I, Hd] into one [2·count, Hd] buffer
+  // (gate rows first).
   Result<DeviceBuffer<float>> load_gate_up(const std::string& gate, const std::string& up,
-                                           int64_t inter, int64_t hidden) {
+                                           int64_t inter, int64_t hidden, int64_t begin,
+                                           int64_t count) {
     M3_ASSIGN_OR_RETURN(HostTensorF32 g, src_.load_f32(gate, {inter, hidden}));
     M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32(up, {inter, hidden}));
-    std::vector<float> both(g.data);
-    both.insert(both.end(), u.data.begin(), u.data.end());
+    std::vector<float> both(g.data.begin() + begin * hidden,
+                            g.data.begin() + (begin + count) * hidden);
+    both.insert(both.end(), u.data.begin() + begin * hidden,
+                u.data.begin() + (begin + count) * hidden);
+    return upload(both);
+  }
+
+  // The same from a fused gate_up_proj [2·I, Hd].
+  Result<DeviceBuffer<float>> load_fused_gate_up(const std::string& name, int64_t inter,
+                                                 int64_t hidden, int64_t begin, int64_t count) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {2 * inter, hidden}));
+    if (begin == 0 && count == inter) return upload(t.data);
+    std::vector<float> both(t.data.begin() + begin * hidden,
+                            t.data.begin() + (begin + count) * hidden);
+    both.insert(both.end(), t.data.begin() + (inter + begin) * hidden,
+                t.data.begin() + (inter + begin + count) * hidden);
     return upload(both);
   }
 
@@ -52,21 +89,24 @@ class Loader {
 };
 
 // A dense SwiGLU MLP stored as gate/up/down projections under `base` ("...mlp." etc.), or with a
-// fused gate_up_proj [2·I, Hd] (HF's in-memory layout).
+// fused gate_up_proj [2·I, Hd] (HF's in-memory layout); intermediate columns [begin, begin +
+// count) of `inter`.
 Status load_mlp(Loader& ld, const WeightSource& src, const std::string& base, int64_t inter,
-                int64_t hidden, DeviceBuffer<float>* w13, DeviceBuffer<float>* w2) {
+                int64_t hidden, int64_t begin, int64_t count, DeviceBuffer<float>* w13,
+                DeviceBuffer<float>* w2) {
   if (src.has(base + "gate_up_proj.weight")) {
-    M3_ASSIGN_OR_RETURN(*w13, ld.load(base + "gate_up_proj.weight", {2 * inter, hidden}));
+    M3_ASSIGN_OR_RETURN(*w13, ld.load_fused_gate_up(base + "gate_up_proj.weight", inter, hidden,
+                                                    begin, count));
   } else {
     M3_ASSIGN_OR_RETURN(*w13, ld.load_gate_up(base + "gate_proj.weight", base + "up_proj.weight",
-                                              inter, hidden));
+                                              inter, hidden, begin, count));
   }
-  M3_ASSIGN_OR_RETURN(*w2, ld.load(base + "down_proj.weight", {hidden, inter}));
+  M3_ASSIGN_OR_RETURN(*w2, ld.load_cols(base + "down_proj.weight", hidden, inter, begin, count));
   return Status::ok();
 }
 
 Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
-                  const WeightNaming& naming, int64_t i, LayerWeights* lw) {
+                  const RankSlices& rs, const WeightNaming& naming, int64_t i, LayerWeights* lw) {
   const std::string p = naming.layer(i);
   const int64_t hd = c.hidden_size, d = c.head_dim;
   lw->sparse = c.layer_types[i] == AttentionKind::kSparse;
@@ -74,10 +114,15 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   M3_ASSIGN_OR_RETURN(lw->input_norm, ld.load(p + "input_layernorm.weight", {hd}));
   M3_ASSIGN_OR_RETURN(lw->post_norm, ld.load(p + "post_attention_layernorm.weight", {hd}));
   const std::string a = p + "self_attn.";
-  M3_ASSIGN_OR_RETURN(lw->wq, ld.load(a + "q_proj.weight", {c.num_attention_heads * d, hd}));
-  M3_ASSIGN_OR_RETURN(lw->wk, ld.load(a + "k_proj.weight", {c.num_key_value_heads * d, hd}));
-  M3_ASSIGN_OR_RETURN(lw->wv, ld.load(a + "v_proj.weight", {c.num_key_value_heads * d, hd}));
-  M3_ASSIGN_OR_RETURN(lw->wo, ld.load(a + "o_proj.weight", {hd, c.num_attention_heads * d}));
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  M3_ASSIGN_OR_RETURN(lw->wq, ld.load_rows(a + "q_proj.weight", nh * d, hd, rs.q_begin * d,
+                                           rs.q_count * d));
+  M3_ASSIGN_OR_RETURN(lw->wk, ld.load_rows(a + "k_proj.weight", nkv * d, hd, rs.kv_begin * d,
+                                           rs.kv_count * d));
+  M3_ASSIGN_OR_RETURN(lw->wv, ld.load_rows(a + "v_proj.weight", nkv * d, hd, rs.kv_begin * d,
+                                           rs.kv_count * d));
+  M3_ASSIGN_OR_RETURN(lw->wo, ld.load_cols(a + "o_proj.weight", hd, nh * d, rs.q_begin * d,
+                                           rs.q_count * d));
   M3_ASSIGN_OR_RETURN(lw->q_norm, ld.load(a + "q_norm.weight", {d}));
   M3_ASSIGN_OR_RETURN(lw->k_norm, ld.load(a + "k_norm.weight", {d}));
   if (lw->sparse) {
@@ -90,7 +135,9 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
     M3_ASSIGN_OR_RETURN(std::string ik, pick("index_k_proj.weight", "indexer.k_proj.weight"));
     M3_ASSIGN_OR_RETURN(std::string iqn, pick("index_q_norm.weight", "indexer.q_norm.weight"));
     M3_ASSIGN_OR_RETURN(std::string ikn, pick("index_k_norm.weight", "indexer.k_norm.weight"));
-    M3_ASSIGN_OR_RETURN(lw->wiq, ld.load(iq, {c.index_n_heads * dix, hd}));
+    // Index head h selects the blocks of KV head h: the rank's KV heads' index heads.
+    M3_ASSIGN_OR_RETURN(lw->wiq, ld.load_rows(iq, c.index_n_heads * dix, hd, rs.kv_begin * dix,
+                                              rs.kv_count * dix));
     M3_ASSIGN_OR_RETURN(lw->wik, ld.load(ik, {dix, hd}));
     M3_ASSIGN_OR_RETURN(lw->iq_norm, ld.load(iqn, {dix}));
     M3_ASSIGN_OR_RETURN(lw->ik_norm, ld.load(ikn, {dix}));
@@ -109,7 +156,8 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
       return not_found("[model.minimax_m3.weights] missing dense MLP of layer " +
                        std::to_string(i) + ": looked for '" + p + "mlp.gate_proj.weight' and '" +
                        m + "gate_proj.weight'");
-    return load_mlp(ld, src, base, c.dense_intermediate_size, hd, &lw->mlp_w13, &lw->mlp_w2);
+    return load_mlp(ld, src, base, c.dense_intermediate_size, hd, rs.dense_begin, rs.dense_count,
+                    &lw->mlp_w13, &lw->mlp_w2);
   }
   const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
   M3_ASSIGN_OR_RETURN(lw->router, ld.load(m + "gate.weight", {ne, hd}));
@@ -128,16 +176,18 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   lw->expert_w2.resize(static_cast<size_t>(ne));
   for (int64_t e = 0; e < ne; ++e) {
     const std::string x = m + "experts." + std::to_string(e) + ".";
-    M3_ASSIGN_OR_RETURN(lw->expert_w13[e],
-                        ld.load_gate_up(x + "w1.weight", x + "w3.weight", inter, hd));
-    M3_ASSIGN_OR_RETURN(lw->expert_w2[e], ld.load(x + "w2.weight", {hd, inter}));
+    M3_ASSIGN_OR_RETURN(lw->expert_w13[e], ld.load_gate_up(x + "w1.weight", x + "w3.weight", inter,
+                                                           hd, rs.inter_begin, rs.inter_count));
+    M3_ASSIGN_OR_RETURN(lw->expert_w2[e],
+                        ld.load_cols(x + "w2.weight", hd, inter, rs.inter_begin, rs.inter_count));
     lw->expert_w13_ptrs.push_back(lw->expert_w13[e].data());
     lw->expert_w2_ptrs.push_back(lw->expert_w2[e].data());
   }
-  lw->shared_inter = c.shared_intermediate_size * c.n_shared_experts;
-  if (lw->shared_inter > 0) {
-    M3_RETURN_IF_ERROR(load_mlp(ld, src, m + "shared_experts.", lw->shared_inter, hd,
-                                &lw->shared_w13, &lw->shared_w2));
+  const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
+  lw->shared_inter = rs.shared_count;
+  if (shared > 0) {
+    M3_RETURN_IF_ERROR(load_mlp(ld, src, m + "shared_experts.", shared, hd, rs.shared_begin,
+                                rs.shared_count, &lw->shared_w13, &lw->shared_w2));
   }
   return Status::ok();
 }
@@ -171,8 +221,10 @@ Result<WeightNaming> detect_naming(const WeightSource& src, const MiniMaxM3Confi
 }
 
 Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config& cfg,
-                                  Backend* backend) {
+                                  Backend* backend, const TensorParallel& tp) {
   M3_RETURN_IF_ERROR(cfg.validate());
+  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks));
+  const RankSlices rs = rank_slices(cfg, tp.rank, tp.ranks);
   ModelWeights w;
   M3_ASSIGN_OR_RETURN(w.naming, detect_naming(src, cfg));
   Loader ld(src, backend);
@@ -184,7 +236,7 @@ Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config
   M3_ASSIGN_OR_RETURN(w.lm_head, ld.load(head, {v, hd}));
   w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
-    M3_RETURN_IF_ERROR(load_layer(ld, src, cfg, w.naming, i, &w.layers[i]));
+    M3_RETURN_IF_ERROR(load_layer(ld, src, cfg, rs, w.naming, i, &w.layers[i]));
   return w;
 }
 

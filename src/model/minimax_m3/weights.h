@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
+#include "model/minimax_m3/tensor_parallel.h"
 
 namespace m3::minimax_m3 {
 
@@ -65,8 +66,10 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Loads every text-model weight as float32 onto `backend`, checking shapes against `cfg`.
+// Loads every text-model weight as float32 onto `backend`, checking shapes against `cfg` (the
+// whole model's config). With tp.ranks > 1, only rank tp.rank's slices (tensor_parallel.h); the
+// buffers then have rank_config()'s shapes.
 Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config& cfg,
-                                  Backend* backend);
+                                  Backend* backend, const TensorParallel& tp = {});
 
 }  // namespace m3::minimax_m3

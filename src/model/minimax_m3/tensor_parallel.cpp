@@ -1,0 +1,61 @@
+#include "model/minimax_m3/tensor_parallel.h"
+
+#include <string>
+
+namespace m3::minimax_m3 {
+
+Status check_tensor_parallel(const MiniMaxM3Config& c, int ranks) {
+  if (ranks < 1) return invalid_argument("--tp " + std::to_string(ranks) + " must be at least 1");
+  auto divides = [&](int64_t n, const char* what) -> Status {
+    if (n % ranks != 0)
+      return invalid_argument("--tp " + std::to_string(ranks) + ": " + what + " (" +
+                              std::to_string(n) + ") does not split evenly over the ranks");
+    return Status::ok();
+  };
+  M3_RETURN_IF_ERROR(divides(c.num_attention_heads, "num_attention_heads"));
+  M3_RETURN_IF_ERROR(divides(c.intermediate_size, "intermediate_size"));
+  M3_RETURN_IF_ERROR(divides(c.dense_intermediate_size, "dense_intermediate_size"));
+  M3_RETURN_IF_ERROR(divides(c.shared_intermediate_size, "shared_intermediate_size"));
+  const int64_t kv = c.num_key_value_heads;
+  if (kv % ranks != 0 && ranks % kv != 0)
+    return invalid_argument("--tp " + std::to_string(ranks) + ": num_key_value_heads (" +
+                            std::to_string(kv) +
+                            ") must be a multiple of the ranks, or the ranks of it");
+  return Status::ok();
+}
+
+RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks) {
+  RankSlices s;
+  s.q_count = c.num_attention_heads / ranks;
+  s.q_begin = rank * s.q_count;
+  const int64_t kv = c.num_key_value_heads;
+  if (ranks <= kv) {
+    s.kv_count = kv / ranks;
+    s.kv_begin = rank * s.kv_count;
+  } else {  // replicated: the KV head of this rank's query heads
+    s.kv_count = 1;
+    s.kv_begin = s.q_begin / (c.num_attention_heads / kv);
+  }
+  s.inter_count = c.intermediate_size / ranks;
+  s.inter_begin = rank * s.inter_count;
+  s.dense_count = c.dense_intermediate_size / ranks;
+  s.dense_begin = rank * s.dense_count;
+  s.shared_count = c.shared_intermediate_size * c.n_shared_experts / ranks;
+  s.shared_begin = rank * s.shared_count;
+  return s;
+}
+
+MiniMaxM3Config rank_config(const MiniMaxM3Config& c, int rank, int ranks) {
+  const RankSlices s = rank_slices(c, rank, ranks);
+  MiniMaxM3Config r = c;
+  r.num_attention_heads = s.q_count;
+  r.num_key_value_heads = s.kv_count;
+  r.index_n_heads = s.kv_count;
+  r.intermediate_size = s.inter_count;
+  r.dense_intermediate_size = s.dense_count;
+  // n_shared_experts stays: the width is split, the shared_intermediate_size per expert with it.
+  r.shared_intermediate_size = c.shared_intermediate_size / ranks;
+  return r;
+}
+
+}  // namespace m3::minimax_m3
