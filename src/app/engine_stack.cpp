@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "app/memory_plan.h"
 #include "app/startup_report.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/cpu_model_runner.h"
+#include "model/minimax_m3/tensor_parallel.h"
+#include "model/minimax_m3/tensor_parallel_runner.h"
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"
@@ -25,7 +28,6 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   auto not_yet = [](const std::string& flag, const std::string& what) {
     return Status(StatusCode::kUnimplemented, flag + ": " + what + " is not supported yet");
   };
-  if (f.tp != 1) return not_yet("--tp " + std::to_string(f.tp), "tensor parallelism");
   if (f.dp != 1) return not_yet("--dp " + std::to_string(f.dp), "data-parallel attention");
   if (f.ep != 1) return not_yet("--ep " + std::to_string(f.ep), "expert parallelism");
   if (!f.speculative_algorithm.empty()) {
@@ -38,6 +40,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     return not_yet(f.enable_hierarchical_cache ? "--enable-hierarchical-cache" : "--hicache-size",
                    "the host-memory KV tier");
   }
+  o.tensor_parallel = f.tp;
   o.dummy_weights = f.load_format == "dummy";
   o.device = f.device;
   o.context_length = f.server.context_length;
@@ -84,6 +87,13 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
   }
 
+  const int tp = std::max(1, options.tensor_parallel);
+  if (tp > 1 && options.device == "cuda") {
+    return Status(StatusCode::kUnimplemented,
+                  "--tp " + std::to_string(tp) +
+                      ": tensor parallelism on GPUs is not supported yet; CPU ranks are "
+                      "(--device cpu)");
+  }
   // --device cuda: the real-shape kernels when the config fits them, else the float32 backend.
   bool real_shape = false;
   if (options.device == "cuda" && options.make_cuda_runner) {
@@ -96,7 +106,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   }
   std::unique_ptr<Backend> backend;
   minimax_m3::LoadedModel loaded;
-  if (real_shape) {  // config and weights only: the runner puts them on the GPU itself
+  if (real_shape || tp > 1) {  // config and weights only: the runner(s) load their own parts
     M3_ASSIGN_OR_RETURN(loaded.config, model_config(model_path, options));
     if (options.dummy_weights) {
       loaded.weights = std::make_unique<minimax_m3::DummyWeightSource>(loaded.config);
@@ -107,6 +117,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       M3_ASSIGN_OR_RETURN(loaded.eos_token_ids, minimax_m3::read_generation_eos(model_path));
     }
     if (loaded.eos_token_ids.empty()) loaded.eos_token_ids = loaded.config.eos_token_ids;
+    if (tp > 1) M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(loaded.config, tp));
   } else {
     if (options.make_backend) {
       M3_ASSIGN_OR_RETURN(backend, options.make_backend(options.device == "cuda" ? "cuda" : "cpu",
@@ -154,7 +165,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.default_mem_fraction = on_gpu && options.default_kv_cache_bytes > 0 ? kDefaultGpuMemFraction : 0;
   mem.default_kv_cache_bytes = options.default_kv_cache_bytes;
   mem.kv_cache_bytes = options.kv_cache_bytes;
-  mem.weight_bytes = weight_bytes_per_device(loaded.config, storage, 1);
+  // CPU ranks share this machine's memory: the plan counts all of them as one device.
+  mem.weight_bytes = weight_bytes_per_device(loaded.config, storage, tp) * tp;
   const int32_t max_running =
       options.max_running_requests > 0 ? options.max_running_requests : kDefaultMaxRunning;
   const int32_t chunk = options.chunked_prefill_size > 0
@@ -164,6 +176,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
+      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp)
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
   mem.page_size = page_size;
   mem.max_context_length = max_positions;
@@ -185,16 +198,26 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   if (real_shape) {
     M3_ASSIGN_OR_RETURN(runner,
                         options.make_cuda_runner(loaded.config, *loaded.weights, kv_cache_bytes));
+  } else if (tp > 1) {
+    const int cores = options.num_threads > 0 ? options.num_threads
+                                              : static_cast<int>(std::thread::hardware_concurrency());
+    M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create(
+                                    loaded.config, *loaded.weights, tp, std::max(1, cores / tp),
+                                    static_cast<int32_t>(plan.pages)));
   } else {
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
                                     std::move(backend), std::move(loaded.model), kv_cache_bytes));
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +
-                   format_bytes(mem.weight_bytes) + " on the " + mem.device_name +
+                   format_bytes(mem.weight_bytes / tp) + (tp > 1 ? " per rank" : "") +
+                   " on the " + mem.device_name +
                    (real_shape ? " in those formats (real-shape CUDA kernels)"
                                : " as float32 (the reference path)"));
-  report.push_back("layout: 1 device (tp 1, dp 1, ep 1)");
+  report.push_back(tp > 1 ? "layout: " + std::to_string(tp) +
+                               " CPU ranks in this process over Gloo (tp " + std::to_string(tp) +
+                               ", dp 1, ep 1)"
+                          : std::string("layout: 1 device (tp 1, dp 1, ep 1)"));
   report.push_back(std::string("KV cache: ") + (real_shape ? "bf16" : "float32") + ", " +
                    std::to_string(plan.pages) + " pages of " + std::to_string(page_size) +
                    " tokens = " + std::to_string(plan.max_tokens) + " tokens (" +

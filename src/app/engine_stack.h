@@ -59,6 +59,9 @@ struct EngineStackOptions {
   // The GPU's total memory (bytes), from the CUDA runtime; set where CUDA is built in.
   std::function<Result<int64_t>()> cuda_memory_bytes;
   int32_t num_threads = 0;                      // CPU threads for the model; 0: all cores
+  // --tp: tensor-parallel ranks. On the CPU, ranks of this process over Gloo, sharing
+  // num_threads; on the GPU not built yet (an error naming the flag).
+  int32_t tensor_parallel = 1;
   bool enable_prefix_cache = true;
 };
 

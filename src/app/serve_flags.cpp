@@ -187,7 +187,8 @@ const std::vector<Flag>& flags() {
          return set_choice(f.device, "--device", v, {"auto", "cuda", "cpu"});
        }},
       {"--tp", true, G::kParallel,
-       "tensor-parallel ranks (also --tp-size, --tensor-parallel-size); only 1 today", "2",
+       "tensor-parallel ranks (also --tp-size, --tensor-parallel-size): CPU ranks in this "
+       "process with --device cpu; GPU ranks not yet", "2",
        INT_FLAG(tp, 1, 64)},
       {"--tp-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},
       {"--tensor-parallel-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},

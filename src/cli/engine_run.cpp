@@ -12,6 +12,7 @@ app::EngineStackOptions engine_options(const ModelCommandFlags& flags) {
   o.dummy_weights = flags.load_format == "dummy";
   o.num_layers = flags.num_layers;
   o.num_threads = static_cast<int32_t>(flags.threads);
+  o.tensor_parallel = static_cast<int32_t>(flags.tp);
   o.chunked_prefill_size = static_cast<int32_t>(flags.prefill_chunk);  // 0: the whole prompt
   o.enable_prefix_cache = false;  // one request: nothing to share
   o.default_kv_cache_bytes = 0;   // exactly one request of the context length

@@ -91,7 +91,7 @@ bool parse_model_command_args(
     ModelCommandFlags* flags, int* rc) {
   static const char* kShared[] = {"--model-path",  "--prompt-ids", "--output-format",
                                   "--device",      "--threads",    "--prefill-chunk",
-                                  "--load-format", "--num-layers"};
+                                  "--load-format", "--num-layers",  "--tp"};
   auto is_one_of = [](const std::string& key, const auto& names) {
     for (const auto& k : names)
       if (key == k) return true;
@@ -138,6 +138,17 @@ bool parse_model_command_args(
     if (key == "--device") flags->device = v;
     if (int load_rc = 0; take_load_flags(command, key, v, flags, &load_rc)) {
       if ((*rc = load_rc) != 0) return false;
+      continue;
+    }
+    if (key == "--tp") {
+      int64_t n;
+      if (!parse_int(v, &n) || n < 1 || n > 64) {
+        std::fprintf(stderr, "m3serve %s: --tp expects 1 to 64 ranks, got '%s'\n", command,
+                     v.c_str());
+        *rc = 2;
+        return false;
+      }
+      flags->tp = n;
       continue;
     }
     if (key == "--threads" || key == "--prefill-chunk") {

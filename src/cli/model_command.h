@@ -16,6 +16,7 @@
   "  --device cpu|cuda      compute device (default cpu)\n"                                   \
   "  --threads N            CPU threads (default: all cores)\n"                               \
   "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n"             \
+  "  --tp N                 tensor-parallel ranks (CPU ranks in this process; default 1)\n"   \
   "  --load-format FMT      auto | safetensors | dummy (random weights in the real storage\n" \
   "                         formats; --model-path optional: built-in MiniMax-M3.1-Flash "     \
   "config)\n"                                                                                 \
@@ -34,11 +35,12 @@ struct ModelCommandFlags {
   int64_t num_layers = 0;            // --num-layers (dummy only); 0: the config's
   int64_t threads = 0;               // --threads; 0: all cores
   int64_t prefill_chunk = 0;         // --prefill-chunk; 0: one chunk
+  int64_t tp = 1;                    // --tp: tensor-parallel ranks (CPU ranks with --device cpu)
   bool have_prompt = false;
 };
 
 // Walks a model command's arguments: --help / -h prints `usage`; the shared flags (--model-path,
-// --prompt-ids, --output-format, --device, --threads, --prefill-chunk, --load-format,
+// --prompt-ids, --output-format, --device, --threads, --prefill-chunk, --tp, --load-format,
 // --num-layers; "--key value" or "--key=value") go into `flags`; the command's own `switches`
 // (no value, exact match) and `valued` flags go to extra(key, value) (value "" for a switch),
 // which returns 0 or, after printing its error, the exit code. Anything else is an error.

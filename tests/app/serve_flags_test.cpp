@@ -171,9 +171,15 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
+  // --tp 4 runs (CPU ranks; GPU ranks are refused when the model loads); DSPARK is refused.
   auto refused = options_from_config(f->config);
   ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("--tp 4"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("--speculative-algorithm DSPARK"), std::string::npos)
+      << refused.status().message();
+  f->config.speculative_algorithm.clear();
+  auto accepted = options_from_config(f->config);
+  ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
+  EXPECT_EQ(accepted->tensor_parallel, 4);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--speculative-algorithm", "DSPARK"}, "--speculative-algorithm DSPARK"},
            {{"--dp", "2"}, "--dp 2"},

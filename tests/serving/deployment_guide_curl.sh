@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The MiniMax-M3.1-Flash deployment guide end to end on the CPU: the bundled m3-tiny is laid out
 # in a temporary Hugging Face cache as MiniMaxAI/MiniMax-M3.1-Flash (blobs, a snapshot of
-# symlinks, refs/main), and `m3serve serve` starts with the guide's quickstart command line, with
-# the flags whose features are not built yet (--tp 4, --speculative-algorithm DSPARK) left out
-# (tests/app/serve_flags_test.cpp checks that they are refused by name). Then the guide's
+# symlinks, refs/main), and `m3serve serve` starts with the guide's quickstart command line (--tp 4:
+# four CPU ranks), with the flag whose feature is not built yet (--speculative-algorithm DSPARK)
+# left out (tests/app/serve_flags_test.cpp checks that it is refused by name). Then the guide's
 # requests, as curl sends them, with the guide's model name:
 #   (a) a plain text chat            -> 200 with choices[0].message
 #   (b) the same, thinking disabled  -> 200, no reasoning_content in the message
@@ -49,7 +49,7 @@ printf '%s' "$COMMIT" >"$REPO/refs/main"
 # The guide's quickstart, on the CPU; a short context keeps its requests (no max_tokens) quick.
 HF_HUB_CACHE=$WORK/hub HF_HUB_OFFLINE=1 "$BIN" serve --trust-remote-code \
   --model-path "$MODEL" --revision "${COMMIT:0:12}" \
-  --reasoning-parser minimax-m3 --tool-call-parser minimax-m3 --tp 1 \
+  --reasoning-parser minimax-m3 --tool-call-parser minimax-m3 --tp 4 \
   --moe-runner-backend flashinfer_trtllm_routed --speculative-use-block-verification \
   --cuda-graph-backend-prefill breakable --chunked-prefill-size 32768 --max-running-requests 128 \
   --cuda-graph-max-bs-decode 128 --mem-fraction-static 0.8 --tokenizer-worker-num 8 \
@@ -78,7 +78,7 @@ done
 # The startup report: weights, layout, KV cache sized by the guide's --mem-fraction-static (on the
 # CPU: of the available memory, capped at what 128 running requests of 512 tokens can hold),
 # the draft and the ready line with the served name.
-for line in "m3serve: weights: " "m3serve: layout: 1 device" \
+for line in "m3serve: weights: .* per rank" "m3serve: layout: 4 CPU ranks in this process over Gloo (tp 4" \
             "KV cache: float32, .*, --mem-fraction-static 0.8 of .* per device, capped at what 128 running requests of 512 tokens can hold); context length 512" \
             "m3serve: draft: none" "m3serve: ready: serving '$MODEL' on http://127.0.0.1:$PORT"; do
   grep -q -- "$line" "$LOG" || fail "no startup report line matching: $line"

@@ -2,7 +2,8 @@
 # The deployment guide's other command lines on the CPU with the bundled m3-tiny: the offline
 # variant (HF_HUB_OFFLINE=1, a local folder, no --revision) and vLLM's spellings reach "ready"
 # with /health 200 and a note for each flag that changes nothing here; the HiCache and H200
-# variants' flags whose features are not built yet (--tp 8, --dp 2 with DP attention, --ep,
+# variants' --tp 8 serves on eight CPU ranks; their flags whose features are not built yet (--dp 2
+# with DP attention, --ep,
 # --kv-cache-dtype fp8_e4m3, the host KV tier) are refused at startup naming the flag, and a
 # --context-length beyond the model's maximum fails naming both numbers.
 # Usage: deployment_guide_variants.sh <m3serve binary>
@@ -82,6 +83,11 @@ HF_HUB_OFFLINE=1 serves "offline, local folder" --trust-remote-code --moe-runner
 grep -q "ready: serving '$WORK/models/MiniMax-M3.1-Flash'" "$WORK/log" ||
   fail "offline: the served name is not --model-path as given"
 
+# The H200 recipe's eight ranks, as CPU ranks.
+serves "H200 --tp 8" -- "${COMMON[@]}" --model-path "$WORK/models/MiniMax-M3.1-Flash" \
+  --tp 8 --context-length 1024
+grep -q "layout: 8 CPU ranks" "$WORK/log" || fail "--tp 8: no 8-rank layout in the report"
+
 # vLLM's spellings of the same.
 serves "vLLM flags" --enable-expert-parallel --block-size -- \
   --model-path "$WORK/models/MiniMax-M3.1-Flash" --tensor-parallel-size 1 \
@@ -93,7 +99,6 @@ M=(--model-path "$WORK/models/MiniMax-M3.1-Flash")
 refused "HiCache" 2 "--enable-hierarchical-cache" -- "${COMMON[@]}" "${M[@]}" \
   --enable-hierarchical-cache --hicache-size 64
 refused "fp8 KV" 2 "--kv-cache-dtype fp8_e4m3" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3
-refused "H200 --tp 8" 2 "--tp 8" -- "${COMMON[@]}" "${M[@]}" --tp 8
 refused "DP attention" 2 "--dp 2" -- "${COMMON[@]}" "${M[@]}" --tp 1 --enable-dp-attention --dp 2
 refused "expert parallel" 2 "--ep 8" -- "${COMMON[@]}" "${M[@]}" --ep 8
 refused "H200 context" 1 "--context-length 140000 exceeds the model's max_position_embeddings 4096" \

@@ -9,10 +9,11 @@ let srv;
 before(async () => { srv = await startServer([]); });
 after(async () => { assert.equal(await stopServer(srv), 0, srv?.log()); });
 
-function generate(ids, temperature, seed, maxTokens) {
+function generate(ids, temperature, seed, maxTokens, tp = 1) {
   const out = execFileSync(serverBin, ['generate', '--prompt-ids', ids.join(','), '--max-tokens',
     String(maxTokens), '--temperature', String(temperature), '--seed', String(seed),
-    '--ignore-eos', '--model-path', 'models/m3-tiny'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+    '--ignore-eos', '--model-path', 'models/m3-tiny', '--tp', String(tp)],
+  { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
   return JSON.parse(out).output_ids;
 }
 
@@ -44,4 +45,15 @@ test('sampled generate depends on the seed', () => {
   const a = generate(ids, 1, 1, 16), b = generate(ids, 1, 2, 16), a2 = generate(ids, 1, 1, 16);
   assert.deepEqual(a, a2);
   assert.notDeepEqual(a, b);
+});
+
+// Tensor parallelism on CPU ranks changes only the order of float32 sums (tests/model/
+// tensor_parallel_test.cpp bounds it far below the model's logit margins): the same tokens.
+test('generate --tp 2 and --tp 4 equal --tp 1, greedy and sampled', () => {
+  const ids = [4066, 1, 2, 3, 4, 5, 6, 7, 8, 9];
+  for (const [temperature, seed] of [[0, 0], [1, 7]]) {
+    const one = generate(ids, temperature, seed, 24);
+    assert.deepEqual(generate(ids, temperature, seed, 24, 2), one, `tp 2, temperature ${temperature}`);
+    assert.deepEqual(generate(ids, temperature, seed, 24, 4), one, `tp 4, temperature ${temperature}`);
+  }
 });

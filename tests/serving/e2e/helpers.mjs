@@ -21,7 +21,9 @@ export async function waitFor(pred, timeoutMs = 10000, stepMs = 25) {
 
 // Resolves once the model is loaded; rejects with the log if the server exits first.
 export async function startServer(args) {
-  const proc = spawn(serverBin, ['serve', '--host', '127.0.0.1', '--port', '0', ...args],
+  // M3_SERVE_ARGS: flags added to every server the suite starts (the suite again under --tp 2).
+  const extra = process.env.M3_SERVE_ARGS ? process.env.M3_SERVE_ARGS.split(' ').filter(Boolean) : [];
+  const proc = spawn(serverBin, ['serve', '--host', '127.0.0.1', '--port', '0', ...extra, ...args],
     { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
@@ -57,7 +59,9 @@ export async function startServer(args) {
 
 // Runs `serve` expecting it to fail at load: resolves to { code, log }.
 export async function serveExpectingFailure(args) {
-  const proc = spawn(serverBin, ['serve', '--host', '127.0.0.1', '--port', '0', ...args],
+  // M3_SERVE_ARGS, as startServer.
+  const extra = process.env.M3_SERVE_ARGS ? process.env.M3_SERVE_ARGS.split(' ').filter(Boolean) : [];
+  const proc = spawn(serverBin, ['serve', '--host', '127.0.0.1', '--port', '0', ...extra, ...args],
     { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   proc.stderr.on('data', (d) => { log += d.toString(); });
