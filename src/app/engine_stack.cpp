@@ -162,7 +162,10 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     }
   }
   mem.mem_fraction_static = options.mem_fraction_static;
-  mem.default_mem_fraction = on_gpu && options.default_kv_cache_bytes > 0 ? kDefaultGpuMemFraction : 0;
+  // A serving pool on the GPU is planned by fraction even without the flag; generate and score
+  // (default_kv_cache_bytes 0) size theirs for their one request.
+  mem.default_mem_fraction =
+      on_gpu && options.default_kv_cache_bytes > 0 ? kDefaultGpuMemFraction : 0;
   mem.default_kv_cache_bytes = options.default_kv_cache_bytes;
   mem.kv_cache_bytes = options.kv_cache_bytes;
   // CPU ranks share this machine's memory: the plan counts all of them as one device.

@@ -1,5 +1,7 @@
 #include "app/memory_plan.h"
 
+#include "kv/kv_budget.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -67,13 +69,15 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage,
 
 int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& c, int ranks, double kv_element_bytes,
                                      double index_element_bytes) {
-  const double kv_heads = heads_per_rank(c.num_key_value_heads, std::max(1, ranks));
-  double per_token = 0;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    per_token += 2 * kv_heads * c.head_dim * kv_element_bytes;
-    if (c.is_sparse_layer(i)) per_token += c.index_head_dim * index_element_bytes;
-  }
-  return static_cast<int64_t>(std::ceil(per_token * c.index_block_size));
+  KvLayout layout;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    ++(c.is_sparse_layer(i) ? layout.num_sparse_layers : layout.num_dense_layers);
+  layout.num_kv_heads = static_cast<int32_t>(heads_per_rank(c.num_key_value_heads, std::max(1, ranks)));
+  layout.head_dim = static_cast<int32_t>(c.head_dim);
+  layout.index_head_dim = static_cast<int32_t>(c.index_head_dim);
+  layout.kv_dtype_bytes = kv_element_bytes;
+  layout.index_dtype_bytes = index_element_bytes;
+  return kv_bytes_per_page(layout, static_cast<int32_t>(c.index_block_size));
 }
 
 int64_t activation_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks,
@@ -131,31 +135,27 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
     pool = in.kv_cache_bytes;
     p.sized_by = "--kv-cache-bytes " + std::to_string(in.kv_cache_bytes);
   } else if (fraction > 0) {
-    if (!(fraction <= 1.0)) {
-      return invalid_argument("--mem-fraction-static " + fraction_text(fraction) +
-                              " is not in (0, 1]");
-    }
     if (in.device_memory_bytes <= 0) {
       return invalid_argument("[memory plan] the " + in.device_name +
                               " memory size is unknown; give --kv-cache-bytes");
     }
-    // Whole bytes: the static part, and the rest that working memory uses first.
+    // Working memory uses the rest (1 - F) first; what does not fit there is reserved inside F.
     const int64_t static_bytes =
         static_cast<int64_t>(fraction * static_cast<double>(in.device_memory_bytes));
-    const int64_t outside = in.device_memory_bytes - static_bytes;
-    p.reserve_bytes = std::max<int64_t>(0, in.activation_bytes - outside);
-    const double left = static_cast<double>(static_bytes - in.weight_bytes - p.reserve_bytes);
-    if (left < static_cast<double>(page_bytes)) {
-      return invalid_argument(
-          fraction_flag + " of " + format_bytes(in.device_memory_bytes) + " per " +
-          in.device_name + " device (" + std::to_string(in.ranks) + " device" +
-          (in.ranks == 1 ? "" : "s") + ") leaves " +
-          format_bytes(static_cast<int64_t>(std::max(0.0, left))) + " for the KV cache after " +
-          format_bytes(in.weight_bytes) + " of weights and " + format_bytes(p.reserve_bytes) +
-          " of working memory per device; one KV page needs " + format_bytes(page_bytes) +
-          ". Use more devices (--tp), raise --mem-fraction-static, or give --kv-cache-bytes");
+    p.reserve_bytes = std::max<int64_t>(
+        0, in.activation_bytes - (in.device_memory_bytes - static_bytes));
+    GpuKvBudget budget;
+    budget.device_total_bytes = in.device_memory_bytes;
+    budget.weight_bytes = in.weight_bytes;
+    budget.reserve_bytes = p.reserve_bytes;
+    budget.mem_fraction_static = fraction;
+    auto pages = kv_pages_for_mem_fraction(budget, page_bytes);
+    if (!pages.is_ok()) {
+      return invalid_argument(fraction_flag + " on " + std::to_string(in.ranks) + " " +
+                              in.device_name + " device" + (in.ranks == 1 ? "" : "s") + ": " +
+                              pages.status().message());
     }
-    pool = static_cast<int64_t>(left);
+    pool = int64_t{*pages} * page_bytes;
     p.sized_by = fraction_flag + " of " + format_bytes(in.device_memory_bytes) + " per device";
     if (in.cap_to_running_requests > 0) {
       const int64_t useful = int64_t{in.cap_to_running_requests} *

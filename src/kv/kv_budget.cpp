@@ -45,7 +45,7 @@ Result<int32_t> kv_pages_for_mem_fraction(const GpuKvBudget& b, int64_t page_byt
         std::to_string(static_cast<int64_t>(kv_bytes)) + " bytes for the KV cache after " +
         std::to_string(b.weight_bytes) + " weight bytes and " + std::to_string(b.reserve_bytes) +
         " reserved; one page needs " + std::to_string(page_bytes) +
-        ". Raise --mem-fraction-static or use more GPUs");
+        ". Use more devices (--tp), raise --mem-fraction-static, or give --kv-cache-bytes");
   }
   return kv_pages_for_budget(static_cast<int64_t>(kv_bytes), page_bytes);
 }

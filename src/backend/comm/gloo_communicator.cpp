@@ -158,10 +158,8 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  Status synchronize() override {
-    if (failed_) return run("synchronize", 0, DataType::kU8, [] {});
-    return Status::ok();
-  }
+  // Every call is synchronous: nothing is queued.
+  Status synchronize() override { return failed_ ? unusable("synchronize") : Status::ok(); }
 
   Status barrier() override {
     return run("barrier", 0, DataType::kU8, [&] {
@@ -189,15 +187,16 @@ class GlooCommunicator final : public Communicator {
     }
   }
   uint32_t next_tag() { return tag_++; }
+  Status unusable(const char* what) const {
+    return Status(StatusCode::kUnavailable,
+                  std::string("[comm.gloo] rank ") + std::to_string(rank()) + " of " +
+                      std::to_string(size()) + ": " + what +
+                      " after an earlier collective failed: the group is unusable");
+  }
 
   template <typename Body>
   Status run(const char* what, int64_t count, DataType type, Body&& body) {
-    if (failed_) {
-      return Status(StatusCode::kUnavailable,
-                    std::string("[comm.gloo] rank ") + std::to_string(rank()) + " of " +
-                        std::to_string(size()) + ": " + what +
-                        " after an earlier collective failed: the group is unusable");
-    }
+    if (failed_) return unusable(what);
     try {
       body();
       return Status::ok();

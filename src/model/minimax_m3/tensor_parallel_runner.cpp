@@ -9,13 +9,10 @@
 namespace m3 {
 
 int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int ranks) {
+  // Every rank holds the same number of KV heads (replicated past their count).
   CpuBackend probe_backend(1);
-  int64_t total = 0;
-  for (int r = 0; r < ranks; ++r) {
-    minimax_m3::PagedKvCache probe(&probe_backend, minimax_m3::rank_config(cfg, r, ranks), 1);
-    total += probe.bytes_per_page();
-  }
-  return total;
+  minimax_m3::PagedKvCache probe(&probe_backend, minimax_m3::rank_config(cfg, 0, ranks), 1);
+  return probe.bytes_per_page() * ranks;
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create(
