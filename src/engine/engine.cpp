@@ -415,11 +415,13 @@ bool Engine::run_step() {
     ModelOutput model_out;
     st = runner_->forward(step, model_out);
     if (st.is_ok()) st = gather_step_logits(plan, step, model_out, vocab_size_, out);
-    if (st.is_ok()) st = keep_prompt_logits(plan, step, model_out, prompt_rows);
+    // Before the prompt logits are read: a row the runner sampled without being offered it has
+    // no logits.
+    if (st.is_ok()) st = check_step_output(plan, sampling, out);
+    if (st.is_ok()) keep_prompt_logits(plan, step, model_out, prompt_rows);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }
-  if (st.is_ok()) st = check_step_output(plan, sampling, out);
   if (!st.is_ok()) {
     std::vector<RequestId> failed;
     for (const SeqSlice& s : plan.seqs) failed.push_back(s.request_id);
@@ -433,8 +435,8 @@ bool Engine::run_step() {
   return true;
 }
 
-Status Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
-                                  const ModelOutput& out, std::span<ReqCtx* const> prompt_rows) {
+void Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
+                                const ModelOutput& out, std::span<ReqCtx* const> prompt_rows) {
   const size_t V = static_cast<size_t>(vocab_size_);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     ReqCtx* req = prompt_rows[i];
@@ -442,19 +444,12 @@ Status Engine::keep_prompt_logits(const StepPlan& plan, const ModelStep& step,
     const size_t prompt_len = req->req.prompt_tokens.size();
     if (req->prompt_logits.empty()) req->prompt_logits.resize(prompt_len * V);
     const std::vector<int32_t>& rows = step.slices[i].logits_rows;
-    if (i >= out.logits.size() || out.logits[i].size() < rows.size() * V) {
-      return internal_error("[engine] the model returned " +
-                            std::to_string(i < out.logits.size() ? out.logits[i].size() / V : 0) +
-                            " logits rows for a slice that asked for " +
-                            std::to_string(rows.size()) + " (prompt logits)");
-    }
     for (size_t r = 0; r < rows.size(); ++r) {
       const size_t pos = static_cast<size_t>(plan.seqs[i].start_pos + rows[r]);
       if (pos >= prompt_len) continue;
       std::copy_n(out.logits[i].begin() + r * V, V, req->prompt_logits.begin() + pos * V);
     }
   }
-  return Status::ok();
 }
 
 RngKey Engine::sample_key(const ReqCtx& req, const SeqCtx& seq) {

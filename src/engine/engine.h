@@ -119,8 +119,8 @@ class Engine {
   void sample_and_emit(const StepPlan& plan, const LogitsOut& logits);
   // Copies the rows of the slices in `prompt_rows` (non-null: a request that wants its prompt
   // logits) into those requests' prompt_logits by position.
-  Status keep_prompt_logits(const StepPlan& plan, const ModelStep& step, const ModelOutput& out,
-                            std::span<ReqCtx* const> prompt_rows);
+  void keep_prompt_logits(const StepPlan& plan, const ModelStep& step, const ModelOutput& out,
+                          std::span<ReqCtx* const> prompt_rows);
   // The random key of a sequence's next token (the same on the CPU sampler and a runner's).
   static RngKey sample_key(const ReqCtx& req, const SeqCtx& seq);
   // A step's output against its plan: row counts, and tokens only where sampling was asked.
