@@ -64,13 +64,25 @@ Result<int64_t> cuda_memory_bytes() {
 
 Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Config& cfg,
                                                             const WeightSource& src,
-                                                            int64_t kv_cache_bytes) {
+                                                            const CudaKvPoolRequest& pool) {
 #if defined(M3_HAVE_CUDA)
   minimax_m3::CudaM3Options o;
   // --load-format dummy: the weights are generated on the GPU in the same formats.
   o.gpu_dummy_weights = dynamic_cast<const minimax_m3::DummyWeightSource*>(&src) != nullptr;
-  M3_ASSIGN_OR_RETURN(std::unique_ptr<CudaM3ModelRunner> r,
-                      CudaM3ModelRunner::create(cfg, src, kv_cache_bytes, o));
+  std::unique_ptr<CudaM3ModelRunner> r;
+  if (pool.kv_cache_bytes > 0) {
+    M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, pool.kv_cache_bytes, o));
+  } else {
+    o.profile_tokens = pool.profile_tokens;
+    auto plan = pool.plan_pool_bytes;
+    M3_ASSIGN_OR_RETURN(
+        r, CudaM3ModelRunner::create_profiled(
+               cfg, src,
+               [plan](const minimax_m3::CudaMemoryProfile& p) {
+                 return plan(MeasuredMemory{p.total_bytes, p.weight_bytes, p.working_bytes});
+               },
+               o));
+  }
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else
   return Status(StatusCode::kUnimplemented,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "app/kv_pool_request.h"
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/model.h"
@@ -32,11 +33,11 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int thr
 Result<int64_t> cuda_memory_bytes();
 
 // --device cuda, real-shape path (src/model/minimax_m3/cuda): the model on the quantised GPU
-// kernels with a bf16 KV cache of kv_cache_bytes. invalid_argument naming the field when `cfg`
+// kernels with a bf16 KV cache sized as `pool` says. invalid_argument naming the field when `cfg`
 // does not fit those kernels (the caller then uses the float32 CudaBackend path), unimplemented
 // without CUDA.
 Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Config& cfg,
                                                             const WeightSource& src,
-                                                            int64_t kv_cache_bytes);
+                                                            const CudaKvPoolRequest& pool);
 
 }  // namespace m3::app

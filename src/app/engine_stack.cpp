@@ -185,7 +185,43 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.max_context_length = max_positions;
   mem.context_length = options.context_length;
   mem.cap_to_running_requests = on_gpu ? 0 : max_running;
-  M3_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(mem));
+  // On the GPU's real-shape path without --kv-cache-bytes the working memory is measured, not
+  // estimated: the runner loads its weights, runs a profile step of the largest step (a prefill
+  // chunk, at most kMaxProfileTokens; beyond it the estimate's growth per token is added) and the
+  // pool is planned from the device's memory as the step left it.
+  const bool measure = real_shape && options.kv_cache_bytes <= 0;
+  std::unique_ptr<ModelRunner> runner;
+  MemoryPlan plan;
+  if (measure) {
+    const int64_t step_tokens = std::max<int64_t>(chunk, max_running);
+    const int64_t profile_tokens = std::min(step_tokens, kMaxProfileTokens);
+    const int64_t beyond =
+        mem.activation_bytes - activation_bytes_per_device(loaded.config, storage, 1,
+                                                           profile_tokens, max_running);
+    CudaKvPoolRequest pool;
+    pool.profile_tokens = profile_tokens;
+    pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
+      std::fprintf(stderr,
+                   "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working "
+                   "after a step of %lld tokens\n",
+                   static_cast<long long>(m.total_bytes), static_cast<long long>(m.weight_bytes),
+                   static_cast<long long>(m.working_bytes),
+                   static_cast<long long>(profile_tokens));
+      MemoryPlanInput measured = mem;
+      measured.device_memory_bytes = m.total_bytes;
+      measured.weight_bytes = m.weight_bytes;
+      measured.activation_bytes = m.working_bytes + std::max<int64_t>(0, beyond);
+      M3_ASSIGN_OR_RETURN(plan, plan_memory(measured));
+      plan.sized_by += "; working memory " + format_bytes(m.working_bytes) +
+                       " measured by a profile step of " + std::to_string(profile_tokens) +
+                       " tokens";
+      if (beyond > 0) plan.sized_by += " + " + format_bytes(beyond) + " estimated beyond it";
+      return plan.kv_cache_bytes;
+    };
+    M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
+  } else {
+    M3_ASSIGN_OR_RETURN(plan, plan_memory(mem));
+  }
   for (const std::string& w : plan.warnings) std::fprintf(stderr, "m3serve: warning: %s\n", w.c_str());
   const int32_t context_length = plan.context_length;
   const int64_t kv_cache_bytes = plan.kv_cache_bytes;
@@ -197,17 +233,17 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                static_cast<long long>(mem.kv_bytes_per_page),
                static_cast<long long>(plan.max_tokens));
 
-  std::unique_ptr<ModelRunner> runner;
-  if (real_shape) {
-    M3_ASSIGN_OR_RETURN(runner,
-                        options.make_cuda_runner(loaded.config, *loaded.weights, kv_cache_bytes));
-  } else if (tp > 1) {
+  if (real_shape && !measure) {
+    CudaKvPoolRequest pool;
+    pool.kv_cache_bytes = kv_cache_bytes;
+    M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
+  } else if (!measure && tp > 1) {
     const int cores = options.num_threads > 0 ? options.num_threads
                                               : static_cast<int>(std::thread::hardware_concurrency());
     M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create(
                                     loaded.config, *loaded.weights, tp, std::max(1, cores / tp),
                                     static_cast<int32_t>(plan.pages)));
-  } else {
+  } else if (!measure) {
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
                                     std::move(backend), std::move(loaded.model), kv_cache_bytes));
   }
@@ -239,6 +275,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   cfg.max_waiting_requests = options.max_queued_requests;
   cfg.generation_defaults = defaults;
   cfg.detokenizer = std::move(detokenizer);
+  cfg.on_failure = options.on_failure;
   LoadedEngine out;
   M3_ASSIGN_OR_RETURN(out.engine, Engine::create(std::move(cfg), std::move(runner)));
   out.context_length = context_length;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "app/kv_pool_request.h"
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/model.h"
@@ -27,6 +28,8 @@ namespace m3::app {
 // 80-141 GB devices), and the scheduler's default --max-running-requests.
 constexpr double kDefaultGpuMemFraction = 0.85;
 constexpr int32_t kDefaultMaxRunning = 256;
+// The largest profile step the GPU's memory plan runs (tokens); see make_engine.
+constexpr int64_t kMaxProfileTokens = 32768;
 
 struct EngineStackOptions {
   std::string device = "auto";          // auto (= cpu), cpu or cuda (needs make_backend)
@@ -40,7 +43,7 @@ struct EngineStackOptions {
   // on stderr says why).
   std::function<Result<std::unique_ptr<ModelRunner>>(const MiniMaxM3Config& cfg,
                                                      const WeightSource& weights,
-                                                     int64_t kv_cache_bytes)>
+                                                     const CudaKvPoolRequest& pool)>
       make_cuda_runner;
   bool dummy_weights = false;  // --load-format dummy: random weights for the directory's config
                                // (the built-in MiniMax-M3.1-Flash config when the path is empty)
@@ -63,6 +66,8 @@ struct EngineStackOptions {
   // num_threads; on the GPU not built yet (an error naming the flag).
   int32_t tensor_parallel = 1;
   bool enable_prefix_cache = true;
+  // EngineConfig::on_failure: the model cannot run any more steps (serve exits non-zero).
+  std::function<void(const Status&)> on_failure;
 };
 
 // The engine options of `m3serve serve`'s config. Unsupported values (tp > 1, speculative

@@ -36,9 +36,11 @@ std::string default_model_path() {
 namespace {
 
 // The engine over the checkpoint, with its tokenizer and chat template.
-Result<server::ModelStack> load_engine(const ServeConfig& config) {
+Result<server::ModelStack> load_engine(const ServeConfig& config,
+                                       std::function<void(const Status&)> on_failure) {
   const std::string path = config.model_path.empty() ? default_model_path() : config.model_path;
   M3_ASSIGN_OR_RETURN(EngineStackOptions options, options_from_config(config));
+  options.on_failure = std::move(on_failure);
   M3_ASSIGN_OR_RETURN(ResolvedModel model, resolve_model_path(path, config.revision));
   if (!model.repo_id.empty()) {
     std::fprintf(stderr, "m3serve: model %s at revision %s (%s)\n", model.repo_id.c_str(),
@@ -100,9 +102,19 @@ int run_serve(const ServeConfig& config) {
     return 1;
   }
   std::atomic<bool> load_failed{false};
+  // The model failing for good (a rank of a parallel group died): every request has been failed
+  // with 503, /health answers 503, and the process exits non-zero after the drain.
+  std::atomic<bool> model_failed{false};
+  auto on_failure = [&model_failed](const Status& why) {
+    std::fprintf(stderr, "m3serve: fatal: %s; exiting\n", why.message().c_str());
+    std::fflush(stderr);
+    model_failed.store(true);
+    std::raise(SIGTERM);  // ends wait_for_signal_and_drain()
+  };
   auto load = [&] {
-    Result<server::ModelStack> stack =
-        config.fake.enabled ? Result<server::ModelStack>(load_fake(config)) : load_engine(config);
+    Result<server::ModelStack> stack = config.fake.enabled
+                                           ? Result<server::ModelStack>(load_fake(config))
+                                           : load_engine(config, on_failure);
     if (!stack.is_ok()) {
       std::fprintf(stderr, "m3serve serve: %s\n", stack.status().message().c_str());
       load_failed.store(true);
@@ -130,7 +142,7 @@ int run_serve(const ServeConfig& config) {
   int rc = server.wait_for_signal_and_drain();
   if (loader.joinable()) loader.join();
   server.stop();
-  return load_failed.load() ? 1 : rc;
+  return load_failed.load() || model_failed.load() ? 1 : rc;
 }
 
 }  // namespace m3::app

@@ -125,7 +125,32 @@ SamplingParams Engine::default_sampling_params() const {
   return m3::default_sampling_params(config_.generation_defaults);
 }
 
+Status Engine::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+void Engine::fail_everything(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    failure_ = why;
+  }
+  failed_.store(true);
+  fail_new_requests();
+  if (config_.on_failure) config_.on_failure(why);
+}
+
+void Engine::fail_new_requests() {
+  drain_inbox();
+  const Status why = failure();
+  std::vector<RequestId> ids;
+  for (auto& [id, r] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (RequestId id : ids) cancel_request(id, FinishReason::kError, why);
+}
+
 Result<RequestHandle> Engine::submit(GenerateRequest request) {
+  if (failed_.load()) return failure();
   if (draining_.load()) {
     return Status(StatusCode::kResourceExhausted, "the engine is draining (shutting down)");
   }
@@ -428,6 +453,11 @@ bool Engine::run_step() {
     std::sort(failed.begin(), failed.end());
     failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
     for (RequestId id : failed) cancel_request(id, FinishReason::kError, st);
+    // A runner that cannot run another step (its ranks lost each other) fails everything now:
+    // the next step would only wait out the same broken collective.
+    if (Status health = runner_->health(); !health.is_ok()) {
+      fail_everything(Status(StatusCode::kUnavailable, health.message()));
+    }
     return true;
   }
   sched_->commit(plan);
@@ -660,6 +690,7 @@ EngineStats Engine::stats() const {
 bool Engine::step() {
   M3_CHECK(!started_, "[engine.step] the engine thread is running");
   drain_inbox();
+  if (failed_.load()) fail_new_requests();
   const bool work = has_work();
   if (work) {
     try {
@@ -686,6 +717,11 @@ void Engine::loop() {
       if (inbox_->stop) break;
     }
     drain_inbox();
+    if (failed_.load()) {  // a submit() that raced the failure
+      fail_new_requests();
+      publish_stats();
+      continue;
+    }
     bool progressed = true;
     try {
       progressed = run_step();

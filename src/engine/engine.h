@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +50,10 @@ struct EngineConfig {
   // Threads sampling the rows of a step in parallel (1 = on the engine thread). Results do not
   // depend on it: the RNG is counter-based per sequence.
   int32_t num_sampler_threads = 1;
+  // Called once, on the engine thread, when the runner reports that it cannot run any more steps
+  // (ModelRunner::health() after a failed step): every request has then been failed with that
+  // status, and submit() refuses new ones with it.
+  std::function<void(const Status&)> on_failure;
 };
 
 struct EngineStats {
@@ -98,6 +103,8 @@ class Engine {
   // cancellations, then runs one step if there is work. Returns false when idle.
   bool step();
 
+  // Not ok once the runner failed for good (EngineConfig::on_failure); /health answers 503.
+  Status failure() const;
   SamplingParams default_sampling_params() const;
   const EngineConfig& config() const { return config_; }
   int32_t vocab_size() const { return vocab_size_; }
@@ -153,6 +160,13 @@ class Engine {
   mutable std::mutex stats_mu_;
   EngineStats stats_;
 
+  // The runner's failure (ModelRunner::health()), set once by the loop thread.
+  void fail_everything(const Status& why);
+  // After a failure: fails the requests that arrived since (each step of the loop).
+  void fail_new_requests();
+  mutable std::mutex failure_mu_;
+  Status failure_;
+  std::atomic<bool> failed_{false};
   std::atomic<bool> draining_{false};
   std::atomic<RequestId> next_request_id_{1};
   std::thread thread_;

@@ -92,6 +92,12 @@ class ModelRunner {
   // write are left intact.
   virtual Status forward(const ModelStep& step, ModelOutput& out) = 0;
 
+  // Whether the runner can run further steps. A runner spread over ranks whose group broke (a
+  // rank died, a collective timed out) answers unavailable for good, naming the rank and the
+  // cause; the engine then fails every request and stops (Engine::failure()). The engine asks
+  // after a failed step only.
+  virtual Status health() const { return Status::ok(); }
+
   // The sequence with `block_table` keeps positions [0, new_length); the KV (and indexer keys) of
   // later positions are stale from now on. A paged cache that reads only positions below a
   // sequence's length needs no work (the default); a runner that keeps derived per-sequence state

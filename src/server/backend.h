@@ -91,6 +91,9 @@ class InferenceBackend {
 
   // True once weights are loaded and the backend accepts requests (/health).
   virtual bool ready() const = 0;
+  // Not ok once the backend can serve nothing more (a rank of the model died): /health and new
+  // requests answer 503 with this message.
+  virtual Status failure() const { return Status::ok(); }
   // Maximum prompt + completion tokens per request.
   virtual int32_t context_length() const = 0;
   // The most requests submit() holds waiting at once (--max-queued-requests), 0 when unbounded.

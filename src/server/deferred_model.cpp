@@ -16,6 +16,10 @@ class DeferredBackend : public InferenceBackend {
     auto* b = inner.load();
     return b && b->ready();
   }
+  Status failure() const override {
+    auto* b = inner.load();
+    return b ? b->failure() : Status::ok();
+  }
   int32_t context_length() const override {
     auto* b = inner.load();
     return b ? b->context_length() : 0;

@@ -33,6 +33,7 @@ class EngineBackend final : public server::InferenceBackend {
   ~EngineBackend() override;
 
   bool ready() const override { return true; }  // the model is loaded before construction
+  Status failure() const override { return engine_->failure(); }
   int32_t context_length() const override { return context_length_; }
   int32_t max_queued_requests() const override {
     return engine_->config().max_waiting_requests;

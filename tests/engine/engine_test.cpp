@@ -327,6 +327,44 @@ TEST(Engine, ModelErrorFailsTheStepsRequestsOnly) {
   EXPECT_EQ(ok.tokens[0], greedy_reference(prompt_of(10, 6, f.vocab), f.vocab, 5));
 }
 
+TEST(Engine, BrokenRunnerFailsEverythingAndRefusesNewRequests) {
+  EngineFixtureConfig f;
+  int failures = 0;
+  std::string why;
+  f.on_failure = [&](const Status& s) {
+    ++failures;
+    why = s.message();
+  };
+  FakeModel* model;
+  auto e = make_engine(f, &model);
+  model->break_on_call = 3;
+  auto a = e->submit(greedy(prompt_of(1, 6, f.vocab), 20));
+  auto b = e->submit(greedy(prompt_of(2, 6, f.vocab), 20));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  std::vector<RequestHandle> hs;
+  hs.push_back(std::move(a).value());
+  hs.push_back(std::move(b).value());
+  std::vector<Outcome> out = run_all(*e, hs, {1, 1});
+  for (const Outcome& o : out) {
+    EXPECT_TRUE(o.done);
+    EXPECT_EQ(o.finish[0], FinishReason::kError);
+    EXPECT_EQ(o.error.code(), StatusCode::kUnavailable) << o.error.to_string();
+    EXPECT_NE(o.error.message().find("rank 1"), std::string::npos) << o.error.to_string();
+  }
+  EXPECT_EQ(failures, 1);
+  EXPECT_NE(why.find("rank 1 of 2 died"), std::string::npos) << why;
+  EXPECT_EQ(e->failure().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(e->stats().kv_pages_used, 0);
+  // New requests are refused with the failure; the runner is not stepped again.
+  const int64_t calls = model->num_calls;
+  auto c = e->submit(greedy(prompt_of(3, 6, f.vocab), 5));
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  e->step();
+  EXPECT_EQ(model->num_calls, calls);
+  EXPECT_EQ(failures, 1);
+}
+
 TEST(Engine, SamplingFailureFailsOnlyItsRequest) {
   EngineFixtureConfig f;
   auto e = make_engine(f);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -76,6 +77,7 @@ struct EngineFixtureConfig {
   std::vector<int32_t> eos;
   DetokenizerFactory detok;
   int32_t sampler_threads = 1;
+  std::function<void(const Status&)> on_failure;
 };
 
 inline std::unique_ptr<Engine> make_engine(const EngineFixtureConfig& f,
@@ -93,6 +95,7 @@ inline std::unique_ptr<Engine> make_engine(const EngineFixtureConfig& f,
   c.generation_defaults.eos_token_ids = f.eos;
   c.detokenizer = f.detok;
   c.num_sampler_threads = f.sampler_threads;
+  c.on_failure = f.on_failure;
   auto e = Engine::create(std::move(c), std::move(model));
   EXPECT_TRUE(e.is_ok()) << e.status().to_string();
   return std::move(e).value();

@@ -46,6 +46,9 @@ class FakeModel : public ModelRunner {
     ++num_calls;
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     if (fail_on_call == num_calls) return internal_error("[fake_model] injected failure");
+    if (break_on_call > 0 && num_calls >= break_on_call) {
+      return Status(StatusCode::kUnavailable, "[fake_model] rank 1 stopped answering");
+    }
     out.logits.assign(step.slices.size(), {});
     out.tokens.clear();
     max_batch_seqs = std::max<int32_t>(max_batch_seqs, static_cast<int32_t>(step.slices.size()));
@@ -98,6 +101,14 @@ class FakeModel : public ModelRunner {
   }
 
   bool samples_on_device() const override { return device_sampling; }
+  // From break_on_call on, as a parallel group whose rank died: every step fails, and health()
+  // says so.
+  Status health() const override {
+    if (break_on_call > 0 && num_calls >= break_on_call)
+      return Status(StatusCode::kUnavailable, "rank 1 of 2 died (injected)");
+    return Status::ok();
+  }
+  int64_t break_on_call = -1;
 
   bool device_sampling = false;   // samples_on_device()
   bool bad_device_token = false;  // return an out-of-vocabulary token for sampled rows

@@ -72,6 +72,9 @@ std::optional<ApiError> check_available(ServerContext& ctx) {
     return unavailable("The server is shutting down and accepts no new requests.", "draining");
   }
   if (!ctx.backend->ready()) return unavailable("The model is still loading.", "loading");
+  if (Status failed = ctx.backend->failure(); !failed.is_ok()) {
+    return unavailable(failed.message(), "model_failed");
+  }
   return std::nullopt;
 }
 
@@ -441,6 +444,10 @@ void handle_request(ServerContext& ctx, http::Request&& request,
     if (!ctx.backend->ready()) {
       return responder->send(503, "application/json",
                              unavailable("The model is still loading.", "loading").body());
+    }
+    if (Status failed = ctx.backend->failure(); !failed.is_ok()) {
+      return responder->send(503, "application/json",
+                             unavailable(failed.message(), "model_failed").body());
     }
     if (ctx.draining.load()) {
       return responder->send(503, "application/json",

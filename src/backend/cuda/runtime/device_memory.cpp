@@ -63,6 +63,12 @@ Status fill_zero(void* dst, size_t bytes) {
   return Status::ok();
 }
 
+Result<DeviceMemoryInfo> device_memory_info() {
+  size_t free_bytes = 0, total_bytes = 0;
+  M3_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return DeviceMemoryInfo{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 Status synchronize_device() {
   M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return Status::ok();

@@ -67,6 +67,13 @@ Status copy_to_device(void* dst, const void* src, size_t bytes);
 Status fill_zero(void* dst, size_t bytes);
 // Waits for all work on the current device.
 Status synchronize_device();
+
+// The current device's free and total memory as the driver reports them (cudaMemGetInfo): what
+// every process and this one's context, allocations and caches leave free.
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0, total_bytes = 0;
+};
+Result<DeviceMemoryInfo> device_memory_info();
 // Makes `device` current for the calling thread (the current device is per thread).
 Status set_current_device(int device);
 

@@ -45,6 +45,8 @@ constexpr int64_t kPage = 128;
 // Decode attention may split a selected block's keys over up to this many CTAs (sparse_decode.h:
 // small batches); the partial buffers are sized for it.
 constexpr int64_t kKeySplits = 4;
+// The widest decode block table (1M tokens of 128-token pages).
+constexpr int64_t kMaxTablePages = 8192;
 
 static_assert(static_cast<int>(cuda::WeightLayout::kMmaRows16) ==
                   static_cast<int>(nvfp4_mma::Tiling::kRows16) &&
@@ -792,6 +794,7 @@ struct CudaM3Model::Impl {
   }
 
   Status alloc_decode_buffers();
+  Result<std::vector<cuda::KvCacheBf16View>> alloc_kv(cuda::DeviceArena& a, int64_t pages) const;
   Status repack_nvfp4();
   Status repack_mxfp8();
 };
@@ -923,6 +926,75 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   return Status::ok();
 }
 
+// Per layer K, V [P, 128, Hkv, D] and index keys [P, 128, Dix], bf16, zeroed.
+Result<std::vector<cuda::KvCacheBf16View>> CudaM3Model::Impl::alloc_kv(cuda::DeviceArena& a,
+                                                                       int64_t pages) const {
+  std::vector<cuda::KvCacheBf16View> out;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    cuda::KvCacheBf16View v;
+    const std::string what = "KV cache of layer " + std::to_string(l);
+    M3_ASSIGN_OR_RETURN(v.k, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
+    M3_ASSIGN_OR_RETURN(v.v, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
+    M3_ASSIGN_OR_RETURN(v.idx_k, a.alloc<uint16_t>(pages * kPage * dix, what));
+    v.num_pages = pages;
+    v.page_size = kPage;
+    v.num_kv_heads = hkv;
+    v.head_dim = d;
+    v.index_head_dim = dix;
+    out.push_back(v);
+  }
+  return out;
+}
+
+// The profile step: one prefill chunk of profile_tokens tokens on temporary pages (their own
+// arena, freed before the real pool is made), so the step allocator grows to the chunk's peak
+// and cuBLASLt and the kernels' modules are loaded, as in serving. What the device then has in use
+// besides the weights and the temporary pages is the working memory that the pool must leave room
+// for. The step allocator keeps its cached blocks: serving reuses them.
+Status CudaM3Model::profile_and_size_kv() {
+  Impl& im = *impl_;
+  const int64_t tokens = im.opt.profile_tokens;
+  const int64_t temp_pages = (tokens + kPage - 1) / kPage;
+  int64_t temp_bytes = 0;
+  {
+    cuda::DeviceArena temp;
+    M3_ASSIGN_OR_RETURN(im.kv, im.alloc_kv(temp, temp_pages));
+    temp_bytes = temp.bytes();
+    im.opt.num_kv_pages = temp_pages;
+    std::vector<int32_t> ids(static_cast<size_t>(tokens), 0), table(static_cast<size_t>(temp_pages));
+    for (int64_t p = 0; p < temp_pages; ++p) table[static_cast<size_t>(p)] = static_cast<int32_t>(p);
+    SequenceInput in;
+    in.tokens = ids;
+    in.block_table = table;
+    in.logits_rows = {static_cast<int32_t>(tokens - 1)};
+    ForwardOutput out;
+    const Status run = forward(std::span<const SequenceInput>(&in, 1), &out);
+    im.kv.clear();
+    im.opt.num_kv_pages = 0;
+    if (!run.is_ok()) {
+      return Status(run.code(), "[model.minimax_m3.cuda] the profile step of " +
+                                    std::to_string(tokens) + " tokens failed: " + run.message());
+    }
+    M3_RETURN_IF_ERROR(cuda::synchronize_device());
+    M3_ASSIGN_OR_RETURN(cuda::DeviceMemoryInfo mem, cuda::device_memory_info());
+    CudaMemoryProfile& p = im.stats.profile;
+    p.total_bytes = mem.total_bytes;
+    p.weight_bytes = im.stats.weight_bytes;
+    p.free_bytes = mem.free_bytes + temp_bytes;
+    p.working_bytes = std::max<int64_t>(0, mem.total_bytes - p.free_bytes - p.weight_bytes);
+    p.profile_tokens = tokens;
+  }  // the temporary pages are freed here
+  M3_ASSIGN_OR_RETURN(const int64_t pages, im.opt.kv_pages_after_profile(im.stats.profile));
+  if (pages <= 0 || pages > (int64_t{1} << 30))
+    return invalid_argument("[model.minimax_m3.cuda] the KV pool planned after the profile step "
+                            "has " + std::to_string(pages) + " pages, outside [1, 2^30]");
+  const int64_t before = im.arena.bytes();
+  M3_ASSIGN_OR_RETURN(im.kv, im.alloc_kv(im.arena, pages));
+  im.stats.kv_bytes = im.arena.bytes() - before;
+  im.opt.num_kv_pages = pages;
+  return Status::ok();
+}
+
 int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c) {
   return real_shape_kv_bytes_per_page(c);
 }
@@ -931,9 +1003,13 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
                                                        const WeightSource& src,
                                                        const CudaM3Options& options) {
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
-  if (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30))
+  const bool profile = options.num_kv_pages == 0 && options.kv_pages_after_profile;
+  if (!profile && (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30)))
     return invalid_argument("[model.minimax_m3.cuda] num_kv_pages " +
                             std::to_string(options.num_kv_pages) + " outside [1, 2^30]");
+  if (profile && options.profile_tokens < 1)
+    return invalid_argument("[model.minimax_m3.cuda] profile_tokens " +
+                            std::to_string(options.profile_tokens) + " < 1");
   if (options.max_batch < 1 || options.max_batch > 4096)
     return invalid_argument("[model.minimax_m3.cuda] max_batch " +
                             std::to_string(options.max_batch) + " outside [1, 4096]");
@@ -1001,28 +1077,21 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   im.stats.bf16_fallbacks = im.w.bf16_fallbacks;
   im.stats.quantised_matrices = im.w.quantised_matrices;
 
-  // KV cache: per layer K, V [P, 128, Hkv, D] and index keys [P, 128, Dix], bf16, zeroed.
-  const int64_t pages = options.num_kv_pages;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    cuda::KvCacheBf16View v;
-    const std::string what = "KV cache of layer " + std::to_string(l);
-    M3_ASSIGN_OR_RETURN(v.k, im.arena.alloc<uint16_t>(pages * kPage * im.hkv * im.d, what));
-    M3_ASSIGN_OR_RETURN(v.v, im.arena.alloc<uint16_t>(pages * kPage * im.hkv * im.d, what));
-    M3_ASSIGN_OR_RETURN(v.idx_k, im.arena.alloc<uint16_t>(pages * kPage * im.dix, what));
-    v.num_pages = pages;
-    v.page_size = kPage;
-    v.num_kv_heads = im.hkv;
-    v.head_dim = im.d;
-    v.index_head_dim = im.dix;
-    im.kv.push_back(v);
+  if (!profile) {
+    M3_ASSIGN_OR_RETURN(im.kv, im.alloc_kv(im.arena, options.num_kv_pages));
+    im.stats.kv_bytes = im.arena.bytes() - im.stats.weight_bytes;
   }
-  im.stats.kv_bytes = im.arena.bytes() - im.stats.weight_bytes;
-
-  // Decode buffers: max_batch rows; block tables up to the cache size (at most 1M tokens).
+  // Decode buffers: max_batch rows; block tables up to the cache size (at most 1M tokens). Before
+  // a profile step the size of the pool is not known yet: its widest table.
   im.dec_rows = options.max_batch;
-  im.dec_mb_cap = std::clamp<int64_t>(pages, 1, 8192);
+  im.dec_mb_cap = std::clamp<int64_t>(profile ? kMaxTablePages : options.num_kv_pages, 1,
+                                      kMaxTablePages);
+  const int64_t before_buffers = im.arena.bytes();
   M3_RETURN_IF_ERROR(im.alloc_decode_buffers());
-  im.stats.buffer_bytes = im.arena.bytes() - im.stats.weight_bytes - im.stats.kv_bytes;
+  im.stats.buffer_bytes = im.arena.bytes() - before_buffers;
+  if (profile) {
+    M3_RETURN_IF_ERROR(m->profile_and_size_kv());
+  }
   // The uploads (cudaMemcpy from pageable memory, cudaMemset) run on the legacy stream, which a
   // non-blocking stream does not wait for: finish them before the first step.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());

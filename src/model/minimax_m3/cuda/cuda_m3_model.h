@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -48,8 +49,29 @@ struct CudaM3Tuning {
   int64_t fused_router_max_rows = 32;
 };
 
+// What a profile step measured (CudaM3Options::kv_pages_after_profile): after the weights were
+// loaded and one prefill step of `profile_tokens` tokens ran, the device's memory split into the
+// weights, everything else this process and others hold (the CUDA context and module images,
+// cuBLASLt workspaces, the decode buffers, the step allocator's cached blocks at the step's
+// peak), and what is free. The temporary KV pages of the profile step are not in any of them.
+struct CudaMemoryProfile {
+  int64_t total_bytes = 0;
+  int64_t weight_bytes = 0;
+  int64_t working_bytes = 0;
+  int64_t free_bytes = 0;
+  int64_t profile_tokens = 0;
+};
+
 struct CudaM3Options {
-  int64_t num_kv_pages = 0;  // KV cache pages (page ids 0 .. num_kv_pages - 1); required
+  // KV cache pages (page ids 0 .. num_kv_pages - 1). 0: sized after a profile step by
+  // kv_pages_after_profile, which is then required.
+  int64_t num_kv_pages = 0;
+  // With num_kv_pages 0: load() loads the weights and the decode buffers, runs one prefill step
+  // of profile_tokens tokens (one sequence, on temporary KV pages freed after it), measures the
+  // device's memory (CudaMemoryProfile) and allocates the pages this returns. An error from it
+  // is load()'s error.
+  std::function<Result<int64_t>(const CudaMemoryProfile&)> kv_pages_after_profile;
+  int64_t profile_tokens = 8192;
   int64_t max_batch = 128;   // decode rows per step on the GEMV path (larger batches: general)
   int device = 0;
   // Decode steps captured into a CUDA graph per (batch bucket, table width) on first use and
@@ -72,6 +94,7 @@ struct CudaM3Stats {
   int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although quantised on disk
   int64_t quantised_matrices = 0;  // fused matrices kept MXFP8 / NVFP4
   int64_t weight_bytes = 0, kv_bytes = 0, buffer_bytes = 0;  // device memory at load
+  CudaMemoryProfile profile;  // when the pool was sized by a profile step (else zeros)
 };
 
 class CudaM3Model {
@@ -99,6 +122,8 @@ class CudaM3Model {
 
  private:
   CudaM3Model() = default;
+  // num_kv_pages 0: the profile step, then the pool (CudaM3Options::kv_pages_after_profile).
+  Status profile_and_size_kv();
   std::unique_ptr<Impl> impl_;
 };
 

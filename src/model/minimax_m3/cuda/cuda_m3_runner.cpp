@@ -22,6 +22,25 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create(
   return std::make_unique<CudaM3ModelRunner>(std::move(model));
 }
 
+Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create_profiled(
+    const MiniMaxM3Config& cfg, const WeightSource& src,
+    std::function<Result<int64_t>(const minimax_m3::CudaMemoryProfile&)> pool_bytes,
+    minimax_m3::CudaM3Options options) {
+  M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
+  const int64_t page_bytes = minimax_m3::CudaM3Model::kv_bytes_per_page(cfg);
+  options.num_kv_pages = 0;
+  options.kv_pages_after_profile =
+      [pool_bytes = std::move(pool_bytes),
+       page_bytes](const minimax_m3::CudaMemoryProfile& p) -> Result<int64_t> {
+    M3_ASSIGN_OR_RETURN(const int64_t bytes, pool_bytes(p));
+    M3_ASSIGN_OR_RETURN(const int32_t pages, kv_pages_for_budget(bytes, page_bytes));
+    return int64_t{pages};
+  };
+  M3_ASSIGN_OR_RETURN(std::unique_ptr<minimax_m3::CudaM3Model> model,
+                      minimax_m3::CudaM3Model::load(cfg, src, options));
+  return std::make_unique<CudaM3ModelRunner>(std::move(model));
+}
+
 int32_t CudaM3ModelRunner::vocab_size() const {
   return static_cast<int32_t>(model_->config().vocab_size);
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "model/model.h"
@@ -23,6 +24,12 @@ class CudaM3ModelRunner final : public ModelRunner {
                                                            const WeightSource& src,
                                                            int64_t kv_cache_bytes,
                                                            minimax_m3::CudaM3Options options);
+  // Loads the weights, runs the profile step (options.profile_tokens; CudaM3Options) and makes
+  // the pool of `pool_bytes(profile)` bytes.
+  static Result<std::unique_ptr<CudaM3ModelRunner>> create_profiled(
+      const MiniMaxM3Config& cfg, const WeightSource& src,
+      std::function<Result<int64_t>(const minimax_m3::CudaMemoryProfile&)> pool_bytes,
+      minimax_m3::CudaM3Options options);
 
   int32_t vocab_size() const override;
   int32_t hidden_size() const override;
