@@ -201,6 +201,17 @@ TEST_P(PrefillAttention, MatchesCpu) {
     std::snprintf(what, sizeof(what), "prefill attention v2 vs v1 %s T=%lld ctx=%lld",
                   c.dense ? "dense" : "sparse", (long long)c.t, (long long)c.context);
     expect_close(got, ref, bound2, what);
+    // Both paths of the tiled kernel (every tile staged through shared memory / every tile per
+    // warp from the cache) give the same values.
+    for (const int64_t limit : {int64_t{0}, int64_t{1} << 40}) {
+      r.tiled_union_limit = limit;
+      st = cuda::launch_prefill_attention_tiled(r, c.dense ? nullptr : dsel.ptr(), top_k,
+                                                stream());
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      const auto g2 = dref.host();
+      for (size_t i = 0; i < g2.size(); ++i)
+        ASSERT_EQ(bf16_to_f32(g2[i]), got[i]) << "union limit " << limit << " element " << i;
+    }
   }
 }
 

@@ -37,6 +37,7 @@
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "core/dtype.h"
 #include "cuda_bench_util.h"
 
 namespace {
@@ -130,22 +131,9 @@ void attention_kernels_bench(const std::vector<int64_t>& tokens, CachingAllocato
     ap.gemm = gemm;
     ap.kernel = PrefillAttentionKernel::kTiled;
     ap.indexer = PrefillIndexerKernel::kFusedMaxPool;
-    CHECK_OK(launch_prefill_attention(ap, alloc, st()));  // the selection of the attention rows
-    std::vector<int32_t> hsel(static_cast<size_t>(t * kHix * kTopK));
-    CHECK_CUDA(cudaMemcpy(hsel.data(), sel, hsel.size() * 4, cudaMemcpyDeviceToHost));
-    double attn_keys = 0, idx_keys = 0;
-    for (int64_t i = 0; i < t; ++i) {
-      idx_keys += double(i + 1) * kHix;
-      for (int64_t g = 0; g < kHkv; ++g) {
-        const int32_t* s = hsel.data() + (i * kHkv + g) * kTopK;
-        for (int64_t j = 0; j < kTopK; ++j) {
-          const int64_t b = s[j];
-          if (b < 0 || b > i / kS || std::find(s, s + j, s[j]) != s + j) continue;
-          attn_keys += double(std::min<int64_t>(kS, i - b * kS + 1)) * (kH / kHkv);
-        }
-      }
-    }
-    const double attn_flops = 4.0 * kD * attn_keys, idx_flops = 2.0 * kDix * idx_keys;
+    double idx_keys = 0;
+    for (int64_t i = 0; i < t; ++i) idx_keys += double(i + 1) * kHix;
+    const double idx_flops = 2.0 * kDix * idx_keys;
 
     // Indexer block scores alone.
     float* bscores = dalloc<float>(t * kHix * nb);
@@ -181,21 +169,70 @@ void attention_kernels_bench(const std::vector<int64_t>& tokens, CachingAllocato
     });
     report(t, {"indexer scores kFusedMaxPool (v2)", idx_new, idx_flops});
 
-    // Attention alone on the fixed selection.
-    const double attn_old =
-        time_ms([&] { CHECK_OK(launch_prefill_attention_mma(ap, sel, kTopK, st())); });
-    report(t, {"sparse attention kTensorCore (v1)", attn_old, attn_flops});
-    const double attn_new =
-        time_ms([&] { CHECK_OK(launch_prefill_attention_tiled(ap, sel, kTopK, st())); });
-    report(t, {"sparse attention kTiled (v2)", attn_new, attn_flops});
+    // Two selection regimes: the dummy index queries (independent per token: neighbouring tokens
+    // share little beyond the forced init / local blocks, the worst case for kTiled), and index
+    // queries shared by 64-token segments plus 0.25 noise (neighbours select alike, as the
+    // model's do).
+    for (int regime = 0; regime < 2; ++regime) {
+      if (regime == 1) {
+        std::vector<uint16_t> hiq(static_cast<size_t>(t * kHix * kDix));
+        std::mt19937 rng(11);
+        std::normal_distribution<float> nd;
+        std::vector<float> base(static_cast<size_t>(kHix * kDix));
+        for (int64_t i = 0; i < t; ++i) {
+          if (i % 64 == 0)
+            for (float& x : base) x = nd(rng);
+          for (int64_t j = 0; j < kHix * kDix; ++j)
+            hiq[static_cast<size_t>(i * kHix * kDix + j)] =
+                f32_to_bf16(base[static_cast<size_t>(j)] + 0.25f * nd(rng));
+        }
+        CHECK_CUDA(cudaMemcpy(iq, hiq.data(), hiq.size() * 2, cudaMemcpyHostToDevice));
+      }
+      const char* rname = regime == 0 ? "random iq" : "correlated iq";
+      ap.kernel = PrefillAttentionKernel::kTiled;
+      ap.indexer = PrefillIndexerKernel::kFusedMaxPool;
+      CHECK_OK(launch_prefill_attention(ap, alloc, st()));  // the selection of the attention rows
+      std::vector<int32_t> hsel(static_cast<size_t>(t * kHix * kTopK));
+      CHECK_CUDA(cudaMemcpy(hsel.data(), sel, hsel.size() * 4, cudaMemcpyDeviceToHost));
+      double attn_keys = 0, union_blocks = 0, token_blocks = 0;
+      for (int64_t i0 = 0; i0 < t; i0 += 8) {
+        for (int64_t g = 0; g < kHkv; ++g) {
+          std::vector<int32_t> tile;
+          for (int64_t i = i0; i < std::min(i0 + 8, t); ++i) {
+            const int32_t* s = hsel.data() + (i * kHkv + g) * kTopK;
+            for (int64_t j = 0; j < kTopK; ++j) {
+              const int64_t b = s[j];
+              if (b < 0 || b > i / kS || std::find(s, s + j, s[j]) != s + j) continue;
+              attn_keys += double(std::min<int64_t>(kS, i - b * kS + 1)) * (kH / kHkv);
+              token_blocks += 1;
+              tile.push_back(s[j]);
+            }
+          }
+          std::sort(tile.begin(), tile.end());
+          union_blocks += double(std::unique(tile.begin(), tile.end()) - tile.begin());
+        }
+      }
+      const double tiles = double((t + 7) / 8) * kHkv;
+      std::printf("T=%-6lld %s: %.1f blocks per token, %.1f blocks in the union of an 8-token "
+                  "tile (kTiled loads each once)\n",
+                  (long long)t, rname, token_blocks / (double(t) * kHkv), union_blocks / tiles);
+      const double attn_flops = 4.0 * kD * attn_keys;
+      // Attention alone on the fixed selection.
+      const double attn_old =
+          time_ms([&] { CHECK_OK(launch_prefill_attention_mma(ap, sel, kTopK, st())); });
+      report(t, {std::string("sparse attention kTensorCore (v1), ") + rname, attn_old, attn_flops});
+      const double attn_new =
+          time_ms([&] { CHECK_OK(launch_prefill_attention_tiled(ap, sel, kTopK, st())); });
+      report(t, {std::string("sparse attention kTiled (v2), ") + rname, attn_new, attn_flops});
 
-    // The whole call.
-    for (int v = 1; v <= 2; ++v) {
-      ap.kernel = static_cast<PrefillAttentionKernel>(v);
-      ap.indexer = static_cast<PrefillIndexerKernel>(v);
-      const double ms = time_ms([&] { CHECK_OK(launch_prefill_attention(ap, alloc, st())); });
-      report(t, {"launch_prefill_attention v" + std::to_string(v) + " (indexer+topk+attn)", ms,
-                 attn_flops + idx_flops});
+      // The whole call.
+      for (int v = 1; v <= 2; ++v) {
+        ap.kernel = static_cast<PrefillAttentionKernel>(v);
+        ap.indexer = static_cast<PrefillIndexerKernel>(v);
+        const double ms = time_ms([&] { CHECK_OK(launch_prefill_attention(ap, alloc, st())); });
+        report(t, {"launch_prefill_attention v" + std::to_string(v) + ", " + rname, ms,
+                   attn_flops + idx_flops});
+      }
     }
     std::printf("\n");
     CHECK_CUDA(cudaStreamSynchronize(g_stream));

@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) index_block_scores_fused_kernel(
   int32_t* s_pos_max = reinterpret_cast<int32_t*>(smem + 2 * kStageBytes);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gi = lane >> 2, ci = lane & 3;
-  const int64_t row0 = int64_t{blockIdx.x} * kRows;
+  // The last tiles first: the longest (most causal blocks) start in the first wave.
+  const int64_t row0 = int64_t{gridDim.x - 1 - blockIdx.x} * kRows;
 
   if (tid == 0) *s_pos_max = -1;
   __syncthreads();

@@ -73,6 +73,9 @@ struct PrefillAttentionParams {
   PrefillAttentionKernel kernel = PrefillAttentionKernel::kPerTokenDecode;
   PrefillIndexerKernel indexer = PrefillIndexerKernel::kPerTokenDecode;
   PrefillGemm* gemm = nullptr;
+  // kTiled, sparse: an 8-token tile whose union of selected blocks exceeds this many blocks
+  // reads its blocks per warp from the cache instead of staging them (same results); -1: 4·top_k.
+  int64_t tiled_union_limit = -1;
 };
 
 // Requires D == Dix == 128, S == 128, H / Hkv == 16, Hix == Hkv (sparse) (checked by the decode

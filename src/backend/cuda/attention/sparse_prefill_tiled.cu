@@ -22,12 +22,19 @@
 // its rank (duplicates count once, as in kTensorCore). Dense rows: the union is 0..b_max, token
 // w uses block b iff b <= b_q(w).
 //
+// Where the tile's tokens share few blocks (a union of more than tiled_union_limit blocks, by
+// default 4·top_k: fewer than two tokens per block on average), most warps would wait at each
+// stage for the one or two that use it, so each warp instead walks its own blocks of the union
+// with fragments from the cache, as kTensorCore does; the order and arithmetic are the same, so
+// the output is the same either way (the tests check both paths against each other).
+//
 // NaN safety: rows of a page past the tile's last position may hold anything (an unwritten page
 // tail), so they are zero-filled instead of loaded (cp.async with source size 0); a key past a
 // token's position has its score replaced by -inf before use and its P is exactly 0; the V rows
 // it meets are either zeros or written rows of the chunk (finite), so 0 · v adds nothing.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/attention/mma_bf16.cuh"
@@ -65,6 +72,143 @@ __device__ __forceinline__ float bf16_round(float x) {
   return __bfloat162float(__float2bfloat16_rn(x));
 }
 
+// Online-softmax state of one warp: O for its 16 rows (heads), max m and sum l of rows gi, gi+8.
+struct WarpState {
+  float o[16][4];
+  float m_lo, m_hi, l_lo, l_hi;
+};
+
+// One half (64 keys from key `base` on) of a block for one warp's token at `pos` (base <= pos):
+// S = Q·K^T, scale, causal mask, online softmax, O += P·V with P rounded to bf16.
+// frags.k(np, ks, b): B registers of key tiles 2np, 2np+1 (keys of the half) for k-step ks;
+// frags.v(kk, dp, b): B registers of dim tiles 2dp, 2dp+1 for key step kk (16 keys).
+template <class Frags>
+__device__ __forceinline__ void attend_half(WarpState& w, const uint32_t (&qa)[8][4],
+                                            int64_t base, int64_t pos, float scale, int ci,
+                                            const Frags& frags) {
+  float s[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t b[4];
+      frags.k(np, ks, b);
+      mma_bf16(s[2 * np], qa[ks], b[0], b[1]);
+      mma_bf16(s[2 * np + 1], qa[ks], b[2], b[3]);
+    }
+  }
+  // Scale, causal mask (one token: the same for all 16 rows), row max of the half.
+  float bm_lo = -INFINITY, bm_hi = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool ok = base + nt * 8 + 2 * ci + e <= pos;
+      s[nt][e] = ok ? s[nt][e] * scale : -INFINITY;
+      s[nt][2 + e] = ok ? s[nt][2 + e] * scale : -INFINITY;
+      bm_lo = fmaxf(bm_lo, s[nt][e]);
+      bm_hi = fmaxf(bm_hi, s[nt][2 + e]);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    bm_lo = fmaxf(bm_lo, __shfl_xor_sync(0xffffffffu, bm_lo, off));
+    bm_hi = fmaxf(bm_hi, __shfl_xor_sync(0xffffffffu, bm_hi, off));
+  }
+  // The half's first key is valid (base <= pos), so bm is finite.
+  const float mn_lo = fmaxf(w.m_lo, bm_lo), mn_hi = fmaxf(w.m_hi, bm_hi);
+  const float f_lo = expf(w.m_lo - mn_lo), f_hi = expf(w.m_hi - mn_hi);  // 0 the first time
+  w.m_lo = mn_lo, w.m_hi = mn_hi;
+  float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[nt][e] = bf16_round(expf(s[nt][e] - mn_lo));
+      s[nt][2 + e] = bf16_round(expf(s[nt][2 + e] - mn_hi));
+      ps_lo += s[nt][e];
+      ps_hi += s[nt][2 + e];
+    }
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    ps_lo += __shfl_xor_sync(0xffffffffu, ps_lo, off);
+    ps_hi += __shfl_xor_sync(0xffffffffu, ps_hi, off);
+  }
+  w.l_lo = w.l_lo * f_lo + ps_lo;
+  w.l_hi = w.l_hi * f_hi + ps_hi;
+#pragma unroll
+  for (int dt = 0; dt < 16; ++dt) {
+    w.o[dt][0] *= f_lo, w.o[dt][1] *= f_lo;
+    w.o[dt][2] *= f_hi, w.o[dt][3] *= f_hi;
+  }
+  // O += P·V: 4 key steps of 16; P from the S accumulators (exact: already bf16 values).
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t pa[4];
+    pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < 8; ++dp) {
+      uint32_t b[4];
+      frags.v(kk, dp, b);
+      mma_bf16(w.o[2 * dp], pa, b[0], b[1]);
+      mma_bf16(w.o[2 * dp + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
+// Fragments from a shared-memory stage (ldmatrix; rows padded, conflict-free). K: matrices
+// (keys +0 / +8 of the pair) x (dims +0 / +8 of the k-step); V (.trans): (keys +0 / +8 of the
+// step) x (dims +0 / +8 of the pair of dim tiles).
+struct SmemFrags {
+  uint32_t k_addr, v_addr;  // this lane's row addresses for np = ks = 0 and kk = dp = 0
+  __device__ void k(int np, int ks, uint32_t (&b)[4]) const {
+    ldmatrix_x4(k_addr + np * 16 * kPitch * 2 + ks * 32, b);
+  }
+  __device__ void v(int kk, int dp, uint32_t (&b)[4]) const {
+    ldmatrix_x4_trans(v_addr + kk * 16 * kPitch * 2 + dp * 32, b);
+  }
+};
+
+// Fragments straight from the paged cache (the per-warp path of a tile with a large union, as
+// kTensorCore): K as 32-bit pairs along D; V as 16-bit values, rows past the token's position
+// not read (an unwritten page tail may hold NaN; such rows contribute zeros, as the zero-filled
+// stage rows do).
+struct GlobalFrags {
+  const uint16_t* kbase;  // key row j of the half: kbase + j·stride (this warp's group)
+  const uint16_t* vbase;
+  int64_t stride, base, pos;
+  int gi, ci;
+  __device__ void k(int np, int ks, uint32_t (&b)[4]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint16_t* krow = kbase + ((2 * np + h) * 8 + gi) * stride + ks * 16 + 2 * ci;
+      b[2 * h] = __ldg(reinterpret_cast<const unsigned int*>(krow));
+      b[2 * h + 1] = __ldg(reinterpret_cast<const unsigned int*>(krow + 8));
+    }
+  }
+  __device__ void v(int kk, int dp, uint32_t (&b)[4]) const {
+    const int key0 = kk * 16 + 2 * ci;
+    const uint16_t* v0 = vbase + key0 * stride;
+    const bool r0 = base + key0 <= pos, r1 = base + key0 + 1 <= pos,
+               r8 = base + key0 + 8 <= pos, r9 = base + key0 + 9 <= pos;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int d = (2 * dp + h) * 8 + gi;
+      const uint32_t e0 = r0 ? __ldg(v0 + d) : 0u, e1 = r1 ? __ldg(v0 + stride + d) : 0u;
+      const uint32_t e8 = r8 ? __ldg(v0 + 8 * stride + d) : 0u,
+                     e9 = r9 ? __ldg(v0 + 9 * stride + d) : 0u;
+      b[2 * h] = e0 | (e1 << 16);
+      b[2 * h + 1] = e8 | (e9 << 16);
+    }
+  }
+};
+
 struct TiledParams {
   const uint16_t* q;           // [T, H, D]
   KvCacheBf16View cache;
@@ -73,6 +217,7 @@ struct TiledParams {
   const int32_t* selected;     // [T, Hkv, top_k] (sparse) or nullptr (dense: blocks 0..b_q)
   int64_t t, num_heads, num_blocks, top_k;
   int bitmap_words;            // sparse: words of the block bitmap ((num_blocks + 31) / 32)
+  int union_limit;             // sparse: a larger union takes the per-warp path
   float scale;
   uint16_t* out;               // [T, H, D]
 };
@@ -96,7 +241,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(Ti
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gi = lane >> 2, ci = lane & 3;
-  const int64_t t0 = int64_t{blockIdx.x} * kTile, t = t0 + warp;
+  // The last tiles first: the longest (most causal blocks) start in the first wave.
+  const int64_t t0 = int64_t{gridDim.x - 1 - blockIdx.x} * kTile, t = t0 + warp;
   const int64_t grp = blockIdx.y;
   const KvCacheBf16View& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
@@ -208,121 +354,67 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(Ti
     }
   };
 
-  float o[16][4];
+  WarpState ws;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // rows gi, gi + 8
+  for (int i = 0; i < 16; ++i) ws.o[i][0] = ws.o[i][1] = ws.o[i][2] = ws.o[i][3] = 0.0f;
+  ws.m_lo = ws.m_hi = -INFINITY;
+  ws.l_lo = ws.l_hi = 0.0f;
 
-  load(0);
-  cp_async_commit();
-  for (int i = 0; i < n_stage; ++i) {
-    load(i + 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // stage i's group has landed (this thread's copies)
-    __syncthreads();     // ... and every thread's
-    int64_t blk;
-    const int64_t page = stage_page(i, &blk);
-    const int64_t base = blk * kS + (i & 1) * kHalf;
-    const bool selected_here =
-        dense ? blk <= qb : ((s_mask[i >> 1] >> warp) & 1u) != 0u;
-    if (page >= 0 && selected_here && base <= pos) {
-      const Stage& st = stages[i & 1];
-      // S = Q·K^T for the 64 keys: 4 pairs of key tiles (one ldmatrix.x4 per pair and k-step).
-      float s[8][4];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      const int mat = lane >> 3, mrow = lane & 7;
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        const uint32_t krow =
-            smem_u32(&st.k[np * 16 + (mat >> 1) * 8 + mrow][(mat & 1) * 8]);
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          uint32_t b[4];
-          ldmatrix_x4(krow + ks * 16 * 2, b);
-          mma_bf16(s[2 * np], qa[ks], b[0], b[1]);
-          mma_bf16(s[2 * np + 1], qa[ks], b[2], b[3]);
-        }
-      }
-      // Scale, causal mask (one token: the same for all 16 rows), row max of the half.
-      float bm_lo = -INFINITY, bm_hi = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool ok = base + nt * 8 + 2 * ci + e <= pos;
-          s[nt][e] = ok ? s[nt][e] * p.scale : -INFINITY;
-          s[nt][2 + e] = ok ? s[nt][2 + e] * p.scale : -INFINITY;
-          bm_lo = fmaxf(bm_lo, s[nt][e]);
-          bm_hi = fmaxf(bm_hi, s[nt][2 + e]);
-        }
-      }
-#pragma unroll
-      for (int off = 1; off <= 2; off <<= 1) {
-        bm_lo = fmaxf(bm_lo, __shfl_xor_sync(0xffffffffu, bm_lo, off));
-        bm_hi = fmaxf(bm_hi, __shfl_xor_sync(0xffffffffu, bm_hi, off));
-      }
-      // The half's first key is valid (base <= pos), so bm is finite.
-      const float mn_lo = fmaxf(m_lo, bm_lo), mn_hi = fmaxf(m_hi, bm_hi);
-      const float f_lo = expf(m_lo - mn_lo), f_hi = expf(m_hi - mn_hi);  // 0 the first time
-      m_lo = mn_lo, m_hi = mn_hi;
-      float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          s[nt][e] = bf16_round(expf(s[nt][e] - mn_lo));
-          s[nt][2 + e] = bf16_round(expf(s[nt][2 + e] - mn_hi));
-          ps_lo += s[nt][e];
-          ps_hi += s[nt][2 + e];
-        }
-      }
-#pragma unroll
-      for (int off = 1; off <= 2; off <<= 1) {
-        ps_lo += __shfl_xor_sync(0xffffffffu, ps_lo, off);
-        ps_hi += __shfl_xor_sync(0xffffffffu, ps_hi, off);
-      }
-      l_lo = l_lo * f_lo + ps_lo;
-      l_hi = l_hi * f_hi + ps_hi;
-#pragma unroll
-      for (int dt = 0; dt < 16; ++dt) {
-        o[dt][0] *= f_lo, o[dt][1] *= f_lo;
-        o[dt][2] *= f_hi, o[dt][3] *= f_hi;
-      }
-      // O += P·V: 4 key steps of 16; P from the S accumulators (exact: already bf16 values).
-      // V fragments by ldmatrix.trans: matrices (keys +0 / +8) x (dims +0 / +8).
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t pa[4];
-        pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const uint32_t vrow = smem_u32(&st.v[kk * 16 + (mat & 1) * 8 + mrow][(mat >> 1) * 8]);
-#pragma unroll
-        for (int dp = 0; dp < 8; ++dp) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(vrow + dp * 16 * 2, b);
-          mma_bf16(o[2 * dp], pa, b[0], b[1]);
-          mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
-        }
+  if (!dense && n_union > p.union_limit) {
+    // Few blocks shared: staging every block of the union would leave most warps idle at each
+    // stage. Each warp walks its own blocks (the same ascending order, the same arithmetic, so
+    // the same bits) with fragments from the cache.
+    for (int u = 0; u < n_union; ++u) {
+      if (((s_mask[u] >> warp) & 1u) == 0u) continue;
+      const int64_t blk = s_blocks[u];
+      const int64_t page = p.block_table[blk];
+      if (page < 0 || page >= c.num_pages) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int64_t base = blk * kS + half * kHalf;
+        if (base > pos) break;
+        const int64_t stride = hkv * kD;
+        const int64_t row0 = (page * kS + half * kHalf) * hkv + grp;
+        const GlobalFrags f{c.k + row0 * kD, c.v + row0 * kD, stride, base, pos, gi, ci};
+        attend_half(ws, qa, base, pos, p.scale, ci, f);
       }
     }
-    __syncthreads();  // every warp is done with stage i's buffer before load(i + 2) refills it
+  } else {
+    const int mat = lane >> 3, mrow = lane & 7;
+    load(0);
+    cp_async_commit();
+    for (int i = 0; i < n_stage; ++i) {
+      load(i + 1);
+      cp_async_commit();
+      cp_async_wait<1>();  // stage i's group has landed (this thread's copies)
+      __syncthreads();     // ... and every thread's
+      int64_t blk;
+      const int64_t page = stage_page(i, &blk);
+      const int64_t base = blk * kS + (i & 1) * kHalf;
+      const bool selected_here = dense ? blk <= qb : ((s_mask[i >> 1] >> warp) & 1u) != 0u;
+      if (page >= 0 && selected_here && base <= pos) {
+        const Stage& st = stages[i & 1];
+        const SmemFrags f{smem_u32(&st.k[(mat >> 1) * 8 + mrow][(mat & 1) * 8]),
+                          smem_u32(&st.v[(mat & 1) * 8 + mrow][(mat >> 1) * 8])};
+        attend_half(ws, qa, base, pos, p.scale, ci, f);
+      }
+      __syncthreads();  // every warp is done with stage i's buffer before load(i + 2) refills it
+    }
+    cp_async_wait<0>();
   }
-  cp_async_wait<0>();
 
   if (t >= p.t) return;
   // Normalise and store bf16 (rows gi and gi + 8 of the group).
-  const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
-  const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+  const float inv_lo = ws.l_lo > 0.0f ? 1.0f / ws.l_lo : 0.0f;
+  const float inv_hi = ws.l_hi > 0.0f ? 1.0f / ws.l_hi : 0.0f;
   uint16_t* out_lo = p.out + (t * p.num_heads + grp * kGroup + gi) * kD;
   uint16_t* out_hi = out_lo + 8 * kD;
 #pragma unroll
   for (int dt = 0; dt < 16; ++dt) {
     const int d = dt * 8 + 2 * ci;
-    *reinterpret_cast<uint32_t*>(out_lo + d) = pack_bf16(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
-    *reinterpret_cast<uint32_t*>(out_hi + d) = pack_bf16(o[dt][2] * inv_hi, o[dt][3] * inv_hi);
+    *reinterpret_cast<uint32_t*>(out_lo + d) =
+        pack_bf16(ws.o[dt][0] * inv_lo, ws.o[dt][1] * inv_lo);
+    *reinterpret_cast<uint32_t*>(out_hi + d) =
+        pack_bf16(ws.o[dt][2] * inv_hi, ws.o[dt][3] * inv_hi);
   }
 }
 
@@ -350,8 +442,14 @@ Status launch_prefill_attention_tiled(const PrefillAttentionParams& p, const int
     return invalid_argument("[cuda.prefill_attention_tiled] block table too long (" +
                             std::to_string(p.num_blocks) + " blocks)");
   M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<prefill_attention_tiled_kernel>(kMaxSmem));
-  TiledParams tp{p.q,       c,     p.positions, p.block_table,           selected, p.t,
-                 p.num_heads, p.num_blocks, top_k, static_cast<int>(words), p.scale, p.out};
+  const int64_t limit = p.tiled_union_limit >= 0 ? p.tiled_union_limit : 4 * top_k;
+  TiledParams tp{p.q,         c,
+                 p.positions, p.block_table,
+                 selected,    p.t,
+                 p.num_heads, p.num_blocks,
+                 top_k,       static_cast<int>(words),
+                 static_cast<int>(std::min<int64_t>(limit, INT32_MAX)), p.scale,
+                 p.out};
   dim3 grid(static_cast<unsigned>((p.t + kTile - 1) / kTile),
             static_cast<unsigned>(c.num_kv_heads));
   prefill_attention_tiled_kernel<<<grid, kThreads, static_cast<size_t>(smem), stream>>>(tp);
