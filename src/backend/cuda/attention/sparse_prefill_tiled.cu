@@ -228,6 +228,10 @@ __host__ __device__ constexpr int64_t tiled_smem_bytes(int64_t words, int64_t ca
   return 2 * int64_t{kStageBytes} + 4 * (kHeaderInts + 2 * words + 2 * cap);
 }
 
+// PER_WARP: the instance for the tiles whose union exceeds union_limit (the other tiles return
+// after the prologue), so that each path gets its own register allocation (together in one
+// kernel they spill).
+template <bool PER_WARP>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(TiledParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   Stage* stages = reinterpret_cast<Stage*>(smem);
@@ -310,6 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(Ti
     __syncthreads();
   }
 
+  if ((!dense && n_union > p.union_limit) != PER_WARP) return;  // uniform over the CTA
+
   // Q fragments for the 8 k-steps (dims), rows = heads of the group.
   uint32_t qa[8][4];
   {
@@ -360,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(Ti
   ws.m_lo = ws.m_hi = -INFINITY;
   ws.l_lo = ws.l_hi = 0.0f;
 
-  if (!dense && n_union > p.union_limit) {
+  if constexpr (PER_WARP) {
     // Few blocks shared: staging every block of the union would leave most warps idle at each
     // stage. Each warp walks its own blocks (the same ascending order, the same arithmetic, so
     // the same bits) with fragments from the cache.
@@ -441,7 +447,10 @@ Status launch_prefill_attention_tiled(const PrefillAttentionParams& p, const int
   if (smem > kMaxSmem)
     return invalid_argument("[cuda.prefill_attention_tiled] block table too long (" +
                             std::to_string(p.num_blocks) + " blocks)");
-  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<prefill_attention_tiled_kernel>(kMaxSmem));
+  M3_CUDA_RETURN_IF_ERROR(
+      allow_dynamic_smem_once<prefill_attention_tiled_kernel<false>>(kMaxSmem));
+  M3_CUDA_RETURN_IF_ERROR(
+      allow_dynamic_smem_once<prefill_attention_tiled_kernel<true>>(kMaxSmem));
   const int64_t limit = p.tiled_union_limit >= 0 ? p.tiled_union_limit : 4 * top_k;
   TiledParams tp{p.q,         c,
                  p.positions, p.block_table,
@@ -452,8 +461,16 @@ Status launch_prefill_attention_tiled(const PrefillAttentionParams& p, const int
                  p.out};
   dim3 grid(static_cast<unsigned>((p.t + kTile - 1) / kTile),
             static_cast<unsigned>(c.num_kv_heads));
-  prefill_attention_tiled_kernel<<<grid, kThreads, static_cast<size_t>(smem), stream>>>(tp);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(prefill_attention_tiled_kernel);
+  // The staged tiles, then (where a union can exceed the limit) the per-warp ones. A CTA of the
+  // other kind returns after the prologue (a few hundred bytes of selections).
+  prefill_attention_tiled_kernel<false>
+      <<<grid, kThreads, static_cast<size_t>(smem), stream>>>(tp);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(prefill_attention_tiled_kernel<false>);
+  if (selected != nullptr && limit < cap) {
+    prefill_attention_tiled_kernel<true>
+        <<<grid, kThreads, static_cast<size_t>(smem), stream>>>(tp);
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(prefill_attention_tiled_kernel<true>);
+  }
   return Status::ok();
 }
 
