@@ -7,6 +7,7 @@
 // weighted sum within gamma_{n+8}·Σp|v|, both sides, plus the bf16 output rounding 2^-8).
 #include <algorithm>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "backend/cuda/attention/sparse_prefill.h"
@@ -24,8 +25,11 @@ struct Case {
   bool dense;
   int64_t init_blocks;
   int64_t scratch;
-  int variant;      // PrefillAttentionKernel: 0 per-token decode kernels; 1 tensor cores (P rounded to bf16: see the bound)
-  int indexer_variant = 0;  // PrefillIndexerKernel: 0 per-token decode indexer; 1 cuBLASLt scores + max-pool
+  int variant;      // PrefillAttentionKernel: 0 per-token decode kernels; 1 tensor cores (P rounded
+                    // to bf16: see the bound); 2 tiled tensor cores (the same bound; also checked
+                    // against variant 1 on the same selection)
+  int indexer_variant = 0;  // PrefillIndexerKernel: 0 per-token decode indexer; 1 cuBLASLt scores
+                            // + max-pool; 2 fused block scores
 };
 
 class PrefillAttention : public ::testing::TestWithParam<Case> {};
@@ -124,7 +128,8 @@ TEST_P(PrefillAttention, MatchesCpu) {
           ASSERT_TRUE(seen.insert(got).second) << "duplicate block " << got;
           if (got != want) {
             // Each side's score is within gamma_{Dix+2}·Σ|q||k| of the exact one (the tensor
-            // cores of indexer variant 1: 2·gamma, truncating accumulation): 3·gamma apart.
+            // cores of indexer variants 1 and 2: 2·gamma, truncating accumulation): 3·gamma
+            // apart.
             ASSERT_TRUE(bs[got] == bs[want] ||
                         std::abs(bs[got] - bs[want]) <= 3 * gamma(Dix + 2) * mag)
                 << "token " << t << " head " << h << " slot " << s << ": gpu " << got << " cpu "
@@ -135,8 +140,9 @@ TEST_P(PrefillAttention, MatchesCpu) {
       }
     }
     std::printf("[ %-40s ] T=%lld ctx=%lld exact except %lld rounding ties\n",
-                c.indexer_variant == 1 ? "prefill indexer v1 (gemm) real shapes"
-                                       : "prefill indexer v0 real shapes",
+                c.indexer_variant == 2   ? "prefill indexer v2 (fused) real shapes"
+                : c.indexer_variant == 1 ? "prefill indexer v1 (gemm) real shapes"
+                                         : "prefill indexer v0 real shapes",
                 (long long)c.t, (long long)c.context, (long long)ties);
   }
 
@@ -166,7 +172,7 @@ TEST_P(PrefillAttention, MatchesCpu) {
         // Variant 1 rounds P to bf16 (for both the weights and their sum): the weights move by
         // at most 2·2^-8/(1 - 2^-8) relatively, so the mean moves by at most that · Σw|v - o|.
         const double f32b = 2 * (2 * delta * dev + gamma(double(r.keys) + 8) * pv) +
-                            (c.variant == 1 ? std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8)) : 0);
+                            (c.variant >= 1 ? std::ldexp(dev, -7) / (1 - std::ldexp(1.0, -8)) : 0);
         bound[idx] = f32b + std::ldexp(std::abs(o) + f32b, -8) + 1e-30;
       }
     }
@@ -176,6 +182,37 @@ TEST_P(PrefillAttention, MatchesCpu) {
                 c.variant, c.dense ? "dense" : "sparse", (long long)c.t, (long long)c.context,
                 (long long)c.init_blocks);
   expect_close(got, want, bound, what);
+
+  if (c.variant == 2) {
+    // The tiled kernel against kTensorCore on the same selection: both within `bound` of the
+    // exact result, so within twice that of each other.
+    auto dref = Dev<uint16_t>::poisoned(c.t * H * D);
+    cuda::PrefillAttentionParams r = p;
+    r.out = dref.ptr();
+    st = cuda::launch_prefill_attention_mma(r, c.dense ? nullptr : dsel.ptr(), top_k, stream());
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const auto gref = dref.host();
+    std::vector<float> ref(gref.size());
+    std::vector<double> bound2(bound.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ref[i] = bf16_to_f32(gref[i]);
+      bound2[i] = 2 * bound[i];
+    }
+    std::snprintf(what, sizeof(what), "prefill attention v2 vs v1 %s T=%lld ctx=%lld",
+                  c.dense ? "dense" : "sparse", (long long)c.t, (long long)c.context);
+    expect_close(got, ref, bound2, what);
+    // Both paths of the tiled kernel (every tile staged through shared memory / every tile per
+    // warp from the cache) give the same values.
+    for (const int64_t limit : {int64_t{0}, int64_t{1} << 40}) {
+      r.tiled_union_limit = limit;
+      st = cuda::launch_prefill_attention_tiled(r, c.dense ? nullptr : dsel.ptr(), top_k,
+                                                stream());
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      const auto g2 = dref.host();
+      for (size_t i = 0; i < g2.size(); ++i)
+        ASSERT_EQ(bf16_to_f32(g2[i]), got[i]) << "union limit " << limit << " element " << i;
+    }
+  }
 }
 
 constexpr int64_t kMiB = 1 << 20;
@@ -191,7 +228,117 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{700, 64, true, 0, 16 * kMiB, 1},
                       // cuBLASLt indexer (sub-chunks of different causal widths)
                       Case{2948, 48, false, 0, 4 * kMiB, 1, 1},
-                      Case{2400, 130, false, 1, 64 * kMiB, 1, 1}));
+                      Case{2400, 130, false, 1, 64 * kMiB, 1, 1},
+                      // Tiled attention + fused indexer: first chunk (position 0, T not a
+                      // multiple of the 8-token tile), mid-page start with sub-chunks, a chunk
+                      // across a block boundary, dense mid-page and dense from position 0, and
+                      // a long context where a tile's union of selected blocks is large.
+                      Case{37, 37, false, 0, 4 * kMiB, 2, 2},
+                      Case{2948, 45, false, 0, 16 * 1024, 2, 2},
+                      Case{2400, 130, false, 1, 64 * kMiB, 2, 2},
+                      Case{700, 61, true, 0, 16 * kMiB, 2},
+                      Case{300, 300, true, 0, 16 * kMiB, 2},
+                      Case{16500, 23, false, 1, 1 * kMiB, 2, 2},
+                      // Mixed: the tiled attention on the cuBLASLt indexer's selection.
+                      Case{2948, 48, false, 0, 4 * kMiB, 2, 1}));
+
+// The fused indexer's block scores against the float64 reference and against kGemmScores's
+// (gather + cuBLASLt + max-pool) on the same inputs: a chunk that starts mid-page, rows not a
+// multiple of the 128-row tile, missing pages (-1 in the table) and a NaN page tail. Scores are
+// bf16 products accumulated in float32 on the tensor cores: within 2·gamma_{Dix+2}·Σ|q||k| of
+// the exact dot product (truncating accumulation), so the max over a block's keys too; the two
+// GPU paths within twice that of each other. -inf entries (past b_q, missing pages) must match
+// exactly.
+TEST(PrefillIndexerFused, BlockScoresMatchGemmAndCpu) {
+  const int64_t Hix = 4, Dix = 128, S = 128;
+  const int64_t context = 5000, T = 77, nb = (context + S - 1) / S, pages = nb + 2;
+  std::vector<int32_t> table(nb);
+  std::iota(table.begin(), table.end(), 1);
+  std::mt19937 rng(80);
+  std::shuffle(table.begin(), table.end(), rng);
+  table[3] = -1;
+  table[nb - 5] = -1;
+  std::vector<int32_t> pos(T);
+  for (int64_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(context - T + i);
+  std::vector<float> ikf, iqf;
+  std::vector<uint16_t> ikb, iqb;
+  bf16_randn(pages * S * Dix, 81, 1.0f, &ikf, &ikb);
+  bf16_randn(T * Hix * Dix, 82, 1.0f, &iqf, &iqb);
+  for (int64_t j = context; j < nb * S; ++j)
+    for (int64_t i = 0; i < Dix; ++i) ikb[(table[j / S] * S + j % S) * Dix + i] = 0x7FC0;
+  Dev<uint16_t> dik(ikb), diq(iqb), dummy(std::vector<uint16_t>(8));
+  Dev<int32_t> dtab(table), dpos(pos);
+  const cuda::KvCacheBf16View cache{dummy.ptr(), dummy.ptr(), dik.ptr(), pages, S, 4, 128, Dix};
+  auto dfused = Dev<float>::poisoned(T * Hix * nb);
+  Status st = cuda::launch_index_block_scores_fused(diq.ptr(), cache, dpos.ptr(), dtab.ptr(), T,
+                                                    Hix, nb, dfused.ptr(), stream());
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  // kGemmScores's path over every block.
+  static cuda::CachingAllocator alloc;
+  static auto gemm = cuda::PrefillGemm::create(&alloc, 16 << 20);
+  ASSERT_TRUE(gemm.is_ok()) << gemm.status().to_string();
+  Dev<uint16_t> dkeys(std::vector<uint16_t>(static_cast<size_t>(nb * S * Dix)));
+  Dev<float> dscores(std::vector<float>(static_cast<size_t>(T * Hix * nb * S)));
+  auto dgemm = Dev<float>::poisoned(T * Hix * nb);
+  st = cuda::launch_gather_index_keys(cache, dtab.ptr(), nb, dkeys.ptr(), stream());
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  cuda::PrefillLinearParams lp;
+  lp.x = diq.ptr();
+  lp.ldx = Dix;
+  lp.m = T * Hix;
+  lp.w.format = cuda::QuantFormat::kBf16;
+  lp.w.w = reinterpret_cast<const uint8_t*>(dkeys.ptr());
+  lp.w.n = nb * S;
+  lp.w.k = Dix;
+  lp.y = dscores.ptr();
+  lp.ldy = nb * S;
+  lp.out = cuda::PrefillOut::kF32;
+  st = (*gemm)->linear(lp, stream());
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  st = cuda::launch_index_maxpool(dscores.ptr(), nb * S, nb, dpos.ptr(), dtab.ptr(), pages, T, Hix,
+                                  nb, dgemm.ptr(), stream());
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  const auto fused = dfused.host(), viagemm = dgemm.host();
+
+  std::vector<float> got, want, other;
+  std::vector<double> bound, bound2;
+  int64_t neg = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hix; ++h)
+      for (int64_t b = 0; b < nb; ++b) {
+        const size_t idx = static_cast<size_t>((t * Hix + h) * nb + b);
+        double best = -INFINITY, mag = 0;
+        if (b <= pos[t] / S && table[b] >= 0) {
+          for (int64_t j = b * S; j < std::min<int64_t>((b + 1) * S, pos[t] + 1); ++j) {
+            const float* kr = ikf.data() + (table[b] * S + j % S) * Dix;
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < Dix; ++i) {
+              s += double(iqf[(t * Hix + h) * Dix + i]) * kr[i];
+              a += std::abs(double(iqf[(t * Hix + h) * Dix + i]) * kr[i]);
+            }
+            best = std::max(best, s);
+            mag = std::max(mag, a);
+          }
+        }
+        if (std::isinf(best)) {
+          ASSERT_TRUE(std::isinf(fused[idx]) && fused[idx] < 0)
+              << "t " << t << " h " << h << " block " << b << ": " << fused[idx];
+          ASSERT_TRUE(std::isinf(viagemm[idx]) && viagemm[idx] < 0) << "t " << t << " b " << b;
+          ++neg;
+          continue;
+        }
+        got.push_back(fused[idx]);
+        want.push_back(static_cast<float>(best));
+        other.push_back(viagemm[idx]);
+        bound.push_back(2 * gamma(Dix + 2) * mag + 1e-30);
+        bound2.push_back(4 * gamma(Dix + 2) * mag + 1e-30);
+      }
+  std::printf("[ %-40s ] %lld -inf entries match\n", "prefill indexer v2 block scores",
+              (long long)neg);
+  expect_close(got, want, bound, "indexer v2 block scores vs cpu");
+  std::vector<float> wantd(other.begin(), other.end());
+  expect_close(got, wantd, bound2, "indexer v2 vs v1 block scores");
+}
 
 }  // namespace
 }  // namespace m3::cuda_test

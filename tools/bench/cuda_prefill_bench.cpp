@@ -19,6 +19,8 @@
 // key (QK and PV; keys = min(causal keys, top-16 blocks)) and 2·Hix·Dix per indexer key.
 //
 // Usage: cuda_prefill_bench [results.tsv] [tokens...]   (default tokens: 8192 32768)
+//        cuda_prefill_bench --attention [tokens...]      attention and indexer of one layer
+//          alone, old vs new kernels (attention_kernels_bench below)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +37,7 @@
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "core/dtype.h"
 #include "cuda_bench_util.h"
 
 namespace {
@@ -81,10 +84,178 @@ void report(int64_t t, const Row& r) {
                  r.flops, tf, tf * 1e12 / kPeak);
 }
 
+// --attention: the prefill attention of one layer, one chunk of T tokens at positions 0..T-1
+// (chunk = context), its parts timed alone on the same data:
+//   indexer block scores: kGemmScores (gather the index keys, then per sub-chunk of the 512 MiB
+//     scratch the cuBLASLt token scores + max-pool; the causal widths from the known positions,
+//     i.e. without the host synchronisation the real path has) vs kFusedMaxPool;
+//   attention on a fixed selection (the fused indexer's top-16 with 1 init + 1 local block):
+//     kTensorCore vs kTiled;
+//   the whole launch_prefill_attention (indexer + top-k + attention): (kTensorCore, kGemmScores)
+//     vs (kTiled, kFusedMaxPool).
+// FLOPs actually needed: 4·T·H·D per attended key (the selection's causal keys, counted from the
+// selection itself) and 2·T·Hix·Dix per causal indexer key.
+void attention_kernels_bench(const std::vector<int64_t>& tokens, CachingAllocator* alloc,
+                             PrefillGemm* gemm) {
+  for (const int64_t t : tokens) {
+    const int64_t nb = (t + kS - 1) / kS;
+    uint16_t* kc = dfill<uint16_t>(nb * kS * kHkv * kD, DummyKind::kBf16Normal);
+    uint16_t* vc = dfill<uint16_t>(nb * kS * kHkv * kD, DummyKind::kBf16Normal);
+    uint16_t* ikc = dfill<uint16_t>(nb * kS * kDix, DummyKind::kBf16Normal);
+    uint16_t* q = dfill<uint16_t>(t * kH * kD, DummyKind::kBf16Normal);
+    uint16_t* iq = dfill<uint16_t>(t * kHix * kDix, DummyKind::kBf16Normal);
+    std::vector<int32_t> hpos(t), htab(nb);
+    for (int64_t i = 0; i < t; ++i) hpos[i] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < nb; ++i) htab[i] = static_cast<int32_t>(i);
+    int32_t* dpos = dalloc<int32_t>(t);
+    int32_t* dtab = dalloc<int32_t>(nb);
+    CHECK_CUDA(cudaMemcpy(dpos, hpos.data(), t * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dtab, htab.data(), nb * 4, cudaMemcpyHostToDevice));
+    uint16_t* out = dalloc<uint16_t>(t * kH * kD);
+    int32_t* sel = dalloc<int32_t>(t * kHix * kTopK);
+    PrefillAttentionParams ap;
+    ap.q = q;
+    ap.iq = iq;
+    ap.cache = {kc, vc, ikc, nb, kS, kHkv, kD, kDix};
+    ap.positions = dpos;
+    ap.block_table = dtab;
+    ap.t = t;
+    ap.num_heads = kH;
+    ap.num_index_heads = kHix;
+    ap.num_blocks = nb;
+    ap.top_k = kTopK;
+    ap.init_blocks = 1;
+    ap.scale = 1.0f / std::sqrt(float(kD));
+    ap.selected = sel;
+    ap.out = out;
+    ap.gemm = gemm;
+    ap.kernel = PrefillAttentionKernel::kTiled;
+    ap.indexer = PrefillIndexerKernel::kFusedMaxPool;
+    double idx_keys = 0;
+    for (int64_t i = 0; i < t; ++i) idx_keys += double(i + 1) * kHix;
+    const double idx_flops = 2.0 * kDix * idx_keys;
+
+    // Indexer block scores alone.
+    float* bscores = dalloc<float>(t * kHix * nb);
+    uint16_t* keys = dalloc<uint16_t>(nb * kS * kDix);
+    const int64_t per_token = kHix * nb * kS * 4;
+    const int64_t chunk = std::clamp<int64_t>((int64_t{512} << 20) / per_token, 1, t);
+    float* tscores = dalloc<float>(chunk * kHix * nb * kS);
+    const double idx_old = time_ms([&] {
+      CHECK_OK(launch_gather_index_keys(ap.cache, dtab, nb, keys, st()));
+      for (int64_t t0 = 0; t0 < t; t0 += chunk) {
+        const int64_t n = std::min(chunk, t - t0);
+        const int64_t nb_sub = std::min(nb, (t0 + n - 1) / kS + 1);
+        PrefillLinearParams lp;
+        lp.x = iq + t0 * kHix * kDix;
+        lp.ldx = kDix;
+        lp.m = n * kHix;
+        lp.w.format = QuantFormat::kBf16;
+        lp.w.w = reinterpret_cast<const uint8_t*>(keys);
+        lp.w.n = nb_sub * kS;
+        lp.w.k = kDix;
+        lp.y = tscores;
+        lp.ldy = nb_sub * kS;
+        lp.out = PrefillOut::kF32;
+        CHECK_OK(gemm->linear(lp, st()));
+        CHECK_OK(launch_index_maxpool(tscores, nb_sub * kS, nb_sub, dpos + t0, dtab, nb, n, kHix,
+                                      nb, bscores + t0 * kHix * nb, st()));
+      }
+    });
+    report(t, {"indexer scores kGemmScores (v1)", idx_old, idx_flops});
+    const double idx_new = time_ms([&] {
+      CHECK_OK(launch_index_block_scores_fused(iq, ap.cache, dpos, dtab, t, kHix, nb, bscores,
+                                               st()));
+    });
+    report(t, {"indexer scores kFusedMaxPool (v2)", idx_new, idx_flops});
+
+    // Two selection regimes: the dummy index queries (independent per token: neighbouring tokens
+    // share little beyond the forced init / local blocks, the worst case for kTiled), and index
+    // queries shared by 64-token segments plus 0.25 noise (neighbours select alike, as the
+    // model's do).
+    for (int regime = 0; regime < 2; ++regime) {
+      if (regime == 1) {
+        std::vector<uint16_t> hiq(static_cast<size_t>(t * kHix * kDix));
+        std::mt19937 rng(11);
+        std::normal_distribution<float> nd;
+        std::vector<float> base(static_cast<size_t>(kHix * kDix));
+        for (int64_t i = 0; i < t; ++i) {
+          if (i % 64 == 0)
+            for (float& x : base) x = nd(rng);
+          for (int64_t j = 0; j < kHix * kDix; ++j)
+            hiq[static_cast<size_t>(i * kHix * kDix + j)] =
+                f32_to_bf16(base[static_cast<size_t>(j)] + 0.25f * nd(rng));
+        }
+        CHECK_CUDA(cudaMemcpy(iq, hiq.data(), hiq.size() * 2, cudaMemcpyHostToDevice));
+      }
+      const char* rname = regime == 0 ? "random iq" : "correlated iq";
+      ap.kernel = PrefillAttentionKernel::kTiled;
+      ap.indexer = PrefillIndexerKernel::kFusedMaxPool;
+      CHECK_OK(launch_prefill_attention(ap, alloc, st()));  // the selection of the attention rows
+      std::vector<int32_t> hsel(static_cast<size_t>(t * kHix * kTopK));
+      CHECK_CUDA(cudaMemcpy(hsel.data(), sel, hsel.size() * 4, cudaMemcpyDeviceToHost));
+      double attn_keys = 0, union_blocks = 0, token_blocks = 0;
+      for (int64_t i0 = 0; i0 < t; i0 += 8) {
+        for (int64_t g = 0; g < kHkv; ++g) {
+          std::vector<int32_t> tile;
+          for (int64_t i = i0; i < std::min(i0 + 8, t); ++i) {
+            const int32_t* s = hsel.data() + (i * kHkv + g) * kTopK;
+            for (int64_t j = 0; j < kTopK; ++j) {
+              const int64_t b = s[j];
+              if (b < 0 || b > i / kS || std::find(s, s + j, s[j]) != s + j) continue;
+              attn_keys += double(std::min<int64_t>(kS, i - b * kS + 1)) * (kH / kHkv);
+              token_blocks += 1;
+              tile.push_back(s[j]);
+            }
+          }
+          std::sort(tile.begin(), tile.end());
+          union_blocks += double(std::unique(tile.begin(), tile.end()) - tile.begin());
+        }
+      }
+      const double tiles = double((t + 7) / 8) * kHkv;
+      std::printf("T=%-6lld %s: %.1f blocks per token, %.1f blocks in the union of an 8-token "
+                  "tile (kTiled loads each once)\n",
+                  (long long)t, rname, token_blocks / (double(t) * kHkv), union_blocks / tiles);
+      const double attn_flops = 4.0 * kD * attn_keys;
+      // Attention alone on the fixed selection.
+      const double attn_old =
+          time_ms([&] { CHECK_OK(launch_prefill_attention_mma(ap, sel, kTopK, st())); });
+      report(t, {std::string("sparse attention kTensorCore (v1), ") + rname, attn_old, attn_flops});
+      const double attn_new =
+          time_ms([&] { CHECK_OK(launch_prefill_attention_tiled(ap, sel, kTopK, st())); });
+      report(t, {std::string("sparse attention kTiled (v2), ") + rname, attn_new, attn_flops});
+
+      // The whole call.
+      for (int v = 1; v <= 2; ++v) {
+        ap.kernel = static_cast<PrefillAttentionKernel>(v);
+        ap.indexer = static_cast<PrefillIndexerKernel>(v);
+        const double ms = time_ms([&] { CHECK_OK(launch_prefill_attention(ap, alloc, st())); });
+        report(t, {"launch_prefill_attention v" + std::to_string(v) + ", " + rname, ms,
+                   attn_flops + idx_flops});
+      }
+    }
+    std::printf("\n");
+    CHECK_CUDA(cudaStreamSynchronize(g_stream));
+    alloc->release_cached();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   g_seed = 300;
+  if (argc > 1 && std::string(argv[1]) == "--attention") {
+    std::vector<int64_t> tokens;
+    for (int i = 2; i < argc; ++i) tokens.push_back(std::atoll(argv[i]));
+    if (tokens.empty()) tokens = {8192, 32768};
+    CHECK_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    CachingAllocator alloc;
+    auto gemm_r = PrefillGemm::create(&alloc);
+    CHECK_OK(gemm_r.status());
+    attention_kernels_bench(tokens, &alloc, gemm_r->get());
+    for (void* p : g_allocs) cudaFree(p);
+    return 0;
+  }
   std::vector<int64_t> tokens;
   for (int i = 2; i < argc; ++i) tokens.push_back(std::atoll(argv[i]));
   if (tokens.empty()) tokens = {8192, 32768};
@@ -171,14 +342,14 @@ int main(int argc, char** argv) {
       idx_keys += double(i + 1);
     }
     // PrefillAttentionKernel kPerTokenDecode and kTensorCore with the per-token indexer, then
-    // kTensorCore with kGemmScores; the layer sums take the faster
+    // kTensorCore with kGemmScores, then kTiled with kFusedMaxPool; the layer sums take the fastest
     // (prefill_attention_test checks both on the same run).
     const double attn_flops = 4.0 * kH * kD * attn_keys + 2.0 * kHix * kDix * idx_keys;
     ap.gemm = &gemm;
-    const int combos[3][2] = {{0, 0}, {1, 0}, {1, 1}};  // (PrefillAttentionKernel, PrefillIndexerKernel)
-    double attn_v[3];
+    const int combos[4][2] = {{0, 0}, {1, 0}, {1, 1}, {2, 2}};  // (PrefillAttentionKernel, PrefillIndexerKernel)
+    double attn_v[4];
     int best = 0;
-    for (int v = 0; v < 3; ++v) {
+    for (int v = 0; v < 4; ++v) {
       ap.kernel = static_cast<cuda::PrefillAttentionKernel>(combos[v][0]);
       ap.indexer = static_cast<cuda::PrefillIndexerKernel>(combos[v][1]);
       attn_v[v] = time_ms([&] { CHECK_OK(launch_prefill_attention(ap, &alloc, st())); });

@@ -19,4 +19,21 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ldmatrix x4 from shared memory (`addr`: this lane's row address, a shared-space address):
+// lane l supplies row l % 8 of matrix l / 8 (8 consecutive bf16, 16-byte aligned), and receives
+// in r[m] the elements (l / 4, 2(l % 4) .. +1) of matrix m; the .trans form receives
+// (2(l % 4) .. +1, l / 4) instead (rows and columns exchanged). With rows = keys of a K tile and
+// 8 consecutive dims per matrix, r[m] is a B fragment register of S = Q·K^T; with rows = keys
+// of a V tile and .trans, a B fragment register of O = P·V.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 }  // namespace m3::cuda

@@ -32,12 +32,14 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
                             std::to_string(hkv) + ")");
   // Dense rows select every causal block: top_k = num_blocks.
   const int64_t top_k = p.dense ? p.num_blocks : p.top_k;
-  const bool mma = p.kernel == PrefillAttentionKernel::kTensorCore;
+  const bool tiled = p.kernel == PrefillAttentionKernel::kTiled;
+  const bool mma = p.kernel == PrefillAttentionKernel::kTensorCore || tiled;
   if (mma && p.dense) {  // no selection, no split scratch: one launch for the whole chunk
-    PrefillAttentionParams whole = p;
-    return launch_prefill_attention_mma(whole, nullptr, 0, stream);
+    return tiled ? launch_prefill_attention_tiled(p, nullptr, 0, stream)
+                 : launch_prefill_attention_mma(p, nullptr, 0, stream);
   }
   const bool gemm_indexer = !p.dense && p.indexer == PrefillIndexerKernel::kGemmScores;
+  const bool fused_indexer = !p.dense && p.indexer == PrefillIndexerKernel::kFusedMaxPool;
   if (gemm_indexer && p.gemm == nullptr)
     return invalid_argument("[cuda.prefill_attention] the kGemmScores indexer needs a PrefillGemm");
   const int64_t per_token =
@@ -119,6 +121,11 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
             p.block_table, p.cache.num_pages, n, p.num_index_heads, p.num_blocks,
             static_cast<float*>(s_sc.p), stream));
         ip.scores_ready = true;
+      } else if (fused_indexer) {
+        M3_RETURN_IF_ERROR(launch_index_block_scores_fused(
+            ip.iq, p.cache, ip.positions, p.block_table, n, p.num_index_heads, p.num_blocks,
+            ip.block_scores, stream));
+        ip.scores_ready = true;
       }
       M3_RETURN_IF_ERROR(launch_indexer_decode(ip, stream));
     }
@@ -128,7 +135,8 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
       sub.positions = p.positions + t0;
       sub.t = n;
       sub.out = p.out + t0 * p.num_heads * d;
-      M3_RETURN_IF_ERROR(launch_prefill_attention_mma(sub, sel, top_k, stream));
+      M3_RETURN_IF_ERROR(tiled ? launch_prefill_attention_tiled(sub, sel, top_k, stream)
+                               : launch_prefill_attention_mma(sub, sel, top_k, stream));
       continue;
     }
     SparseDecodeParams ap;

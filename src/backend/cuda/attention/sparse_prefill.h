@@ -32,8 +32,15 @@ enum class PrefillAttentionKernel : int {
   // implementation.
   kPerTokenDecode = 0,
   // Tensor cores (mma.sync bf16): one warp per (token, KV group), online softmax over the blocks,
-  // P rounded to bf16 for P·V (sparse_prefill_mma.cu). Production.
+  // P rounded to bf16 for P·V (sparse_prefill_mma.cu); K / V fragments straight from the paged
+  // cache, so every token re-reads the blocks it shares with its neighbours.
   kTensorCore = 1,
+  // Tensor cores over shared-memory tiles (sparse_prefill_tiled.cu): one CTA per (8 consecutive
+  // tokens, KV group) walks the union of the blocks those tokens selected, each 64-key half of a
+  // block loaded once (cp.async, double-buffered) for the 8 x 16 query rows; tokens that did not
+  // select a block skip it. Same numerics contract as kTensorCore (P rounded to bf16 for P·V and
+  // for l); blocks in ascending order. Production (the model's call site).
+  kTiled = 2,
 };
 
 // The indexer of a prefill chunk (its block scores).
@@ -41,8 +48,14 @@ enum class PrefillIndexerKernel : int {
   kPerTokenDecode = 0,  // the decode indexer kernel per token
   // One cuBLASLt GEMM per sub-chunk for the token scores (needs `gemm`) + max-pool
   // (prefill_indexer.cu). Reads the positions on the host once (one synchronisation) to bound
-  // the GEMM by the chunk's causal limit. Production.
+  // the GEMM by the chunk's causal limit.
   kGemmScores = 1,
+  // Block scores straight from the tensor cores (prefill_indexer_fused.cu): a CTA takes 128
+  // (token, index head) rows and walks index-key blocks through shared memory; the per-row max
+  // over a block's causal keys is taken in registers, so only [T, Hix, num_blocks] block scores
+  // are written (no token scores, no gathered key copy, no host synchronisation). Production
+  // (the model's call site).
+  kFusedMaxPool = 2,
 };
 
 struct PrefillAttentionParams {
@@ -60,6 +73,9 @@ struct PrefillAttentionParams {
   PrefillAttentionKernel kernel = PrefillAttentionKernel::kPerTokenDecode;
   PrefillIndexerKernel indexer = PrefillIndexerKernel::kPerTokenDecode;
   PrefillGemm* gemm = nullptr;
+  // kTiled, sparse: an 8-token tile whose union of selected blocks exceeds this many blocks
+  // reads its blocks per warp from the cache instead of staging them (same results); -1: 4·top_k.
+  int64_t tiled_union_limit = -1;
 };
 
 // Requires D == Dix == 128, S == 128, H / Hkv == 16, Hix == Hkv (sparse) (checked by the decode
@@ -71,6 +87,22 @@ Status launch_prefill_attention(const PrefillAttentionParams& p, CachingAllocato
 // every block 0..b_q). p.selected, p.iq and p.dense are not read.
 Status launch_prefill_attention_mma(const PrefillAttentionParams& p, const int32_t* selected,
                                     int64_t top_k, CUstream_st* stream);
+
+// kTiled on a chunk whose selection is ready (as launch_prefill_attention_mma). Additionally
+// requires top_k <= 128 (sparse) and the cache to hold every position up to the chunk's last one
+// (rows past a tile's last position are never read; rows between a token's position and its
+// tile's last one are read and weighted 0, so they must be finite).
+Status launch_prefill_attention_tiled(const PrefillAttentionParams& p, const int32_t* selected,
+                                      int64_t top_k, CUstream_st* stream);
+
+// kFusedMaxPool: block_scores[r, blk] for the rows r = t·Hix + h of iq [t, Hix, Dix], with the
+// semantics of launch_index_maxpool over blocks 0..nb-1 (max of <iq[r], idx_k[j]> over the keys
+// j <= positions[t] of block blk; -inf past b_q(t) or for a missing page). Needs Dix = 128,
+// page 128, iq and cache.idx_k 16-byte aligned.
+Status launch_index_block_scores_fused(const uint16_t* iq, const KvCacheBf16View& cache,
+                                       const int32_t* positions, const int32_t* block_table,
+                                       int64_t t, int64_t hix, int64_t nb, float* block_scores,
+                                       CUstream_st* stream);
 
 // prefill_indexer.cu: out[blk] = the 128 x 128 index keys of page block_table[blk] (zeros for
 // a missing page), and block scores from token scores (see that file).

@@ -714,8 +714,9 @@ struct CudaM3Model::Impl {
         ap.dense = false;
         ap.scale = scale;
         ap.out = b.attn + s.offset * nh * d;
-        ap.kernel = cuda::PrefillAttentionKernel::kTensorCore;
-        ap.indexer = cuda::PrefillIndexerKernel::kGemmScores;
+        // Production kernels; the previous ones (kTensorCore, kGemmScores) remain selectable.
+        ap.kernel = cuda::PrefillAttentionKernel::kTiled;
+        ap.indexer = cuda::PrefillIndexerKernel::kFusedMaxPool;
         ap.gemm = gemm.get();
         M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
       }
