@@ -1,5 +1,6 @@
-// GPU sampling (see sample.h): one CTA of 1024 threads per row, radix selects for top_k / top_p,
-// a warp-range scan for the draw.
+// GPU sampling, kOneCtaPerRow (see sample.h): one CTA of 1024 threads per row (greedy rows: up to
+// kSampleGreedySplits), the selection of sample_select.cuh over the whole row. launch_sample
+// dispatches to kMultiCta (sample_multi_cta.cu) when asked for and given its workspace.
 #include "backend/cuda/sampling/sample.h"
 
 #include <cuda_runtime.h>
@@ -7,170 +8,11 @@
 #include <climits>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/sampling/sample_select.cuh"
 
 namespace m3::cuda {
+namespace sample_detail {
 namespace {
-
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
-constexpr unsigned kFull = 0xffffffffu;
-constexpr uint32_t kNoBin = 0xFFFFFFFFu;
-
-// SplitMix64 and uniform01 exactly as src/sample/rng.h (the CPU sampler's counter-based RNG), so a
-// seed draws the same u on both sides.
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-__device__ __forceinline__ double uniform01(const SampleRowParams& r) {
-  const uint64_t h = splitmix64(splitmix64(splitmix64(r.seed) ^ r.stream) ^ r.counter);
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
-}
-
-// Order-preserving key of a float (larger float -> larger key; -0 < +0, which no logit tie
-// between -0 and +0 can notice after the same multiply on both sides).
-__device__ __forceinline__ uint32_t key_of(float z) {
-  const uint32_t u = __float_as_uint(z);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float z_of_key(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
-}
-
-using u64 = unsigned long long;
-// Probabilities in fixed point for the top_p select: e = exp(z - max) <= 1 times 2^40 as an
-// integer, so bin masses are exact, order-independent integer sums (deterministic; each term is
-// within 2^-41 of e, so a sum of 200064 terms is within 1e-7 of the real mass, which is >= 1).
-constexpr float kFx = 1099511627776.0f;  // 2^40
-
-struct Smem {
-  uint32_t count[256];
-  u64 mass[256];
-  u64 ured[kWarps];
-  double dred[kWarps];
-  float fred[kWarps];
-  int32_t ired[kWarps];
-  int32_t pick_d;
-  uint32_t pick_rem;
-  u64 pick_above;
-  int32_t found;
-  int32_t last_kept;
-  bool last_slice;
-};
-
-__device__ __forceinline__ float block_max(float v, Smem& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  if (lane == 0) sh.fred[warp] = v;
-  __syncthreads();
-  v = sh.fred[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  __syncthreads();
-  return v;
-}
-
-__device__ __forceinline__ u64 block_sum_u64(u64 v, Smem& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  if (lane == 0) sh.ured[warp] = v;
-  __syncthreads();
-  v = 0;
-  for (int w = 0; w < kWarps; ++w) v += sh.ured[w];
-  __syncthreads();
-  return v;
-}
-
-// Warp 0: the bin d (scanning bins 255 -> 0) at which the running sum of v, started at `above`,
-// first reaches `target`; writes d and the running sum before d (bins above d) to shared memory.
-// If the target is not reached (top_p mass rounding), the lowest non-empty bin is taken (the CPU
-// then keeps every candidate too). cnt tells which bins are non-empty.
-template <typename T>
-__device__ void pick_desc(const T* v, const uint32_t* cnt, T target, T above, Smem& sh) {
-  const int lane = threadIdx.x & 31;
-  T loc[8];
-  T s = 0;
-  uint32_t nonempty = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int bin = 255 - 8 * lane - j;
-    loc[j] = v[bin];
-    s += loc[j];
-    if (cnt[bin] > 0) nonempty |= 1u << j;
-  }
-  T incl = s;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const T t = __shfl_up_sync(kFull, incl, o);
-    if (lane >= o) incl += t;
-  }
-  T excl = __shfl_up_sync(kFull, incl, 1);
-  if (lane == 0) excl = 0;
-  const unsigned hit = __ballot_sync(kFull, above + incl >= target);
-  const unsigned any = __ballot_sync(kFull, nonempty != 0);
-  const int fl = hit ? __ffs(hit) - 1 : (any ? 31 - __clz(any) : 31);
-  if (lane == fl) {
-    T acc = above + excl;
-    int d = -1, last = -1;
-    T acc_last = acc;
-    for (int j = 0; j < 8; ++j) {
-      if (hit && acc + loc[j] >= target) {
-        d = 255 - 8 * lane - j;
-        break;
-      }
-      if (nonempty & (1u << j)) last = 255 - 8 * lane - j, acc_last = acc;
-      acc += loc[j];
-    }
-    if (d < 0) d = last >= 0 ? last : 255 - 8 * lane - 7, acc = acc_last;
-    sh.pick_d = d;
-    if constexpr (sizeof(T) == 8) {
-      sh.pick_above = acc;
-    } else {
-      sh.pick_rem = static_cast<uint32_t>(target - acc);  // counts: rank left inside bin d
-    }
-  }
-}
-
-// The n-th (1-based) smallest id i < V with pred(i), or INT_MAX when fewer match. Warps own
-// contiguous id ranges (coalesced 32-wide chunks inside), their counts are scanned, and the warp
-// whose range holds the n-th match walks it.
-template <typename Pred>
-__device__ int32_t nth_id(int v, uint32_t n, Pred pred, Smem& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int wseg = (v + kWarps - 1) / kWarps;
-  const int lo = warp * wseg, hi = min(v, lo + wseg);
-  int c = 0;
-  for (int i = lo + lane; i < hi; i += 32) c += pred(i) ? 1 : 0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(kFull, c, o);
-  if (threadIdx.x == 0) sh.found = INT_MAX;
-  if (lane == 0) sh.ired[warp] = c;
-  __syncthreads();
-  uint32_t off = 0;
-  for (int w = 0; w < warp; ++w) off += static_cast<uint32_t>(sh.ired[w]);
-  if (off < n && n <= off + static_cast<uint32_t>(c)) {
-    for (int i0 = lo; i0 < hi; i0 += 32) {
-      const int i = i0 + lane;
-      const bool m = i < hi && pred(i);
-      const unsigned bal = __ballot_sync(kFull, m);
-      const uint32_t cnt = static_cast<uint32_t>(__popc(bal));
-      if (off + cnt >= n) {  // the (n - off)-th set bit of bal
-        const uint32_t r = n - off;
-        if (m && static_cast<uint32_t>(__popc(bal & ((2u << lane) - 1u))) == r) sh.found = i;
-        break;
-      }
-      off += cnt;
-    }
-  }
-  __syncthreads();
-  const int32_t f = sh.found;
-  __syncthreads();
-  return f;
-}
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
   __shared__ Smem sh;
@@ -237,200 +79,24 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     return;
   }
   if (slice > 0) return;
-
-  const float inv_t = 1.0f / rp.temperature;
-  auto zat = [&](int i) {
-    const float z = row[i] * inv_t;
-    // NaN is never kept; -0 becomes +0 so that the keys of equal floats are equal (the CPU
-    // compares floats: -0 == +0 is a tie broken by id).
-    return z != z ? -INFINITY : (z == 0.0f ? 0.0f : z);
-  };
-  float mx = -INFINITY;
-  for (int i = tid; i < v; i += kThreads) mx = fmaxf(mx, zat(i));
-  mx = block_max(mx, sh);
-  if (mx == -INFINITY) {  // every logit -inf or NaN: no token
-    if (tid == 0) p.out[b] = -1;
-    if (mask)
-      for (int i = tid; i < v; i += kThreads) mask[i] = 0;
-    return;
-  }
-  auto e_of = [&](float z) { return expf(z - mx); };
-  auto fx_of = [&](float z) { return __float2ull_rn(e_of(z) * kFx); };
-
-  // top_k: the k-th largest key (radix select by counts), ties at it cut by id.
-  const bool use_k = rp.top_k > 0 && rp.top_k < v;
-  uint32_t tk = 0;
-  int32_t idk = INT_MAX;
-  if (use_k) {
-    uint32_t prefix = 0, pmask = 0, rem = static_cast<uint32_t>(rp.top_k), cnt_eq = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int j = tid; j < 256; j += kThreads) sh.count[j] = 0;
-      __syncthreads();
-      // Warp-aggregated histogram: logits crowd a few bins (the first digit is the sign and the
-      // exponent), where per-lane shared atomics would serialise.
-      for (int base = 0; base < v; base += kThreads) {
-        const int i = base + tid;
-        uint32_t bin = kNoBin;
-        if (i < v) {
-          const uint32_t key = key_of(zat(i));
-          if ((key & pmask) == prefix) bin = (key >> shift) & 255u;
-        }
-        const unsigned grp = __match_any_sync(kFull, bin);
-        if (bin != kNoBin && lane == __ffs(grp) - 1) atomicAdd(&sh.count[bin], __popc(grp));
-      }
-      __syncthreads();
-      if (warp == 0) pick_desc<uint32_t>(sh.count, sh.count, rem, 0u, sh);
-      __syncthreads();
-      const uint32_t d = static_cast<uint32_t>(sh.pick_d);
-      rem = sh.pick_rem;
-      cnt_eq = sh.count[d];
-      prefix |= d << shift;
-      pmask |= 255u << shift;
-      __syncthreads();
-    }
-    tk = prefix;
-    if (cnt_eq > rem) idk = nth_id(v, rem, [&](int i) { return key_of(zat(i)) == tk; }, sh);
-  }
-  auto kept_k = [&](int i, uint32_t key) {
-    return !use_k || key > tk || (key == tk && i <= idk);
-  };
-
-  // top_p: the key where the descending cumulative mass of the top_k set reaches top_p · total
-  // (radix select by masses), ties at it cut by id.
-  const bool use_p = rp.top_p < 1.0f;
-  uint32_t tp = 0;
-  int32_t idp = INT_MAX;
-  if (use_p) {
-    u64 tot = 0;
-    for (int i = tid; i < v; i += kThreads) {
-      const float z = zat(i);
-      if (kept_k(i, key_of(z))) tot += fx_of(z);
-    }
-    tot = block_sum_u64(tot, sh);
-    const u64 target = static_cast<u64>(ceil(static_cast<double>(rp.top_p) * static_cast<double>(tot)));
-    u64 above = 0;
-    uint32_t prefix = 0, pmask = 0, cnt_eq = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int j = tid; j < 256; j += kThreads) sh.count[j] = 0, sh.mass[j] = 0;
-      __syncthreads();
-      // Warp-aggregated: one pair of shared atomics per distinct bin in a warp's 32 elements.
-      for (int base = 0; base < v; base += kThreads) {
-        const int i = base + tid;
-        uint32_t bin = kNoBin;
-        u64 fx = 0;
-        if (i < v) {
-          const float z = zat(i);
-          const uint32_t key = key_of(z);
-          if ((key & pmask) == prefix && kept_k(i, key)) bin = (key >> shift) & 255u, fx = fx_of(z);
-        }
-        unsigned todo = __ballot_sync(kFull, bin != kNoBin);
-        while (todo) {
-          const int leader = __ffs(todo) - 1;
-          const uint32_t lb = __shfl_sync(kFull, bin, leader);
-          const bool mine = bin == lb;
-          const unsigned m = __ballot_sync(kFull, mine);
-          u64 sum = mine ? fx : 0;
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);
-          if (lane == leader) {
-            atomicAdd(&sh.count[lb], static_cast<uint32_t>(__popc(m)));
-            atomicAdd(&sh.mass[lb], sum);
-          }
-          todo &= ~m;
-        }
-      }
-      __syncthreads();
-      if (warp == 0) pick_desc<u64>(sh.mass, sh.count, target, above, sh);
-      __syncthreads();
-      const uint32_t d = static_cast<uint32_t>(sh.pick_d);
-      above = sh.pick_above;
-      cnt_eq = sh.count[d];
-      prefix |= d << shift;
-      pmask |= 255u << shift;
-      __syncthreads();
-    }
-    tp = prefix;
-    // Tokens of the threshold key (equal z, equal mass e) in ascending id order: the first j
-    // whose running mass reaches the target.
-    const u64 e_tau = fx_of(z_of_key(tp));
-    u64 need = cnt_eq;
-    if (e_tau > 0) need = target > above ? (target - above + e_tau - 1) / e_tau : 1;
-    need = need < 1 ? 1 : need > cnt_eq ? cnt_eq : need;
-    const uint32_t j = static_cast<uint32_t>(need);
-    if (cnt_eq > j)
-      idp = nth_id(
-          v, j, [&](int i) { const uint32_t key = key_of(zat(i)); return key == tp && kept_k(i, key); },
-          sh);
-  }
-  const float min_ratio = rp.min_p > 0.0f ? rp.min_p : 0.0f;
-  // Final kept set: mass e (0 when dropped).
-  auto kept_e = [&](int i) -> float {
-    const float z = zat(i);
-    const uint32_t key = key_of(z);
-    if (!kept_k(i, key)) return 0.0f;
-    if (use_p && !(key > tp || (key == tp && i <= idp))) return 0.0f;
-    const float e = e_of(z);
-    return e >= min_ratio ? e : 0.0f;
-  };
-
-  // The draw: warps own contiguous id ranges; the warp whose range holds u walks it in 32-wide
-  // chunks with a warp inclusive scan.
-  const int wseg = (v + kWarps - 1) / kWarps;
-  const int lo = warp * wseg, hi = min(v, lo + wseg);
-  double s = 0.0;
-  int last = -1;
-  for (int i = lo + lane; i < hi; i += 32) {
-    const float e = kept_e(i);
-    if (mask) mask[i] = e > 0.0f ? 1 : 0;
-    if (e > 0.0f) s += e, last = i;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    s += __shfl_xor_sync(kFull, s, o);
-    last = max(last, __shfl_xor_sync(kFull, last, o));
-  }
-  if (tid == 0) sh.found = INT_MAX, sh.last_kept = -1;
-  if (lane == 0) sh.dred[warp] = s;
-  __syncthreads();
-  if (lane == 0 && last >= 0) atomicMax(&sh.last_kept, last);
-  double off = 0.0, total = 0.0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) off += sh.dred[w];
-    total += sh.dred[w];
-  }
-  const double u = uniform01(rp) * total;
-  if (s > 0.0 && off <= u && u < off + s) {
-    bool found = false;
-    for (int i0 = lo; i0 < hi; i0 += 32) {
-      const int i = i0 + lane;
-      const float e = i < hi ? kept_e(i) : 0.0f;
-      double incl = e;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double t = __shfl_up_sync(kFull, incl, o);
-        if (lane >= o) incl += t;
-      }
-      const unsigned hit = __ballot_sync(kFull, e > 0.0f && off + incl > u);
-      if (hit) {
-        if (lane == __ffs(hit) - 1) atomicMin(&sh.found, i);
-        found = true;
-        break;
-      }
-      off += __shfl_sync(kFull, incl, 31);
-    }
-    // The walk's sums round differently from s: u past them means this range's last kept token.
-    if (!found && lane == 0) atomicMin(&sh.found, last);
-  }
-  __syncthreads();
-  if (tid == 0) {
-    // u at or past the summed mass (rounding between the two sums): the last kept token, as the
-    // CPU's walk ends there too.
-    const int32_t t = sh.found != INT_MAX ? sh.found : sh.last_kept;
-    p.out[b] = t;
-  }
+  select_and_draw(RowSource{row, 1.0f / rp.temperature, v}, rp, rp.top_k, false, 0.0, mask, p.out + b,
+                  sh);
 }
 
 }  // namespace
+
+Status launch_sample_one_cta(const SampleParams& p, cudaStream_t stream) {
+  const int n_scratch = (p.greedy_value != nullptr) + (p.greedy_index != nullptr) +
+                        (p.greedy_tickets != nullptr);
+  if (n_scratch != 0 && n_scratch != 3)
+    return invalid_argument("[cuda.sample] greedy_value, greedy_index and greedy_tickets go together");
+  const unsigned slices = n_scratch == 3 ? static_cast<unsigned>(kSampleGreedySplits) : 1u;
+  sample_kernel<<<dim3(static_cast<unsigned>(p.batch), slices), kThreads, 0, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(sample_kernel);
+  return Status::ok();
+}
+
+}  // namespace sample_detail
 
 Status launch_sample(const SampleParams& p, CUstream_st* stream) {
   if (p.batch == 0) return Status::ok();
@@ -439,15 +105,20 @@ Status launch_sample(const SampleParams& p, CUstream_st* stream) {
                             " / row stride " + std::to_string(p.ld));
   if (p.rows == nullptr || p.out == nullptr || p.logits == nullptr)
     return invalid_argument("[cuda.sample] logits, rows and out are required");
-  const int n_scratch = (p.greedy_value != nullptr) + (p.greedy_index != nullptr) +
-                        (p.greedy_tickets != nullptr);
-  if (n_scratch != 0 && n_scratch != 3)
-    return invalid_argument("[cuda.sample] greedy_value, greedy_index and greedy_tickets go together");
   if (p.batch > INT_MAX) return invalid_argument("[cuda.sample] batch too large");
-  const unsigned slices = n_scratch == 3 ? static_cast<unsigned>(kSampleGreedySplits) : 1u;
-  sample_kernel<<<dim3(static_cast<unsigned>(p.batch), slices), kThreads, 0, stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR(sample_kernel);
-  return Status::ok();
+  if (p.kernel == SampleKernel::kMultiCta) {
+    const SampleMultiCtaWorkspace& w = p.multi;
+    const int n_ws = (w.cand_z != nullptr) + (w.cand_id != nullptr) + (w.slice_max != nullptr) +
+                     (w.slice_arg != nullptr) + (w.slice_mass != nullptr) + (w.tickets != nullptr);
+    if (n_ws != 0 && n_ws != 6)
+      return invalid_argument("[cuda.sample] the kMultiCta workspace is all six buffers or none");
+    if (n_ws == 6 && p.batch > w.max_batch)
+      return invalid_argument("[cuda.sample] batch " + std::to_string(p.batch) +
+                              " above the kMultiCta workspace's " + std::to_string(w.max_batch));
+    const int64_t splits = sample_multi_cta_splits(p.batch, p.vocab);
+    if (n_ws == 6 && splits >= 2) return sample_detail::launch_sample_multi_cta(p, splits, stream);
+  }
+  return sample_detail::launch_sample_one_cta(p, stream);
 }
 
 }  // namespace m3::cuda

@@ -15,10 +15,26 @@
 // CPU's unless a cut (top_p's cumulative mass against top_p · total, min_p's ratio, u against a
 // cumulative mass) falls within ~1e-6 relative of a boundary.
 //
-// Method (no sort): one CTA of 1024 threads per row (greedy rows: up to kSampleGreedySplits); top_k and top_p thresholds by a 4-pass
-// 8-bit radix select on an order-preserving key of z (counts for top_k, masses for top_p;
-// warp-aggregated shared-memory histograms), ties at the threshold resolved by the lowest ids; the
-// draw by a scan over contiguous per-warp id ranges. About 12 passes over the row (from L2 after the first); no workspace in global memory.
+// Two kernels (SampleKernel), the same semantics and, for the same inputs, the same kept set and
+// token except where a top_p cut is within ~1e-6 relative of a boundary (see kMultiCta):
+//
+// kOneCtaPerRow (sample.cu): one CTA of 1024 threads per row (greedy rows: up to
+// kSampleGreedySplits); top_k and top_p thresholds by a 4-pass 8-bit radix select on an
+// order-preserving key of z (counts for top_k, masses for top_p; warp-aggregated shared-memory
+// histograms), ties at the threshold resolved by the lowest ids; the draw by a scan over
+// contiguous per-warp id ranges. About 12 passes over the row (from L2 after the first); no
+// workspace in global memory. One SM per row: ~0.67 ms per row of 200,064 at top_k 40 on the H200.
+//
+// kMultiCta (sample_multi_cta.cu): each row over S = sample_multi_cta_splits(B, V) CTAs (about
+// 128 CTAs in all, so batch 1 uses the whole GPU). Each CTA takes the top m of its slice (m =
+// top_k when 1 <= top_k <= the candidate limit, else a fixed m when top_p or min_p can bound the
+// kept set) and writes them, in id order, to the workspace; the last CTA of the row (a ticket)
+// runs kOneCtaPerRow's selection on the S·m candidates, which hold the row's global top m. With
+// top_k the result is exactly kOneCtaPerRow's. Without top_k, top_p's target is top_p times the
+// whole row's mass, summed per slice in double (within ~1e-7 of kOneCtaPerRow's fixed-point
+// sum); if the candidates' top m do not reach it (and min_p does not cut inside them either), the
+// last CTA falls back to kOneCtaPerRow's selection over the whole row. Rows with neither
+// (top_k off or above the limit, no top_p / min_p) take kOneCtaPerRow's path in the slice-0 CTA.
 // This header includes no CUDA header.
 #pragma once
 
@@ -38,6 +54,24 @@ struct SampleRowParams {  // per row, on the device
   uint64_t seed = 0, stream = 0, counter = 0;  // RngKey of src/sample/rng.h
 };
 
+enum class SampleKernel : int32_t {
+  kOneCtaPerRow = 0,  // sample.cu; no workspace
+  kMultiCta = 1,      // sample_multi_cta.cu; needs SampleParams::multi (else kOneCtaPerRow runs)
+};
+
+// Workspace of kMultiCta for up to `batch` rows (sizes from sample_multi_cta_workspace). All or
+// none; tickets zero before the first launch (cudaMemset), and every launch leaves them zero (so a
+// CUDA graph replays).
+struct SampleMultiCtaWorkspace {
+  float* cand_z = nullptr;          // [candidates] z of each CTA's top m, in id order
+  int32_t* cand_id = nullptr;       // [candidates]
+  float* slice_max = nullptr;       // [slices] per CTA: max z (greedy: max logit)
+  int32_t* slice_arg = nullptr;     // [slices] greedy: id of the max
+  double* slice_mass = nullptr;     // [slices] sum of exp(z - slice max) over the slice
+  uint32_t* tickets = nullptr;      // [rows]
+  int64_t max_batch = 0;            // the batch the sizes were computed for (launch checks B <= it)
+};
+
 struct SampleParams {
   const float* logits = nullptr;         // [B, ld] float32
   int64_t batch = 0, vocab = 0, ld = 0;  // ld >= vocab
@@ -55,11 +89,58 @@ struct SampleParams {
   float* greedy_value = nullptr;         // [B, kSampleGreedySplits]
   int32_t* greedy_index = nullptr;       // [B, kSampleGreedySplits]
   uint32_t* greedy_tickets = nullptr;    // [B]
+  SampleKernel kernel = SampleKernel::kOneCtaPerRow;
+  SampleMultiCtaWorkspace multi;         // kMultiCta
 };
 
 constexpr int64_t kSampleGreedySplits = 32;
 
-// Token ids for every row. No allocation; capturable in a CUDA graph.
+// kMultiCta's shape. CTAs in all (about one per SM of the H200's 132), the smallest slice a CTA
+// takes, and the most candidates per CTA: top_k above kSampleMaxTopK takes kOneCtaPerRow's path;
+// without top_k each CTA keeps kSampleFilterCandidates (fewer candidates, a cheaper merge: top_p
+// 0.95 of an LLM's distribution is rarely over a few hundred tokens, and a row whose top_p set is
+// larger falls back to the whole row, still correct).
+constexpr int64_t kSampleTargetCtas = 128;
+constexpr int64_t kSampleMinSlice = 1024;
+constexpr int64_t kSampleMaxTopK = 1024;
+constexpr int64_t kSampleFilterCandidates = 256;
+
+// CTAs per row (1: kMultiCta runs kOneCtaPerRow). Host arithmetic, shared with the kernel's launch.
+inline int64_t sample_multi_cta_splits(int64_t batch, int64_t vocab) {
+  if (batch <= 0 || vocab <= 0) return 1;
+  int64_t s = kSampleTargetCtas / batch;
+  if (s > vocab / kSampleMinSlice) s = vocab / kSampleMinSlice;
+  return s < 2 ? 1 : s;
+}
+// Candidates a CTA keeps at most: every slice holds at least vocab / splits ids.
+inline int64_t sample_multi_cta_candidates(int64_t batch, int64_t vocab) {
+  const int64_t s = sample_multi_cta_splits(batch, vocab);
+  const int64_t min_slice = vocab / s;
+  return min_slice < kSampleMaxTopK ? min_slice : kSampleMaxTopK;
+}
+struct SampleMultiCtaSizes {
+  int64_t candidates = 0;  // cand_z, cand_id elements
+  int64_t slices = 0;      // slice_max, slice_arg, slice_mass elements
+  int64_t rows = 0;        // tickets
+};
+// Enough for every batch 1..max_batch (a decode step's batch varies; the workspace is allocated
+// once for the largest).
+inline SampleMultiCtaSizes sample_multi_cta_workspace(int64_t max_batch, int64_t vocab) {
+  SampleMultiCtaSizes z;
+  z.rows = max_batch > 0 ? max_batch : 0;
+  for (int64_t b = 1; b <= max_batch; ++b) {
+    const int64_t s = sample_multi_cta_splits(b, vocab);
+    if (s < 2) continue;
+    const int64_t c = b * s * sample_multi_cta_candidates(b, vocab);
+    const int64_t sl = b * s;
+    if (c > z.candidates) z.candidates = c;
+    if (sl > z.slices) z.slices = sl;
+  }
+  return z;
+}
+
+// Token ids for every row. No allocation; capturable in a CUDA graph. kMultiCta without a
+// workspace (multi.tickets null) or with one CTA per row runs kOneCtaPerRow.
 Status launch_sample(const SampleParams& p, CUstream_st* stream);
 
 }  // namespace m3::cuda
