@@ -82,6 +82,8 @@ struct Bufs {
   float* greedy_value = nullptr;
   int32_t* greedy_index = nullptr;
   uint32_t* greedy_tickets = nullptr;
+  // decode: every sampled row over several CTAs (cuda::SampleKernel::kMultiCta's workspace)
+  cuda::SampleMultiCtaWorkspace sample_multi;
   int64_t partial_elems = 0;
   float* partial_side = nullptr;  // split-K scratch of the shared expert on the side stream
   int64_t partial_side_elems = 0;
@@ -880,6 +882,18 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.greedy_index, a.alloc<int32_t>(r * cuda::kSampleGreedySplits, what));
   M3_ASSIGN_OR_RETURN(b.greedy_tickets, a.alloc<uint32_t>(r, what));
   M3_RETURN_IF_ERROR(cuda::fill_zero(b.greedy_tickets, static_cast<size_t>(r) * 4));
+  {
+    const cuda::SampleMultiCtaSizes z = cuda::sample_multi_cta_workspace(r, vocab);
+    cuda::SampleMultiCtaWorkspace& m = b.sample_multi;
+    M3_ASSIGN_OR_RETURN(m.cand_z, a.alloc<float>(z.candidates, what));
+    M3_ASSIGN_OR_RETURN(m.cand_id, a.alloc<int32_t>(z.candidates, what));
+    M3_ASSIGN_OR_RETURN(m.slice_max, a.alloc<float>(z.slices, what));
+    M3_ASSIGN_OR_RETURN(m.slice_arg, a.alloc<int32_t>(z.slices, what));
+    M3_ASSIGN_OR_RETURN(m.slice_mass, a.alloc<double>(z.slices, what));
+    M3_ASSIGN_OR_RETURN(m.tickets, a.alloc<uint32_t>(z.rows, what));
+    M3_RETURN_IF_ERROR(cuda::fill_zero(m.tickets, static_cast<size_t>(z.rows) * 4));
+    m.max_batch = r;
+  }
   M3_RETURN_IF_ERROR(cuda::fill_zero(b.route_counter, sizeof(uint32_t)));
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
@@ -1223,6 +1237,10 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       sp.greedy_value = im.dec.greedy_value;
       sp.greedy_index = im.dec.greedy_index;
       sp.greedy_tickets = im.dec.greedy_tickets;
+      // Production default: every row over several CTAs (~0.67 ms -> tens of us per row at batch
+      // 1). kOneCtaPerRow (the greedy split above) is the fallback: set it here to flip back.
+      sp.kernel = cuda::SampleKernel::kMultiCta;
+      sp.multi = im.dec.sample_multi;
       M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
       M3_RETURN_IF_ERROR(cuda::copy_to_host_async(tokens, im.dec.sampled, t_all * 4, st));
     }
