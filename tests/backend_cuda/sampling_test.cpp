@@ -131,7 +131,7 @@ struct GpuRun {
 // kMultiCta's workspace for `batch` rows (tickets zero).
 struct MultiWorkspace {
   cuda::SampleMultiCtaSizes z;
-  Dev<float> cand_z, slice_max;
+  Dev<float> cand_z, slice_max, slice_cut;
   Dev<int32_t> cand_id, slice_arg;
   Dev<double> slice_mass;
   Dev<uint32_t> tickets;
@@ -139,6 +139,7 @@ struct MultiWorkspace {
       : z(cuda::sample_multi_cta_workspace(batch, vocab)),
         cand_z(Dev<float>::poisoned(std::max<int64_t>(z.candidates, 1))),
         slice_max(Dev<float>::poisoned(std::max<int64_t>(z.slices, 1))),
+        slice_cut(Dev<float>::poisoned(std::max<int64_t>(z.slices, 1))),
         cand_id(Dev<int32_t>::poisoned(std::max<int64_t>(z.candidates, 1))),
         slice_arg(Dev<int32_t>::poisoned(std::max<int64_t>(z.slices, 1))),
         slice_mass(Dev<double>::poisoned(std::max<int64_t>(z.slices, 1))),
@@ -149,6 +150,7 @@ struct MultiWorkspace {
     w.cand_id = cand_id.ptr();
     w.slice_max = slice_max.ptr();
     w.slice_arg = slice_arg.ptr();
+    w.slice_cut = slice_cut.ptr();
     w.slice_mass = slice_mass.ptr();
     w.tickets = tickets.ptr();
     w.max_batch = batch;

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
     return;
   }
   if (slice > 0) return;
-  select_and_draw(RowSource{row, 1.0f / rp.temperature, v}, rp, rp.top_k, false, 0.0, mask, p.out + b,
-                  sh);
+  select_and_draw(RowSource{row, 1.0f / rp.temperature, v}, rp, rp.top_k, false, 0.0, nullptr, 0, mask,
+                  p.out + b, sh);
 }
 
 }  // namespace
@@ -109,14 +109,15 @@ Status launch_sample(const SampleParams& p, CUstream_st* stream) {
   if (p.kernel == SampleKernel::kMultiCta) {
     const SampleMultiCtaWorkspace& w = p.multi;
     const int n_ws = (w.cand_z != nullptr) + (w.cand_id != nullptr) + (w.slice_max != nullptr) +
-                     (w.slice_arg != nullptr) + (w.slice_mass != nullptr) + (w.tickets != nullptr);
-    if (n_ws != 0 && n_ws != 6)
-      return invalid_argument("[cuda.sample] the kMultiCta workspace is all six buffers or none");
-    if (n_ws == 6 && p.batch > w.max_batch)
+                     (w.slice_arg != nullptr) + (w.slice_cut != nullptr) +
+                     (w.slice_mass != nullptr) + (w.tickets != nullptr);
+    if (n_ws != 0 && n_ws != 7)
+      return invalid_argument("[cuda.sample] the kMultiCta workspace is all seven buffers or none");
+    if (n_ws == 7 && p.batch > w.max_batch)
       return invalid_argument("[cuda.sample] batch " + std::to_string(p.batch) +
                               " above the kMultiCta workspace's " + std::to_string(w.max_batch));
     const int64_t splits = sample_multi_cta_splits(p.batch, p.vocab);
-    if (n_ws == 6 && splits >= 2) return sample_detail::launch_sample_multi_cta(p, splits, stream);
+    if (n_ws == 7 && splits >= 2) return sample_detail::launch_sample_multi_cta(p, splits, stream);
   }
   return sample_detail::launch_sample_one_cta(p, stream);
 }

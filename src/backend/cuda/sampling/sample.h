@@ -66,7 +66,8 @@ struct SampleMultiCtaWorkspace {
   float* cand_z = nullptr;          // [candidates] z of each CTA's top m, in id order
   int32_t* cand_id = nullptr;       // [candidates]
   float* slice_max = nullptr;       // [slices] per CTA: max z (greedy: max logit)
-  int32_t* slice_arg = nullptr;     // [slices] greedy: id of the max
+  int32_t* slice_arg = nullptr;     // [slices] greedy: id of the max; else id of the cut token
+  float* slice_cut = nullptr;       // [slices] z of the CTA's m-th candidate (the cut token)
   double* slice_mass = nullptr;     // [slices] sum of exp(z - slice max) over the slice
   uint32_t* tickets = nullptr;      // [rows]
   int64_t max_batch = 0;            // the batch the sizes were computed for (launch checks B <= it)
@@ -120,7 +121,7 @@ inline int64_t sample_multi_cta_candidates(int64_t batch, int64_t vocab) {
 }
 struct SampleMultiCtaSizes {
   int64_t candidates = 0;  // cand_z, cand_id elements
-  int64_t slices = 0;      // slice_max, slice_arg, slice_mass elements
+  int64_t slices = 0;      // slice_max, slice_arg, slice_cut, slice_mass elements
   int64_t rows = 0;        // tickets
 };
 // Enough for every batch 1..max_batch (a decode step's batch varies; the workspace is allocated

@@ -11,9 +11,11 @@
 // order, so positions order like ids), the same fixed-point masses and draw.
 // Without top_k, top_p / min_p usually keep a few hundred tokens of an LLM's distribution: the
 // CTAs keep kSampleFilterCandidates each, plus their slice's max and mass (sum exp(z - slice max)
-// in double) so the last CTA knows the whole row's mass; if the kept set can be shown to lie
-// inside the top m (sample_select.cuh, `filter`), the candidates decide, else the last CTA runs
-// the selection over the whole row (a flat distribution: slower, still right).
+// in double) so the last CTA knows the whole row's mass, and their cut token (the m-th). Every
+// token above the highest cut is a candidate (each slice's tokens above it are above that slice's
+// cut); if the kept set can be shown to lie above it (sample_select.cuh, `filter`), the
+// candidates decide, else the last CTA runs the selection over the whole row (a flat
+// distribution: slower, still right).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -122,7 +124,8 @@ __global__ void __launch_bounds__(kThreads) sample_multi_cta_kernel(SampleParams
     filter = true;
   }
   if (m == 0) {
-    if (slice == 0) select_and_draw(RowSource{row, inv_t, v}, rp, rp.top_k, false, 0.0, mask, p.out + b, sh);
+    if (slice == 0)
+      select_and_draw(RowSource{row, inv_t, v}, rp, rp.top_k, false, 0.0, nullptr, 0, mask, p.out + b, sh);
     return;
   }
 
@@ -170,12 +173,26 @@ __global__ void __launch_bounds__(kThreads) sample_multi_cta_kernel(SampleParams
     }
     off += __popc(bal);
   }
+  if (filter) {  // the cut token: the last candidate (by id) of key tk
+    if (tid == 0) sh.last_kept = -1;
+    __syncthreads();
+    int best = -1;
+    for (int i = tid; i < len; i += kThreads) {
+      const uint32_t key = key_of(mine.z(i));
+      if (key == tk && is_cand(i, key)) best = i;
+    }
+    if (best >= 0) atomicMax(&sh.last_kept, best);
+    __syncthreads();
+    if (tid == 0) w.slice_cut[at] = z_of_key(tk), w.slice_arg[at] = lo + sh.last_kept;
+  }
   if (mask)  // the last CTA writes the kept candidates over these zeros
     for (int i = lo + tid; i < hi; i += kThreads) mask[i] = 0;
   if (!last_to_arrive(w.tickets, b, splits, sh)) return;
 
   // The last CTA: the row's mass (filter), then the selection over the candidates.
   double row_total = 0.0;
+  float cut_z = 0.0f;
+  int32_t cut_id = 0;
   if (filter) {
     if (tid == 0) {
       float mx = -INFINITY;
@@ -188,15 +205,30 @@ __global__ void __launch_bounds__(kThreads) sample_multi_cta_kernel(SampleParams
             t += __ldcg(w.slice_mass + int64_t{b} * splits + s) * exp(static_cast<double>(ms) - mx);
         }
       sh.dred[0] = t;
+      // The highest cut in the order (z desc, id asc): every token above it is a candidate.
+      float cz_best = -INFINITY;
+      int32_t cid_best = INT_MAX;
+      for (int s = 0; s < splits; ++s) {
+        const float cz = __ldcg(w.slice_cut + int64_t{b} * splits + s);
+        const int32_t cid = __ldcg(w.slice_arg + int64_t{b} * splits + s);
+        const uint32_t kc = key_of(cz), kb = key_of(cz_best);
+        if (s == 0 || kc > kb || (kc == kb && cid < cid_best)) cz_best = cz, cid_best = cid;
+      }
+      sh.fred[0] = cz_best;
+      sh.ired[0] = cid_best;
     }
     __syncthreads();
     row_total = sh.dred[0];
+    cut_z = sh.fred[0];
+    cut_id = sh.ired[0];
     __syncthreads();
   }
   const CandidateSource cands{w.cand_z + int64_t{b} * splits * cand_stride,
                               w.cand_id + int64_t{b} * splits * cand_stride, splits * m};
-  if (select_and_draw(cands, rp, m, filter, row_total, mask, p.out + b, sh)) return;
-  select_and_draw(RowSource{row, inv_t, v}, rp, rp.top_k, false, 0.0, mask, p.out + b, sh);
+  if (select_and_draw(cands, rp, m, filter, row_total, filter ? &cut_z : nullptr, cut_id, mask,
+                      p.out + b, sh))
+    return;
+  select_and_draw(RowSource{row, inv_t, v}, rp, rp.top_k, false, 0.0, nullptr, 0, mask, p.out + b, sh);
 }
 
 }  // namespace

@@ -251,14 +251,17 @@ __device__ void kth_key(const Src& src, uint32_t k, uint32_t& tk, int32_t& idk, 
 // max, top_k (k: the count to keep, <= 0 or >= n: all), top_p, min_p, the draw; writes *out (an
 // id) and, with a mask, mask[id] for every position of the source.
 //
-// filter (kMultiCta without top_k): the source holds the row's top k (of the candidates, which
-// hold the row's global top k) and `row_total` is the whole row's mass sum exp(z - max); top_p's
-// target is top_p times it. The result is the row's only if the kept set lies inside the top k:
-// top_p's target is reached inside them, or min_p drops the k-th. Otherwise nothing is written
-// and false is returned (the caller then runs this over the whole row). Uniform over the CTA.
+// filter (kMultiCta without top_k): the source holds every token of the row above `cut` (and
+// more), `row_total` is the whole row's mass sum exp(z - max), and top_p's target is top_p times
+// it. The result is the row's only if the kept set lies above the cut: top_p's target is reached
+// there, or min_p drops the cut token. Otherwise nothing is written and false is returned (the
+// caller then runs this over the whole row). Uniform over the CTA.
+// cut (filter only, else nullptr): top_k's threshold given instead of k, as the token (z, id)
+// cut[0], cut_id: the kept set is every token above it in the order (z desc, id asc) and itself.
 template <class Src>
 __device__ bool select_and_draw(const Src& src, const SampleRowParams& rp, int32_t k, bool filter,
-                                double row_total, uint8_t* mask, int32_t* out, Smem& sh) {
+                                double row_total, const float* cut, int32_t cut_id, uint8_t* mask,
+                                int32_t* out, Smem& sh) {
   const int v = src.n();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float mx = -INFINITY;
@@ -274,10 +277,25 @@ __device__ bool select_and_draw(const Src& src, const SampleRowParams& rp, int32
   auto fx_of = [&](float z) { return __float2ull_rn(e_of(z) * kFx); };
 
   // top_k: the k-th largest key (radix select by counts), ties at it cut by position.
-  const bool use_k = k > 0 && k < v;
+  const bool use_k = cut != nullptr || (k > 0 && k < v);
   uint32_t tk = 0;
   int32_t idk = INT_MAX;
-  if (use_k) kth_key(src, static_cast<uint32_t>(k), tk, idk, sh);
+  if (cut != nullptr) {
+    // The given cut as a position: the last one of its key with an id at most cut_id (the cut
+    // token itself is in the source).
+    tk = key_of(*cut);
+    int best = -1;
+    for (int i = tid; i < v; i += kThreads)
+      if (key_of(src.z(i)) == tk && src.id(i) <= cut_id) best = i;
+    if (tid == 0) sh.last_kept = -1;
+    __syncthreads();
+    if (best >= 0) atomicMax(&sh.last_kept, best);
+    __syncthreads();
+    idk = sh.last_kept < 0 ? INT_MAX : sh.last_kept;
+    __syncthreads();
+  } else if (use_k) {
+    kth_key(src, static_cast<uint32_t>(k), tk, idk, sh);
+  }
   auto kept_k = [&](int i, uint32_t key) {
     return !use_k || key > tk || (key == tk && i <= idk);
   };

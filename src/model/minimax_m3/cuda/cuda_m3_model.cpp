@@ -889,6 +889,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
     M3_ASSIGN_OR_RETURN(m.cand_id, a.alloc<int32_t>(z.candidates, what));
     M3_ASSIGN_OR_RETURN(m.slice_max, a.alloc<float>(z.slices, what));
     M3_ASSIGN_OR_RETURN(m.slice_arg, a.alloc<int32_t>(z.slices, what));
+    M3_ASSIGN_OR_RETURN(m.slice_cut, a.alloc<float>(z.slices, what));
     M3_ASSIGN_OR_RETURN(m.slice_mass, a.alloc<double>(z.slices, what));
     M3_ASSIGN_OR_RETURN(m.tickets, a.alloc<uint32_t>(z.rows, what));
     M3_RETURN_IF_ERROR(cuda::fill_zero(m.tickets, static_cast<size_t>(z.rows) * 4));
