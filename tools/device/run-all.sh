@@ -65,6 +65,13 @@ run_bench() {
   cat "$OUT/bench.log" >>"$LOG"
 }
 want bench decode && run_bench
+# launch_sample's two kernels (one CTA per row, rows over many CTAs) at batch 1-8.
+if want bench decode; then
+  t0=$SECONDS
+  { echo "== sampling_bench"; timeout 60 "$B/sampling_bench" "$OUT/bench.tsv"; } >>"$OUT/bench.log" 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' sampling_bench "$?" "$((SECONDS - t0))")")
+  sed -n '/^== sampling_bench$/,$p' "$OUT/bench.log" >>"$LOG"
+fi
 # A whole decode step on the CUDA-core GEMVs (2 layers + head + sampling, CUDA graph); per-layer
 # time extrapolated to 60 layers; rows appended to step.tsv.
 if want bench decode; then
