@@ -304,10 +304,11 @@ void check_batch(int64_t batch, int64_t vocab, uint32_t seed) {
 // candidates cannot hold) and tied (a grid of step 0.5: many ties at the top_k / top_p threshold,
 // spread over every CTA's slice). Each row against the CPU, and against kOneCtaPerRow.
 enum class Shape { kPeaked, kFlat, kTied };
-std::vector<float> shaped_logits(int64_t batch, int64_t vocab, uint32_t seed) {
+// Row b's shape: (first + b) % 3.
+std::vector<float> shaped_logits(int64_t batch, int64_t vocab, uint32_t seed, int64_t first) {
   std::vector<float> l = randn(batch * vocab, seed, 1.0f);
   for (int64_t b = 0; b < batch; ++b) {
-    const Shape sh = static_cast<Shape>(b % 3);
+    const Shape sh = static_cast<Shape>((first + b) % 3);
     for (int64_t i = 0; i < vocab; ++i) {
       float& x = l[b * vocab + i];
       if (sh == Shape::kPeaked) x *= 3.0f;
@@ -334,14 +335,15 @@ cuda::SampleRowParams grid_params(int64_t i, uint64_t seed) {
   return r;
 }
 
-// `cases` launches of `batch` rows (row knobs from a running index over grid_params).
-void check_multi_cta(int64_t batch, int64_t vocab, int64_t cases, uint32_t seed) {
+// `cases` launches of `batch` rows; row knobs and shapes from a running index (from `first`).
+void check_multi_cta(int64_t batch, int64_t vocab, int64_t cases, uint32_t seed, int64_t first) {
   RowTally t;
   int64_t same_mask = 0, exact_rows = 0;
   for (int64_t c = 0; c < cases; ++c) {
-    const auto logits = shaped_logits(batch, vocab, seed + static_cast<uint32_t>(c));
+    const int64_t i0 = first + c * batch;
+    const auto logits = shaped_logits(batch, vocab, seed + static_cast<uint32_t>(c), i0);
     std::vector<cuda::SampleRowParams> rows;
-    for (int64_t b = 0; b < batch; ++b) rows.push_back(grid_params(c * batch + b, 77 * seed));
+    for (int64_t b = 0; b < batch; ++b) rows.push_back(grid_params(i0 + b, 77 * seed));
     const GpuRun m = run_gpu(logits, batch, vocab, rows, true, false, cuda::SampleKernel::kMultiCta);
     const GpuRun one = run_gpu(logits, batch, vocab, rows, true);
     const bool multi = cuda::sample_multi_cta_splits(batch, vocab) >= 2;
@@ -349,7 +351,7 @@ void check_multi_cta(int64_t batch, int64_t vocab, int64_t cases, uint32_t seed)
       const cuda::SampleRowParams& rp = rows[b];
       const std::string what = "B=" + std::to_string(batch) + " V=" + std::to_string(vocab) +
                                " case " + std::to_string(c) + " row " + std::to_string(b) +
-                               " (shape " + std::to_string(b % 3) + ", T " + std::to_string(rp.temperature) +
+                               " (shape " + std::to_string((i0 + b) % 3) + ", T " + std::to_string(rp.temperature) +
                                ", k " + std::to_string(rp.top_k) + ", p " + std::to_string(rp.top_p) +
                                ", min_p " + std::to_string(rp.min_p) + ")";
       check_row(logits, b, vocab, rp, m, what, &t);
@@ -390,15 +392,16 @@ void check_multi_cta(int64_t batch, int64_t vocab, int64_t cases, uint32_t seed)
 TEST(CudaSample, MatchesCpuSamplerAtRealVocab) { check_batch(16, 200064, 3); }
 TEST(CudaSample, MatchesCpuSamplerBatch128) { check_batch(128, 200064, 5); }
 TEST(CudaSample, MatchesCpuSamplerOddVocab) { check_batch(24, 1001, 7); }
-// kMultiCta at batch 1..8 over the knob grid (80 rows each at the real vocabulary), a vocabulary
-// of 5,000 (a few CTAs per row: top_k 1000 still within the candidates) and one too small to split.
-TEST(CudaSample, MultiCtaBatch1) { check_multi_cta(1, 200064, 80, 11); }
-TEST(CudaSample, MultiCtaBatch2) { check_multi_cta(2, 200064, 40, 12); }
-TEST(CudaSample, MultiCtaBatch4) { check_multi_cta(4, 200064, 20, 13); }
-TEST(CudaSample, MultiCtaBatch8) { check_multi_cta(8, 200064, 10, 14); }
+// kMultiCta at batch 1..8 over the knob grid (40 rows each at the real vocabulary: each half of
+// the 80 knob combinations twice), a vocabulary of 5,000 (a few CTAs per row: top_k 1000 still
+// within the candidates) and one too small to split.
+TEST(CudaSample, MultiCtaBatch1) { check_multi_cta(1, 200064, 40, 11, 0); }
+TEST(CudaSample, MultiCtaBatch2) { check_multi_cta(2, 200064, 20, 12, 40); }
+TEST(CudaSample, MultiCtaBatch4) { check_multi_cta(4, 200064, 10, 13, 0); }
+TEST(CudaSample, MultiCtaBatch8) { check_multi_cta(8, 200064, 5, 14, 40); }
 TEST(CudaSample, MultiCtaSmallVocab) {
-  check_multi_cta(3, 5000, 40, 15);
-  check_multi_cta(8, 1001, 10, 16);
+  check_multi_cta(3, 5000, 27, 15, 0);
+  check_multi_cta(8, 1001, 10, 16, 0);
 }
 // Uniform logits: top_p 0.95 keeps 95% of the vocabulary (the candidate filter must fall back to
 // the whole row); equal logits also tie every token at the threshold. Bit for bit kOneCtaPerRow.
@@ -429,7 +432,7 @@ TEST(CudaSample, MultiCtaUniformRows) {
 // Graph capture: two replays give the eager tokens, and the tickets are back at zero.
 TEST(CudaSample, MultiCtaGraphReplays) {
   const int64_t batch = 4, vocab = 200064;
-  const auto logits = shaped_logits(batch, vocab, 21);
+  const auto logits = shaped_logits(batch, vocab, 21, 0);
   std::vector<cuda::SampleRowParams> rows;
   for (int64_t b = 0; b < batch; ++b) rows.push_back(grid_params(1 + 5 * b, 3));
   rows[3].temperature = 0.0f;  // a greedy row too
