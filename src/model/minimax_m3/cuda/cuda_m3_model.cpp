@@ -1238,8 +1238,9 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       sp.greedy_value = im.dec.greedy_value;
       sp.greedy_index = im.dec.greedy_index;
       sp.greedy_tickets = im.dec.greedy_tickets;
-      // Production default: every row over several CTAs (~0.67 ms -> tens of us per row at batch
-      // 1). kOneCtaPerRow (the greedy split above) is the fallback: set it here to flip back.
+      // Production default: every row over several CTAs (one CTA per row took ~0.67 ms at batch 1
+      // with top_k 40; tools/bench/sampling_bench.cpp times both). To flip back to
+      // kOneCtaPerRow (with the greedy split above), set it here.
       sp.kernel = cuda::SampleKernel::kMultiCta;
       sp.multi = im.dec.sample_multi;
       M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
