@@ -15,8 +15,9 @@
 // CPU's unless a cut (top_p's cumulative mass against top_p · total, min_p's ratio, u against a
 // cumulative mass) falls within ~1e-6 relative of a boundary.
 //
-// Two kernels (SampleKernel), the same semantics and, for the same inputs, the same kept set and
-// token except where a top_p cut is within ~1e-6 relative of a boundary (see kMultiCta):
+// Two kernels (SampleKernel), the same semantics; for the same inputs the same kept set (except,
+// without top_k, where a top_p cut is within ~1e-6 relative of a boundary) and the same token
+// (except also where u is within rounding of a cumulative boundary). See kMultiCta:
 //
 // kOneCtaPerRow (sample.cu): one CTA of 1024 threads per row (greedy rows: up to
 // kSampleGreedySplits); top_k and top_p thresholds by a 4-pass 8-bit radix select on an
@@ -30,11 +31,13 @@
 // top_k when 1 <= top_k <= the candidate limit, else a fixed m when top_p or min_p can bound the
 // kept set) and writes them, in id order, to the workspace; the last CTA of the row (a ticket)
 // runs kOneCtaPerRow's selection on the S·m candidates, which hold the row's global top m. With
-// top_k the result is exactly kOneCtaPerRow's. Without top_k, top_p's target is top_p times the
-// whole row's mass, summed per slice in double (within ~1e-7 of kOneCtaPerRow's fixed-point
-// sum); if the candidates' top m do not reach it (and min_p does not cut inside them either), the
-// last CTA falls back to kOneCtaPerRow's selection over the whole row. Rows with neither
-// (top_k off or above the limit, no top_p / min_p) take kOneCtaPerRow's path in the slice-0 CTA.
+// top_k the kept set is exactly kOneCtaPerRow's (the draw sums its masses in another order).
+// Without top_k, every token above the highest of the CTAs' m-th tokens (the cut) is a
+// candidate; top_p's target is top_p times the whole row's mass, summed per slice in double
+// (within ~1e-7 of kOneCtaPerRow's fixed-point sum); if the tokens above the cut do not reach it
+// (and min_p does not drop the cut token either), the last CTA falls back to kOneCtaPerRow's
+// selection over the whole row. Rows with neither (top_k off or above the limit, no top_p /
+// min_p) take kOneCtaPerRow's path in the slice-0 CTA. Greedy rows: the argmax over the S CTAs.
 // This header includes no CUDA header.
 #pragma once
 
@@ -97,14 +100,16 @@ struct SampleParams {
 constexpr int64_t kSampleGreedySplits = 32;
 
 // kMultiCta's shape. CTAs in all (about one per SM of the H200's 132), the smallest slice a CTA
-// takes, and the most candidates per CTA: top_k above kSampleMaxTopK takes kOneCtaPerRow's path;
-// without top_k each CTA keeps kSampleFilterCandidates (fewer candidates, a cheaper merge: top_p
-// 0.95 of an LLM's distribution is rarely over a few hundred tokens, and a row whose top_p set is
-// larger falls back to the whole row, still correct).
+// takes, and the most candidates per CTA: top_k above kSampleMaxTopK (or above a slice) takes
+// kOneCtaPerRow's path. Without top_k the CTAs of a row keep about kSampleFilterRowCandidates
+// together (kSampleFilterRowCandidates / splits each, at most the candidate limit): a merge of
+// that size stays cheap, and the union holds every token above the highest of the CTAs' cut
+// tokens (their m-th), typically most of those candidates: far more than top_p 0.95 of an LLM's
+// distribution keeps. A row whose kept set reaches below that cut falls back to the whole row.
 constexpr int64_t kSampleTargetCtas = 128;
 constexpr int64_t kSampleMinSlice = 1024;
 constexpr int64_t kSampleMaxTopK = 1024;
-constexpr int64_t kSampleFilterCandidates = 256;
+constexpr int64_t kSampleFilterRowCandidates = 16384;
 
 // CTAs per row (1: kMultiCta runs kOneCtaPerRow). Host arithmetic, shared with the kernel's launch.
 inline int64_t sample_multi_cta_splits(int64_t batch, int64_t vocab) {

@@ -6,16 +6,18 @@
 // select over its slice, from L1 after the first read) shrinks the row to S·m candidates, and the
 // last CTA to finish (a ticket, as the greedy split of kOneCtaPerRow) runs kOneCtaPerRow's exact
 // selection over them (sample_select.cuh): one launch, no grid barrier (which would need every CTA
-// co-resident) and no second kernel. With top_k <= kSampleMaxTopK the result is kOneCtaPerRow's
-// bit for bit: the same keys, the same tie order (candidates are stored slice by slice in id
-// order, so positions order like ids), the same fixed-point masses and draw.
+// co-resident) and no second kernel. With top_k <= kSampleMaxTopK the kept set is
+// kOneCtaPerRow's bit for bit: the same keys, the same tie order (candidates are stored slice by
+// slice in id order, so positions order like ids), the same fixed-point masses; the draw sums the
+// same float masses in another order, so the token differs only where u is within rounding of a
+// cumulative boundary.
 // Without top_k, top_p / min_p usually keep a few hundred tokens of an LLM's distribution: the
-// CTAs keep kSampleFilterCandidates each, plus their slice's max and mass (sum exp(z - slice max)
-// in double) so the last CTA knows the whole row's mass, and their cut token (the m-th). Every
-// token above the highest cut is a candidate (each slice's tokens above it are above that slice's
-// cut); if the kept set can be shown to lie above it (sample_select.cuh, `filter`), the
-// candidates decide, else the last CTA runs the selection over the whole row (a flat
-// distribution: slower, still right).
+// CTAs keep kSampleFilterRowCandidates / splits each, plus their slice's max and mass
+// (sum exp(z - slice max) in double) so the last CTA knows the whole row's mass, and their cut
+// token (the m-th). Every token above the highest cut is a candidate (each slice's tokens above
+// it are above that slice's cut); if the kept set can be shown to lie above it
+// (sample_select.cuh, `filter`), the candidates decide, else the last CTA runs the selection over
+// the whole row (a flat distribution: slower, still right).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -120,7 +122,8 @@ __global__ void __launch_bounds__(kThreads) sample_multi_cta_kernel(SampleParams
   if (k_on && rp.top_k <= cand_stride) {
     m = rp.top_k;
   } else if (!k_on && (rp.top_p < 1.0f || rp.min_p > 0.0f)) {
-    m = cand_stride < kSampleFilterCandidates ? cand_stride : static_cast<int>(kSampleFilterCandidates);
+    const int per_cta = max(1, static_cast<int>(kSampleFilterRowCandidates) / splits);
+    m = min(cand_stride, per_cta);
     filter = true;
   }
   if (m == 0) {
