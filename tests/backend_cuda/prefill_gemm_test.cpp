@@ -508,11 +508,12 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{kNv, kGrouped, false, 1, 256, 128, 4, 2, Routing::kUniform, false}));
 
 // One layer at the real expert shape (hidden 6144, inter 3072) and T = 8K, NVFP4 in the model's
-// mma layouts, 4 experts (so each gets ~4K rows, 32 row tiles). The CPU reference covers every
+// mma layouts, 2 experts at top-1 (each gets ~4K rows, 32 row tiles, as 128 experts at top-4
+// would get 256; fewer experts keep the host-side quantisation and reference within seconds). The CPU reference covers every
 // 512th token (the rigorous check); the whole output is compared with the cuBLASLt kernel within
 // twice the largest sampled bound (catches tiling and indexing errors, which are O(|out|)).
 TEST(PrefillMoeRealShape, Nvfp4T8K) {
-  const MoeCase c{kNv, kGrouped, true, 8192, 6144, 3072, 4, 2, Routing::kUniform, true};
+  const MoeCase c{kNv, kGrouped, true, 8192, 6144, 3072, 2, 1, Routing::kUniform, true};
   MoeWeights w(c);
   std::vector<float> xf;
   std::vector<uint16_t> xb;

@@ -97,7 +97,7 @@ want tests decode && run_test cuda_real_model_test 120
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
 if want tests; then
-  run_test prefill_gemm_test 90
+  run_test prefill_gemm_test 150  # + the grouped expert GEMM's T=8K real-shape layer
   run_test prefill_attention_test 300  # the float64 CPU reference of 10 chunks takes ~2-3 min
 fi
 if want bench; then
@@ -106,6 +106,12 @@ if want bench; then
   timeout 150 "$B/cuda_prefill_bench" /tmp/prefill.tsv >/tmp/prefill.log 2>&1
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench "$?" "$((SECONDS - t0))")")
   { cat /tmp/prefill.log; echo "== prefill tsv"; cat /tmp/prefill.tsv 2>/dev/null; } |
+    tee -a "$OUT/bench.log" >>"$LOG"
+  # The routed experts alone, dequant+cuBLASLt vs the grouped in-loop kernel, T = 512 .. 32K.
+  t0=$SECONDS
+  timeout 120 "$B/cuda_prefill_bench" - --experts >/tmp/prefill_experts.log 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench-experts "$?" "$((SECONDS - t0))")")
+  { echo "== cuda_prefill_bench --experts"; cat /tmp/prefill_experts.log; } |
     tee -a "$OUT/bench.log" >>"$LOG"
 fi
 
