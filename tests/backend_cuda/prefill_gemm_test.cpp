@@ -241,7 +241,8 @@ struct MoeCase {
 
 std::string name_of(const MoeCase& c) {
   char b[160];
-  std::snprintf(b, sizeof(b), "prefill moe %s %s%s T=%lld Hd=%lld I=%lld E=%lld K=%lld routing %d%s",
+  std::snprintf(b, sizeof(b),
+                "prefill moe %s %s%s T=%lld Hd=%lld I=%lld E=%lld K=%lld routing %d%s",
                 name_of(c.format),
                 c.kernel == cuda::PrefillMoeKernel::kGroupedInLoop ? "grouped" : "cublas",
                 c.mma_layout ? " mma-layout" : "", static_cast<long long>(c.t),
@@ -509,9 +510,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // One layer at the real expert shape (hidden 6144, inter 3072) and T = 8K, NVFP4 in the model's
 // mma layouts, 2 experts at top-1 (each gets ~4K rows, 32 row tiles, as 128 experts at top-4
-// would get 256; fewer experts keep the host-side quantisation and reference within seconds). The CPU reference covers every
-// 512th token (the rigorous check); the whole output is compared with the cuBLASLt kernel within
-// twice the largest sampled bound (catches tiling and indexing errors, which are O(|out|)).
+// would get 256; fewer experts keep the host-side quantisation and reference within seconds).
+// The CPU reference covers every 512th token (the rigorous check); the whole output is compared
+// with the cuBLASLt kernel within twice the largest sampled bound (catches tiling and indexing
+// errors, which are O(|out|)).
 TEST(PrefillMoeRealShape, Nvfp4T8K) {
   const MoeCase c{kNv, kGrouped, true, 8192, 6144, 3072, 2, 1, Routing::kUniform, true};
   MoeWeights w(c);

@@ -36,10 +36,11 @@ struct Fmt {
   static constexpr int kScaleRowBytes = kBK / kBlock;         // 8 | 4
   static constexpr int kScaleBytes = kBN * kScaleRowBytes;    // 1 KB | 512 B
   static constexpr int kChunkBytes = kNv ? nvfp4_mma::kChunkBytes : mxfp8_mma::kStageBytes;
-  // Stages in flight: as many as fit next to the bf16 weight tile in 227 KB.
-  static constexpr int kStages = kNv ? 4 : 3;
+  // Ring slots: the stage being multiplied, the one being dequantised, the one being loaded.
+  static constexpr int kStages = 3;
   static constexpr int kStageBytes = kTileBytes + kRawBytes + kScaleBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kTileBytes + 2 * kBM * 4;
+  // + two bf16 weight tiles (multiplied / being written) + the row tables.
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kTileBytes + 2 * kBM * 4;
   static_assert(kSmemBytes <= 232448, "more shared memory than an H100/H200 SM offers");
   static_assert(kStageBytes % 128 == 0, "stage alignment");
 };
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     grouped_expert_gemm_kernel(GroupedExpertGemmParams p) {
   using G = Fmt<F>;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* wtile = smem + G::kStages * G::kStageBytes;  // bf16 weights of the current stage
-  int32_t* a_src = reinterpret_cast<int32_t*>(wtile + kTileBytes);  // [kBM] x row, -1 = none
+  uint8_t* wtiles = smem + G::kStages * G::kStageBytes;  // 2 x bf16 weights [kBN][kBK]
+  int32_t* a_src = reinterpret_cast<int32_t*>(wtiles + 2 * kTileBytes);  // [kBM] x row, -1 none
   int32_t* w_row = a_src + kBM;                                     // [kBN] weight row
 
   const int E = static_cast<int>(p.num_experts);
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The stage's quantised weights -> bf16 wtile[n][k] (swizzled). Each thread converts 4 groups of
   // 16 consecutive columns of one row.
-  auto dequant_stage = [&](int slot) {
+  auto dequant_stage = [&](int slot, uint8_t* wtile) {
     const uint8_t* raw = smem + slot * G::kStageBytes + kTileBytes;
     const uint8_t* sc = raw + G::kRawBytes;
 #pragma unroll
@@ -293,24 +294,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
 
   const int wm = warp & 1, wn = warp >> 1;
-  const uint32_t wt_s = smem_u32(wtile);
 
-#pragma unroll
-  for (int s = 0; s < G::kStages - 1; ++s) {
-    if (s < k_stages) load_stage(s, s);
-    cp_async_commit();
-  }
+  // Pipeline, one barrier per stage: in iteration ks the CTA multiplies stage ks (A in its ring
+  // slot, weights already bf16 in wtiles[ks & 1]) and dequantises stage ks + 1 into the other
+  // tile, while stage ks + 2 is in flight. Warps drift between the two phases, so the
+  // conversion's ALU work and the tensor-core work of different warps overlap.
+  static_assert(G::kStages == 3, "the wait counts below assume 3 ring slots");
+  load_stage(0, 0);
+  cp_async_commit();
+  if (1 < k_stages) load_stage(1, 1);
+  cp_async_commit();
+  cp_async_wait<1>();  // stage 0
+  __syncthreads();
+  dequant_stage(0, wtiles);
   for (int ks = 0; ks < k_stages; ++ks) {
     const int slot = ks % G::kStages;
-    cp_async_wait<G::kStages - 2>();
-    __syncthreads();  // stage ks landed for all threads; everyone is done with the last wtile
-    dequant_stage(slot);
-    __syncthreads();  // wtile complete; slot (ks - 1) % kStages no longer read by anyone
-    {
-      const int next = ks + G::kStages - 1;
-      if (next < k_stages) load_stage(next % G::kStages, next);
-      cp_async_commit();
-    }
+    // Committed groups: stages 0 .. ks + 1. Wait for stage ks + 1 (all of them).
+    cp_async_wait<0>();
+    // Stage ks + 1 visible; wtiles[ks & 1] complete; every warp done with iteration ks - 1
+    // (its A slot, (ks + 2) % 3, and wtiles[(ks + 1) & 1] are free).
+    __syncthreads();
+    if (ks + 2 < k_stages) load_stage((ks + 2) % G::kStages, ks + 2);
+    cp_async_commit();
+    if (ks + 1 < k_stages)
+      dequant_stage((ks + 1) % G::kStages, wtiles + ((ks + 1) & 1) * kTileBytes);
+    const uint32_t wt_s = smem_u32(wtiles + (ks & 1) * kTileBytes);
     const uint32_t a_s = smem_u32(smem + slot * G::kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {

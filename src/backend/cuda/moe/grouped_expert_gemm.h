@@ -16,8 +16,8 @@
 // (4 or 8 bits per weight) and their block scales into shared memory with cp.async, several
 // stages ahead, together with the bf16 activation rows (gathered through the row list: no
 // gathered copy of x is made); the CTA then converts the stage's weights to bf16 in shared memory
-// (exact: e2m1·e4m3 and e4m3·2^e are bf16 numbers, the same values launch_dequant_bf16 writes) and
-// multiplies. The NVFP4 per-matrix multiplier is applied to the float32 sums in the epilogue (as
+// (exact: e2m1·e4m3 and e4m3·2^e are bf16 numbers, the same values launch_dequant_bf16 writes)
+// one stage ahead of the multiplication (two bf16 weight tiles, one barrier per stage). The NVFP4 per-matrix multiplier is applied to the float32 sums in the epilogue (as
 // cuBLASLt's alpha on the dequantise-then-cuBLASLt path).
 //
 // Epilogues: kSwigluBf16 (the gate|up matrix, N = 2·inter: a CTA owns 64 gate columns and the
