@@ -443,6 +443,10 @@ std::vector<float> run_moe(const MoeCase& c, cuda::PrefillMoeKernel kernel, MoeW
   const Status st = (*gemm)->moe(p, stream());
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   if (active != nullptr) *active = (*gemm)->last_moe_stats().active_experts;
+  // The grouped kernel never counts experts on the host: 0 shows it ran (no silent fallback).
+  if (kernel == cuda::PrefillMoeKernel::kGroupedInLoop) {
+    EXPECT_EQ((*gemm)->last_moe_stats().active_experts, 0) << name_of(c) << ": fell back";
+  }
   return out.host();
 }
 
