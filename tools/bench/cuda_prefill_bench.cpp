@@ -18,7 +18,16 @@
 // FLOPs count 2 per multiply-add of the GEMMs as executed (routed rows only), 4·H·D per attended
 // key (QK and PV; keys = min(causal keys, top-16 blocks)) and 2·Hix·Dix per indexer key.
 //
-// Usage: cuda_prefill_bench [results.tsv] [tokens...]   (default tokens: 8192 32768)
+// The routed experts run PrefillMoeKernel::kGroupedInLoop (the model's choice); the
+// dequantise-then-cuBLASLt kernel is timed beside it (printed, not summed).
+//
+// --experts: the routed experts alone (NVFP4, 128 experts, top-4, uniform random routing), old
+// (kDequantCublas) vs new (kGroupedInLoop) kernel, with the weights row-major and then in the mma
+// layouts the model repacks them to; FLOPs 2·T·top_k·(2·I·Hd + Hd·I). Default tokens there:
+// 512 2048 8192 32768.
+//
+// Usage: cuda_prefill_bench [results.tsv|-] [--experts] [tokens...]
+//        (default tokens: 8192 32768)
 //        cuda_prefill_bench --attention [tokens...]      attention and indexer of one layer
 //          alone, old vs new kernels (attention_kernels_bench below)
 #include <cuda_runtime.h>
@@ -34,6 +43,7 @@
 
 #include "backend/cuda/attention/sparse_prefill.h"
 #include "backend/cuda/dummy/dummy_weights.h"
+#include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -240,6 +250,80 @@ void attention_kernels_bench(const std::vector<int64_t>& tokens, CachingAllocato
   }
 }
 
+// Uniform random top-4 routing over the 128 experts (distinct, ascending per token), weights
+// 0.25, on the device.
+struct DevRouting {
+  int32_t* ids = nullptr;
+  float* wts = nullptr;
+};
+DevRouting random_routing(int64_t t) {
+  std::vector<int32_t> ids(t * kK4);
+  std::vector<float> wts(t * kK4, 0.25f);
+  std::mt19937 rng(7);
+  for (int64_t i = 0; i < t; ++i) {
+    std::vector<int32_t> c;
+    while (static_cast<int64_t>(c.size()) < kK4) {
+      const int32_t e = static_cast<int32_t>(rng() % kE);
+      if (std::find(c.begin(), c.end(), e) == c.end()) c.push_back(e);
+    }
+    std::sort(c.begin(), c.end());
+    std::copy(c.begin(), c.end(), ids.begin() + i * kK4);
+  }
+  DevRouting r{dalloc<int32_t>(t * kK4), dalloc<float>(t * kK4)};
+  CHECK_CUDA(cudaMemcpy(r.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(r.wts, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
+  return r;
+}
+
+// The routed experts alone, old vs new kernel, row-major then mma-layout weights.
+void bench_experts(PrefillGemm& gemm, CachingAllocator& alloc, const std::vector<int64_t>& tokens) {
+  QuantWeight e13 = make(QuantFormat::kNvfp4, 2 * kI, kHd, kE);
+  QuantWeight e2 = make(QuantFormat::kNvfp4, kHd, kI, kE);
+  for (int layout = 0; layout < 2; ++layout) {
+    if (layout == 1) {
+      // As CudaM3Model::repack_nvfp4: gate|up in gate/up row pairs, down in 16-row tiles.
+      CHECK_OK(nvfp4_mma_repack_in_place(const_cast<uint8_t*>(e13.w), kE, e13.n, e13.k,
+                                         nvfp4_mma::Tiling::kSwigluPairs, st()));
+      CHECK_OK(nvfp4_mma_repack_in_place(const_cast<uint8_t*>(e2.w), kE, e2.n, e2.k,
+                                         nvfp4_mma::Tiling::kRows16, st()));
+      e13.layout = WeightLayout::kMmaSwigluPairs;
+      e2.layout = WeightLayout::kMmaRows16;
+    }
+    for (const int64_t t : tokens) {
+      uint16_t* x = dfill<uint16_t>(t * kHd, DummyKind::kBf16Normal);
+      float* out = dalloc<float>(t * kHd);
+      const DevRouting r = random_routing(t);
+      PrefillMoeParams mp;
+      mp.x = x;
+      mp.topk_ids = r.ids;
+      mp.topk_weights = r.wts;
+      mp.w13 = e13;
+      mp.w2 = e2;
+      mp.out = out;
+      mp.t = t;
+      mp.hidden = kHd;
+      mp.inter = kI;
+      mp.num_experts = kE;
+      mp.top_k = kK4;
+      const double flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
+      double ms[2];
+      for (int k = 0; k < 2; ++k) {
+        mp.kernel = k == 0 ? PrefillMoeKernel::kDequantCublas : PrefillMoeKernel::kGroupedInLoop;
+        ms[k] = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+        const std::string name = std::string("routed experts ") +
+                                 (layout ? "mma-layout " : "row-major ") +
+                                 (k == 0 ? "old (dequant+cublas)" : "new (grouped in-loop)");
+        report(t, {name, ms[k], flops});
+        std::printf("T=%-6lld   %s: %.0f tokens/s through one layer's routed experts\n",
+                    (long long)t, name.c_str(), t / (ms[k] * 1e-3));
+      }
+      std::printf("T=%-6lld   speed-up new / old: %.2fx\n", (long long)t, ms[0] / ms[1]);
+      CHECK_CUDA(cudaStreamSynchronize(g_stream));
+      alloc.release_cached();
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -257,7 +341,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::vector<int64_t> tokens;
-  for (int i = 2; i < argc; ++i) tokens.push_back(std::atoll(argv[i]));
+  bool experts_only = false;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--experts") {
+      experts_only = true;
+    } else {
+      tokens.push_back(std::atoll(argv[i]));
+    }
+  }
+  if (tokens.empty() && experts_only) tokens = {512, 2048, 8192, 32768};
   if (tokens.empty()) tokens = {8192, 32768};
   if (argc > 1 && std::string(argv[1]) != "-") g_tsv = std::fopen(argv[1], "w");
   cudaDeviceProp prop{};
@@ -270,6 +362,12 @@ int main(int argc, char** argv) {
   auto gemm_r = PrefillGemm::create(&alloc);
   CHECK_OK(gemm_r.status());
   PrefillGemm& gemm = **gemm_r;
+  if (experts_only) {
+    bench_experts(gemm, alloc, tokens);
+    if (g_tsv) std::fclose(g_tsv);
+    for (void* p : g_allocs) cudaFree(p);
+    return 0;
+  }
 
   // Weights of the two layers of the slice.
   QuantWeight qkv = make(QuantFormat::kMxfp8, kQkv, kHd);
@@ -369,26 +467,11 @@ int main(int argc, char** argv) {
     moe_rows.push_back({"bf16 router [128x6144] -> f32",
                         time_ms([&] { lin(router, x, kHd, y, PrefillOut::kF32); }),
                         flops_of(router, t)});
-    std::vector<int32_t> ids(t * kK4);
-    std::vector<float> wts(t * kK4, 0.25f);
-    std::mt19937 rng(7);
-    for (int64_t i = 0; i < t; ++i) {
-      std::vector<int32_t> c;
-      while (static_cast<int64_t>(c.size()) < kK4) {
-        const int32_t e = static_cast<int32_t>(rng() % kE);
-        if (std::find(c.begin(), c.end(), e) == c.end()) c.push_back(e);
-      }
-      std::sort(c.begin(), c.end());
-      std::copy(c.begin(), c.end(), ids.begin() + i * kK4);
-    }
-    int32_t* did = dalloc<int32_t>(t * kK4);
-    float* dw = dalloc<float>(t * kK4);
-    CHECK_CUDA(cudaMemcpy(did, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(dw, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
+    const DevRouting routing = random_routing(t);
     PrefillMoeParams mp;
     mp.x = x;
-    mp.topk_ids = did;
-    mp.topk_weights = dw;
+    mp.topk_ids = routing.ids;
+    mp.topk_weights = routing.wts;
     mp.w13 = e13;
     mp.w2 = e2;
     mp.out = moe_out;
@@ -398,11 +481,15 @@ int main(int argc, char** argv) {
     mp.num_experts = kE;
     mp.top_k = kK4;
     char name[96];
-    const double moe_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    std::snprintf(name, sizeof name, "nvfp4 routed experts top-4 (%lld active)",
+    const double routed_flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
+    mp.kernel = PrefillMoeKernel::kDequantCublas;
+    const double old_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+    std::snprintf(name, sizeof name, "  (not summed) routed experts, dequant+cublas (%lld active)",
                   (long long)gemm.last_moe_stats().active_experts);
-    moe_rows.push_back({name, moe_ms,
-                        2.0 * t * kK4 * (2 * kI * kHd + kHd * kI)});
+    report(t, {name, old_ms, routed_flops});
+    mp.kernel = PrefillMoeKernel::kGroupedInLoop;
+    const double moe_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+    moe_rows.push_back({"nvfp4 routed experts top-4, grouped in-loop", moe_ms, routed_flops});
     auto mlp = [&](const QuantWeight& w13, const QuantWeight& w2, int64_t inter) {
       lin(w13, x, kHd, y, PrefillOut::kF32);
       CHECK_OK(launch_swiglu_oai_bf16(y, t, inter, 1.702f, 7.0f, act, st()));
@@ -428,6 +515,8 @@ int main(int argc, char** argv) {
                     kDenseLayers * dense_layer.ms + kMoeLayers * moe_layer.ms,
                     kDenseLayers * dense_layer.flops + kMoeLayers * moe_layer.flops};
     report(t, model);
+    std::printf("T=%-6lld MoE layer: %.0f prefill tokens/s (one layer)\n", (long long)t,
+                t / (moe_layer.ms * 1e-3));
     std::printf("T=%-6lld prefill %.0f tokens/s (60 layers, extrapolated); %.2f GFLOP/token; "
                 "attention share %.0f%% of the MoE layer time\n\n",
                 (long long)t, t / (model.ms * 1e-3), model.flops / t / 1e9,

@@ -104,7 +104,7 @@ want tests decode && run_test cuda_real_model_test 120
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
 if want tests; then
-  run_test prefill_gemm_test 90
+  run_test prefill_gemm_test 150  # + the grouped expert GEMM's T=8K real-shape layer
   run_test prefill_attention_test 360  # the float64 CPU reference of 18 chunks takes ~3-4 min
 fi
 if want bench; then
@@ -119,6 +119,12 @@ if want bench; then
   timeout 90 "$B/cuda_prefill_bench" --attention >/tmp/prefill_attn.log 2>&1
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench_attn "$?" "$((SECONDS - t0))")")
   tee -a "$OUT/bench.log" </tmp/prefill_attn.log >>"$LOG"
+  # The routed experts alone, dequant+cuBLASLt vs the grouped in-loop kernel, T = 512 .. 32K.
+  t0=$SECONDS
+  timeout 120 "$B/cuda_prefill_bench" - --experts >/tmp/prefill_experts.log 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench-experts "$?" "$((SECONDS - t0))")")
+  { echo "== cuda_prefill_bench --experts"; cat /tmp/prefill_experts.log; } |
+    tee -a "$OUT/bench.log" >>"$LOG"
 fi
 
 # m3serve --device cuda: the bundled model's greedy tokens on the GPU equal the CPU's,

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda/moe/grouped_expert_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
 
@@ -219,6 +220,10 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
   if (p.w13.n != 2 * p.inter || p.w13.k != p.hidden || p.w2.n != p.hidden || p.w2.k != p.inter)
     return invalid_argument("[cuda.prefill_moe] w13 must be [E, 2·inter, hidden] and w2 "
                             "[E, hidden, inter]");
+  if (p.kernel == PrefillMoeKernel::kGroupedInLoop &&
+      grouped_expert_gemm_fits(p.w13, GroupedEpilogue::kSwigluBf16) &&
+      grouped_expert_gemm_fits(p.w2, GroupedEpilogue::kStoreF32))
+    return moe_grouped(p, stream);
   Impl& im = *impl_;
   CachingAllocator* a = im.alloc;
   const int64_t rows = p.t * p.top_k, e = p.num_experts, hd = p.hidden, in = p.inter;
@@ -271,6 +276,70 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
     M3_RETURN_IF_ERROR(im.matrix(act + r0 * in, in, nr, matrix_of(p.w2, g), y + r0 * hd, hd,
                                  PrefillOut::kF32, false, stream));
   }
+  return launch_moe_combine_sorted(y, inv, p.topk_weights, p.shared, p.t, p.top_k, hd, p.out,
+                                   stream);
+}
+
+// Everything sized for all T·top_k rows (ids outside [0, E) only leave rows unused), counts read
+// on the device only.
+Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) {
+  CachingAllocator* a = impl_->alloc;
+  const int64_t rows = p.t * p.top_k, e = p.num_experts, hd = p.hidden, in = p.inter;
+  Scoped s_off, s_tiles, s_sorted, s_active, s_inv, s_act, s_y;
+  M3_ASSIGN_OR_RETURN(void* off_v, take(a, &s_off, (e + 1) * 4));
+  M3_ASSIGN_OR_RETURN(void* tiles_v, take(a, &s_tiles, (e + 1) * 4));
+  M3_ASSIGN_OR_RETURN(void* sorted_v, take(a, &s_sorted, rows * 4));
+  M3_ASSIGN_OR_RETURN(void* active_v, take(a, &s_active, std::min(e, rows) * 4));
+  M3_ASSIGN_OR_RETURN(void* inv_v, take(a, &s_inv, rows * 4));
+  M3_ASSIGN_OR_RETURN(void* act_v, take(a, &s_act, rows * in * 2));
+  M3_ASSIGN_OR_RETURN(void* y_v, take(a, &s_y, rows * hd * 4));
+  auto* off = static_cast<int32_t*>(off_v);
+  auto* tiles = static_cast<int32_t*>(tiles_v);
+  auto* sorted = static_cast<int32_t*>(sorted_v);
+  auto* inv = static_cast<int32_t*>(inv_v);
+  auto* act = static_cast<uint16_t*>(act_v);
+  auto* y = static_cast<float*>(y_v);
+  GroupByExpertParams gp;
+  gp.topk_ids = p.topk_ids;
+  gp.num_rows = rows;
+  gp.num_experts = e;
+  gp.group_offsets = off;
+  gp.sorted_rows = sorted;
+  gp.active_groups = static_cast<int32_t*>(active_v);
+  M3_RETURN_IF_ERROR(launch_group_by_expert(gp, stream));
+  M3_RETURN_IF_ERROR(launch_moe_tile_schedule(off, e, tiles, stream));
+  M3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(inv, 0xFF, rows * 4, stream));
+  M3_RETURN_IF_ERROR(launch_invert_rows_counted(sorted, off, e, rows, inv, stream));
+
+  GroupedExpertGemmParams g;
+  g.group_offsets = off;
+  g.tile_offsets = tiles;
+  g.num_experts = e;
+  g.max_rows = rows;
+  g.alpha = p.alpha;
+  g.limit = p.limit;
+  // gate|up: x rows gathered through the sorted row ids, SwiGLU-OAI to bf16 act (sorted order).
+  g.a = p.x;
+  g.lda = hd;
+  g.a_rows = sorted;
+  g.a_row_div = p.top_k;
+  g.w = p.w13;
+  g.epilogue = GroupedEpilogue::kSwigluBf16;
+  g.act = act;
+  g.ldact = in;
+  M3_RETURN_IF_ERROR(launch_grouped_expert_gemm(g, stream));
+  // down: act rows in order, float32 y (sorted order).
+  g.a = act;
+  g.lda = in;
+  g.a_rows = nullptr;
+  g.a_row_div = 1;
+  g.w = p.w2;
+  g.epilogue = GroupedEpilogue::kStoreF32;
+  g.act = nullptr;
+  g.ldact = 0;
+  g.y = y;
+  g.ldy = hd;
+  M3_RETURN_IF_ERROR(launch_grouped_expert_gemm(g, stream));
   return launch_moe_combine_sorted(y, inv, p.topk_weights, p.shared, p.t, p.top_k, hd, p.out,
                                    stream);
 }

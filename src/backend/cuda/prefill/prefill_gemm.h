@@ -15,6 +15,12 @@
 // one GEMM per expert for down, then the weighted combine over the slots in ascending order
 // (the CPU backend's order) plus the optional shared-expert output.
 //
+// PrefillMoeKernel::kGroupedInLoop replaces the per-expert loop by two launches of the grouped
+// expert GEMM (moe/grouped_expert_gemm.h: NVFP4 / MXFP8 dequantised in the GEMM's main loop,
+// SwiGLU-OAI fused into the gate|up epilogue), driven by device-side counts: no host sync, so the
+// call can be captured in a CUDA graph. Weights it does not take (BF16, N or K not a multiple of
+// 128, other mma tilings) fall back to kDequantCublas.
+//
 // This header includes no CUDA header.
 #pragma once
 
@@ -58,6 +64,11 @@ struct PrefillLinearParams {
   bool accumulate = false;      // y += (float32 output only)
 };
 
+enum class PrefillMoeKernel : int {
+  kDequantCublas = 0,  // dequantise each active expert to bf16, one cuBLASLt GEMM per expert
+  kGroupedInLoop = 1,  // one grouped launch per matrix, dequantised in the main loop, no sync
+};
+
 // out[t] = Σ_s weight[t, s] · down_e(SwiGLU-OAI(gate_up_e(x[t]))) (+ shared[t]), e = ids[t, s].
 // Ids outside [0, E) contribute nothing.
 struct PrefillMoeParams {
@@ -70,10 +81,13 @@ struct PrefillMoeParams {
   float* out = nullptr;                  // [T, hidden]
   int64_t t = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0;
   float alpha = 1.702f, limit = 7.0f;
+  PrefillMoeKernel kernel = PrefillMoeKernel::kDequantCublas;
 };
 
 struct PrefillMoeStats {
-  int64_t active_experts = 0;  // experts dequantised and multiplied in the last moe() call
+  // Experts dequantised and multiplied in the last moe() call (kDequantCublas; the grouped
+  // kernel never reads the counts on the host and leaves 0).
+  int64_t active_experts = 0;
 };
 
 class PrefillGemm {
@@ -87,7 +101,8 @@ class PrefillGemm {
   PrefillGemm& operator=(const PrefillGemm&) = delete;
 
   Status linear(const PrefillLinearParams& p, CUstream_st* stream);
-  // Synchronises the stream once (the host needs the per-expert row counts).
+  // kDequantCublas synchronises the stream once (the host needs the per-expert row counts);
+  // kGroupedInLoop does not.
   Status moe(const PrefillMoeParams& p, CUstream_st* stream);
   PrefillMoeStats last_moe_stats() const { return moe_stats_; }
 
@@ -95,6 +110,7 @@ class PrefillGemm {
 
  private:
   PrefillGemm() = default;
+  Status moe_grouped(const PrefillMoeParams& p, CUstream_st* stream);
   std::unique_ptr<Impl> impl_;
   PrefillMoeStats moe_stats_;
 };

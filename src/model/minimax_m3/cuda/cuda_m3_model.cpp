@@ -753,6 +753,8 @@ struct CudaM3Model::Impl {
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
+      // The grouped in-loop kernel (no host sync); kDequantCublas is the previous path.
+      mp.kernel = cuda::PrefillMoeKernel::kGroupedInLoop;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
     }
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
