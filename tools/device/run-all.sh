@@ -8,13 +8,15 @@
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
 # step.log, step.tsv, sanitizer.log (7; table-before-sanitizer.txt stays only when the
 # call's limit cut the sanitizer).
-# Usage: run-all.sh [all|tests|bench|decode]. Everything at once can outlast one device command
+# Usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench]. Everything at once can outlast one device command
 # (10 minutes) when a kernel misbehaves: 'tests' (op tests, m3serve --device cuda, goldens,
 # sanitizer) and 'bench' (decode, decode step, prefill) fit one command each; 'decode' is the
-# decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only.
+# decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only;
+# 'prefill' the prefill kernels' and sampling's tests, 'prefill-bench' their benchmarks.
 set -uo pipefail
 PART=${1:-all}
-case "$PART" in all | tests | bench | decode) ;; *) echo "usage: run-all.sh [all|tests|bench|decode]" >&2; exit 2 ;; esac
+case "$PART" in all | tests | bench | decode | prefill | prefill-bench) ;;
+  *) echo "usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench]" >&2; exit 2 ;; esac
 # want P...: this run includes part P (decode = the decode-path tests and benchmarks only, ~5.5 min on an H200).
 want() {
   [ "$PART" = all ] && return 0
@@ -53,8 +55,8 @@ if want tests decode; then
   run_test moe_route_test 90
   run_test attention_inputs_test 90
   run_test embed_bf16_test 30
-  run_test sampling_test 60
 fi
+want tests decode prefill && run_test sampling_test 90
 
 run_bench() {
   local t0=$SECONDS
@@ -66,7 +68,7 @@ run_bench() {
 }
 want bench decode && run_bench
 # launch_sample's two kernels (one CTA per row, rows over many CTAs) at batch 1-8.
-if want bench decode; then
+if want bench decode prefill-bench; then
   t0=$SECONDS
   { echo "== sampling_bench"; timeout 60 "$B/sampling_bench" "$OUT/bench.tsv"; } >>"$OUT/bench.log" 2>&1
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' sampling_bench "$?" "$((SECONDS - t0))")")
@@ -103,11 +105,11 @@ want tests decode && run_test cuda_real_model_test 120
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
-if want tests; then
+if want tests prefill; then
   run_test prefill_gemm_test 150  # + the grouped expert GEMM's T=8K real-shape layer
   run_test prefill_attention_test 360  # the float64 CPU reference of 18 chunks takes ~3-4 min
 fi
-if want bench; then
+if want bench prefill-bench; then
   t0=$SECONDS
   echo "== cuda_prefill_bench" >>"$OUT/bench.log"
   timeout 150 "$B/cuda_prefill_bench" /tmp/prefill.tsv >/tmp/prefill.log 2>&1
