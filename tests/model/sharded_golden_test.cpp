@@ -61,7 +61,7 @@ TEST_P(ShardedGoldenTest, MatchesReference) {
     s.tokens = ids;
     s.block_table = table;
     for (int32_t i = 0; i < n; ++i) s.logits_rows.push_back(i);
-    std::vector<ForwardOutput> out = model.forward({s});
+    std::vector<ModelOutput> out = model.forward({s});
     ASSERT_FALSE(::testing::Test::HasFailure()) << tag;
     const std::vector<float>& logits = out[0].logits[0];
     ASSERT_EQ(static_cast<int64_t>(logits.size()), n * vocab) << tag;
@@ -85,11 +85,13 @@ TEST_P(ShardedGoldenTest, MatchesReference) {
       std::vector<int32_t> got = {
           ::m3::testing::argmax(std::span<const float>(logits.data() + (n - 1) * vocab, vocab))};
       int64_t pos = n;
+      std::vector<int32_t> next(1);
       while (got.size() < limit) {
-        s.tokens = {got.back()};
+        next[0] = got.back();
+        s.tokens = next;
         s.start_pos = pos++;
         s.logits_rows = {0};
-        std::vector<ForwardOutput> step = model.forward({s});
+        std::vector<ModelOutput> step = model.forward({s});
         ASSERT_FALSE(::testing::Test::HasFailure()) << tag;
         got.push_back(::m3::testing::argmax(std::span<const float>(step[0].logits[0])));
       }

@@ -49,8 +49,8 @@ struct ShardedModel {
   }
 
   // Runs `batch` on every rank at once; each rank's output.
-  std::vector<ForwardOutput> forward(const std::vector<ModelSlice>& batch) {
-    std::vector<ForwardOutput> outs(models.size());
+  std::vector<ModelOutput> forward(const std::vector<ModelSlice>& batch) {
+    std::vector<ModelOutput> outs(models.size());
     std::vector<Status> status(models.size());
     std::vector<std::thread> threads;
     for (size_t r = 0; r < models.size(); ++r) {
