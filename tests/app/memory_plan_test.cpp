@@ -232,7 +232,8 @@ TEST(MemoryPlan, AvailableHostMemoryFromMeminfo) {
 // the count of per-tensor NVFP4 global scales (4 bytes each, 3 tensors per expert held).
 TEST(MemoryPlan, FlashWeightBytesPerRankUnderExpertParallelism) {
   const MiniMaxM3Config c = flash();
-  const double one = static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 1));
+  const double one =
+      static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 1));
   const int64_t moe_layers = 57, experts = 128;
   for (int tp : {2, 4, 8}) {
     const int64_t tp_only = weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, tp, 1);
@@ -255,7 +256,8 @@ TEST(MemoryPlan, FlashWeightBytesPerRankUnderExpertParallelism) {
   // --ep 8 on 8 ranks: 16 whole experts of 3 x 3072 x 6144 NVFP4 per MoE layer per rank.
   const double expert_bytes = 3 * (3072.0 * 6144 * (0.5 + 1.0 / 16) + 4);
   const double routed_per_rank = moe_layers * 16 * expert_bytes;
-  const double per8 = static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 8, 8));
+  const double per8 =
+      static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 8, 8));
   EXPECT_GT(per8, routed_per_rank);
   // The rest (attention, dense and shared MLPs, vocabulary) is split 8 ways; the replicated KV
   // heads, router and norms add a little.

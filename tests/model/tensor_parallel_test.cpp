@@ -12,9 +12,9 @@
 // parallelism a token's routed experts are computed whole on their owner and weighted and summed
 // in the unsharded slot order on the token's rank, so only the all-reduce (routed sum, shared
 // expert's partial sums) reorders; with --tp 4 --ep 2 each expert's down projection is also summed
-// in two halves. A reordered sum of K float32 terms differs by at most ~K·2^-24 of the sum of their
-// magnitudes (Higham, ch. 3); in the bundled model that is ~1e-5 of the logits' scale per layer and
-// the six layers keep it below 1e-4 in practice. The bound, 2e-3 absolute on logits of magnitude
+// in two halves. A reordered sum of K float32 terms differs by at most ~K·2^-24 of the sum of
+// their magnitudes (Higham, ch. 3); in the bundled model that is ~1e-5 of the logits' scale per
+// layer and the six layers keep it below 1e-4 in practice. The bound, 2e-3 absolute on logits of magnitude
 // ~10, leaves a 20x margin and is 15x below the smallest top-1/top-2 margin the golden fixtures
 // record (0.03), so the argmax and the greedy tokens must be equal.
 #include <gtest/gtest.h>

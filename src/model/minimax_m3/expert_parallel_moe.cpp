@@ -93,7 +93,8 @@ Status expert_parallel_moe(Backend* be, const ParallelLayout& layout,
   DeviceBuffer<float> send_x(be, total_send * hd), recv_x(be, total_recv * hd);
   if (total_send > 0) be->gather_rows({p.x, rows_d.data(), send_x.data(), total_send, hd});
   be->synchronize();
-  const std::vector<int64_t> send_floats = scaled(send_pairs, hd), recv_floats = scaled(recv_pairs, hd);
+  const std::vector<int64_t> send_floats = scaled(send_pairs, hd);
+  const std::vector<int64_t> recv_floats = scaled(recv_pairs, hd);
   M3_RETURN_IF_ERROR(comm->all_to_all_v(send_x.data(), send_floats, recv_x.data(), recv_floats,
                                         comm::DataType::kF32));
 
@@ -101,7 +102,8 @@ Status expert_parallel_moe(Backend* be, const ParallelLayout& layout,
   // is the expert's own output; the weighting is the token's rank's.
   DeviceBuffer<float> expert_out(be, total_recv * hd), back(be, total_send * hd);
   if (total_recv > 0) {
-    DeviceBuffer<float> unit = upload(be, std::vector<float>(static_cast<size_t>(total_recv), 1.0f));
+    DeviceBuffer<float> unit =
+        upload(be, std::vector<float>(static_cast<size_t>(total_recv), 1.0f));
     be->moe_experts({recv_x.data(), p.w13, p.w2, recv_ids.data(), unit.data(), expert_out.data(),
                      total_recv, hd, p.inter, per_rank, 1, p.alpha, p.limit});
   }

@@ -1,6 +1,7 @@
 // The engine's ModelRunner over the float32 MiniMax-M3 model split over T CPU ranks
-// (tensor_parallel.h; tensor and expert parallelism) in this process: each rank has its own CPU backend, its slices of the
-// weights, its KV heads of every page and a Gloo communicator. forward() runs the step on every
+// (tensor_parallel.h: tensor and expert parallelism) in this process: each rank has its own CPU
+// backend, its slices and experts of the weights, its KV heads of every page and a Gloo
+// communicator. forward() runs the step on every
 // rank at once (rank 0 on the engine thread, the others on their own threads, which wait for the
 // next step in between) and returns rank 0's output; after each all-reduce every rank holds the
 // same hidden state, so rank 0's logits are the model's. A failing rank fails the step with its
