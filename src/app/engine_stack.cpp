@@ -22,6 +22,23 @@ namespace m3::app {
 
 namespace fs = std::filesystem;
 
+Result<RankLayout> resolve_rank_layout(int tp, int ep, bool enable_expert_parallel) {
+  RankLayout l{std::max(1, tp), std::max(1, ep)};
+  if (enable_expert_parallel) {
+    if (l.ep != 1 && l.ep != l.tp)
+      return invalid_argument("--enable-expert-parallel places the experts over all --tp " +
+                              std::to_string(l.tp) + " ranks; --ep " + std::to_string(l.ep) +
+                              " asks for another number (give one of the two)");
+    l.ep = l.tp;
+  }
+  if (l.ep > 1 && l.tp == 1) l.tp = l.ep;  // --ep N alone: N ranks, attention split over them too
+  if (l.tp % l.ep != 0)
+    return invalid_argument("--ep " + std::to_string(l.ep) + " must divide --tp " +
+                            std::to_string(l.tp) +
+                            ": the expert-parallel ranks are among the tensor-parallel ranks");
+  return l;
+}
+
 Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   EngineStackOptions o;
   // Features that are not built yet are refused, naming the flag, rather than ignored.
@@ -29,7 +46,6 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     return Status(StatusCode::kUnimplemented, flag + ": " + what + " is not supported yet");
   };
   if (f.dp != 1) return not_yet("--dp " + std::to_string(f.dp), "data-parallel attention");
-  if (f.ep != 1) return not_yet("--ep " + std::to_string(f.ep), "expert parallelism");
   if (!f.speculative_algorithm.empty()) {
     return not_yet("--speculative-algorithm " + f.speculative_algorithm, "speculative decoding");
   }
@@ -41,6 +57,8 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
                    "the host-memory KV tier");
   }
   o.tensor_parallel = f.tp;
+  o.expert_parallel = f.ep;
+  o.enable_expert_parallel = f.enable_expert_parallel;
   o.dummy_weights = f.load_format == "dummy";
   o.device = f.device;
   o.context_length = f.server.context_length;
@@ -87,12 +105,16 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
   }
 
-  const int tp = std::max(1, options.tensor_parallel);
+  M3_ASSIGN_OR_RETURN(const RankLayout layout,
+                      resolve_rank_layout(options.tensor_parallel, options.expert_parallel,
+                                          options.enable_expert_parallel));
+  const int tp = layout.tp, ep = layout.ep;
   if (tp > 1 && options.device == "cuda") {
     return Status(StatusCode::kUnimplemented,
-                  "--tp " + std::to_string(tp) +
-                      ": tensor parallelism on GPUs is not supported yet; CPU ranks are "
-                      "(--device cpu)");
+                  (ep > 1 ? "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
+                                ": tensor and expert parallelism"
+                          : "--tp " + std::to_string(tp) + ": tensor parallelism") +
+                      " on GPUs is not supported yet; CPU ranks are (--device cpu)");
   }
   // --device cuda: the real-shape kernels when the config fits them, else the float32 backend.
   bool real_shape = false;
@@ -117,7 +139,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       M3_ASSIGN_OR_RETURN(loaded.eos_token_ids, minimax_m3::read_generation_eos(model_path));
     }
     if (loaded.eos_token_ids.empty()) loaded.eos_token_ids = loaded.config.eos_token_ids;
-    if (tp > 1) M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(loaded.config, tp));
+    if (tp > 1) M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(loaded.config, tp, ep));
   } else {
     if (options.make_backend) {
       M3_ASSIGN_OR_RETURN(backend, options.make_backend(options.device == "cuda" ? "cuda" : "cpu",
@@ -169,7 +191,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.default_kv_cache_bytes = options.default_kv_cache_bytes;
   mem.kv_cache_bytes = options.kv_cache_bytes;
   // CPU ranks share this machine's memory: the plan counts all of them as one device.
-  mem.weight_bytes = weight_bytes_per_device(loaded.config, storage, tp) * tp;
+  const int64_t weight_bytes_per_rank = weight_bytes_per_device(loaded.config, storage, tp, ep);
+  mem.weight_bytes = weight_bytes_per_rank * tp;
   const int32_t max_running =
       options.max_running_requests > 0 ? options.max_running_requests : kDefaultMaxRunning;
   const int32_t chunk = options.chunked_prefill_size > 0
@@ -241,7 +264,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     const int cores = options.num_threads > 0 ? options.num_threads
                                               : static_cast<int>(std::thread::hardware_concurrency());
     M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create(
-                                    loaded.config, *loaded.weights, tp, std::max(1, cores / tp),
+                                    loaded.config, *loaded.weights, tp, ep, std::max(1, cores / tp),
                                     static_cast<int32_t>(plan.pages)));
   } else if (!measure) {
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
@@ -249,13 +272,19 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +
-                   format_bytes(mem.weight_bytes / tp) + (tp > 1 ? " per rank" : "") +
+                   format_bytes(weight_bytes_per_rank) + (tp > 1 ? " per rank" : "") +
                    " on the " + mem.device_name +
                    (real_shape ? " in those formats (real-shape CUDA kernels)"
                                : " as float32 (the reference path)"));
   report.push_back(tp > 1 ? "layout: " + std::to_string(tp) +
                                " CPU ranks in this process over Gloo (tp " + std::to_string(tp) +
-                               ", dp 1, ep 1)"
+                               ", dp 1, ep " + std::to_string(ep) + ")" +
+                               (ep > 1 ? "; routed experts: " +
+                                             std::to_string(loaded.config.num_local_experts / ep) +
+                                             " of " +
+                                             std::to_string(loaded.config.num_local_experts) +
+                                             " per rank, moved to by all-to-all"
+                                       : std::string())
                           : std::string("layout: 1 device (tp 1, dp 1, ep 1)"));
   report.push_back(std::string("KV cache: ") + (real_shape ? "bf16" : "float32") + ", " +
                    std::to_string(plan.pages) + " pages of " + std::to_string(page_size) +

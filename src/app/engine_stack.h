@@ -65,10 +65,23 @@ struct EngineStackOptions {
   // --tp: tensor-parallel ranks. On the CPU, ranks of this process over Gloo, sharing
   // num_threads; on the GPU not built yet (an error naming the flag).
   int32_t tensor_parallel = 1;
+  // --ep: expert-parallel ranks among them (resolve_rank_layout); --enable-expert-parallel: all.
+  int32_t expert_parallel = 1;
+  bool enable_expert_parallel = false;
   bool enable_prefix_cache = true;
   // EngineConfig::on_failure: the model cannot run any more steps (serve exits non-zero).
   std::function<void(const Status&)> on_failure;
 };
+
+// The world and the expert-parallel size the flags ask for, with SGLang's meaning: the expert-
+// parallel ranks are among the --tp ranks (ep divides tp). --ep N without --tp runs N ranks
+// (--tp N --ep N); --enable-expert-parallel (vLLM) sets ep to tp. invalid_argument names the
+// flags that do not fit together.
+struct RankLayout {
+  int tp = 1;
+  int ep = 1;
+};
+Result<RankLayout> resolve_rank_layout(int tp, int ep, bool enable_expert_parallel);
 
 // The engine options of `m3serve serve`'s config. Unsupported values (tp > 1, speculative
 // decoding) are errors naming the flag.

@@ -34,8 +34,10 @@ std::string fraction_text(double f) {
 
 }  // namespace
 
-int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks) {
+int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks,
+                                int ep) {
   ranks = std::max(1, ranks);
+  ep = std::clamp(ep, 1, ranks);
   const bool f32 = storage == WeightStorage::kFloat32;
   auto dense = [&](double n, double k) { return f32 ? 4.0 * n * k : mxfp8(n, k); };
   auto expert = [&](double n, double k) { return f32 ? 4.0 * n * k : nvfp4(n, k); };
@@ -57,12 +59,16 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage,
       continue;
     }
     total += plain(static_cast<double>(c.num_local_experts), h) + 4.0 * c.num_local_experts;
-    total += static_cast<double>(c.num_local_experts) / ranks * 3 *
-             expert(static_cast<double>(c.intermediate_size), h);
+    // E/ep experts, each split by its intermediate dimension over the ranks/ep ranks sharing them.
+    const double experts_held = static_cast<double>(c.num_local_experts) / ep;
+    const double inter_held = static_cast<double>(c.intermediate_size) / (ranks / ep);
+    total += experts_held * (2 * expert(inter_held, h) + expert(h, inter_held));
     const double shared = static_cast<double>(c.shared_intermediate_size * c.n_shared_experts);
     if (shared > 0) total += 3 * dense(shared / ranks, h);
   }
-  const double vocab_rows = static_cast<double>(c.vocab_size) / ranks;
+  // The GPU path splits the vocabulary rows (as SGLang); the float32 reference path keeps the
+  // embedding and the LM head whole on every rank.
+  const double vocab_rows = static_cast<double>(c.vocab_size) / (f32 ? 1 : ranks);
   total += plain(vocab_rows, h) * (c.tie_word_embeddings ? 1 : 2) + plain(1, h);
   return static_cast<int64_t>(std::ceil(total));
 }

@@ -21,13 +21,17 @@ enum class WeightStorage {
   kFloat32,            // the float32 reference path (CPU, or the float32 CUDA backend)
 };
 
-// Bytes of the text model's weights on one of `ranks` devices. Attention heads, MLP columns,
-// experts and the vocabulary rows of the embedding and head are split over the ranks (K/V and
-// index heads are replicated where there are fewer heads than ranks); norms, the router and the
-// index key projection are replicated. Checkpoint formats: MXFP8 1 + 1/32 bytes per element
-// (E4M3 codes and an E8M0 scale per 32), NVFP4 0.5 + 1/16 (E2M1 codes and an E4M3 scale per 16),
-// BF16 2.
-int64_t weight_bytes_per_device(const MiniMaxM3Config& cfg, WeightStorage storage, int ranks);
+// Bytes of the text model's weights on one of `ranks` devices (--tp) of which `ep` (--ep, dividing
+// ranks) are expert-parallel ranks (model/minimax_m3/tensor_parallel.h). Attention heads and MLP
+// columns are split over the ranks (K/V and index heads are replicated where there are fewer
+// heads than ranks); each rank holds E/ep routed experts, each with 1/(ranks/ep) of its
+// intermediate columns; norms, the router and the index key projection are replicated. The
+// vocabulary rows of the embedding and head are split on the GPU path and whole on every rank of
+// the float32 path. Checkpoint formats: MXFP8 1 + 1/32 bytes per element (E4M3 codes and an E8M0
+// scale per 32), NVFP4 0.5 + 1/16 (E2M1 codes and an E4M3 scale per 16) and a global scale per
+// tensor, BF16 2.
+int64_t weight_bytes_per_device(const MiniMaxM3Config& cfg, WeightStorage storage, int ranks,
+                                int ep = 1);
 
 // Bytes of one KV page (page_size tokens, every layer) on one of `ranks` devices: K and V of the
 // rank's KV heads in `kv_element_bytes` (2 bf16, 1 fp8, 4 the float32 path), the index keys of

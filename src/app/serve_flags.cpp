@@ -200,11 +200,14 @@ const std::vector<Flag>& flags() {
          f.enable_dp_attention = true;
          return Status::ok();
        }},
-      {"--ep", true, G::kParallel, "expert-parallel ranks (also --ep-size); only 1 today", "2",
-       INT_FLAG(ep, 1, 64)},
+      {"--ep", true, G::kParallel,
+       "expert-parallel ranks among the --tp ranks (also --ep-size; divides --tp; alone: --tp N): "
+       "routed experts placed whole, tokens moved by all-to-all; CPU ranks only",
+       "2", INT_FLAG(ep, 1, 64)},
       {"--ep-size", true, G::kParallel, nullptr, "2", INT_FLAG(ep, 1, 64)},
       {"--enable-expert-parallel", false, G::kParallel,
-       "vLLM's switch: experts split over the tensor-parallel ranks (--ep = --tp)", "",
+       "vLLM's switch: routed experts placed whole over the tensor-parallel ranks (--ep = --tp)",
+       "",
        [](ServeConfig& f, const std::string&) {
          f.enable_expert_parallel = true;
          return Status::ok();

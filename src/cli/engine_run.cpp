@@ -13,6 +13,8 @@ app::EngineStackOptions engine_options(const ModelCommandFlags& flags) {
   o.num_layers = flags.num_layers;
   o.num_threads = static_cast<int32_t>(flags.threads);
   o.tensor_parallel = static_cast<int32_t>(flags.tp);
+  o.expert_parallel = static_cast<int32_t>(flags.ep);
+  o.enable_expert_parallel = flags.enable_expert_parallel;
   o.chunked_prefill_size = static_cast<int32_t>(flags.prefill_chunk);  // 0: the whole prompt
   o.enable_prefix_cache = false;  // one request: nothing to share
   o.default_kv_cache_bytes = 0;   // exactly one request of the context length

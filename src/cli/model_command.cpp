@@ -91,7 +91,8 @@ bool parse_model_command_args(
     ModelCommandFlags* flags, int* rc) {
   static const char* kShared[] = {"--model-path",  "--prompt-ids", "--output-format",
                                   "--device",      "--threads",    "--prefill-chunk",
-                                  "--load-format", "--num-layers",  "--tp"};
+                                  "--load-format", "--num-layers",  "--tp",
+                                  "--ep"};
   auto is_one_of = [](const std::string& key, const auto& names) {
     for (const auto& k : names)
       if (key == k) return true;
@@ -103,6 +104,10 @@ bool parse_model_command_args(
       std::printf("%s", usage);
       *rc = 0;
       return false;
+    }
+    if (a == "--enable-expert-parallel") {  // vLLM's switch: --ep = --tp
+      flags->enable_expert_parallel = true;
+      continue;
     }
     if (is_one_of(a, switches)) {
       if ((*rc = extra(a, "")) != 0) return false;
@@ -140,15 +145,15 @@ bool parse_model_command_args(
       if ((*rc = load_rc) != 0) return false;
       continue;
     }
-    if (key == "--tp") {
+    if (key == "--tp" || key == "--ep") {
       int64_t n;
       if (!parse_int(v, &n) || n < 1 || n > 64) {
-        std::fprintf(stderr, "m3serve %s: --tp expects 1 to 64 ranks, got '%s'\n", command,
-                     v.c_str());
+        std::fprintf(stderr, "m3serve %s: %s expects 1 to 64 ranks, got '%s'\n", command,
+                     key.c_str(), v.c_str());
         *rc = 2;
         return false;
       }
-      flags->tp = n;
+      (key == "--tp" ? flags->tp : flags->ep) = n;
       continue;
     }
     if (key == "--threads" || key == "--prefill-chunk") {

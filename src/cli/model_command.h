@@ -17,6 +17,8 @@
   "  --threads N            CPU threads (default: all cores)\n"                               \
   "  --prefill-chunk N      prefill in chunks of N tokens (default: one chunk)\n"             \
   "  --tp N                 tensor-parallel ranks (CPU ranks in this process; default 1)\n"   \
+  "  --ep N                 expert-parallel ranks among them (divides --tp; alone: --tp N)\n" \
+  "  --enable-expert-parallel  experts placed whole over the --tp ranks (--ep = --tp)\n"     \
   "  --load-format FMT      auto | safetensors | dummy (random weights in the real storage\n" \
   "                         formats; --model-path optional: built-in MiniMax-M3.1-Flash "     \
   "config)\n"                                                                                 \
@@ -36,11 +38,14 @@ struct ModelCommandFlags {
   int64_t threads = 0;               // --threads; 0: all cores
   int64_t prefill_chunk = 0;         // --prefill-chunk; 0: one chunk
   int64_t tp = 1;                    // --tp: tensor-parallel ranks (CPU ranks with --device cpu)
+  int64_t ep = 1;                    // --ep: expert-parallel ranks among the --tp ranks
+  bool enable_expert_parallel = false;  // --enable-expert-parallel (vLLM): --ep = --tp
   bool have_prompt = false;
 };
 
 // Walks a model command's arguments: --help / -h prints `usage`; the shared flags (--model-path,
-// --prompt-ids, --output-format, --device, --threads, --prefill-chunk, --tp, --load-format,
+// --prompt-ids, --output-format, --device, --threads, --prefill-chunk, --tp, --ep,
+// --enable-expert-parallel, --load-format,
 // --num-layers; "--key value" or "--key=value") go into `flags`; the command's own `switches`
 // (no value, exact match) and `valued` flags go to extra(key, value) (value "" for a switch),
 // which returns 0 or, after printing its error, the exit code. Anything else is an error.

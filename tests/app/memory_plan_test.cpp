@@ -6,8 +6,11 @@
 
 #include <cmath>
 
+#include "loader/checkpoint.h"
 #include "model/minimax_m3/cuda/fit_check.h"
 #include "model/minimax_m3/dummy_weights.h"
+#include "model/minimax_m3/weights.h"
+#include "backend/cpu/cpu_backend.h"
 
 namespace m3::app {
 namespace {
@@ -221,6 +224,104 @@ TEST(MemoryPlan, AvailableHostMemoryFromMeminfo) {
   EXPECT_FALSE(available_host_memory("MemTotal: 1 kB\n").is_ok());
   EXPECT_TRUE(available_host_memory().is_ok()) << "this machine's /proc/meminfo";
   EXPECT_EQ(format_bytes(141'000'000'000), "141.0 GB");
+}
+
+// Weights per rank of M3.1-Flash under --tp 2/4/8 with --ep 1/2/4/8 (ep dividing tp), from the
+// config alone: every rank holds E/ep routed experts at 1/(tp/ep) of their intermediate width, so
+// the routed experts' payload per rank is 1/tp of the whole under any ep, and what ep changes is
+// the count of per-tensor NVFP4 global scales (4 bytes each, 3 tensors per expert held).
+TEST(MemoryPlan, FlashWeightBytesPerRankUnderExpertParallelism) {
+  const MiniMaxM3Config c = flash();
+  const double one =
+      static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 1));
+  const int64_t moe_layers = 57, experts = 128;
+  for (int tp : {2, 4, 8}) {
+    const int64_t tp_only = weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, tp, 1);
+    for (int ep : {2, 4, 8}) {
+      if (tp % ep != 0) continue;
+      const int64_t per = weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, tp, ep);
+      const int64_t scales_dropped = moe_layers * (experts - experts / ep) * 3 * 4;
+      EXPECT_NEAR(static_cast<double>(tp_only - per), static_cast<double>(scales_dropped), 2.0)
+          << "tp " << tp << " ep " << ep;
+      EXPECT_GT(static_cast<double>(per), one / tp) << tp << " " << ep;
+      EXPECT_LT(static_cast<double>(per), one / tp * 1.02) << tp << " " << ep;
+      // The float32 path: the same routed payload whatever ep (no per-tensor scales).
+      EXPECT_EQ(weight_bytes_per_device(c, WeightStorage::kFloat32, tp, ep),
+                weight_bytes_per_device(c, WeightStorage::kFloat32, tp, 1));
+      std::printf("[ %-40s ] --tp %d --ep %d: %s per rank (%lld routed experts each)\n",
+                  "memory plan M3.1-Flash weights", tp, ep, format_bytes(per).c_str(),
+                  static_cast<long long>(experts / ep));
+    }
+  }
+  // --ep 8 on 8 ranks: 16 whole experts of 3 x 3072 x 6144 NVFP4 per MoE layer per rank.
+  const double expert_bytes = 3 * (3072.0 * 6144 * (0.5 + 1.0 / 16) + 4);
+  const double routed_per_rank = moe_layers * 16 * expert_bytes;
+  const double per8 =
+      static_cast<double>(weight_bytes_per_device(c, WeightStorage::kCheckpointFormats, 8, 8));
+  EXPECT_GT(per8, routed_per_rank);
+  // The rest (attention, dense and shared MLPs, vocabulary) is split 8 ways; the replicated KV
+  // heads, router and norms add a little.
+  EXPECT_LT(per8 - routed_per_rank, (one - moe_layers * experts * expert_bytes) / 8 * 1.1);
+}
+
+// Sum of the weight buffers the float32 loader holds for one rank.
+int64_t loaded_bytes(const minimax_m3::ModelWeights& w) {
+  int64_t n = w.embed.size() + w.final_norm.size() + w.lm_head.size();
+  for (const minimax_m3::LayerWeights& l : w.layers) {
+    for (const DeviceBuffer<float>* b :
+         {&l.input_norm, &l.post_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.q_norm, &l.k_norm, &l.wiq,
+          &l.wik, &l.iq_norm, &l.ik_norm, &l.mlp_w13, &l.mlp_w2, &l.router, &l.router_bias,
+          &l.shared_w13, &l.shared_w2})
+      n += b->size();
+    for (const auto& e : l.expert_w13) n += e.size();
+    for (const auto& e : l.expert_w2) n += e.size();
+  }
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+// The float32 plan per rank is what the loader holds on every rank of the bundled model, under
+// tensor and expert parallelism, and the loader reads only the rank's experts.
+TEST(MemoryPlan, Float32WeightsPerRankAreWhatTheLoaderHolds) {
+  const std::string dir = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
+  auto cfg = load_minimax_m3_config(dir);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  // Records the names read.
+  struct Recording final : WeightSource {
+    const WeightSource& inner;
+    mutable std::vector<std::string> read;
+    explicit Recording(const WeightSource& s) : inner(s) {}
+    bool has(const std::string& n) const override { return inner.has(n); }
+    Result<WeightFormat> format(const std::string& n) const override { return inner.format(n); }
+    Result<HostTensorF32> load_f32(const std::string& n,
+                                   const std::vector<int64_t>& shape) const override {
+      read.push_back(n);
+      return inner.load_f32(n, shape);
+    }
+    std::vector<std::string> names() const override { return inner.names(); }
+  };
+  const int64_t experts = cfg->num_local_experts;
+  for (auto [tp, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {4, 1}, {2, 2}, {4, 4},
+                                                        {4, 2}, {8, 8}}) {
+    for (int rank : {0, tp - 1}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " ep " + std::to_string(ep) + " rank " +
+                   std::to_string(rank));
+      CpuBackend backend(1);
+      Recording src(**ckpt);
+      auto w = minimax_m3::load_weights(src, *cfg, &backend, {rank, tp, nullptr, ep});
+      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+      EXPECT_EQ(loaded_bytes(*w), weight_bytes_per_device(*cfg, WeightStorage::kFloat32, tp, ep));
+      const int64_t begin = rank / (tp / ep) * (experts / ep), end = begin + experts / ep;
+      for (const std::string& n : src.read) {
+        const size_t at = n.find(".experts.");
+        if (at == std::string::npos) continue;
+        const int64_t e = std::stoll(n.substr(at + 9));
+        EXPECT_TRUE(e >= begin && e < end) << n << " read on a rank holding experts [" << begin
+                                           << ", " << end << ")";
+      }
+    }
+  }
 }
 
 }  // namespace

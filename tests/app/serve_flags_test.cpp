@@ -183,7 +183,6 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--speculative-algorithm", "DSPARK"}, "--speculative-algorithm DSPARK"},
            {{"--dp", "2"}, "--dp 2"},
-           {{"--ep", "8"}, "--ep 8"},
            {{"--kv-cache-dtype", "fp8_e4m3"}, "--kv-cache-dtype fp8_e4m3"},
            {{"--enable-hierarchical-cache"}, "--enable-hierarchical-cache"}}) {
     auto g = parse_serve_flags(flags);
@@ -193,6 +192,13 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_EQ(o.status().code(), StatusCode::kUnimplemented);
     EXPECT_NE(o.status().message().find(named), std::string::npos) << o.status().message();
   }
+  // --ep takes effect (CPU ranks): SGLang's meaning, the expert-parallel ranks among --tp's.
+  auto e = parse_serve_flags({"--tp", "4", "--ep", "2"});
+  ASSERT_TRUE(e.is_ok());
+  auto eo = options_from_config(e->config);
+  ASSERT_TRUE(eo.is_ok()) << eo.status().message();
+  EXPECT_EQ(eo->tensor_parallel, 4);
+  EXPECT_EQ(eo->expert_parallel, 2);
   // vLLM's names mean the same.
   auto v = parse_serve_flags({"--tensor-parallel-size", "2", "--max-model-len", "4096",
                               "--gpu-memory-utilization", "0.9", "--block-size", "128"});
@@ -201,6 +207,31 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   EXPECT_EQ(v->config.server.context_length, 4096);
   EXPECT_DOUBLE_EQ(v->config.mem_fraction_static, 0.9);
   EXPECT_FALSE(parse_serve_flags({"--block-size", "16"}).is_ok());
+}
+
+TEST(ServeFlags, RankLayoutFollowsSglang) {
+  auto layout = [](int tp, int ep, bool all) { return resolve_rank_layout(tp, ep, all); };
+  auto tp_ep = [&](int tp, int ep, bool all) {
+    auto l = layout(tp, ep, all);
+    EXPECT_TRUE(l.is_ok()) << l.status().message();
+    return l.is_ok() ? std::pair<int, int>{l->tp, l->ep} : std::pair<int, int>{0, 0};
+  };
+  EXPECT_EQ(tp_ep(1, 1, false), (std::pair<int, int>{1, 1}));
+  EXPECT_EQ(tp_ep(4, 1, false), (std::pair<int, int>{4, 1}));
+  EXPECT_EQ(tp_ep(2, 2, false), (std::pair<int, int>{2, 2}));
+  EXPECT_EQ(tp_ep(4, 2, false), (std::pair<int, int>{4, 2}));  // experts split 2 ways inside
+  EXPECT_EQ(tp_ep(1, 4, false), (std::pair<int, int>{4, 4}));  // --ep alone: that many ranks
+  EXPECT_EQ(tp_ep(8, 1, true), (std::pair<int, int>{8, 8}));   // vLLM's switch
+  EXPECT_EQ(tp_ep(8, 8, true), (std::pair<int, int>{8, 8}));
+  EXPECT_EQ(tp_ep(1, 1, true), (std::pair<int, int>{1, 1}));
+  auto bad = layout(4, 3, false);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--ep 3 must divide --tp 4"), std::string::npos)
+      << bad.status().message();
+  auto clash = layout(8, 2, true);
+  ASSERT_FALSE(clash.is_ok());
+  EXPECT_NE(clash.status().message().find("--enable-expert-parallel"), std::string::npos);
+  EXPECT_NE(clash.status().message().find("--ep 2"), std::string::npos);
 }
 
 }  // namespace

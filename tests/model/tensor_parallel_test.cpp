@@ -1,20 +1,28 @@
-// Tensor parallelism of the float32 model on CPU ranks (model/minimax_m3/tensor_parallel.h): the
-// bundled model split over 2 ranks (one KV head each) and 4 ranks (each KV head on two ranks)
-// against the unsharded model, for a prefill long enough that MSA block selection is active and
-// then greedy decode steps. Every rank runs on its own thread with its own CPU backend, KV cache
-// and Gloo communicator.
+// Tensor and expert parallelism of the float32 model on CPU ranks (model/minimax_m3/
+// tensor_parallel.h, expert_parallel_moe.h): the bundled model (8 query heads, 2 KV heads, 8
+// routed experts) split over 2 ranks (one KV head each), 4 ranks (each KV head on two ranks), with
+// the experts placed whole over 2 and 4 ranks (--ep 2 = --tp 2 --ep 2, --ep 4), and over 2 of 4
+// ranks with each expert halved by its intermediate dimension (--tp 4 --ep 2), against the
+// unsharded model, for a prefill long enough that MSA block selection is active and then greedy
+// decode steps. Every rank runs on its own thread with its own CPU backend, KV cache and Gloo
+// communicator.
 //
 // Tolerance: sharding changes only the order of float32 sums: each rank sums its heads' (or
-// intermediate columns') products, and the all-reduce adds the T partial sums. A reordered sum of
-// K float32 terms differs by at most ~K·2^-24 of the sum of their magnitudes (Higham, ch. 3); in
-// the bundled model that is ~1e-5 of the logits' scale per layer and the six layers keep it below
-// 1e-4 in practice. The bound, 2e-3 absolute on logits of magnitude ~10, leaves a 20x margin and
-// is 15x below the smallest top-1/top-2 margin the golden fixtures record (0.03), so the argmax
-// and the greedy tokens must be equal.
+// intermediate columns') products, and the all-reduce adds the T partial sums. Under expert
+// parallelism a token's routed experts are computed whole on their owner and weighted and summed
+// in the unsharded slot order on the token's rank, so only the all-reduce (routed sum, shared
+// expert's partial sums) reorders; with --tp 4 --ep 2 each expert's down projection is also summed
+// in two halves. A reordered sum of K float32 terms differs by at most ~K·2^-24 of the sum of
+// their magnitudes (Higham, ch. 3); in the bundled model that is ~1e-5 of the logits' scale per
+// layer and the six layers keep it below 1e-4 in practice. The bound, 2e-3 absolute on logits of magnitude
+// ~10, leaves a 20x margin and is 15x below the smallest top-1/top-2 margin the golden fixtures
+// record (0.03), so the argmax and the greedy tokens must be equal.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <thread>
+
+#include "sharded_ranks.h"
 
 #include "backend/comm/gloo_communicator.h"
 #include "backend/cpu/cpu_backend.h"
@@ -29,36 +37,17 @@ namespace {
 const std::string kModel = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
 constexpr float kTolerance = 2e-3f;
 
-struct Rank {
-  std::unique_ptr<CpuBackend> backend;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<PagedKvCache> cache;
-};
-
-// Runs `step` on every rank at once (the collectives need all of them) and returns each rank's
-// output.
-std::vector<ForwardOutput> run_all(std::vector<Rank>& ranks, const std::vector<ModelSlice>& batch) {
-  std::vector<ForwardOutput> outs(ranks.size());
-  std::vector<Status> status(ranks.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    threads.emplace_back([&, r] {
-      status[r] = ranks[r].model->forward(batch, ranks[r].cache.get(), &outs[r]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const Status& s : status) EXPECT_TRUE(s.is_ok()) << s.to_string();
-  return outs;
-}
-
 int32_t argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
-class TensorParallelCpu : public ::testing::TestWithParam<int> {};
+using testing::Layout;
+
+class TensorParallelCpu : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(TensorParallelCpu, ShardedEqualsUnsharded) {
-  const int tp = GetParam();
+  const Layout layout = GetParam();
+  const int tp = layout.tp;
   auto cfg = load_minimax_m3_config(kModel);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   auto ckpt = Checkpoint::open(kModel);
@@ -75,18 +64,11 @@ TEST_P(TensorParallelCpu, ShardedEqualsUnsharded) {
   PagedKvCache ref_cache(&ref_backend, (*ref)->config(), pages);
 
   // The ranks.
-  auto group = comm::create_local_gloo_group(tp);
-  ASSERT_TRUE(group.is_ok()) << group.status().to_string();
-  std::vector<Rank> ranks(static_cast<size_t>(tp));
-  for (int r = 0; r < tp; ++r) {
-    Rank& k = ranks[static_cast<size_t>(r)];
-    k.backend = std::make_unique<CpuBackend>(1);
-    auto m = Model::load(*cfg, **ckpt, k.backend.get(), {r, tp, (*group)[static_cast<size_t>(r)].get()});
-    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-    k.model = std::move(m).value();
-    EXPECT_EQ(k.model->config().num_attention_heads, cfg->num_attention_heads / tp);
-    k.cache = std::make_unique<PagedKvCache>(k.backend.get(), k.model->config(), pages);
-  }
+  testing::ShardedModel ranks;
+  const Status loaded = ranks.load(*cfg, **ckpt, layout, pages);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.to_string();
+  for (const auto& m : ranks.models)
+    EXPECT_EQ(m->config().num_attention_heads, cfg->num_attention_heads / tp);
 
   std::vector<int32_t> prompt;
   for (int64_t i = 0; i < prompt_len; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
@@ -105,7 +87,7 @@ TEST_P(TensorParallelCpu, ShardedEqualsUnsharded) {
   for (int step = 0; step < 9; ++step) {
     ForwardOutput want;
     ASSERT_TRUE((*ref)->forward(std::vector<ModelSlice>{s}, &ref_cache, &want).is_ok());
-    std::vector<ForwardOutput> got = run_all(ranks, {s});
+    std::vector<ForwardOutput> got = ranks.forward({s});
     const std::vector<float>& w = want.logits[0];
     for (int r = 0; r < tp; ++r) {
       ASSERT_EQ(got[static_cast<size_t>(r)].logits[0].size(), w.size());
@@ -130,12 +112,15 @@ TEST_P(TensorParallelCpu, ShardedEqualsUnsharded) {
     s.logits_rows = {0};
   }
   EXPECT_LE(worst, kTolerance);
-  std::printf("[ %-40s ] --tp %d: %lld prompt tokens + 8 decode steps, worst |logit diff| %.3g "
-              "(bound %.3g)\n", "tensor parallel on CPU ranks", tp, (long long)prompt_len,
-              worst, kTolerance);
+  std::printf("[ %-40s ] --tp %d --ep %d: %lld prompt tokens + 8 decode steps, worst |logit "
+              "diff| %.3g (bound %.3g)\n", "tensor/expert parallel on CPU ranks", tp, layout.ep,
+              (long long)prompt_len, worst, kTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelCpu, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelCpu,
+                         ::testing::Values(Layout{2, 1}, Layout{4, 1}, Layout{2, 2}, Layout{4, 4},
+                                           Layout{4, 2}),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {
   auto cfg = load_minimax_m3_config(kModel);
@@ -152,6 +137,43 @@ TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {
   EXPECT_EQ(r5.kv_begin, 2);  // query heads 40-47 belong to KV group 40 / 16 = 2
   EXPECT_EQ(r5.kv_count, 1);
   EXPECT_EQ(rank_config(flash, 5, 8).intermediate_size, 3072 / 8);
+}
+
+// SGLang's layout: the expert-parallel ranks are among the tensor-parallel ones; rank r is
+// expert-parallel rank r / (tp/ep) and moe-tp rank r % (tp/ep).
+TEST(ExpertParallel, PlacementAndErrorsNameTheFlags) {
+  MiniMaxM3Config flash;  // M3.1-Flash: 128 experts of intermediate 3072
+  EXPECT_TRUE(check_tensor_parallel(flash, 8, 8).is_ok());
+  EXPECT_TRUE(check_tensor_parallel(flash, 8, 2).is_ok());
+  const Status not_dividing = check_tensor_parallel(flash, 4, 8);
+  EXPECT_EQ(not_dividing.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(not_dividing.message().find("--ep 8 must divide --tp 4"), std::string::npos)
+      << not_dividing.message();
+  MiniMaxM3Config six = flash;
+  six.num_local_experts = 6;
+  const Status experts = check_tensor_parallel(six, 4, 4);
+  EXPECT_NE(experts.message().find("--ep 4: num_local_experts (6)"), std::string::npos)
+      << experts.message();
+  // --tp 8 --ep 8: rank 5 holds experts 80-95 whole.
+  const RankSlices e8 = rank_slices(flash, 5, 8, 8);
+  EXPECT_EQ(e8.expert_begin, 80);
+  EXPECT_EQ(e8.expert_count, 16);
+  EXPECT_EQ(e8.inter_begin, 0);
+  EXPECT_EQ(e8.inter_count, 3072);
+  EXPECT_EQ(e8.q_begin, 40);  // attention is split over the 8 ranks as without --ep
+  EXPECT_EQ(rank_config(flash, 5, 8, 8).intermediate_size, 3072);
+  EXPECT_EQ(rank_config(flash, 5, 8, 8).num_local_experts, 128);  // the router scores all
+  // --tp 8 --ep 2: rank 5 is expert-parallel rank 1 (experts 64-127), moe-tp rank 1 of 4.
+  const RankSlices e2 = rank_slices(flash, 5, 8, 2);
+  EXPECT_EQ(e2.expert_begin, 64);
+  EXPECT_EQ(e2.expert_count, 64);
+  EXPECT_EQ(e2.inter_begin, 768);
+  EXPECT_EQ(e2.inter_count, 768);
+  // Without --ep every rank holds every expert's 1/tp slice.
+  const RankSlices t8 = rank_slices(flash, 5, 8);
+  EXPECT_EQ(t8.expert_begin, 0);
+  EXPECT_EQ(t8.expert_count, 128);
+  EXPECT_EQ(t8.inter_begin, 5 * 384);
 }
 
 }  // namespace

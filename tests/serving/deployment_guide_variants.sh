@@ -2,9 +2,8 @@
 # The deployment guide's other command lines on the CPU with the bundled m3-tiny: the offline
 # variant (HF_HUB_OFFLINE=1, a local folder, no --revision) and vLLM's spellings reach "ready"
 # with /health 200 and a note for each flag that changes nothing here; the HiCache and H200
-# variants' --tp 8 serves on eight CPU ranks; their flags whose features are not built yet (--dp 2
-# with DP attention, --ep,
-# --kv-cache-dtype fp8_e4m3, the host KV tier) are refused at startup naming the flag, and a
+# variants' --tp 8 and --ep 8 serve on eight CPU ranks; their flags whose features are not built
+# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3, the host KV tier) are refused at startup naming the flag, and a
 # --context-length beyond the model's maximum fails naming both numbers.
 # Usage: deployment_guide_variants.sh <m3serve binary>
 set -euo pipefail
@@ -87,6 +86,12 @@ grep -q "ready: serving '$WORK/models/MiniMax-M3.1-Flash'" "$WORK/log" ||
 serves "H200 --tp 8" -- "${COMMON[@]}" --model-path "$WORK/models/MiniMax-M3.1-Flash" \
   --tp 8 --context-length 1024
 grep -q "layout: 8 CPU ranks" "$WORK/log" || fail "--tp 8: no 8-rank layout in the report"
+# --ep 8 alone: eight ranks, one routed expert of m3-tiny's eight on each.
+serves "--ep 8" -- "${COMMON[@]}" --model-path "$WORK/models/MiniMax-M3.1-Flash" \
+  --ep 8 --context-length 1024
+grep -q "(tp 8, dp 1, ep 8); routed experts: 1 of 8 per rank" "$WORK/log" ||
+  fail "--ep 8: no expert-parallel layout in the report"
+grep -q "weights: .* per rank on the CPU" "$WORK/log" || fail "--ep 8: no weights per rank"
 
 # vLLM's spellings of the same.
 serves "vLLM flags" --enable-expert-parallel --block-size -- \
@@ -100,6 +105,5 @@ refused "HiCache" 2 "--enable-hierarchical-cache" -- "${COMMON[@]}" "${M[@]}" \
   --enable-hierarchical-cache --hicache-size 64
 refused "fp8 KV" 2 "--kv-cache-dtype fp8_e4m3" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3
 refused "DP attention" 2 "--dp 2" -- "${COMMON[@]}" "${M[@]}" --tp 1 --enable-dp-attention --dp 2
-refused "expert parallel" 2 "--ep 8" -- "${COMMON[@]}" "${M[@]}" --ep 8
 refused "H200 context" 1 "--context-length 140000 exceeds the model's max_position_embeddings 4096" \
   -- "${COMMON[@]}" "${M[@]}" --context-length 140000

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "model/minimax_m3/expert_parallel_moe.h"
+
 namespace m3::minimax_m3 {
 namespace {
 
@@ -16,7 +18,7 @@ DeviceBuffer<T> upload(Backend* be, const std::vector<T>& host) {
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                           Backend* backend, const TensorParallel& tp) {
+                                           Backend* backend, const ParallelLayout& tp) {
   if (tp.ranks > 1) {
     if (tp.comm == nullptr || tp.comm->size() != tp.ranks || tp.comm->rank() != tp.rank)
       return invalid_argument("[model.minimax_m3] tensor-parallel rank " +
@@ -48,8 +50,8 @@ Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const Wei
   }
   if (cfg.num_experts_per_tok > cfg.num_local_experts)
     return invalid_argument("[model.minimax_m3] num_experts_per_tok > num_local_experts");
-  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks));
-  const MiniMaxM3Config local = tp.ranks > 1 ? rank_config(cfg, tp.rank, tp.ranks) : cfg;
+  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks, tp.ep));
+  const MiniMaxM3Config local = tp.ranks > 1 ? rank_config(cfg, tp.rank, tp.ranks, tp.ep) : cfg;
   std::unique_ptr<Model> m(new Model(local, backend, tp));
   M3_ASSIGN_OR_RETURN(m->w_, load_weights(src, cfg, backend, tp));
   return m;
@@ -224,12 +226,21 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
       dense_mlp(h.data(), lw.mlp_w13, lw.mlp_w2, c.dense_intermediate_size, y.data());
     } else {
       const int64_t ne = c.num_local_experts, kk = c.num_experts_per_tok;
-      be->linear({h.data(), lw.router.data(), router_logits.data(), t_all, ne, hd, false});
-      be->router_topk({router_logits.data(), lw.router_bias.data(), topk_ids.data(),
-                       topk_w.data(), t_all, ne, kk, static_cast<float>(c.routed_scaling_factor)});
-      be->moe_experts({h.data(), lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(),
-                       topk_ids.data(), topk_w.data(), y.data(), t_all, hd, c.intermediate_size,
-                       ne, kk, alpha, limit});
+      const float scaling = static_cast<float>(c.routed_scaling_factor);
+      if (tp_.ep > 1) {
+        // Experts placed over the expert-parallel ranks: tokens go to them by all-to-all.
+        M3_RETURN_IF_ERROR(expert_parallel_moe(
+            be, tp_, {h.data(), lw.router.data(), lw.router_bias.data(),
+                      lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(), y.data(), t_all, hd,
+                      c.intermediate_size, ne, kk, scaling, alpha, limit}));
+      } else {
+        be->linear({h.data(), lw.router.data(), router_logits.data(), t_all, ne, hd, false});
+        be->router_topk({router_logits.data(), lw.router_bias.data(), topk_ids.data(),
+                         topk_w.data(), t_all, ne, kk, scaling});
+        be->moe_experts({h.data(), lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(),
+                         topk_ids.data(), topk_w.data(), y.data(), t_all, hd,
+                         c.intermediate_size, ne, kk, alpha, limit});
+      }
       if (lw.shared_inter > 0) {
         // The shared expert is always on and unscaled; HF adds it after the routed sum.
         dense_mlp(h.data(), lw.shared_w13, lw.shared_w2, lw.shared_inter, shared.data());

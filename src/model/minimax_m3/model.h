@@ -29,10 +29,11 @@ class Model {
   // Loads weights (float32) onto `backend` (not owned; must outlive the model). With
   // tp.ranks > 1 this is rank tp.rank's part (tensor_parallel.h): config() is then the rank's
   // (its heads and widths, which its KV cache is made for), forward() all-reduces the partial
-  // sums through tp.comm, and every rank must run the same steps. The backend's buffers must be
+  // sums through tp.comm (and with tp.ep > 1 moves tokens to their experts by all-to-all,
+  // expert_parallel_moe.h), and every rank must run the same steps. The backend's buffers must be
   // host memory for the communicator (the CPU backend).
   static Result<std::unique_ptr<Model>> load(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                             Backend* backend, const TensorParallel& tp = {});
+                                             Backend* backend, const ParallelLayout& tp = {});
 
   const MiniMaxM3Config& config() const { return cfg_; }
   Backend* backend() const { return backend_; }
@@ -48,14 +49,14 @@ class Model {
                  std::span<const int32_t> capture_layers = {});
 
  private:
-  Model(const MiniMaxM3Config& cfg, Backend* backend, const TensorParallel& tp)
+  Model(const MiniMaxM3Config& cfg, Backend* backend, const ParallelLayout& tp)
       : cfg_(cfg), backend_(backend), tp_(tp) {}
   // Sums a rank's partial hidden states [n] over the ranks (nothing with one rank).
   Status all_reduce(float* partial, int64_t n);
 
   MiniMaxM3Config cfg_;
   Backend* backend_;
-  TensorParallel tp_;
+  ParallelLayout tp_;
   ModelWeights w_;
 };
 

@@ -4,27 +4,38 @@
 
 namespace m3::minimax_m3 {
 
-Status check_tensor_parallel(const MiniMaxM3Config& c, int ranks) {
+Status check_tensor_parallel(const MiniMaxM3Config& c, int ranks, int ep) {
   if (ranks < 1) return invalid_argument("--tp " + std::to_string(ranks) + " must be at least 1");
-  auto divides = [&](int64_t n, const char* what) -> Status {
-    if (n % ranks != 0)
-      return invalid_argument("--tp " + std::to_string(ranks) + ": " + what + " (" +
-                              std::to_string(n) + ") does not split evenly over the ranks");
+  const std::string tp_flag = "--tp " + std::to_string(ranks);
+  const std::string ep_flag = "--ep " + std::to_string(ep);
+  if (ep < 1) return invalid_argument(ep_flag + " must be at least 1");
+  if (ranks % ep != 0)
+    return invalid_argument(ep_flag + " must divide " + tp_flag +
+                            ": the expert-parallel ranks are tensor-parallel ranks (as in SGLang)");
+  if (c.num_local_experts % ep != 0)
+    return invalid_argument(ep_flag + ": num_local_experts (" +
+                            std::to_string(c.num_local_experts) +
+                            ") does not split evenly over the expert-parallel ranks");
+  auto divides = [&](int64_t n, int64_t by, const std::string& flag, const char* what) -> Status {
+    if (n % by != 0)
+      return invalid_argument(flag + ": " + what + " (" + std::to_string(n) +
+                              ") does not split evenly over " + std::to_string(by) + " ranks");
     return Status::ok();
   };
-  M3_RETURN_IF_ERROR(divides(c.num_attention_heads, "num_attention_heads"));
-  M3_RETURN_IF_ERROR(divides(c.intermediate_size, "intermediate_size"));
-  M3_RETURN_IF_ERROR(divides(c.dense_intermediate_size, "dense_intermediate_size"));
-  M3_RETURN_IF_ERROR(divides(c.shared_intermediate_size, "shared_intermediate_size"));
+  M3_RETURN_IF_ERROR(divides(c.num_attention_heads, ranks, tp_flag, "num_attention_heads"));
+  M3_RETURN_IF_ERROR(divides(c.intermediate_size, ranks / ep,
+                             ep > 1 ? tp_flag + " " + ep_flag : tp_flag, "intermediate_size"));
+  M3_RETURN_IF_ERROR(divides(c.dense_intermediate_size, ranks, tp_flag, "dense_intermediate_size"));
+  M3_RETURN_IF_ERROR(
+      divides(c.shared_intermediate_size, ranks, tp_flag, "shared_intermediate_size"));
   const int64_t kv = c.num_key_value_heads;
   if (kv % ranks != 0 && ranks % kv != 0)
-    return invalid_argument("--tp " + std::to_string(ranks) + ": num_key_value_heads (" +
-                            std::to_string(kv) +
+    return invalid_argument(tp_flag + ": num_key_value_heads (" + std::to_string(kv) +
                             ") must be a multiple of the ranks, or the ranks of it");
   return Status::ok();
 }
 
-RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks) {
+RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks, int ep) {
   RankSlices s;
   s.q_count = c.num_attention_heads / ranks;
   s.q_begin = rank * s.q_count;
@@ -36,8 +47,11 @@ RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks) {
     s.kv_count = 1;
     s.kv_begin = s.q_begin / (c.num_attention_heads / kv);
   }
-  s.inter_count = c.intermediate_size / ranks;
-  s.inter_begin = rank * s.inter_count;
+  const ParallelLayout layout{rank, ranks, nullptr, ep};
+  s.expert_count = c.num_local_experts / ep;
+  s.expert_begin = layout.ep_rank() * s.expert_count;
+  s.inter_count = c.intermediate_size / layout.moe_tp();
+  s.inter_begin = layout.moe_tp_rank() * s.inter_count;
   s.dense_count = c.dense_intermediate_size / ranks;
   s.dense_begin = rank * s.dense_count;
   s.shared_count = c.shared_intermediate_size * c.n_shared_experts / ranks;
@@ -45,8 +59,8 @@ RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks) {
   return s;
 }
 
-MiniMaxM3Config rank_config(const MiniMaxM3Config& c, int rank, int ranks) {
-  const RankSlices s = rank_slices(c, rank, ranks);
+MiniMaxM3Config rank_config(const MiniMaxM3Config& c, int rank, int ranks, int ep) {
+  const RankSlices s = rank_slices(c, rank, ranks, ep);
   MiniMaxM3Config r = c;
   r.num_attention_heads = s.q_count;
   r.num_key_value_heads = s.kv_count;

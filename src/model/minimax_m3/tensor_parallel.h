@@ -1,10 +1,20 @@
-// Tensor parallelism of the MiniMax-M3 model on CPU or GPU ranks, as SGLang's --tp splits it:
-// rank r of T holds the query heads [r·H/T, (r+1)·H/T) with their KV and index heads (KV heads
-// are replicated where T exceeds them: T/Hkv ranks share one), a 1/T slice of every dense MLP's,
-// shared expert's and routed expert's intermediate dimension, and whole copies of the norms, the
-// router, the index key projection, the embedding and the LM head. Each rank's attention output
-// projection and feed-forward block produce a partial sum of the hidden state, all-reduced over
-// the ranks (backend/comm/communicator.h).
+// Tensor and expert parallelism of the MiniMax-M3 model on CPU or GPU ranks, with SGLang's
+// meaning of --tp and --ep: the world is the tp ranks, and the expert-parallel group lives inside
+// them (ep divides tp).
+//
+// Tensor parallelism: rank r of T holds the query heads [r·H/T, (r+1)·H/T) with their KV and
+// index heads (KV heads are replicated where T exceeds them: T/Hkv ranks share one), a 1/T slice
+// of every dense MLP's and shared expert's intermediate dimension, and whole copies of the norms,
+// the router, the index key projection, the embedding and the LM head. Each rank's attention
+// output projection and feed-forward block produce a partial sum of the hidden state, all-reduced
+// over the ranks (backend/comm/communicator.h).
+//
+// Routed experts: with ep = 1 every routed expert is split by its intermediate dimension over the
+// T ranks (which keeps batch 1 balanced). With ep > 1, rank r is expert-parallel rank
+// r / (T/ep) and holds the experts [e·E/ep, (e+1)·E/ep) of that rank e whole, or, where T > ep,
+// split by their intermediate dimension over the T/ep ranks that share them (moe-tp rank
+// r % (T/ep)), as SGLang's moe_ep_rank / moe_tp_rank. Tokens reach their experts by all-to-all
+// (expert_parallel_moe.h).
 //
 // A rank runs the unchanged model code on its local shapes: rank_config() is the model config
 // as the rank sees it (its heads and intermediate sizes), and the loader takes the rank's slices.
@@ -18,27 +28,36 @@
 
 namespace m3::minimax_m3 {
 
-struct TensorParallel {
+struct ParallelLayout {
   int rank = 0;
-  int ranks = 1;
+  int ranks = 1;                       // --tp: every rank of the group
   comm::Communicator* comm = nullptr;  // required when ranks > 1; not owned
+  int ep = 1;                          // --ep: divides ranks
+
+  // Ranks that share one expert-parallel rank's experts (each holding a 1/moe_tp slice of them).
+  int moe_tp() const { return ranks / ep; }
+  int ep_rank() const { return rank / moe_tp(); }
+  int moe_tp_rank() const { return rank % moe_tp(); }
 };
 
-// What rank `rank` of `ranks` holds, in units of heads and intermediate columns.
+// What rank `rank` holds, in units of heads, intermediate columns and experts.
 struct RankSlices {
   int64_t q_begin = 0, q_count = 0;    // query heads
   int64_t kv_begin = 0, kv_count = 0;  // KV heads (= index heads: one per KV group)
   int64_t inter_begin = 0, inter_count = 0;    // routed experts' intermediate columns
+  int64_t expert_begin = 0, expert_count = 0;  // routed experts held (all of them when ep = 1)
   int64_t dense_begin = 0, dense_count = 0;    // dense MLP's
   int64_t shared_begin = 0, shared_count = 0;  // the shared expert's (all of n_shared_experts)
 };
 
-// invalid_argument naming the size that does not divide: the query heads, the intermediate sizes
-// and the KV heads (T a multiple of them or they of T) must split evenly over `ranks`.
-Status check_tensor_parallel(const MiniMaxM3Config& cfg, int ranks);
-RankSlices rank_slices(const MiniMaxM3Config& cfg, int rank, int ranks);
+// invalid_argument naming the flag and the size that does not divide: ep must divide ranks (the
+// expert-parallel group lives inside the tensor-parallel ranks), the experts must split over ep,
+// the query heads and the dense and shared intermediate sizes over `ranks`, the routed experts'
+// intermediate size over ranks / ep, and the KV heads over `ranks` (or `ranks` over them).
+Status check_tensor_parallel(const MiniMaxM3Config& cfg, int ranks, int ep = 1);
+RankSlices rank_slices(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1);
 // The config with the rank's head counts and intermediate sizes (what its model code and KV cache
-// are shaped by).
-MiniMaxM3Config rank_config(const MiniMaxM3Config& cfg, int rank, int ranks);
+// are shaped by). num_local_experts stays the model's: the router scores all experts.
+MiniMaxM3Config rank_config(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1);
 
 }  // namespace m3::minimax_m3

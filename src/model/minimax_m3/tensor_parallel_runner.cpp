@@ -16,9 +16,9 @@ int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int 
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create(
-    const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int threads_per_rank,
+    const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
     int32_t num_pages) {
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks));
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks, ep));
   if (num_pages <= 0) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] KV cache of " +
                             std::to_string(num_pages) + " pages");
@@ -33,7 +33,7 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create
     k.comm = std::move(comms[static_cast<size_t>(i)]);
     k.backend = std::make_unique<CpuBackend>(std::max(1, threads_per_rank));
     M3_ASSIGN_OR_RETURN(k.model, minimax_m3::Model::load(cfg, src, k.backend.get(),
-                                                         {i, ranks, k.comm.get()}));
+                                                         {i, ranks, k.comm.get(), ep}));
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
                                                          num_pages);
   }

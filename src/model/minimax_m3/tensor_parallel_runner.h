@@ -1,6 +1,7 @@
 // The engine's ModelRunner over the float32 MiniMax-M3 model split over T CPU ranks
-// (tensor_parallel.h) in this process: each rank has its own CPU backend, its slices of the
-// weights, its KV heads of every page and a Gloo communicator. forward() runs the step on every
+// (tensor_parallel.h: tensor and expert parallelism) in this process: each rank has its own CPU
+// backend, its slices and experts of the weights, its KV heads of every page and a Gloo
+// communicator. forward() runs the step on every
 // rank at once (rank 0 on the engine thread, the others on their own threads, which wait for the
 // next step in between) and returns rank 0's output; after each all-reduce every rank holds the
 // same hidden state, so rank 0's logits are the model's. A failing rank fails the step with its
@@ -28,10 +29,11 @@ class TensorParallelCpuRunner final : public ModelRunner {
  public:
   // Loads rank r's part of `cfg` / `src` for r in [0, ranks) onto CPU backends of
   // threads_per_rank threads, with KV caches of `num_pages` pages (every rank holds every page,
-  // for its KV heads).
+  // for its KV heads). ep > 1 places the routed experts over ep of the ranks (tensor_parallel.h).
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create(const MiniMaxM3Config& cfg,
                                                                  const WeightSource& src,
-                                                                 int ranks, int threads_per_rank,
+                                                                 int ranks, int ep,
+                                                                 int threads_per_rank,
                                                                  int32_t num_pages);
   ~TensorParallelCpuRunner() override;
 

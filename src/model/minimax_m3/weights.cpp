@@ -172,16 +172,19 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   } else {
     lw->router_bias = ld.upload(std::vector<float>(static_cast<size_t>(ne), 0.0f));
   }
-  lw->expert_w13.resize(static_cast<size_t>(ne));
-  lw->expert_w2.resize(static_cast<size_t>(ne));
-  for (int64_t e = 0; e < ne; ++e) {
-    const std::string x = m + "experts." + std::to_string(e) + ".";
-    M3_ASSIGN_OR_RETURN(lw->expert_w13[e], ld.load_gate_up(x + "w1.weight", x + "w3.weight", inter,
+  // Only the rank's experts are read: [expert_begin, expert_begin + expert_count), local index
+  // e - expert_begin (all of them without expert parallelism).
+  lw->expert_begin = rs.expert_begin;
+  lw->expert_w13.resize(static_cast<size_t>(rs.expert_count));
+  lw->expert_w2.resize(static_cast<size_t>(rs.expert_count));
+  for (int64_t l = 0; l < rs.expert_count; ++l) {
+    const std::string x = m + "experts." + std::to_string(rs.expert_begin + l) + ".";
+    M3_ASSIGN_OR_RETURN(lw->expert_w13[l], ld.load_gate_up(x + "w1.weight", x + "w3.weight", inter,
                                                            hd, rs.inter_begin, rs.inter_count));
-    M3_ASSIGN_OR_RETURN(lw->expert_w2[e],
+    M3_ASSIGN_OR_RETURN(lw->expert_w2[l],
                         ld.load_cols(x + "w2.weight", hd, inter, rs.inter_begin, rs.inter_count));
-    lw->expert_w13_ptrs.push_back(lw->expert_w13[e].data());
-    lw->expert_w2_ptrs.push_back(lw->expert_w2[e].data());
+    lw->expert_w13_ptrs.push_back(lw->expert_w13[l].data());
+    lw->expert_w2_ptrs.push_back(lw->expert_w2[l].data());
   }
   const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
   lw->shared_inter = rs.shared_count;
@@ -221,10 +224,10 @@ Result<WeightNaming> detect_naming(const WeightSource& src, const MiniMaxM3Confi
 }
 
 Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config& cfg,
-                                  Backend* backend, const TensorParallel& tp) {
+                                  Backend* backend, const ParallelLayout& tp) {
   M3_RETURN_IF_ERROR(cfg.validate());
-  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks));
-  const RankSlices rs = rank_slices(cfg, tp.rank, tp.ranks);
+  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks, tp.ep));
+  const RankSlices rs = rank_slices(cfg, tp.rank, tp.ranks, tp.ep);
   ModelWeights w;
   M3_ASSIGN_OR_RETURN(w.naming, detect_naming(src, cfg));
   Loader ld(src, backend);

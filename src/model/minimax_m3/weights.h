@@ -50,8 +50,11 @@ struct LayerWeights {
   // MoE (MoE layers).
   DeviceBuffer<float> router;       // [E, Hd]
   DeviceBuffer<float> router_bias;  // [E] (zeros when the checkpoint has none)
-  std::vector<DeviceBuffer<float>> expert_w13;  // E x [2·I, Hd]
-  std::vector<DeviceBuffer<float>> expert_w2;   // E x [Hd, I]
+  // The routed experts this rank holds (all E without expert parallelism): local expert l is the
+  // model's expert expert_begin + l.
+  int64_t expert_begin = 0;
+  std::vector<DeviceBuffer<float>> expert_w13;  // [2·I, Hd] each
+  std::vector<DeviceBuffer<float>> expert_w2;   // [Hd, I] each
   std::vector<const float*> expert_w13_ptrs, expert_w2_ptrs;  // views for MoeExpertsParams
   DeviceBuffer<float> shared_w13;   // [2·I_shared, Hd]; empty when there is no shared expert
   DeviceBuffer<float> shared_w2;    // [Hd, I_shared]
@@ -67,9 +70,9 @@ struct ModelWeights {
 };
 
 // Loads every text-model weight as float32 onto `backend`, checking shapes against `cfg` (the
-// whole model's config). With tp.ranks > 1, only rank tp.rank's slices (tensor_parallel.h); the
-// buffers then have rank_config()'s shapes.
+// whole model's config). With tp.ranks > 1, only rank tp.rank's slices and experts
+// (tensor_parallel.h); only their tensors are read, and the buffers have rank_config()'s shapes.
 Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config& cfg,
-                                  Backend* backend, const TensorParallel& tp = {});
+                                  Backend* backend, const ParallelLayout& tp = {});
 
 }  // namespace m3::minimax_m3
