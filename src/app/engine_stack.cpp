@@ -1,8 +1,10 @@
 #include "app/engine_stack.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "app/memory_plan.h"
@@ -56,6 +58,10 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     return not_yet(f.enable_hierarchical_cache ? "--enable-hierarchical-cache" : "--hicache-size",
                    "the host-memory KV tier");
   }
+  o.nodes.nnodes = f.nnodes;
+  o.nodes.node_rank = f.node_rank;
+  o.nodes.dist_init_addr = f.dist_init_addr;
+  o.nodes.dist_timeout = std::chrono::seconds(f.dist_timeout_s);
   o.tensor_parallel = f.tp;
   o.expert_parallel = f.ep;
   o.enable_expert_parallel = f.enable_expert_parallel;
@@ -109,6 +115,17 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                       resolve_rank_layout(options.tensor_parallel, options.expert_parallel,
                                           options.enable_expert_parallel));
   const int tp = layout.tp, ep = layout.ep;
+  const NodeLayout& nodes = options.nodes;
+  M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
+  const bool multi_node = nodes.nnodes > 1;
+  if (multi_node && (tp == 1 || options.device == "cuda")) {
+    return Status(StatusCode::kUnimplemented,
+                  "--nnodes " + std::to_string(nodes.nnodes) +
+                      (tp == 1 ? ": give --tp (the ranks spread over the nodes)"
+                               : ": nodes of GPU ranks are not supported yet; CPU ranks are "
+                                 "(--device cpu)"));
+  }
+  const int local_ranks = tp / nodes.nnodes;  // this process's ranks
   if (tp > 1 && options.device == "cuda") {
     return Status(StatusCode::kUnimplemented,
                   (ep > 1 ? "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
@@ -190,9 +207,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       on_gpu && options.default_kv_cache_bytes > 0 ? kDefaultGpuMemFraction : 0;
   mem.default_kv_cache_bytes = options.default_kv_cache_bytes;
   mem.kv_cache_bytes = options.kv_cache_bytes;
-  // CPU ranks share this machine's memory: the plan counts all of them as one device.
+  // This process's CPU ranks share this machine's memory: the plan counts them as one device.
   const int64_t weight_bytes_per_rank = weight_bytes_per_device(loaded.config, storage, tp, ep);
-  mem.weight_bytes = weight_bytes_per_rank * tp;
+  mem.weight_bytes = weight_bytes_per_rank * local_ranks;
   const int32_t max_running =
       options.max_running_requests > 0 ? options.max_running_requests : kDefaultMaxRunning;
   const int32_t chunk = options.chunked_prefill_size > 0
@@ -202,7 +219,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
-      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp)
+      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp) / tp * local_ranks
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
   mem.page_size = page_size;
   mem.max_context_length = max_positions;
@@ -214,6 +231,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   // pool is planned from the device's memory as the step left it.
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
   std::unique_ptr<ModelRunner> runner;
+  std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
   MemoryPlan plan;
   if (measure) {
     const int64_t step_tokens = std::max<int64_t>(chunk, max_running);
@@ -260,6 +278,16 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     CudaKvPoolRequest pool;
     pool.kv_cache_bytes = kv_cache_bytes;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
+  } else if (!measure && multi_node) {
+    const int cores = options.num_threads > 0 ? options.num_threads
+                                              : static_cast<int>(std::thread::hardware_concurrency());
+    M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp));
+    M3_RETURN_IF_ERROR(joined.share_kv_pages(static_cast<int32_t>(plan.pages)).status());
+    nodes_gone = joined.nodes_gone;
+    M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create_distributed(
+                                    loaded.config, *loaded.weights, std::move(joined.ranks), ep,
+                                    std::max(1, cores / local_ranks),
+                                    static_cast<int32_t>(plan.pages)));
   } else if (!measure && tp > 1) {
     const int cores = options.num_threads > 0 ? options.num_threads
                                               : static_cast<int>(std::thread::hardware_concurrency());
@@ -276,8 +304,14 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                    " on the " + mem.device_name +
                    (real_shape ? " in those formats (real-shape CUDA kernels)"
                                : " as float32 (the reference path)"));
-  report.push_back(tp > 1 ? "layout: " + std::to_string(tp) +
-                               " CPU ranks in this process over Gloo (tp " + std::to_string(tp) +
+  report.push_back(tp > 1 ? "layout: " +
+                               (multi_node ? std::to_string(local_ranks) + " of " +
+                                                 std::to_string(tp) + " CPU ranks on node " +
+                                                 std::to_string(nodes.node_rank) + " of " +
+                                                 std::to_string(nodes.nnodes) + " over Gloo (tp "
+                                           : std::to_string(tp) +
+                                                 " CPU ranks in this process over Gloo (tp ") +
+                               std::to_string(tp) +
                                ", dp 1, ep " + std::to_string(ep) + ")" +
                                (ep > 1 ? "; routed experts: " +
                                              std::to_string(loaded.config.num_local_experts / ep) +
@@ -305,6 +339,12 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   cfg.generation_defaults = defaults;
   cfg.detokenizer = std::move(detokenizer);
   cfg.on_failure = options.on_failure;
+  if (nodes_gone && options.on_failure) {
+    cfg.on_failure = [gone = nodes_gone, report = options.on_failure](const Status& why) {
+      const std::string who = gone();
+      report(who.empty() ? why : Status(why.code(), who + ": " + why.message()));
+    };
+  }
   LoadedEngine out;
   M3_ASSIGN_OR_RETURN(out.engine, Engine::create(std::move(cfg), std::move(runner)));
   out.context_length = context_length;
@@ -312,6 +352,59 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   out.keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
       new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
   return out;
+}
+
+Result<int> run_follower_node(const std::string& model_path, const EngineStackOptions& options) {
+  const NodeLayout& nodes = options.nodes;
+  M3_ASSIGN_OR_RETURN(const RankLayout layout,
+                      resolve_rank_layout(options.tensor_parallel, options.expert_parallel,
+                                          options.enable_expert_parallel));
+  const int tp = layout.tp, ep = layout.ep;
+  M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
+  if (nodes.node_rank == 0) return internal_error("[app] run_follower_node on node 0");
+  if (options.device == "cuda") {
+    return Status(StatusCode::kUnimplemented,
+                  "--nnodes: nodes of GPU ranks are not supported yet; CPU ranks are (--device "
+                  "cpu)");
+  }
+  if (!(options.dummy_weights && model_path.empty()) && !fs::is_directory(model_path)) {
+    return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
+  }
+  M3_ASSIGN_OR_RETURN(MiniMaxM3Config cfg, model_config(model_path, options));
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, tp, ep));
+  std::unique_ptr<WeightSource> weights;
+  if (options.dummy_weights) {
+    weights = std::make_unique<minimax_m3::DummyWeightSource>(cfg);
+  } else {
+    M3_ASSIGN_OR_RETURN(weights, Checkpoint::open(model_path));
+  }
+  const int local_ranks = tp / nodes.nnodes;
+  std::fprintf(stderr, "m3serve: node %d of %d: joining the group at %s (ranks %d..%d of %d)\n",
+               nodes.node_rank, nodes.nnodes, nodes.dist_init_addr.c_str(),
+               nodes.node_rank * local_ranks, (nodes.node_rank + 1) * local_ranks - 1, tp);
+  M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp));
+  M3_ASSIGN_OR_RETURN(const int32_t pages, joined.share_kv_pages(0));
+  const int cores = options.num_threads > 0 ? options.num_threads
+                                            : static_cast<int>(std::thread::hardware_concurrency());
+  M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> runner,
+                      TensorParallelCpuRunner::create_distributed(
+                          cfg, *weights, std::move(joined.ranks), ep,
+                          std::max(1, cores / local_ranks), pages));
+  std::fprintf(stderr, "m3serve: node %d of %d: ready: %d KV pages; following node 0\n",
+               nodes.node_rank, nodes.nnodes, pages);
+  std::fflush(stderr);
+  const Status s = runner->follow();
+  if (s.is_ok()) {
+    std::fprintf(stderr, "m3serve: node %d of %d: node 0 shut down; exiting\n", nodes.node_rank,
+                 nodes.nnodes);
+    return 0;
+  }
+  const std::string who = joined.nodes_gone();
+  std::fprintf(stderr, "m3serve: fatal: node %d of %d: %s%s; exiting\n", nodes.node_rank,
+               nodes.nnodes, who.empty() ? "" : (who + ": ").c_str(), s.message().c_str());
+  std::fflush(stderr);
+  // Ranks of a broken group may still wait on peers that never answer: do not unwind them.
+  std::_Exit(1);
 }
 
 Result<EngineStack> make_engine_stack(const std::string& model_path,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "app/kv_pool_request.h"
+#include "app/multi_node.h"
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/model.h"
@@ -71,6 +72,9 @@ struct EngineStackOptions {
   bool enable_prefix_cache = true;
   // EngineConfig::on_failure: the model cannot run any more steps (serve exits non-zero).
   std::function<void(const Status&)> on_failure;
+  // --nnodes and the rest: this process is node 0 of several (the others run
+  // run_follower_node).
+  NodeLayout nodes;
 };
 
 // The world and the expert-parallel size the flags ask for, with SGLang's meaning: the expert-
@@ -82,6 +86,11 @@ struct RankLayout {
   int ep = 1;
 };
 Result<RankLayout> resolve_rank_layout(int tp, int ep, bool enable_expert_parallel);
+
+// A node other than node 0 (--node-rank K > 0): loads its ranks' part of the model, joins the
+// group and runs the steps node 0 sends until node 0 shuts down (0) or the group breaks (1, with
+// a line naming the cause). Errors before the group is joined are returned.
+Result<int> run_follower_node(const std::string& model_path, const EngineStackOptions& options);
 
 // The engine options of `m3serve serve`'s config. Unsupported values (tp > 1, speculative
 // decoding) are errors naming the flag.

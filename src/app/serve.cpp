@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -70,6 +71,23 @@ Result<server::ModelStack> load_engine(const ServeConfig& config,
   return out;
 }
 
+// --node-rank K > 0: no HTTP server; this process's ranks follow node 0's steps.
+int run_follower(const ServeConfig& config) {
+  const std::string path = config.model_path.empty() ? default_model_path() : config.model_path;
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "m3serve serve: %s\n", s.message().c_str());
+    return 1;
+  };
+  auto options = options_from_config(config);
+  if (!options.is_ok()) return fail(options.status());
+  auto model = resolve_model_path(path, config.revision);
+  if (!model.is_ok()) return fail(model.status());
+  options->device = resolve_device(options->device);
+  auto rc = run_follower_node(model->dir, *options);
+  if (!rc.is_ok()) return fail(rc.status());
+  return *rc;
+}
+
 // The scripted backend of --fake-backend, after its pretend load time.
 server::ModelStack load_fake(const ServeConfig& config) {
   std::this_thread::sleep_for(config.fake.load_time);
@@ -94,6 +112,7 @@ int run_serve(const ServeConfig& config) {
       return 2;
     }
   }
+  if (config.node_rank > 0 && !config.fake.enabled) return run_follower(config);
   server::DeferredModel model;  // declared first: outlives the server
   server::Server server(config.server, model.backend(), model.codec(), model.renderer());
   Status s = server.start();
@@ -142,7 +161,12 @@ int run_serve(const ServeConfig& config) {
   int rc = server.wait_for_signal_and_drain();
   if (loader.joinable()) loader.join();
   server.stop();
-  return load_failed.load() || model_failed.load() ? 1 : rc;
+  if (model_failed.load()) {
+    // Ranks of a broken group may still wait on peers that never answer: do not unwind them.
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  return load_failed.load() ? 1 : rc;
 }
 
 }  // namespace m3::app

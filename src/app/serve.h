@@ -28,6 +28,11 @@ struct ServeConfig {
   int32_t ep = 1;
   bool enable_dp_attention = false;
   bool enable_expert_parallel = false;
+  // --nnodes, --node-rank, --dist-init-addr, --dist-timeout (app/multi_node.h).
+  int32_t nnodes = 1;
+  int32_t node_rank = 0;
+  std::string dist_init_addr;
+  int32_t dist_timeout_s = 300;
   std::string kv_cache_dtype = "auto";
   std::string speculative_algorithm;
   bool speculative_block_verification = false;

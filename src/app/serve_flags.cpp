@@ -212,6 +212,22 @@ const std::vector<Flag>& flags() {
          f.enable_expert_parallel = true;
          return Status::ok();
        }},
+      {"--nnodes", true, G::kParallel,
+       "processes (nodes) the --tp ranks are spread over; node 0 serves HTTP; CPU ranks only",
+       "2", INT_FLAG(nnodes, 1, 64)},
+      {"--node-rank", true, G::kParallel,
+       "this process's node, 0 .. --nnodes - 1 (nodes other than 0 serve no HTTP)", "1",
+       INT_FLAG(node_rank, 0, 63)},
+      {"--dist-init-addr", true, G::kParallel,
+       "HOST:PORT where node 0 serves the rendezvous the nodes join through", "127.0.0.1:5000",
+       [](ServeConfig& f, const std::string& v) {
+         f.dist_init_addr = v;
+         return Status::ok();
+       }},
+      {"--dist-timeout", true, G::kParallel,
+       "seconds a rendezvous or a collective may take before the group counts as broken: the "
+       "step's requests fail with 503 and the process exits non-zero (default 300)", "60",
+       INT_FLAG(dist_timeout_s, 1, 86400)},
       {"--moe-runner-backend", true, G::kParallel,
        "accepted; m3serve's own NVFP4 / MXFP8 MoE kernels are always used",
        "flashinfer_trtllm_routed",

@@ -67,6 +67,9 @@ struct BackendEvent {
   bool done = false;            // last event of the request
   std::string finish_reason;    // on done: "stop", "length", "abort" or "error"
   std::string error;            // on "error": why
+  // On "error": the backend cannot serve at all now (a rank of the model died): HTTP 503, not a
+  // 500.
+  bool unavailable = false;
   int32_t cached_tokens = 0;    // prompt tokens served from the prefix cache
   Clock::time_point time = Clock::now();
 };

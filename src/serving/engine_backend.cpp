@@ -50,6 +50,7 @@ server::BackendEvent to_backend_event(const RequestEvent& e, bool with_logprobs)
   }
   if (!e.error.is_ok()) {
     out.error = e.error.message();
+    out.unavailable = e.error.code() == StatusCode::kUnavailable;
     if (out.done) out.finish_reason = "error";
   }
   if (out.done && out.finish_reason.empty()) out.finish_reason = "abort";

@@ -41,6 +41,23 @@ TEST(TcpStore, SetGetWaitAndTimeout) {
   EXPECT_NE(t.status().message().find("'never'"), std::string::npos);
 }
 
+TEST(TcpStore, ALeaseIsReleasedWhenItsConnectionCloses) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.is_ok()) << server.status().to_string();
+  const uint16_t port = (*server)->port();
+  auto watcher = TcpStore::connect("127.0.0.1", port, 5s);
+  ASSERT_TRUE(watcher.is_ok());
+  {
+    auto holder = TcpStore::connect("127.0.0.1", port, 5s);
+    ASSERT_TRUE(holder.is_ok());
+    ASSERT_TRUE((*holder)->hold_lease("node1").is_ok());
+    // Held: nothing published.
+    EXPECT_FALSE((*watcher)->get("left/node1", 200ms).is_ok());
+  }  // the holder's connection closes, as when its process dies
+  EXPECT_TRUE((*watcher)->get("left/node1", 5s).is_ok());
+  EXPECT_FALSE((*watcher)->get("left/node2", 100ms).is_ok());
+}
+
 TEST(TcpStore, UnreachableRendezvousIsNamed) {
   // A port that was free a moment ago, with nothing listening.
   uint16_t port = 0;

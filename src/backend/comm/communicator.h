@@ -11,6 +11,7 @@
 // collective and the timeout; the group is then unusable and the process should stop serving.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -50,6 +51,14 @@ class Communicator {
                               std::span<const int64_t> recv_counts, DataType type) = 0;
   // buf[count] on every rank becomes root's.
   virtual Status broadcast(void* buf, int64_t count, DataType type, int root) = 0;
+  // broadcast() that may wait up to `timeout` instead of the group's collective timeout: for
+  // ranks that wait for the next step while the server is idle (a rank that dies still fails it
+  // at once: its connections close). Implementations without per-call timeouts use broadcast().
+  virtual Status broadcast_wait(void* buf, int64_t count, DataType type, int root,
+                                std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return broadcast(buf, count, type, root);
+  }
   virtual Status barrier() = 0;
   // Returns once the collectives queued so far have completed (CPU ranks: at once, every call is
   // synchronous). GPU ranks queue on a stream; this is where a collective that does not finish

@@ -144,6 +144,11 @@ class GlooCommunicator final : public Communicator {
   }
 
   Status broadcast(void* buf, int64_t count, DataType type, int root) override {
+    return broadcast_wait(buf, count, type, root, timeout_);
+  }
+
+  Status broadcast_wait(void* buf, int64_t count, DataType type, int root,
+                        std::chrono::milliseconds timeout) override {
     if (root < 0 || root >= size())
       return invalid_argument("[comm.gloo] broadcast root " + std::to_string(root) +
                               " outside the group of " + std::to_string(size()));
@@ -151,7 +156,7 @@ class GlooCommunicator final : public Communicator {
     return run("broadcast", count, type, [&] {
       gloo::BroadcastOptions o(ctx_);
       o.setTag(next_tag());
-      o.setTimeout(timeout_);
+      o.setTimeout(timeout);
       o.setRoot(root);
       o.setOutput(static_cast<uint8_t*>(buf), bytes(count, type));
       gloo::broadcast(o);

@@ -19,9 +19,10 @@ namespace m3::comm {
 namespace {
 
 // Wire format, both ways: a u32 length (host order: both ends are this program on one
-// architecture family) and that many bytes. Requests: "S" key value | "G" key timeout_ms.
-// Replies: "K" (set done) | "V" value | "T" (timed out).
-constexpr char kSet = 'S', kGet = 'G', kDone = 'K', kValue = 'V', kTimedOut = 'T';
+// architecture family) and that many bytes. Requests: "S" key value | "G" key timeout_ms |
+// "L" label (the connection's lease). Replies: "K" (set / lease done) | "V" value | "T" (timed
+// out).
+constexpr char kSet = 'S', kGet = 'G', kLease = 'L', kDone = 'K', kValue = 'V', kTimedOut = 'T';
 
 bool write_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -106,12 +107,16 @@ struct TcpStoreServer::State {
 
   void serve(int fd) {
     std::vector<char> req;
+    std::string lease;
     while (read_frame(fd, &req) && !req.empty()) {
       size_t at = 1;
       std::string key;
       if (!take_string(req, &at, &key)) break;
       std::vector<char> reply;
-      if (req[0] == kSet) {
+      if (req[0] == kLease) {
+        lease = key;
+        reply.push_back(kDone);
+      } else if (req[0] == kSet) {
         {
           std::lock_guard<std::mutex> lock(mu);
           values[key].assign(req.begin() + static_cast<std::ptrdiff_t>(at), req.end());
@@ -135,6 +140,14 @@ struct TcpStoreServer::State {
         break;
       }
       if (!write_frame(fd, reply)) break;
+    }
+    // The connection is gone: its holder exited or died (TcpStore::hold_lease).
+    if (!lease.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!stopping) values["left/" + lease];
+      }
+      changed.notify_all();
     }
   }
 };
@@ -243,6 +256,15 @@ Status TcpStore::set(const std::string& key, const std::vector<char>& value) {
   std::vector<char> reply;
   M3_RETURN_IF_ERROR(request(out, &reply));
   if (reply[0] != kDone) return internal_error("[comm.rendezvous] unexpected reply to a set");
+  return Status::ok();
+}
+
+Status TcpStore::hold_lease(const std::string& label) {
+  std::vector<char> out{kLease};
+  put_string(out, label);
+  std::vector<char> reply;
+  M3_RETURN_IF_ERROR(request(out, &reply));
+  if (reply[0] != kDone) return internal_error("[comm.rendezvous] unexpected reply to a lease");
   return Status::ok();
 }
 

@@ -48,6 +48,9 @@ class TcpStore : public std::enable_shared_from_this<TcpStore> {
   TcpStore& operator=(const TcpStore&) = delete;
 
   Status set(const std::string& key, const std::vector<char>& value);
+  // Names this connection `label`: when it closes (this process exited or died), the server
+  // publishes the key "left/<label>", so the others can tell which process is gone.
+  Status hold_lease(const std::string& label);
   // Waits until `key` is set, or fails with unavailable after `timeout`.
   Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout);
   // This store as Gloo's rendezvous store (create_gloo_communicator's argument); its reads wait

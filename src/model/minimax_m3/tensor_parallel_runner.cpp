@@ -5,6 +5,7 @@
 
 #include "backend/comm/gloo_communicator.h"
 #include "model/minimax_m3/tensor_parallel.h"
+#include "model/step_wire.h"
 
 namespace m3 {
 
@@ -19,37 +20,143 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create
     const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
     int32_t num_pages) {
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks, ep));
+  LocalRanks local;
+  M3_ASSIGN_OR_RETURN(local.comms, comm::create_local_gloo_group(ranks));
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages);
+}
+
+Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create_distributed(
+    const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
+    int threads_per_rank, int32_t num_pages) {
+  if (local.comms.empty()) {
+    return invalid_argument("[model.minimax_m3.tensor_parallel_runner] no local ranks");
+  }
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, local.comms[0]->size(), ep));
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages);
+}
+
+Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
+    const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
+    int threads_per_rank, int32_t num_pages) {
   if (num_pages <= 0) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] KV cache of " +
                             std::to_string(num_pages) + " pages");
   }
-  M3_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> comms,
-                      comm::create_local_gloo_group(ranks));
+  const int world = local.comms[0]->size();
   std::unique_ptr<TensorParallelCpuRunner> r(new TensorParallelCpuRunner());
   r->cfg_ = cfg;
-  r->ranks_.resize(static_cast<size_t>(ranks));
-  for (int i = 0; i < ranks; ++i) {
-    Rank& k = r->ranks_[static_cast<size_t>(i)];
-    k.comm = std::move(comms[static_cast<size_t>(i)]);
+  r->first_rank_ = local.first;
+  r->distributed_ = static_cast<int>(local.comms.size()) < world;
+  r->idle_wait_ = local.idle_wait;
+  r->keepalive_ = std::move(local.keepalive);
+  r->ranks_.resize(local.comms.size());
+  for (size_t i = 0; i < local.comms.size(); ++i) {
+    Rank& k = r->ranks_[i];
+    const int rank = local.first + static_cast<int>(i);
+    k.comm = std::move(local.comms[i]);
+    if (k.comm->rank() != rank || k.comm->size() != world) {
+      return invalid_argument("[model.minimax_m3.tensor_parallel_runner] local rank " +
+                              std::to_string(i) + " has communicator rank " +
+                              std::to_string(k.comm->rank()) + " of " +
+                              std::to_string(k.comm->size()) + ", expected " +
+                              std::to_string(rank) + " of " + std::to_string(world));
+    }
     k.backend = std::make_unique<CpuBackend>(std::max(1, threads_per_rank));
     M3_ASSIGN_OR_RETURN(k.model, minimax_m3::Model::load(cfg, src, k.backend.get(),
-                                                         {i, ranks, k.comm.get(), ep}));
+                                                         {rank, world, k.comm.get(), ep}));
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
                                                          num_pages);
   }
-  for (size_t i = 1; i < r->ranks_.size(); ++i) {
-    r->workers_.emplace_back([p = r.get(), i] { p->worker(i); });
+  r->receive_status_.assign(r->ranks_.size(), Status::ok());
+  for (size_t i = 0; i < r->ranks_.size(); ++i) {
+    if (r->first_rank_ + static_cast<int>(i) == 0) continue;  // the engine thread's rank
+    if (r->distributed_) {
+      r->workers_.emplace_back([p = r.get(), i] { p->receive_status_[i] = p->receive_steps(i); });
+    } else {
+      r->workers_.emplace_back([p = r.get(), i] { p->worker(i); });
+    }
   }
   return r;
 }
 
 TensorParallelCpuRunner::~TensorParallelCpuRunner() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+  if (distributed_) {
+    // Rank 0 tells every rank to stop; the others' loops end when it does (or the group breaks).
+    if (first_rank_ == 0 && health().is_ok()) (void)send_step(nullptr);
+    if (!health().is_ok()) {
+      // A broken group may leave a rank waiting on a peer that never answers: the process is
+      // exiting (Engine failure), so do not wait for it.
+      for (std::thread& t : workers_) t.detach();
+      return;
+    }
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    start_.notify_all();
   }
-  start_.notify_all();
   for (std::thread& t : workers_) t.join();
+}
+
+void TensorParallelCpuRunner::record_failure(const Status& s) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failure_.is_ok()) failure_ = s;
+}
+
+Status TensorParallelCpuRunner::health() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+Status TensorParallelCpuRunner::send_step(const ModelStep* step) {
+  comm::Communicator& c = *ranks_[0].comm;
+  std::vector<char> bytes;
+  if (step) bytes = encode_step(*step);
+  int64_t n = step ? static_cast<int64_t>(bytes.size()) : -1;
+  M3_RETURN_IF_ERROR(c.broadcast(&n, 1, comm::DataType::kI64, 0));
+  if (n > 0) M3_RETURN_IF_ERROR(c.broadcast(bytes.data(), n, comm::DataType::kU8, 0));
+  return Status::ok();
+}
+
+Status TensorParallelCpuRunner::receive_steps(size_t r) {
+  Rank& k = ranks_[r];
+  std::vector<char> bytes;
+  for (;;) {
+    int64_t n = 0;
+    Status s = k.comm->broadcast_wait(&n, 1, comm::DataType::kI64, 0, idle_wait_);
+    if (s.is_ok() && n < 0) return Status::ok();  // node 0 shut down
+    if (s.is_ok()) {
+      bytes.resize(static_cast<size_t>(n));
+      s = k.comm->broadcast(bytes.data(), n, comm::DataType::kU8, 0);
+    }
+    if (!s.is_ok()) {
+      record_failure(s);
+      return s;
+    }
+    Result<WireStep> step = decode_step(bytes.data(), bytes.size());
+    if (!step.is_ok()) {
+      record_failure(step.status());
+      return step.status();
+    }
+    ModelOutput out;
+    s = k.model->forward(step->step.slices, k.cache.get(), &out, step->step.capture_layers);
+    // A bad input fails every rank alike (rank 0 reports it); a collective failure breaks the
+    // group.
+    if (s.code() == StatusCode::kUnavailable) {
+      record_failure(s);
+      return s;
+    }
+  }
+}
+
+Status TensorParallelCpuRunner::follow() {
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  for (const Status& s : receive_status_) {
+    if (!s.is_ok()) return s;
+  }
+  return Status::ok();
 }
 
 void TensorParallelCpuRunner::worker(size_t r) {
@@ -74,6 +181,20 @@ void TensorParallelCpuRunner::worker(size_t r) {
 }
 
 Status TensorParallelCpuRunner::forward(const ModelStep& step, ModelOutput& out) {
+  if (distributed_) {
+    if (first_rank_ != 0) {
+      return internal_error("[model.minimax_m3.tensor_parallel_runner] forward() on a process "
+                            "without rank 0 (it follows node 0)");
+    }
+    M3_RETURN_IF_ERROR(health());
+    Status s = send_step(&step);
+    if (s.is_ok()) {
+      Rank& first = ranks_[0];
+      s = first.model->forward(step.slices, first.cache.get(), &out, step.capture_layers);
+    }
+    if (s.code() == StatusCode::kUnavailable) record_failure(s);
+    return s;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     step_ = &step;

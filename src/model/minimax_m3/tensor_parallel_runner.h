@@ -1,13 +1,22 @@
 // The engine's ModelRunner over the float32 MiniMax-M3 model split over T CPU ranks
-// (tensor_parallel.h: tensor and expert parallelism) in this process: each rank has its own CPU
-// backend, its slices and experts of the weights, its KV heads of every page and a Gloo
-// communicator. forward() runs the step on every
-// rank at once (rank 0 on the engine thread, the others on their own threads, which wait for the
-// next step in between) and returns rank 0's output; after each all-reduce every rank holds the
-// same hidden state, so rank 0's logits are the model's. A failing rank fails the step with its
-// error; a rank that stops answering fails the others' collectives within the timeout.
+// (tensor_parallel.h: tensor and expert parallelism): each rank has its own CPU backend, its
+// slices and experts of the weights, its KV heads of every page and a Gloo communicator.
+// forward() runs the step on every rank at once and returns rank 0's output; after each
+// all-reduce every rank holds the same hidden state, so rank 0's logits are the model's.
+//
+// Ranks in this process only (the default): rank 0 runs on the engine thread, the others on
+// their own threads, which take each step from shared memory. A failing rank fails the step
+// with its error; a rank that stops answering fails the others' collectives within the timeout.
+//
+// Ranks over several processes (--nnodes; `LocalRanks` names this process's share): the process
+// with rank 0 (node 0, the engine's) broadcasts each step over the group (step_wire.h), and every
+// other rank, here or in another process, waits for it, decodes it and runs it. The other
+// processes call follow(), which returns when node 0 shuts down (ok) or the group breaks (the
+// error, naming the rank). Once a collective has failed the group is unusable: health() says so
+// and the engine fails everything (ModelRunner::health).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -25,6 +34,17 @@
 
 namespace m3 {
 
+// This process's ranks of a group spread over processes: ranks [first, first + comms.size()) of
+// the group, each with its communicator (the group's size is each communicator's size()).
+struct LocalRanks {
+  int first = 0;
+  std::vector<std::unique_ptr<comm::Communicator>> comms;
+  // How long a rank waits for the next step (an idle server); the collectives of a step use the
+  // communicators' own timeout (--dist-timeout).
+  std::chrono::milliseconds idle_wait{std::chrono::hours(24 * 365)};
+  std::shared_ptr<void> keepalive;  // the rendezvous the communicators were made through
+};
+
 class TensorParallelCpuRunner final : public ModelRunner {
  public:
   // Loads rank r's part of `cfg` / `src` for r in [0, ranks) onto CPU backends of
@@ -35,7 +55,15 @@ class TensorParallelCpuRunner final : public ModelRunner {
                                                                  int ranks, int ep,
                                                                  int threads_per_rank,
                                                                  int32_t num_pages);
+  // This process's share of a group over several processes (see above).
+  static Result<std::unique_ptr<TensorParallelCpuRunner>> create_distributed(
+      const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
+      int threads_per_rank, int32_t num_pages);
   ~TensorParallelCpuRunner() override;
+
+  // A process without rank 0: runs the steps node 0 broadcasts until it shuts down (ok) or the
+  // group breaks (the first rank's error).
+  Status follow();
 
   // Bytes one KV page takes on every rank together.
   static int64_t bytes_per_page(const MiniMaxM3Config& cfg, int ranks);
@@ -47,6 +75,7 @@ class TensorParallelCpuRunner final : public ModelRunner {
   int32_t num_ranks() const override { return static_cast<int32_t>(ranks_.size()); }
   ModelFeatures features() const override { return {true, true}; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
+  Status health() const override;
 
  private:
   struct Rank {
@@ -58,10 +87,27 @@ class TensorParallelCpuRunner final : public ModelRunner {
     Status status;
   };
   TensorParallelCpuRunner() = default;
+  static Result<std::unique_ptr<TensorParallelCpuRunner>> make(const MiniMaxM3Config& cfg,
+                                                               const WeightSource& src,
+                                                               LocalRanks local, int ep,
+                                                               int threads_per_rank,
+                                                               int32_t num_pages);
   void worker(size_t r);
+  // Distributed: a rank other than the group's rank 0 receives and runs steps until stopped.
+  Status receive_steps(size_t r);
+  // Distributed: rank 0 sends the step (or, with nullptr, the stop) to every other rank.
+  Status send_step(const ModelStep* step);
+  void record_failure(const Status& s);
 
   MiniMaxM3Config cfg_;
   std::vector<Rank> ranks_;
+  int first_rank_ = 0;
+  bool distributed_ = false;
+  std::chrono::milliseconds idle_wait_{0};
+  std::shared_ptr<void> keepalive_;
+  mutable std::mutex failure_mu_;
+  Status failure_;  // the group broke (distributed)
+  std::vector<Status> receive_status_;  // per local rank, set when its receive loop ends
   // The step the workers run: published under mu_ with a new generation number.
   std::mutex mu_;
   std::condition_variable start_, done_;

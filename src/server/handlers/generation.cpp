@@ -263,11 +263,12 @@ void GenerationJob::handle(Choice& c, BackendEvent& ev) {
   if (ev.done) finish_choice(c, ev);
 }
 
-void GenerationJob::fail(const std::string& error) {
+void GenerationJob::fail(const std::string& error, bool unavailable) {
   done_ = true;
   cancel();  // the other choices
   ctx_.metrics->count_finished("error");
-  ApiError e = internal_error("Generation failed: " + error);
+  ApiError e = unavailable ? server::unavailable("Generation failed: " + error, "model_failed")
+                           : internal_error("Generation failed: " + error);
   if (cfg_.stream) {
     responder_->send_event(sse(e.to_json()));
     responder_->send_event("data: [DONE]\n\n");
@@ -293,7 +294,7 @@ void GenerationJob::finish_choice(Choice& c, const BackendEvent& ev) {
     }
     return;
   }
-  if (reason == "error") return fail(ev.error);
+  if (reason == "error") return fail(ev.error, ev.unavailable);
   if (reason == "stop" && !c.tool_call_ids.empty()) reason = "tool_calls";
   c.finish_reason = reason;
 

@@ -93,7 +93,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   void handle(Choice& c, BackendEvent& ev);
   void finish_choice(Choice& c, const BackendEvent& ev);
   void finish_all(std::chrono::steady_clock::time_point now);
-  void fail(const std::string& error);
+  void fail(const std::string& error, bool unavailable = false);
   void emit_delta(Choice& c, chat::ParsedDelta&& d);
   // SSE chunk with one choice; `logprobs` is taken from the choice's builder when it has any.
   std::string chunk(Choice& c, nlohmann::ordered_json choice);

@@ -1,0 +1,170 @@
+#include "app/multi_node.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "backend/comm/gloo_communicator.h"
+#include "backend/comm/tcp_store.h"
+
+namespace m3::app {
+
+namespace {
+
+// The address of this machine's interface that reaches `host` (a UDP "connection" sends
+// nothing; the kernel just picks the route), which the other nodes connect to for this node's
+// Gloo transport.
+std::string local_address_toward(const std::string& host, uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "127.0.0.1";
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  std::string out = "127.0.0.1";
+  if (inet_pton(AF_INET, host.c_str(), &to.sin_addr) == 1 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof(me);
+    char buf[INET_ADDRSTRLEN] = {};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+        inet_ntop(AF_INET, &me.sin_addr, buf, sizeof(buf)) != nullptr) {
+      out = buf;
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// What the rendezvous keeps alive: node 0's server and every node's connection.
+struct Rendezvous {
+  std::unique_ptr<comm::TcpStoreServer> server;
+  std::shared_ptr<comm::TcpStore> store;
+};
+
+}  // namespace
+
+Result<std::pair<std::string, uint16_t>> parse_dist_init_addr(const std::string& addr) {
+  const size_t colon = addr.rfind(':');
+  const auto bad = [&] {
+    return invalid_argument("--dist-init-addr '" + addr +
+                            "': expected HOST:PORT (node 0's address, e.g. 10.0.0.1:5000)");
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) return bad();
+  const std::string port_text = addr.substr(colon + 1);
+  if (port_text.find_first_not_of("0123456789") != std::string::npos || port_text.size() > 5)
+    return bad();
+  const int port = std::stoi(port_text);
+  if (port < 1 || port > 65535) return bad();
+  return std::make_pair(addr.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+Status check_node_layout(const NodeLayout& n, int tp) {
+  if (n.nnodes < 1) return invalid_argument("--nnodes " + std::to_string(n.nnodes) + " < 1");
+  if (n.node_rank < 0 || n.node_rank >= n.nnodes) {
+    return invalid_argument("--node-rank " + std::to_string(n.node_rank) + " outside [0, " +
+                            std::to_string(n.nnodes) + ") for --nnodes " +
+                            std::to_string(n.nnodes));
+  }
+  if (n.nnodes == 1) return Status::ok();
+  if (n.dist_init_addr.empty()) {
+    return invalid_argument("--nnodes " + std::to_string(n.nnodes) +
+                            " needs --dist-init-addr HOST:PORT (node 0's address)");
+  }
+  M3_RETURN_IF_ERROR(parse_dist_init_addr(n.dist_init_addr).status());
+  if (tp % n.nnodes != 0) {
+    return invalid_argument("--tp " + std::to_string(tp) + " is not a multiple of --nnodes " +
+                            std::to_string(n.nnodes) +
+                            ": every node holds the same number of ranks");
+  }
+  if (n.dist_timeout.count() < 1) return invalid_argument("--dist-timeout must be >= 1 second");
+  return Status::ok();
+}
+
+Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp) {
+  M3_RETURN_IF_ERROR(check_node_layout(n, tp));
+  M3_ASSIGN_OR_RETURN(auto host_port, parse_dist_init_addr(n.dist_init_addr));
+  const auto& [host, port] = host_port;
+  const std::chrono::milliseconds timeout = n.dist_timeout;
+  auto rv = std::make_shared<Rendezvous>();
+  if (n.node_rank == 0) {
+    auto server = comm::TcpStoreServer::start(host, port);
+    if (!server.is_ok()) {
+      return Status(server.status().code(), "--dist-init-addr " + n.dist_init_addr +
+                                                ": node 0 serves the rendezvous there: " +
+                                                server.status().message());
+    }
+    rv->server = std::move(server).value();
+  }
+  M3_ASSIGN_OR_RETURN(rv->store, comm::TcpStore::connect(host, port, timeout));
+  M3_RETURN_IF_ERROR(rv->store->hold_lease("node" + std::to_string(n.node_rank)));
+
+  const int per_node = tp / n.nnodes;
+  const int first = n.node_rank * per_node;
+  comm::GlooOptions gloo;
+  gloo.timeout = timeout;
+  gloo.hostname = local_address_toward(host, port);
+  // Each rank blocks until the whole group has joined: join them concurrently.
+  std::vector<Result<std::unique_ptr<comm::Communicator>>> joined;
+  for (int i = 0; i < per_node; ++i) joined.emplace_back(internal_error("not joined"));
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < per_node; ++i) {
+      threads.emplace_back([&, i] {
+        joined[static_cast<size_t>(i)] = comm::create_gloo_communicator(
+            first + i, tp, rv->store->gloo_store(timeout), gloo);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  JoinedRanks out;
+  out.ranks.first = first;
+  for (auto& c : joined) {
+    if (!c.is_ok()) {
+      return Status(c.status().code(), "node " + std::to_string(n.node_rank) + " of " +
+                                           std::to_string(n.nnodes) + " (--dist-init-addr " +
+                                           n.dist_init_addr + "): " + c.status().message());
+    }
+    out.ranks.comms.push_back(std::move(c).value());
+  }
+  out.ranks.keepalive = rv;
+  const int node_rank = n.node_rank;
+  out.share_kv_pages = [rv, node_rank, timeout](int32_t pages) -> Result<int32_t> {
+    const std::string key = "m3/kv_pages";
+    if (node_rank == 0) {
+      std::vector<char> v(sizeof(pages));
+      std::memcpy(v.data(), &pages, sizeof(pages));
+      M3_RETURN_IF_ERROR(rv->store->set(key, v));
+      return pages;
+    }
+    M3_ASSIGN_OR_RETURN(std::vector<char> v, rv->store->get(key, timeout));
+    if (v.size() != sizeof(int32_t)) return internal_error("[multi_node] bad page count");
+    int32_t got = 0;
+    std::memcpy(&got, v.data(), sizeof(got));
+    return got;
+  };
+  const int nnodes = n.nnodes;
+  out.nodes_gone = [rv, nnodes, per_node]() {
+    std::string gone;
+    for (int k = 0; k < nnodes; ++k) {
+      // A killed process's connection closes at once; give the rendezvous a moment to see it.
+      auto v = rv->store->get("left/node" + std::to_string(k), std::chrono::milliseconds(500));
+      if (!v.is_ok() && v.status().message().find("closed the connection") != std::string::npos) {
+        return "node 0 (ranks 0.." + std::to_string(per_node - 1) +
+               ") is gone: the rendezvous it served closed";
+      }
+      if (!v.is_ok()) continue;
+      if (!gone.empty()) gone += ", ";
+      gone += "node " + std::to_string(k) + " (ranks " + std::to_string(k * per_node) + ".." +
+              std::to_string((k + 1) * per_node - 1) + ")";
+    }
+    return gone.empty() ? std::string() : gone + " left the rendezvous";
+  };
+  return out;
+}
+
+}  // namespace m3::app
