@@ -716,9 +716,11 @@ struct CudaM3Model::Impl {
         ap.dense = false;
         ap.scale = scale;
         ap.out = b.attn + s.offset * nh * d;
-        // Production kernels; the previous ones (kTensorCore, kGemmScores) remain selectable.
-        ap.kernel = cuda::PrefillAttentionKernel::kTiled;
-        ap.indexer = cuda::PrefillIndexerKernel::kFusedMaxPool;
+        const bool tiled = opt.kernels.tiled_prefill_attention;  // CudaM3Kernels
+        ap.kernel = tiled ? cuda::PrefillAttentionKernel::kTiled
+                          : cuda::PrefillAttentionKernel::kTensorCore;
+        ap.indexer = tiled ? cuda::PrefillIndexerKernel::kFusedMaxPool
+                           : cuda::PrefillIndexerKernel::kGemmScores;
         ap.gemm = gemm.get();
         M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
       }
@@ -753,8 +755,8 @@ struct CudaM3Model::Impl {
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      // The grouped in-loop kernel (no host sync); kDequantCublas is the previous path.
-      mp.kernel = cuda::PrefillMoeKernel::kGroupedInLoop;
+      mp.kernel = opt.kernels.grouped_expert_gemm ? cuda::PrefillMoeKernel::kGroupedInLoop
+                                                  : cuda::PrefillMoeKernel::kDequantCublas;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
     }
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
@@ -1240,10 +1242,10 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       sp.greedy_value = im.dec.greedy_value;
       sp.greedy_index = im.dec.greedy_index;
       sp.greedy_tickets = im.dec.greedy_tickets;
-      // Production default: every row over several CTAs (one CTA per row took ~0.67 ms at batch 1
-      // with top_k 40; tools/bench/sampling_bench.cpp times both). To flip back to
-      // kOneCtaPerRow (with the greedy split above), set it here.
-      sp.kernel = cuda::SampleKernel::kMultiCta;
+      // One CTA per row took ~0.67 ms at batch 1 with top_k 40 (tools/bench/sampling_bench.cpp
+      // times both kernels).
+      sp.kernel = im.opt.kernels.multi_cta_sampling ? cuda::SampleKernel::kMultiCta
+                                                    : cuda::SampleKernel::kOneCtaPerRow;
       sp.multi = im.dec.sample_multi;
       M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
       M3_RETURN_IF_ERROR(cuda::copy_to_host_async(tokens, im.dec.sampled, t_all * 4, st));

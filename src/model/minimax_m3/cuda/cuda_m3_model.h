@@ -62,6 +62,20 @@ struct CudaMemoryProfile {
   int64_t profile_tokens = 0;
 };
 
+// Kernel choices where a newer kernel awaits its first run of the GPU tests
+// (tools/device/run-all.sh prefill): each switch selects the newer kernel; off, the kernel it
+// replaces, which the GPU tests have checked. A switch's default turns on once its tests pass.
+struct CudaM3Kernels {
+  // Prefill attention: kTiled (query tiles over the union of their selected blocks, staged in
+  // shared memory) and the fused indexer kFusedMaxPool, instead of kTensorCore + kGemmScores.
+  bool tiled_prefill_attention = false;
+  // Prefill routed experts: kGroupedInLoop (all experts in one launch, NVFP4 / MXFP8 dequantised
+  // in the main loop, no host sync), instead of kDequantCublas.
+  bool grouped_expert_gemm = false;
+  // Decode sampling: kMultiCta (each row over many CTAs), instead of kOneCtaPerRow.
+  bool multi_cta_sampling = false;
+};
+
 struct CudaM3Options {
   // KV cache pages (page ids 0 .. num_kv_pages - 1). 0: sized after a profile step by
   // kv_pages_after_profile, which is then required.
@@ -82,6 +96,7 @@ struct CudaM3Options {
   bool gpu_dummy_weights = false;
   uint64_t dummy_seed = 0;
   CudaM3Tuning tuning;
+  CudaM3Kernels kernels;
 };
 
 struct CudaM3Stats {
