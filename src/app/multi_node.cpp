@@ -44,6 +44,9 @@ std::string local_address_toward(const std::string& host, uint16_t port) {
 struct Rendezvous {
   std::unique_ptr<comm::TcpStoreServer> server;
   std::shared_ptr<comm::TcpStore> store;
+  // One connection per local rank for Gloo's rendezvous: a connection serves one request at a
+  // time, and a rank's waiting read must not hold up another rank's write.
+  std::vector<std::shared_ptr<comm::TcpStore>> rank_stores;
 };
 
 }  // namespace
@@ -108,6 +111,11 @@ Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp) {
   comm::GlooOptions gloo;
   gloo.timeout = timeout;
   gloo.hostname = local_address_toward(host, port);
+  for (int i = 0; i < per_node; ++i) {
+    M3_ASSIGN_OR_RETURN(std::shared_ptr<comm::TcpStore> c,
+                        comm::TcpStore::connect(host, port, timeout));
+    rv->rank_stores.push_back(std::move(c));
+  }
   // Each rank blocks until the whole group has joined: join them concurrently.
   std::vector<Result<std::unique_ptr<comm::Communicator>>> joined;
   for (int i = 0; i < per_node; ++i) joined.emplace_back(internal_error("not joined"));
@@ -116,7 +124,7 @@ Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp) {
     for (int i = 0; i < per_node; ++i) {
       threads.emplace_back([&, i] {
         joined[static_cast<size_t>(i)] = comm::create_gloo_communicator(
-            first + i, tp, rv->store->gloo_store(timeout), gloo);
+            first + i, tp, rv->rank_stores[static_cast<size_t>(i)]->gloo_store(timeout), gloo);
       });
     }
     for (std::thread& t : threads) t.join();

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Two processes as two nodes (--nnodes 2, CPU ranks, --tp 2: one rank each) rendezvous over
+# Two processes as two nodes (--nnodes 2, CPU ranks, --tp 4: two ranks each) rendezvous over
 # loopback and serve the bundled model; its greedy text equals one process's. Then the failure
 # paths, each bounded in time:
 #   - node 1 is killed in the middle of a stream: the stream ends with an error, /health and new
 #     requests answer 503, and node 0 exits non-zero within --dist-timeout naming node 1;
+#   - node 1 hangs (SIGSTOP) in the middle of a stream: node 0's collective times out after
+#     --dist-timeout and it exits non-zero;
 #   - node 0 is killed: node 1 exits non-zero naming node 0;
 #   - node 0 stops cleanly (SIGTERM): node 1 exits 0;
 #   - node 0 alone: the rendezvous times out and it exits non-zero naming the address.
@@ -25,7 +27,7 @@ fail() {
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 TIMEOUT=10
-COMMON=(--device cpu --tp 2 --nnodes 2 --dist-timeout "$TIMEOUT")
+COMMON=(--device cpu --tp 4 --nnodes 2 --dist-timeout "$TIMEOUT")
 
 # start_nodes TAG: node 0 on $PORT, node 1; waits for /health 200.
 start_nodes() {
@@ -75,7 +77,7 @@ for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$SOLO_PORT/health" >/dev/nu
 want=$(complete "$SOLO_PORT" "The capital of France is")
 kill -TERM "$SOLO"
 [ -n "$got" ] && [ "$got" = "$want" ] || fail "two nodes gave '$got', one process '$want'"
-grep -q "layout: 1 of 2 CPU ranks on node 0 of 2" "$WORK/serve-node0.log" || fail "no layout line"
+grep -q "layout: 2 of 4 CPU ranks on node 0 of 2" "$WORK/serve-node0.log" || fail "no layout line"
 grep -q "node 1 of 2: ready" "$WORK/serve-node1.log" || fail "node 1 not ready"
 echo "ok: two nodes serve, greedy text equals one process's"
 
@@ -99,9 +101,25 @@ case "$code" in 503 | 000) ;; *) fail "a request after the failure answered $cod
 exits_within "$N0" $((TIMEOUT + 5))
 rc=$RC
 [ "$rc" -ne 0 ] || fail "node 0 exited 0 after node 1 died"
-grep -q "fatal: node 1 (ranks 1..1) left the rendezvous" "$WORK/serve-node0.log" ||
+grep -q "fatal: node 1 (ranks 2..3) left the rendezvous" "$WORK/serve-node0.log" ||
   fail "node 0's log does not name node 1"
 echo "ok: node 1 killed: stream error, $code, node 0 exited $rc after $((SECONDS - t0)) s"
+
+# ---- 2b. Node 1 hangs: the collective times out after --dist-timeout.
+start_nodes hang
+curl -sN "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "Count", "max_tokens": 3000, "ignore_eos": true, "stream": true}' \
+  >"$WORK/hang-stream.txt" 2>&1 &
+for _ in $(seq 1 40); do [ "$(grep -c '^data:' "$WORK/hang-stream.txt" || true)" -ge 3 ] && break; sleep 0.1; done
+kill -STOP "$N1"
+t0=$SECONDS
+exits_within "$N0" $((TIMEOUT + 10))
+rc=$RC
+kill -9 "$N1" 2>/dev/null || true
+[ "$rc" -ne 0 ] || fail "node 0 exited 0 after node 1 hung"
+grep -q "fatal:" "$WORK/hang-node0.log" || fail "node 0's log has no fatal line after node 1 hung"
+grep -q '"error"' "$WORK/hang-stream.txt" || fail "the stream ended without an error event"
+echo "ok: node 1 hung: node 0 exited $rc after $((SECONDS - t0)) s (--dist-timeout $TIMEOUT)"
 
 # ---- 3. Node 0 dies: node 1 exits non-zero, naming it.
 start_nodes kill0
@@ -109,7 +127,7 @@ kill -9 "$N0"
 exits_within "$N1" $((TIMEOUT + 5))
 rc=$RC
 [ "$rc" -ne 0 ] || fail "node 1 exited 0 after node 0 died"
-grep -q "fatal: node 1 of 2: node 0 (ranks 0..0) is gone" "$WORK/kill0-node1.log" ||
+grep -q "fatal: node 1 of 2: node 0 (ranks 0..1) is gone" "$WORK/kill0-node1.log" ||
   fail "node 1's log does not name node 0"
 echo "ok: node 0 killed: node 1 exited $rc"
 
@@ -126,7 +144,7 @@ echo "ok: clean stop: both exited 0"
 
 # ---- 5. Node 0 alone: the rendezvous times out, naming the address.
 ADDR=127.0.0.1:$(free_port)
-"$BIN" serve --device cpu --tp 2 --nnodes 2 --node-rank 0 --dist-init-addr "$ADDR" \
+"$BIN" serve --device cpu --tp 4 --nnodes 2 --node-rank 0 --dist-init-addr "$ADDR" \
   --dist-timeout 2 --host 127.0.0.1 --port "$(free_port)" >"$WORK/alone.log" 2>&1 &
 ALONE=$!
 PIDS+=("$ALONE")
