@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/gemm/scale_codes.cuh"
 #include "backend/cuda/moe/grouped_expert_gemm.h"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -49,25 +50,6 @@ struct Fmt {
 // 8 rows an ldmatrix phase reads hit 8 different 16-byte bank groups.
 __device__ __forceinline__ int tile_off(int r, int c) {
   return r * kTileRowBytes + ((c ^ (r & 7)) << 4);
-}
-
-__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
-  const uint32_t e = (b >> 3) & 0xF, m = b & 7;
-  float v;
-  if ((b & 0x7F) == 0x7F) {
-    v = __int_as_float(0x7FC00000);
-  } else if (e == 0) {
-    v = static_cast<float>(m) * 0.001953125f;  // m/8 · 2^-6
-  } else {
-    v = __int_as_float(static_cast<int>(((e + 120) << 23) | (m << 20)));
-  }
-  return (b & 0x80) ? -v : v;
-}
-
-__device__ __forceinline__ float e8m0_to_float(uint32_t s) {
-  if (s == 0xFF) return __int_as_float(0x7FC00000);
-  if (s == 0) return __int_as_float(0x00400000);  // 2^-127
-  return __int_as_float(static_cast<int>(s << 23));
 }
 
 // Two E4M3 codes (low byte -> low half) to an exact f16x2.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/gemm/scale_codes.cuh"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "quant/mxfp8_mma_layout.h"
@@ -18,33 +19,6 @@ constexpr int kThreads = 256;
 int grid_for(int64_t n, int per_thread = 1) {
   const int64_t work = (n + per_thread - 1) / per_thread;
   return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 65535 * 8));
-}
-
-// E4M3 (bias 7, no infinities, S.1111.111 = NaN) to float, exact.
-__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
-  const uint32_t e = (b >> 3) & 0xF, m = b & 7;
-  float v;
-  if ((b & 0x7F) == 0x7F) {
-    v = __int_as_float(0x7FC00000);
-  } else if (e == 0) {
-    v = static_cast<float>(m) * 0.001953125f;  // m/8 · 2^-6
-  } else {
-    v = __int_as_float(static_cast<int>(((e + 120) << 23) | (m << 20)));
-  }
-  return (b & 0x80) ? -v : v;
-}
-
-// E8M0 2^(s - 127); 0xFF is NaN.
-__device__ __forceinline__ float e8m0_to_float(uint32_t s) {
-  if (s == 0xFF) return __int_as_float(0x7FC00000);
-  if (s == 0) return __int_as_float(0x00400000);  // 2^-127 (subnormal)
-  return __int_as_float(static_cast<int>(s << 23));
-}
-
-__device__ __forceinline__ float e2m1_to_float(uint32_t c) {
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kMag[c & 7];
-  return (c & 8) ? -v : v;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

@@ -1,0 +1,38 @@
+// Exact device decodes of the quantised formats' codes to float: E4M3 (MXFP8 values, NVFP4 block
+// scales), E8M0 (MXFP8 block scales) and E2M1 (NVFP4 values). Every result is representable in
+// float, so a product with a scale is exact where the format promises it (quant_gemv.h).
+#pragma once
+
+#include <cstdint>
+
+namespace m3::cuda {
+
+// E4M3 (bias 7, no infinities, S.1111.111 = NaN) to float, exact.
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+  const uint32_t e = (b >> 3) & 0xF, m = b & 7;
+  float v;
+  if ((b & 0x7F) == 0x7F) {
+    v = __int_as_float(0x7FC00000);
+  } else if (e == 0) {
+    v = static_cast<float>(m) * 0.001953125f;  // m/8 · 2^-6
+  } else {
+    v = __int_as_float(static_cast<int>(((e + 120) << 23) | (m << 20)));
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+// E8M0 2^(s - 127); 0xFF is NaN.
+__device__ __forceinline__ float e8m0_to_float(uint32_t s) {
+  if (s == 0xFF) return __int_as_float(0x7FC00000);
+  if (s == 0) return __int_as_float(0x00400000);  // 2^-127 (subnormal)
+  return __int_as_float(static_cast<int>(s << 23));
+}
+
+// E2M1: sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+__device__ __forceinline__ float e2m1_to_float(uint32_t c) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMag[c & 7];
+  return (c & 8) ? -v : v;
+}
+
+}  // namespace m3::cuda
