@@ -74,7 +74,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TEST(WeightWindow, EqualsTheWindowOfTheWholeTensorBitwise) {
+TEST(LoaderWeightWindow, EqualsTheWindowOfTheWholeTensorBitwise) {
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(make_checkpoint()).value();
   struct Case {
     std::string name;
@@ -103,7 +103,7 @@ TEST(WeightWindow, EqualsTheWindowOfTheWholeTensorBitwise) {
   }
 }
 
-TEST(WeightWindow, ReadsOnlyTheWindowsBytes) {
+TEST(LoaderWeightWindow, ReadsOnlyTheWindowsBytes) {
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(make_checkpoint()).value();
   ReadCounter counter;
   ck->set_read_counter(&counter);
@@ -132,7 +132,7 @@ TEST(WeightWindow, ReadsOnlyTheWindowsBytes) {
   ck->set_read_counter(nullptr);
 }
 
-TEST(WeightWindow, NeverDequantisesRowsOutsideTheWindow) {
+TEST(LoaderWeightWindow, NeverDequantisesRowsOutsideTheWindow) {
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(make_checkpoint()).value();
   // Row 7 holds the NaN scale: the whole tensor and any window with row 7 fail, the others load.
   EXPECT_EQ(ck->load_f32(kBad, {8, 64}).status().code(), StatusCode::kDataLoss);
@@ -142,7 +142,7 @@ TEST(WeightWindow, NeverDequantisesRowsOutsideTheWindow) {
   EXPECT_TRUE(ck->load_f32_window(kBad, {8, 64}, {7, 8, 32, 64}).is_ok());  // the NaN is block 0
 }
 
-TEST(WeightWindow, ColumnsOffTheScaleBlocksAreNamed) {
+TEST(LoaderWeightWindow, ColumnsOffTheScaleBlocksAreNamed) {
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(make_checkpoint()).value();
   const Status mx = ck->load_f32_window(kMx, {8, 128}, {0, 8, 16, 80}).status();
   EXPECT_EQ(mx.code(), StatusCode::kInvalidArgument);
@@ -159,6 +159,46 @@ TEST(WeightWindow, ColumnsOffTheScaleBlocksAreNamed) {
   EXPECT_TRUE(contains(out.message(), "rows [3, 6)")) << out.message();
   EXPECT_EQ(ck->load_f32_window(kBf, {5, 40}, {0, 5, 0, 40}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// The quantised golden fixtures (tests/fixtures/golden/mxfp8_nvfp4_ct, nvfp4_modelopt): every
+// 2-D MXFP8 / NVFP4 weight, cut into halves by rows and by whole scale blocks of columns, equals
+// the same halves of its full dequantisation bit for bit, and the halves' bytes add up to the
+// whole tensor's.
+TEST(LoaderWeightWindow, QuantisedFixturesSliceLikeTheirDequantisation) {
+  int checked = 0;
+  for (const char* fixture : {"mxfp8_nvfp4_ct", "nvfp4_modelopt"}) {
+    const std::string dir = std::string(M3_REPO_ROOT) + "/tests/fixtures/golden/" + fixture;
+    Result<std::unique_ptr<Checkpoint>> opened = Checkpoint::open(dir);
+    ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
+    Checkpoint& ck = **opened;
+    for (const std::string& name : ck.names()) {
+      const StoredWeight sw = ck.stored(name).value();
+      const int64_t block = weight_format_block(sw.format);
+      if (block == 1 || sw.shape.size() != 2) continue;
+      const int64_t rows = sw.shape[0], cols = sw.shape[1];
+      const HostTensorF32 whole = ck.load_f32(name, sw.shape).value();
+      const int64_t half_cols = (cols / block / 2) * block;
+      const std::vector<WeightWindow> halves = {{0, rows / 2, 0, cols},
+                                                {rows / 2, rows, 0, cols},
+                                                {0, rows, 0, half_cols},
+                                                {0, rows, half_cols, cols}};
+      uint64_t row_bytes = 0, col_bytes = 0;
+      for (size_t h = 0; h < halves.size(); ++h) {
+        ReadCounter counter;
+        ck.set_read_counter(&counter);
+        Result<HostTensorF32> got = ck.load_f32_window(name, sw.shape, halves[h]);
+        ck.set_read_counter(nullptr);
+        ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+        EXPECT_TRUE(bitwise_equal(got->data, cut(whole, halves[h]))) << fixture << ": " << name;
+        (h < 2 ? row_bytes : col_bytes) += counter.total() - sw.global_scale.nbytes;
+      }
+      EXPECT_EQ(row_bytes, sw.data.nbytes + sw.scale.nbytes) << name;
+      EXPECT_EQ(col_bytes, sw.data.nbytes + sw.scale.nbytes) << name;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0) << "no quantised weight in the fixtures";
 }
 
 }  // namespace

@@ -179,9 +179,9 @@ void expect_rank_weights_are_slices(Backend* fb, const ModelWeights& full, Backe
   }
 }
 
-class RankSliceLoading : public ::testing::TestWithParam<Layout> {};
+class ShardedRankLoading : public ::testing::TestWithParam<Layout> {};
 
-TEST_P(RankSliceLoading, EachRankReadsExactlyItsSlices) {
+TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
   const Layout layout = GetParam();
   auto cfg = load_minimax_m3_config(kModel);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
@@ -233,7 +233,7 @@ TEST_P(RankSliceLoading, EachRankReadsExactlyItsSlices) {
 
 // `--load-format dummy`: a rank generates only its slices, and they equal the same slices of the
 // unsharded dummy model (the experts are NVFP4, the linears MXFP8: block-aligned windows).
-TEST_P(RankSliceLoading, DummyRanksEqualTheUnshardedDummy) {
+TEST_P(ShardedRankLoading, DummyRanksEqualTheUnshardedDummy) {
   const Layout layout = GetParam();
   auto cfg = load_minimax_m3_config(kModel);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
@@ -251,13 +251,13 @@ TEST_P(RankSliceLoading, DummyRanksEqualTheUnshardedDummy) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, RankSliceLoading,
+INSTANTIATE_TEST_SUITE_P(Layouts, ShardedRankLoading,
                          ::testing::Values(Layout{2, 1}, Layout{4, 1}, Layout{2, 2}, Layout{4, 2}),
                          [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 // A dummy window equals the same window of the whole tensor in each stored format, and columns off
 // the scale blocks are refused as the checkpoint refuses them.
-TEST(DummyWeightWindow, EqualsTheWholeTensorsWindow) {
+TEST(ShardedDummyWeightWindow, EqualsTheWholeTensorsWindow) {
   auto cfg = load_minimax_m3_config(kModel);
   ASSERT_TRUE(cfg.is_ok());
   DummyWeightSource src(*cfg);
