@@ -40,12 +40,23 @@ class Loader {
   }
 
   // Columns [begin, begin + count) of `name` [rows, cols]: only each row's sub-range is read.
+  // A quantised weight is read by whole scale blocks (load_f32_window's rule); where the slice
+  // does not fall on them (tiny test models: 32 inputs over 4 ranks of NVFP4), the covering blocks
+  // are read and the slice cut from them: dequantisation is per element, so the values are exact,
+  // and at most one block per row edge is read beyond the slice.
   Result<DeviceBuffer<float>> load_cols(const std::string& name, int64_t rows, int64_t cols,
                                         int64_t begin, int64_t count) {
-    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32_window(
-                                             name, {rows, cols},
-                                             WeightWindow::col_range(rows, begin, begin + count)));
-    return upload(t.data);
+    M3_ASSIGN_OR_RETURN(WeightFormat format, src_.format(name));
+    const int64_t block = weight_format_block(format);
+    const int64_t lo = begin / block * block;
+    const int64_t hi = std::min(cols, (begin + count + block - 1) / block * block);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32_window(name, {rows, cols},
+                                                              WeightWindow::col_range(rows, lo, hi)));
+    if (lo == begin && hi == begin + count) return upload(t.data);
+    std::vector<float> out(static_cast<size_t>(rows * count));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(t.data.begin() + r * (hi - lo) + (begin - lo), count, out.begin() + r * count);
+    return upload(out);
   }
 
   // Rows [begin, begin + count) of gate [I, Hd] and of up [I, Hd] into one [2·count, Hd] buffer
