@@ -404,7 +404,8 @@ Result<HostTensorF32> Checkpoint::load_f32_window(const std::string& name,
         break;
       case WeightFormat::kBF16:
       case WeightFormat::kF16:
-        for (int64_t c = 0; c < out_cols; ++c) out[c] = read_float(w.data, row * cols + win.col_begin + c);
+        for (int64_t c = 0; c < out_cols; ++c)
+          out[c] = read_float(w.data, row * cols + win.col_begin + c);
         data_bytes += uint64_t(out_cols) * 2;
         break;
       case WeightFormat::kMxfp8:
@@ -416,12 +417,12 @@ Result<HostTensorF32> Checkpoint::load_f32_window(const std::string& name,
       case WeightFormat::kNvfp4Compressed:
       case WeightFormat::kNvfp4ModelOpt:
         // col_begin is a multiple of 16, so the window starts on a whole packed byte.
-        s = dequantize_nvfp4(data + (row * cols + win.col_begin) / 2,
-                             scales + row * scale_cols + win.col_begin / block,
-                             read_float(w.global_scale, 0),
-                             w.format == WeightFormat::kNvfp4Compressed ? Nvfp4GlobalScale::kDivide
-                                                                        : Nvfp4GlobalScale::kMultiply,
-                             1, out_cols, out);
+        s = dequantize_nvfp4(
+            data + (row * cols + win.col_begin) / 2,
+            scales + row * scale_cols + win.col_begin / block, read_float(w.global_scale, 0),
+            w.format == WeightFormat::kNvfp4Compressed ? Nvfp4GlobalScale::kDivide
+                                                       : Nvfp4GlobalScale::kMultiply,
+            1, out_cols, out);
         data_bytes += uint64_t(out_cols / 2);
         scale_bytes += uint64_t(out_cols / block);
         break;

@@ -18,13 +18,13 @@ namespace {
 using testing_util::contains;
 using testing_util::make_temp_dir;
 
-const std::string kMx = "model.layers.0.self_attn.q_proj.weight";          // MXFP8 [8, 128]
-const std::string kCt = "model.layers.0.mlp.experts.0.w1.weight";          // NVFP4 CT [6, 64]
-const std::string kMo = "model.layers.0.mlp.experts.1.w2.weight";          // NVFP4 MO [4, 64]
-const std::string kBf = "model.layers.0.self_attn.o_proj.weight";          // BF16 [5, 48]
-const std::string kF16 = "model.layers.0.self_attn.k_proj.weight";         // F16 [3, 10]
-const std::string kF32 = "model.layers.0.self_attn.v_proj.weight";         // F32 [4, 6]
-const std::string kBad = "model.layers.0.self_attn.index_q_proj.weight";   // MXFP8, row 7 NaN
+const std::string kMx = "model.layers.0.self_attn.q_proj.weight";         // MXFP8 [8, 128]
+const std::string kCt = "model.layers.0.mlp.experts.0.w1.weight";         // NVFP4 CT [6, 64]
+const std::string kMo = "model.layers.0.mlp.experts.1.w2.weight";         // NVFP4 MO [4, 64]
+const std::string kBf = "model.layers.0.self_attn.o_proj.weight";         // BF16 [5, 48]
+const std::string kF16 = "model.layers.0.self_attn.k_proj.weight";        // F16 [3, 10]
+const std::string kF32 = "model.layers.0.self_attn.v_proj.weight";        // F32 [4, 6]
+const std::string kBad = "model.layers.0.self_attn.index_q_proj.weight";  // MXFP8, row 7 NaN
 
 std::vector<float> values(int64_t n, float scale, int salt) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -39,7 +39,8 @@ std::string make_checkpoint() {
   Mxfp8Tensor mx = *quantize_mxfp8(values(8 * 128, 2.0f, 1).data(), 8, 128);
   w.add_u8(kMx, DType::kF8E4M3, {8, 128}, mx.codes);
   w.add_u8(kMx + "_scale_inv", DType::kU8, {8, 4}, mx.scales);
-  Nvfp4Tensor ct = *quantize_nvfp4(values(6 * 64, 1.5f, 2).data(), 6, 64, Nvfp4GlobalScale::kDivide);
+  Nvfp4Tensor ct =
+      *quantize_nvfp4(values(6 * 64, 1.5f, 2).data(), 6, 64, Nvfp4GlobalScale::kDivide);
   const std::string ctp = kCt.substr(0, kCt.size() - std::string(".weight").size());
   w.add_u8(ctp + ".weight_packed", DType::kU8, {6, 32}, ct.packed);
   w.add_u8(ctp + ".weight_scale", DType::kF8E4M3, {6, 4}, ct.scales);

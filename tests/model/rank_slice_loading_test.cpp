@@ -38,8 +38,8 @@ struct Layout {
 enum class Sharing { kPartitioned, kKvHeads, kReplicated };
 
 struct Expected {
-  std::map<std::string, uint64_t> bytes;    // stored name -> bytes this rank reads
-  std::map<std::string, Sharing> sharing;   // stored name -> how the ranks share it
+  std::map<std::string, uint64_t> bytes;   // stored name -> bytes this rank reads
+  std::map<std::string, Sharing> sharing;  // stored name -> how the ranks share it
 };
 
 // This rank's reads, from the config and the rank's slices alone (not from the loader's code).
@@ -168,7 +168,8 @@ void expect_rank_weights_are_slices(Backend* fb, const ModelWeights& full, Backe
       same(r.expert_w13[size_t(x)],
            gate_up_of(get(f.expert_w13[fx]), in, hd, rs.inter_begin, rs.inter_count),
            l + "expert " + std::to_string(fx) + " w1/w3");
-      same(r.expert_w2[size_t(x)], cols_of(get(f.expert_w2[fx]), in, rs.inter_begin, rs.inter_count),
+      same(r.expert_w2[size_t(x)],
+           cols_of(get(f.expert_w2[fx]), in, rs.inter_begin, rs.inter_count),
            l + "expert " + std::to_string(fx) + " w2");
     }
     const int64_t si = c.shared_intermediate_size * c.n_shared_experts;
@@ -269,11 +270,11 @@ TEST(ShardedDummyWeightWindow, EqualsTheWholeTensorsWindow) {
   };
   const std::string m = "model.layers.1.block_sparse_moe.";
   const std::vector<Case> cases = {
-      {"model.layers.0.self_attn.q_proj.weight", {8 * 32, hd}, {64, 128, 0, hd}},     // MXFP8
-      {"model.layers.0.self_attn.o_proj.weight", {hd, 8 * 32}, {0, hd, 96, 160}},     // MXFP8
-      {m + "experts.3.w1.weight", {in, hd}, {80, 160, 0, hd}},                        // NVFP4
-      {m + "experts.3.w2.weight", {hd, in}, {0, hd, 160, 320}},                       // NVFP4
-      {"model.embed_tokens.weight", {cfg->vocab_size, hd}, {7, 9, 3, 250}},           // BF16
+      {"model.layers.0.self_attn.q_proj.weight", {8 * 32, hd}, {64, 128, 0, hd}},  // MXFP8
+      {"model.layers.0.self_attn.o_proj.weight", {hd, 8 * 32}, {0, hd, 96, 160}},  // MXFP8
+      {m + "experts.3.w1.weight", {in, hd}, {80, 160, 0, hd}},                     // NVFP4
+      {m + "experts.3.w2.weight", {hd, in}, {0, hd, 160, 320}},                    // NVFP4
+      {"model.embed_tokens.weight", {cfg->vocab_size, hd}, {7, 9, 3, 250}},        // BF16
   };
   for (const Case& c : cases) {
     Result<WeightFormat> f = src.format(c.name);
@@ -287,8 +288,8 @@ TEST(ShardedDummyWeightWindow, EqualsTheWholeTensorsWindow) {
         want.push_back(whole.data[size_t(r * c.shape[1] + k)]);
     EXPECT_TRUE(bitwise_equal(got->data, want)) << c.name;
   }
-  const Status off = src.load_f32_window(m + "experts.3.w2.weight", {hd, in}, {0, hd, 8, 40})
-                         .status();
+  const Status off =
+      src.load_f32_window(m + "experts.3.w2.weight", {hd, in}, {0, hd, 8, 40}).status();
   EXPECT_EQ(off.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(off.message().find("[8, 40)"), std::string::npos) << off.message();
   EXPECT_NE(off.message().find("16-element"), std::string::npos) << off.message();

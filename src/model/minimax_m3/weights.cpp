@@ -50,8 +50,8 @@ class Loader {
     const int64_t block = weight_format_block(format);
     const int64_t lo = begin / block * block;
     const int64_t hi = std::min(cols, (begin + count + block - 1) / block * block);
-    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32_window(name, {rows, cols},
-                                                              WeightWindow::col_range(rows, lo, hi)));
+    const WeightWindow covering = WeightWindow::col_range(rows, lo, hi);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32_window(name, {rows, cols}, covering));
     if (lo == begin && hi == begin + count) return upload(t.data);
     std::vector<float> out(static_cast<size_t>(rows * count));
     for (int64_t r = 0; r < rows; ++r)
@@ -74,13 +74,10 @@ class Loader {
   // The same from a fused gate_up_proj [2·I, Hd]: the two row ranges of the one tensor.
   Result<DeviceBuffer<float>> load_fused_gate_up(const std::string& name, int64_t inter,
                                                  int64_t hidden, int64_t begin, int64_t count) {
-    M3_ASSIGN_OR_RETURN(HostTensorF32 g,
-                        src_.load_f32_window(name, {2 * inter, hidden},
-                                             WeightWindow::row_range(begin, begin + count, hidden)));
-    M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32_window(
-                                             name, {2 * inter, hidden},
-                                             WeightWindow::row_range(inter + begin,
-                                                                     inter + begin + count, hidden)));
+    const WeightWindow gate = WeightWindow::row_range(begin, begin + count, hidden);
+    const WeightWindow up = WeightWindow::row_range(inter + begin, inter + begin + count, hidden);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 g, src_.load_f32_window(name, {2 * inter, hidden}, gate));
+    M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32_window(name, {2 * inter, hidden}, up));
     g.data.insert(g.data.end(), u.data.begin(), u.data.end());
     return upload(g.data);
   }
