@@ -114,6 +114,29 @@ Status classify_quantized(StoredWeight& w) {
 
 }  // namespace
 
+void ReadCounter::add(const std::string& stored_name, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_[stored_name] += bytes;
+}
+
+uint64_t ReadCounter::total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t t = 0;
+  for (const auto& [name, b] : bytes_) t += b;
+  return t;
+}
+
+std::map<std::string, uint64_t> ReadCounter::by_tensor() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+void Checkpoint::count_whole(const StoredWeight& w) const {
+  count(w.data_name, w.data.nbytes);
+  count(w.scale_name, w.scale.nbytes);
+  count(w.global_scale_name, w.global_scale.nbytes);
+}
+
 Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& model_dir) {
   M3_ASSIGN_OR_RETURN(TensorStore store, TensorStore::open_dir(model_dir));
   return from_store(std::move(store));
@@ -305,6 +328,7 @@ Result<RawWeight> Checkpoint::load_raw(const std::string& name,
                             weight_format_name(w.format) + " of logical shape " +
                             shape_to_string(w.shape));
   }
+  count_whole(w);
   r.data = static_cast<const uint8_t*>(w.data.data);
   r.data_bytes = w.data.nbytes;
   if (want_scale != 0) {
@@ -347,6 +371,67 @@ Result<HostTensorF32> Checkpoint::load_f32_any(const std::string& name) const {
       break;
   }
   if (!s.is_ok()) return Status(s.code(), where(w.data, w.data_name) + s.message());
+  count_whole(w);
+  return t;
+}
+
+Result<HostTensorF32> Checkpoint::load_f32_window(const std::string& name,
+                                                  const std::vector<int64_t>& expected_shape,
+                                                  const WeightWindow& win) const {
+  M3_ASSIGN_OR_RETURN(StoredWeight w, stored_with_shape(name, expected_shape));
+  {
+    const Status s = check_weight_window(name, w.format, w.shape, win);
+    if (!s.is_ok()) return Status(s.code(), where(w.data, w.data_name) + s.message());
+  }
+  const int64_t cols = w.shape[1], out_rows = win.rows(), out_cols = win.cols();
+  HostTensorF32 t;
+  t.shape = {out_rows, out_cols};
+  t.data.resize(static_cast<size_t>(out_rows * out_cols));
+  if (out_rows == 0 || out_cols == 0) return t;
+  const auto* data = static_cast<const uint8_t*>(w.data.data);
+  const auto* scales = static_cast<const uint8_t*>(w.scale.data);
+  const int64_t block = weight_format_block(w.format);
+  const int64_t scale_cols = cols / block;
+  uint64_t data_bytes = 0, scale_bytes = 0;
+  Status s;
+  for (int64_t r = 0; r < out_rows && s.is_ok(); ++r) {
+    const int64_t row = win.row_begin + r;
+    float* out = t.data.data() + r * out_cols;
+    switch (w.format) {
+      case WeightFormat::kF32:
+        std::memcpy(out, data + (row * cols + win.col_begin) * 4, size_t(out_cols) * 4);
+        data_bytes += uint64_t(out_cols) * 4;
+        break;
+      case WeightFormat::kBF16:
+      case WeightFormat::kF16:
+        for (int64_t c = 0; c < out_cols; ++c)
+          out[c] = read_float(w.data, row * cols + win.col_begin + c);
+        data_bytes += uint64_t(out_cols) * 2;
+        break;
+      case WeightFormat::kMxfp8:
+        s = dequantize_mxfp8(data + row * cols + win.col_begin,
+                             scales + row * scale_cols + win.col_begin / block, 1, out_cols, out);
+        data_bytes += uint64_t(out_cols);
+        scale_bytes += uint64_t(out_cols / block);
+        break;
+      case WeightFormat::kNvfp4Compressed:
+      case WeightFormat::kNvfp4ModelOpt:
+        // col_begin is a multiple of 16, so the window starts on a whole packed byte.
+        s = dequantize_nvfp4(
+            data + (row * cols + win.col_begin) / 2,
+            scales + row * scale_cols + win.col_begin / block, read_float(w.global_scale, 0),
+            w.format == WeightFormat::kNvfp4Compressed ? Nvfp4GlobalScale::kDivide
+                                                       : Nvfp4GlobalScale::kMultiply,
+            1, out_cols, out);
+        data_bytes += uint64_t(out_cols / 2);
+        scale_bytes += uint64_t(out_cols / block);
+        break;
+    }
+  }
+  if (!s.is_ok()) return Status(s.code(), where(w.data, w.data_name) + s.message());
+  count(w.data_name, data_bytes);
+  count(w.scale_name, scale_bytes);
+  count(w.global_scale_name, w.global_scale.nbytes);
   return t;
 }
 

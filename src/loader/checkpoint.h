@@ -13,8 +13,10 @@
 // See docs/formats/checkpoint.md.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,21 @@ struct StoredWeight {
   TensorView global_scale;
 };
 
+// The checkpoint bytes that loads read, per stored tensor ("X.weight", "X.weight_scale_inv", ...):
+// what one rank's load costs. A whole load counts the tensor's stored bytes, a window
+// (load_f32_window) only the window's codes and block scales (plus the 4-byte NVFP4 global
+// scale); load_raw counts the whole tensor, whose bytes it hands out. Thread-safe.
+class ReadCounter {
+ public:
+  void add(const std::string& stored_name, uint64_t bytes);
+  uint64_t total() const;
+  std::map<std::string, uint64_t> by_tensor() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, uint64_t> bytes_;
+};
+
 class Checkpoint : public WeightSource {
  public:
   // Opens <model_dir> (see TensorStore::open_dir) and classifies every weight. Fails only when the
@@ -48,6 +65,12 @@ class Checkpoint : public WeightSource {
   Result<WeightFormat> format(const std::string& name) const override;
   Result<HostTensorF32> load_f32(const std::string& name,
                                  const std::vector<int64_t>& expected_shape) const override;
+  // Reads only rows [w.row_begin, w.row_end) of the mapping, and of each only the bytes of columns
+  // [w.col_begin, w.col_end) with their block scales (rows are contiguous in row-major storage,
+  // so a row window is one contiguous range of codes and one of scales).
+  Result<HostTensorF32> load_f32_window(const std::string& name,
+                                        const std::vector<int64_t>& expected_shape,
+                                        const WeightWindow& w) const override;
   std::vector<std::string> names() const override;
   // Zero-copy: the pointers go into the file mappings.
   Result<RawWeight> load_raw(const std::string& name,
@@ -67,6 +90,9 @@ class Checkpoint : public WeightSource {
   // companion tensor (scale) that belongs to no weight.
   Status check_all() const;
 
+  // Counts every later read into `counter` (nullptr: stop counting); not owned.
+  void set_read_counter(ReadCounter* counter) { counter_ = counter; }
+
   // Raw access to every stored tensor, by stored name.
   const TensorStore& store() const { return store_; }
   Result<TensorView> raw(const std::string& stored_name) const { return store_.tensor(stored_name); }
@@ -79,10 +105,15 @@ class Checkpoint : public WeightSource {
   explicit Checkpoint(TensorStore store) : store_(std::move(store)) {}
   void classify();
   const Entry* entry(const std::string& name) const;
+  void count(const std::string& stored_name, uint64_t bytes) const {
+    if (counter_ != nullptr && !stored_name.empty()) counter_->add(stored_name, bytes);
+  }
+  void count_whole(const StoredWeight& w) const;
 
   TensorStore store_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> orphans_;  // messages for unused companion tensors
+  ReadCounter* counter_ = nullptr;
 };
 
 }  // namespace m3

@@ -9,19 +9,6 @@ namespace m3 {
 
 namespace {
 
-// Elements per scale, and so the column granularity of a slice: 32, 16, or 1 (unquantised).
-int64_t raw_column_block(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kMxfp8:
-      return 32;
-    case WeightFormat::kNvfp4Compressed:
-    case WeightFormat::kNvfp4ModelOpt:
-      return 16;
-    default:
-      return 1;
-  }
-}
-
 // Bytes per element times 2 (NVFP4 is half a byte), for the data array of each format.
 int64_t data_half_bytes(WeightFormat f) {
   switch (f) {
@@ -55,7 +42,7 @@ Result<RawWeight> slice_raw(const RawWeight& w, int64_t row_begin, int64_t row_e
                             std::to_string(col_begin) + ", " + std::to_string(col_end) +
                             ") outside the weight's [" + std::to_string(rows) + ", " +
                             std::to_string(cols) + "]");
-  const int64_t block = raw_column_block(w.format);
+  const int64_t block = weight_format_block(w.format);
   if (col_begin % block != 0 || col_end % block != 0)
     return invalid_argument(what + "columns [" + std::to_string(col_begin) + ", " +
                             std::to_string(col_end) + ") must fall on " + std::to_string(block) +

@@ -35,6 +35,32 @@ enum class WeightFormat {
 
 const char* weight_format_name(WeightFormat f);
 
+// Elements per block scale along a row: 32 (MXFP8), 16 (NVFP4), 1 (unquantised). A column window
+// of a weight must start and end on a multiple of it.
+int64_t weight_format_block(WeightFormat f);
+
+// A window of a 2-D weight [out, in]: rows [row_begin, row_end) and columns [col_begin, col_end).
+// What one tensor- or expert-parallel rank holds of a matrix: rows of a column-parallel linear
+// (q/k/v, gate/up), columns of a row-parallel one (o_proj, down_proj).
+struct WeightWindow {
+  int64_t row_begin = 0, row_end = 0;
+  int64_t col_begin = 0, col_end = 0;
+  int64_t rows() const { return row_end - row_begin; }
+  int64_t cols() const { return col_end - col_begin; }
+  static WeightWindow all(int64_t rows, int64_t cols) { return {0, rows, 0, cols}; }
+  static WeightWindow row_range(int64_t begin, int64_t end, int64_t cols) {
+    return {begin, end, 0, cols};
+  }
+  static WeightWindow col_range(int64_t rows, int64_t begin, int64_t end) {
+    return {0, rows, begin, end};
+  }
+};
+
+// ok, or an invalid_argument naming `name` and the numbers, unless `shape` is 2-D, the window lies
+// inside it, and (for block-quantised formats) its columns fall on the format's scale blocks.
+Status check_weight_window(const std::string& name, WeightFormat format,
+                           const std::vector<int64_t>& shape, const WeightWindow& window);
+
 // The stored bytes of one logical weight in its checkpoint format, for backends that compute on
 // the quantised formats directly (the CUDA real-shape path). The pointers need no alignment and
 // stay valid while the WeightSource and `keep_alive` live.
@@ -66,6 +92,16 @@ class WeightSource {
   // `expected_shape`. Errors name the file and the tensor.
   virtual Result<HostTensorF32> load_f32(const std::string& name,
                                          const std::vector<int64_t>& expected_shape) const = 0;
+
+  // The window `w` of a 2-D logical weight whose shape must be `expected_shape`, dequantised to
+  // float32 [w.rows(), w.cols()]; the values equal the same window of load_f32(name), bit for bit.
+  // Column windows of MXFP8 / NVFP4 weights must fall on their scale blocks (check_weight_window).
+  // This default reads the whole weight and keeps the window; sources that can read less override
+  // it (Checkpoint reads only the window's bytes of the mapping, DummyWeightSource generates only
+  // the window's values).
+  virtual Result<HostTensorF32> load_f32_window(const std::string& name,
+                                                const std::vector<int64_t>& expected_shape,
+                                                const WeightWindow& w) const;
 
   // The stored bytes of a logical weight (see RawWeight), checking its logical shape. Sources
   // without raw access return unimplemented; callers then fall back to load_f32.

@@ -71,14 +71,35 @@ Result<Nvfp4Tensor> quantize_nvfp4(const float* x, int64_t rows, int64_t cols,
     }
     amax = std::max(amax, std::fabs(x[i]));
   }
+  return quantize_nvfp4_with_global_scale(x, rows, cols, kind,
+                                          nvfp4_global_scale_for_amax(amax, kind));
+}
+
+float nvfp4_global_scale_for_amax(float amax, Nvfp4GlobalScale kind) {
   constexpr float kRange = kE4M3Max * kE2M1Max;  // 2688
+  return amax == 0.0f ? 1.0f
+         : kind == Nvfp4GlobalScale::kDivide ? kRange / amax
+                                             : amax / kRange;
+}
+
+Result<Nvfp4Tensor> quantize_nvfp4_with_global_scale(const float* x, int64_t rows, int64_t cols,
+                                                     Nvfp4GlobalScale kind, float global_scale) {
+  M3_RETURN_IF_ERROR(check_shape("quantize_nvfp4", rows, cols));
+  if (!std::isfinite(global_scale) || global_scale <= 0.0f) {
+    return invalid_argument("quantize_nvfp4: global scale " + std::to_string(global_scale) +
+                            " must be finite and positive");
+  }
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if (!std::isfinite(x[i])) {
+      return invalid_argument("quantize_nvfp4: element " + at(i / cols, i % cols) +
+                              " is not finite");
+    }
+  }
   Nvfp4Tensor q;
   q.rows = rows;
   q.cols = cols;
   q.kind = kind;
-  q.global_scale = amax == 0.0f ? 1.0f
-                   : kind == Nvfp4GlobalScale::kDivide ? kRange / amax
-                                                       : amax / kRange;
+  q.global_scale = global_scale;
   const int64_t blocks = cols / kNvfp4BlockSize;
   q.packed.assign(size_t(rows * cols / 2), 0);
   q.scales.resize(size_t(rows * blocks));

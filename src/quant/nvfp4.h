@@ -59,4 +59,15 @@ struct Nvfp4Tensor {
 Result<Nvfp4Tensor> quantize_nvfp4(const float* x, int64_t rows, int64_t cols,
                                    Nvfp4GlobalScale kind);
 
+// The global scale the recipe above stores for a tensor whose max|x| is `amax`.
+float nvfp4_global_scale_for_amax(float amax, Nvfp4GlobalScale kind);
+
+// The same per-block recipe under a given global scale (stored value, `kind`'s convention; finite
+// and positive). Blocks then depend only on their own 16 values, so any row / 16-aligned column
+// window of a tensor quantises to the same window of the whole tensor's codes and scales (the
+// dummy weights generate a rank's slice this way). Values above the range the global scale
+// allows saturate at 6 x the largest block scale.
+Result<Nvfp4Tensor> quantize_nvfp4_with_global_scale(const float* x, int64_t rows, int64_t cols,
+                                                     Nvfp4GlobalScale kind, float global_scale);
+
 }  // namespace m3

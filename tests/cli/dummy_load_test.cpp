@@ -57,9 +57,15 @@ TEST(DummyWeights, ValuesAreExactInTheirFormats) {
   minimax_m3::DummyWeightSource src(c);
   // Small shapes of the right kinds (the source generates any requested shape).
   {
-    auto t = src.load_f32("model.layers.3.block_sparse_moe.experts.5.w1.weight", {64, 256});
+    // The global scale is the stored one (fixed by the draw's bound, so that a rank's slice
+    // quantises like the whole tensor); under it every value is an NVFP4 value.
+    const std::string name = "model.layers.3.block_sparse_moe.experts.5.w1.weight";
+    auto t = src.load_f32(name, {64, 256});
     ASSERT_TRUE(t.is_ok());
-    auto q = quantize_nvfp4(t->data.data(), 64, 256, Nvfp4GlobalScale::kDivide);
+    auto raw = src.load_raw(name, {64, 256});
+    ASSERT_TRUE(raw.is_ok());
+    auto q = quantize_nvfp4_with_global_scale(t->data.data(), 64, 256, Nvfp4GlobalScale::kDivide,
+                                              raw->global_scale);
     ASSERT_TRUE(q.is_ok());
     std::vector<float> back(t->data.size());
     ASSERT_TRUE(dequantize_nvfp4(q->packed.data(), q->scales.data(), q->global_scale,

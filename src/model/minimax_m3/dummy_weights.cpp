@@ -27,19 +27,20 @@ uint64_t name_seed(const std::string& name) {
   return h;
 }
 
-// Approximately N(0, sigma²): sum of four uniforms (Irwin-Hall), variance 4/12.
-std::vector<float> normal(int64_t n, uint64_t seed, float sigma) {
-  std::vector<float> v(static_cast<size_t>(n));
+// Element i of a tensor: approximately N(0, sigma²), a sum of four uniforms (Irwin-Hall,
+// variance 4/12) from a hash of (seed, i), so any element can be drawn alone.
+float normal_at(uint64_t seed, float sigma, int64_t i) {
   const float k = sigma * std::sqrt(3.0f) / 65536.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t h = splitmix(seed ^ splitmix(static_cast<uint64_t>(i)));
-    const int32_t s = static_cast<int32_t>(h & 0xFFFF) + static_cast<int32_t>((h >> 16) & 0xFFFF) +
-                      static_cast<int32_t>((h >> 32) & 0xFFFF) + static_cast<int32_t>(h >> 48) -
-                      2 * 65535;
-    v[static_cast<size_t>(i)] = static_cast<float>(s) * k;
-  }
-  return v;
+  const uint64_t h = splitmix(seed ^ splitmix(static_cast<uint64_t>(i)));
+  const int32_t s = static_cast<int32_t>(h & 0xFFFF) + static_cast<int32_t>((h >> 16) & 0xFFFF) +
+                    static_cast<int32_t>((h >> 32) & 0xFFFF) + static_cast<int32_t>(h >> 48) -
+                    2 * 65535;
+  return static_cast<float>(s) * k;
 }
+
+// The largest |normal_at| can return: the NVFP4 amax of every dummy tensor of that sigma, so the
+// global scale depends on no value and a rank's slice quantises like the whole tensor.
+float normal_bound(float sigma) { return 2.0f * 65535.0f * (sigma * std::sqrt(3.0f) / 65536.0f); }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -107,6 +108,71 @@ Result<WeightFormat> DummyWeightSource::format(const std::string& name) const {
   return WeightFormat::kBF16;
 }
 
+namespace {
+
+// What a dummy tensor of format `f` and logical shape `shape` is stored as: the format's
+// quantisation needs a 2-D tensor whose rows split into whole blocks; otherwise BF16.
+WeightFormat stored_format(WeightFormat f, const std::vector<int64_t>& shape) {
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  if (f == WeightFormat::kMxfp8 && shape.size() == 2 && cols % 32 == 0) return f;
+  if (f == WeightFormat::kNvfp4Compressed && shape.size() == 2 && cols % 16 == 0) return f;
+  if (f == WeightFormat::kF32) return f;
+  return WeightFormat::kBF16;
+}
+
+// The drawn (unquantised) values of window `w` of a tensor with `cols` columns. Element (r, c)
+// is draw r·cols + c, whatever the window.
+std::vector<float> draw_window(const std::string& name, int64_t cols, const WeightWindow& w) {
+  const bool small = ends_with(name, "norm.weight") || ends_with(name, "correction_bias");
+  const float sigma = small ? 0.01f : 0.02f;
+  const uint64_t seed = name_seed(name);
+  std::vector<float> v(static_cast<size_t>(w.rows() * w.cols()));
+  for (int64_t r = 0; r < w.rows(); ++r)
+    for (int64_t c = 0; c < w.cols(); ++c)
+      v[static_cast<size_t>(r * w.cols() + c)] =
+          normal_at(seed, sigma, (w.row_begin + r) * cols + w.col_begin + c);
+  return v;
+}
+
+// The NVFP4 global scale of every dummy expert weight (they are drawn with sigma 0.02).
+float dummy_nvfp4_global_scale() {
+  return nvfp4_global_scale_for_amax(normal_bound(0.02f), Nvfp4GlobalScale::kDivide);
+}
+
+// Window `w` of a tensor [rows, cols] viewed as 2-D (1-D tensors: one row), quantised to `stored`
+// and dequantised. MXFP8 and NVFP4 blocks depend only on their own values (the NVFP4 global scale
+// is fixed), so a window equals the same window of the whole tensor bit for bit.
+Result<std::vector<float>> window_values(const std::string& name, WeightFormat stored,
+                                         int64_t cols, const WeightWindow& w) {
+  std::vector<float> v = draw_window(name, cols, w);
+  const int64_t rows = w.rows(), n = w.rows() * w.cols();
+  if (n == 0) return v;
+  std::vector<float> out(v.size());
+  switch (stored) {
+    case WeightFormat::kMxfp8: {
+      M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(v.data(), rows, w.cols()));
+      M3_RETURN_IF_ERROR(
+          dequantize_mxfp8(q.codes.data(), q.scales.data(), rows, w.cols(), out.data()));
+      return out;
+    }
+    case WeightFormat::kNvfp4Compressed: {
+      M3_ASSIGN_OR_RETURN(Nvfp4Tensor q,
+                          quantize_nvfp4_with_global_scale(v.data(), rows, w.cols(),
+                                                           Nvfp4GlobalScale::kDivide,
+                                                           dummy_nvfp4_global_scale()));
+      M3_RETURN_IF_ERROR(dequantize_nvfp4(q.packed.data(), q.scales.data(), q.global_scale,
+                                          Nvfp4GlobalScale::kDivide, rows, w.cols(), out.data()));
+      return out;
+    }
+    case WeightFormat::kF32: return v;
+    default:
+      for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(f32_to_bf16(v[i]));
+      return out;
+  }
+}
+
+}  // namespace
+
 Result<HostTensorF32> DummyWeightSource::load_f32(const std::string& name,
                                                   const std::vector<int64_t>& shape) const {
   M3_ASSIGN_OR_RETURN(WeightFormat f, format(name));
@@ -115,26 +181,20 @@ Result<HostTensorF32> DummyWeightSource::load_f32(const std::string& name,
   const int64_t n = t.numel();
   const int64_t cols = shape.empty() ? 1 : shape.back();
   const int64_t rows = cols > 0 ? n / cols : 0;
-  const uint64_t seed = name_seed(name);
-  // Norm weights multiply (1 + w) (Gemma): small values; the routing bias is small too.
-  const bool small = ends_with(name, "norm.weight") || ends_with(name, "correction_bias");
-  std::vector<float> w = normal(n, seed, small ? 0.01f : 0.02f);
-  t.data.resize(static_cast<size_t>(n));
-  if (f == WeightFormat::kMxfp8 && cols % 32 == 0 && shape.size() == 2) {
-    M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(w.data(), rows, cols));
-    M3_RETURN_IF_ERROR(dequantize_mxfp8(q.codes.data(), q.scales.data(), rows, cols,
-                                        t.data.data()));
-  } else if (f == WeightFormat::kNvfp4Compressed && cols % 16 == 0 && shape.size() == 2) {
-    M3_ASSIGN_OR_RETURN(Nvfp4Tensor q,
-                        quantize_nvfp4(w.data(), rows, cols, Nvfp4GlobalScale::kDivide));
-    M3_RETURN_IF_ERROR(dequantize_nvfp4(q.packed.data(), q.scales.data(), q.global_scale,
-                                        Nvfp4GlobalScale::kDivide, rows, cols, t.data.data()));
-  } else if (f == WeightFormat::kF32) {
-    t.data = std::move(w);
-  } else {  // BF16 (and quantised tensors whose in-dim is not a block multiple)
-    for (int64_t i = 0; i < n; ++i)
-      t.data[static_cast<size_t>(i)] = bf16_to_f32(f32_to_bf16(w[static_cast<size_t>(i)]));
-  }
+  M3_ASSIGN_OR_RETURN(t.data, window_values(name, stored_format(f, shape), cols,
+                                            WeightWindow::all(rows, cols)));
+  return t;
+}
+
+Result<HostTensorF32> DummyWeightSource::load_f32_window(const std::string& name,
+                                                         const std::vector<int64_t>& shape,
+                                                         const WeightWindow& w) const {
+  M3_ASSIGN_OR_RETURN(WeightFormat f, format(name));
+  const WeightFormat stored = stored_format(f, shape);
+  M3_RETURN_IF_ERROR(check_weight_window(name, stored, shape, w));
+  HostTensorF32 t;
+  t.shape = {w.rows(), w.cols()};
+  M3_ASSIGN_OR_RETURN(t.data, window_values(name, stored, shape[1], w));
   return t;
 }
 
@@ -151,27 +211,25 @@ Result<RawWeight> DummyWeightSource::load_raw(const std::string& name,
   for (int64_t d : shape) n *= d;
   const int64_t cols = shape.empty() ? 1 : shape.back();
   const int64_t rows = cols > 0 ? n / cols : 0;
-  // The draw and the format branches mirror load_f32 exactly.
-  const bool small = ends_with(name, "norm.weight") || ends_with(name, "correction_bias");
-  std::vector<float> w = normal(n, name_seed(name), small ? 0.01f : 0.02f);
-  if (f == WeightFormat::kMxfp8 && cols % 32 == 0 && shape.size() == 2) {
+  // The draw and the formats are window_values' (load_f32 is exactly their dequantisation).
+  r.format = stored_format(f, shape);
+  std::vector<float> w = draw_window(name, cols, WeightWindow::all(rows, cols));
+  if (r.format == WeightFormat::kMxfp8) {
     M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(w.data(), rows, cols));
-    r.format = WeightFormat::kMxfp8;
     owned->data = std::move(q.codes);
     owned->scale = std::move(q.scales);
-  } else if (f == WeightFormat::kNvfp4Compressed && cols % 16 == 0 && shape.size() == 2) {
+  } else if (r.format == WeightFormat::kNvfp4Compressed) {
     M3_ASSIGN_OR_RETURN(Nvfp4Tensor q,
-                        quantize_nvfp4(w.data(), rows, cols, Nvfp4GlobalScale::kDivide));
-    r.format = WeightFormat::kNvfp4Compressed;
+                        quantize_nvfp4_with_global_scale(w.data(), rows, cols,
+                                                         Nvfp4GlobalScale::kDivide,
+                                                         dummy_nvfp4_global_scale()));
     owned->data = std::move(q.packed);
     owned->scale = std::move(q.scales);
     r.global_scale = q.global_scale;
-  } else if (f == WeightFormat::kF32) {
-    r.format = WeightFormat::kF32;
+  } else if (r.format == WeightFormat::kF32) {
     owned->data.resize(static_cast<size_t>(n) * 4);
     std::memcpy(owned->data.data(), w.data(), owned->data.size());
   } else {
-    r.format = WeightFormat::kBF16;
     owned->data.resize(static_cast<size_t>(n) * 2);
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t b = f32_to_bf16(w[static_cast<size_t>(i)]);

@@ -3,8 +3,9 @@
 // representable in the format the real checkpoint uses for that tensor (the weight is drawn from
 // N(0, 0.02²), quantised and dequantised): routed experts NVFP4 (compressed-tensors layout),
 // attention / indexer / dense-MLP / shared-expert linears MXFP8, the routing bias float32,
-// everything else BF16. Values depend only on the tensor name and shape (a hash seeds each
-// tensor), so two runs load the same model.
+// everything else BF16. Values depend only on the tensor name and the element's index (a hash
+// seeds each tensor), so two runs load the same model, and a tensor- / expert-parallel rank
+// generates only its slice (load_f32_window).
 //
 // This is the host variant: the weights go through the normal loader into any Backend (the
 // float32 correctness path of CPU and CUDA). src/backend/cuda/dummy generates the same formats on
@@ -34,6 +35,12 @@ class DummyWeightSource final : public WeightSource {
   Result<WeightFormat> format(const std::string& name) const override;
   Result<HostTensorF32> load_f32(const std::string& name,
                                  const std::vector<int64_t>& expected_shape) const override;
+  // Generates only the window's values: equal to the same window of load_f32 (NVFP4 tensors use
+  // one global scale fixed by the draw's bound, not by their values), so a sharded dummy model
+  // equals the unsharded one.
+  Result<HostTensorF32> load_f32_window(const std::string& name,
+                                        const std::vector<int64_t>& expected_shape,
+                                        const WeightWindow& w) const override;
   // The same values in their stored formats (load_f32 is exactly their dequantisation).
   Result<RawWeight> load_raw(const std::string& name,
                              const std::vector<int64_t>& expected_shape) const override;

@@ -30,23 +30,32 @@ class Loader {
     return upload(t.data);
   }
 
-  // Rows [begin, begin + count) of `name` [rows, cols].
+  // Rows [begin, begin + count) of `name` [rows, cols]: only those rows are read.
   Result<DeviceBuffer<float>> load_rows(const std::string& name, int64_t rows, int64_t cols,
                                         int64_t begin, int64_t count) {
-    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {rows, cols}));
-    if (begin == 0 && count == rows) return upload(t.data);
-    return upload(std::vector<float>(t.data.begin() + begin * cols,
-                                     t.data.begin() + (begin + count) * cols));
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32_window(
+                                             name, {rows, cols},
+                                             WeightWindow::row_range(begin, begin + count, cols)));
+    return upload(t.data);
   }
 
-  // Columns [begin, begin + count) of `name` [rows, cols].
+  // Columns [begin, begin + count) of `name` [rows, cols]: only each row's sub-range is read.
+  // A quantised weight is read by whole scale blocks (load_f32_window's rule); where the slice
+  // does not fall on them (tiny test models: 32 inputs over 4 ranks of NVFP4), the covering blocks
+  // are read and the slice cut from them: dequantisation is per element, so the values are exact,
+  // and at most one block per row edge is read beyond the slice.
   Result<DeviceBuffer<float>> load_cols(const std::string& name, int64_t rows, int64_t cols,
                                         int64_t begin, int64_t count) {
-    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {rows, cols}));
-    if (begin == 0 && count == cols) return upload(t.data);
+    M3_ASSIGN_OR_RETURN(WeightFormat format, src_.format(name));
+    const int64_t block = weight_format_block(format);
+    const int64_t lo = begin / block * block;
+    const int64_t hi = std::min(cols, (begin + count + block - 1) / block * block);
+    const WeightWindow covering = WeightWindow::col_range(rows, lo, hi);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32_window(name, {rows, cols}, covering));
+    if (lo == begin && hi == begin + count) return upload(t.data);
     std::vector<float> out(static_cast<size_t>(rows * count));
     for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(t.data.begin() + r * cols + begin, count, out.begin() + r * count);
+      std::copy_n(t.data.begin() + r * (hi - lo) + (begin - lo), count, out.begin() + r * count);
     return upload(out);
   }
 
@@ -55,25 +64,22 @@ class Loader {
   Result<DeviceBuffer<float>> load_gate_up(const std::string& gate, const std::string& up,
                                            int64_t inter, int64_t hidden, int64_t begin,
                                            int64_t count) {
-    M3_ASSIGN_OR_RETURN(HostTensorF32 g, src_.load_f32(gate, {inter, hidden}));
-    M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32(up, {inter, hidden}));
-    std::vector<float> both(g.data.begin() + begin * hidden,
-                            g.data.begin() + (begin + count) * hidden);
-    both.insert(both.end(), u.data.begin() + begin * hidden,
-                u.data.begin() + (begin + count) * hidden);
-    return upload(both);
+    const WeightWindow w = WeightWindow::row_range(begin, begin + count, hidden);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 g, src_.load_f32_window(gate, {inter, hidden}, w));
+    M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32_window(up, {inter, hidden}, w));
+    g.data.insert(g.data.end(), u.data.begin(), u.data.end());
+    return upload(g.data);
   }
 
-  // The same from a fused gate_up_proj [2·I, Hd].
+  // The same from a fused gate_up_proj [2·I, Hd]: the two row ranges of the one tensor.
   Result<DeviceBuffer<float>> load_fused_gate_up(const std::string& name, int64_t inter,
                                                  int64_t hidden, int64_t begin, int64_t count) {
-    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {2 * inter, hidden}));
-    if (begin == 0 && count == inter) return upload(t.data);
-    std::vector<float> both(t.data.begin() + begin * hidden,
-                            t.data.begin() + (begin + count) * hidden);
-    both.insert(both.end(), t.data.begin() + (inter + begin) * hidden,
-                t.data.begin() + (inter + begin + count) * hidden);
-    return upload(both);
+    const WeightWindow gate = WeightWindow::row_range(begin, begin + count, hidden);
+    const WeightWindow up = WeightWindow::row_range(inter + begin, inter + begin + count, hidden);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 g, src_.load_f32_window(name, {2 * inter, hidden}, gate));
+    M3_ASSIGN_OR_RETURN(HostTensorF32 u, src_.load_f32_window(name, {2 * inter, hidden}, up));
+    g.data.insert(g.data.end(), u.data.begin(), u.data.end());
+    return upload(g.data);
   }
 
   DeviceBuffer<float> upload(const std::vector<float>& host) {
