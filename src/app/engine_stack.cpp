@@ -274,27 +274,28 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                static_cast<long long>(mem.kv_bytes_per_page),
                static_cast<long long>(plan.max_tokens));
 
-  if (real_shape && !measure) {
+  // CPU threads per rank of this process.
+  const int cores = options.num_threads > 0 ? options.num_threads
+                                            : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads_per_rank = std::max(1, cores / local_ranks);
+  if (runner) {
+    // made by the profile step above
+  } else if (real_shape) {
     CudaKvPoolRequest pool;
     pool.kv_cache_bytes = kv_cache_bytes;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
-  } else if (!measure && multi_node) {
-    const int cores = options.num_threads > 0 ? options.num_threads
-                                              : static_cast<int>(std::thread::hardware_concurrency());
+  } else if (multi_node) {
     M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp));
     M3_RETURN_IF_ERROR(joined.share_kv_pages(static_cast<int32_t>(plan.pages)).status());
     nodes_gone = joined.nodes_gone;
     M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create_distributed(
                                     loaded.config, *loaded.weights, std::move(joined.ranks), ep,
-                                    std::max(1, cores / local_ranks),
-                                    static_cast<int32_t>(plan.pages)));
-  } else if (!measure && tp > 1) {
-    const int cores = options.num_threads > 0 ? options.num_threads
-                                              : static_cast<int>(std::thread::hardware_concurrency());
+                                    threads_per_rank, static_cast<int32_t>(plan.pages)));
+  } else if (tp > 1) {
     M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create(
-                                    loaded.config, *loaded.weights, tp, ep, std::max(1, cores / tp),
+                                    loaded.config, *loaded.weights, tp, ep, threads_per_rank,
                                     static_cast<int32_t>(plan.pages)));
-  } else if (!measure) {
+  } else {
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
                                     std::move(backend), std::move(loaded.model), kv_cache_bytes));
   }
