@@ -79,7 +79,8 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
         r, CudaM3ModelRunner::create_profiled(
                cfg, src,
                [plan](const minimax_m3::CudaMemoryProfile& p) {
-                 return plan(MeasuredMemory{p.total_bytes, p.weight_bytes, p.working_bytes});
+                 return plan(MeasuredMemory{p.total_bytes, p.weight_bytes, p.working_bytes,
+                                             p.free_bytes});
                },
                o));
   }

@@ -243,15 +243,18 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.profile_tokens = profile_tokens;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
       std::fprintf(stderr,
-                   "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working "
-                   "after a step of %lld tokens\n",
+                   "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working, "
+                   "%lld free after a step of %lld tokens\n",
                    static_cast<long long>(m.total_bytes), static_cast<long long>(m.weight_bytes),
-                   static_cast<long long>(m.working_bytes),
+                   static_cast<long long>(m.working_bytes), static_cast<long long>(m.free_bytes),
                    static_cast<long long>(profile_tokens));
       MemoryPlanInput measured = mem;
       measured.device_memory_bytes = m.total_bytes;
       measured.weight_bytes = m.weight_bytes;
       measured.activation_bytes = m.working_bytes + std::max<int64_t>(0, beyond);
+      measured.free_bytes_limit =
+          std::max<int64_t>(1, m.free_bytes - std::max<int64_t>(0, beyond) -
+                                   kv_headroom_bytes(m.total_bytes));
       M3_ASSIGN_OR_RETURN(plan, plan_memory(measured));
       plan.sized_by += "; working memory " + format_bytes(m.working_bytes) +
                        " measured by a profile step of " + std::to_string(profile_tokens) +

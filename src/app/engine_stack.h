@@ -31,6 +31,12 @@ constexpr double kDefaultGpuMemFraction = 0.85;
 constexpr int32_t kDefaultMaxRunning = 256;
 // The largest profile step the GPU's memory plan runs (tokens); see make_engine.
 constexpr int64_t kMaxProfileTokens = 32768;
+// What the measured KV pool leaves free on the device: the pool's arrays are cudaMalloc'd per
+// layer (rounded up to 2 MiB each), decode graphs are captured on first use, and other
+// processes' contexts may grow. 1 GiB plus 1% of the device.
+constexpr int64_t kv_headroom_bytes(int64_t device_total_bytes) {
+  return (int64_t{1} << 30) + device_total_bytes / 100;
+}
 
 struct EngineStackOptions {
   std::string device = "auto";          // auto (= cpu), cpu or cuda (needs make_backend)

@@ -9,9 +9,10 @@
 namespace m3::app {
 
 // A device's memory after the weights were loaded and a profile step ran (bytes): all of it, the
-// weights, and everything else in use (the working memory the KV pool must leave room for).
+// weights, everything else in use (the working memory the KV pool must leave room for), and what
+// was free (the most the pool can have, whatever the fraction asks).
 struct MeasuredMemory {
-  int64_t total_bytes = 0, weight_bytes = 0, working_bytes = 0;
+  int64_t total_bytes = 0, weight_bytes = 0, working_bytes = 0, free_bytes = 0;
 };
 
 // How the real-shape CUDA runner sizes its KV pool: `kv_cache_bytes` > 0 exactly; else it loads

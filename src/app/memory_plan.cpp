@@ -173,6 +173,14 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
                       " tokens can hold";
       }
     }
+    if (in.free_bytes_limit > 0 && pool > in.free_bytes_limit) {
+      p.warnings.push_back(fraction_flag + " asks for a KV pool of " + format_bytes(pool) +
+                           ", but only " + format_bytes(in.free_bytes_limit) +
+                           " is free for it after the profile step (with headroom); the pool "
+                           "has that");
+      pool = in.free_bytes_limit;
+      p.sized_by += ", capped at the memory free after the profile step";
+    }
   } else if (in.default_kv_cache_bytes > 0) {
     pool = in.default_kv_cache_bytes;
     p.sized_by = "the default pool of " + format_bytes(pool);

@@ -64,6 +64,10 @@ struct MemoryPlanInput {
   // can ever hold (0: no cap). The CPU pool is allocated and zeroed up front, so a pool that no
   // request can use costs memory and start-up time.
   int32_t cap_to_running_requests = 0;
+  // With a fraction: the most the pool may take (0: no limit). After a profile step this is the
+  // memory the step left free less a headroom: the fraction's rule lets the working memory use
+  // all of (1 - F), which leaves nothing for allocation rounding or a later step's growth.
+  int64_t free_bytes_limit = 0;
 };
 
 struct MemoryPlan {

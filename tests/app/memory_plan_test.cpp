@@ -169,6 +169,34 @@ TEST(MemoryPlan, WorkingMemoryBeyondTheRestIsReserved) {
   EXPECT_FALSE(plan_memory(in).is_ok());
 }
 
+// After a profile step the pool never takes more than the step left free (less the headroom),
+// even where the fraction's rule would: the working memory may use all of (1 - F).
+TEST(MemoryPlan, MeasuredFreeMemoryCapsThePool) {
+  MemoryPlanInput in;
+  in.device_name = "GPU";
+  in.device_memory_bytes = 1000;
+  in.mem_fraction_static = 0.85;
+  in.weight_bytes = 260;
+  in.activation_bytes = 230;  // 80 reserved inside F: the pool would be 850 - 260 - 80 = 510
+  in.kv_bytes_per_page = 10;
+  in.page_size = 4;
+  in.max_context_length = 64;
+  ASSERT_EQ(plan_memory(in)->pages, 51);
+  in.free_bytes_limit = 1000 - 260 - 230 - 25;  // free after the step, less a headroom of 25
+  auto p = plan_memory(in);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->pages, 48);
+  EXPECT_LE(in.weight_bytes + in.activation_bytes + p->kv_cache_bytes, 1000 - 25);
+  ASSERT_EQ(p->warnings.size(), 1u);
+  EXPECT_NE(p->warnings[0].find("free"), std::string::npos) << p->warnings[0];
+  EXPECT_NE(p->sized_by.find("capped at the memory free"), std::string::npos) << p->sized_by;
+  in.free_bytes_limit = 10000;  // a limit above the fraction's pool changes nothing
+  EXPECT_EQ(plan_memory(in)->pages, 51);
+  EXPECT_TRUE(plan_memory(in)->warnings.empty());
+  in.free_bytes_limit = 5;  // less than a page: the plan says so
+  EXPECT_FALSE(plan_memory(in).is_ok());
+}
+
 TEST(MemoryPlan, ExplicitBytesDefaultsAndTheRunningCap) {
   MemoryPlanInput in;
   in.device_name = "CPU";
