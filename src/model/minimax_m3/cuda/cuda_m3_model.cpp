@@ -755,8 +755,9 @@ struct CudaM3Model::Impl {
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      mp.kernel = opt.kernels.grouped_expert_gemm ? cuda::PrefillMoeKernel::kGroupedInLoop
-                                                  : cuda::PrefillMoeKernel::kDequantCublas;
+      mp.kernel = opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens
+                      ? cuda::PrefillMoeKernel::kGroupedInLoop
+                      : cuda::PrefillMoeKernel::kDequantCublas;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
     }
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
