@@ -44,6 +44,9 @@ struct ModelSlice {
   // token (ModelOutput::tokens) instead of its logits. A permission, not an order.
   std::optional<DeviceSampling> sample;
   std::vector<InputEmbedding> embeddings;  // empty unless ModelFeatures::input_embeddings
+  // Attention data parallelism (ModelRunner::dp_groups() > 1): the group whose requests and KV
+  // pool the slice belongs to; block_table's page ids are that group's. 0 otherwise.
+  int32_t dp_group = 0;
 };
 
 struct ModelStep {
@@ -76,7 +79,8 @@ class ModelRunner {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t hidden_size() const = 0;
   // KV pages the runner holds memory for (page ids 0 .. num_kv_pages() - 1), each page_size()
-  // tokens of every layer's K, V and indexer keys.
+  // tokens of every layer's K, V and indexer keys. With attention data parallelism, per group:
+  // every group has a pool of this many pages.
   virtual int32_t num_kv_pages() const = 0;
   virtual int32_t page_size() const = 0;
   virtual ModelFeatures features() const { return {}; }
@@ -85,6 +89,11 @@ class ModelRunner {
   // Ranks the model is spread over (tensor / expert parallel); the engine drives rank 0's runner,
   // which keeps the others in step.
   virtual int32_t num_ranks() const { return 1; }
+  // Attention data-parallel groups (--enable-dp-attention --dp D): each group of num_ranks()/D
+  // ranks runs attention for its own requests over its own KV pool, and the MoE layers run over
+  // all ranks. Every slice names its group (ModelSlice::dp_group). 1: no attention data
+  // parallelism.
+  virtual int32_t dp_groups() const { return 1; }
 
   // Runs one step. Slices are independent sequences: a row must not depend on the other slices
   // (batch invariance; exact on the CPU reference). Called from the engine thread only. A non-ok
