@@ -66,6 +66,19 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config,
     return invalid_argument("[engine] scheduler page size " + std::to_string(sc.page_size) +
                             " != model runner page size " + std::to_string(runner->page_size()));
   }
+  // Attention data parallelism: the runner decides the groups; num_kv_pages() is per group.
+  const int32_t dp_groups = runner->dp_groups();
+  if (dp_groups < 1) {
+    return invalid_argument("[engine] the model runner reports " + std::to_string(dp_groups) +
+                            " data-parallel groups");
+  }
+  if (sc.num_dp_groups != 1 && sc.num_dp_groups != dp_groups) {
+    return invalid_argument("[engine] scheduler configured for " +
+                            std::to_string(sc.num_dp_groups) +
+                            " data-parallel groups; the model runner has " +
+                            std::to_string(dp_groups));
+  }
+  sc.num_dp_groups = dp_groups;
   if (sc.num_pages == 0) sc.num_pages = runner->num_kv_pages();
   if (sc.num_pages <= 0 || sc.num_pages > runner->num_kv_pages()) {
     return invalid_argument("[engine] KV pool of " + std::to_string(sc.num_pages) +
@@ -652,11 +665,25 @@ void Engine::publish_stats() {
     }
     (running ? s.num_requests_running : s.num_requests_waiting) += 1;
   }
-  const PagePool& pool = sched_->pool();
-  s.kv_pages_used = pool.num_used();
-  s.kv_pages_cached = pool.num_cached_only();
-  s.kv_pages_free = pool.num_free();
-  s.kv_pages_total = pool.num_pages();
+  // Totals over the groups; per group too with attention data parallelism.
+  const int32_t D = sched_->num_dp_groups();
+  for (int32_t g = 0; g < D; ++g) {
+    const PagePool& pool = sched_->pool(g);
+    DpGroupStats gs;
+    gs.kv_pages_used = pool.num_used();
+    gs.kv_pages_cached = pool.num_cached_only();
+    gs.kv_pages_free = pool.num_free();
+    gs.kv_pages_total = pool.num_pages();
+    gs.prefix_cache_hit_tokens_total = sched_->counters(g).num_prefix_hit_tokens;
+    gs.num_preemptions_total = sched_->counters(g).num_preemptions;
+    gs.num_seqs_running = sched_->num_running(g);
+    gs.num_seqs_waiting = sched_->num_waiting(g);
+    s.kv_pages_used += gs.kv_pages_used;
+    s.kv_pages_cached += gs.kv_pages_cached;
+    s.kv_pages_free += gs.kv_pages_free;
+    s.kv_pages_total += gs.kv_pages_total;
+    if (D > 1) s.dp_groups.push_back(gs);
+  }
   s.prefix_cache_hit_tokens_total = sched_->counters().num_prefix_hit_tokens;
   s.prompt_tokens_total = prompt_tokens_total_;
   s.generation_tokens_total = generation_tokens_total_;

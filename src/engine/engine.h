@@ -56,9 +56,22 @@ struct EngineConfig {
   std::function<void(const Status&)> on_failure;
 };
 
+// One attention data-parallel group's KV pool and prefix cache (EngineStats::dp_groups).
+struct DpGroupStats {
+  int32_t kv_pages_used = 0;
+  int32_t kv_pages_cached = 0;
+  int32_t kv_pages_free = 0;
+  int32_t kv_pages_total = 0;
+  uint64_t prefix_cache_hit_tokens_total = 0;
+  uint64_t num_preemptions_total = 0;
+  int32_t num_seqs_running = 0;  // sequences, not requests (a request's n all live in one group)
+  int32_t num_seqs_waiting = 0;
+};
+
 struct EngineStats {
   int32_t num_requests_running = 0;  // requests with at least one sequence running
   int32_t num_requests_waiting = 0;  // the rest (queued, preempted, or not yet seen by the loop)
+  // KV pages over all DP groups (one group without attention data parallelism).
   int32_t kv_pages_used = 0;         // held by live sequences
   int32_t kv_pages_cached = 0;       // held only by the prefix index (evictable)
   int32_t kv_pages_free = 0;
@@ -70,6 +83,9 @@ struct EngineStats {
   uint64_t num_steps_total = 0;
   uint64_t num_requests_finished_total = 0;
   bool draining = false;
+  // Per attention data-parallel group, in group order, when the runner has more than one group;
+  // empty otherwise.
+  std::vector<DpGroupStats> dp_groups;
 };
 
 class Engine {

@@ -15,6 +15,7 @@ ModelStep model_step(const StepPlan& plan, std::span<const std::optional<DeviceS
     m.tokens = s.token_ids;
     m.start_pos = s.start_pos;
     m.block_table = s.block_table;
+    m.dp_group = s.dp_group;
     if (i < all_rows.size() && all_rows[i]) {
       for (int32_t t = 0; t < s.num_tokens(); ++t) m.logits_rows.push_back(t);
     } else if (s.need_logits) {

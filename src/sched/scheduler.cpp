@@ -5,20 +5,111 @@
 
 namespace m3 {
 
+Result<LoadBalanceMethod> parse_load_balance_method(const std::string& name) {
+  if (name == "round_robin") return LoadBalanceMethod::kRoundRobin;
+  if (name == "minimum_tokens") return LoadBalanceMethod::kMinimumTokens;
+  if (name == "shortest_queue") return LoadBalanceMethod::kShortestQueue;
+  return invalid_argument("--load-balance-method: unknown method '" + name +
+                          "'; choices: round_robin, minimum_tokens, shortest_queue");
+}
+
+const char* load_balance_method_name(LoadBalanceMethod method) {
+  switch (method) {
+    case LoadBalanceMethod::kRoundRobin: return "round_robin";
+    case LoadBalanceMethod::kMinimumTokens: return "minimum_tokens";
+    case LoadBalanceMethod::kShortestQueue: return "shortest_queue";
+  }
+  return "?";
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config) : config_(config) {
   M3_CHECK(config.page_size > 0, "[sched] page_size " + std::to_string(config.page_size));
   M3_CHECK(config.chunked_prefill_size > 0,
            "[sched] chunked_prefill_size " + std::to_string(config.chunked_prefill_size));
   M3_CHECK(config.max_running_requests > 0,
            "[sched] max_running_requests " + std::to_string(config.max_running_requests));
-  pool_ = std::make_unique<PagePool>(config.num_pages);
-  index_ = std::make_unique<RadixPrefixIndex>(pool_.get(), config.page_size);
+  M3_CHECK(config.num_dp_groups > 0,
+           "[sched] num_dp_groups " + std::to_string(config.num_dp_groups));
+  const int32_t D = config.num_dp_groups;
+  // SGLang divides both flags by the DP size: each group gets its share, so a lock-step step
+  // stays within the totals the memory plan sized the activations for. At least 1 each.
+  group_max_running_ = std::max(1, config.max_running_requests / D);
+  group_prefill_budget_ = std::max(1, config.chunked_prefill_size / D);
+  groups_.resize(static_cast<size_t>(D));
+  for (Group& g : groups_) {
+    g.pool = std::make_unique<PagePool>(config.num_pages);
+    g.index = std::make_unique<RadixPrefixIndex>(g.pool.get(), config.page_size);
+  }
 }
 
 Scheduler::~Scheduler() {
-  // Sequences first (their references), then the index (its references), then the pool.
+  // Sequences first (their references), then the indexes (their references), then the pools.
   for (auto& [id, seq] : seqs_) release_pages(seq.get());
-  index_.reset();
+  for (Group& g : groups_) g.index.reset();
+}
+
+const Scheduler::Group& Scheduler::group(int32_t g) const {
+  M3_CHECK(g >= 0 && g < num_dp_groups(), "[sched] DP group " + std::to_string(g) + " of " +
+                                              std::to_string(num_dp_groups()));
+  return groups_[static_cast<size_t>(g)];
+}
+
+int32_t Scheduler::num_running(int32_t dp_group) const {
+  return static_cast<int32_t>(group(dp_group).running.size());
+}
+
+int32_t Scheduler::num_waiting(int32_t dp_group) const {
+  return static_cast<int32_t>(group(dp_group).waiting.size());
+}
+
+int32_t Scheduler::num_running() const {
+  int32_t n = 0;
+  for (const Group& g : groups_) n += static_cast<int32_t>(g.running.size());
+  return n;
+}
+
+int32_t Scheduler::num_waiting() const {
+  int32_t n = 0;
+  for (const Group& g : groups_) n += static_cast<int32_t>(g.waiting.size());
+  return n;
+}
+
+int64_t Scheduler::num_live_tokens(int32_t dp_group) const {
+  const Group& g = group(dp_group);
+  int64_t n = 0;
+  for (const Seq* s : g.running) n += s->num_tokens();
+  for (const Seq* s : g.waiting) n += s->num_tokens();
+  return n;
+}
+
+void Scheduler::flush_prefix_cache() {
+  for (Group& g : groups_) g.index->evict_all();
+}
+
+int32_t Scheduler::place(const SeqSpec& spec) {
+  const int32_t D = num_dp_groups();
+  if (D == 1) return 0;
+  if (spec.wait_for >= 0) {
+    if (auto it = seqs_.find(spec.wait_for); it != seqs_.end()) return it->second->dp_group;
+  }
+  if (spec.request_id != 0 && spec.request_id == last_placed_request_) return last_placed_group_;
+  int32_t best = 0;
+  switch (config_.load_balance) {
+    case LoadBalanceMethod::kRoundRobin:
+      best = static_cast<int32_t>(round_robin_next_++ % static_cast<uint64_t>(D));
+      break;
+    case LoadBalanceMethod::kMinimumTokens:
+      for (int32_t g = 1; g < D; ++g) {
+        if (num_live_tokens(g) < num_live_tokens(best)) best = g;
+      }
+      break;
+    case LoadBalanceMethod::kShortestQueue:
+      for (int32_t g = 1; g < D; ++g) {
+        if (num_running(g) + num_waiting(g) < num_running(best) + num_waiting(best)) best = g;
+      }
+      break;
+  }
+  return best;
 }
 
 Status Scheduler::add(SeqSpec spec) {
@@ -29,10 +120,11 @@ Status Scheduler::add(SeqSpec spec) {
     return invalid_argument("[sched.add] duplicate sequence id " + std::to_string(spec.id));
   }
   const int32_t need = num_pages_for_tokens(spec.prompt.size(), config_.page_size);
-  if (need > pool_->num_pages()) {
+  if (need > config_.num_pages) {
     return invalid_argument("[sched.add] prompt of " + std::to_string(spec.prompt.size()) +
                             " tokens needs " + std::to_string(need) + " KV pages; the pool has " +
-                            std::to_string(pool_->num_pages()));
+                            std::to_string(config_.num_pages) +
+                            (num_dp_groups() > 1 ? " per DP group" : ""));
   }
   auto seq = std::make_unique<Seq>();
   seq->id = spec.id;
@@ -43,6 +135,9 @@ Status Scheduler::add(SeqSpec spec) {
   seq->wait_for = spec.wait_for;
   seq->match_prefix = spec.match_prefix;
   seq->arrival = next_arrival_++;
+  seq->dp_group = place(spec);
+  last_placed_request_ = spec.request_id;
+  last_placed_group_ = seq->dp_group;
   Seq* raw = seq.get();
   seqs_.emplace(raw->id, std::move(seq));
   insert_waiting(raw);
@@ -51,25 +146,28 @@ Status Scheduler::add(SeqSpec spec) {
 
 void Scheduler::insert_waiting(Seq* seq) {
   seq->phase = SeqPhase::kWaiting;
-  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
+  std::deque<Seq*>& waiting = group_of(*seq).waiting;
+  auto it = std::upper_bound(waiting.begin(), waiting.end(), seq,
                              [](const Seq* a, const Seq* b) { return a->arrival < b->arrival; });
-  waiting_.insert(it, seq);
+  waiting.insert(it, seq);
 }
 
 void Scheduler::insert_running(Seq* seq) {
-  auto it = std::upper_bound(running_.begin(), running_.end(), seq,
+  std::vector<Seq*>& running = group_of(*seq).running;
+  auto it = std::upper_bound(running.begin(), running.end(), seq,
                              [](const Seq* a, const Seq* b) { return a->arrival < b->arrival; });
-  running_.insert(it, seq);
+  running.insert(it, seq);
 }
 
-bool Scheduler::ensure_free(int32_t num_pages) {
-  const int32_t short_by = num_pages - pool_->num_free();
-  if (short_by > 0) index_->evict(short_by);
-  return pool_->num_free() >= num_pages;
+bool Scheduler::ensure_free(Group& g, int32_t num_pages) {
+  const int32_t short_by = num_pages - g.pool->num_free();
+  if (short_by > 0) g.index->evict(short_by);
+  return g.pool->num_free() >= num_pages;
 }
 
 void Scheduler::release_pages(Seq* seq) {
-  for (PageId p : seq->pages) pool_->decref(p);
+  PagePool& pool = *group_of(*seq).pool;
+  for (PageId p : seq->pages) pool.decref(p);
   seq->pages.clear();
   seq->num_indexed_pages = 0;
   seq->num_computed_tokens = 0;
@@ -81,7 +179,9 @@ void Scheduler::preempt(Seq* seq, StepPlan* plan) {
   release_pages(seq);
   ++seq->num_preemptions;
   ++counters_.num_preemptions;
-  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  Group& g = group_of(*seq);
+  ++g.counters.num_preemptions;
+  g.running.erase(std::find(g.running.begin(), g.running.end(), seq));
   insert_waiting(seq);
   plan->preempted.push_back(seq->id);
 }
@@ -101,6 +201,7 @@ SeqSlice Scheduler::make_slice(const Seq& seq, int32_t num_new) const {
   s.start_pos = seq.num_computed_tokens;
   s.token_ids.assign(seq.tokens.begin() + s.start_pos, seq.tokens.begin() + s.start_pos + num_new);
   s.block_table = seq.pages;
+  s.dp_group = seq.dp_group;
   s.need_logits = s.end_pos() == seq.num_tokens();
   return s;
 }
@@ -109,13 +210,29 @@ StepPlan Scheduler::plan() {
   StepPlan plan;
   plan.step_idx = step_idx_++;
   plan.page_size = config_.page_size;
+  // Every group plans its part of the one lock-step step; a group with nothing to do adds no
+  // slices (the runner still runs the step for the others).
+  for (Group& g : groups_) plan_group(g, &plan);
+  for (const SeqSlice& s : plan.seqs) {
+    (s.is_decode() ? plan.num_tokens_decode : plan.num_tokens_prefill) += s.num_tokens();
+  }
+  ++counters_.num_steps;
+  return plan;
+}
+
+void Scheduler::plan_group(Group& g, StepPlan* out) {
+  StepPlan& plan = *out;
   const int32_t P = config_.page_size;
-  int32_t budget = config_.chunked_prefill_size;
+  int32_t budget = group_prefill_budget_;
+  std::vector<Seq*>& running = g.running;
+  std::deque<Seq*>& waiting = g.waiting;
+  PagePool* pool = g.pool.get();
+  RadixPrefixIndex* index = g.index.get();
 
   // 1. Running sequences, oldest first. Victims come from the back (newest), so a victim never
   // has a slice in this plan yet, except when the victim is the sequence being planned.
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Seq* seq = running_[i];
+  for (size_t i = 0; i < running.size(); ++i) {
+    Seq* seq = running[i];
     const int32_t remaining = seq->num_tokens() - seq->num_computed_tokens;
     M3_CHECK(remaining >= 1, "[sched.plan] sequence " + std::to_string(seq->id) +
                                  " has nothing to compute; the engine must append or remove it");
@@ -125,8 +242,8 @@ StepPlan Scheduler::plan() {
         num_pages_for_tokens(seq->num_computed_tokens + num_new, P) -
         static_cast<int32_t>(seq->pages.size());
     bool self_preempted = false;
-    while (!ensure_free(need)) {
-      Seq* victim = running_.back();
+    while (!ensure_free(g, need)) {
+      Seq* victim = running.back();
       preempt(victim, &plan);
       if (victim == seq) {
         self_preempted = true;
@@ -134,7 +251,7 @@ StepPlan Scheduler::plan() {
       }
     }
     if (self_preempted) break;  // it was the last running sequence
-    M3_CHECK(pool_->alloc(need, &seq->pages), "[sched.plan] alloc after ensure_free");
+    M3_CHECK(pool->alloc(need, &seq->pages), "[sched.plan] alloc after ensure_free");
     if (remaining > 1) {
       seq->phase = SeqPhase::kPrefilling;
       budget -= num_new;
@@ -145,49 +262,44 @@ StepPlan Scheduler::plan() {
   }
 
   // 2. Admission, FCFS. Sequences preempted above are at their arrival position in the queue.
-  for (size_t w = 0; w < waiting_.size();) {
-    if (static_cast<int32_t>(running_.size()) >= config_.max_running_requests || budget <= 0) {
+  for (size_t w = 0; w < waiting.size();) {
+    if (static_cast<int32_t>(running.size()) >= group_max_running_ || budget <= 0) {
       break;
     }
-    Seq* seq = waiting_[w];
+    Seq* seq = waiting[w];
     if (dependency_pending(*seq)) {
       ++w;  // waits for its leader's prefill; does not block the queue
       continue;
     }
     std::vector<PageId> matched;
     if (config_.enable_prefix_cache && seq->match_prefix) {
-      matched = index_->match(seq->tokens, (seq->num_tokens() - 1) / P);
+      matched = index->match(seq->tokens, (seq->num_tokens() - 1) / P);
     }
-    for (PageId p : matched) pool_->incref(p);  // before ensure_free can evict them
+    for (PageId p : matched) pool->incref(p);  // before ensure_free can evict them
     const int32_t num_cached = static_cast<int32_t>(matched.size()) * P;
     const int32_t remaining = seq->num_tokens() - num_cached;
     const int32_t num_new = remaining == 1 ? 1 : std::min(remaining, budget);
     const int32_t need =
         num_pages_for_tokens(num_cached + num_new, P) - static_cast<int32_t>(matched.size());
-    if (!ensure_free(need)) {
-      for (PageId p : matched) pool_->decref(p);
+    if (!ensure_free(g, need)) {
+      for (PageId p : matched) pool->decref(p);
       break;  // strict FCFS: younger requests do not overtake one that does not fit
     }
     seq->pages = std::move(matched);
     seq->num_indexed_pages = static_cast<int32_t>(seq->pages.size());
     seq->num_computed_tokens = num_cached;
-    M3_CHECK(pool_->alloc(need, &seq->pages), "[sched.plan] alloc after ensure_free");
+    M3_CHECK(pool->alloc(need, &seq->pages), "[sched.plan] alloc after ensure_free");
     if (seq->num_cached_prompt_tokens < 0) {
       seq->num_cached_prompt_tokens = std::min(num_cached, seq->num_prompt_tokens);
       counters_.num_prefix_hit_tokens += seq->num_cached_prompt_tokens;
+      g.counters.num_prefix_hit_tokens += seq->num_cached_prompt_tokens;
     }
     seq->phase = remaining > 1 ? SeqPhase::kPrefilling : SeqPhase::kDecoding;
     if (remaining > 1) budget -= num_new;
-    waiting_.erase(waiting_.begin() + w);
+    waiting.erase(waiting.begin() + w);
     insert_running(seq);
     plan.seqs.push_back(make_slice(*seq, num_new));
   }
-
-  for (const SeqSlice& s : plan.seqs) {
-    (s.is_decode() ? plan.num_tokens_decode : plan.num_tokens_prefill) += s.num_tokens();
-  }
-  ++counters_.num_steps;
-  return plan;
 }
 
 void Scheduler::commit(const StepPlan& plan) {
@@ -209,14 +321,15 @@ void Scheduler::commit(const StepPlan& plan) {
     if (!config_.enable_prefix_cache) continue;
     const int32_t num_full = seq->num_computed_tokens / P;
     if (num_full <= seq->num_indexed_pages) continue;
-    std::vector<PageId> canonical = index_->insert(
+    Group& g = group_of(*seq);
+    std::vector<PageId> canonical = g.index->insert(
         std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(num_full) * P),
         std::span<const PageId>(seq->pages.data(), num_full));
     for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
       if (canonical[i] == seq->pages[i]) continue;
       // Another sequence indexed the same tokens first: share its page, free our duplicate.
-      pool_->incref(canonical[i]);
-      pool_->decref(seq->pages[i]);
+      g.pool->incref(canonical[i]);
+      g.pool->decref(seq->pages[i]);
       seq->pages[i] = canonical[i];
     }
     seq->num_indexed_pages = num_full;
@@ -240,11 +353,12 @@ bool Scheduler::remove(SeqId id) {
   if (it == seqs_.end()) return false;
   Seq* seq = it->second.get();
   release_pages(seq);
-  if (auto r = std::find(running_.begin(), running_.end(), seq); r != running_.end()) {
-    running_.erase(r);
+  Group& g = group_of(*seq);
+  if (auto r = std::find(g.running.begin(), g.running.end(), seq); r != g.running.end()) {
+    g.running.erase(r);
   }
-  if (auto w = std::find(waiting_.begin(), waiting_.end(), seq); w != waiting_.end()) {
-    waiting_.erase(w);
+  if (auto w = std::find(g.waiting.begin(), g.waiting.end(), seq); w != g.waiting.end()) {
+    g.waiting.erase(w);
   }
   seqs_.erase(it);
   return true;
@@ -255,16 +369,30 @@ const SequenceState* Scheduler::find(SeqId id) const {
   return it == seqs_.end() ? nullptr : it->second.get();
 }
 
-std::vector<SeqId> Scheduler::running_ids() const {
+namespace {
+
+// The ids of the sequences of every group's queue, merged by arrival.
+template <typename Queue, typename GroupList>
+std::vector<SeqId> ids_by_arrival(const GroupList& groups, Queue queue_of) {
+  std::vector<const SequenceState*> seqs;
+  for (const auto& g : groups) {
+    for (const SequenceState* s : queue_of(g)) seqs.push_back(s);
+  }
+  std::sort(seqs.begin(), seqs.end(),
+            [](const SequenceState* a, const SequenceState* b) { return a->arrival < b->arrival; });
   std::vector<SeqId> ids;
-  for (const Seq* s : running_) ids.push_back(s->id);
+  for (const SequenceState* s : seqs) ids.push_back(s->id);
   return ids;
 }
 
+}  // namespace
+
+std::vector<SeqId> Scheduler::running_ids() const {
+  return ids_by_arrival(groups_, [](const Group& g) -> const auto& { return g.running; });
+}
+
 std::vector<SeqId> Scheduler::waiting_ids() const {
-  std::vector<SeqId> ids;
-  for (const Seq* s : waiting_) ids.push_back(s->id);
-  return ids;
+  return ids_by_arrival(groups_, [](const Group& g) -> const auto& { return g.waiting; });
 }
 
 }  // namespace m3

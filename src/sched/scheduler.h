@@ -22,6 +22,15 @@
 // After each model step, commit() advances the computed positions and indexes every page that has
 // just become full, so concurrent requests with the same system prompt share pages as soon as the
 // first chunk is done. Not thread-safe: the engine thread owns it.
+//
+// Attention data parallelism (num_dp_groups D > 1, SGLang's --enable-dp-attention --dp D): each
+// group has its own page pool (num_pages pages, page ids 0 .. num_pages - 1 of that group), its
+// own prefix index, and its own running and waiting queues. A sequence is placed on one group
+// when it is added (--load-balance-method) and stays there: its pages, prefix matches, preemption
+// and freeing all happen within its group. plan() runs the two passes above for every group with
+// the group's share of the budgets (max_running_requests / D running sequences and
+// chunked_prefill_size / D prefill tokens each, SGLang's division, so one lock-step step never
+// exceeds the flags' totals) and returns one plan whose slices name their group (dp_group).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -39,12 +49,29 @@
 
 namespace m3 {
 
+// Which attention data-parallel group a new request goes to (--load-balance-method, SGLang's
+// names). Ties go to the lowest group.
+enum class LoadBalanceMethod : uint8_t {
+  kRoundRobin,     // round_robin: groups in turn, one request each
+  kMinimumTokens,  // minimum_tokens: fewest tokens of live sequences (running + waiting)
+  kShortestQueue,  // shortest_queue: fewest live sequences (running + waiting)
+};
+// "round_robin" / "minimum_tokens" / "shortest_queue"; anything else is an invalid argument that
+// names --load-balance-method and the choices.
+Result<LoadBalanceMethod> parse_load_balance_method(const std::string& name);
+const char* load_balance_method_name(LoadBalanceMethod method);
+
 struct SchedulerConfig {
-  int32_t num_pages = 0;                // KV pool size (kv_pages_for_budget / _for_mem_fraction)
+  int32_t num_pages = 0;                // KV pool size per DP group (kv_pages_for_budget / ...)
   int32_t page_size = kPageSize;
-  int32_t chunked_prefill_size = 8192;  // prefill tokens per step; decode tokens ride along
-  int32_t max_running_requests = 256;   // running sequences (n > 1 counts each sequence)
+  // Prefill tokens per step, all groups together (each group plans its share, see the header
+  // comment); decode tokens ride along.
+  int32_t chunked_prefill_size = 8192;
+  // Running sequences, all groups together (n > 1 counts each sequence).
+  int32_t max_running_requests = 256;
   bool enable_prefix_cache = true;
+  int32_t num_dp_groups = 1;            // attention data-parallel groups (ModelRunner::dp_groups())
+  LoadBalanceMethod load_balance = LoadBalanceMethod::kRoundRobin;
 };
 
 enum class SeqPhase : uint8_t { kWaiting, kPrefilling, kDecoding };
@@ -67,6 +94,7 @@ struct SequenceState {
   uint64_t arrival = 0;              // submission order; lower = older = higher priority
   SeqId wait_for = -1;               // admit only once this sequence has finished its prefill
   bool match_prefix = true;          // false: every position is computed (prompt logits)
+  int32_t dp_group = 0;              // attention data-parallel group, fixed when added
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - num_prompt_tokens; }
@@ -88,7 +116,7 @@ struct SeqSpec {
 struct SchedulerCounters {
   uint64_t num_preemptions = 0;
   uint64_t num_prefix_hit_tokens = 0;  // tokens served from the cache at first admissions
-  uint64_t num_steps = 0;
+  uint64_t num_steps = 0;              // engine-wide only (every group takes part in every step)
 };
 
 class Scheduler {
@@ -100,8 +128,8 @@ class Scheduler {
 
   const SchedulerConfig& config() const { return config_; }
 
-  // Queues a sequence. Invalid argument for an empty prompt, a duplicate id, or a prompt that
-  // can never fit the pool (needs more pages than exist).
+  // Queues a sequence on a DP group (see place()). Invalid argument for an empty prompt, a
+  // duplicate id, or a prompt that can never fit the pool (needs more pages than a group has).
   Status add(SeqSpec spec);
 
   // Plans the next step (see the header comment). May preempt sequences (listed in the plan).
@@ -119,20 +147,50 @@ class Scheduler {
   bool remove(SeqId id);
 
   const SequenceState* find(SeqId id) const;
-  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
-  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  // All groups together; running_ids() and waiting_ids() are sorted by arrival.
+  int32_t num_waiting() const;
+  int32_t num_running() const;
   std::vector<SeqId> running_ids() const;
   std::vector<SeqId> waiting_ids() const;
 
-  const PagePool& pool() const { return *pool_; }
-  const RadixPrefixIndex& prefix_index() const { return *index_; }
-  // Drops every cached page no live sequence holds (tests; "flush cache" admin endpoint later).
-  void flush_prefix_cache() { index_->evict_all(); }
+  int32_t num_dp_groups() const { return static_cast<int32_t>(groups_.size()); }
+  // Each group's running-sequence limit and prefill token budget per step.
+  int32_t group_max_running() const { return group_max_running_; }
+  int32_t group_prefill_budget() const { return group_prefill_budget_; }
+  const PagePool& pool(int32_t dp_group = 0) const { return *group(dp_group).pool; }
+  const RadixPrefixIndex& prefix_index(int32_t dp_group = 0) const {
+    return *group(dp_group).index;
+  }
+  int32_t num_running(int32_t dp_group) const;
+  int32_t num_waiting(int32_t dp_group) const;
+  // Tokens (prompt + generated) of the group's live sequences, running and waiting: the load
+  // minimum_tokens balances.
+  int64_t num_live_tokens(int32_t dp_group) const;
+  // Drops every cached page no live sequence holds, in every group (tests; "flush cache" admin
+  // endpoint later).
+  void flush_prefix_cache();
+  // All groups together, and per group (num_steps is 0 there).
   const SchedulerCounters& counters() const { return counters_; }
+  const SchedulerCounters& counters(int32_t dp_group) const { return group(dp_group).counters; }
 
  private:
   using Seq = SequenceState;
-  bool ensure_free(int32_t num_pages);  // evicts cached pages; no preemption
+  // One attention data-parallel group's KV pool, prefix cache and queues.
+  struct Group {
+    std::unique_ptr<PagePool> pool;
+    std::unique_ptr<RadixPrefixIndex> index;
+    std::vector<Seq*> running;  // sorted by arrival
+    std::deque<Seq*> waiting;   // sorted by arrival
+    SchedulerCounters counters;
+  };
+  const Group& group(int32_t g) const;
+  Group& group_of(const Seq& seq) { return groups_[static_cast<size_t>(seq.dp_group)]; }
+  // The group a new sequence goes to: its leader's (wait_for) or its request's (the previous
+  // sequence added with the same non-zero request id), so a request's n sequences share their
+  // prompt pages; else the load-balance method's choice.
+  int32_t place(const SeqSpec& spec);
+  void plan_group(Group& g, StepPlan* plan);
+  bool ensure_free(Group& g, int32_t num_pages);  // evicts cached pages; no preemption
   void preempt(Seq* seq, StepPlan* plan);
   void release_pages(Seq* seq);
   void insert_waiting(Seq* seq);
@@ -141,13 +199,15 @@ class Scheduler {
   SeqSlice make_slice(const Seq& seq, int32_t num_new) const;
 
   SchedulerConfig config_;
-  std::unique_ptr<PagePool> pool_;
-  std::unique_ptr<RadixPrefixIndex> index_;
+  int32_t group_max_running_ = 0;
+  int32_t group_prefill_budget_ = 0;
+  std::vector<Group> groups_;
   std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs_;
-  std::vector<Seq*> running_;  // sorted by arrival
-  std::deque<Seq*> waiting_;   // sorted by arrival
   uint64_t next_arrival_ = 0;
   uint64_t step_idx_ = 0;
+  uint64_t round_robin_next_ = 0;
+  RequestId last_placed_request_ = 0;
+  int32_t last_placed_group_ = 0;
   SchedulerCounters counters_;
 };
 

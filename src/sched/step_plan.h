@@ -26,6 +26,9 @@ struct SeqSlice {
   // True for the slice that reaches the end of the sequence's known tokens (last prefill chunk or
   // a decode token): the runner returns the logits of its LAST token, one row per such slice.
   bool need_logits = false;
+  // Attention data-parallel group (SchedulerConfig::num_dp_groups > 1): block_table's page ids
+  // are that group's pool's. 0 otherwise.
+  int32_t dp_group = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t end_pos() const { return start_pos + num_tokens(); }
@@ -37,7 +40,9 @@ struct SeqSlice {
 struct StepPlan {
   uint64_t step_idx = 0;
   int32_t page_size = 0;
-  // Running sequences in admission priority order (oldest arrival first), then newly admitted ones.
+  // Per DP group in group order (one group without attention data parallelism): the group's
+  // running sequences in admission priority order (oldest arrival first), then its newly admitted
+  // ones.
   std::vector<SeqSlice> seqs;
   // Sequences preempted while planning this step; their pages are already back in the pool and
   // they wait to be recomputed. The runner needs to do nothing for them.

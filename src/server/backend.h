@@ -74,6 +74,15 @@ struct BackendEvent {
   Clock::time_point time = Clock::now();
 };
 
+// One attention data-parallel rank's KV pool and prefix cache (BackendStats::dp_ranks).
+struct DpRankKvStats {
+  int32_t kv_pages_used = 0;
+  int32_t kv_pages_cached = 0;
+  int32_t kv_pages_total = 0;
+  uint64_t prefix_cache_hit_tokens_total = 0;
+  uint64_t num_preemptions_total = 0;
+};
+
 struct BackendStats {
   int32_t num_requests_running = 0;
   int32_t num_requests_waiting = 0;
@@ -82,6 +91,10 @@ struct BackendStats {
   int32_t kv_pages_total = 0;
   uint64_t prefix_cache_hit_tokens_total = 0;
   uint64_t num_preemptions_total = 0;
+  // With attention data parallelism (--enable-dp-attention --dp D > 1): the same KV and prefix
+  // cache numbers per DP rank, in rank order (/metrics labels them dp_rank="g" instead of the
+  // totals above). Empty otherwise.
+  std::vector<DpRankKvStats> dp_ranks;
 };
 
 // Called on the backend's thread for every event of a request, in order; must be cheap and must

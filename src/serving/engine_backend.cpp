@@ -174,6 +174,14 @@ server::BackendStats EngineBackend::stats() const {
   out.kv_pages_total = s.kv_pages_total;
   out.prefix_cache_hit_tokens_total = s.prefix_cache_hit_tokens_total;
   out.num_preemptions_total = s.num_preemptions_total;
+  for (const DpGroupStats& g : s.dp_groups) {
+    server::DpRankKvStats& r = out.dp_ranks.emplace_back();
+    r.kv_pages_used = g.kv_pages_used;
+    r.kv_pages_cached = g.kv_pages_cached;
+    r.kv_pages_total = g.kv_pages_total;
+    r.prefix_cache_hit_tokens_total = g.prefix_cache_hit_tokens_total;
+    r.num_preemptions_total = g.num_preemptions_total;
+  }
   return out;
 }
 
