@@ -41,13 +41,35 @@ Result<RankLayout> resolve_rank_layout(int tp, int ep, bool enable_expert_parall
   return l;
 }
 
+Status check_dp_attention(const RankLayout& layout, int dp, bool enable_dp_attention) {
+  if (dp <= 1) return Status::ok();
+  if (!enable_dp_attention) {
+    return Status(StatusCode::kUnimplemented,
+                  "--dp " + std::to_string(dp) +
+                      " without --enable-dp-attention asks for whole data-parallel replicas of "
+                      "the model, which are not supported; --enable-dp-attention --dp " +
+                      std::to_string(dp) + " splits attention into " + std::to_string(dp) +
+                      " groups of the --tp ranks");
+  }
+  if (layout.tp % dp != 0) {
+    return invalid_argument("--dp " + std::to_string(dp) + " must divide --tp " +
+                            std::to_string(layout.tp) +
+                            ": each attention data-parallel group is --tp / --dp of the ranks");
+  }
+  return Status::ok();
+}
+
 Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   EngineStackOptions o;
   // Features that are not built yet are refused, naming the flag, rather than ignored.
   auto not_yet = [](const std::string& flag, const std::string& what) {
     return Status(StatusCode::kUnimplemented, flag + ": " + what + " is not supported yet");
   };
-  if (f.dp != 1) return not_yet("--dp " + std::to_string(f.dp), "data-parallel attention");
+  {
+    M3_ASSIGN_OR_RETURN(const RankLayout layout,
+                        resolve_rank_layout(f.tp, f.ep, f.enable_expert_parallel));
+    M3_RETURN_IF_ERROR(check_dp_attention(layout, f.dp, f.enable_dp_attention));
+  }
   if (!f.speculative_algorithm.empty()) {
     return not_yet("--speculative-algorithm " + f.speculative_algorithm, "speculative decoding");
   }
@@ -65,6 +87,8 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   o.tensor_parallel = f.tp;
   o.expert_parallel = f.ep;
   o.enable_expert_parallel = f.enable_expert_parallel;
+  o.dp_attention = f.enable_dp_attention ? f.dp : 1;
+  M3_ASSIGN_OR_RETURN(o.load_balance, parse_load_balance_method(f.load_balance_method));
   o.dummy_weights = f.load_format == "dummy";
   o.device = f.device;
   o.context_length = f.server.context_length;
@@ -115,6 +139,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                       resolve_rank_layout(options.tensor_parallel, options.expert_parallel,
                                           options.enable_expert_parallel));
   const int tp = layout.tp, ep = layout.ep;
+  const int dp = std::max(1, options.dp_attention);
+  M3_RETURN_IF_ERROR(check_dp_attention(layout, dp, true));
   const NodeLayout& nodes = options.nodes;
   M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
   const bool multi_node = nodes.nnodes > 1;
@@ -219,7 +245,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
-      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp) / tp * local_ranks
+      // A rank holds its attention group's pool: the KV heads split over tp / dp ranks.
+      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp / dp) / (tp / dp) *
+                     local_ranks
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
   mem.page_size = page_size;
   mem.max_context_length = max_positions;
@@ -281,6 +309,13 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   const int cores = options.num_threads > 0 ? options.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
   const int threads_per_rank = std::max(1, cores / local_ranks);
+  if (dp > 1 && !runner) {
+    // dp: TensorParallelCpuRunner::create(..., dp)
+    // The plan above (a pool of plan.pages pages per group) and the scheduler configuration
+    // below are ready for it; the runner's attention groups are not built yet.
+    return Status(StatusCode::kUnimplemented, "--enable-dp-attention --dp " + std::to_string(dp) +
+                                                  ": data-parallel attention is not supported yet");
+  }
   if (runner) {
     // made by the profile step above
   } else if (real_shape) {
@@ -315,8 +350,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                                  std::to_string(nodes.nnodes) + " over Gloo (tp "
                                            : std::to_string(tp) +
                                                  " CPU ranks in this process over Gloo (tp ") +
-                               std::to_string(tp) +
-                               ", dp 1, ep " + std::to_string(ep) + ")" +
+                               std::to_string(tp) + ", dp " + std::to_string(dp) + ", ep " +
+                               std::to_string(ep) + ")" +
                                (ep > 1 ? "; routed experts: " +
                                              std::to_string(loaded.config.num_local_experts / ep) +
                                              " of " +
@@ -327,8 +362,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   report.push_back(std::string("KV cache: ") + (real_shape ? "bf16" : "float32") + ", " +
                    std::to_string(plan.pages) + " pages of " + std::to_string(page_size) +
                    " tokens = " + std::to_string(plan.max_tokens) + " tokens (" +
-                   format_bytes(kv_cache_bytes) + ", " + plan.sized_by + "); context length " +
-                   std::to_string(context_length));
+                   format_bytes(kv_cache_bytes) + ", " + plan.sized_by + ")" +
+                   (dp > 1 ? " per DP group (" + std::to_string(dp) + " groups)" : "") +
+                   "; context length " + std::to_string(context_length));
 
   EngineConfig cfg;
   cfg.scheduler.page_size = page_size;
@@ -338,6 +374,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     cfg.scheduler.max_running_requests = options.max_running_requests;
   }
   cfg.scheduler.enable_prefix_cache = options.enable_prefix_cache;
+  // Engine::create checks these against the runner's dp_groups().
+  cfg.scheduler.num_dp_groups = dp;
+  cfg.scheduler.load_balance = options.load_balance;
   cfg.context_length = context_length;
   cfg.max_waiting_requests = options.max_queued_requests;
   cfg.generation_defaults = defaults;

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/model.h"
+#include "sched/scheduler.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "app/serve.h"
@@ -75,6 +76,10 @@ struct EngineStackOptions {
   // --ep: expert-parallel ranks among them (resolve_rank_layout); --enable-expert-parallel: all.
   int32_t expert_parallel = 1;
   bool enable_expert_parallel = false;
+  // --enable-dp-attention --dp D: attention data-parallel groups over the --tp ranks (D divides
+  // tp; check_dp_attention). 1: none.
+  int32_t dp_attention = 1;
+  LoadBalanceMethod load_balance = LoadBalanceMethod::kRoundRobin;  // --load-balance-method
   bool enable_prefix_cache = true;
   // EngineConfig::on_failure: the model cannot run any more steps (serve exits non-zero).
   std::function<void(const Status&)> on_failure;
@@ -92,6 +97,11 @@ struct RankLayout {
   int ep = 1;
 };
 Result<RankLayout> resolve_rank_layout(int tp, int ep, bool enable_expert_parallel);
+
+// --dp D against the resolved layout, with SGLang's meaning: D > 1 needs --enable-dp-attention
+// (whole data-parallel replicas of the model are not built: unimplemented, naming the flags), and
+// D attention groups of tp / D ranks each must divide --tp (invalid argument naming both).
+Status check_dp_attention(const RankLayout& layout, int dp, bool enable_dp_attention);
 
 // A node other than node 0 (--node-rank K > 0): loads its ranks' part of the model, joins the
 // group and runs the steps node 0 sends until node 0 shuts down (0) or the group breaks (1, with

@@ -74,7 +74,8 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage,
 }
 
 int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& c, int ranks, double kv_element_bytes,
-                                     double index_element_bytes) {
+                                     double index_element_bytes, int dp_groups) {
+  ranks = std::max(1, ranks) / std::max(1, dp_groups);  // the ranks one group's heads split over
   KvLayout layout;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     ++(c.is_sparse_layer(i) ? layout.num_sparse_layers : layout.num_dense_layers);

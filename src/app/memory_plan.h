@@ -35,9 +35,12 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& cfg, WeightStorage storag
 
 // Bytes of one KV page (page_size tokens, every layer) on one of `ranks` devices: K and V of the
 // rank's KV heads in `kv_element_bytes` (2 bf16, 1 fp8, 4 the float32 path), the index keys of
-// the sparse layers in `index_element_bytes` (one head, on every rank).
+// the sparse layers in `index_element_bytes` (one head, on every rank). With attention data
+// parallelism over `dp_groups` groups (dividing ranks) a rank holds its group's pool: the KV heads
+// are split over the group's ranks / dp_groups ranks, and the pool's pages are per group.
 int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& cfg, int ranks,
-                                     double kv_element_bytes, double index_element_bytes);
+                                     double kv_element_bytes, double index_element_bytes,
+                                     int dp_groups = 1);
 
 // The working memory of a step on one device, estimated from the shapes of its buffers: the
 // activations of `step_tokens` tokens (a prefill chunk or a decode batch, whichever is larger),

@@ -27,6 +27,7 @@ struct ServeConfig {
   int32_t dp = 1;
   int32_t ep = 1;
   bool enable_dp_attention = false;
+  std::string load_balance_method = "round_robin";  // --load-balance-method (validated)
   bool enable_expert_parallel = false;
   // --nnodes, --node-rank, --dist-init-addr, --dist-timeout (app/multi_node.h).
   int32_t nnodes = 1;

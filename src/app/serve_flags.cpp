@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "chat/parsers/output_parser.h"
+#include "sched/scheduler.h"
 #include "server/fake/fake_flags.h"
 
 namespace m3::app {
@@ -192,12 +193,21 @@ const std::vector<Flag>& flags() {
        INT_FLAG(tp, 1, 64)},
       {"--tp-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},
       {"--tensor-parallel-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},
-      {"--dp", true, G::kParallel, "data-parallel attention ranks (also --dp-size); only 1 today",
+      {"--dp", true, G::kParallel,
+       "attention data-parallel groups (also --dp-size), with --enable-dp-attention; divides --tp",
        "2", INT_FLAG(dp, 1, 64)},
       {"--dp-size", true, G::kParallel, nullptr, "2", INT_FLAG(dp, 1, 64)},
       {"--enable-dp-attention", false, G::kParallel, "attention data-parallel over --dp ranks", "",
        [](ServeConfig& f, const std::string&) {
          f.enable_dp_attention = true;
+         return Status::ok();
+       }},
+      {"--load-balance-method", true, G::kParallel,
+       "DP group a request goes to with --enable-dp-attention: round_robin (default), "
+       "minimum_tokens or shortest_queue", "minimum_tokens",
+       [](ServeConfig& f, const std::string& v) {
+         M3_RETURN_IF_ERROR(parse_load_balance_method(v).status());
+         f.load_balance_method = v;
          return Status::ok();
        }},
       {"--ep", true, G::kParallel,
@@ -473,6 +483,10 @@ Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args)
   // Flags that change nothing in combination with the others.
   if (out.enable_dp_attention && out.dp == 1) {
     out.notices.push_back("--enable-dp-attention: with --dp 1 attention is not split");
+  }
+  if (out.load_balance_method != "round_robin" && (!out.enable_dp_attention || out.dp == 1)) {
+    out.notices.push_back("--load-balance-method " + out.load_balance_method +
+                          ": without --enable-dp-attention --dp > 1 there is one group");
   }
   if (out.enable_expert_parallel && out.tp == 1) {
     out.notices.push_back("--enable-expert-parallel: with one rank there are no experts to split");
