@@ -55,6 +55,10 @@ TEST(MemoryPlan, KvPageBytesMatchTheRunnerAndSplitByHeads) {
   // Two ranks hold two KV heads each; eight ranks still one (replicated); index keys everywhere.
   EXPECT_EQ(kv_bytes_per_page_per_device(c, 2, 2, 2), 60 * 128 * (2 * 2 * 128 * 2 + 128 * 2));
   EXPECT_EQ(kv_bytes_per_page_per_device(c, 8, 2, 2), kv_bytes_per_page_per_device(c, 4, 2, 2));
+  // Attention data parallelism: a rank holds its group's pool, the heads split over tp / dp.
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 4, 2, 2, 2), kv_bytes_per_page_per_device(c, 2, 2, 2));
+  EXPECT_EQ(kv_bytes_per_page_per_device(c, 4, 2, 2, 4), kv_bytes_per_page_per_device(c, 1, 2, 2));
+  EXPECT_GT(kv_bytes_per_page_per_device(c, 4, 2, 2, 4), kv_bytes_per_page_per_device(c, 4, 2, 2));
 }
 
 struct FlashCase {

@@ -127,6 +127,7 @@ std::string summary(const ServeConfig& c) {
   add(c.server.worker_threads); add(c.server.media.max_image_bytes);
   add(c.server.drain_timeout.count());
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
+  s += c.load_balance_method + "|";
   return s;
 }
 
@@ -208,6 +209,77 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   EXPECT_EQ(v->config.server.context_length, 4096);
   EXPECT_DOUBLE_EQ(v->config.mem_fraction_static, 0.9);
   EXPECT_FALSE(parse_serve_flags({"--block-size", "16"}).is_ok());
+}
+
+// --enable-dp-attention --dp D: D divides --tp; --dp without it (replicas) is refused by name;
+// --load-balance-method takes SGLang's names only.
+TEST(ServeFlags, DataParallelAttention) {
+  auto options = [](std::vector<std::string> args) {
+    auto f = parse_serve_flags(args);
+    EXPECT_TRUE(f.is_ok()) << f.status().message();
+    return options_from_config(f->config);
+  };
+  auto ok = options({"--tp", "4", "--dp", "2", "--enable-dp-attention", "--load-balance-method",
+                     "minimum_tokens"});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(ok->dp_attention, 2);
+  EXPECT_EQ(ok->tensor_parallel, 4);
+  EXPECT_EQ(ok->load_balance, LoadBalanceMethod::kMinimumTokens);
+  auto alias = options({"--tp", "4", "--dp-size", "4", "--enable-dp-attention"});
+  ASSERT_TRUE(alias.is_ok()) << alias.status().message();
+  EXPECT_EQ(alias->dp_attention, 4);
+  EXPECT_EQ(alias->load_balance, LoadBalanceMethod::kRoundRobin);
+  // --ep 4 alone runs 4 ranks: --dp 2 divides them.
+  auto ep = options({"--ep", "4", "--dp", "2", "--enable-dp-attention"});
+  ASSERT_TRUE(ep.is_ok()) << ep.status().message();
+
+  auto bad = options({"--tp", "4", "--dp", "3", "--enable-dp-attention"});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--dp 3"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("--tp 4"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(options({"--dp", "2", "--enable-dp-attention"}).is_ok()) << "--tp 1";
+
+  auto replicas = options({"--tp", "4", "--dp", "2"});
+  ASSERT_FALSE(replicas.is_ok());
+  EXPECT_EQ(replicas.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(replicas.status().message().find("without --enable-dp-attention"), std::string::npos)
+      << replicas.status().message();
+
+  auto method = parse_serve_flags({"--load-balance-method", "random"});
+  ASSERT_FALSE(method.is_ok());
+  for (const char* named : {"--load-balance-method", "random", "round_robin", "minimum_tokens"}) {
+    EXPECT_NE(method.status().message().find(named), std::string::npos)
+        << method.status().message();
+  }
+  // Without DP attention the method has one group to choose from: a notice says so.
+  auto inert = parse_serve_flags({"--load-balance-method", "shortest_queue"});
+  ASSERT_TRUE(inert.is_ok());
+  bool noted = false;
+  for (const std::string& n : inert->config.notices) noted |= n.rfind("--load-balance-method", 0) == 0;
+  EXPECT_TRUE(noted);
+}
+
+// The engine stack plans the pool per DP group and stops where the runner would be built with
+// dp (not built yet), naming the flags.
+TEST(ServeFlags, DataParallelAttentionRunnerIsNotBuiltYet) {
+  EngineStackOptions o;
+  o.dummy_weights = true;
+  o.num_layers = 2;
+  o.device = "cpu";
+  o.tensor_parallel = 4;
+  o.dp_attention = 2;
+  o.kv_cache_bytes = int64_t{1} << 30;  // planned, never allocated: the runner is not built
+  o.context_length = 2048;
+  auto e = make_engine("", o);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << e.status().message();
+  EXPECT_NE(e.status().message().find("--enable-dp-attention --dp 2"), std::string::npos)
+      << e.status().message();
+  o.dp_attention = 3;
+  auto bad = make_engine("", o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
 }
 
 TEST(ServeFlags, RankLayoutFollowsSglang) {

@@ -39,6 +39,39 @@ TEST(Metrics, RequiredNamesAndHistograms) {
   }
 }
 
+// With attention data parallelism the KV pool and prefix-cache series are per DP rank, labelled
+// dp_rank, and the unlabelled totals are not emitted (sum() over the ranks is the total); with one
+// rank nothing is labelled.
+TEST(Metrics, KvSeriesPerDpRank) {
+  Metrics m("m3-tiny");
+  BackendStats s;
+  s.num_requests_running = 3;
+  s.kv_pages_used = 30;
+  s.kv_pages_total = 200;
+  s.prefix_cache_hit_tokens_total = 256;
+  s.num_preemptions_total = 2;
+  s.dp_ranks = {{10, 4, 100, 256, 0}, {20, 0, 100, 0, 2}};
+  const std::string text = m.render(s, true, false);
+  for (const char* line :
+       {"m3serve:num_requests_running{model_name=\"m3-tiny\"} 3",
+        "m3serve:kv_pages_used{model_name=\"m3-tiny\",dp_rank=\"0\"} 10",
+        "m3serve:kv_pages_used{model_name=\"m3-tiny\",dp_rank=\"1\"} 20",
+        "m3serve:kv_pages_cached{model_name=\"m3-tiny\",dp_rank=\"0\"} 4",
+        "m3serve:kv_pages_total{model_name=\"m3-tiny\",dp_rank=\"1\"} 100",
+        "m3serve:kv_cache_usage_perc{model_name=\"m3-tiny\",dp_rank=\"0\"} 0.1",
+        "m3serve:kv_cache_usage_perc{model_name=\"m3-tiny\",dp_rank=\"1\"} 0.2",
+        "m3serve:prefix_cache_hit_tokens_total{model_name=\"m3-tiny\",dp_rank=\"0\"} 256",
+        "m3serve:num_preemptions_total{model_name=\"m3-tiny\",dp_rank=\"1\"} 2"}) {
+    EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
+  }
+  for (const char* total : {"m3serve:kv_pages_used{model_name=\"m3-tiny\"}",
+                            "m3serve:prefix_cache_hit_tokens_total{model_name=\"m3-tiny\"}"}) {
+    EXPECT_EQ(text.find(total), std::string::npos) << total;
+  }
+  s.dp_ranks.clear();
+  EXPECT_EQ(m.render(s, true, false).find("dp_rank"), std::string::npos);
+}
+
 TEST(Auth, BearerComparison) {
   EXPECT_TRUE(authorized("sk-1", "Bearer sk-1"));
   EXPECT_FALSE(authorized("sk-1", "Bearer sk-2"));
