@@ -405,6 +405,12 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   const int tp = layout.tp, ep = layout.ep;
   M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
   if (nodes.node_rank == 0) return internal_error("[app] run_follower_node on node 0");
+  if (options.dp_attention > 1) {
+    // dp: TensorParallelCpuRunner::create_distributed(..., dp), as on node 0.
+    return Status(StatusCode::kUnimplemented, "--enable-dp-attention --dp " +
+                                                  std::to_string(options.dp_attention) +
+                                                  ": data-parallel attention is not supported yet");
+  }
   if (options.device == "cuda") {
     return Status(StatusCode::kUnimplemented,
                   "--nnodes: nodes of GPU ranks are not supported yet; CPU ranks are (--device "
