@@ -227,18 +227,20 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.cap_to_running_requests = on_gpu ? 0 : max_running;
   // On the GPU's real-shape path without --kv-cache-bytes the working memory is measured, not
   // estimated: the runner loads its weights, runs a profile step of the largest step (a prefill
-  // chunk, at most kMaxProfileTokens; beyond it the estimate's growth per token is added) and the
-  // pool is planned from the device's memory as the step left it.
+  // chunk with a decode token of every running request riding along, at most kMaxProfileTokens;
+  // beyond it the estimate's growth per token is added) and the pool is planned from the
+  // device's memory as the step left it.
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
   std::unique_ptr<ModelRunner> runner;
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
   MemoryPlan plan;
   if (measure) {
-    const int64_t step_tokens = std::max<int64_t>(chunk, max_running);
+    // The largest step: a whole chunk with every running request's decode token riding along.
+    const int64_t step_tokens = int64_t{chunk} + max_running;
     const int64_t profile_tokens = std::min(step_tokens, kMaxProfileTokens);
     const int64_t beyond =
-        mem.activation_bytes - activation_bytes_per_device(loaded.config, storage, 1,
-                                                           profile_tokens, max_running);
+        activation_bytes_per_device(loaded.config, storage, 1, step_tokens, max_running) -
+        activation_bytes_per_device(loaded.config, storage, 1, profile_tokens, max_running);
     CudaKvPoolRequest pool;
     pool.profile_tokens = profile_tokens;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
