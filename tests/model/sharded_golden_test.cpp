@@ -10,7 +10,9 @@
 // intermediate columns, then the all-reduce of the partial sums; under expert parallelism the
 // routed experts are computed whole and summed in the unsharded slot order, see
 // tensor_parallel_test.cpp). That moves logits by ~1e-6 of their scale on these sizes, ~50x
-// below kRelTol = 5e-5, which was set at ~20x the unsharded path's own error.
+// below kRelTol = 5e-5, which was set at ~20x the unsharded path's own error. Under --dp the
+// attention partial sums are added over a group's ranks and the feed-forward's over all of them;
+// gathering the groups' rows and keeping a group's are copies, so the same holds.
 #include <gtest/gtest.h>
 
 #include <cstdio>

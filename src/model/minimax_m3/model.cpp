@@ -14,7 +14,9 @@ namespace {
 template <typename T>
 DeviceBuffer<T> upload(Backend* be, const std::vector<T>& host) {
   DeviceBuffer<T> b(be, static_cast<int64_t>(host.size()));
-  be->copy_to_device(b.data(), host.data(), static_cast<int64_t>(host.size() * sizeof(T)));
+  // Empty for an attention group without slices in the step (no rows, null buffers).
+  if (!host.empty())
+    be->copy_to_device(b.data(), host.data(), static_cast<int64_t>(host.size() * sizeof(T)));
   return b;
 }
 
