@@ -175,7 +175,9 @@ TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DpAttentionCpu,
                          ::testing::Values(DpLayout{2, 1, 2}, DpLayout{4, 1, 2}, DpLayout{4, 2, 2}),
-                         [](const ::testing::TestParamInfo<DpLayout>& i) { return i.param.name(); });
+                         [](const ::testing::TestParamInfo<DpLayout>& i) {
+                           return i.param.name();
+                         });
 
 // SGLang's layout: groups of tp / dp consecutive ranks; a rank's heads are those of its position in
 // its group, its feed-forward slices those of its rank among all tp.

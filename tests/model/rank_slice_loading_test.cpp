@@ -250,8 +250,9 @@ TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
   // group's ranks exceed the KV heads), a replicated one by every rank.
   const std::map<std::string, uint64_t> once = full_reads.by_tensor();
   const uint64_t head_copies = uint64_t(layout.dp);
+  const int64_t group = layout.tp / layout.dp;
   const uint64_t kv_copies =
-      head_copies * uint64_t(std::max<int64_t>(1, layout.tp / layout.dp / cfg->num_key_value_heads));
+      head_copies * uint64_t(std::max<int64_t>(1, group / cfg->num_key_value_heads));
   for (const auto& [name, sharing] : any.sharing) {
     const uint64_t copies = sharing == Sharing::kPartitioned ? 1
                             : sharing == Sharing::kHeads     ? head_copies

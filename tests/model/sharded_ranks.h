@@ -46,7 +46,8 @@ struct ShardedModel {
     for (int g = 0; layout.dp > 1 && group > 1 && g < layout.dp; ++g) {
       M3_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> c,
                           comm::create_local_gloo_group(group));
-      for (int a = 0; a < group; ++a) attn_comms[static_cast<size_t>(g * group + a)] = std::move(c[a]);
+      for (int a = 0; a < group; ++a)
+        attn_comms[static_cast<size_t>(g * group + a)] = std::move(c[a]);
     }
     for (int r = 0; r < layout.tp; ++r) {
       backends.push_back(std::make_unique<CpuBackend>(1));

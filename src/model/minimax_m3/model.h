@@ -34,8 +34,8 @@ class Model {
   // data parallelism) the rank runs attention for its group's slices only (ModelSlice::dp_group ==
   // tp.dp_rank()), all-reduced over tp.attn_comm, over its cache (its group's pool), and the
   // feed-forward blocks on every group's tokens over all ranks; forward() then returns logits and
-  // captured hidden states for its group's slices only (the others' stay empty). The backend's buffers must be
-  // host memory for the communicator (the CPU backend).
+  // captured hidden states for its group's slices only (the others' stay empty). The backend's
+  // buffers must be host memory for the communicator (the CPU backend).
   static Result<std::unique_ptr<Model>> load(const MiniMaxM3Config& cfg, const WeightSource& src,
                                              Backend* backend, const ParallelLayout& tp = {});
 
