@@ -182,7 +182,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       M3_ASSIGN_OR_RETURN(loaded.eos_token_ids, minimax_m3::read_generation_eos(model_path));
     }
     if (loaded.eos_token_ids.empty()) loaded.eos_token_ids = loaded.config.eos_token_ids;
-    if (tp > 1) M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(loaded.config, tp, ep));
+    if (tp > 1) {
+      M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(loaded.config, tp, ep, dp));
+    }
   } else {
     if (options.make_backend) {
       M3_ASSIGN_OR_RETURN(backend, options.make_backend(options.device == "cuda" ? "cuda" : "cpu",
@@ -245,9 +247,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
-      // A rank holds its attention group's pool: the KV heads split over tp / dp ranks.
-      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp / dp) / (tp / dp) *
-                     local_ranks
+      // With dp a rank holds its attention group's pool: the KV heads split over tp / dp ranks.
+      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp) / tp * local_ranks
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
   mem.page_size = page_size;
   mem.max_context_length = max_positions;
@@ -255,18 +256,20 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.cap_to_running_requests = on_gpu ? 0 : max_running;
   // On the GPU's real-shape path without --kv-cache-bytes the working memory is measured, not
   // estimated: the runner loads its weights, runs a profile step of the largest step (a prefill
-  // chunk, at most kMaxProfileTokens; beyond it the estimate's growth per token is added) and the
-  // pool is planned from the device's memory as the step left it.
+  // chunk with a decode token of every running request riding along, at most kMaxProfileTokens;
+  // beyond it the estimate's growth per token is added) and the pool is planned from the
+  // device's memory as the step left it.
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
   std::unique_ptr<ModelRunner> runner;
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
   MemoryPlan plan;
   if (measure) {
-    const int64_t step_tokens = std::max<int64_t>(chunk, max_running);
+    // The largest step: a whole chunk with every running request's decode token riding along.
+    const int64_t step_tokens = int64_t{chunk} + max_running;
     const int64_t profile_tokens = std::min(step_tokens, kMaxProfileTokens);
     const int64_t beyond =
-        mem.activation_bytes - activation_bytes_per_device(loaded.config, storage, 1,
-                                                           profile_tokens, max_running);
+        activation_bytes_per_device(loaded.config, storage, 1, step_tokens, max_running) -
+        activation_bytes_per_device(loaded.config, storage, 1, profile_tokens, max_running);
     CudaKvPoolRequest pool;
     pool.profile_tokens = profile_tokens;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {

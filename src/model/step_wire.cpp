@@ -9,7 +9,7 @@ namespace m3 {
 namespace {
 
 constexpr uint32_t kMagic = 0x5453334d;  // "M3ST"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: ModelSlice::dp_group
 
 class Writer {
  public:
@@ -73,6 +73,7 @@ std::vector<char> encode_step(const ModelStep& step) {
   for (const ModelSlice& s : step.slices) {
     w.put_array(s.tokens.data(), s.tokens.size());
     w.put<int64_t>(s.start_pos);
+    w.put<int32_t>(s.dp_group);
     w.put_array(s.block_table.data(), s.block_table.size());
     w.put_array(s.logits_rows.data(), s.logits_rows.size());
     w.put<uint8_t>(s.sample.has_value() ? 1 : 0);
@@ -124,6 +125,7 @@ Result<WireStep> decode_step(const char* data, size_t size) {
     ModelSlice& s = out.step.slices[i];
     M3_RETURN_IF_ERROR(r.get_array(&out.tokens[i], "a slice's tokens"));
     M3_RETURN_IF_ERROR(r.get(&s.start_pos, "a slice's start position"));
+    M3_RETURN_IF_ERROR(r.get(&s.dp_group, "a slice's attention group"));
     M3_RETURN_IF_ERROR(r.get_array(&out.block_tables[i], "a slice's block table"));
     M3_RETURN_IF_ERROR(r.get_array(&s.logits_rows, "a slice's logits rows"));
     uint8_t has_sample = 0;

@@ -1,7 +1,9 @@
 // Each tensor- / expert-parallel CPU rank reads only its own slices of the checkpoint
 // (model/minimax_m3/tensor_parallel.h, WeightSource::load_f32_window): the bundled model loaded as
-// every rank of --tp 2, --tp 4 (KV heads replicated), --tp 2 --ep 2 and --tp 4 --ep 2, with a
-// ReadCounter on the checkpoint. Each rank's bytes read per stored tensor must equal its slices'
+// every rank of --tp 2, --tp 4 (KV heads replicated), --tp 2 --ep 2 and --tp 4 --ep 2, and with
+// attention data parallelism --tp 2 --dp 2, --tp 4 --dp 2 and --tp 4 --ep 2 --dp 2 (the heads split
+// by the rank's position in its group of tp / dp, the rest over all tp ranks), with a ReadCounter
+// on the checkpoint. Each rank's bytes read per stored tensor must equal its slices'
 // bytes computed from the config (rows of q/k/v, the index query projection, gate/up; columns of
 // o_proj and down projections; its experts only), the replicated tensors whole, and summed over the
 // ranks every partitioned tensor is read exactly once. The rank's weights equal the same slices of
@@ -28,14 +30,22 @@ namespace {
 const std::string kModel = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
 
 struct Layout {
-  int tp = 1, ep = 1;
+  int tp = 1, ep = 1, dp = 1;
   std::string name() const {
-    return "tp" + std::to_string(tp) + (ep > 1 ? "_ep" + std::to_string(ep) : std::string());
+    return "tp" + std::to_string(tp) + (ep > 1 ? "_ep" + std::to_string(ep) : std::string()) +
+           (dp > 1 ? "_dp" + std::to_string(dp) : std::string());
+  }
+  ParallelLayout at(int rank) const {
+    ParallelLayout l{rank, tp, nullptr, ep};
+    l.dp = dp;
+    return l;
   }
 };
 
-// How many ranks read each element of a tensor, summed over the ranks.
-enum class Sharing { kPartitioned, kKvHeads, kReplicated };
+// How many ranks read each element of a tensor, summed over the ranks: partitioned over all ranks
+// (once), over an attention group's ranks (query heads: once per group), by KV heads (once per
+// group and rank sharing a KV head), or whole on every rank.
+enum class Sharing { kPartitioned, kHeads, kKvHeads, kReplicated };
 
 struct Expected {
   std::map<std::string, uint64_t> bytes;   // stored name -> bytes this rank reads
@@ -65,10 +75,10 @@ Expected expected_reads(const Checkpoint& ck, const MiniMaxM3Config& c, const We
     const std::string p = n.layer(i), a = p + "self_attn.", m = p + "block_sparse_moe.";
     whole(p + "input_layernorm.weight");
     whole(p + "post_attention_layernorm.weight");
-    part(a + "q_proj.weight", rs.q_count * d, hd, Sharing::kPartitioned);
+    part(a + "q_proj.weight", rs.q_count * d, hd, Sharing::kHeads);
     part(a + "k_proj.weight", rs.kv_count * d, hd, Sharing::kKvHeads);
     part(a + "v_proj.weight", rs.kv_count * d, hd, Sharing::kKvHeads);
-    part(a + "o_proj.weight", hd, rs.q_count * d, Sharing::kPartitioned);
+    part(a + "o_proj.weight", hd, rs.q_count * d, Sharing::kHeads);
     whole(a + "q_norm.weight");
     whole(a + "k_norm.weight");
     if (c.layer_types[size_t(i)] == AttentionKind::kSparse) {
@@ -202,13 +212,28 @@ TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
   std::map<std::string, uint64_t> summed;
   Expected any;
   for (int r = 0; r < layout.tp; ++r) {
-    const RankSlices rs = rank_slices(*cfg, r, layout.tp, layout.ep);
+    const RankSlices rs = rank_slices(*cfg, r, layout.tp, layout.ep, layout.dp);
     ReadCounter reads;
     ck->set_read_counter(&reads);
     CpuBackend backend(1);
-    Result<ModelWeights> w = load_weights(*ck, *cfg, &backend, {r, layout.tp, nullptr, layout.ep});
+    Result<ModelWeights> w = load_weights(*ck, *cfg, &backend, layout.at(r));
     ck->set_read_counter(nullptr);
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    if (layout.dp > 1) {
+      // The heads are those of the rank's position in its attention group of tp / dp ranks; the
+      // feed-forward slices those of the rank among all tp.
+      const int group = layout.tp / layout.dp;
+      const RankSlices heads = rank_slices(*cfg, r % group, group);
+      const RankSlices ffn = rank_slices(*cfg, r, layout.tp, layout.ep);
+      EXPECT_EQ(rs.q_begin, heads.q_begin);
+      EXPECT_EQ(rs.q_count, heads.q_count);
+      EXPECT_EQ(rs.kv_begin, heads.kv_begin);
+      EXPECT_EQ(rs.kv_count, heads.kv_count);
+      EXPECT_EQ(rs.inter_begin, ffn.inter_begin);
+      EXPECT_EQ(rs.expert_begin, ffn.expert_begin);
+      EXPECT_EQ(rs.dense_begin, ffn.dense_begin);
+      EXPECT_EQ(rs.shared_begin, ffn.shared_begin);
+    }
     const Expected want = expected_reads(*ck, *cfg, naming, rs);
     const std::map<std::string, uint64_t> got = reads.by_tensor();
     EXPECT_EQ(got, want.bytes) << layout.name() << " rank " << r;
@@ -220,12 +245,17 @@ TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
     expect_rank_weights_are_slices(&full_backend, *full, &backend, *w, *cfg, rs,
                                    layout.name() + " rank " + std::to_string(r));
   }
-  // Over the ranks: a partitioned tensor is read once, a KV-head tensor once per rank sharing a
-  // KV head (tp / Hkv where tp exceeds the KV heads), a replicated one by every rank.
+  // Over the ranks: a partitioned tensor is read once, a query-head tensor once per attention
+  // group, a KV-head tensor once per group and rank sharing a KV head (tp / dp / Hkv where a
+  // group's ranks exceed the KV heads), a replicated one by every rank.
   const std::map<std::string, uint64_t> once = full_reads.by_tensor();
-  const uint64_t kv_copies = std::max<int64_t>(1, layout.tp / cfg->num_key_value_heads);
+  const uint64_t head_copies = uint64_t(layout.dp);
+  const int64_t group = layout.tp / layout.dp;
+  const uint64_t kv_copies =
+      head_copies * uint64_t(std::max<int64_t>(1, group / cfg->num_key_value_heads));
   for (const auto& [name, sharing] : any.sharing) {
     const uint64_t copies = sharing == Sharing::kPartitioned ? 1
+                            : sharing == Sharing::kHeads     ? head_copies
                             : sharing == Sharing::kKvHeads   ? kv_copies
                                                              : uint64_t(layout.tp);
     EXPECT_EQ(summed[name], copies * once.at(name)) << layout.name() << ": " << name;
@@ -234,7 +264,10 @@ TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
 
 // `--load-format dummy`: a rank generates only its slices, and they equal the same slices of the
 // unsharded dummy model (the experts are NVFP4, the linears MXFP8: block-aligned windows).
-TEST_P(ShardedRankLoading, DummyRanksEqualTheUnshardedDummy) {
+// Under --dp only the attention slices differ, so one dp layout covers it (CI time).
+class DummyRankLoading : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(DummyRankLoading, DummyRanksEqualTheUnshardedDummy) {
   const Layout layout = GetParam();
   auto cfg = load_minimax_m3_config(kModel);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
@@ -244,16 +277,21 @@ TEST_P(ShardedRankLoading, DummyRanksEqualTheUnshardedDummy) {
   ASSERT_TRUE(full.is_ok()) << full.status().to_string();
   for (int r = 0; r < layout.tp; ++r) {
     CpuBackend backend(1);
-    Result<ModelWeights> w = load_weights(src, *cfg, &backend, {r, layout.tp, nullptr, layout.ep});
+    Result<ModelWeights> w = load_weights(src, *cfg, &backend, layout.at(r));
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
     expect_rank_weights_are_slices(&full_backend, *full, &backend, *w, *cfg,
-                                   rank_slices(*cfg, r, layout.tp, layout.ep),
+                                   rank_slices(*cfg, r, layout.tp, layout.ep, layout.dp),
                                    "dummy " + layout.name() + " rank " + std::to_string(r));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ShardedRankLoading,
-                         ::testing::Values(Layout{2, 1}, Layout{4, 1}, Layout{2, 2}, Layout{4, 2}),
+                         ::testing::Values(Layout{2, 1}, Layout{4, 1}, Layout{2, 2}, Layout{4, 2},
+                                           Layout{2, 1, 2}, Layout{4, 1, 2}, Layout{4, 2, 2}),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Layouts, DummyRankLoading,
+                         ::testing::Values(Layout{2, 1}, Layout{4, 1}, Layout{2, 2}, Layout{4, 2},
+                                           Layout{4, 2, 2}),
                          [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 // A dummy window equals the same window of the whole tensor in each stored format, and columns off

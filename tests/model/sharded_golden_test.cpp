@@ -1,6 +1,7 @@
 // The golden fixtures (tests/fixtures/golden/*/expected.json: transformers, float32) under tensor
 // and expert parallelism on CPU ranks: --tp 2, --tp 4 (KV heads replicated: the fixtures have 2),
-// --ep 2 (= --tp 2 --ep 2), --ep 4 and --tp 4 --ep 2. Each layout must meet the reference with the
+// --ep 2 (= --tp 2 --ep 2), --ep 4 and --tp 4 --ep 2, and attention data parallelism
+// --tp 4 --dp 2 (two attention groups of two ranks; the prompts alternate between the groups). Each layout must meet the reference with the
 // unsharded path's checks and tolerances (golden_fixture.h, derived in golden_test.cpp): argmax
 // per position away from near-ties, logits within kRelTol of the row's scale, greedy tokens up to
 // the first near-tie.
@@ -9,7 +10,9 @@
 // intermediate columns, then the all-reduce of the partial sums; under expert parallelism the
 // routed experts are computed whole and summed in the unsharded slot order, see
 // tensor_parallel_test.cpp). That moves logits by ~1e-6 of their scale on these sizes, ~50x
-// below kRelTol = 5e-5, which was set at ~20x the unsharded path's own error.
+// below kRelTol = 5e-5, which was set at ~20x the unsharded path's own error. Under --dp the
+// attention partial sums are added over a group's ranks and the feed-forward's over all of them;
+// gathering the groups' rows and keeping a group's are copies, so the same holds.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -35,7 +38,7 @@ TEST_P(ShardedGoldenTest, MatchesReference) {
   json expected = read_json(fs::path(dir) / "expected.json");
   auto cfg = load_minimax_m3_config(dir);
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  const Status fits = minimax_m3::check_tensor_parallel(*cfg, layout.tp, layout.ep);
+  const Status fits = minimax_m3::check_tensor_parallel(*cfg, layout.tp, layout.ep, layout.dp);
   if (!fits.is_ok()) GTEST_SKIP() << fits.to_string();
   auto ckpt = Checkpoint::open(dir);
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
@@ -60,10 +63,14 @@ TEST_P(ShardedGoldenTest, MatchesReference) {
     ModelSlice s;
     s.tokens = ids;
     s.block_table = table;
+    // Under attention data parallelism the prompts take turns over the groups (the others run the
+    // feed-forward blocks with no tokens of their own); the group's first rank has the logits.
+    s.dp_group = (prompt_no - 1) % layout.dp;
+    const size_t holder = model.first_of_group(s.dp_group);
     for (int32_t i = 0; i < n; ++i) s.logits_rows.push_back(i);
     std::vector<ModelOutput> out = model.forward({s});
     ASSERT_FALSE(::testing::Test::HasFailure()) << tag;
-    const std::vector<float>& logits = out[0].logits[0];
+    const std::vector<float>& logits = out[holder].logits[0];
     ASSERT_EQ(static_cast<int64_t>(logits.size()), n * vocab) << tag;
     const double near_tie = near_tie_threshold(logits);
 
@@ -93,7 +100,7 @@ TEST_P(ShardedGoldenTest, MatchesReference) {
         s.logits_rows = {0};
         std::vector<ModelOutput> step = model.forward({s});
         ASSERT_FALSE(::testing::Test::HasFailure()) << tag;
-        got.push_back(::m3::testing::argmax(std::span<const float>(step[0].logits[0])));
+        got.push_back(::m3::testing::argmax(std::span<const float>(step[holder].logits[0])));
       }
       for (size_t i = 0; i < limit; ++i) ASSERT_EQ(got[i], want[i]) << tag << " greedy token " << i;
     }
@@ -106,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, ShardedGoldenTest,
     ::testing::Combine(::testing::ValuesIn(fixture_names_or_placeholder()),
                        ::testing::Values(Layout{2, 1}, Layout{4, 1}, Layout{2, 2}, Layout{4, 4},
-                                         Layout{4, 2})),
+                                         Layout{4, 2}, Layout{4, 1, 2})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, Layout>>& info) {
       const std::string& d = std::get<0>(info.param);
       std::string n = d.empty() ? "none" : fs::path(d).filename().string();

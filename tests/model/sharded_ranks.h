@@ -22,13 +22,17 @@ namespace m3::minimax_m3::testing {
 
 struct Layout {
   int tp = 1, ep = 1;
+  int dp = 1;  // attention data-parallel groups of tp / dp ranks
   std::string name() const {
-    return "tp" + std::to_string(tp) + (ep > 1 ? "_ep" + std::to_string(ep) : std::string());
+    return "tp" + std::to_string(tp) + (ep > 1 ? "_ep" + std::to_string(ep) : std::string()) +
+           (dp > 1 ? "_dp" + std::to_string(dp) : std::string());
   }
 };
 
 struct ShardedModel {
   std::vector<std::unique_ptr<comm::Communicator>> comms;
+  std::vector<std::unique_ptr<comm::Communicator>> attn_comms;  // per rank, under dp > 1
+  int dp = 1;
   std::vector<std::unique_ptr<CpuBackend>> backends;
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<PagedKvCache>> caches;
@@ -36,19 +40,33 @@ struct ShardedModel {
   // Loads every rank of `layout` with KV caches of `pages` pages.
   Status load(const MiniMaxM3Config& cfg, const WeightSource& src, Layout layout, int64_t pages) {
     M3_ASSIGN_OR_RETURN(comms, comm::create_local_gloo_group(layout.tp));
+    dp = layout.dp;
+    const int group = layout.tp / layout.dp;
+    attn_comms.resize(static_cast<size_t>(layout.tp));
+    for (int g = 0; layout.dp > 1 && group > 1 && g < layout.dp; ++g) {
+      M3_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> c,
+                          comm::create_local_gloo_group(group));
+      for (int a = 0; a < group; ++a)
+        attn_comms[static_cast<size_t>(g * group + a)] = std::move(c[a]);
+    }
     for (int r = 0; r < layout.tp; ++r) {
       backends.push_back(std::make_unique<CpuBackend>(1));
+      ParallelLayout pl{r, layout.tp, comms[static_cast<size_t>(r)].get(), layout.ep};
+      pl.dp = layout.dp;
+      pl.attn_comm = attn_comms[static_cast<size_t>(r)].get();
       M3_ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
-                          Model::load(cfg, src, backends.back().get(),
-                                      {r, layout.tp, comms[static_cast<size_t>(r)].get(),
-                                       layout.ep}));
+                          Model::load(cfg, src, backends.back().get(), pl));
       caches.push_back(std::make_unique<PagedKvCache>(backends.back().get(), m->config(), pages));
       models.push_back(std::move(m));
     }
     return Status::ok();
   }
 
-  // Runs `batch` on every rank at once; each rank's output.
+  // The rank whose output holds the slices of attention group g (its group's first rank).
+  size_t first_of_group(int g) const { return static_cast<size_t>(g) * models.size() / dp; }
+
+  // Runs `batch` on every rank at once; each rank's output (under dp > 1, a rank's holds its
+  // group's slices only).
   std::vector<ModelOutput> forward(const std::vector<ModelSlice>& batch) {
     std::vector<ModelOutput> outs(models.size());
     std::vector<Status> status(models.size());

@@ -8,7 +8,7 @@ namespace m3 {
 namespace {
 
 // Two slices: a prefill chunk with prompt-logit rows and an input embedding, and a sampled
-// decode row; captured layers.
+// decode row of attention group 3; captured layers.
 struct Example {
   std::vector<int32_t> t0{5, 6, 7, 8}, t1{9};
   std::vector<int32_t> b0{3, 1}, b1{0, 2, 4};
@@ -25,6 +25,7 @@ struct Example {
     ModelSlice b;
     b.tokens = t1;
     b.start_pos = 257;
+    b.dp_group = 3;  // attention data parallelism: the slice's group
     b.block_table = b1;
     b.logits_rows = {0};
     DeviceSampling d;
@@ -53,6 +54,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
     EXPECT_EQ(std::vector<int32_t>(a.tokens.begin(), a.tokens.end()),
               std::vector<int32_t>(b.tokens.begin(), b.tokens.end()));
     EXPECT_EQ(a.start_pos, b.start_pos);
+    EXPECT_EQ(a.dp_group, b.dp_group);
     EXPECT_EQ(std::vector<int32_t>(a.block_table.begin(), a.block_table.end()),
               std::vector<int32_t>(b.block_table.begin(), b.block_table.end()));
     EXPECT_EQ(a.logits_rows, b.logits_rows);

@@ -18,8 +18,9 @@
 // FLOPs count 2 per multiply-add of the GEMMs as executed (routed rows only), 4·H·D per attended
 // key (QK and PV; keys = min(causal keys, top-16 blocks)) and 2·Hix·Dix per indexer key.
 //
-// The routed experts run PrefillMoeKernel::kGroupedInLoop (the model's choice); the
-// dequantise-then-cuBLASLt kernel is timed beside it (printed, not summed).
+// The routed experts are in the mma layouts the model repacks them to, and the layer sums the
+// kernel the model picks for the step (CudaM3Kernels: kGroupedInLoop up to 16384 tokens, else
+// kDequantCublas); the other is timed beside it (printed, not summed).
 //
 // --experts: the routed experts alone (NVFP4, 128 experts, top-4, uniform random routing), old
 // (kDequantCublas) vs new (kGroupedInLoop) kernel, with the weights row-major and then in the mma
@@ -49,6 +50,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/dtype.h"
 #include "cuda_bench_util.h"
+#include "model/minimax_m3/cuda/cuda_m3_model.h"
 
 namespace {
 
@@ -375,6 +377,13 @@ int main(int argc, char** argv) {
   QuantWeight router = make(QuantFormat::kBf16, kE, kHd);
   QuantWeight e13 = make(QuantFormat::kNvfp4, 2 * kI, kHd, kE);
   QuantWeight e2 = make(QuantFormat::kNvfp4, kHd, kI, kE);
+  // The routed experts in the layouts the model serves them in (CudaM3Model::repack_nvfp4).
+  CHECK_OK(nvfp4_mma_repack_in_place(const_cast<uint8_t*>(e13.w), kE, e13.n, e13.k,
+                                     nvfp4_mma::Tiling::kSwigluPairs, st()));
+  CHECK_OK(nvfp4_mma_repack_in_place(const_cast<uint8_t*>(e2.w), kE, e2.n, e2.k,
+                                     nvfp4_mma::Tiling::kRows16, st()));
+  e13.layout = WeightLayout::kMmaSwigluPairs;
+  e2.layout = WeightLayout::kMmaRows16;
   QuantWeight s13 = make(QuantFormat::kMxfp8, 2 * kSI, kHd);
   QuantWeight s2 = make(QuantFormat::kMxfp8, kHd, kSI);
   QuantWeight d13 = make(QuantFormat::kMxfp8, 2 * kDI, kHd);
@@ -482,14 +491,20 @@ int main(int argc, char** argv) {
     mp.top_k = kK4;
     char name[96];
     const double routed_flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
+    // Both kernels; the layer sums the one the model picks for a step of t tokens.
     mp.kernel = PrefillMoeKernel::kDequantCublas;
     const double old_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    std::snprintf(name, sizeof name, "  (not summed) routed experts, dequant+cublas (%lld active)",
-                  (long long)gemm.last_moe_stats().active_experts);
-    report(t, {name, old_ms, routed_flops});
     mp.kernel = PrefillMoeKernel::kGroupedInLoop;
-    const double moe_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    moe_rows.push_back({"nvfp4 routed experts top-4, grouped in-loop", moe_ms, routed_flops});
+    const double new_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+    const minimax_m3::CudaM3Kernels model_choice;
+    const bool grouped =
+        model_choice.grouped_expert_gemm && t <= model_choice.grouped_expert_max_tokens;
+    std::snprintf(name, sizeof name, "  (not summed) routed experts, %s",
+                  grouped ? "dequant+cublas" : "grouped in-loop");
+    report(t, {name, grouped ? old_ms : new_ms, routed_flops});
+    moe_rows.push_back({grouped ? "nvfp4 routed experts top-4, grouped in-loop"
+                                : "nvfp4 routed experts top-4, dequant+cublas",
+                        grouped ? new_ms : old_ms, routed_flops});
     auto mlp = [&](const QuantWeight& w13, const QuantWeight& w2, int64_t inter) {
       lin(w13, x, kHd, y, PrefillOut::kF32);
       CHECK_OK(launch_swiglu_oai_bf16(y, t, inter, 1.702f, 7.0f, act, st()));

@@ -79,12 +79,17 @@ read -r total weights working <<<"$(sed -n 's/.*memory profile: \([0-9]*\) bytes
 kv=$(sed -n 's/^m3serve: KV cache \([0-9]*\) bytes.*/\1/p' "$OUT/server.log" | head -1)
 peak=$(awk -F', ' '{ if ($2 + 0 > m) m = $2 + 0 } END { print m + 0 }' "$OUT/memory.csv")
 smi_total=$(awk -F', ' 'NR == 1 { print $3 + 0 }' "$OUT/memory.csv")
+# nvidia-smi's used memory counts the driver's reservation, which the CUDA runtime's total (the
+# server's figures) leaves out: subtracted from the peak where this nvidia-smi reports it.
+reserved=$(nvidia-smi --query-gpu=memory.reserved --format=csv,noheader,nounits 2>/dev/null |
+  head -1 | tr -dc 0-9)
 python3 - "${total:-0}" "${weights:-0}" "${working:-0}" "${kv:-0}" "$peak" "${smi_total:-0}" \
-  "$rc" <<'EOF' | tee -a "$LOG"
+  "$rc" "${reserved:-0}" <<'EOF' | tee -a "$LOG"
 import sys
-total, weights, working, kv, peak_mib, smi_total_mib, rc = map(int, sys.argv[1:])
+total, weights, working, kv, peak_mib, smi_total_mib, rc, reserved_mib = map(int, sys.argv[1:])
 mib = 1 << 20
-peak = peak_mib * mib
+peak = (peak_mib - reserved_mib) * mib
+print(f"nvidia-smi: driver reservation {reserved_mib} MiB, not counted")
 beyond = peak - weights - kv
 ok = rc == 0 and total > 0 and peak_mib <= smi_total_mib and beyond <= working * 1.03
 print(f"device total {total / 2**30:.2f} GiB (nvidia-smi {smi_total_mib} MiB)")

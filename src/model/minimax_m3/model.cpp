@@ -1,7 +1,10 @@
 #include "model/minimax_m3/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "model/minimax_m3/expert_parallel_moe.h"
 
@@ -11,7 +14,9 @@ namespace {
 template <typename T>
 DeviceBuffer<T> upload(Backend* be, const std::vector<T>& host) {
   DeviceBuffer<T> b(be, static_cast<int64_t>(host.size()));
-  be->copy_to_device(b.data(), host.data(), static_cast<int64_t>(host.size() * sizeof(T)));
+  // Empty for an attention group without slices in the step (no rows, null buffers).
+  if (!host.empty())
+    be->copy_to_device(b.data(), host.data(), static_cast<int64_t>(host.size() * sizeof(T)));
   return b;
 }
 
@@ -27,6 +32,14 @@ Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const Wei
     if (backend->name().rfind("cpu", 0) != 0)
       return unimplemented("[model.minimax_m3] tensor parallelism of the float32 model runs on "
                            "CPU ranks only");
+    if (tp.dp > 1 && tp.ranks % tp.dp == 0 && tp.attn_tp() > 1 &&
+        (tp.attn_comm == nullptr || tp.attn_comm->size() != tp.attn_tp() ||
+         tp.attn_comm->rank() != tp.attn_tp_rank()))
+      return invalid_argument("[model.minimax_m3] rank " + std::to_string(tp.rank) + " of " +
+                              std::to_string(tp.ranks) + " under --dp " + std::to_string(tp.dp) +
+                              " needs an attention-group communicator of rank " +
+                              std::to_string(tp.attn_tp_rank()) + " and size " +
+                              std::to_string(tp.attn_tp()));
   }
   M3_RETURN_IF_ERROR(cfg.validate());
   if (cfg.rotary_dim <= 0 || cfg.rotary_dim % 2 != 0 || cfg.rotary_dim > cfg.head_dim)
@@ -50,17 +63,48 @@ Result<std::unique_ptr<Model>> Model::load(const MiniMaxM3Config& cfg, const Wei
   }
   if (cfg.num_experts_per_tok > cfg.num_local_experts)
     return invalid_argument("[model.minimax_m3] num_experts_per_tok > num_local_experts");
-  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks, tp.ep));
-  const MiniMaxM3Config local = tp.ranks > 1 ? rank_config(cfg, tp.rank, tp.ranks, tp.ep) : cfg;
+  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks, tp.ep, tp.dp));
+  const MiniMaxM3Config local =
+      tp.ranks > 1 ? rank_config(cfg, tp.rank, tp.ranks, tp.ep, tp.dp) : cfg;
   std::unique_ptr<Model> m(new Model(local, backend, tp));
   M3_ASSIGN_OR_RETURN(m->w_, load_weights(src, cfg, backend, tp));
   return m;
 }
 
-Status Model::all_reduce(float* partial, int64_t n) {
-  if (tp_.ranks <= 1) return Status::ok();
+Status Model::all_reduce(float* partial, int64_t n, comm::Communicator* over) {
+  if (over == nullptr || over->size() <= 1) return Status::ok();
   backend_->synchronize();
-  return tp_.comm->all_reduce(partial, n, comm::DataType::kF32, comm::ReduceOp::kSum);
+  return over->all_reduce(partial, n, comm::DataType::kF32, comm::ReduceOp::kSum);
+}
+
+Status Model::gather_groups(const float* own, int64_t own_tokens, std::span<const int64_t> tokens,
+                            float* all) {
+  const int64_t hd = cfg_.hidden_size, attn_tp = tp_.attn_tp();
+  int64_t most = 0;
+  for (int64_t t : tokens) most = std::max(most, t);
+  // Every rank of a group holds the group's rows; rank a of the group sends the a-th of attn_tp
+  // chunks of them (zero-padded to the largest group's), so each group's rows arrive once, as
+  // consecutive chunks of the gathered buffer.
+  const int64_t chunk = (most + attn_tp - 1) / attn_tp;
+  std::vector<float> send(static_cast<size_t>(chunk * hd), 0.0f);
+  const int64_t first = tp_.attn_tp_rank() * chunk;
+  const int64_t rows = std::clamp<int64_t>(own_tokens - first, 0, chunk);
+  backend_->synchronize();
+  if (rows > 0)
+    backend_->copy_to_host(send.data(), own + first * hd,
+                           rows * hd * static_cast<int64_t>(sizeof(float)));
+  std::vector<float> recv(static_cast<size_t>(tp_.ranks * chunk * hd));
+  M3_RETURN_IF_ERROR(tp_.comm->all_gather(send.data(), recv.data(), chunk * hd,
+                                          comm::DataType::kF32));
+  int64_t at = 0;
+  for (size_t g = 0; g < tokens.size(); ++g) {
+    const float* from = recv.data() + static_cast<int64_t>(g) * attn_tp * chunk * hd;
+    if (tokens[g] > 0)
+      backend_->copy_to_device(all + at * hd, from,
+                               tokens[g] * hd * static_cast<int64_t>(sizeof(float)));
+    at += tokens[g];
+  }
+  return Status::ok();
 }
 
 Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
@@ -74,7 +118,13 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
     return invalid_argument("[model.minimax_m3.forward] cache page size " + std::to_string(page) +
                             " != index_block_size " + std::to_string(c.index_block_size));
 
-  // ---- Flatten the batch and validate it.
+  // ---- Validate the whole batch and flatten this rank's slices: all of them, or with attention
+  // data parallelism its group's. Every rank validates every slice, so a bad slice fails all
+  // ranks before the first collective.
+  const bool dp_attention = tp_.dp > 1;
+  const int my_group = dp_attention ? tp_.dp_rank() : 0;
+  std::vector<int64_t> group_tokens(static_cast<size_t>(std::max(tp_.dp, 1)), 0);
+  std::vector<size_t> mine;  // the batch indices of this rank's slices
   std::vector<int32_t> ids, positions;
   std::vector<int64_t> offsets = {0};
   std::vector<DeviceBuffer<int32_t>> tables;
@@ -82,6 +132,11 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
     const SequenceInput& in = batch[s];
     const std::string who = "[model.minimax_m3.forward] sequence " + std::to_string(s) + ": ";
     if (in.tokens.empty()) return invalid_argument(who + "no tokens");
+    if (in.dp_group < 0 || in.dp_group >= std::max(tp_.dp, 1))
+      return invalid_argument(who + "dp_group " + std::to_string(in.dp_group) + " outside [0, " +
+                              std::to_string(std::max(tp_.dp, 1)) + ") (--dp " +
+                              std::to_string(std::max(tp_.dp, 1)) + ")");
+    group_tokens[static_cast<size_t>(in.dp_group)] += static_cast<int64_t>(in.tokens.size());
     if (in.start_pos < 0) return invalid_argument(who + "negative start_pos");
     int64_t end = in.start_pos + static_cast<int64_t>(in.tokens.size());
     int64_t need = (end + page - 1) / page;
@@ -97,8 +152,6 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
       if (in.tokens[i] < 0 || in.tokens[i] >= vocab)
         return invalid_argument(who + "token id " + std::to_string(in.tokens[i]) +
                                 " outside the vocabulary [0, " + std::to_string(vocab) + ")");
-      ids.push_back(in.tokens[i]);
-      positions.push_back(static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i)));
     }
     for (int32_t r : in.logits_rows)
       if (r < 0 || r >= static_cast<int32_t>(in.tokens.size()))
@@ -111,11 +164,25 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
         return invalid_argument(who + "input embedding of " + std::to_string(e.values.size()) +
                                 " values; the hidden size is " + std::to_string(hd));
     }
+    if (in.dp_group != my_group) continue;  // another attention group's slice
+    mine.push_back(s);
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      ids.push_back(in.tokens[i]);
+      positions.push_back(static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i)));
+    }
     offsets.push_back(static_cast<int64_t>(ids.size()));
     tables.push_back(upload(be, std::vector<int32_t>(in.block_table.begin(), in.block_table.end())));
   }
+  // t_all: this rank's (its group's) tokens; t_ffn: the tokens the feed-forward blocks run on,
+  // every group's under attention data parallelism. A group without slices has t_all = 0 and
+  // still takes part in every collective over all ranks.
   const int64_t t_all = static_cast<int64_t>(ids.size());
-  if (t_all == 0) return invalid_argument("[model.minimax_m3.forward] empty batch");
+  int64_t t_ffn = 0, own_first = 0;
+  for (size_t g = 0; g < group_tokens.size(); ++g) {
+    if (static_cast<int>(g) < my_group) own_first += group_tokens[g];
+    t_ffn += group_tokens[g];
+  }
+  if (t_ffn == 0) return invalid_argument("[model.minimax_m3.forward] empty batch");
   std::vector<bool> capture(static_cast<size_t>(c.num_hidden_layers), false);
   for (int32_t layer : capture_layers) {
     if (layer < 0 || layer >= c.num_hidden_layers)
@@ -125,6 +192,7 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
     capture[static_cast<size_t>(layer)] = true;
   }
   out->hidden.assign(capture_layers.empty() ? 0 : batch.size(), {});
+  comm::Communicator* attention_comm = dp_attention ? tp_.attn_comm : tp_.comm;
 
   // ---- Device scratch.
   auto ids_d = upload(be, ids), pos_d = upload(be, positions);
@@ -141,25 +209,37 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
   }
   int64_t max_inter = c.dense_intermediate_size;
   max_inter = std::max(max_inter, c.shared_intermediate_size * c.n_shared_experts);
-  DeviceBuffer<float> gate_up(be, t_all * 2 * max_inter), act(be, t_all * max_inter);
-  DeviceBuffer<float> router_logits(be, t_all * c.num_local_experts), shared(be, t_all * hd);
-  DeviceBuffer<int32_t> topk_ids(be, t_all * c.num_experts_per_tok);
-  DeviceBuffer<float> topk_w(be, t_all * c.num_experts_per_tok);
+  DeviceBuffer<float> gate_up(be, t_ffn * 2 * max_inter), act(be, t_ffn * max_inter);
+  DeviceBuffer<float> router_logits(be, t_ffn * c.num_local_experts), shared(be, t_ffn * hd);
+  DeviceBuffer<int32_t> topk_ids(be, t_ffn * c.num_experts_per_tok);
+  DeviceBuffer<float> topk_w(be, t_ffn * c.num_experts_per_tok);
+  // Attention data parallelism: every group's normed hidden states and feed-forward output.
+  DeviceBuffer<float> h_ffn, y_ffn;
+  DeviceBuffer<int32_t> own_rows_d;  // this group's rows of y_ffn
+  if (dp_attention) {
+    h_ffn = DeviceBuffer<float>(be, t_ffn * hd);
+    y_ffn = DeviceBuffer<float>(be, t_ffn * hd);
+    std::vector<int32_t> own_rows(static_cast<size_t>(t_all));
+    for (int64_t i = 0; i < t_all; ++i) own_rows[i] = static_cast<int32_t>(own_first + i);
+    own_rows_d = upload(be, own_rows);
+  }
+  float* ffn_in = dp_attention ? h_ffn.data() : h.data();
+  float* ffn_out = dp_attention ? y_ffn.data() : y.data();
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float alpha = static_cast<float>(c.swiglu_alpha), limit = static_cast<float>(c.swiglu_limit);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   auto dense_mlp = [&](const float* in, const DeviceBuffer<float>& w13,
                        const DeviceBuffer<float>& w2, int64_t inter, float* dst) {
-    be->linear({in, w13.data(), gate_up.data(), t_all, 2 * inter, hd, false});
-    be->swiglu_oai({gate_up.data(), act.data(), t_all, inter, alpha, limit});
-    be->linear({act.data(), w2.data(), dst, t_all, hd, inter, false});
+    be->linear({in, w13.data(), gate_up.data(), t_ffn, 2 * inter, hd, false});
+    be->swiglu_oai({gate_up.data(), act.data(), t_ffn, inter, alpha, limit});
+    be->linear({act.data(), w2.data(), dst, t_ffn, hd, inter, false});
   };
 
-  be->embedding({w_.embed.data(), ids_d.data(), x.data(), t_all, vocab, hd});
-  for (size_t s = 0; s < batch.size(); ++s) {
-    for (const InputEmbedding& e : batch[s].embeddings) {
-      be->copy_to_device(x.data() + (offsets[s] + e.token_index) * hd, e.values.data(),
+  if (t_all > 0) be->embedding({w_.embed.data(), ids_d.data(), x.data(), t_all, vocab, hd});
+  for (size_t j = 0; j < mine.size(); ++j) {
+    for (const InputEmbedding& e : batch[mine[j]].embeddings) {
+      be->copy_to_device(x.data() + (offsets[j] + e.token_index) * hd, e.values.data(),
                          hd * static_cast<int64_t>(sizeof(float)));
     }
   }
@@ -168,11 +248,11 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
     for (size_t k = 0; k < capture_layers.size(); ++k) {
       if (capture_layers[k] != li) continue;
       be->synchronize();
-      for (size_t s = 0; s < batch.size(); ++s) {
-        const int64_t n = offsets[s + 1] - offsets[s];
-        std::vector<float>& dst = out->hidden[s];
+      for (size_t j = 0; j < mine.size(); ++j) {
+        const int64_t n = offsets[j + 1] - offsets[j];
+        std::vector<float>& dst = out->hidden[mine[j]];
         dst.resize(capture_layers.size() * static_cast<size_t>(n * hd));
-        be->copy_to_host(dst.data() + k * static_cast<size_t>(n * hd), x.data() + offsets[s] * hd,
+        be->copy_to_host(dst.data() + k * static_cast<size_t>(n * hd), x.data() + offsets[j] * hd,
                          n * hd * static_cast<int64_t>(sizeof(float)));
       }
     }
@@ -181,81 +261,92 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
     const LayerWeights& lw = w_.layers[li];
     KvLayerView kv = cache->layer(li);
 
-    // Attention block: h = norm(x); q/k/v; per-head QK-norm, then partial RoPE (§2.3).
-    be->rms_norm({x.data(), lw.input_norm.data(), h.data(), t_all, hd, eps, true});
-    be->linear({h.data(), lw.wq.data(), q.data(), t_all, nh * d, hd, false});
-    be->linear({h.data(), lw.wk.data(), k.data(), t_all, nkv * d, hd, false});
-    be->linear({h.data(), lw.wv.data(), v.data(), t_all, nkv * d, hd, false});
-    be->rms_norm({q.data(), lw.q_norm.data(), q.data(), t_all * nh, d, eps, true});
-    be->rms_norm({k.data(), lw.k_norm.data(), k.data(), t_all * nkv, d, eps, true});
-    be->rope({q.data(), pos_d.data(), t_all, nh, d, c.rotary_dim, c.rotary_dim, c.rope_theta});
-    be->rope({k.data(), pos_d.data(), t_all, nkv, d, c.rotary_dim, c.rotary_dim, c.rope_theta});
-    if (lw.sparse) {
-      // Indexer (§3.2): same h, Gemma norms per head, the same RoPE table truncated to Dix.
-      be->linear({h.data(), lw.wiq.data(), iq.data(), t_all, nix * dix, hd, false});
-      be->linear({h.data(), lw.wik.data(), ik.data(), t_all, dix, hd, false});
-      be->rms_norm({iq.data(), lw.iq_norm.data(), iq.data(), t_all * nix, dix, eps, true});
-      be->rms_norm({ik.data(), lw.ik_norm.data(), ik.data(), t_all, dix, eps, true});
-      int64_t w = std::min(c.rotary_dim, dix);
-      be->rope({iq.data(), pos_d.data(), t_all, nix, dix, c.rotary_dim, w, c.rope_theta});
-      be->rope({ik.data(), pos_d.data(), t_all, 1, dix, c.rotary_dim, w, c.rope_theta});
-    }
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const int64_t o = offsets[s], n = offsets[s + 1] - offsets[s];
-      const int64_t nb = static_cast<int64_t>(batch[s].block_table.size());
-      const int32_t* table = tables[s].data();
-      be->kv_write({kv, k.data() + o * nkv * d, v.data() + o * nkv * d,
-                    lw.sparse ? ik.data() + o * dix : nullptr, pos_d.data() + o, table, n, nb});
-      const int32_t* selected = nullptr;
+    // Attention block: h = norm(x); q/k/v; per-head QK-norm, then partial RoPE (§2.3). Under
+    // attention data parallelism only over this group's slices, all-reduced within the group (a
+    // group without slices skips it, all its ranks alike).
+    if (t_all > 0) {
+      be->rms_norm({x.data(), lw.input_norm.data(), h.data(), t_all, hd, eps, true});
+      be->linear({h.data(), lw.wq.data(), q.data(), t_all, nh * d, hd, false});
+      be->linear({h.data(), lw.wk.data(), k.data(), t_all, nkv * d, hd, false});
+      be->linear({h.data(), lw.wv.data(), v.data(), t_all, nkv * d, hd, false});
+      be->rms_norm({q.data(), lw.q_norm.data(), q.data(), t_all * nh, d, eps, true});
+      be->rms_norm({k.data(), lw.k_norm.data(), k.data(), t_all * nkv, d, eps, true});
+      be->rope({q.data(), pos_d.data(), t_all, nh, d, c.rotary_dim, c.rotary_dim, c.rope_theta});
+      be->rope({k.data(), pos_d.data(), t_all, nkv, d, c.rotary_dim, c.rotary_dim, c.rope_theta});
       if (lw.sparse) {
-        be->indexer_topk({iq.data() + o * nix * dix, kv, pos_d.data() + o, table,
-                          sel.data() + o * nix * topk, n, nix, nb, topk, c.index_local_blocks,
-                          c.index_init_blocks});
-        selected = sel.data() + o * nix * topk;
+        // Indexer (§3.2): same h, Gemma norms per head, the same RoPE table truncated to Dix.
+        be->linear({h.data(), lw.wiq.data(), iq.data(), t_all, nix * dix, hd, false});
+        be->linear({h.data(), lw.wik.data(), ik.data(), t_all, dix, hd, false});
+        be->rms_norm({iq.data(), lw.iq_norm.data(), iq.data(), t_all * nix, dix, eps, true});
+        be->rms_norm({ik.data(), lw.ik_norm.data(), ik.data(), t_all, dix, eps, true});
+        int64_t w = std::min(c.rotary_dim, dix);
+        be->rope({iq.data(), pos_d.data(), t_all, nix, dix, c.rotary_dim, w, c.rope_theta});
+        be->rope({ik.data(), pos_d.data(), t_all, 1, dix, c.rotary_dim, w, c.rope_theta});
       }
-      be->paged_attention({q.data() + o * nh * d, kv, pos_d.data() + o, table, selected,
-                           attn.data() + o * nh * d, n, nh, nb, nix, topk, scale});
+      for (size_t j = 0; j < mine.size(); ++j) {
+        const int64_t o = offsets[j], n = offsets[j + 1] - offsets[j];
+        const int64_t nb = static_cast<int64_t>(batch[mine[j]].block_table.size());
+        const int32_t* table = tables[j].data();
+        be->kv_write({kv, k.data() + o * nkv * d, v.data() + o * nkv * d,
+                      lw.sparse ? ik.data() + o * dix : nullptr, pos_d.data() + o, table, n, nb});
+        const int32_t* selected = nullptr;
+        if (lw.sparse) {
+          be->indexer_topk({iq.data() + o * nix * dix, kv, pos_d.data() + o, table,
+                            sel.data() + o * nix * topk, n, nix, nb, topk, c.index_local_blocks,
+                            c.index_init_blocks});
+          selected = sel.data() + o * nix * topk;
+        }
+        be->paged_attention({q.data() + o * nh * d, kv, pos_d.data() + o, table, selected,
+                             attn.data() + o * nh * d, n, nh, nb, nix, topk, scale});
+      }
+      be->linear({attn.data(), lw.wo.data(), y.data(), t_all, hd, nh * d, false});
+      M3_RETURN_IF_ERROR(all_reduce(y.data(), t_all * hd, attention_comm));
+      be->add({x.data(), y.data(), x.data(), t_all * hd});
     }
-    be->linear({attn.data(), lw.wo.data(), y.data(), t_all, hd, nh * d, false});
-    M3_RETURN_IF_ERROR(all_reduce(y.data(), t_all * hd));
-    be->add({x.data(), y.data(), x.data(), t_all * hd});
 
-    // Feed-forward block (§2.4-§2.5).
-    be->rms_norm({x.data(), lw.post_norm.data(), h.data(), t_all, hd, eps, true});
+    // Feed-forward block (§2.4-§2.5), split over all ranks. Under attention data parallelism it
+    // runs on every group's tokens (gathered in group order), and each rank keeps its group's
+    // rows of the all-reduced output.
+    if (t_all > 0) be->rms_norm({x.data(), lw.post_norm.data(), h.data(), t_all, hd, eps, true});
+    if (dp_attention) M3_RETURN_IF_ERROR(gather_groups(h.data(), t_all, group_tokens, ffn_in));
     if (!lw.moe) {
-      dense_mlp(h.data(), lw.mlp_w13, lw.mlp_w2, c.dense_intermediate_size, y.data());
+      dense_mlp(ffn_in, lw.mlp_w13, lw.mlp_w2, c.dense_intermediate_size, ffn_out);
     } else {
       const int64_t ne = c.num_local_experts, kk = c.num_experts_per_tok;
       const float scaling = static_cast<float>(c.routed_scaling_factor);
       if (tp_.ep > 1) {
         // Experts placed over the expert-parallel ranks: tokens go to them by all-to-all.
         M3_RETURN_IF_ERROR(expert_parallel_moe(
-            be, tp_, {h.data(), lw.router.data(), lw.router_bias.data(),
-                      lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(), y.data(), t_all, hd,
+            be, tp_, {ffn_in, lw.router.data(), lw.router_bias.data(),
+                      lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(), ffn_out, t_ffn, hd,
                       c.intermediate_size, ne, kk, scaling, alpha, limit}));
       } else {
-        be->linear({h.data(), lw.router.data(), router_logits.data(), t_all, ne, hd, false});
+        be->linear({ffn_in, lw.router.data(), router_logits.data(), t_ffn, ne, hd, false});
         be->router_topk({router_logits.data(), lw.router_bias.data(), topk_ids.data(),
-                         topk_w.data(), t_all, ne, kk, scaling});
-        be->moe_experts({h.data(), lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(),
-                         topk_ids.data(), topk_w.data(), y.data(), t_all, hd,
+                         topk_w.data(), t_ffn, ne, kk, scaling});
+        be->moe_experts({ffn_in, lw.expert_w13_ptrs.data(), lw.expert_w2_ptrs.data(),
+                         topk_ids.data(), topk_w.data(), ffn_out, t_ffn, hd,
                          c.intermediate_size, ne, kk, alpha, limit});
       }
       if (lw.shared_inter > 0) {
         // The shared expert is always on and unscaled; HF adds it after the routed sum.
-        dense_mlp(h.data(), lw.shared_w13, lw.shared_w2, lw.shared_inter, shared.data());
-        be->add({y.data(), shared.data(), y.data(), t_all * hd});
+        dense_mlp(ffn_in, lw.shared_w13, lw.shared_w2, lw.shared_inter, shared.data());
+        be->add({ffn_out, shared.data(), ffn_out, t_ffn * hd});
       }
     }
-    M3_RETURN_IF_ERROR(all_reduce(y.data(), t_all * hd));
-    be->add({x.data(), y.data(), x.data(), t_all * hd});
+    M3_RETURN_IF_ERROR(all_reduce(ffn_out, t_ffn * hd, tp_.comm));
+    if (dp_attention && t_all > 0) {
+      be->gather_rows({ffn_out, own_rows_d.data(), y.data(), t_all, hd});
+    }
+    if (t_all > 0) be->add({x.data(), y.data(), x.data(), t_all * hd});
     if (capture[static_cast<size_t>(li)]) capture_after(li);
   }
 
   // ---- Final norm and LM head, only on the rows that need logits.
   std::vector<int32_t> rows;
-  for (size_t s = 0; s < batch.size(); ++s)
-    for (int32_t r : batch[s].logits_rows) rows.push_back(static_cast<int32_t>(offsets[s] + r));
+  for (size_t j = 0; j < mine.size(); ++j)
+    for (int32_t r : batch[mine[j]].logits_rows)
+      rows.push_back(static_cast<int32_t>(offsets[j] + r));
   out->logits.assign(batch.size(), {});
   out->tokens.clear();  // this model never samples (SequenceInput::sample is a permission)
   if (rows.empty()) return Status::ok();
@@ -267,7 +358,7 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
   be->linear({xr.data(), w_.lm_head.data(), logits.data(), nr, vocab, hd, false});
   be->synchronize();
   int64_t r0 = 0;
-  for (size_t s = 0; s < batch.size(); ++s) {
+  for (size_t s : mine) {
     int64_t n = static_cast<int64_t>(batch[s].logits_rows.size());
     out->logits[s].resize(static_cast<size_t>(n * vocab));
     be->copy_to_host(out->logits[s].data(), logits.data() + r0 * vocab,

@@ -30,8 +30,12 @@ class Model {
   // tp.ranks > 1 this is rank tp.rank's part (tensor_parallel.h): config() is then the rank's
   // (its heads and widths, which its KV cache is made for), forward() all-reduces the partial
   // sums through tp.comm (and with tp.ep > 1 moves tokens to their experts by all-to-all,
-  // expert_parallel_moe.h), and every rank must run the same steps. The backend's buffers must be
-  // host memory for the communicator (the CPU backend).
+  // expert_parallel_moe.h), and every rank must run the same steps. With tp.dp > 1 (attention
+  // data parallelism) the rank runs attention for its group's slices only (ModelSlice::dp_group ==
+  // tp.dp_rank()), all-reduced over tp.attn_comm, over its cache (its group's pool), and the
+  // feed-forward blocks on every group's tokens over all ranks; forward() then returns logits and
+  // captured hidden states for its group's slices only (the others' stay empty). The backend's
+  // buffers must be host memory for the communicator (the CPU backend).
   static Result<std::unique_ptr<Model>> load(const MiniMaxM3Config& cfg, const WeightSource& src,
                                              Backend* backend, const ParallelLayout& tp = {});
 
@@ -51,8 +55,13 @@ class Model {
  private:
   Model(const MiniMaxM3Config& cfg, Backend* backend, const ParallelLayout& tp)
       : cfg_(cfg), backend_(backend), tp_(tp) {}
-  // Sums a rank's partial hidden states [n] over the ranks (nothing with one rank).
-  Status all_reduce(float* partial, int64_t n);
+  // Sums a rank's partial hidden states [n] over the ranks of `over` (nothing with one rank).
+  Status all_reduce(float* partial, int64_t n, comm::Communicator* over);
+  // Attention data parallelism: `all` [sum(tokens), hd] becomes every group's rows in group order,
+  // from each group's `own` [tokens[g], hd] rows (this rank's group's: own_tokens of them). A
+  // collective over all ranks, one all-gather.
+  Status gather_groups(const float* own, int64_t own_tokens, std::span<const int64_t> tokens,
+                       float* all);
 
   MiniMaxM3Config cfg_;
   Backend* backend_;

@@ -4,11 +4,20 @@
 
 namespace m3::minimax_m3 {
 
-Status check_tensor_parallel(const MiniMaxM3Config& c, int ranks, int ep) {
+Status check_tensor_parallel(const MiniMaxM3Config& c, int ranks, int ep, int dp) {
   if (ranks < 1) return invalid_argument("--tp " + std::to_string(ranks) + " must be at least 1");
   const std::string tp_flag = "--tp " + std::to_string(ranks);
   const std::string ep_flag = "--ep " + std::to_string(ep);
+  const std::string dp_flag = "--dp " + std::to_string(dp);
   if (ep < 1) return invalid_argument(ep_flag + " must be at least 1");
+  if (dp < 1) return invalid_argument(dp_flag + " must be at least 1");
+  if (ranks % dp != 0)
+    return invalid_argument(dp_flag + " must divide " + tp_flag +
+                            ": the attention groups are tp / dp consecutive tensor-parallel ranks "
+                            "(as in SGLang's --enable-dp-attention)");
+  // The heads split over one attention group's ranks.
+  const int attn_ranks = ranks / dp;
+  const std::string attn_flag = dp > 1 ? tp_flag + " " + dp_flag : tp_flag;
   if (ranks % ep != 0)
     return invalid_argument(ep_flag + " must divide " + tp_flag +
                             ": the expert-parallel ranks are tensor-parallel ranks (as in SGLang)");
@@ -22,32 +31,37 @@ Status check_tensor_parallel(const MiniMaxM3Config& c, int ranks, int ep) {
                               ") does not split evenly over " + std::to_string(by) + " ranks");
     return Status::ok();
   };
-  M3_RETURN_IF_ERROR(divides(c.num_attention_heads, ranks, tp_flag, "num_attention_heads"));
+  M3_RETURN_IF_ERROR(
+      divides(c.num_attention_heads, attn_ranks, attn_flag, "num_attention_heads"));
   M3_RETURN_IF_ERROR(divides(c.intermediate_size, ranks / ep,
                              ep > 1 ? tp_flag + " " + ep_flag : tp_flag, "intermediate_size"));
   M3_RETURN_IF_ERROR(divides(c.dense_intermediate_size, ranks, tp_flag, "dense_intermediate_size"));
   M3_RETURN_IF_ERROR(
       divides(c.shared_intermediate_size, ranks, tp_flag, "shared_intermediate_size"));
   const int64_t kv = c.num_key_value_heads;
-  if (kv % ranks != 0 && ranks % kv != 0)
-    return invalid_argument(tp_flag + ": num_key_value_heads (" + std::to_string(kv) +
-                            ") must be a multiple of the ranks, or the ranks of it");
+  if (kv % attn_ranks != 0 && attn_ranks % kv != 0)
+    return invalid_argument(attn_flag + ": num_key_value_heads (" + std::to_string(kv) +
+                            ") must be a multiple of the ranks, or the ranks of it" +
+                            (dp > 1 ? " (the ranks of one attention group, tp / dp)" : ""));
   return Status::ok();
 }
 
-RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks, int ep) {
+RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks, int ep, int dp) {
   RankSlices s;
-  s.q_count = c.num_attention_heads / ranks;
-  s.q_begin = rank * s.q_count;
+  ParallelLayout layout{rank, ranks, nullptr, ep};
+  layout.dp = dp;
+  // Attention: the rank's position in its group of ranks / dp.
+  const int attn_ranks = layout.attn_tp(), attn_rank = layout.attn_tp_rank();
+  s.q_count = c.num_attention_heads / attn_ranks;
+  s.q_begin = attn_rank * s.q_count;
   const int64_t kv = c.num_key_value_heads;
-  if (ranks <= kv) {
-    s.kv_count = kv / ranks;
-    s.kv_begin = rank * s.kv_count;
+  if (attn_ranks <= kv) {
+    s.kv_count = kv / attn_ranks;
+    s.kv_begin = attn_rank * s.kv_count;
   } else {  // replicated: the KV head of this rank's query heads
     s.kv_count = 1;
     s.kv_begin = s.q_begin / (c.num_attention_heads / kv);
   }
-  const ParallelLayout layout{rank, ranks, nullptr, ep};
   s.expert_count = c.num_local_experts / ep;
   s.expert_begin = layout.ep_rank() * s.expert_count;
   s.inter_count = c.intermediate_size / layout.moe_tp();
@@ -59,8 +73,8 @@ RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks, int ep) {
   return s;
 }
 
-MiniMaxM3Config rank_config(const MiniMaxM3Config& c, int rank, int ranks, int ep) {
-  const RankSlices s = rank_slices(c, rank, ranks, ep);
+MiniMaxM3Config rank_config(const MiniMaxM3Config& c, int rank, int ranks, int ep, int dp) {
+  const RankSlices s = rank_slices(c, rank, ranks, ep, dp);
   MiniMaxM3Config r = c;
   r.num_attention_heads = s.q_count;
   r.num_key_value_heads = s.kv_count;

@@ -16,6 +16,15 @@
 // r % (T/ep)), as SGLang's moe_ep_rank / moe_tp_rank. Tokens reach their experts by all-to-all
 // (expert_parallel_moe.h).
 //
+// Attention data parallelism (--enable-dp-attention --dp D, SGLang's meaning; D divides T): the T
+// ranks form D attention groups of T/D consecutive ranks (group g = ranks [g·T/D, (g+1)·T/D)).
+// A group runs attention tensor-parallel over its T/D ranks (the heads split T/D-way, KV heads
+// replicated where T/D exceeds them) on its own requests' tokens, with its own KV pool, and
+// all-reduces the attention output within the group (attn_comm). The dense MLPs and the MoE
+// layers stay split over all T ranks as above and run on every group's tokens: the groups' normed
+// hidden states are all-gathered, and the feed-forward partial sums all-reduced over the T ranks,
+// of which each rank keeps its group's rows.
+//
 // A rank runs the unchanged model code on its local shapes: rank_config() is the model config
 // as the rank sees it (its heads and intermediate sizes), and the loader takes the rank's slices.
 #pragma once
@@ -33,14 +42,23 @@ struct ParallelLayout {
   int ranks = 1;                       // --tp: every rank of the group
   comm::Communicator* comm = nullptr;  // required when ranks > 1; not owned
   int ep = 1;                          // --ep: divides ranks
+  int dp = 1;                          // --dp: attention groups; divides ranks
+  // The rank's attention group (ranks / dp ranks); required when ranks / dp > 1 and dp > 1 (with
+  // dp = 1 attention all-reduces over `comm`). Not owned.
+  comm::Communicator* attn_comm = nullptr;
 
   // Ranks that share one expert-parallel rank's experts (each holding a 1/moe_tp slice of them).
   int moe_tp() const { return ranks / ep; }
   int ep_rank() const { return rank / moe_tp(); }
   int moe_tp_rank() const { return rank % moe_tp(); }
+  // Ranks of one attention group, the rank's group and its position in it.
+  int attn_tp() const { return ranks / dp; }
+  int dp_rank() const { return rank / attn_tp(); }
+  int attn_tp_rank() const { return rank % attn_tp(); }
 };
 
-// What rank `rank` holds, in units of heads, intermediate columns and experts.
+// What rank `rank` holds, in units of heads, intermediate columns and experts. The heads are the
+// rank's attention group's share (split over ranks / dp); the rest is split over all ranks.
 struct RankSlices {
   int64_t q_begin = 0, q_count = 0;    // query heads
   int64_t kv_begin = 0, kv_count = 0;  // KV heads (= index heads: one per KV group)
@@ -53,11 +71,14 @@ struct RankSlices {
 // invalid_argument naming the flag and the size that does not divide: ep must divide ranks (the
 // expert-parallel group lives inside the tensor-parallel ranks), the experts must split over ep,
 // the query heads and the dense and shared intermediate sizes over `ranks`, the routed experts'
-// intermediate size over ranks / ep, and the KV heads over `ranks` (or `ranks` over them).
-Status check_tensor_parallel(const MiniMaxM3Config& cfg, int ranks, int ep = 1);
-RankSlices rank_slices(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1);
+// intermediate size over ranks / ep, and the KV heads over `ranks` (or `ranks` over them). With
+// dp > 1: dp must divide ranks, and the heads split over ranks / dp instead (the flags named are
+// --dp and --tp).
+Status check_tensor_parallel(const MiniMaxM3Config& cfg, int ranks, int ep = 1, int dp = 1);
+RankSlices rank_slices(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1, int dp = 1);
 // The config with the rank's head counts and intermediate sizes (what its model code and KV cache
 // are shaped by). num_local_experts stays the model's: the router scores all experts.
-MiniMaxM3Config rank_config(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1);
+MiniMaxM3Config rank_config(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1,
+                            int dp = 1);
 
 }  // namespace m3::minimax_m3

@@ -9,35 +9,42 @@
 
 namespace m3 {
 
-int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int ranks) {
+int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int ranks, int dp) {
   // Every rank holds the same number of KV heads (replicated past their count).
   CpuBackend probe_backend(1);
-  minimax_m3::PagedKvCache probe(&probe_backend, minimax_m3::rank_config(cfg, 0, ranks), 1);
+  minimax_m3::PagedKvCache probe(&probe_backend, minimax_m3::rank_config(cfg, 0, ranks, 1, dp),
+                                 1);
   return probe.bytes_per_page() * ranks;
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create(
     const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
-    int32_t num_pages) {
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks, ep));
+    int32_t num_pages, int dp) {
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks, ep, dp));
   LocalRanks local;
   M3_ASSIGN_OR_RETURN(local.comms, comm::create_local_gloo_group(ranks));
-  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages);
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp);
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create_distributed(
     const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-    int threads_per_rank, int32_t num_pages) {
+    int threads_per_rank, int32_t num_pages, int dp) {
   if (local.comms.empty()) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] no local ranks");
   }
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, local.comms[0]->size(), ep));
-  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages);
+  if (dp > 1) {
+    // The attention groups' communicators would need their own rendezvous across the nodes.
+    return unimplemented("[model.minimax_m3.tensor_parallel_runner] --dp " + std::to_string(dp) +
+                         " (attention data parallelism) over several nodes (--nnodes) is not "
+                         "built yet; run it on one node");
+  }
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, local.comms[0]->size(), ep, dp));
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp);
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-    int threads_per_rank, int32_t num_pages) {
+    int threads_per_rank, int32_t num_pages, int dp) {
   if (num_pages <= 0) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] KV cache of " +
                             std::to_string(num_pages) + " pages");
@@ -45,11 +52,22 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
   const int world = local.comms[0]->size();
   std::unique_ptr<TensorParallelCpuRunner> r(new TensorParallelCpuRunner());
   r->cfg_ = cfg;
+  r->dp_ = dp;
   r->first_rank_ = local.first;
   r->distributed_ = static_cast<int>(local.comms.size()) < world;
   r->idle_wait_ = local.idle_wait;
   r->keepalive_ = std::move(local.keepalive);
   r->ranks_.resize(local.comms.size());
+  // Each attention group's own communicator (in this process: dp > 1 is refused across nodes).
+  const int attn_tp = world / dp;
+  if (dp > 1 && attn_tp > 1) {
+    for (int g = 0; g < dp; ++g) {
+      M3_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> group,
+                          comm::create_local_gloo_group(attn_tp));
+      for (int a = 0; a < attn_tp; ++a)
+        r->ranks_[static_cast<size_t>(g * attn_tp + a)].attn_comm = std::move(group[a]);
+    }
+  }
   for (size_t i = 0; i < local.comms.size(); ++i) {
     Rank& k = r->ranks_[i];
     const int rank = local.first + static_cast<int>(i);
@@ -62,8 +80,10 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
                               std::to_string(rank) + " of " + std::to_string(world));
     }
     k.backend = std::make_unique<CpuBackend>(std::max(1, threads_per_rank));
-    M3_ASSIGN_OR_RETURN(k.model, minimax_m3::Model::load(cfg, src, k.backend.get(),
-                                                         {rank, world, k.comm.get(), ep}));
+    minimax_m3::ParallelLayout layout{rank, world, k.comm.get(), ep};
+    layout.dp = dp;
+    layout.attn_comm = k.attn_comm.get();
+    M3_ASSIGN_OR_RETURN(k.model, minimax_m3::Model::load(cfg, src, k.backend.get(), layout));
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
                                                          num_pages);
   }
@@ -212,6 +232,17 @@ Status TensorParallelCpuRunner::forward(const ModelStep& step, ModelOutput& out)
   if (!s.is_ok()) return s;
   for (size_t r = 1; r < ranks_.size(); ++r) {
     if (!ranks_[r].status.is_ok()) return ranks_[r].status;
+  }
+  if (dp_ > 1) {
+    // Rank 0 holds group 0's slices' output; each other group's first rank holds its group's.
+    const size_t attn_tp = ranks_.size() / static_cast<size_t>(dp_);
+    for (size_t i = 0; i < step.slices.size(); ++i) {
+      const size_t g = static_cast<size_t>(step.slices[i].dp_group);
+      if (g == 0) continue;
+      ModelOutput& from = ranks_[g * attn_tp].out;
+      out.logits[i] = std::move(from.logits[i]);
+      if (!out.hidden.empty()) out.hidden[i] = std::move(from.hidden[i]);
+    }
   }
   return Status::ok();
 }

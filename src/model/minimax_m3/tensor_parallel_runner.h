@@ -4,6 +4,13 @@
 // forward() runs the step on every rank at once and returns rank 0's output; after each
 // all-reduce every rank holds the same hidden state, so rank 0's logits are the model's.
 //
+// Attention data parallelism (dp > 1, --enable-dp-attention --dp): the ranks form dp groups of
+// ranks / dp consecutive ranks, each with its own attention communicator and KV pool
+// (num_kv_pages() pages per group, each rank holding its heads of its group's pages). Every rank
+// receives the whole step; a group runs attention for the slices naming it
+// (ModelSlice::dp_group), the feed-forward blocks run on every group's tokens over all ranks
+// (model.h), and forward() assembles the output from each group's first rank, in slice order.
+//
 // Ranks in this process only (the default): rank 0 runs on the engine thread, the others on
 // their own threads, which take each step from shared memory. A failing rank fails the step
 // with its error; a rank that stops answering fails the others' collectives within the timeout.
@@ -50,29 +57,34 @@ class TensorParallelCpuRunner final : public ModelRunner {
   // Loads rank r's part of `cfg` / `src` for r in [0, ranks) onto CPU backends of
   // threads_per_rank threads, with KV caches of `num_pages` pages (every rank holds every page,
   // for its KV heads). ep > 1 places the routed experts over ep of the ranks (tensor_parallel.h).
+  // dp > 1 splits the ranks into dp attention groups (see above; every group has num_pages
+  // pages); it must divide ranks, with the heads split over ranks / dp.
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create(const MiniMaxM3Config& cfg,
                                                                  const WeightSource& src,
                                                                  int ranks, int ep,
                                                                  int threads_per_rank,
-                                                                 int32_t num_pages);
-  // This process's share of a group over several processes (see above).
+                                                                 int32_t num_pages, int dp = 1);
+  // This process's share of a group over several processes (see above). Attention data
+  // parallelism over several processes is not built: dp > 1 is refused, naming --dp and --nnodes.
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create_distributed(
       const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-      int threads_per_rank, int32_t num_pages);
+      int threads_per_rank, int32_t num_pages, int dp = 1);
   ~TensorParallelCpuRunner() override;
 
   // A process without rank 0: runs the steps node 0 broadcasts until it shuts down (ok) or the
   // group breaks (the first rank's error).
   Status follow();
 
-  // Bytes one KV page takes on every rank together.
-  static int64_t bytes_per_page(const MiniMaxM3Config& cfg, int ranks);
+  // Bytes one KV page id takes on every rank together (with dp groups: that page of every group,
+  // each rank holding its share of its group's).
+  static int64_t bytes_per_page(const MiniMaxM3Config& cfg, int ranks, int dp = 1);
 
   int32_t vocab_size() const override;
   int32_t hidden_size() const override;
   int32_t num_kv_pages() const override;
   int32_t page_size() const override;
   int32_t num_ranks() const override { return static_cast<int32_t>(ranks_.size()); }
+  int32_t dp_groups() const override { return dp_; }
   ModelFeatures features() const override { return {true, true}; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
@@ -80,6 +92,7 @@ class TensorParallelCpuRunner final : public ModelRunner {
  private:
   struct Rank {
     std::unique_ptr<comm::Communicator> comm;
+    std::unique_ptr<comm::Communicator> attn_comm;  // its attention group's (dp > 1, ranks/dp > 1)
     std::unique_ptr<CpuBackend> backend;
     std::unique_ptr<minimax_m3::Model> model;
     std::unique_ptr<minimax_m3::PagedKvCache> cache;
@@ -91,7 +104,7 @@ class TensorParallelCpuRunner final : public ModelRunner {
                                                                const WeightSource& src,
                                                                LocalRanks local, int ep,
                                                                int threads_per_rank,
-                                                               int32_t num_pages);
+                                                               int32_t num_pages, int dp);
   void worker(size_t r);
   // Distributed: a rank other than the group's rank 0 receives and runs steps until stopped.
   Status receive_steps(size_t r);
@@ -100,6 +113,7 @@ class TensorParallelCpuRunner final : public ModelRunner {
   void record_failure(const Status& s);
 
   MiniMaxM3Config cfg_;
+  int32_t dp_ = 1;
   std::vector<Rank> ranks_;
   int first_rank_ = 0;
   bool distributed_ = false;

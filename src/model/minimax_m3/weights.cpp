@@ -232,8 +232,8 @@ Result<WeightNaming> detect_naming(const WeightSource& src, const MiniMaxM3Confi
 Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config& cfg,
                                   Backend* backend, const ParallelLayout& tp) {
   M3_RETURN_IF_ERROR(cfg.validate());
-  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks, tp.ep));
-  const RankSlices rs = rank_slices(cfg, tp.rank, tp.ranks, tp.ep);
+  M3_RETURN_IF_ERROR(check_tensor_parallel(cfg, tp.ranks, tp.ep, tp.dp));
+  const RankSlices rs = rank_slices(cfg, tp.rank, tp.ranks, tp.ep, tp.dp);
   ModelWeights w;
   M3_ASSIGN_OR_RETURN(w.naming, detect_naming(src, cfg));
   Loader ld(src, backend);

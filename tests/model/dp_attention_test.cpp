@@ -1,0 +1,244 @@
+// Attention data parallelism on CPU ranks (--tp N --enable-dp-attention --dp D,
+// model/minimax_m3/tensor_parallel_runner.h): the bundled model (8 query heads, 2 KV heads, 8
+// routed experts) under --tp 2 --dp 2 (two groups of one rank: whole attention per group),
+// --tp 4 --dp 2 (two groups of two ranks, one KV head each; the model's 2 KV heads leave no
+// replication inside a group of 2) and --tp 4 --ep 2 --dp 2 (experts placed over the ranks, tokens
+// dispatched by all-to-all from every group). Three sequences of different lengths spread over both
+// groups, with overlapping page ids (each group has its own pool), run through
+// TensorParallelCpuRunner: a prefill step, decode steps of all of them, a step where group 0 has no
+// slices and one where group 1 has none. Each sequence's logits must match the unsharded model run
+// on that sequence alone, and the greedy tokens must be equal.
+//
+// Tolerance: as in tensor_parallel_test.cpp, only the order of float32 sums changes (a group's
+// ranks sum their heads' partial o_proj products, all ranks the feed-forward partial sums; under
+// --ep the routed sum keeps the unsharded slot order). The gather of the groups' rows and the
+// selection of a group's rows are copies. A reordered sum of K terms moves by at most ~K·2^-24 of
+// the magnitudes' sum, ~1e-5 of the logits' scale per layer here; the same bound as the
+// tensor-parallel test, 2e-3 absolute on logits of magnitude ~10, leaves a 20x margin and is 15x
+// below the smallest top-1/top-2 margin the golden fixtures record, so the argmax must be equal.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/comm/gloo_communicator.h"
+#include "backend/cpu/cpu_backend.h"
+#include "loader/checkpoint.h"
+#include "model/minimax_m3/kv_cache.h"
+#include "model/minimax_m3/model.h"
+#include "model/minimax_m3/tensor_parallel.h"
+#include "model/minimax_m3/tensor_parallel_runner.h"
+
+namespace m3::minimax_m3 {
+namespace {
+
+const std::string kModel = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
+constexpr float kTolerance = 2e-3f;
+
+int32_t argmax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+struct DpLayout {
+  int tp = 2, ep = 1, dp = 2;
+  std::string name() const {
+    return "tp" + std::to_string(tp) + (ep > 1 ? "_ep" + std::to_string(ep) : std::string()) +
+           "_dp" + std::to_string(dp);
+  }
+};
+
+// One sequence: its group, its pages in its group's pool and in the reference cache, its tokens.
+struct Sequence {
+  int32_t group = 0;
+  std::vector<int32_t> group_pages, ref_pages;
+  std::vector<int32_t> tokens;  // this step's
+  int64_t pos = 0;              // tokens already in the cache
+};
+
+class DpAttentionCpu : public ::testing::TestWithParam<DpLayout> {};
+
+TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
+  const DpLayout layout = GetParam();
+  auto cfg = load_minimax_m3_config(kModel);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto ckpt = Checkpoint::open(kModel);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  const int64_t vocab = cfg->vocab_size;
+  constexpr int32_t kPagesPerGroup = 6;
+
+  auto runner = TensorParallelCpuRunner::create(*cfg, **ckpt, layout.tp, layout.ep, 1,
+                                                kPagesPerGroup, layout.dp);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  TensorParallelCpuRunner& tp = **runner;
+  EXPECT_EQ(tp.dp_groups(), layout.dp);
+  EXPECT_EQ(tp.num_ranks(), layout.tp);
+  EXPECT_EQ(tp.num_kv_pages(), kPagesPerGroup);
+
+  // The unsharded reference: every sequence alone, on its own pages of one cache.
+  CpuBackend ref_backend(1);
+  auto ref = Model::load(*cfg, **ckpt, &ref_backend);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  PagedKvCache ref_cache(&ref_backend, (*ref)->config(), 3 * kPagesPerGroup);
+
+  // Group 0: a (70 tokens, three pages out of order). Group 1: b (41) and c (9), whose page ids
+  // overlap a's: the groups' pools are separate.
+  std::vector<Sequence> seqs(3);
+  seqs[0] = {0, {4, 0, 2}, {0, 1, 2}, {}, 0};
+  seqs[1] = {1, {0, 3}, {6, 7}, {}, 0};
+  seqs[2] = {1, {2}, {12}, {}, 0};
+  const int64_t lengths[3] = {70, 41, 9};
+  for (size_t i = 0; i < seqs.size(); ++i)
+    for (int64_t t = 0; t < lengths[i]; ++t)
+      seqs[i].tokens.push_back(static_cast<int32_t>((t * 37 + 11 * (i + 1)) % vocab));
+
+  // Steps, as the sequences taking part, in slice order (mixing the groups): prefill, decodes,
+  // group 0 empty, group 1 empty, all again.
+  const std::vector<std::vector<size_t>> steps = {{1, 0, 2}, {0, 2, 1}, {2, 1}, {0}, {1, 2, 0}};
+  float worst = 0;
+  for (size_t step_no = 0; step_no < steps.size(); ++step_no) {
+    ModelStep step;
+    for (size_t i : steps[step_no]) {
+      ModelSlice s;
+      s.tokens = seqs[i].tokens;
+      s.start_pos = seqs[i].pos;
+      s.block_table = seqs[i].group_pages;
+      s.dp_group = seqs[i].group;
+      // Prefill: every row of a, the last of b, the first and last of c.
+      const int32_t n = static_cast<int32_t>(seqs[i].tokens.size());
+      if (i == 0) {
+        for (int32_t r = 0; r < n; ++r) s.logits_rows.push_back(r);
+      } else if (i == 2 && n > 1) {
+        s.logits_rows = {0, n - 1};
+      } else {
+        s.logits_rows = {n - 1};
+      }
+      step.slices.push_back(s);
+    }
+    ModelOutput got;
+    const Status ran = tp.forward(step, got);
+    ASSERT_TRUE(ran.is_ok()) << "step " << step_no << ": " << ran.to_string();
+    ASSERT_EQ(got.logits.size(), step.slices.size());
+    for (size_t k = 0; k < step.slices.size(); ++k) {
+      Sequence& seq = seqs[steps[step_no][k]];
+      ModelSlice alone = step.slices[k];
+      alone.block_table = seq.ref_pages;
+      alone.dp_group = 0;
+      ForwardOutput want;
+      const Status r = (*ref)->forward(std::vector<ModelSlice>{alone}, &ref_cache, &want);
+      ASSERT_TRUE(r.is_ok()) << r.to_string();
+      const std::vector<float>& w = want.logits[0];
+      const std::vector<float>& g = got.logits[k];
+      ASSERT_EQ(g.size(), w.size()) << "step " << step_no << " slice " << k;
+      const int64_t rows = static_cast<int64_t>(w.size()) / vocab;
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t v = 0; v < vocab; ++v)
+          worst = std::max(worst, std::fabs(g[row * vocab + v] - w[row * vocab + v]));
+        ASSERT_EQ(argmax(g.data() + row * vocab, vocab), argmax(w.data() + row * vocab, vocab))
+            << "step " << step_no << " slice " << k << " row " << row;
+      }
+      // Greedy: the next token is the last row's argmax (equal on both sides, checked above).
+      seq.pos += static_cast<int64_t>(seq.tokens.size());
+      seq.tokens = {argmax(w.data() + (rows - 1) * vocab, vocab)};
+    }
+  }
+  EXPECT_LE(worst, kTolerance);
+  std::printf("[ %-40s ] --tp %d --ep %d --dp %d: 3 sequences over 2 groups, 5 steps, worst "
+              "|logit diff| %.3g (bound %.3g)\n",
+              "attention data parallel on CPU ranks", layout.tp, layout.ep, layout.dp, worst,
+              kTolerance);
+
+  // A slice naming a group that does not exist fails the step on every rank alike (before any
+  // collective), and the runner goes on.
+  ModelStep bad;
+  ModelSlice s;
+  std::vector<int32_t> one = {seqs[0].tokens[0]};
+  s.tokens = one;
+  s.start_pos = seqs[0].pos;
+  s.block_table = seqs[0].group_pages;
+  s.logits_rows = {0};
+  s.dp_group = layout.dp;
+  bad.slices.push_back(s);
+  ModelOutput out;
+  const Status refused = tp.forward(bad, out);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("dp_group " + std::to_string(layout.dp)), std::string::npos)
+      << refused.message();
+  bad.slices[0].dp_group = layout.dp - 1;
+  const Status after = tp.forward(bad, out);
+  EXPECT_TRUE(after.is_ok()) << after.to_string();
+  EXPECT_TRUE(tp.health().is_ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DpAttentionCpu,
+                         ::testing::Values(DpLayout{2, 1, 2}, DpLayout{4, 1, 2}, DpLayout{4, 2, 2}),
+                         [](const ::testing::TestParamInfo<DpLayout>& i) {
+                           return i.param.name();
+                         });
+
+// SGLang's layout: groups of tp / dp consecutive ranks; a rank's heads are those of its position in
+// its group, its feed-forward slices those of its rank among all tp.
+TEST(DpAttention, PlacementAndErrorsNameTheFlags) {
+  MiniMaxM3Config flash;  // M3.1-Flash: 64 query heads, 4 KV heads, 128 experts of 3072
+  EXPECT_TRUE(check_tensor_parallel(flash, 8, 1, 2).is_ok());
+  const Status not_dividing = check_tensor_parallel(flash, 8, 1, 3);
+  EXPECT_EQ(not_dividing.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(not_dividing.message().find("--dp 3 must divide --tp 8"), std::string::npos)
+      << not_dividing.message();
+  MiniMaxM3Config six = flash;
+  six.num_attention_heads = 12;  // 12 heads over 8 ranks would not split, over 8 / 2 = 4 they do
+  EXPECT_TRUE(check_tensor_parallel(six, 8, 1, 2).is_ok());
+  six.num_attention_heads = 6;  // 6 over 4 do not
+  const Status heads = check_tensor_parallel(six, 8, 1, 2);
+  EXPECT_EQ(heads.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(heads.message().find("--tp 8 --dp 2: num_attention_heads (6)"), std::string::npos)
+      << heads.message();
+  // --tp 8 --dp 2: rank 5 is rank 1 of group 1 (ranks 4-7): query heads 16-31, KV head 1.
+  const RankSlices r5 = rank_slices(flash, 5, 8, 1, 2);
+  EXPECT_EQ(r5.q_begin, 16);
+  EXPECT_EQ(r5.q_count, 16);
+  EXPECT_EQ(r5.kv_begin, 1);
+  EXPECT_EQ(r5.kv_count, 1);
+  EXPECT_EQ(r5.inter_begin, 5 * 384);  // the routed experts stay split over all 8
+  EXPECT_EQ(r5.dense_begin, rank_slices(flash, 5, 8).dense_begin);
+  EXPECT_EQ(rank_config(flash, 5, 8, 1, 2).num_attention_heads, 16);
+  EXPECT_EQ(rank_config(flash, 5, 8, 1, 2).intermediate_size, 384);
+  // --tp 16 --dp 2: groups of 8 ranks share the 4 KV heads two by two (replication in a group);
+  // rank 13 is rank 5 of group 1: query heads 40-47, KV head 40 / 16 = 2.
+  const RankSlices r13 = rank_slices(flash, 13, 16, 1, 2);
+  EXPECT_EQ(r13.q_begin, 40);
+  EXPECT_EQ(r13.kv_begin, 2);
+  EXPECT_EQ(r13.kv_count, 1);
+  // --dp 1 is tensor parallelism unchanged.
+  const RankSlices plain = rank_slices(flash, 5, 8);
+  EXPECT_EQ(plain.q_begin, 40);
+  EXPECT_EQ(plain.q_count, 8);
+}
+
+TEST(DpAttention, RunnerRefusesBadLayoutsAndSeveralNodes) {
+  auto cfg = load_minimax_m3_config(kModel);
+  ASSERT_TRUE(cfg.is_ok());
+  auto ckpt = Checkpoint::open(kModel);
+  ASSERT_TRUE(ckpt.is_ok());
+  auto odd = TensorParallelCpuRunner::create(*cfg, **ckpt, 4, 1, 1, 2, 3);
+  ASSERT_FALSE(odd.is_ok());
+  EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.status().message().find("--dp 3 must divide --tp 4"), std::string::npos)
+      << odd.status().message();
+  LocalRanks local;
+  auto comms = comm::create_local_gloo_group(2);
+  ASSERT_TRUE(comms.is_ok());
+  local.comms = std::move(comms).value();
+  auto distributed =
+      TensorParallelCpuRunner::create_distributed(*cfg, **ckpt, std::move(local), 1, 1, 2, 2);
+  ASSERT_FALSE(distributed.is_ok());
+  EXPECT_EQ(distributed.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(distributed.status().message().find("--dp 2"), std::string::npos);
+  EXPECT_NE(distributed.status().message().find("--nnodes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace m3::minimax_m3
