@@ -312,12 +312,11 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   const int cores = options.num_threads > 0 ? options.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
   const int threads_per_rank = std::max(1, cores / local_ranks);
-  if (dp > 1 && !runner) {
-    // dp: TensorParallelCpuRunner::create(..., dp)
-    // The plan above (a pool of plan.pages pages per group) and the scheduler configuration
-    // below are ready for it; the runner's attention groups are not built yet.
-    return Status(StatusCode::kUnimplemented, "--enable-dp-attention --dp " + std::to_string(dp) +
-                                                  ": data-parallel attention is not supported yet");
+  if (dp > 1 && (real_shape || multi_node)) {
+    // The attention groups are built on CPU ranks in one process (TensorParallelCpuRunner).
+    return Status(StatusCode::kUnimplemented,
+                  "--enable-dp-attention --dp " + std::to_string(dp) + ": data-parallel attention " +
+                      (real_shape ? "on the GPU" : "over several nodes") + " is not supported yet");
   }
   if (runner) {
     // made by the profile step above
@@ -333,9 +332,10 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                     loaded.config, *loaded.weights, std::move(joined.ranks), ep,
                                     threads_per_rank, static_cast<int32_t>(plan.pages)));
   } else if (tp > 1) {
+    // With --dp, plan.pages is each attention group's pool.
     M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create(
                                     loaded.config, *loaded.weights, tp, ep, threads_per_rank,
-                                    static_cast<int32_t>(plan.pages)));
+                                    static_cast<int32_t>(plan.pages), dp));
   } else {
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
                                     std::move(backend), std::move(loaded.model), kv_cache_bytes));
@@ -409,10 +409,10 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
   if (nodes.node_rank == 0) return internal_error("[app] run_follower_node on node 0");
   if (options.dp_attention > 1) {
-    // dp: TensorParallelCpuRunner::create_distributed(..., dp), as on node 0.
     return Status(StatusCode::kUnimplemented, "--enable-dp-attention --dp " +
                                                   std::to_string(options.dp_attention) +
-                                                  ": data-parallel attention is not supported yet");
+                                                  ": data-parallel attention over several nodes "
+                                                  "is not supported yet");
   }
   if (options.device == "cuda") {
     return Status(StatusCode::kUnimplemented,

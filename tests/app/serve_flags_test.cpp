@@ -260,24 +260,22 @@ TEST(ServeFlags, DataParallelAttention) {
   EXPECT_TRUE(noted);
 }
 
-// The engine stack plans the pool per DP group and stops where the runner would be built with
-// dp (not built yet), naming the flags.
-TEST(ServeFlags, DataParallelAttentionRunnerIsNotBuiltYet) {
+// The engine stack builds the runner with its attention groups and an engine over them, the pool
+// planned per group; a --dp that does not divide --tp is refused naming both.
+TEST(ServeFlags, DataParallelAttentionEngine) {
   EngineStackOptions o;
-  o.dummy_weights = true;
-  o.num_layers = 2;
   o.device = "cpu";
+  o.num_threads = 4;
   o.tensor_parallel = 4;
   o.dp_attention = 2;
-  o.kv_cache_bytes = int64_t{1} << 30;  // planned, never allocated: the runner is not built
-  o.context_length = 2048;
-  auto e = make_engine("", o);
-  ASSERT_FALSE(e.is_ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << e.status().message();
-  EXPECT_NE(e.status().message().find("--enable-dp-attention --dp 2"), std::string::npos)
-      << e.status().message();
+  auto e = make_engine(std::string(M3_REPO_ROOT) + "/models/m3-tiny", o);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_EQ(e->engine->scheduler().num_dp_groups(), 2);
+  bool per_group = false;
+  for (const std::string& line : e->report) per_group |= line.find("per DP group") != std::string::npos;
+  EXPECT_TRUE(per_group);
   o.dp_attention = 3;
-  auto bad = make_engine("", o);
+  auto bad = make_engine(std::string(M3_REPO_ROOT) + "/models/m3-tiny", o);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
 }

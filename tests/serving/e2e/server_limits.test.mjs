@@ -280,9 +280,15 @@ test('/metrics on the bundled model: the listed names, histograms counting, pref
   try {
     const M = '{model_name="m3-tiny"}';
     const text = async () => (await fetch(`${srv.url}/metrics`)).text();
+    // A series' value; under attention data parallelism (M3_SERVE_ARGS with --dp) the KV series
+    // come per group with a dp_rank label: their sum.
     const value = (t, name) => {
-      const l = t.split('\n').find((x) => x.startsWith(name + ' '));
-      return l === undefined ? NaN : Number(l.slice(l.lastIndexOf(' ') + 1));
+      const lines = t.split('\n');
+      const num = (l) => Number(l.slice(l.lastIndexOf(' ') + 1));
+      const l = lines.find((x) => x.startsWith(name + ' '));
+      if (l !== undefined) return num(l);
+      const perGroup = name.endsWith('}') ? lines.filter((x) => x.startsWith(name.slice(0, -1) + ',dp_rank="')) : [];
+      return perGroup.length ? perGroup.reduce((a, x) => a + num(x), 0) : NaN;
     };
     // The page is the model's index block (128 tokens for MiniMax-M3, 32 for m3-tiny): from the log.
     const page = Number(srv.log().match(/pages of (\d+) tokens/)[1]);
