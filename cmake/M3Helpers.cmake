@@ -34,6 +34,9 @@ endfunction()
 find_package(GTest REQUIRED)
 include(GoogleTest)
 
+# Every test binary labelled unit: the sanitized CI build builds only these (scripts/test).
+add_custom_target(m3_unit_tests)
+
 # m3_add_test(NAME SOURCES src... DEPS dep... LABELS label...): one gtest binary; each TEST is a
 # ctest case carrying the labels (unit, golden, e2e, ...).
 function(m3_add_test NAME)
@@ -45,6 +48,9 @@ function(m3_add_test NAME)
   set_target_properties(${NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
+  endif()
+  if("unit" IN_LIST ARG_LABELS)
+    add_dependencies(m3_unit_tests ${NAME})
   endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
