@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
+#include "model/minimax_m3/tensor_parallel.h"
 #include "backend/cuda/runtime/device_memory.h"
 
 namespace m3::minimax_m3 {
@@ -69,11 +70,15 @@ struct DevWeights {
   int64_t quantised_matrices = 0;  // fused matrices kept in MXFP8 / NVFP4
 };
 
-// Loads every text-model weight of `cfg` from `src` into `arena`.
+// Loads the text-model weights of `cfg` (the whole model's config) that the tensor-parallel rank
+// with slices `rs` holds (tensor_parallel.h; rank_slices(cfg, 0, 1) for the whole model) from
+// `src` into `arena`: its heads' rows of q|k|v|index q, its heads' columns of o_proj, its
+// intermediate rows of every gate|up and columns of every down projection, its experts; only those
+// windows of the checkpoint are read. Shapes are then rank_config(cfg, ...)'s.
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                    cuda::DeviceArena* arena);
+                                    const RankSlices& rs, cuda::DeviceArena* arena);
 
-// `--load-format dummy` on the GPU: random weights generated in place (src/backend/cuda/dummy)
+// `--load-format dummy` on the GPU (`cfg` at the rank's shapes, rank_config): random weights generated in place (src/backend/cuda/dummy)
 // in M3.1-Flash's storage formats: attention, indexer, dense-MLP and shared-expert linears MXFP8,
 // routed experts NVFP4 (multiplier 2e-4), router, embedding, lm_head and norms BF16, routing bias
 // float32. Values depend on (seed, tensor); they are not DummyWeightSource's host values.
