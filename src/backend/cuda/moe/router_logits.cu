@@ -24,7 +24,7 @@ constexpr int kRowWarps = 4;     // warps along the rows of a CTA tile
 constexpr int kExpertWarps = 2;  // warps along the experts
 constexpr int kWarps = kRowWarps * kExpertWarps;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTileRows = kRowWarps * kWarpRows;          // 32
+constexpr int kTileRows = kRowWarps * kWarpRows;           // 32
 constexpr int kTileExperts = kExpertWarps * kWarpExperts;  // 8
 
 using routing::dot8;
@@ -61,8 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint16_t* xr[kWarpRows];
   const W* wr[kWarpExperts];
 #pragma unroll
-  for (int i = 0; i < kWarpRows; ++i)
-    xr[i] = p.x + (r0 + i < p.rows ? r0 + i : p.rows - 1) * p.ldx;
+  for (int i = 0; i < kWarpRows; ++i) xr[i] = p.x + (r0 + i < p.rows ? r0 + i : p.rows - 1) * p.ldx;
 #pragma unroll
   for (int j = 0; j < kWarpExperts; ++j)
     wr[j] = w + (e0 + j < p.num_experts ? e0 + j : p.num_experts - 1) * p.hidden;
