@@ -1,14 +1,19 @@
 // The fused MoE router (launch_moe_route: router GEMV + sigmoid top-k + grouping by expert in one
 // launch) against
-//  * a double-precision dot product for the logits: x and w are bf16 (products exact in double),
-//    and any float32 summation order of the K products is within gamma_K·Σ|x||w| of the exact
-//    value (K = hidden), so the bound per element is gamma_K·Σ|x||w|;
+//  * a double-precision dot product for the logits: x bf16, w bf16 or float32 (products exact in
+//    double), and any float32 summation order of the K products is within gamma_K·Σ|x||w| of the
+//    exact value (K = hidden), so the bound per element is gamma_K·Σ|x||w|;
 //  * launch_router_topk + launch_group_by_expert run on the kernel's own logits output: topk_ids,
 //    topk_w, group_offsets, sorted_rows and active_groups bitwise equal;
 //  * a host grouping (plain loops) of the kernel's topk_ids, since both CUDA paths share the
 //    grouping code (moe/routing_device.cuh);
 // plus determinism (a second launch gives the same bits), the counter left at zero, a CUDA-graph
-// capture replayed 3 times, refused arguments, and an informational timing print.
+// capture replayed 3 times, refused arguments, and an informational timing print; each with the
+// bf16 and the float32 router weight (and bf16 values passed as float32: bitwise the bf16 path).
+// The router-logits launch (launch_router_logits, the unfused path) against the fused router:
+// bitwise the same logits, ids and weights at 1 to 4096 rows (the fused router in launches of at
+// most 256 rows), with the float32 weight also against the double logits and the float32 CPU
+// top-k rule; near ties that the bf16 rounding of the weight flips and the float32 weight keeps.
 #include "backend/cuda/moe/moe_route.h"
 
 #include <cuda_runtime.h>
