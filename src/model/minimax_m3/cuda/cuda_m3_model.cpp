@@ -20,6 +20,7 @@
 #include "backend/cuda/gemm/x_f16.h"
 #include "backend/cuda/moe/moe_combine.h"
 #include "backend/cuda/moe/moe_route.h"
+#include "backend/cuda/moe/router_logits.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
@@ -575,8 +576,7 @@ struct CudaM3Model::Impl {
     if (side_path) M3_RETURN_IF_ERROR(fork_shared_expert());
     // The fused router up to tuning.fused_router_max_rows: its last CTA runs every row's top-k and
     // the grouping, whose time grows with the rows.
-    const bool fused_router = L.router.format == QuantFormat::kBf16 &&
-                              rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
+    const bool fused_router = rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
     // One token on the tensor cores: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (a one-token grouping is the sorted top-k).
     const bool token_route = rows == 1 && fused_router && tensor_core(L.experts_gu, kk) &&
@@ -590,8 +590,7 @@ struct CudaM3Model::Impl {
       rp.topk_only = token_route;
       M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
     } else {
-      M3_RETURN_IF_ERROR(
-          gemv(L.router, GemvIn{b.h, hd}, rows, store_to(b.router_logits, ne), b));
+      M3_RETURN_IF_ERROR(router_logits(b, L, rows));
       RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
                           routed_scale};
       M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
@@ -626,6 +625,20 @@ struct CudaM3Model::Impl {
     return Status::ok();
   }
 
+  // The router's logits of `rows` rows of b.h, in the fused router's summation order (a token
+  // routes the same on every path).
+  Status router_logits(const Bufs& b, const DevLayer& L, int64_t rows) {
+    cuda::RouterLogitsParams p;
+    p.x = b.h;
+    p.ldx = hd;
+    p.rows = rows;
+    p.hidden = hd;
+    p.w_f32 = L.router;
+    p.num_experts = ne;
+    p.logits = b.router_logits;
+    return cuda::launch_router_logits(p, st());
+  }
+
   // The fused router's parameters for `rows` rows of b.h (no counter).
   cuda::MoeRouteParams route_params(const Bufs& b, const DevLayer& L, int64_t rows) const {
     cuda::MoeRouteParams rp;
@@ -633,7 +646,7 @@ struct CudaM3Model::Impl {
     rp.ldx = hd;
     rp.rows = rows;
     rp.hidden = hd;
-    rp.w = reinterpret_cast<const uint16_t*>(L.router.w);
+    rp.w_f32 = L.router;
     rp.num_experts = ne;
     rp.bias = L.router_bias;
     rp.top_k = kk;
@@ -773,7 +786,7 @@ struct CudaM3Model::Impl {
         if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
         continue;
       }
-      M3_RETURN_IF_ERROR(plinear(L.router, b.h, hd, t, b.router_logits, ne));
+      M3_RETURN_IF_ERROR(router_logits(b, L, t));
       RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, t, ne, kk,
                           routed_scale};
       M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
@@ -974,7 +987,6 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
     fit(L.o, r);
     fit(L.mlp_gu, r);
     fit(L.mlp_down, r);
-    fit(L.router, r);
     fit(L.experts_gu, r * kk);
     fit(L.experts_down, r * kk);
     fit(L.shared_gu, r);

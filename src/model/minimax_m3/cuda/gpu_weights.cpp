@@ -170,6 +170,13 @@ class Loader {
     return d;
   }
 
+  Result<float*> mat_f32(const std::string& name, int64_t rows, int64_t cols) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {rows, cols}));
+    M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(rows * cols, name));
+    M3_RETURN_IF_ERROR(upload(d, t.data.data(), t.data.size() * 4));
+    return d;
+  }
+
   Result<float*> vec_f32(const std::string& name, int64_t n) {
     M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {n}));
     M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(n, name));
@@ -331,9 +338,8 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
     return Status::ok();
   }
   const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
-  // The router stays high precision in the checkpoint; the GEMV reads it as BF16 (see README).
-  M3_ASSIGN_OR_RETURN(L->router,
-                      ld.matrix({{m + "gate.weight", ne}}, Cols::all(hd), /*allow_quant=*/false));
+  // The router in float32, as the checkpoint stores it (moe_route.h, router_logits.h).
+  M3_ASSIGN_OR_RETURN(L->router, ld.mat_f32(m + "gate.weight", ne, hd));
   const std::string bias = src.has(m + "e_score_correction_bias")
                                ? m + "e_score_correction_bias"
                                : m + "gate.e_score_correction_bias";
@@ -464,7 +470,7 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
       continue;
     }
     const int64_t ne = c.num_local_experts, in = c.intermediate_size;
-    M3_ASSIGN_OR_RETURN(L.router, mk.matrix(QuantFormat::kBf16, ne, hd));
+    M3_ASSIGN_OR_RETURN(L.router, mk.vec_f32(ne * hd, 0.02f));
     M3_ASSIGN_OR_RETURN(L.router_bias, mk.vec_f32(ne, 0.01f));
     M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, ne));
     M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, ne));

@@ -1,6 +1,7 @@
 // MiniMax-M3 weights on the GPU in their storage formats, for the real-shape kernels: MXFP8
 // (E4M3 codes + E8M0 scales) and NVFP4 (packed E2M1 + E4M3 scales + a per-matrix multiplier) as
-// stored, everything else BF16; the routing bias float32. Linears that read the same input are
+// stored, everything else BF16; the router and the routing bias float32 (the router rounded to
+// bf16 can flip near-tied expert choices against the float32 reference). Linears that read the same input are
 // fused by rows at load (q|k|v|index_q|index_k, gate|up), which needs their formats to agree;
 // otherwise (or when the source has no raw access, or NVFP4 gate/up multipliers differ) the fused
 // matrix is BF16 (exact for BF16 and MXFP8 storage; NVFP4 values are rounded to bf16), and
@@ -54,7 +55,7 @@ struct DevLayer {
   DevMatrix qkv;  // [H·D + 2·Hkv·D + Hix·Dix + Dix, Hd]: q | k | v | index q | index k
   DevMatrix o;    // [Hd, H·D]
   DevMatrix mlp_gu, mlp_down;        // dense MLP: [2·I_dense, Hd], [Hd, I_dense]
-  DevMatrix router;                  // [E, Hd] bf16
+  float* router = nullptr;           // [E, Hd] float32, as checkpoints store it
   float* router_bias = nullptr;      // [E] float32 (zeros when the checkpoint has none)
   DevMatrix experts_gu;              // [E, 2·I, Hd] (gate rows then up rows per expert)
   DevMatrix experts_down;            // [E, Hd, I]
