@@ -44,8 +44,8 @@ Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(DSparkConfig cfg,
   return d;
 }
 
-std::unique_ptr<DSparkContextCache> DSparkDraft::new_cache() const {
-  return std::make_unique<DSparkContextCache>(backend_, cfg_);
+std::unique_ptr<DSparkContextCache> DSparkDraft::new_cache(int64_t page_size) const {
+  return std::make_unique<DSparkContextCache>(backend_, cfg_, page_size);
 }
 
 Status DSparkDraft::append_context(std::span<const float> features, int64_t n,

@@ -57,7 +57,9 @@ class DSparkDraft {
 
   const DSparkConfig& config() const { return cfg_; }
   const DSparkWeights& weights() const { return w_; }
-  std::unique_ptr<DSparkContextCache> new_cache() const;
+  // A context cache for one sequence (pages of `page_size` positions).
+  std::unique_ptr<DSparkContextCache> new_cache(
+      int64_t page_size = DSparkContextCache::kDefaultPageSize) const;
 
   // Commits the target features [n, feature_width()] of positions [cache->length(),
   // cache->length() + n) (build_context_features' layout).
