@@ -1,5 +1,7 @@
 // dspark/config.json: the released M3.1-Flash draft's fields, every refusal and validation error
 // (each naming the file and the field), and the checks against the target config.
+#include "model/minimax_m3/dspark/dspark_config.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,7 +10,6 @@
 #include <string>
 
 #include "loader/model_config.h"
-#include "model/minimax_m3/dspark/dspark_config.h"
 #include "model/minimax_m3/dummy_weights.h"
 
 namespace m3 {
@@ -44,7 +45,9 @@ json released() {
   })");
 }
 
-Result<DSparkConfig> parse(const json& j) { return parse_dspark_config(j.dump(), kSource); }
+Result<DSparkConfig> parse(const json& j) {
+  return parse_dspark_config(j.dump(), kSource);
+}
 
 // Parsing `j` fails with `code`, and the message names the file and contains `field`.
 void expect_error(const json& j, StatusCode code, const std::string& field) {

@@ -38,8 +38,8 @@ struct DraftHarness {
     auto shared = TargetSharedWeights::load(target_src, target_cfg, &backend);
     EXPECT_TRUE(shared.is_ok()) << shared.status().to_string();
     if (!shared.is_ok()) return;
-    auto d = DSparkDraft::load(cfg, target_cfg, src, "test draft", std::move(shared).value(),
-                               &backend);
+    auto d =
+        DSparkDraft::load(cfg, target_cfg, src, "test draft", std::move(shared).value(), &backend);
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();
     if (d.is_ok()) draft = std::move(d).value();
   }
@@ -89,13 +89,13 @@ double max_slot_diff(const std::vector<float>& a, const std::vector<float>& b, i
 // Tolerance against the double reference. Error model: every float32 op is within a few units
 // of roundoff u = 2^-24 of its exact value, and a dot product of length K adds at most K·u
 // relative to the sum of the magnitudes of its terms (worst case, no cancellation). The longest
-// reduction is fc's K = 3·64 = 192, so a stage adds <= 192·u ≈ 1.1e-5 relative; the path from the
-// features to a logit has about 32 such stages (fc, hidden_norm, K/V, norms and RoPE, per layer
-// q/k/v, attention's dot, softmax and sum, o_proj, norm, gate/up, SwiGLU, down, the residual adds,
-// final norm, lm_head, the Markov lookup and product). RMSNorm rescales the residual stream, so
-// errors add per stage rather than compound: <= 32·1.1e-5 ≈ 3.7e-4 relative, taken against
-// 1 + |logit| (the logits and the Markov bias are O(1) here). Observed: about 1e-6. A wrong mask,
-// norm, RoPE pairing or position moves logits by O(0.1-1).
+// reduction is fc's K = 3·64 = 192, so a stage adds <= 192·u ≈ 1.1e-5 relative. The path from
+// the features to a logit has about 32 such stages (fc, hidden_norm, K/V, norms and RoPE; per
+// layer q/k/v, attention's dot, softmax and sum, o_proj, norm, gate/up, SwiGLU, down, residual
+// adds; final norm, lm_head, the Markov lookup and product). RMSNorm rescales the residual
+// stream, so errors add per stage rather than compound: <= 32·1.1e-5 ≈ 3.7e-4 relative, taken
+// against 1 + |logit| (the logits and the Markov bias are O(1) here). Observed: about 1e-6. A
+// wrong mask, norm, RoPE pairing or position moves logits by O(0.1-1).
 constexpr double kRelTol = 32 * 192 * 5.96e-8;
 
 void expect_matches_reference(DraftHarness& hx, int64_t n, std::vector<int64_t> chunks,
@@ -107,8 +107,8 @@ void expect_matches_reference(DraftHarness& hx, int64_t n, std::vector<int64_t> 
   ASSERT_EQ(got.tokens.size(), static_cast<size_t>(c.block_size));
   EXPECT_EQ(got.anchor_position, n);
   const auto kv = testing::dspark_ref::context_kv(c, hx.src, kPrefix, features, n);
-  const auto want = testing::dspark_ref::propose(c, hx.src, kPrefix, hx.target_src, kEmbed,
-                                                 kLmHead, kv, n, anchor, got.tokens);
+  const auto want = testing::dspark_ref::propose(c, hx.src, kPrefix, hx.target_src, kEmbed, kLmHead,
+                                                 kv, n, anchor, got.tokens);
   const int64_t v = c.vocab_size;
   double worst = 0;
   for (int64_t k = 0; k < c.block_size; ++k) {
@@ -299,10 +299,9 @@ TEST(DSparkForward, TruncateThenAppendEqualsAFreshCache) {
   ASSERT_TRUE(hx.draft->append_context(rejected, 8, cache.get()).is_ok());
   ASSERT_TRUE(cache->truncate(30).is_ok());
   EXPECT_TRUE(bitwise_equal(before, hx.propose(11, *cache)));
-  ASSERT_TRUE(hx.draft
-                  ->append_context(std::span<const float>(f.data() + 30 * w, 8 * w), 8,
-                                   cache.get())
-                  .is_ok());
+  ASSERT_TRUE(
+      hx.draft->append_context(std::span<const float>(f.data() + 30 * w, 8 * w), 8, cache.get())
+          .is_ok());
   auto fresh = hx.cache_with(f, 38, {}, 8);
   EXPECT_TRUE(bitwise_equal(hx.propose(12, *cache), hx.propose(12, *fresh)));
   ASSERT_TRUE(cache->truncate(0).is_ok());
@@ -318,7 +317,8 @@ TEST(DSparkForward, BadInputIsRefused) {
   auto bad_anchor = hx.draft->propose(static_cast<int32_t>(c.vocab_size), *cache);
   ASSERT_FALSE(bad_anchor.is_ok());
   EXPECT_NE(bad_anchor.status().message().find("anchor token 4096"), std::string::npos);
-  auto bad_sampler = hx.draft->propose(1, *cache, [](std::span<const float>, int64_t) { return -1; });
+  auto bad_sampler =
+      hx.draft->propose(1, *cache, [](std::span<const float>, int64_t) { return -1; });
   ASSERT_FALSE(bad_sampler.is_ok());
   EXPECT_NE(bad_sampler.status().message().find("sampler returned token -1"), std::string::npos);
   std::vector<float> f(static_cast<size_t>(c.feature_width() * 2 - 1));

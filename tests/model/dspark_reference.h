@@ -47,10 +47,9 @@ inline minimax_m3::dspark::DSparkConfig tiny_dspark_config() {
 
 // Linear weights N(0, 1/in) keep activations O(1); norm offsets N(0, 0.2); the Markov tables are
 // scaled so the correction moves logits by O(1) and changes argmaxes.
-inline MemoryWeightSource random_dspark_weights(const minimax_m3::dspark::DSparkConfig& c,
-                                                uint32_t seed,
-                                                const std::string& prefix =
-                                                    "language_model.model.dspark.") {
+inline MemoryWeightSource random_dspark_weights(
+    const minimax_m3::dspark::DSparkConfig& c, uint32_t seed,
+    const std::string& prefix = "language_model.model.dspark.") {
   MemoryWeightSource src;
   std::mt19937 rng(seed);
   auto add = [&](const std::string& name, std::vector<int64_t> shape, float stddev) {
@@ -129,7 +128,8 @@ inline ContextKv context_kv(const minimax_m3::dspark::DSparkConfig& c, const Mem
         ref::rope(k, g * d, c.rot_dim(), c.rot_dim(), c.theta(), j);
       }
       kv.k[static_cast<size_t>(l)].push_back(k);
-      kv.v[static_cast<size_t>(l)].push_back(ref::matvec(s.get(a + "v_proj.weight"), ctx, nkv * d, hd));
+      kv.v[static_cast<size_t>(l)].push_back(
+          ref::matvec(s.get(a + "v_proj.weight"), ctx, nkv * d, hd));
     }
   }
   return kv;
@@ -211,7 +211,8 @@ inline Block propose(const minimax_m3::dspark::DSparkConfig& c, const MemoryWeig
       ref::gemma_norm(h, 0, hd, s.get(lp + "post_attention_layernorm.weight"), eps);
       Vec g = ref::matvec(s.get(lp + "mlp.gate_proj.weight"), h, inter, hd);
       Vec u = ref::matvec(s.get(lp + "mlp.up_proj.weight"), h, inter, hd);
-      for (int64_t i = 0; i < inter; ++i) g[i] = ref::swiglu(g[i], u[i], c.swiglu_alpha, c.swiglu_limit);
+      for (int64_t i = 0; i < inter; ++i)
+        g[i] = ref::swiglu(g[i], u[i], c.swiglu_alpha, c.swiglu_limit);
       Vec y = ref::matvec(s.get(lp + "mlp.down_proj.weight"), g, hd, inter);
       for (int64_t i = 0; i < hd; ++i) x[k][i] += y[i];
     }

@@ -1,11 +1,13 @@
 // The DSpark draft's weights: the released checkpoint's 97 stored tensors, every accepted name
 // prefix, errors that name the source and the tensor (in memory and in safetensors files), and
 // the seeded dummy weights.
+#include "model/minimax_m3/dspark/dspark_weights.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
@@ -13,7 +15,6 @@
 #include "loader/checkpoint.h"
 #include "loader/safetensors_writer.h"
 #include "model/minimax_m3/dspark/dspark_dummy_weights.h"
-#include "model/minimax_m3/dspark/dspark_weights.h"
 #include "quant/mxfp8.h"
 
 namespace m3 {
@@ -136,9 +137,9 @@ Status write_draft(const std::string& dir, const testing::MemoryWeightSource& sr
 TEST(DSparkWeights, LoadsTheCheckpointFormat) {
   const DSparkConfig c = testing::tiny_dspark_config();
   const auto src = testing::random_dspark_weights(c, 4);
-  const std::string base = (std::filesystem::temp_directory_path() /
-                            ("m3_dspark_weights_" + std::to_string(getpid())))
-                               .string();
+  const std::string base =
+      (std::filesystem::temp_directory_path() / ("m3_dspark_weights_" + std::to_string(getpid())))
+          .string();
   ASSERT_TRUE(write_draft(base + "/good", src).is_ok());
   auto ckpt = Checkpoint::open(base + "/good");
   ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
@@ -187,7 +188,8 @@ TEST(DSparkWeights, DummyWeightsAreSeededAndInTheCheckpointFormats) {
   auto rq = quantize_mxfp8(qa->data.data(), qs[0], qs[1]);
   ASSERT_TRUE(rq.is_ok());
   std::vector<float> back(qa->data.size());
-  ASSERT_TRUE(dequantize_mxfp8(rq->codes.data(), rq->scales.data(), qs[0], qs[1], back.data()).is_ok());
+  ASSERT_TRUE(
+      dequantize_mxfp8(rq->codes.data(), rq->scales.data(), qs[0], qs[1], back.data()).is_ok());
   EXPECT_EQ(back, qa->data);
   auto f = a.load_f32(fc, {c.hidden_size, c.feature_width()});
   ASSERT_TRUE(f.is_ok());

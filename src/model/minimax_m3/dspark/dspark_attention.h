@@ -19,16 +19,16 @@
 namespace m3::minimax_m3::dspark {
 
 struct BlockAttentionParams {
-  const float* q = nullptr;        // [B, H, D] (normed + roped)
-  const float* block_k = nullptr;  // [B, Hkv, D] (normed + roped)
-  const float* block_v = nullptr;  // [B, Hkv, D]
-  KvLayerView cache;               // context K/V of positions < anchor_pos
+  const float* q = nullptr;              // [B, H, D] (normed + roped)
+  const float* block_k = nullptr;        // [B, Hkv, D] (normed + roped)
+  const float* block_v = nullptr;        // [B, Hkv, D]
+  KvLayerView cache;                     // context K/V of positions < anchor_pos
   const int32_t* block_table = nullptr;  // logical block -> page (-1: not held)
   int64_t num_blocks = 0;
-  int64_t anchor_pos = 0;          // p: the context holds [0, p)
+  int64_t anchor_pos = 0;  // p: the context holds [0, p)
   int64_t block = 0, num_heads = 0, window = 0;
   float scale = 1.0f;
-  float* out = nullptr;            // [B, H, D]
+  float* out = nullptr;  // [B, H, D]
 };
 
 void block_attention(const BlockAttentionParams& p);

@@ -73,12 +73,15 @@ class Reader {
 
 Status parse_architecture(const Reader& r) {
   const json* a = r.find("architectures");
-  if (a == nullptr) return r.error("architectures", "missing (expected [\"DSparkMiniMaxDraftModel\"])");
-  if (!a->is_array()) return r.error("architectures", "expected a list of strings, found " + a->dump());
+  if (a == nullptr)
+    return r.error("architectures", "missing (expected [\"DSparkMiniMaxDraftModel\"])");
+  if (!a->is_array())
+    return r.error("architectures", "expected a list of strings, found " + a->dump());
   for (const json& n : *a)
     if (n.is_string() && n.get<std::string>() == "DSparkMiniMaxDraftModel") return Status::ok();
-  return r.error("architectures", a->dump() + " is not a DSpark draft of MiniMax-M3 (expected "
-                                              "\"DSparkMiniMaxDraftModel\")");
+  return r.error("architectures", a->dump() +
+                                      " is not a DSpark draft of MiniMax-M3 (expected "
+                                      "\"DSparkMiniMaxDraftModel\")");
 }
 
 // dense_intermediate_size and dspark_ffn_hidden_size name the same width; both may be present.
@@ -87,20 +90,25 @@ Status parse_ffn(const Reader& r, DSparkConfig* c) {
   M3_RETURN_IF_ERROR(r.get("dense_intermediate_size", &dense));
   M3_RETURN_IF_ERROR(r.get("dspark_ffn_hidden_size", &ffn));
   if (dense >= 0 && ffn >= 0 && dense != ffn)
-    return r.error("dspark_ffn_hidden_size", std::to_string(ffn) +
-                                                 " differs from dense_intermediate_size " +
-                                                 std::to_string(dense));
-  if (ffn >= 0) c->intermediate_size = ffn;
-  else if (dense >= 0) c->intermediate_size = dense;
+    return r.error(
+        "dspark_ffn_hidden_size",
+        std::to_string(ffn) + " differs from dense_intermediate_size " + std::to_string(dense));
+  if (ffn >= 0)
+    c->intermediate_size = ffn;
+  else if (dense >= 0)
+    c->intermediate_size = dense;
   bool dense_ffn = true;
   M3_RETURN_IF_ERROR(r.get("dspark_use_dense_ffn", &dense_ffn));
-  if (!dense_ffn) return r.refuse("dspark_use_dense_ffn", "false (MoE draft layers) is not supported");
+  if (!dense_ffn)
+    return r.refuse("dspark_use_dense_ffn", "false (MoE draft layers) is not supported");
   if (const json* f = r.find("moe_layer_freq")) {
     bool any = f->is_number_integer() ? f->get<int64_t>() != 0 : !f->is_array();
     if (f->is_array())
       for (const json& x : *f) any = any || !(x.is_number_integer() && x.get<int64_t>() == 0);
-    if (any) return r.refuse("moe_layer_freq", f->dump() + ": MoE draft layers are not supported "
-                                                          "(expected 0 for every layer)");
+    if (any)
+      return r.refuse("moe_layer_freq", f->dump() +
+                                            ": MoE draft layers are not supported "
+                                            "(expected 0 for every layer)");
   }
   M3_RETURN_IF_ERROR(r.get("swiglu_alpha", &c->swiglu_alpha));
   M3_RETURN_IF_ERROR(r.get("swiglu_limit", &c->swiglu_limit));
@@ -113,10 +121,12 @@ Status parse_ffn(const Reader& r, DSparkConfig* c) {
 
 Status parse_attention(const Reader& r, DSparkConfig* c) {
   if (r.find("sparse_attention_config") != nullptr)
-    return r.refuse("sparse_attention_config", "must be null: the draft has no sparse (MSA) layers");
+    return r.refuse("sparse_attention_config",
+                    "must be null: the draft has no sparse (MSA) layers");
   M3_RETURN_IF_ERROR(r.get("sliding_window", &c->sliding_window));
   if (const json* lt = r.find("layer_types")) {
-    if (!lt->is_array()) return r.error("layer_types", "expected a list of strings, found " + lt->dump());
+    if (!lt->is_array())
+      return r.error("layer_types", "expected a list of strings, found " + lt->dump());
     if (int64_t(lt->size()) != c->num_hidden_layers)
       return r.error("layer_types", "has " + std::to_string(lt->size()) +
                                         " entries, but num_hidden_layers is " +
@@ -124,8 +134,9 @@ Status parse_attention(const Reader& r, DSparkConfig* c) {
     for (size_t i = 0; i < lt->size(); ++i) {
       const json& t = (*lt)[i];
       if (!t.is_string() || t.get<std::string>() != "sliding_attention")
-        return r.refuse("layer_types[" + std::to_string(i) + "]",
-                        t.dump() + " is not supported (every draft layer is \"sliding_attention\")");
+        return r.refuse(
+            "layer_types[" + std::to_string(i) + "]",
+            t.dump() + " is not supported (every draft layer is \"sliding_attention\")");
     }
   }
   return Status::ok();
@@ -133,7 +144,7 @@ Status parse_attention(const Reader& r, DSparkConfig* c) {
 
 // The RoPE rules of the target's parser (model_config.cpp): rope_parameters / rope_scaling first,
 // then the top-level rope_theta / partial_rotary_factor / rotary_dim.
-Status parse_rope(const Reader& r, const json& root, DSparkConfig* c) {
+Status parse_rope(const Reader& r, DSparkConfig* c) {
   const char* rp_key = r.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
   const json* rp = r.find(rp_key);
   double factor = NAN;
@@ -143,13 +154,15 @@ Status parse_rope(const Reader& r, const json& root, DSparkConfig* c) {
     std::string type = "default";
     M3_RETURN_IF_ERROR(p.get("type", &type));
     M3_RETURN_IF_ERROR(p.get("rope_type", &type));
-    if (type != "default") return p.refuse("rope_type", "'" + type + "' is not supported (only 'default')");
+    if (type != "default")
+      return p.refuse("rope_type", "'" + type + "' is not supported (only 'default')");
     if (p.find("rope_theta")) {
       double theta = 0;
       M3_RETURN_IF_ERROR(p.get("rope_theta", &theta));
       c->rope_theta = theta;
     }
-    if (p.find("partial_rotary_factor")) M3_RETURN_IF_ERROR(p.get("partial_rotary_factor", &factor));
+    if (p.find("partial_rotary_factor"))
+      M3_RETURN_IF_ERROR(p.get("partial_rotary_factor", &factor));
   }
   if (!c->rope_theta && r.find("rope_theta")) {
     double theta = 0;
@@ -167,17 +180,16 @@ Status parse_rope(const Reader& r, const json& root, DSparkConfig* c) {
     M3_RETURN_IF_ERROR(r.get("rotary_dim", &rd));
     c->rotary_dim = rd;
   }
-  (void)root;
   return Status::ok();
 }
 
-Status parse_dspark_fields(const Reader& r, const json& root, DSparkConfig* c) {
+Status parse_dspark_fields(const Reader& r, DSparkConfig* c) {
   M3_RETURN_IF_ERROR(r.get("dspark_block_size", &c->block_size));
   M3_RETURN_IF_ERROR(r.get("dspark_noise_token_id", &c->noise_token_id));
   if (const json* ids = r.find("dspark_target_layer_ids")) {
     if (!ids->is_array() || ids->empty())
-      return r.error("dspark_target_layer_ids", "expected a non-empty list of layer ids, found " +
-                                                    ids->dump());
+      return r.error("dspark_target_layer_ids",
+                     "expected a non-empty list of layer ids, found " + ids->dump());
     c->target_layer_ids.clear();
     for (size_t i = 0; i < ids->size(); ++i) {
       if (!(*ids)[i].is_number_integer())
@@ -196,24 +208,28 @@ Status parse_dspark_fields(const Reader& r, const json& root, DSparkConfig* c) {
   bool hybrid = false;
   M3_RETURN_IF_ERROR(r.get("dspark_hybrid_context_fusion", &hybrid));
   if (hybrid)
-    return r.refuse("dspark_hybrid_context_fusion",
-                    "true is not supported (the draft fuses target features with fc + hidden_norm only)");
+    return r.refuse(
+        "dspark_hybrid_context_fusion",
+        "true is not supported (the draft fuses target features with fc + hidden_norm only)");
   if (const json* dc = r.find("dspark_config")) {
-    if (!dc->is_object()) return r.error("dspark_config", "expected an object, found " + dc->dump());
+    if (!dc->is_object())
+      return r.error("dspark_config", "expected an object, found " + dc->dump());
     Reader d(*dc, r.source(), "dspark_config.");
     M3_RETURN_IF_ERROR(d.get("hybrid_context_fusion", &hybrid));
     if (hybrid)
-      return d.refuse("hybrid_context_fusion",
-                      "true is not supported (the draft fuses target features with fc + hidden_norm only)");
+      return d.refuse(
+          "hybrid_context_fusion",
+          "true is not supported (the draft fuses target features with fc + hidden_norm only)");
   }
   std::string conv = "layer_output";
   M3_RETURN_IF_ERROR(r.get("dspark_target_hidden_convention", &conv));
-  if (conv == "layer_output") c->capture = CaptureConvention::kLayerOutput;
-  else if (conv == "final_norm_last") c->capture = CaptureConvention::kFinalNormLast;
+  if (conv == "layer_output")
+    c->capture = CaptureConvention::kLayerOutput;
+  else if (conv == "final_norm_last")
+    c->capture = CaptureConvention::kFinalNormLast;
   else
     return r.error("dspark_target_hidden_convention",
                    "'" + conv + "' is not one of 'layer_output', 'final_norm_last'");
-  (void)root;
   return Status::ok();
 }
 
@@ -231,15 +247,17 @@ Status parse_into(const json& root, DSparkConfig* c) {
   M3_RETURN_IF_ERROR(r.get("use_gemma_norm", &c->use_gemma_norm));
   M3_RETURN_IF_ERROR(parse_ffn(r, c));
   M3_RETURN_IF_ERROR(parse_attention(r, c));
-  M3_RETURN_IF_ERROR(parse_rope(r, root, c));
-  M3_RETURN_IF_ERROR(parse_dspark_fields(r, root, c));
+  M3_RETURN_IF_ERROR(parse_rope(r, c));
+  M3_RETURN_IF_ERROR(parse_dspark_fields(r, c));
   if (const json* q = r.find("quantization_config")) {
-    if (!q->is_object()) return r.error("quantization_config", "expected an object, found " + q->dump());
+    if (!q->is_object())
+      return r.error("quantization_config", "expected an object, found " + q->dump());
     Reader qr(*q, c->source, "quantization_config.");
     M3_RETURN_IF_ERROR(qr.get("quant_method", &c->quant_method));
     if (!c->quant_method.empty() && c->quant_method != "mxfp8")
-      return qr.refuse("quant_method", "'" + c->quant_method + "' is not supported (the draft is "
-                                                               "BF16 or MXFP8)");
+      return qr.refuse("quant_method", "'" + c->quant_method +
+                                           "' is not supported (the draft is "
+                                           "BF16 or MXFP8)");
   }
   return Status::ok();
 }
@@ -288,8 +306,8 @@ Status DSparkConfig::validate() const {
   for (size_t i = 0; i < target_layer_ids.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (target_layer_ids[i] == target_layer_ids[j])
-        return fail("dspark_target_layer_ids", "lists layer " + std::to_string(target_layer_ids[i]) +
-                                                   " twice");
+        return fail("dspark_target_layer_ids",
+                    "lists layer " + std::to_string(target_layer_ids[i]) + " twice");
   return Status::ok();
 }
 

@@ -43,10 +43,10 @@ struct DSparkConfig {
 
   int64_t sliding_window = 4096;  // every layer is "sliding_attention"
 
-  int64_t block_size = 7;             // dspark_block_size: query slots (anchor + noise)
-  int64_t noise_token_id = 200058;    // dspark_noise_token_id
+  int64_t block_size = 7;           // dspark_block_size: query slots (anchor + noise)
+  int64_t noise_token_id = 200058;  // dspark_noise_token_id
   std::vector<int64_t> target_layer_ids = {3, 17, 31, 45, 59};
-  int64_t markov_rank = 256;          // dspark_markov_rank; only "vanilla" heads
+  int64_t markov_rank = 256;  // dspark_markov_rank; only "vanilla" heads
   bool enable_confidence_head = true;
   bool confidence_head_with_markov = true;
 

@@ -25,12 +25,9 @@ int32_t greedy_token(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(DSparkConfig cfg,
-                                                       const MiniMaxM3Config& target,
-                                                       const WeightSource& src,
-                                                       const std::string& where,
-                                                       TargetSharedWeights target_weights,
-                                                       Backend* backend) {
+Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(
+    DSparkConfig cfg, const MiniMaxM3Config& target, const WeightSource& src,
+    const std::string& where, TargetSharedWeights target_weights, Backend* backend) {
   if (backend->kind() != DeviceKind::kCpu)
     return unimplemented(kWho + "the DSpark draft runs on the CPU backend only (no " +
                          backend->name() + " draft yet)");
@@ -118,7 +115,8 @@ Result<DSparkProposal> DSparkDraft::propose(int32_t anchor, DSparkContextCache& 
       attn(be, b * nh * d);
   DeviceBuffer<float> gate_up(be, b * 2 * inter), act(be, b * inter);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const float alpha = static_cast<float>(c.swiglu_alpha), limit = static_cast<float>(c.swiglu_limit);
+  const float alpha = static_cast<float>(c.swiglu_alpha),
+              limit = static_cast<float>(c.swiglu_limit);
   const bool gemma = c.use_gemma_norm;
 
   // Slot 0: the anchor; slots 1..B-1: the noise token; embeddings from the target's table.

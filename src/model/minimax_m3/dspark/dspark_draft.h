@@ -39,10 +39,10 @@ using DraftSampler = std::function<int32_t(std::span<const float> logits, int64_
 int32_t greedy_token(std::span<const float> logits);
 
 struct DSparkProposal {
-  int64_t anchor_position = 0;      // p
-  std::vector<int32_t> tokens;      // [B]: d_k drafts position p + k + 1
-  std::vector<float> logits;        // [B, V] Markov-corrected (what the sampler saw)
-  std::vector<float> base_logits;   // [B, V] lm_head output before the correction
+  int64_t anchor_position = 0;     // p
+  std::vector<int32_t> tokens;     // [B]: d_k drafts position p + k + 1
+  std::vector<float> logits;       // [B, V] Markov-corrected (what the sampler saw)
+  std::vector<float> base_logits;  // [B, V] lm_head output before the correction
 };
 
 class DSparkDraft {

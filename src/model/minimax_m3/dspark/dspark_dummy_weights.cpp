@@ -69,7 +69,8 @@ Result<HostTensorF32> DummyDSparkWeightSource::load_f32(const std::string& name,
   t.data.resize(v.size());
   if (f == WeightFormat::kMxfp8 && shape.size() == 2 && cols % 32 == 0 && n > 0) {
     M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(v.data(), rows, cols));
-    M3_RETURN_IF_ERROR(dequantize_mxfp8(q.codes.data(), q.scales.data(), rows, cols, t.data.data()));
+    M3_RETURN_IF_ERROR(
+        dequantize_mxfp8(q.codes.data(), q.scales.data(), rows, cols, t.data.data()));
   } else {
     for (size_t i = 0; i < v.size(); ++i) t.data[i] = bf16_to_f32(f32_to_bf16(v[i]));
   }

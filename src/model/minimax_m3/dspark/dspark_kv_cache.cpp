@@ -26,7 +26,9 @@ int64_t DSparkContextCache::release_bound(int64_t length) const {
   return length - window_ - page_size_;
 }
 
-int64_t DSparkContextCache::first_held_position() const { return first_block_ * page_size_; }
+int64_t DSparkContextCache::first_held_position() const {
+  return first_block_ * page_size_;
+}
 
 int64_t DSparkContextCache::first_needed_position(int64_t new_length) const {
   return std::max<int64_t>(0, release_bound(new_length));
@@ -63,8 +65,8 @@ Status DSparkContextCache::prepare_append(int64_t new_length) {
   const int64_t first_written = std::max(first_needed_position(new_length), length_);
   for (int64_t b = first_written / page_size_; b < blocks; ++b) {
     if (table_[b] >= 0) continue;
-    M3_CHECK(!free_.empty(), "[dspark.cache] page pool exhausted (capacity " +
-                                 std::to_string(capacity_) + ")");
+    M3_CHECK(!free_.empty(),
+             "[dspark.cache] page pool exhausted (capacity " + std::to_string(capacity_) + ")");
     table_[b] = free_.back();
     free_.pop_back();
   }

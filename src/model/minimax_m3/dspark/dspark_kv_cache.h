@@ -56,7 +56,7 @@ class DSparkContextCache {
   Backend* backend_;
   int64_t page_size_, window_, num_kv_heads_, head_dim_, capacity_;
   int64_t length_ = 0;
-  int64_t first_block_ = 0;  // blocks below are released
+  int64_t first_block_ = 0;                 // blocks below are released
   std::vector<DeviceBuffer<float>> k_, v_;  // per layer [capacity, S, Hkv, D]
   std::vector<int32_t> table_;
   std::vector<int32_t> free_;

@@ -19,8 +19,8 @@ class Loader {
       return not_found("[model.minimax_m3.dspark] " + where_ + ": missing tensor '" + name + "'");
     Result<HostTensorF32> t = src_.load_f32(name, shape);
     if (!t.is_ok())
-      return Status(t.status().code(), "[model.minimax_m3.dspark] " + where_ + ": tensor '" +
-                                           name + "': " + t.status().message());
+      return Status(t.status().code(), "[model.minimax_m3.dspark] " + where_ + ": tensor '" + name +
+                                           "': " + t.status().message());
     return t;
   }
   Result<DeviceBuffer<float>> load(const std::string& name, const std::vector<int64_t>& shape) {
@@ -140,8 +140,8 @@ Result<TargetSharedWeights> TargetSharedWeights::load(const WeightSource& src,
   TargetSharedWeights t;
   const std::string embed = naming.model_prefix + "embed_tokens.weight";
   M3_ASSIGN_OR_RETURN(t.owned_embed, ld.load(embed, {v, hd}));
-  M3_ASSIGN_OR_RETURN(t.owned_lm_head, ld.load(naming.lm_head.empty() ? embed : naming.lm_head,
-                                               {v, hd}));
+  M3_ASSIGN_OR_RETURN(t.owned_lm_head,
+                      ld.load(naming.lm_head.empty() ? embed : naming.lm_head, {v, hd}));
   M3_ASSIGN_OR_RETURN(t.owned_final_norm, ld.load(naming.model_prefix + "norm.weight", {hd}));
   t.embed = t.owned_embed.data();
   t.lm_head = t.owned_lm_head.data();

@@ -16,7 +16,8 @@ Result<std::vector<float>> build_context_features(std::span<const float> capture
                                                   const MiniMaxM3Config& target,
                                                   CaptureConvention convention,
                                                   std::span<const float> final_norm) {
-  const int64_t hd = target.hidden_size, n_ids = static_cast<int64_t>(draft.target_layer_ids.size());
+  const int64_t hd = target.hidden_size,
+                n_ids = static_cast<int64_t>(draft.target_layer_ids.size());
   const std::string who = "[model.minimax_m3.dspark.features] ";
   if (num_tokens < 0) return invalid_argument(who + "negative token count");
   if (static_cast<int64_t>(captured.size()) != n_ids * num_tokens * hd)
@@ -31,8 +32,8 @@ Result<std::vector<float>> build_context_features(std::span<const float> capture
   std::vector<float> out(static_cast<size_t>(num_tokens * n_ids * hd));
   const float eps = static_cast<float>(target.rms_norm_eps);
   for (int64_t l = 0; l < n_ids; ++l) {
-    const bool normed = norm_last && draft.target_layer_ids[static_cast<size_t>(l)] ==
-                                         target.num_hidden_layers - 1;
+    const bool normed =
+        norm_last && draft.target_layer_ids[static_cast<size_t>(l)] == target.num_hidden_layers - 1;
     for (int64_t t = 0; t < num_tokens; ++t) {
       const float* x = captured.data() + (l * num_tokens + t) * hd;
       float* y = out.data() + (t * n_ids + l) * hd;
@@ -45,7 +46,8 @@ Result<std::vector<float>> build_context_features(std::span<const float> capture
       double ss = 0.0;
       for (int64_t i = 0; i < hd; ++i) ss += static_cast<double>(x[i]) * x[i];
       const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hd) + eps));
-      for (int64_t i = 0; i < hd; ++i) y[i] = (x[i] * inv) * (1.0f + final_norm[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < hd; ++i)
+        y[i] = (x[i] * inv) * (1.0f + final_norm[static_cast<size_t>(i)]);
     }
   }
   return out;
