@@ -111,8 +111,8 @@ TEST(DSparkFeatures, BothCaptureConventions) {
   EXPECT_NE(no_norm.status().message().find("final norm"), std::string::npos);
 }
 
-// The draft shape of dspark-training.md §2.9 for the bundled model (hidden 256, 8 / 2 heads of
-// 32, RoPE on 16 dims at 1e4, FFN 1024, window 512, block 7, noise 4090, layers 1..5, rank 64).
+// The draft shape planned for the bundled model (hidden 256, 8 / 2 heads of 32, RoPE on 16 dims
+// at 1e4, FFN 1024, window 512, block 7, noise 4090, target layers 1..5, Markov rank 64).
 DSparkConfig m3_tiny_draft_config() {
   DSparkConfig c;
   c.num_hidden_layers = 2;
