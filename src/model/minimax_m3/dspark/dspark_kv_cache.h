@@ -1,6 +1,7 @@
 // The draft's context K/V for one sequence (m3-architecture.md §5.2 step 2; docs/dspark.md,
 // "Context cache"): per draft layer and committed position j, K = RoPE_j(k_norm(W_k c_j)) and
-// V = W_v c_j, in pages of 128 positions ([P, S, Hkv, D] per layer, a KvLayerView the backend's kv_write fills).
+// V = W_v c_j, in pages of 128 positions ([P, S, Hkv, D] per layer, a KvLayerView the backend's
+// kv_write fills).
 //
 // Invariant: the cache holds exactly the committed positions [0, length()); a draft block is
 // proposed for the anchor at position length(). Only the last sliding_window positions are ever
