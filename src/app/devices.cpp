@@ -72,6 +72,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   CudaRanks ranks;
   ranks.ranks = pool.tensor_parallel;
   ranks.timeout = pool.dist_timeout;
+  if (!pool.custom_all_reduce) ranks.one_shot_max_bytes = 0;
   std::unique_ptr<CudaM3ModelRunner> r;
   if (pool.kv_cache_bytes > 0) {
     M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, pool.kv_cache_bytes, o, ranks));
@@ -87,6 +88,9 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                },
                o, ranks));
   }
+  if (pool.tensor_parallel > 1)
+    std::fprintf(stderr, "m3serve: --tp %d on GPUs: all-reduce %s\n", pool.tensor_parallel,
+                 r->all_reduce_path().c_str());
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else
   return Status(StatusCode::kUnimplemented,

@@ -87,6 +87,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   o.tensor_parallel = f.tp;
   o.expert_parallel = f.ep;
   o.enable_expert_parallel = f.enable_expert_parallel;
+  o.custom_all_reduce = !f.disable_custom_all_reduce;
   o.dp_attention = f.enable_dp_attention ? f.dp : 1;
   M3_ASSIGN_OR_RETURN(o.load_balance, parse_load_balance_method(f.load_balance_method));
   o.dummy_weights = f.load_format == "dummy";
@@ -159,6 +160,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                       ": expert parallelism on GPUs is not supported yet (--tp alone splits "
                       "every expert over the GPUs; CPU ranks take --ep with --device cpu)");
   }
+  if (!options.custom_all_reduce && !gpu_ranks)
+    std::fprintf(stderr, "m3serve: note: --disable-custom-all-reduce: no GPU ranks here (--tp %d "
+                 "--device %s); it changes nothing\n", tp, options.device.c_str());
   if (gpu_ranks && !options.make_cuda_runner) {
     return Status(StatusCode::kUnimplemented,
                   "--tp " + std::to_string(tp) + " --device cuda: this m3serve has no GPU ranks");
@@ -288,6 +292,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.profile_tokens = profile_tokens;
     pool.tensor_parallel = tp;
     pool.dist_timeout = nodes.dist_timeout;
+    pool.custom_all_reduce = options.custom_all_reduce;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
       std::fprintf(stderr,
                    "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working, "
@@ -341,6 +346,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.kv_cache_bytes = kv_cache_bytes;
     pool.tensor_parallel = tp;
     pool.dist_timeout = nodes.dist_timeout;
+    pool.custom_all_reduce = options.custom_all_reduce;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else if (multi_node) {
     M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp));

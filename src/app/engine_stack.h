@@ -77,6 +77,9 @@ struct EngineStackOptions {
   // --ep: expert-parallel ranks among them (resolve_rank_layout); --enable-expert-parallel: all.
   int32_t expert_parallel = 1;
   bool enable_expert_parallel = false;
+  // GPU ranks: the decode step's small all-reduces through the one-shot all-reduce over peer
+  // memory (false: --disable-custom-all-reduce, NCCL for all).
+  bool custom_all_reduce = true;
   // --enable-dp-attention --dp D: attention data-parallel groups over the --tp ranks (D divides
   // tp; check_dp_attention). 1: none.
   int32_t dp_attention = 1;

@@ -29,6 +29,7 @@ struct CudaKvPoolRequest {
   // page, and the measured plan takes the fewest pages any rank can hold.
   int tensor_parallel = 1;
   std::chrono::seconds dist_timeout{300};
+  bool custom_all_reduce = true;  // small all-reduces over peer memory (CudaRanks)
 };
 
 }  // namespace m3::app

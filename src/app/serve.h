@@ -29,6 +29,7 @@ struct ServeConfig {
   bool enable_dp_attention = false;
   std::string load_balance_method = "round_robin";  // --load-balance-method (validated)
   bool enable_expert_parallel = false;
+  bool disable_custom_all_reduce = false;  // GPU ranks: NCCL for every all-reduce
   // --nnodes, --node-rank, --dist-init-addr, --dist-timeout (app/multi_node.h).
   int32_t nnodes = 1;
   int32_t node_rank = 0;

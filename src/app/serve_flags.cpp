@@ -197,6 +197,13 @@ const std::vector<Flag>& flags() {
        "attention data-parallel groups (also --dp-size), with --enable-dp-attention; divides --tp",
        "2", INT_FLAG(dp, 1, 64)},
       {"--dp-size", true, G::kParallel, nullptr, "2", INT_FLAG(dp, 1, 64)},
+      {"--disable-custom-all-reduce", false, G::kParallel,
+       "GPU ranks: every all-reduce through NCCL (default: the decode step's small ones through "
+       "the one-shot all-reduce over peer memory)", "",
+       [](ServeConfig& f, const std::string&) {
+         f.disable_custom_all_reduce = true;
+         return Status::ok();
+       }},
       {"--enable-dp-attention", false, G::kParallel, "attention data-parallel over --dp ranks", "",
        [](ServeConfig& f, const std::string&) {
          f.enable_dp_attention = true;

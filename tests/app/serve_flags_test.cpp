@@ -128,6 +128,7 @@ std::string summary(const ServeConfig& c) {
   add(c.server.drain_timeout.count());
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
+  add(c.disable_custom_all_reduce);
   return s;
 }
 
@@ -312,6 +313,17 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
   EXPECT_EQ(seen.tensor_parallel, 2);
   EXPECT_EQ(seen.dist_timeout, std::chrono::seconds(17));
   EXPECT_EQ(seen.kv_cache_bytes, 10 * rank_page_bytes);
+  EXPECT_TRUE(seen.custom_all_reduce);
+  auto flags = parse_serve_flags({"--disable-custom-all-reduce"});
+  ASSERT_TRUE(flags.is_ok());
+  auto from_flags = options_from_config(flags->config);
+  ASSERT_TRUE(from_flags.is_ok());
+  EXPECT_FALSE(from_flags->custom_all_reduce);
+  o.custom_all_reduce = false;
+  ASSERT_FALSE(make_engine("", o).is_ok());
+  EXPECT_FALSE(seen.custom_all_reduce);
+  EXPECT_EQ(calls, 2);
+  o.custom_all_reduce = true;
   o.expert_parallel = 2;
   auto ep = make_engine("", o);
   ASSERT_FALSE(ep.is_ok());
@@ -324,7 +336,7 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
   EXPECT_NE(tp8.status().message().find("--tp 8 --device cuda"), std::string::npos)
       << tp8.status().message();
   EXPECT_NE(tp8.status().message().find("num_attention_heads"), std::string::npos);
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(calls, 2);
 }
 
 TEST(ServeFlags, RankLayoutFollowsSglang) {
