@@ -30,7 +30,8 @@ TEST(DenseDecode, EveryBlockMatchesDoubleAttention) {
   const std::vector<int64_t> lens = {1, 129, 300, 2049, 9000, 20000, 0};
   const int64_t B = static_cast<int64_t>(lens.size());
   int64_t max_blocks = 0, pages = 1;  // page 0 unused
-  for (int64_t l : lens) max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
+  for (int64_t l : lens)
+    max_blocks = std::max(max_blocks, (l + S - 1) / S), pages += (l + S - 1) / S;
   std::vector<int32_t> perm(pages - 1);
   std::iota(perm.begin(), perm.end(), 1);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(80));

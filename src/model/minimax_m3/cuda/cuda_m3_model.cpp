@@ -432,7 +432,9 @@ struct CudaM3Model::Impl {
   // the first rows of b); output into b.attn. Tables of width <= top_k: no indexer, every block.
   Status decode_attention(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
     if (rows == 0) return Status::ok();
-    if (!w.layers[static_cast<size_t>(layer)].sparse) return dense_decode_attention(b, layer, rows, mb);
+    if (!w.layers[static_cast<size_t>(layer)].sparse) {
+      return dense_decode_attention(b, layer, rows, mb);  // full_attention: every block
+    }
     const cuda::KvCacheBf16View& cache = kv[static_cast<size_t>(layer)];
     const bool every_block = every_block_fits(mb);
     cuda::IndexerDecodeParams ip;

@@ -74,7 +74,8 @@ int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c) {
   // bf16 K and V of every layer, and the index keys of the sparse layers.
   int64_t per_token = 0;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    per_token += 2 * c.num_key_value_heads * c.head_dim + (c.is_sparse_layer(i) ? c.index_head_dim : 0);
+    per_token +=
+        2 * c.num_key_value_heads * c.head_dim + (c.is_sparse_layer(i) ? c.index_head_dim : 0);
   return 128 * per_token * 2;
 }
 
