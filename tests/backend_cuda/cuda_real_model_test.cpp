@@ -38,6 +38,12 @@
 // prefill chunk + decode rows of two other sequences); (c) 20 greedy decode steps (teacher-forced
 // with the CPU's argmax) at batch 1 and batch 5, with CUDA graphs on and off: the graph output
 // must be bitwise equal to the eager output.
+//
+// The same cases run on MiniMax-M3's layer mix (full_attention_test_config: layer 1 full
+// attention, no indexer weights, dense attention over every causal block): the prompts of 375-600
+// tokens (3-5 blocks) then exceed top_k = 3, so the full layer attends more blocks than the sparse
+// ones, on the prefill path (dense prefill attention) and the decode path (dense_decode). The same
+// error model holds (a full layer has the same roundings as a sparse one, without the indexer).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,6 +83,7 @@ using minimax_m3::SequenceInput;
 using real_model_fixture::Compare;
 using real_model_fixture::last_argmax;
 using real_model_fixture::random_tokens;
+using real_model_fixture::full_attention_test_config;
 using real_model_fixture::test_config;
 using real_model_fixture::TestSource;
 
@@ -91,7 +98,7 @@ struct Seq {
 
 class Harness {
  public:
-  Harness() : cfg_(test_config()), src_(cfg_), cpu_(0) {
+  explicit Harness(const MiniMaxM3Config& cfg) : cfg_(cfg), src_(cfg_), cpu_(0) {
     auto m = Model::load(cfg_, src_, &cpu_);
     EXPECT_TRUE(m.is_ok()) << m.status().to_string();
     if (m.is_ok()) cpu_model_ = std::move(m).value();
@@ -166,7 +173,13 @@ class Harness {
 };
 
 Harness& harness() {
-  static Harness h;
+  static Harness h(test_config());
+  return h;
+}
+
+// MiniMax-M3's mix: layer 1 full attention.
+Harness& full_harness() {
+  static Harness h(full_attention_test_config());
   return h;
 }
 
@@ -197,8 +210,7 @@ TEST(CudaRealModel, FitsAndLoadsQuantised) {
 }
 
 // (a) Prefill of a prompt longer than top_k blocks: every position's logits.
-TEST(CudaRealModel, PrefillAllTokenLogits) {
-  Harness& h = harness();
+void prefill_case(Harness& h, const std::string& what) {
   ASSERT_TRUE(h.ready());
   h.reset_pages();
   auto g = h.gpu_model(true);
@@ -212,14 +224,17 @@ TEST(CudaRealModel, PrefillAllTokenLogits) {
   ASSERT_EQ(gpu[0].logits[0].size(), cpu.logits[0].size());
   Compare c{h.rel_bound()};
   c.rows_of(gpu[0].logits[0].data(), cpu.logits[0].data(), n, v);
-  c.report("(a) prefill 600 tokens");
+  c.report("(a) prefill 600 tokens" + what);
   EXPECT_TRUE(c.ok());
   EXPECT_EQ((*g)->stats().general_steps, 1);
 }
 
+TEST(CudaRealModel, PrefillAllTokenLogits) {
+  prefill_case(harness(), "");
+}
+
 // (b) Several prefill chunks in one step, then one prefill chunk + decode rows of two others.
-TEST(CudaRealModel, MixedBatch) {
-  Harness& h = harness();
+void mixed_case(Harness& h, const std::string& what) {
   ASSERT_TRUE(h.ready());
   h.reset_pages();
   auto g = h.gpu_model(true);
@@ -239,7 +254,7 @@ TEST(CudaRealModel, MixedBatch) {
     c1.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
                static_cast<int64_t>(cpu.logits[i].size()) / v, v);
   }
-  c1.report("(b) step 1: three prefill chunks");
+  c1.report("(b) step 1: three prefill chunks" + what);
   EXPECT_TRUE(c1.ok());
   // Step 2: a's second chunk (chunked prefill over the cached first chunk) + decode rows of b, c
   // (their next tokens: the CPU's greedy choice).
@@ -252,9 +267,13 @@ TEST(CudaRealModel, MixedBatch) {
     c2.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
                static_cast<int64_t>(cpu.logits[i].size()) / v, v);
   }
-  c2.report("(b) step 2: prefill chunk + 2 decode rows");
+  c2.report("(b) step 2: prefill chunk + 2 decode rows" + what);
   EXPECT_TRUE(c2.ok());
   EXPECT_EQ((*g)->stats().general_steps, 2);
+}
+
+TEST(CudaRealModel, MixedBatch) {
+  mixed_case(harness(), "");
 }
 
 // (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs against
@@ -264,9 +283,9 @@ TEST(CudaRealModel, MixedBatch) {
 // Contexts whose block tables fit the indexer's top-k (width <= index_topk_blocks = 3 here, so
 // up to 256 tokens) skip the indexer (every block attended): `indexer_skipped` says whether every
 // decode step does, else none may.
-void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t steps,
+void decode_case(Harness& h, const std::string& label, int64_t batch,
+                 const std::vector<int64_t>& prompt_lens, int64_t steps,
                  bool indexer_skipped = false) {
-  Harness& h = harness();
   ASSERT_TRUE(h.ready());
   h.reset_pages();
   auto on = h.gpu_model(true);
@@ -312,7 +331,7 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
   }
   const minimax_m3::CudaM3Stats st_on = (*on)->stats(), st_off = (*off)->stats();
   const std::string what =
-      "(c) decode batch " + std::to_string(batch) + ", " + std::to_string(steps) + " steps";
+      "(c) decode batch " + std::to_string(batch) + ", " + std::to_string(steps) + " steps" + label;
   cmp.report(what);
   cmp0.report(what + " (tuning thresholds 0)");
   std::printf(
@@ -335,17 +354,53 @@ void decode_case(int64_t batch, const std::vector<int64_t>& prompt_lens, int64_t
 }
 
 TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) {
-  decode_case(1, {375}, 20);
+  decode_case(harness(), "", 1, {375}, 20);
 }
 
 TEST(CudaRealModel, DecodeBatch5GraphsOnAndOff) {
-  decode_case(5, {120, 250, 375, 500, 60}, 20);
+  decode_case(harness(), "", 5, {120, 250, 375, 500, 60}, 20);
 }
 
 // Short contexts (at most 2 blocks of 128, top-k 3): no indexer, every block, against the CPU
 // model, which runs its indexer (the same blocks: it selects all of them).
 TEST(CudaRealModel, DecodeShortContextsSkipTheIndexer) {
-  decode_case(2, {40, 200}, 20, /*indexer_skipped=*/true);
+  decode_case(harness(), "", 2, {40, 200}, 20, /*indexer_skipped=*/true);
+}
+
+// ---- MiniMax-M3's layer mix (layer 1 full attention).
+
+// The full layer loads q|k|v without index projections (still one quantised matrix) and caches K
+// and V without index keys.
+TEST(CudaRealModelFullAttention, LoadsWithoutIndexerWeights) {
+  Harness& h = full_harness();
+  ASSERT_TRUE(h.ready());
+  auto g = h.gpu_model(true);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const minimax_m3::CudaM3Stats st = (*g)->stats();
+  EXPECT_EQ(st.bf16_fallbacks, 0);
+  EXPECT_EQ(st.quantised_matrices, 4 + 2 * 6);
+  const MiniMaxM3Config& c = h.cfg();
+  const int64_t kv = 2 * c.num_key_value_heads * c.head_dim, ix = c.index_head_dim;
+  EXPECT_EQ(CudaM3Model::kv_bytes_per_page(c), 128 * (3 * kv + 2 * ix) * 2);
+  EXPECT_EQ(st.kv_bytes, kPages * CudaM3Model::kv_bytes_per_page(c));
+}
+
+TEST(CudaRealModelFullAttention, PrefillAllTokenLogits) {
+  prefill_case(full_harness(), " (layer 1 full)");
+}
+
+TEST(CudaRealModelFullAttention, MixedBatch) {
+  mixed_case(full_harness(), " (layer 1 full)");
+}
+
+// Contexts of 395 tokens (4 blocks) at batch 1 and up to 520 (5 blocks) at batch 5: the sparse
+// layers run the indexer's top 3, the full layer every block.
+TEST(CudaRealModelFullAttention, DecodeBatch1GraphsOnAndOff) {
+  decode_case(full_harness(), " (layer 1 full)", 1, {375}, 20);
+}
+
+TEST(CudaRealModelFullAttention, DecodeBatch5GraphsOnAndOff) {
+  decode_case(full_harness(), " (layer 1 full)", 5, {120, 250, 375, 500, 60}, 20);
 }
 
 // Decode rows sampled on the GPU (SequenceInput::sample, what the engine's CUDA runner offers)

@@ -33,6 +33,14 @@ inline MiniMaxM3Config test_config() {
   return c;
 }
 
+// test_config with layer 1 full_attention (MiniMax-M3's dense attention layers: no indexer
+// weights, every causal block attended), between the sparse layers 0 and 2.
+inline MiniMaxM3Config full_attention_test_config() {
+  MiniMaxM3Config c = test_config();
+  c.layer_types[1] = AttentionKind::kFull;
+  return c;
+}
+
 inline std::vector<float> normal(int64_t n, uint32_t seed, float sigma) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, sigma);
@@ -46,21 +54,11 @@ inline std::vector<float> normal(int64_t n, uint32_t seed, float sigma) {
 class TestSource final : public WeightSource {
  public:
   explicit TestSource(const MiniMaxM3Config& c) : base_(c) {
-    const int64_t hd = c.hidden_size, dix = c.index_head_dim, hix = c.index_n_heads;
+    const int64_t hd = c.hidden_size;
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       const uint32_t s = static_cast<uint32_t>(1000 + 100 * i);
-      std::vector<float> iq(static_cast<size_t>(hix * dix * hd), 0.0f);
-      for (int64_t h = 0; h < hix; ++h) {
-        const int64_t row = h * dix + (h % 2 == 0 ? 12 : 45);
-        const std::vector<float> u = normal(hd, s + static_cast<uint32_t>(h), 0.02f);
-        std::copy(u.begin(), u.end(), iq.begin() + row * hd);
-      }
-      put_mxfp8(p + "self_attn.index_q_proj.weight", iq, hix * dix, hd);
-      std::vector<float> ik(static_cast<size_t>(dix * hd), 0.0f);
-      const std::vector<float> u = normal(hd, s + 50, 0.02f);
-      for (int64_t row : {12, 13}) std::copy(u.begin(), u.end(), ik.begin() + row * hd);
-      put_mxfp8(p + "self_attn.index_k_proj.weight", ik, dix, hd);
+      if (c.is_sparse_layer(i)) put_indexer(p, c, s);
       if (!c.is_moe_layer(i)) continue;
       const std::string m = p + "block_sparse_moe.";
       const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
@@ -86,6 +84,22 @@ class TestSource final : public WeightSource {
         }
       }
     }
+  }
+
+  // The indexer projections of a sparse layer under prefix p (see the file comment).
+  void put_indexer(const std::string& p, const MiniMaxM3Config& c, uint32_t s) {
+    const int64_t hd = c.hidden_size, dix = c.index_head_dim, hix = c.index_n_heads;
+    std::vector<float> iq(static_cast<size_t>(hix * dix * hd), 0.0f);
+    for (int64_t h = 0; h < hix; ++h) {
+      const int64_t row = h * dix + (h % 2 == 0 ? 12 : 45);
+      const std::vector<float> u = normal(hd, s + static_cast<uint32_t>(h), 0.02f);
+      std::copy(u.begin(), u.end(), iq.begin() + row * hd);
+    }
+    put_mxfp8(p + "self_attn.index_q_proj.weight", iq, hix * dix, hd);
+    std::vector<float> ik(static_cast<size_t>(dix * hd), 0.0f);
+    const std::vector<float> u = normal(hd, s + 50, 0.02f);
+    for (int64_t row : {12, 13}) std::copy(u.begin(), u.end(), ik.begin() + row * hd);
+    put_mxfp8(p + "self_attn.index_k_proj.weight", ik, dix, hd);
   }
 
   bool has(const std::string& name) const override { return base_.has(name); }

@@ -195,6 +195,7 @@ void expect_no_fit(const MiniMaxM3Config& c, const std::string& field) {
 
 TEST(RealShapeFit, AcceptsTheRealAndTheTestShapes) {
   EXPECT_TRUE(check_real_shape_fit(builtin_m3_flash_config(60)).is_ok());
+  EXPECT_TRUE(check_real_shape_fit(minimax_m3::builtin_m3_config(60)).is_ok());
   EXPECT_TRUE(check_real_shape_fit(builtin_m3_flash_config(4)).is_ok());
   EXPECT_TRUE(check_real_shape_fit(small_config()).is_ok());
 }
@@ -206,9 +207,6 @@ TEST(RealShapeFit, NamesTheFieldThatDoesNotFit) {
   c = small_config();
   c.num_attention_heads = 16;  // 8 per KV head
   expect_no_fit(c, "num_attention_heads");
-  c = small_config();
-  c.layer_types[1] = AttentionKind::kFull;
-  expect_no_fit(c, "layer_types[1]");
   c = small_config();
   c.index_n_heads = 1;
   expect_no_fit(c, "index_n_heads");
@@ -233,6 +231,34 @@ TEST(RealShapeFit, NamesTheFieldThatDoesNotFit) {
   c = small_config();
   c.rotary_dim = 130;
   expect_no_fit(c, "rotary_dim");
+}
+
+// MiniMax-M3's full_attention layers run dense attention on this path: accepted, and with them
+// the indexer's fields are checked only where some layer is sparse. A full layer caches K and V
+// but no index keys.
+TEST(RealShapeFit, AcceptsFullAttentionLayers) {
+  const MiniMaxM3Config m3 = minimax_m3::builtin_m3_config(60);
+  ASSERT_EQ(m3.layer_types[0], AttentionKind::kFull);
+  ASSERT_EQ(m3.layer_types[2], AttentionKind::kFull);
+  ASSERT_EQ(m3.layer_types[3], AttentionKind::kSparse);
+  MiniMaxM3Config c = small_config();
+  c.layer_types[1] = AttentionKind::kFull;
+  EXPECT_TRUE(check_real_shape_fit(c).is_ok());
+  c.index_n_heads = 1;  // the sparse layers 0 and 2 still need one index head per KV head
+  expect_no_fit(c, "index_n_heads");
+  c.layer_types.assign(3, AttentionKind::kFull);  // no sparse layer: the indexer is never run
+  EXPECT_TRUE(check_real_shape_fit(c).is_ok());
+  c.head_dim = 64;  // the attention kernels' limits still apply
+  expect_no_fit(c, "head_dim");
+  // Per page: 128 tokens x (K + V: 2 x Hkv x D, + Dix on a sparse layer) x 2 bytes.
+  const MiniMaxM3Config flash = builtin_m3_flash_config(60);
+  const int64_t kv = 2 * 4 * 128, ix = 128;
+  EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(flash), 128 * 60 * (kv + ix) * 2);
+  EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(m3), 128 * (60 * kv + 57 * ix) * 2);
+  for (int tp : {2, 4})
+    for (int r = 0; r < tp; ++r)
+      EXPECT_TRUE(check_real_shape_fit(minimax_m3::rank_config(m3, r, tp)).is_ok())
+          << "--tp " << tp << " rank " << r;
 }
 
 // The GPU ranks of --tp N run at rank_config's shapes, which must fit too: M3.1-Flash's 3072-wide

@@ -26,6 +26,9 @@
 // CudaM3Tuning's cluster_norm_max_rows and fused_router_max_rows;
 // M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
 // M3_BENCH_BIG_LAYERS=L (9..60, or 0 for none) the model the MoE layer's time is taken from.
+// M3_BENCH_MODEL=m3 runs MiniMax-M3's layer mix instead (builtin_m3_config: layers 0-2 full
+// attention, so the "dense" layer time is a full-attention dense-MLP layer's, and the bytes count
+// their whole K / V context and no index keys); M3_BENCH_MODEL=flash (the default) M3.1-Flash's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,6 +50,13 @@ using namespace m3;
 using namespace m3::minimax_m3;
 
 constexpr double kHbm = 4.8e12;
+
+// M3_BENCH_MODEL: MiniMax-M3's layer types (layers 0-2 full attention) instead of M3.1-Flash's.
+bool g_m3 = false;
+
+MiniMaxM3Config bench_config(int64_t layers) {
+  return g_m3 ? builtin_m3_config(layers) : builtin_m3_flash_config(layers);
+}
 
 struct Config {
   int64_t batch, ctx;
@@ -102,7 +112,7 @@ CudaM3Tuning tuning() {
 
 // The model of `layers` layers; a failed load exits, unless `may_fail` (then null).
 std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool may_fail = false) {
-  const MiniMaxM3Config cfg = builtin_m3_flash_config(layers);
+  const MiniMaxM3Config cfg = bench_config(layers);
   DummyWeightSource src(cfg);
   CudaM3Options o;
   o.num_kv_pages = pages;
@@ -120,7 +130,8 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool may_fail =
 
 // Bytes one decode step reads, by part (the header comment's rule).
 struct StepBytes {
-  double attn_w = 0;     // q|k|v|index + o_proj, one layer (MXFP8)
+  double attn_w = 0;     // q|k|v|index + o_proj, one sparse layer (MXFP8)
+  double attn_w_full = 0;  // q|k|v + o_proj, one full_attention layer (MXFP8)
   double dense_mlp = 0;  // one dense layer's MLP (MXFP8)
   double shared = 0;     // one MoE layer's shared expert (MXFP8)
   double router = 0;     // one MoE layer's router (BF16)
@@ -134,6 +145,8 @@ StepBytes step_bytes(const MiniMaxM3Config& f) {
   const double mx = 1.0 + 1.0 / 32, fp4 = 0.5 + 1.0 / 16;
   StepBytes b;
   b.attn_w = (double(nqkv) * hd + double(hd) * nh * d) * mx;
+  const int64_t nqkv_full = nh * d + 2 * f.num_key_value_heads * d;
+  b.attn_w_full = (double(nqkv_full) * hd + double(hd) * nh * d) * mx;
   b.dense_mlp = 3.0 * f.dense_intermediate_size * hd * mx;
   b.shared = 3.0 * f.shared_intermediate_size * f.n_shared_experts * hd * mx;
   b.router = 2.0 * f.num_local_experts * hd;
@@ -151,7 +164,7 @@ int64_t big_layers(int64_t pages) {
   }
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
-  const MiniMaxM3Config f = builtin_m3_flash_config(60);
+  const MiniMaxM3Config f = bench_config(60);
   const StepBytes sb = step_bytes(f);
   // Every expert of a MoE layer is resident (not only the touched ones).
   const double layer = sb.attn_w + sb.shared + sb.router + f.num_local_experts * sb.expert +
@@ -168,6 +181,14 @@ int64_t big_layers(int64_t pages) {
 int main(int argc, char** argv) {
   std::FILE* tsv = argc > 1 && std::string(argv[1]) != "-" ? std::fopen(argv[1], "a") : nullptr;
   const CudaM3Tuning tn = tuning();
+  if (const char* m = std::getenv("M3_BENCH_MODEL")) {
+    const std::string model = m;
+    if (model != "m3" && model != "flash") {
+      std::fprintf(stderr, "M3_BENCH_MODEL=%s: expected m3 or flash\n", m);
+      return 2;
+    }
+    g_m3 = model == "m3";
+  }
   std::vector<Config> configs = {{1, 4096},  {1, 32768},  {8, 4096},  {8, 32768},
                                  {32, 4096}, {32, 32768}, {128, 4096}};
   if (const char* only = std::getenv("M3_BENCH_ONLY")) {  // "B,C" or "B,C;B,C;..."
@@ -185,16 +206,17 @@ int main(int argc, char** argv) {
   }
   int64_t pages = 0;
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
-  const MiniMaxM3Config f = builtin_m3_flash_config(60);
+  const MiniMaxM3Config f = bench_config(60);
   const int64_t d = f.head_dim, hkv = f.num_key_value_heads, e = f.num_local_experts,
                 k = f.num_experts_per_tok;
   const StepBytes sb = step_bytes(f);
   const double attn_w = sb.attn_w, dense_mlp = sb.dense_mlp, shared = sb.shared,
                router = sb.router, expert = sb.expert, head = sb.head;
 
-  std::printf("decode through CudaM3Model::forward, M3.1-Flash shapes, GPU dummy weights, cluster "
+  std::printf("decode through CudaM3Model::forward, %s shapes, GPU dummy weights, cluster "
               "norms up to %lld rows, fused router up to %lld rows; median of 15 steps (host + "
               "graph + %s to host)\n",
+              g_m3 ? "MiniMax-M3 (layers 0-2 full attention)" : "M3.1-Flash",
               (long long)tn.cluster_norm_max_rows, (long long)tn.fused_router_max_rows,
               std::getenv("M3_BENCH_SAMPLE") && std::atoi(std::getenv("M3_BENCH_SAMPLE")) != 0
                   ? "GPU-sampled token ids"
@@ -241,7 +263,11 @@ int main(int argc, char** argv) {
     const bool all_fit = ctx_blocks <= f.index_topk_blocks;
     const double kv = double(c.batch) * (double(std::min<int64_t>(f.index_topk_blocks, ctx_blocks)) * 128.0 * hkv * d * 2 * 2 +
                                          (all_fit ? 0.0 : c.ctx * f.index_head_dim * 2.0));
-    const double bytes60 = 60 * (attn_w + kv) + 3 * dense_mlp + 57 * (shared + router + touched * expert) + head;
+    // A full_attention layer reads its whole K / V context and no index keys.
+    const double kv_full = double(c.batch) * double(c.ctx) * hkv * d * 2 * 2;
+    double bytes60 = 3 * dense_mlp + 57 * (shared + router + touched * expert) + head;
+    for (int64_t l = 0; l < 60; ++l)
+      bytes60 += f.is_sparse_layer(l) ? attn_w + kv : sb.attn_w_full + kv_full;
     const double frac = bytes60 / (step60 * 1e-3) / kHbm;
     char name[48];
     std::snprintf(name, sizeof name, "B=%lld ctx=%lldK", (long long)c.batch, (long long)(c.ctx / 1024));

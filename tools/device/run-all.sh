@@ -53,6 +53,7 @@ if want tests decode; then
   run_test quant_gemv_test 90
   run_test quant_gemv_mma_test 240  # ~170 s on an H200 (150 cut it)
   run_test sparse_decode_test 60
+  run_test dense_decode_test 60
   run_test moe_route_test 240  # bf16 and float32 weights; router_logits up to 16384 rows
   run_test attention_inputs_test 90
   run_test embed_bf16_test 30
@@ -90,6 +91,12 @@ if want bench decode; then
     rc=$?
     SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (${arm:-default tuning})" "$rc" "$((SECONDS - t0))")")
   done
+  # MiniMax-M3's layer mix (layers 0-2 full attention: dense decode over the whole context).
+  t0=$SECONDS
+  timeout 150 env M3_BENCH_MODEL=m3 M3_BENCH_ONLY="1,4096;1,32768;8,32768" \
+    "$B/cuda_model_decode_bench" - >>"$OUT/step.log" 2>&1
+  rc=$?
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' "model decode (MiniMax-M3)" "$rc" "$((SECONDS - t0))")")
   # FP8 mma precision and the NVFP4 consumer step's issue ceiling (weights in shared memory).
   t0=$SECONDS
   timeout 60 "$B/fp8_mma_probe" >>"$OUT/step.log" 2>&1
@@ -102,7 +109,7 @@ if want tests; then
   run_test cuda_model_test 40
 fi
 want tests parallel && run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two
-want tests decode && run_test cuda_real_model_test 120
+want tests decode && run_test cuda_real_model_test 240  # M3.1-Flash's layers, then M3's mix
 want tests parallel && run_test one_shot_all_reduce_test 60
 want tests parallel && run_test cuda_tensor_parallel_test 240
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the

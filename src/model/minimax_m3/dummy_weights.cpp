@@ -62,6 +62,15 @@ MiniMaxM3Config builtin_m3_flash_config(int64_t num_layers) {
   return c;
 }
 
+MiniMaxM3Config builtin_m3_config(int64_t num_layers) {
+  MiniMaxM3Config c = builtin_m3_flash_config(num_layers);
+  c.index_init_blocks = 0;
+  for (int64_t i = 0; i < std::min<int64_t>(3, c.num_hidden_layers); ++i)
+    c.layer_types[static_cast<size_t>(i)] = AttentionKind::kFull;
+  c.source = "built-in MiniMax-M3 config";
+  return c;
+}
+
 DummyWeightSource::DummyWeightSource(const MiniMaxM3Config& c) {
   auto add = [&](const std::string& n) { names_.push_back(n); };
   add(kPrefix + "embed_tokens.weight");

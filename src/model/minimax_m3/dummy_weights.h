@@ -28,6 +28,10 @@ namespace m3::minimax_m3 {
 // every layer MSA sparse attention, layers 0-2 dense MLP and the rest MoE, init block 1.
 MiniMaxM3Config builtin_m3_flash_config(int64_t num_layers = 60);
 
+// MiniMax-M3 text model (§1.2-1.3): M3.1-Flash's shapes, but layers 0-2 full_attention (dense
+// attention, no indexer; sparse_attention_freq [0,0,0] + [1]*57) and init block 0.
+MiniMaxM3Config builtin_m3_config(int64_t num_layers = 60);
+
 class DummyWeightSource final : public WeightSource {
  public:
   explicit DummyWeightSource(const MiniMaxM3Config& cfg);

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/attention/dense_decode.h"
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/attention/sparse_prefill.h"
@@ -175,6 +176,9 @@ struct CudaM3Model::Impl {
   int64_t nqkv = 0, off_k = 0, off_v = 0, off_iq = 0, off_ik = 0;
   int64_t ne = 0, kk = 0, inter = 0, dense_inter = 0, shared_inter = 0, top_k = 0;
   int64_t max_mlp = 0;  // max(dense_inter, shared_inter)
+  // Partial attention states per (decode row, head) in Bufs::o_part / ml: the sparse split's
+  // top_k selected blocks x kKeySplits, and the dense layers' context splits (as many).
+  int64_t attn_states = 1;
   float eps = 1e-6f, alpha = 1.702f, limit = 7.0f, scale = 0.0f, routed_scale = 1.0f;
 
   ~Impl() {
@@ -382,14 +386,15 @@ struct CudaM3Model::Impl {
 
   // q, index q (normed + roped, bf16) and the KV-cache write (K, V, index key) of every row (row
   // i: block_tables[i * mb ...]; -1 pages skipped), in one launch from the projection's `slices`
-  // planes of [rows, nqkv] (split-K partials, summed here; 1: the plain projection).
+  // planes of [rows, L.qkv.n] (split-K partials, summed here; 1: the plain projection). A
+  // full_attention layer has no index heads: q, K and V only.
   Status attention_inputs(const Bufs& b, int64_t layer, const float* proj, int64_t slices,
                                 int64_t rows, int64_t mb) {
     const DevLayer& L = w.layers[static_cast<size_t>(layer)];
     cuda::AttentionInputsParams p;
     p.partial = proj;
     p.num_slices = slices;
-    p.ld = nqkv;
+    p.ld = L.qkv.n;
     p.t = rows;
     p.positions = b.positions;
     p.off_q = 0;
@@ -399,7 +404,7 @@ struct CudaM3Model::Impl {
     p.off_ik = off_ik;
     p.num_q_heads = nh;
     p.num_kv_heads = hkv;
-    p.num_index_heads = hix;
+    p.num_index_heads = L.sparse ? hix : 0;
     p.head_dim = d;
     p.index_head_dim = dix;
     p.q_norm = L.q_norm;
@@ -427,6 +432,9 @@ struct CudaM3Model::Impl {
   // the first rows of b); output into b.attn. Tables of width <= top_k: no indexer, every block.
   Status decode_attention(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
     if (rows == 0) return Status::ok();
+    if (!w.layers[static_cast<size_t>(layer)].sparse) {
+      return dense_decode_attention(b, layer, rows, mb);  // full_attention: every block
+    }
     const cuda::KvCacheBf16View& cache = kv[static_cast<size_t>(layer)];
     const bool every_block = every_block_fits(mb);
     cuda::IndexerDecodeParams ip;
@@ -487,6 +495,27 @@ struct CudaM3Model::Impl {
     return cuda::launch_sparse_decode(ap, st());
   }
 
+  // Dense attention of a full_attention layer for `rows` one-token rows: every block of each row
+  // through the split-context kernel (dense_decode.h), at most attn_states splits per row, so the
+  // partial buffers sized for the sparse layers serve any context.
+  Status dense_decode_attention(const Bufs& b, int64_t layer, int64_t rows, int64_t mb) {
+    cuda::DenseDecodeParams p;
+    p.q = b.q;
+    p.cache = kv[static_cast<size_t>(layer)];
+    p.positions = b.positions;
+    p.block_tables = b.tables;
+    p.batch = rows;
+    p.num_heads = nh;
+    p.max_blocks = mb;
+    p.max_splits = attn_states;
+    p.scale = scale;
+    p.pdl = true;  // after the attention inputs, which let dependents launch
+    p.o_partial = b.o_part;
+    p.ml_partial = b.ml;
+    p.out = b.attn;
+    return cuda::launch_dense_decode(p, st());
+  }
+
   // ---- Decode path (GEMV), `rows` = the batch bucket, tables of width mb.
 
   // One layer; *pending says how the residual delta of the previous layer is to be added (and
@@ -502,7 +531,7 @@ struct CudaM3Model::Impl {
     int64_t slices = 1;
     const float* proj = b.qkv;
     if (h_in.f16 != nullptr && tensor_core(L.qkv, rows)) {
-      M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, nqkv), b));
+      M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, L.qkv.n), b));
     } else {
       M3_RETURN_IF_ERROR(gemv_partials(L.qkv, h_in, rows, b, &slices));
       proj = b.partial;
@@ -735,8 +764,8 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.shared, sc.get<float>(t * hd));
     M3_ASSIGN_OR_RETURN(b.block_scores, sc.get<float>(n_dec * hix * mb));
     M3_ASSIGN_OR_RETURN(b.selected, sc.get<int32_t>(n_dec * hix * top_k));
-    M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * top_k * kKeySplits * d));
-    M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * top_k * kKeySplits * 2));
+    M3_ASSIGN_OR_RETURN(b.o_part, sc.get<float>(n_dec * nh * attn_states * d));
+    M3_ASSIGN_OR_RETURN(b.ml, sc.get<float>(n_dec * nh * attn_states * 2));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.ids, ids.data(), t * 4, st()));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.positions, pos.data(), t * 4, st()));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.tables, tabs.data(), t * mb * 4, st()));
@@ -746,7 +775,7 @@ struct CudaM3Model::Impl {
       const DevLayer& L = w.layers[static_cast<size_t>(l)];
       M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
           {b.residual, l == 0 ? nullptr : b.delta, L.in_norm, b.h, t, hd, eps}, st()));
-      M3_RETURN_IF_ERROR(plinear(L.qkv, b.h, hd, t, b.qkv, nqkv));
+      M3_RETURN_IF_ERROR(plinear(L.qkv, b.h, hd, t, b.qkv, L.qkv.n));
       M3_RETURN_IF_ERROR(attention_inputs(b, l, b.qkv, 1, t, mb));
       // Decode rows (first n_dec rows) with the batched decode kernels.
       M3_RETURN_IF_ERROR(decode_attention(b, l, n_dec, mb));
@@ -766,7 +795,7 @@ struct CudaM3Model::Impl {
         ap.top_k = top_k;
         ap.local_blocks = cfg.index_local_blocks;
         ap.init_blocks = cfg.index_init_blocks;
-        ap.dense = false;
+        ap.dense = !L.sparse;  // full_attention: every causal block, no indexer
         ap.scale = scale;
         ap.out = b.attn + s.offset * nh * d;
         const bool tiled = opt.kernels.tiled_prefill_attention;  // CudaM3Kernels
@@ -967,8 +996,8 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.shared, a.alloc<float>(r * hd, what));
   M3_ASSIGN_OR_RETURN(b.block_scores, a.alloc<float>(r * hix * mb, what));
   M3_ASSIGN_OR_RETURN(b.selected, a.alloc<int32_t>(r * hix * top_k, what));
-  M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * top_k * kKeySplits * d, what));
-  M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * top_k * kKeySplits * 2, what));
+  M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * attn_states * d, what));
+  M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * attn_states * 2, what));
   M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
   M3_ASSIGN_OR_RETURN(b.h16, a.alloc<uint16_t>(r * hd, what));
   M3_ASSIGN_OR_RETURN(b.h_inv, a.alloc<float>(r, what));
@@ -1006,7 +1035,8 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   return Status::ok();
 }
 
-// Per layer K, V [P, 128, Hkv, D] and index keys [P, 128, Dix], bf16, zeroed.
+// Per layer K, V [P, 128, Hkv, D] and, on sparse layers, index keys [P, 128, Dix], bf16, zeroed
+// (a full_attention layer's view has idx_k nullptr: attention_inputs writes no index key there).
 Result<std::vector<cuda::KvCacheBf16View>> CudaM3Model::Impl::alloc_kv(cuda::DeviceArena& a,
                                                                        int64_t pages) const {
   std::vector<cuda::KvCacheBf16View> out;
@@ -1015,7 +1045,9 @@ Result<std::vector<cuda::KvCacheBf16View>> CudaM3Model::Impl::alloc_kv(cuda::Dev
     const std::string what = "KV cache of layer " + std::to_string(l);
     M3_ASSIGN_OR_RETURN(v.k, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
     M3_ASSIGN_OR_RETURN(v.v, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
-    M3_ASSIGN_OR_RETURN(v.idx_k, a.alloc<uint16_t>(pages * kPage * dix, what));
+    if (cfg.is_sparse_layer(l)) {
+      M3_ASSIGN_OR_RETURN(v.idx_k, a.alloc<uint16_t>(pages * kPage * dix, what));
+    }
     v.num_pages = pages;
     v.page_size = kPage;
     v.num_kv_heads = hkv;
@@ -1150,6 +1182,7 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.shared_inter = c.shared_intermediate_size * c.n_shared_experts;
   im.max_mlp = std::max<int64_t>({im.dense_inter, im.shared_inter, 1});
   im.top_k = c.index_topk_blocks;
+  im.attn_states = std::max<int64_t>(1, im.top_k * kKeySplits);
   im.eps = static_cast<float>(c.rms_norm_eps);
   im.alpha = static_cast<float>(c.swiglu_alpha);
   im.limit = static_cast<float>(c.swiglu_limit);

@@ -17,7 +17,9 @@
 //    through indexer_decode + sparse_decode, each prefill chunk through launch_prefill_attention.
 //    Scratch comes from a caching allocator.
 //
-// Every layer must be an MSA sparse layer; check_real_shape_fit (fit_check.h) lists what else the
+// MSA sparse layers run the indexer + block-sparse attention; full_attention layers (MiniMax-M3's
+// first three) dense causal attention (dense_decode for decode rows, the prefill kernels' dense
+// mode for chunks) with no index keys cached. check_real_shape_fit (fit_check.h) lists what the
 // kernels need, and load() returns its invalid_argument so the caller can fall back to the float32
 // path. Not thread-safe: one caller (the engine thread) at a time.
 #pragma once
@@ -152,7 +154,8 @@ class CudaM3Model {
   CudaM3Model(const CudaM3Model&) = delete;
   CudaM3Model& operator=(const CudaM3Model&) = delete;
 
-  // Bytes of one KV page over all layers (bf16 K, V and index keys) on one rank of `tp_ranks`.
+  // Bytes of one KV page over all layers (bf16 K, V and the sparse layers' index keys) on one
+  // rank of `tp_ranks`.
   static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1);
 
   const MiniMaxM3Config& config() const;

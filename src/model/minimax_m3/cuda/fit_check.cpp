@@ -23,19 +23,21 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
                       std::to_string(c.num_key_value_heads));
   if (c.index_block_size != 128)
     return no_fit("index_block_size", c.index_block_size, "KV page = sparse block needs 128");
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    if (!c.is_sparse_layer(i))
-      return no_fit("layer_types[" + std::to_string(i) + "] (full_attention)", i,
-                    "every layer must be minimax_m3_sparse on this path");
-  if (c.index_head_dim != 128) return no_fit("index_head_dim", c.index_head_dim, "needs 128");
-  if (c.index_n_heads != c.num_key_value_heads || c.index_n_heads > 8)
-    return no_fit("index_n_heads", c.index_n_heads, "needs == num_key_value_heads and <= 8");
-  if (c.index_topk_blocks < 1 || c.index_topk_blocks > 65535)
-    return no_fit("index_topk_blocks", c.index_topk_blocks, "needs [1, 65535]");
-  if (c.index_local_blocks < 0 || c.index_init_blocks < 0)
-    return no_fit("index_local_blocks / index_init_blocks",
-                  c.index_local_blocks < 0 ? c.index_local_blocks : c.index_init_blocks,
-                  "needs >= 0");
+  // full_attention layers (MiniMax-M3's first three) run dense attention (no indexer); the
+  // indexer's limits apply where any layer is sparse.
+  bool any_sparse = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) any_sparse |= c.is_sparse_layer(i);
+  if (any_sparse) {
+    if (c.index_head_dim != 128) return no_fit("index_head_dim", c.index_head_dim, "needs 128");
+    if (c.index_n_heads != c.num_key_value_heads || c.index_n_heads > 8)
+      return no_fit("index_n_heads", c.index_n_heads, "needs == num_key_value_heads and <= 8");
+    if (c.index_topk_blocks < 1 || c.index_topk_blocks > 65535)
+      return no_fit("index_topk_blocks", c.index_topk_blocks, "needs [1, 65535]");
+    if (c.index_local_blocks < 0 || c.index_init_blocks < 0)
+      return no_fit("index_local_blocks / index_init_blocks",
+                    c.index_local_blocks < 0 ? c.index_local_blocks : c.index_init_blocks,
+                    "needs >= 0");
+  }
   if (c.rotary_dim < 2 || c.rotary_dim > 128 || c.rotary_dim % 2 != 0)
     return no_fit("rotary_dim", c.rotary_dim, "needs even, in [2, 128]");
   if (c.hidden_size <= 0 || c.hidden_size % 1024 != 0)
@@ -69,8 +71,12 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
 }
 
 int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c) {
-  return c.num_hidden_layers * 128 * (2 * c.num_key_value_heads * c.head_dim + c.index_head_dim) *
-         2;
+  // bf16 K and V of every layer, and the index keys of the sparse layers.
+  int64_t per_token = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    per_token +=
+        2 * c.num_key_value_heads * c.head_dim + (c.is_sparse_layer(i) ? c.index_head_dim : 0);
+  return 128 * per_token * 2;
 }
 
 }  // namespace m3::minimax_m3

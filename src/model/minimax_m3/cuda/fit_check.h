@@ -9,8 +9,8 @@ namespace m3::minimax_m3 {
 
 // ok, or invalid_argument naming the first field that does not fit and what the kernels need:
 //  * head_dim 128, 16 query heads per KV head (sparse_decode, qk_norm_rope);
-//  * every layer MSA sparse (layer_types): dense-attention layers are not on this path;
-//  * index_block_size (= KV page) 128, index_head_dim 128, index_n_heads == num_key_value_heads
+//  * index_block_size (= KV page) 128; where any layer is MSA sparse (layer_types; full_attention
+//    layers run dense attention), index_head_dim 128, index_n_heads == num_key_value_heads
 //    <= 8 (indexer_decode), index_topk_blocks in [1, 65535];
 //  * rotary_dim even in [2, 128];
 //  * hidden_size and every intermediate size a multiple of 1024 (the streaming GEMV's K slices:
@@ -18,8 +18,8 @@ namespace m3::minimax_m3 {
 //  * MoE: num_local_experts in [1, 512], num_experts_per_tok in [1, min(16, experts)].
 Status check_real_shape_fit(const MiniMaxM3Config& c);
 
-// Bytes of one KV page of the real-shape path over all layers: bf16 K and V [128, Hkv, D] and
-// index keys [128, Dix] per layer.
+// Bytes of one KV page of the real-shape path over all layers: bf16 K and V [128, Hkv, D] per
+// layer and index keys [128, Dix] per sparse layer (a full_attention layer caches none).
 int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c);
 
 }  // namespace m3::minimax_m3

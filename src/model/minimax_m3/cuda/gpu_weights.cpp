@@ -298,23 +298,26 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
   M3_ASSIGN_OR_RETURN(L->post_norm, ld.vec_bf16(p + "post_attention_layernorm.weight", hd));
   M3_ASSIGN_OR_RETURN(L->q_norm, ld.vec_bf16(a + "q_norm.weight", d));
   M3_ASSIGN_OR_RETURN(L->k_norm, ld.vec_bf16(a + "k_norm.weight", d));
-  M3_ASSIGN_OR_RETURN(std::string iq,
-                      pick(src, a + "index_q_proj.weight", a + "indexer.q_proj.weight"));
-  M3_ASSIGN_OR_RETURN(std::string ik,
-                      pick(src, a + "index_k_proj.weight", a + "indexer.k_proj.weight"));
-  M3_ASSIGN_OR_RETURN(std::string iqn,
-                      pick(src, a + "index_q_norm.weight", a + "indexer.q_norm.weight"));
-  M3_ASSIGN_OR_RETURN(std::string ikn,
-                      pick(src, a + "index_k_norm.weight", a + "indexer.k_norm.weight"));
-  M3_ASSIGN_OR_RETURN(L->iq_norm, ld.vec_bf16(iqn, dix));
-  M3_ASSIGN_OR_RETURN(L->ik_norm, ld.vec_bf16(ikn, dix));
+  L->sparse = c.is_sparse_layer(i);
   // Index head j selects the blocks of KV head j: the rank's index heads are its KV heads'.
-  M3_ASSIGN_OR_RETURN(L->qkv, ld.matrix({{a + "q_proj.weight", h * d, rs.q_begin * d, rs.q_count * d},
-                                         {a + "k_proj.weight", hkv * d, rs.kv_begin * d, rs.kv_count * d},
-                                         {a + "v_proj.weight", hkv * d, rs.kv_begin * d, rs.kv_count * d},
-                                         {iq, hix * dix, rs.kv_begin * dix, rs.kv_count * dix},
-                                         {ik, dix}},
-                                        Cols::all(hd)));
+  std::vector<Part> qkv = {{a + "q_proj.weight", h * d, rs.q_begin * d, rs.q_count * d},
+                           {a + "k_proj.weight", hkv * d, rs.kv_begin * d, rs.kv_count * d},
+                           {a + "v_proj.weight", hkv * d, rs.kv_begin * d, rs.kv_count * d}};
+  if (L->sparse) {  // a full_attention layer has no indexer: q | k | v only
+    M3_ASSIGN_OR_RETURN(std::string iq,
+                        pick(src, a + "index_q_proj.weight", a + "indexer.q_proj.weight"));
+    M3_ASSIGN_OR_RETURN(std::string ik,
+                        pick(src, a + "index_k_proj.weight", a + "indexer.k_proj.weight"));
+    M3_ASSIGN_OR_RETURN(std::string iqn,
+                        pick(src, a + "index_q_norm.weight", a + "indexer.q_norm.weight"));
+    M3_ASSIGN_OR_RETURN(std::string ikn,
+                        pick(src, a + "index_k_norm.weight", a + "indexer.k_norm.weight"));
+    M3_ASSIGN_OR_RETURN(L->iq_norm, ld.vec_bf16(iqn, dix));
+    M3_ASSIGN_OR_RETURN(L->ik_norm, ld.vec_bf16(ikn, dix));
+    qkv.push_back({iq, hix * dix, rs.kv_begin * dix, rs.kv_count * dix});
+    qkv.push_back({ik, dix});
+  }
+  M3_ASSIGN_OR_RETURN(L->qkv, ld.matrix(qkv, Cols::all(hd)));
   M3_ASSIGN_OR_RETURN(L->o, ld.matrix({{a + "o_proj.weight", hd}},
                                       Cols{h * d, rs.q_begin * d, rs.q_count * d}));
   const std::string m = p + "block_sparse_moe.";
@@ -439,8 +442,8 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
   DevWeights w;
   DummyMaker mk(seed, arena);
   const int64_t hd = c.hidden_size, d = c.head_dim, v = c.vocab_size;
-  const int64_t nqkv = c.num_attention_heads * d + 2 * c.num_key_value_heads * d +
-                       c.index_n_heads * c.index_head_dim + c.index_head_dim;
+  const int64_t nqkv_full = c.num_attention_heads * d + 2 * c.num_key_value_heads * d;
+  const int64_t nqkv_sparse = nqkv_full + c.index_n_heads * c.index_head_dim + c.index_head_dim;
   M3_ASSIGN_OR_RETURN(DevMatrix e, mk.matrix(QuantFormat::kBf16, v, hd));
   w.embed = reinterpret_cast<uint16_t*>(e.w);
   M3_ASSIGN_OR_RETURN(w.final_norm, mk.vec_bf16(hd, 0.01f));
@@ -453,13 +456,17 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     DevLayer& L = w.layers[static_cast<size_t>(i)];
     L.moe = c.is_moe_layer(i);
+    L.sparse = c.is_sparse_layer(i);
     M3_ASSIGN_OR_RETURN(L.in_norm, mk.vec_bf16(hd, 0.01f));
     M3_ASSIGN_OR_RETURN(L.post_norm, mk.vec_bf16(hd, 0.01f));
     M3_ASSIGN_OR_RETURN(L.q_norm, mk.vec_bf16(d, 0.01f));
     M3_ASSIGN_OR_RETURN(L.k_norm, mk.vec_bf16(d, 0.01f));
-    M3_ASSIGN_OR_RETURN(L.iq_norm, mk.vec_bf16(c.index_head_dim, 0.01f));
-    M3_ASSIGN_OR_RETURN(L.ik_norm, mk.vec_bf16(c.index_head_dim, 0.01f));
-    M3_ASSIGN_OR_RETURN(L.qkv, mk.matrix(QuantFormat::kMxfp8, nqkv, hd));
+    if (L.sparse) {
+      M3_ASSIGN_OR_RETURN(L.iq_norm, mk.vec_bf16(c.index_head_dim, 0.01f));
+      M3_ASSIGN_OR_RETURN(L.ik_norm, mk.vec_bf16(c.index_head_dim, 0.01f));
+    }
+    M3_ASSIGN_OR_RETURN(L.qkv,
+                        mk.matrix(QuantFormat::kMxfp8, L.sparse ? nqkv_sparse : nqkv_full, hd));
     M3_ASSIGN_OR_RETURN(L.o, mk.matrix(QuantFormat::kMxfp8, hd, c.num_attention_heads * d));
     w.quantised_matrices += 2;
     if (!L.moe) {

@@ -49,10 +49,13 @@ struct DevMatrix {
 
 struct DevLayer {
   bool moe = false;
+  bool sparse = true;  // MSA sparse attention (indexer); false: full_attention, no index weights
   uint16_t *in_norm = nullptr, *post_norm = nullptr;  // [Hd] bf16
   uint16_t *q_norm = nullptr, *k_norm = nullptr;      // [D]
-  uint16_t *iq_norm = nullptr, *ik_norm = nullptr;    // [Dix]
-  DevMatrix qkv;  // [H·D + 2·Hkv·D + Hix·Dix + Dix, Hd]: q | k | v | index q | index k
+  uint16_t *iq_norm = nullptr, *ik_norm = nullptr;    // [Dix]; nullptr on a full layer
+  // Sparse: [H·D + 2·Hkv·D + Hix·Dix + Dix, Hd]: q | k | v | index q | index k.
+  // Full attention: [H·D + 2·Hkv·D, Hd]: q | k | v.
+  DevMatrix qkv;
   DevMatrix o;    // [Hd, H·D]
   DevMatrix mlp_gu, mlp_down;        // dense MLP: [2·I_dense, Hd], [Hd, I_dense]
   float* router = nullptr;           // [E, Hd] float32, as checkpoints store it
@@ -74,7 +77,8 @@ struct DevWeights {
 // Loads the text-model weights of `cfg` (the whole model's config) that the tensor-parallel rank
 // with slices `rs` holds (tensor_parallel.h; rank_slices(cfg, 0, 1) for the whole model) from
 // `src` into `arena`: its heads' rows of q|k|v|index q, its heads' columns of o_proj, its
-// intermediate rows of every gate|up and columns of every down projection, its experts; only those
+// intermediate rows of every gate|up and columns of every down projection, its experts (a
+// full_attention layer has no index projections or norms); only those
 // windows of the checkpoint are read. Shapes are then rank_config(cfg, ...)'s.
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
                                     const RankSlices& rs, cuda::DeviceArena* arena);
