@@ -157,6 +157,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                   (ep > 1 ? "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
                                 ": tensor and expert parallelism"
                           : "--tp " + std::to_string(tp) + ": tensor parallelism") +
+                      (dp > 1 ? " with --enable-dp-attention --dp " + std::to_string(dp) +
+                                    " (data-parallel attention)"
+                              : std::string()) +
                       " on GPUs is not supported yet; CPU ranks are (--device cpu)");
   }
   // --device cuda: the real-shape kernels when the config fits them, else the float32 backend.
