@@ -111,6 +111,23 @@ Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp, int dp) {
   }
   M3_ASSIGN_OR_RETURN(rv->store, comm::TcpStore::connect(host, port, timeout));
   M3_RETURN_IF_ERROR(rv->store->hold_lease("node" + std::to_string(n.node_rank)));
+  // The attention groups must be the same on every node: a node started with another --dp would
+  // join other groups (or none) and run other collectives than node 0. Node 0 publishes its --dp;
+  // the others check theirs against it before joining anything.
+  const std::string dp_key = "m3/dp";
+  if (n.node_rank == 0) {
+    const std::string v = std::to_string(dp);
+    M3_RETURN_IF_ERROR(rv->store->set(dp_key, std::vector<char>(v.begin(), v.end())));
+  } else {
+    M3_ASSIGN_OR_RETURN(std::vector<char> v, rv->store->get(dp_key, timeout));
+    const std::string node0_dp(v.begin(), v.end());
+    if (node0_dp != std::to_string(dp)) {
+      return invalid_argument("node " + std::to_string(n.node_rank) + ": --dp " +
+                              std::to_string(dp) + " (with --enable-dp-attention) but node 0 "
+                              "serves --dp " + node0_dp +
+                              "; start every node with the same parallel flags");
+    }
+  }
 
   const int per_node = tp / n.nnodes;
   const int first = n.node_rank * per_node;

@@ -60,6 +60,7 @@ TEST(MultiNode, TwoNodesJoinOneGroupAndShareThePageCount) {
   EXPECT_EQ(node1->ranks.first, 2);
   ASSERT_EQ(node0->ranks.comms.size(), 2u);
   ASSERT_EQ(node1->ranks.comms.size(), 2u);
+  EXPECT_TRUE(node0->ranks.attn_comms.empty());  // no --dp: attention over the world group
   // Every rank sums its rank number: 0 + 1 + 2 + 3.
   std::vector<std::thread> ranks;
   std::vector<float> sums(4, -1);
@@ -127,6 +128,23 @@ TEST(MultiNode, AttentionGroupsJoinAcrossNodes) {
   }
   EXPECT_EQ(group_sums, (std::vector<float>{3, 3, 7, 7}));
   EXPECT_EQ(world_sums, (std::vector<float>{10, 10, 10, 10}));
+  // A node started with another --dp than node 0 is refused, naming both.
+  {
+    auto probe2 = comm::TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(probe2.is_ok());
+    const std::string addr2 = "127.0.0.1:" + std::to_string((*probe2)->port());
+    probe2->reset();
+    NodeLayout n0 = layout(2, 0, addr2), n1 = layout(2, 1, addr2);
+    n0.dist_timeout = n1.dist_timeout = std::chrono::seconds(2);
+    Result<JoinedRanks> node0 = internal_error("not run"), node1 = internal_error("not run");
+    std::thread t0([&] { node0 = join_nodes(n0, 4, 2); });
+    node1 = join_nodes(n1, 4, 1);
+    ASSERT_FALSE(node1.is_ok());
+    expect_error(node1.status(), "node 1: --dp 1 (with --enable-dp-attention) but node 0 serves "
+                                 "--dp 2");
+    t0.join();  // node 0 gives up after --dist-timeout: node 1 never joined
+    EXPECT_FALSE(node0.is_ok());
+  }
   // A --dp that does not divide --tp is refused before anything is joined, naming both.
   expect_error(join_nodes(layout(2, 0, addr), 4, 3).status(), "--dp 3 must divide --tp 4");
 }
