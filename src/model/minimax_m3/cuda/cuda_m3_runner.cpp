@@ -9,8 +9,10 @@
 #include "kv/kv_budget.h"
 #include "model/minimax_m3/cuda/fit_check.h"
 #include "model/minimax_m3/tensor_parallel.h"
+#include "backend/cuda/comm/one_shot_all_reduce.h"
 #if defined(M3_HAVE_NCCL)
 #include "backend/cuda/comm/nccl_communicator.h"
+#include "backend/cuda/comm/one_shot_communicator.h"
 #endif
 
 namespace m3 {
@@ -100,14 +102,37 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
   std::vector<int> devices = ranks.devices;
   for (int r = static_cast<int>(devices.size()); r < n; ++r) devices.push_back(r);
   auto comm_for = ranks.make_communicator;
+  std::string path = n > 1 ? "the caller's communicator" : "none (one GPU)";
   if (n > 1 && !comm_for) {
 #if defined(M3_HAVE_NCCL)
     M3_ASSIGN_OR_RETURN(const comm::NcclUniqueId id, comm::make_nccl_unique_id());
     const auto timeout = ranks.timeout;
-    comm_for = [id, n, timeout](int rank, int device, CUstream_st* stream) {
+    // Small float32 sums over peer memory where every pair of GPUs reaches the other's.
+    std::shared_ptr<cuda::OneShotAllReduce> one_shot;
+    path = "NCCL";
+    if (ranks.one_shot_max_bytes >= 16) {
+      cuda::OneShotOptions so;
+      so.max_elements = ranks.one_shot_max_bytes / 16 * 4;
+      so.timeout = timeout;
+      Result<std::shared_ptr<cuda::OneShotAllReduce>> g = cuda::OneShotAllReduce::create(devices, so);
+      if (g.is_ok()) {
+        one_shot = std::move(g).value();
+        path = "one-shot over peer memory up to " + std::to_string(so.max_elements * 4 / 1024) +
+               " KiB, NCCL above";
+      } else if (g.status().code() == StatusCode::kUnavailable) {
+        path = "NCCL (" + g.status().message() + ")";
+      } else {
+        return g.status();
+      }
+    }
+    comm_for = [id, n, timeout, one_shot](int rank, int device,
+                                          CUstream_st* stream) -> Result<std::unique_ptr<comm::Communicator>> {
       comm::NcclOptions o;
       o.timeout = timeout;
-      return comm::create_nccl_communicator(rank, n, device, id, stream, o);
+      M3_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
+                          comm::create_nccl_communicator(rank, n, device, id, stream, o));
+      if (one_shot == nullptr) return c;
+      return comm::with_one_shot_all_reduce(std::move(c), one_shot, stream);
     };
 #else
     return Status(StatusCode::kUnimplemented,
@@ -116,6 +141,7 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
 #endif
   }
   std::unique_ptr<CudaM3ModelRunner> runner(new CudaM3ModelRunner());
+  runner->all_reduce_path_ = path;
   runner->models_.resize(static_cast<size_t>(n));
   if (n > 1) runner->threads_ = std::make_unique<RankThreads>(n);
   // The pool planner may log; the ranks call it one at a time.

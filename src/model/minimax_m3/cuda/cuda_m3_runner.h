@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/comm/communicator.h"
@@ -34,6 +35,10 @@ struct CudaRanks {
   std::function<Result<std::unique_ptr<comm::Communicator>>(int rank, int device, CUstream_st*)>
       make_communicator;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // With NCCL: float32 sums of at most this many bytes (the decode step's) take the one-shot
+  // all-reduce over peer memory (backend/cuda/comm/one_shot_all_reduce.h); 0: NCCL for all.
+  // Where the GPUs cannot reach each other's memory, NCCL for all (all_reduce_path() says so).
+  int64_t one_shot_max_bytes = int64_t{2} << 20;
 };
 
 class CudaM3ModelRunner final : public ModelRunner {
@@ -66,6 +71,8 @@ class CudaM3ModelRunner final : public ModelRunner {
   bool samples_on_device() const override { return true; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
+  // How the ranks all-reduce, for the startup report ("NCCL", or the one-shot path and its limit).
+  const std::string& all_reduce_path() const { return all_reduce_path_; }
 
   // Rank 0's model (the only one without tensor parallelism).
   minimax_m3::CudaM3Model& model() { return *models_[0]; }
@@ -83,6 +90,7 @@ class CudaM3ModelRunner final : public ModelRunner {
   std::vector<std::unique_ptr<minimax_m3::CudaM3Model>> models_;
   std::unique_ptr<RankThreads> threads_;  // ranks 1.. (none without tensor parallelism)
   Status broken_;                          // the error that made the group unusable
+  std::string all_reduce_path_ = "none (one GPU)";
 };
 
 }  // namespace m3
