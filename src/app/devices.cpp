@@ -69,9 +69,12 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   minimax_m3::CudaM3Options o;
   // --load-format dummy: the weights are generated on the GPU in the same formats.
   o.gpu_dummy_weights = dynamic_cast<const minimax_m3::DummyWeightSource*>(&src) != nullptr;
+  CudaRanks ranks;
+  ranks.ranks = pool.tensor_parallel;
+  ranks.timeout = pool.dist_timeout;
   std::unique_ptr<CudaM3ModelRunner> r;
   if (pool.kv_cache_bytes > 0) {
-    M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, pool.kv_cache_bytes, o));
+    M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, pool.kv_cache_bytes, o, ranks));
   } else {
     o.profile_tokens = pool.profile_tokens;
     auto plan = pool.plan_pool_bytes;
@@ -82,7 +85,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                  return plan(MeasuredMemory{p.total_bytes, p.weight_bytes, p.working_bytes,
                                              p.free_bytes});
                },
-               o));
+               o, ranks));
   }
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else

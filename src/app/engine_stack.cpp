@@ -152,22 +152,37 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                  "(--device cpu)"));
   }
   const int local_ranks = tp / nodes.nnodes;  // this process's ranks
-  if (tp > 1 && options.device == "cuda") {
+  const bool gpu_ranks = tp > 1 && options.device == "cuda";
+  if (dp > 1 && options.device == "cuda") {
     return Status(StatusCode::kUnimplemented,
-                  (ep > 1 ? "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
-                                ": tensor and expert parallelism"
-                          : "--tp " + std::to_string(tp) + ": tensor parallelism") +
-                      (dp > 1 ? " with --enable-dp-attention --dp " + std::to_string(dp) +
-                                    " (data-parallel attention)"
-                              : std::string()) +
-                      " on GPUs is not supported yet; CPU ranks are (--device cpu)");
+                  "--enable-dp-attention --dp " + std::to_string(dp) +
+                      ": data-parallel attention on GPUs is not supported yet; CPU ranks serve "
+                      "it (--device cpu, in one process or over several nodes)");
+  }
+  if (gpu_ranks && ep > 1) {
+    return Status(StatusCode::kUnimplemented,
+                  "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
+                      ": expert parallelism on GPUs is not supported yet (--tp alone splits "
+                      "every expert over the GPUs; CPU ranks take --ep with --device cpu)");
+  }
+  if (gpu_ranks && !options.make_cuda_runner) {
+    return Status(StatusCode::kUnimplemented,
+                  "--tp " + std::to_string(tp) + " --device cuda: this m3serve has no GPU ranks");
   }
   // --device cuda: the real-shape kernels when the config fits them, else the float32 backend.
+  // GPU ranks run only on the real-shape kernels, each at its share of the shapes.
   bool real_shape = false;
   if (options.device == "cuda" && options.make_cuda_runner) {
     M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, model_config(model_path, options));
-    const Status fit = minimax_m3::check_real_shape_fit(c);
+    Status fit = minimax_m3::check_real_shape_fit(c);
+    if (fit.is_ok() && gpu_ranks) {
+      fit = minimax_m3::check_tensor_parallel(c, tp);
+      for (int r = 0; r < tp && fit.is_ok(); ++r)
+        fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(c, r, tp));
+    }
     real_shape = fit.is_ok();
+    if (!real_shape && gpu_ranks)
+      return Status(fit.code(), "--tp " + std::to_string(tp) + " --device cuda: " + fit.message());
     if (!real_shape)
       std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
                    fit.message().c_str());
@@ -241,8 +256,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.default_kv_cache_bytes = options.default_kv_cache_bytes;
   mem.kv_cache_bytes = options.kv_cache_bytes;
   // This process's CPU ranks share this machine's memory: the plan counts them as one device.
+  // GPU ranks have a device each: the plan is per GPU.
   const int64_t weight_bytes_per_rank = weight_bytes_per_device(loaded.config, storage, tp, ep);
-  mem.weight_bytes = weight_bytes_per_rank * local_ranks;
+  mem.weight_bytes = weight_bytes_per_rank * (gpu_ranks ? 1 : local_ranks);
   const int32_t max_running =
       options.max_running_requests > 0 ? options.max_running_requests : kDefaultMaxRunning;
   const int32_t chunk = options.chunked_prefill_size > 0
@@ -251,7 +267,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.activation_bytes = activation_bytes_per_device(
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
-      real_shape ? minimax_m3::real_shape_kv_bytes_per_page(loaded.config)
+      real_shape ? minimax_m3::real_shape_kv_bytes_per_page(
+                       tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp) : loaded.config)
       // With dp a rank holds its attention group's pool: the KV heads split over tp / dp ranks.
       : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp) / tp * local_ranks
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config);
@@ -277,6 +294,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
         activation_bytes_per_device(loaded.config, storage, 1, profile_tokens, max_running);
     CudaKvPoolRequest pool;
     pool.profile_tokens = profile_tokens;
+    pool.tensor_parallel = tp;
+    pool.dist_timeout = nodes.dist_timeout;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
       std::fprintf(stderr,
                    "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working, "
@@ -317,19 +336,14 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   const int cores = options.num_threads > 0 ? options.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
   const int threads_per_rank = std::max(1, cores / local_ranks);
-  if (dp > 1 && real_shape) {
-    // The attention groups are built on CPU ranks (TensorParallelCpuRunner), in one process or
-    // over several nodes.
-    return Status(StatusCode::kUnimplemented, "--enable-dp-attention --dp " + std::to_string(dp) +
-                                                  ": data-parallel attention on the GPU is not "
-                                                  "supported yet; CPU ranks serve it");
-  }
   std::vector<uint64_t> bytes_read;  // per rank of this process, from the runner's loads
   if (runner) {
     // made by the profile step above
   } else if (real_shape) {
     CudaKvPoolRequest pool;
     pool.kv_cache_bytes = kv_cache_bytes;
+    pool.tensor_parallel = tp;
+    pool.dist_timeout = nodes.dist_timeout;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else if (multi_node) {
     M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));
@@ -360,7 +374,12 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                    " on the " + mem.device_name +
                    (real_shape ? " in those formats (real-shape CUDA kernels)"
                                : " as float32 (the reference path)"));
-  report.push_back(tp > 1 ? "layout: " +
+  report.push_back(gpu_ranks ? "layout: " + std::to_string(tp) +
+                                  " GPUs (0.." + std::to_string(tp - 1) +
+                                  ") in this process over NCCL (tp " + std::to_string(tp) +
+                                  ", dp 1, ep 1): each GPU holds 1/" + std::to_string(tp) +
+                                  " of the heads and of every expert"
+                   : tp > 1 ? "layout: " +
                                (multi_node ? std::to_string(local_ranks) + " of " +
                                                  std::to_string(tp) + " CPU ranks on node " +
                                                  std::to_string(nodes.node_rank) + " of " +

@@ -71,7 +71,8 @@ struct EngineStackOptions {
   std::function<Result<int64_t>()> cuda_memory_bytes;
   int32_t num_threads = 0;                      // CPU threads for the model; 0: all cores
   // --tp: tensor-parallel ranks. On the CPU, ranks of this process over Gloo, sharing
-  // num_threads; on the GPU not built yet (an error naming the flag).
+  // num_threads; on the GPU (real-shape kernels only), GPUs 0 .. tp-1 of this process over NCCL
+  // (expert parallelism, attention data parallelism and several nodes are CPU-only so far).
   int32_t tensor_parallel = 1;
   // --ep: expert-parallel ranks among them (resolve_rank_layout); --enable-expert-parallel: all.
   int32_t expert_parallel = 1;

@@ -1,6 +1,8 @@
-// The KV pool request from the composition root to the real-shape CUDA runner's factory.
+// The request from the composition root to the real-shape CUDA runner's factory: its KV pool
+// and its GPU ranks.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -22,6 +24,11 @@ struct CudaKvPoolRequest {
   int64_t kv_cache_bytes = 0;
   int64_t profile_tokens = 0;
   std::function<Result<int64_t>(const MeasuredMemory&)> plan_pool_bytes;
+  // --tp N: one rank per GPU 0 .. N-1 of this process over NCCL, whose collectives fail after
+  // dist_timeout (--dist-timeout). The pool is per rank: every rank holds its KV heads of every
+  // page, and the measured plan takes the fewest pages any rank can hold.
+  int tensor_parallel = 1;
+  std::chrono::seconds dist_timeout{300};
 };
 
 }  // namespace m3::app

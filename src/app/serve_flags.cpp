@@ -188,8 +188,8 @@ const std::vector<Flag>& flags() {
          return set_choice(f.device, "--device", v, {"auto", "cuda", "cpu"});
        }},
       {"--tp", true, G::kParallel,
-       "tensor-parallel ranks (also --tp-size, --tensor-parallel-size): CPU ranks in this "
-       "process with --device cpu; GPU ranks not yet", "2",
+       "tensor-parallel ranks (also --tp-size, --tensor-parallel-size): GPUs 0..N-1 over NCCL "
+       "with --device cuda, CPU ranks in this process with --device cpu", "2",
        INT_FLAG(tp, 1, 64)},
       {"--tp-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},
       {"--tensor-parallel-size", true, G::kParallel, nullptr, "2", INT_FLAG(tp, 1, 64)},

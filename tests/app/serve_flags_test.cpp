@@ -173,7 +173,7 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
-  // --tp 4 runs (CPU ranks; GPU ranks are refused when the model loads); DSPARK is refused.
+  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels); DSPARK is refused.
   auto refused = options_from_config(f->config);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("--speculative-algorithm DSPARK"), std::string::npos)
@@ -291,6 +291,53 @@ TEST(ServeFlags, DataParallelAttentionEngine) {
       << gpu.status().message();
   EXPECT_NE(gpu.status().message().find("on GPUs is not supported yet"), std::string::npos)
       << gpu.status().message();
+}
+
+// --device cuda --tp N reaches the real-shape runner's factory with the ranks, the per-rank KV
+// page size and --dist-timeout; the layouts GPU ranks do not take yet are refused by name.
+TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
+  EngineStackOptions o;
+  o.device = "cuda";
+  o.dummy_weights = true;  // the built-in MiniMax-M3.1-Flash config
+  o.num_layers = 2;
+  o.tensor_parallel = 2;
+  // 10 pages of one GPU's share: 2 layers x 128 tokens x (2 of the 4 KV heads' K and V + the
+  // index key) x 128 dims x 2 bytes (a whole page, 589,824 bytes, would give 5).
+  const int64_t rank_page_bytes = 2 * 128 * (2 * 2 * 128 + 128) * 2;
+  o.kv_cache_bytes = 10 * rank_page_bytes;
+  o.nodes.dist_timeout = std::chrono::seconds(17);
+  o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
+    return Status(StatusCode::kInternal, "the float32 backend is not used by GPU ranks");
+  };
+  CudaKvPoolRequest seen;
+  int calls = 0;
+  o.make_cuda_runner = [&](const MiniMaxM3Config& cfg, const WeightSource&,
+                           const CudaKvPoolRequest& pool) -> Result<std::unique_ptr<ModelRunner>> {
+    seen = pool;
+    ++calls;
+    EXPECT_EQ(cfg.num_attention_heads, 64) << "the factory gets the whole model's config";
+    return Status(StatusCode::kUnavailable, "stop here");
+  };
+  auto e = make_engine("", o);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_EQ(e.status().message(), "stop here");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.tensor_parallel, 2);
+  EXPECT_EQ(seen.dist_timeout, std::chrono::seconds(17));
+  EXPECT_EQ(seen.kv_cache_bytes, 10 * rank_page_bytes);
+  o.expert_parallel = 2;
+  auto ep = make_engine("", o);
+  ASSERT_FALSE(ep.is_ok());
+  EXPECT_EQ(ep.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(ep.status().message().find("--ep 2"), std::string::npos) << ep.status().message();
+  o.expert_parallel = 1;
+  o.tensor_parallel = 8;  // 8 query heads per KV head on a rank: not the sparse kernels' shape
+  auto tp8 = make_engine("", o);
+  ASSERT_FALSE(tp8.is_ok());
+  EXPECT_NE(tp8.status().message().find("--tp 8 --device cuda"), std::string::npos)
+      << tp8.status().message();
+  EXPECT_NE(tp8.status().message().find("num_attention_heads"), std::string::npos);
+  EXPECT_EQ(calls, 1);
 }
 
 TEST(ServeFlags, RankLayoutFollowsSglang) {

@@ -14,6 +14,7 @@
 #include "loader/safetensors_writer.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/cuda/fit_check.h"
+#include "model/minimax_m3/tensor_parallel.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
 
@@ -221,7 +222,7 @@ TEST(RealShapeFit, NamesTheFieldThatDoesNotFit) {
   c.hidden_size = 1536;
   expect_no_fit(c, "hidden_size");
   c = small_config();
-  c.intermediate_size = 1536;
+  c.intermediate_size = 1152;  // a multiple of 128, not of 256
   expect_no_fit(c, "intermediate_size");
   c = small_config();
   c.dense_intermediate_size = 3000;
@@ -232,6 +233,22 @@ TEST(RealShapeFit, NamesTheFieldThatDoesNotFit) {
   c = small_config();
   c.rotary_dim = 130;
   expect_no_fit(c, "rotary_dim");
+}
+
+// The GPU ranks of --tp N run at rank_config's shapes, which must fit too: M3.1-Flash's 3072-wide
+// experts and shared expert split into 1536 and 768 columns, and its 4 KV heads keep 16 query heads
+// each up to --tp 4. At --tp 8 two ranks share a KV head with 8 query heads each, which the sparse
+// attention kernels do not take.
+TEST(RealShapeFit, TensorParallelRanksOfTheRealModel) {
+  const MiniMaxM3Config flash = builtin_m3_flash_config(60);
+  for (int tp : {2, 4})
+    for (int r = 0; r < tp; ++r)
+      EXPECT_TRUE(check_real_shape_fit(minimax_m3::rank_config(flash, r, tp)).is_ok())
+          << "--tp " << tp << " rank " << r;
+  EXPECT_EQ(minimax_m3::rank_config(flash, 1, 2).intermediate_size, 1536);
+  expect_no_fit(minimax_m3::rank_config(flash, 0, 8), "num_attention_heads");
+  // The small test config splits over 2 ranks (the GPU tensor-parallel test's layout).
+  EXPECT_TRUE(check_real_shape_fit(minimax_m3::rank_config(small_config(), 1, 2)).is_ok());
 }
 
 }  // namespace

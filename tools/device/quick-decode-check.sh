@@ -44,7 +44,7 @@ for round in 1 2; do
   done
 done
 run sparse_decode_test 60 "$B/sparse_decode_test"
-run "moe_route_test MatchesDotProducts*" 40 "$B/moe_route_test" --gtest_filter='MoeRoute.Matches*'
+run "moe_route_test MatchesDotProducts*" 80 "$B/moe_route_test" --gtest_filter='MoeRoute.Matches*'
 {
   echo "== summary"
   printf '%s\n' "${SUMMARY[@]}"

@@ -8,15 +8,16 @@
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
 # step.log, step.tsv, sanitizer.log (7; table-before-sanitizer.txt stays only when the
 # call's limit cut the sanitizer).
-# Usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench]. Everything at once can outlast one device command
+# Usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench|parallel]. Everything at once can outlast one device command
 # (10 minutes) when a kernel misbehaves: 'tests' (op tests, m3serve --device cuda, goldens,
 # sanitizer) and 'bench' (decode, decode step, prefill) fit one command each; 'decode' is the
 # decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only;
-# 'prefill' the prefill kernels' and sampling's tests, 'prefill-bench' their benchmarks.
+# 'prefill' the prefill kernels' and sampling's tests, 'prefill-bench' their benchmarks;
+# 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs).
 set -uo pipefail
 PART=${1:-all}
-case "$PART" in all | tests | bench | decode | prefill | prefill-bench) ;;
-  *) echo "usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench]" >&2; exit 2 ;; esac
+case "$PART" in all | tests | bench | decode | prefill | prefill-bench | parallel) ;;
+  *) echo "usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench|parallel]" >&2; exit 2 ;; esac
 # want P...: this run includes part P (decode = the decode-path tests and benchmarks only, ~5.5 min on an H200).
 want() {
   [ "$PART" = all ] && return 0
@@ -52,7 +53,7 @@ if want tests decode; then
   run_test quant_gemv_test 90
   run_test quant_gemv_mma_test 240  # ~170 s on an H200 (150 cut it)
   run_test sparse_decode_test 60
-  run_test moe_route_test 90
+  run_test moe_route_test 240  # bf16 and float32 weights; router_logits up to 16384 rows
   run_test attention_inputs_test 90
   run_test embed_bf16_test 30
 fi
@@ -99,9 +100,11 @@ fi
 if want tests; then
   run_test cuda_composite_ops_test 40
   run_test cuda_model_test 40
-  run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two
 fi
+want tests parallel && run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two
 want tests decode && run_test cuda_real_model_test 120
+want tests parallel && run_test one_shot_all_reduce_test 60
+want tests parallel && run_test cuda_tensor_parallel_test 240
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).

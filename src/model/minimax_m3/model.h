@@ -41,6 +41,8 @@ class Model {
 
   const MiniMaxM3Config& config() const { return cfg_; }
   Backend* backend() const { return backend_; }
+  // The loaded weights (a draft model shares the embedding table and lm_head).
+  const ModelWeights& weights() const { return w_; }
 
   // Runs one step over several sequences at once. Linear layers run on all tokens together;
   // attention runs per sequence. On the CPU backend a sequence's logits are bitwise independent

@@ -1,5 +1,6 @@
 // Fused MoE router (moe_route.h): router GEMV, sigmoid top-k and token-to-expert grouping in one
-// launch. Phase 1 (every CTA): whole-K dot products of one weight row with a block of rows.
+// launch. Phase 1 (every CTA): whole-K dot products of one weight row (bf16 or float32) with a
+// block of rows.
 // Phase 2 (the last CTA to finish phase 1, found with a fence + atomic counter): top-k of every
 // row, then (unless topk_only) the grouping, with the same device code as launch_router_topk and
 // launch_group_by_expert (moe/routing_device.cuh).
@@ -16,8 +17,9 @@
 namespace m3::cuda {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = routing::kDotLanes;  // one summation lane per thread (moe_route.h)
 constexpr int kWarps = kThreads / 32;
+static_assert(kWarps == routing::kDotGroups);
 constexpr int64_t kMaxRows = 256;
 constexpr int kRowBlock = 32;  // rows per CTA (grid.y = ceil(rows / 32))
 constexpr int kRowTile = 4;    // rows per pass over K (accumulators per thread)
@@ -26,14 +28,16 @@ __device__ __forceinline__ uint4 ld16(const uint16_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 using routing::dot8;
-using routing::unpack8;
+using routing::load_w_chunk;
+using routing::unpack_w;
+using routing::WeightChunk;
 
-// Grid (E, ceil(rows / kRowBlock)), kThreads threads. Summation order of logit (r, e): thread t
-// owns the 8-element chunks t, t + kThreads, t + 2·kThreads, ... of K and sums them in that order
-// (8 fmas per chunk), then a warp butterfly, then the kWarps warp sums in warp order. It depends
-// on `hidden` only.
-template <int kPer>
-__global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
+// Grid (E, ceil(rows / kRowBlock)), kThreads threads; W: the weight's element type (uint16_t:
+// bf16, float). Summation order of logit (r, e): thread t owns the 8-element chunks t,
+// t + kThreads, t + 2·kThreads, ... of K and sums them in that order (8 fmas per chunk), then a
+// warp butterfly, then the kWarps warp sums in warp order. It depends on `hidden` only.
+template <int kPer, typename W>
+__global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p, const W* w) {
   __shared__ float red[2][kWarps][kRowTile];
   __shared__ int32_t s_ids[kMaxRows * routing::kMaxTopK];
   __shared__ int32_t s_offs[routing::kMaxExperts + 1];
@@ -45,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
   const int64_t r0 = int64_t{blockIdx.y} * kRowBlock;
   const int64_t r1 = r0 + kRowBlock < p.rows ? r0 + kRowBlock : p.rows;
   const int64_t nch = p.hidden / 8;
-  const uint16_t* wrow = p.w + e * p.hidden;
+  const W* wrow = w + e * p.hidden;
   // The weight row depends on no kernel: into L2 before the wait for the previous one (which
   // writes x; a no-op without the programmatic launch attribute).
   for (int64_t c = tid; c < nch; c += kThreads)
@@ -65,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
       const int64_t c2 = c + kThreads;
       const bool has2 = c2 < nch;
       const uint4 zero = make_uint4(0, 0, 0, 0);
-      const uint4 w0 = ld16(wrow + c * 8);
-      const uint4 w1 = has2 ? ld16(wrow + c2 * 8) : zero;
+      const WeightChunk<W> w0 = load_w_chunk(wrow, c);
+      const WeightChunk<W> w1 = has2 ? load_w_chunk(wrow, c2) : WeightChunk<W>{};
       uint4 x0[kRowTile], x1[kRowTile];
 #pragma unroll
       for (int i = 0; i < kRowTile; ++i) {
@@ -79,12 +83,12 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
         }
       }
       float wf[8];
-      unpack8(w0, wf);
+      unpack_w(w0, wf);
 #pragma unroll
       for (int i = 0; i < kRowTile; ++i)
         if (i < nr) acc[i] = dot8(acc[i], x0[i], wf);
       if (has2) {
-        unpack8(w1, wf);
+        unpack_w(w1, wf);
 #pragma unroll
         for (int i = 0; i < kRowTile; ++i)
           if (i < nr) acc[i] = dot8(acc[i], x1[i], wf);
@@ -142,6 +146,27 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p) {
   pdl_launch_dependents();
 }
 
+template <typename W>
+Status launch_typed(const MoeRouteParams& p, const W* w, CUstream_st* stream) {
+  const dim3 grid(static_cast<unsigned>(p.num_experts),
+                  static_cast<unsigned>((p.rows + kRowBlock - 1) / kRowBlock));
+  switch (routing::experts_per_lane(p.num_experts)) {
+    case 4:
+      M3_CUDA_RETURN_IF_ERROR(
+          launch_kernel(p.pdl, moe_route_kernel<4, W>, grid, dim3(kThreads), 0, stream, p, w));
+      break;
+    case 8:
+      M3_CUDA_RETURN_IF_ERROR(
+          launch_kernel(p.pdl, moe_route_kernel<8, W>, grid, dim3(kThreads), 0, stream, p, w));
+      break;
+    default:
+      M3_CUDA_RETURN_IF_ERROR(
+          launch_kernel(p.pdl, moe_route_kernel<16, W>, grid, dim3(kThreads), 0, stream, p, w));
+      break;
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status launch_moe_route(const MoeRouteParams& p, CUstream_st* stream) {
@@ -158,33 +183,21 @@ Status launch_moe_route(const MoeRouteParams& p, CUstream_st* stream) {
     return bad("hidden " + std::to_string(p.hidden) + " is not a positive multiple of 8");
   if (p.ldx < p.hidden || p.ldx % 8 != 0)
     return bad("ldx " + std::to_string(p.ldx) + " is below hidden or not a multiple of 8");
-  if (p.x == nullptr || p.w == nullptr || p.logits == nullptr)
-    return bad("null input or logits pointer");
+  if ((p.w == nullptr) == (p.w_f32 == nullptr))
+    return bad(p.w == nullptr ? "no router weight (w or w_f32)"
+                              : "both w (bf16) and w_f32 set; exactly one router weight");
+  if (p.x == nullptr || p.logits == nullptr) return bad("null input or logits pointer");
   if (p.topk_ids == nullptr || p.topk_w == nullptr || p.counter == nullptr)
     return bad("null top-k output or counter pointer");
   if (!p.topk_only &&
       (p.group_offsets == nullptr || p.sorted_rows == nullptr || p.active_groups == nullptr))
     return bad("null grouping output pointer");
-  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0)
-    return bad("x and w must be 16-byte aligned");
+  const void* wptr = p.w != nullptr ? static_cast<const void*>(p.w) : p.w_f32;
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(wptr) % 16 != 0)
+    return bad("x and the router weight (w or w_f32) must be 16-byte aligned");
   if (p.rows == 0) return Status::ok();
-  const dim3 grid(static_cast<unsigned>(p.num_experts),
-                  static_cast<unsigned>((p.rows + kRowBlock - 1) / kRowBlock));
-  switch (routing::experts_per_lane(p.num_experts)) {
-    case 4:
-      M3_CUDA_RETURN_IF_ERROR(
-          launch_kernel(p.pdl, moe_route_kernel<4>, grid, dim3(kThreads), 0, stream, p));
-      break;
-    case 8:
-      M3_CUDA_RETURN_IF_ERROR(
-          launch_kernel(p.pdl, moe_route_kernel<8>, grid, dim3(kThreads), 0, stream, p));
-      break;
-    default:
-      M3_CUDA_RETURN_IF_ERROR(
-          launch_kernel(p.pdl, moe_route_kernel<16>, grid, dim3(kThreads), 0, stream, p));
-      break;
-  }
-  return Status::ok();
+  if (p.w_f32 != nullptr) return launch_typed(p, p.w_f32, stream);
+  return launch_typed(p, p.w, stream);
 }
 
 }  // namespace m3::cuda

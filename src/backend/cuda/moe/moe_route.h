@@ -2,6 +2,7 @@
 // token-to-expert grouping of the grouped expert GEMV.
 //
 //   logits[r, e] = Σ_k x[r, k] · w[e, k]            (float32 products and sums, fixed order)
+//                  x bf16; w bf16 (`w`) or float32 (`w_f32`, the checkpoint's router dtype)
 //   topk_ids / topk_w                             = launch_router_topk on those logits, bitwise
 //   group_offsets / sorted_rows / active_groups   = launch_group_by_expert on topk_ids, bitwise
 //
@@ -11,15 +12,24 @@
 // slot; expert g owns sorted_rows[off[g], off[g+1]) in ascending row order; active_groups lists the
 // experts with rows, ascending, padded with -1 to min(E, rows · top_k) entries.
 //
-// How: a grid of (E, ceil(rows / 32)) CTAs; CTA (e, b) reads weight row e once (16-byte loads) and
-// computes the whole-K dot products of the rows of block b (no split-K partials), writes them to
-// `logits`, then counts itself done on `counter`. The last CTA to arrive runs the top-k of every
-// row and the grouping, and sets the counter back to zero, so the launch can be captured in a CUDA
-// graph and replayed. The summation order of a logit depends only on `hidden` (not on rows, E or
-// the row's position in the batch): results are deterministic and batch-invariant.
+// How: a grid of (E, ceil(rows / 32)) CTAs; CTA (e, b) reads weight row e once (16-byte loads; a
+// float32 row is twice the bytes of a bf16 one) and computes the whole-K dot products of the rows
+// of block b (no split-K partials), writes them to `logits`, then counts itself done on `counter`.
+// The last CTA to arrive runs the top-k of every row and the grouping, and sets the counter back to
+// zero, so the launch can be captured in a CUDA graph and replayed.
+//
+// Summation order (routing::kDotLanes = 512; the same for both weight dtypes, and the one
+// launch_router_logits (moe/router_logits.h) reproduces bitwise for any number of rows): K is cut
+// into 8-element chunks; lane t in [0, 512) sums the chunks t, t + 512, t + 1024, ... in that
+// order, each as 8 fused multiply-adds in element order, starting from +0; the 32 lane sums of
+// each group g of 32 lanes are added pairwise as a warp butterfly (lane j + lane j + 16, then
+// + 8, + 4, + 2, + 1); the 16 group sums are added in group order. It depends only on `hidden`
+// (not on rows, E or the row's position in the batch): results are deterministic and
+// batch-invariant.
 //
 // Limits: 1 <= rows <= 256 (0: nothing is launched or written), 1 <= E <= 512, 1 <= top_k <=
-// min(16, E), hidden a multiple of 8, ldx >= hidden and a multiple of 8, x and w 16-byte aligned.
+// min(16, E), hidden a multiple of 8, ldx >= hidden and a multiple of 8, x and the weight 16-byte
+// aligned, exactly one of w and w_f32 set.
 //
 // This header includes no CUDA header (cudaStream_t is forward-declared).
 #pragma once
@@ -37,7 +47,11 @@ struct MoeRouteParams {
   int64_t ldx = 0;              // row stride of x in elements
   int64_t rows = 0;             // tokens
   int64_t hidden = 0;           // K
-  const uint16_t* w = nullptr;  // [E, hidden] bf16 router weight
+  // The router weight [E, hidden], row-major: bf16 (`w`) or float32 (`w_f32`), exactly one set.
+  // The float32 weight routes as the float32 CPU reference does; bf16 rounding of the weight can
+  // flip near-tied expert choices.
+  const uint16_t* w = nullptr;
+  const float* w_f32 = nullptr;
   int64_t num_experts = 0;      // E
   const float* bias = nullptr;  // [E] e_score_correction_bias, or null (= 0)
   int64_t top_k = 0;

@@ -13,7 +13,16 @@ namespace m3::cuda::routing {
 
 constexpr int kMaxExperts = 512;  // router_topk / moe_route
 
-// The router's bf16 dot products (moe_route.cu). bf16 halves of a 32-bit word as float (exact):
+// The router logits' summation order (moe_route.h): kDotLanes lanes own the 8-element chunks of K
+// round robin; the lane sums are added by a butterfly within each group of 32 lanes, and the
+// group sums in group order. moe_route.cu (one lane per thread of a 512-thread CTA) and
+// router_logits.cu (one warp per group at a time, the butterfly through shared memory) both
+// follow it, so their logits are bitwise equal.
+constexpr int kDotLanes = 512;
+constexpr int kDotGroups = kDotLanes / 32;
+
+// The router's dot products (moe_route.cu, router_logits.cu). bf16 halves of a 32-bit word as
+// float (exact):
 __device__ __forceinline__ float bf_lo(uint32_t u) {
   return __uint_as_float(u << 16);
 }
@@ -36,6 +45,34 @@ __device__ __forceinline__ float dot8(float acc, const uint4 x, const float (&w)
   acc = fmaf(bf_hi(x.w), w[7], acc);
   return acc;
 }
+
+// One 8-element chunk of a router weight row, as loaded (16-byte loads through the read-only
+// path), for the bf16 and the float32 weight; unpack_w gives its 8 values as float (exact).
+template <typename W>
+struct WeightChunk;
+template <>
+struct WeightChunk<uint16_t> {
+  uint4 v;
+};
+template <>
+struct WeightChunk<float> {
+  float4 lo, hi;
+};
+__device__ __forceinline__ WeightChunk<uint16_t> load_w_chunk(const uint16_t* row, int64_t c) {
+  return {__ldg(reinterpret_cast<const uint4*>(row + c * 8))};
+}
+__device__ __forceinline__ WeightChunk<float> load_w_chunk(const float* row, int64_t c) {
+  const float4* q = reinterpret_cast<const float4*>(row + c * 8);
+  return {__ldg(q), __ldg(q + 1)};
+}
+__device__ __forceinline__ void unpack_w(const WeightChunk<uint16_t>& w, float (&f)[8]) {
+  unpack8(w.v, f);
+}
+__device__ __forceinline__ void unpack_w(const WeightChunk<float>& w, float (&f)[8]) {
+  f[0] = w.lo.x, f[1] = w.lo.y, f[2] = w.lo.z, f[3] = w.lo.w;
+  f[4] = w.hi.x, f[5] = w.hi.y, f[6] = w.hi.z, f[7] = w.hi.w;
+}
+
 constexpr int kMaxTopK = 16;
 
 // Experts per lane (kPer · 32 >= E) of the smallest top-k instantiation that holds E experts.

@@ -18,7 +18,9 @@
 #include "backend/cuda/gemm/nvfp4_repack.h"
 #include "backend/cuda/gemm/quant_gemv.h"
 #include "backend/cuda/gemm/x_f16.h"
+#include "backend/cuda/moe/moe_combine.h"
 #include "backend/cuda/moe/moe_route.h"
+#include "backend/cuda/moe/router_logits.h"
 #include "backend/cuda/norm/add_rms_norm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
@@ -31,6 +33,7 @@
 #include "backend/cuda/embed/embed_bf16.h"
 #include "model/minimax_m3/cuda/fit_check.h"
 #include "model/minimax_m3/cuda/gpu_weights.h"
+#include "model/minimax_m3/tensor_parallel.h"
 
 namespace m3::minimax_m3 {
 namespace {
@@ -157,6 +160,10 @@ struct CudaM3Model::Impl {
   int64_t dec_rows = 0, dec_mb_cap = 0;
   std::map<std::pair<int64_t, int64_t>, cuda::GraphExec> graphs;
   CudaM3Stats stats;
+  // Tensor parallelism (CudaTensorParallel): the ranks' all-reduces, and a device word for
+  // agreeing on the KV pool's size.
+  std::unique_ptr<comm::Communicator> comm;
+  int64_t* agree = nullptr;
   // Page-locked host staging of a decode step: its inputs (ids, positions, block tables) and its
   // logits. From pageable memory each copy is staged by the driver in pieces: at 8 rows the
   // per-row logits copies took ~0.45 ms each (H200 CUPTI trace).
@@ -177,6 +184,21 @@ struct CudaM3Model::Impl {
   }
 
   cudaStream_t st() const { return stream.get(); }
+
+  // ---- Tensor parallelism.
+  bool tp() const { return comm != nullptr; }
+  // Rank 0 computes the head, samples and returns the model's outputs.
+  bool output_rank() const { return opt.tp.rank == 0; }
+  // The sum over the ranks of each rank's partial hidden-state delta [count], in place.
+  Status all_reduce(float* buf, int64_t count) {
+    return comm->all_reduce(buf, count, comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  // Waits for the step: with ranks, first for the collectives under the communicator's timeout
+  // (a rank that died or stopped calling fails the step instead of hanging it).
+  Status finish_step() {
+    if (tp()) M3_RETURN_IF_ERROR(comm->synchronize());
+    return stream.synchronize();
+  }
 
   // ---- Kernel helpers (every launch's Status is checked).
 
@@ -493,8 +515,14 @@ struct CudaM3Model::Impl {
     if (o_f16)
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
           {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
-    M3_RETURN_IF_ERROR(gemv_to_delta(L.o, GemvIn{b.attn, nh * d, o_f16 ? b.attn16 : nullptr,
-                                                 b.attn_inv}, rows, b, pending));
+    const GemvIn o_in{b.attn, nh * d, o_f16 ? b.attn16 : nullptr, b.attn_inv};
+    if (tp()) {
+      M3_RETURN_IF_ERROR(gemv(L.o, o_in, rows, store_to(b.delta, hd), b));
+      M3_RETURN_IF_ERROR(all_reduce(b.delta, rows * hd));
+      *pending = {PendingDelta::kStored, 0, nullptr};
+    } else {
+      M3_RETURN_IF_ERROR(gemv_to_delta(L.o, o_in, rows, b, pending));
+    }
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.post_norm, rows, true, true));
     // SwiGLU outputs: f16 x 2^8 (read back at 2^-8) where both the gate|up and the down product
     // run on the tensor cores, else bf16 (a tensor-core down product then reads the bf16 on the
@@ -516,6 +544,12 @@ struct CudaM3Model::Impl {
     if (!L.moe) {
       const GemvEpilogueParams sw = swiglu_to(L.mlp_gu, L.mlp_down, rows, b.act_s, b.act_s16);
       M3_RETURN_IF_ERROR(gemv(L.mlp_gu, h_in, rows, sw, b));
+      if (tp()) {
+        M3_RETURN_IF_ERROR(gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows,
+                                store_to(b.delta, hd), b));
+        *pending = {PendingDelta::kStored, 0, nullptr};
+        return all_reduce(b.delta, rows * hd);
+      }
       return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
     }
     // The shared expert reads only the normed hidden states: on the side stream it overlaps the
@@ -542,8 +576,7 @@ struct CudaM3Model::Impl {
     if (side_path) M3_RETURN_IF_ERROR(fork_shared_expert());
     // The fused router up to tuning.fused_router_max_rows: its last CTA runs every row's top-k and
     // the grouping, whose time grows with the rows.
-    const bool fused_router = L.router.format == QuantFormat::kBf16 &&
-                              rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
+    const bool fused_router = rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
     // One token on the tensor cores: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (a one-token grouping is the sorted top-k).
     const bool token_route = rows == 1 && fused_router && tensor_core(L.experts_gu, kk) &&
@@ -557,8 +590,7 @@ struct CudaM3Model::Impl {
       rp.topk_only = token_route;
       M3_RETURN_IF_ERROR(cuda::launch_moe_route(rp, st()));
     } else {
-      M3_RETURN_IF_ERROR(
-          gemv(L.router, GemvIn{b.h, hd}, rows, store_to(b.router_logits, ne), b));
+      M3_RETURN_IF_ERROR(router_logits(b, L, rows));
       RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, rows, ne, kk,
                           routed_scale};
       M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
@@ -582,9 +614,29 @@ struct CudaM3Model::Impl {
       M3_RETURN_IF_ERROR(join_ev.make_wait(st()));
       shared = b.shared;
     }
+    if (tp()) {  // each rank's partial combine, summed over the ranks
+      M3_RETURN_IF_ERROR(cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd},
+                                                  st()));
+      *pending = {PendingDelta::kStored, 0, nullptr};
+      return all_reduce(b.delta, rows * hd);
+    }
     // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
     *pending = {PendingDelta::kMoe, 0, shared};
     return Status::ok();
+  }
+
+  // The router's logits of `rows` rows of b.h, in the fused router's summation order (a token
+  // routes the same on every path).
+  Status router_logits(const Bufs& b, const DevLayer& L, int64_t rows) {
+    cuda::RouterLogitsParams p;
+    p.x = b.h;
+    p.ldx = hd;
+    p.rows = rows;
+    p.hidden = hd;
+    p.w_f32 = L.router;
+    p.num_experts = ne;
+    p.logits = b.router_logits;
+    return cuda::launch_router_logits(p, st());
   }
 
   // The fused router's parameters for `rows` rows of b.h (no counter).
@@ -594,7 +646,7 @@ struct CudaM3Model::Impl {
     rp.ldx = hd;
     rp.rows = rows;
     rp.hidden = hd;
-    rp.w = reinterpret_cast<const uint16_t*>(L.router.w);
+    rp.w_f32 = L.router;
     rp.num_experts = ne;
     rp.bias = L.router_bias;
     rp.top_k = kk;
@@ -616,6 +668,7 @@ struct CudaM3Model::Impl {
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
       M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb, &pending));
+    if (!output_rank()) return Status::ok();
     M3_RETURN_IF_ERROR(add_norm(b, pending, w.final_norm, rows, false, false));
     // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
     // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
@@ -725,13 +778,15 @@ struct CudaM3Model::Impl {
         M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
       }
       M3_RETURN_IF_ERROR(plinear(L.o, b.attn, nh * d, t, b.delta, hd));
+      if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
       M3_RETURN_IF_ERROR(
           cuda::launch_add_rms_norm({b.residual, b.delta, L.post_norm, b.h, t, hd, eps}, st()));
       if (!L.moe) {
         M3_RETURN_IF_ERROR(mlp_general(L.mlp_gu, L.mlp_down, b, t, b.delta));
+        if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
         continue;
       }
-      M3_RETURN_IF_ERROR(plinear(L.router, b.h, hd, t, b.router_logits, ne));
+      M3_RETURN_IF_ERROR(router_logits(b, L, t));
       RouterTopkParams rp{b.router_logits, L.router_bias, b.topk_ids, b.topk_w, t, ne, kk,
                           routed_scale};
       M3_RETURN_IF_ERROR(cuda::launch_router_topk(rp, st()));
@@ -759,7 +814,11 @@ struct CudaM3Model::Impl {
                       ? cuda::PrefillMoeKernel::kGroupedInLoop
                       : cuda::PrefillMoeKernel::kDequantCublas;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
+      if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
     }
+    out->logits.assign(batch.size(), {});
+    out->tokens.clear();  // the general path returns logits only
+    if (!output_rank()) return finish_step();
     M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
         {b.residual, cfg.num_hidden_layers > 0 ? b.delta : nullptr, w.final_norm, b.h, t, hd, eps},
         st()));
@@ -769,9 +828,7 @@ struct CudaM3Model::Impl {
     for (const Seq& s : seqs)
       for (int32_t r : batch[s.index].logits_rows)
         rows.push_back(static_cast<int32_t>(s.offset + r));
-    out->logits.assign(batch.size(), {});
-    out->tokens.clear();  // the general path returns logits only
-    if (rows.empty()) return stream.synchronize();
+    if (rows.empty()) return finish_step();
     const int64_t nr = static_cast<int64_t>(rows.size());
     M3_ASSIGN_OR_RETURN(b.rows, sc.get<int32_t>(nr));
     M3_ASSIGN_OR_RETURN(b.h_rows, sc.get<uint16_t>(nr * hd));
@@ -789,7 +846,7 @@ struct CudaM3Model::Impl {
             cuda::copy_to_host_async(dst.data(), b.logits + r0 * vocab, n * vocab * 4, st()));
       r0 += n;
     }
-    return stream.synchronize();
+    return finish_step();
   }
 
   // Dense SwiGLU-OAI MLP on t rows of b.h through PrefillGemm: gate|up -> act -> down.
@@ -901,6 +958,9 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
     m.max_batch = r;
   }
   M3_RETURN_IF_ERROR(cuda::fill_zero(b.route_counter, sizeof(uint32_t)));
+  if (comm != nullptr) {
+    M3_ASSIGN_OR_RETURN(agree, a.alloc<int64_t>(1, "KV pool agreement"));
+  }
   M3_ASSIGN_OR_RETURN(b.act, a.alloc<uint16_t>(r * kk * inter, what));
   M3_ASSIGN_OR_RETURN(b.act_s, a.alloc<uint16_t>(r * max_mlp, what));
   M3_ASSIGN_OR_RETURN(b.contrib, a.alloc<float>(r * kk * hd, what));
@@ -927,7 +987,6 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
     fit(L.o, r);
     fit(L.mlp_gu, r);
     fit(L.mlp_down, r);
-    fit(L.router, r);
     fit(L.experts_gu, r * kk);
     fit(L.experts_down, r * kk);
     fit(L.shared_gu, r);
@@ -1005,7 +1064,18 @@ Status CudaM3Model::profile_and_size_kv() {
     p.working_bytes = std::max<int64_t>(0, mem.total_bytes - p.free_bytes - p.weight_bytes);
     p.profile_tokens = tokens;
   }  // the temporary pages are freed here
-  M3_ASSIGN_OR_RETURN(const int64_t pages, im.opt.kv_pages_after_profile(im.stats.profile));
+  M3_ASSIGN_OR_RETURN(int64_t pages, im.opt.kv_pages_after_profile(im.stats.profile));
+  if (im.tp()) {
+    // Every rank holds the same pages (the scheduler's page ids index each rank's share of
+    // them): the smallest pool any rank's memory allows, as the maximum of the negated counts.
+    const int64_t negated = -pages;
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.agree, &negated, sizeof(negated), im.st()));
+    M3_RETURN_IF_ERROR(im.comm->all_reduce(im.agree, 1, comm::DataType::kI64, comm::ReduceOp::kMax));
+    int64_t agreed = 0;
+    M3_RETURN_IF_ERROR(cuda::copy_to_host_async(&agreed, im.agree, sizeof(agreed), im.st()));
+    M3_RETURN_IF_ERROR(im.finish_step());
+    pages = -agreed;
+  }
   if (pages <= 0 || pages > (int64_t{1} << 30))
     return invalid_argument("[model.minimax_m3.cuda] the KV pool planned after the profile step "
                             "has " + std::to_string(pages) + " pages, outside [1, 2^30]");
@@ -1016,13 +1086,25 @@ Status CudaM3Model::profile_and_size_kv() {
   return Status::ok();
 }
 
-int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c) {
-  return real_shape_kv_bytes_per_page(c);
+int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks) {
+  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks).is_ok())
+    return real_shape_kv_bytes_per_page(c);
+  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks));
 }
 
-Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cfg,
+Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& whole,
                                                        const WeightSource& src,
                                                        const CudaM3Options& options) {
+  const CudaTensorParallel& tp = options.tp;
+  if (tp.ranks < 1 || tp.rank < 0 || tp.rank >= tp.ranks)
+    return invalid_argument("[model.minimax_m3.cuda] tensor-parallel rank " +
+                            std::to_string(tp.rank) + " of " + std::to_string(tp.ranks));
+  if (tp.ranks > 1 && !tp.make_communicator)
+    return invalid_argument("[model.minimax_m3.cuda] --tp " + std::to_string(tp.ranks) +
+                            " needs a communicator");
+  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks));
+  // The rank's shapes: the kernels' limits apply to them (16 query heads per KV head, for one).
+  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks);
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
   const bool profile = options.num_kv_pages == 0 && options.kv_pages_after_profile;
   if (!profile && (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30)))
@@ -1083,12 +1165,19 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& cf
   M3_ASSIGN_OR_RETURN(im.side, cuda::Stream::create(least));
   M3_ASSIGN_OR_RETURN(im.fork_ev, cuda::Event::create());
   M3_ASSIGN_OR_RETURN(im.join_ev, cuda::Event::create());
+  if (tp.ranks > 1) {
+    M3_ASSIGN_OR_RETURN(im.comm, tp.make_communicator(im.st()));
+    if (im.comm == nullptr || im.comm->rank() != tp.rank || im.comm->size() != tp.ranks)
+      return invalid_argument("[model.minimax_m3.cuda] the communicator is not rank " +
+                              std::to_string(tp.rank) + " of " + std::to_string(tp.ranks));
+  }
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {
     M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena));
   } else {
-    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(cfg, src, &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, rank_slices(whole, tp.rank, tp.ranks),
+                                               &im.arena));
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());
@@ -1232,6 +1321,13 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.sample_rows, knobs, knob_bytes, st));
     }
     M3_RETURN_IF_ERROR(im.run_decode(rows, width));
+    if (!im.output_rank()) {  // no head on this rank: nothing to return
+      M3_RETURN_IF_ERROR(im.finish_step());
+      out->logits.assign(batch.size(), {});
+      out->tokens.clear();
+      ++im.stats.decode_steps;
+      return Status::ok();
+    }
     if (n_sample > 0) {
       cuda::SampleParams sp;
       sp.logits = im.dec.logits;
@@ -1254,7 +1350,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     float* logits = reinterpret_cast<float*>(host + head_bytes);
     if (copy_logits)
       M3_RETURN_IF_ERROR(cuda::copy_to_host_async(logits, im.dec.logits, logit_bytes, st));
-    M3_RETURN_IF_ERROR(im.stream.synchronize());
+    M3_RETURN_IF_ERROR(im.finish_step());
     out->logits.resize(batch.size());
     out->tokens.assign(n_sample > 0 ? batch.size() : 0, -1);
     for (const Impl::Seq& s : seqs) {

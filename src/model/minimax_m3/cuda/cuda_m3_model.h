@@ -27,6 +27,9 @@
 #include <memory>
 #include <span>
 
+struct CUstream_st;
+
+#include "backend/comm/communicator.h"
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
@@ -84,6 +87,23 @@ struct CudaM3Kernels {
   bool multi_cta_sampling = true;
 };
 
+// Tensor parallelism over GPUs (tensor_parallel.h, --tp): the model is rank `rank` of `ranks`. It
+// holds rank_slices(cfg, rank, ranks)'s weights (its query heads with their KV and index heads,
+// 1/ranks of every intermediate dimension; norms, router, embedding and head whole), runs at
+// rank_config's shapes, and all-reduces the attention output projection and the feed-forward
+// block (float32, in place) over the communicator. Every rank's load() and forward() run
+// concurrently, one thread per rank, with the same batch; rank 0's outputs are the model's (the
+// other ranks skip the head and return no logits).
+struct CudaTensorParallel {
+  int rank = 0;
+  int ranks = 1;
+  // Called once by load() with the model's compute stream, on which the collectives must queue
+  // (NCCL: comm/nccl_communicator.h; they then order with the kernels around them and are
+  // captured into the decode graphs). Required when ranks > 1.
+  std::function<Result<std::unique_ptr<comm::Communicator>>(CUstream_st* stream)>
+      make_communicator;
+};
+
 struct CudaM3Options {
   // KV cache pages (page ids 0 .. num_kv_pages - 1). 0: sized after a profile step by
   // kv_pages_after_profile, which is then required.
@@ -105,6 +125,7 @@ struct CudaM3Options {
   uint64_t dummy_seed = 0;
   CudaM3Tuning tuning;
   CudaM3Kernels kernels;
+  CudaTensorParallel tp;
 };
 
 struct CudaM3Stats {
@@ -122,6 +143,8 @@ struct CudaM3Stats {
 
 class CudaM3Model {
  public:
+  // `cfg` is the whole model's; with options.tp.ranks > 1 the model runs at rank_config's shapes
+  // (config() returns them).
   static Result<std::unique_ptr<CudaM3Model>> load(const MiniMaxM3Config& cfg,
                                                    const WeightSource& src,
                                                    const CudaM3Options& options);
@@ -129,8 +152,8 @@ class CudaM3Model {
   CudaM3Model(const CudaM3Model&) = delete;
   CudaM3Model& operator=(const CudaM3Model&) = delete;
 
-  // Bytes of one KV page over all layers (bf16 K, V and index keys).
-  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg);
+  // Bytes of one KV page over all layers (bf16 K, V and index keys) on one rank of `tp_ranks`.
+  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1);
 
   const MiniMaxM3Config& config() const;
   int64_t num_kv_pages() const;

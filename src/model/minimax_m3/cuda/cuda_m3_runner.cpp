@@ -1,33 +1,201 @@
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kv/kv_budget.h"
 #include "model/minimax_m3/cuda/fit_check.h"
+#include "model/minimax_m3/tensor_parallel.h"
+#include "backend/cuda/comm/one_shot_all_reduce.h"
+#if defined(M3_HAVE_NCCL)
+#include "backend/cuda/comm/nccl_communicator.h"
+#include "backend/cuda/comm/one_shot_communicator.h"
+#endif
 
 namespace m3 {
 
+// Ranks 1 .. N-1 each on a thread of its own, waiting for the next job; run() gives every rank
+// the same job, runs rank 0's on the calling thread and returns once all are done (the first
+// failing rank's error, by rank order).
+class CudaM3ModelRunner::RankThreads {
+ public:
+  explicit RankThreads(int ranks) : slots_(static_cast<size_t>(ranks)) {
+    for (int r = 1; r < ranks; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Status run(const std::function<Status(int rank)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      ++generation_;
+      pending_ = static_cast<int>(threads_.size());
+    }
+    cv_.notify_all();
+    slots_[0] = job(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    for (const Status& s : slots_)
+      if (!s.is_ok()) return s;
+    return Status::ok();
+  }
+
+ private:
+  void loop(int rank) {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<Status(int)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      Status s = (*job)(rank);
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_[static_cast<size_t>(rank)] = std::move(s);
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  std::vector<Status> slots_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  const std::function<Status(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+CudaM3ModelRunner::CudaM3ModelRunner(std::unique_ptr<minimax_m3::CudaM3Model> model) {
+  models_.push_back(std::move(model));
+}
+CudaM3ModelRunner::~CudaM3ModelRunner() = default;
+
+Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
+    const MiniMaxM3Config& cfg, const WeightSource& src, const minimax_m3::CudaM3Options& options,
+    CudaRanks ranks) {
+  const int n = ranks.ranks;
+  if (n < 1 || n > 64)
+    return invalid_argument("[model.minimax_m3.cuda.runner] --tp " + std::to_string(n) +
+                            " outside [1, 64]");
+  if (!ranks.devices.empty() && static_cast<int>(ranks.devices.size()) != n)
+    return invalid_argument("[model.minimax_m3.cuda.runner] " +
+                            std::to_string(ranks.devices.size()) + " devices for " +
+                            std::to_string(n) + " ranks");
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, n));
+  for (int r = 0; r < n; ++r) M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(
+                                  minimax_m3::rank_config(cfg, r, n)));
+  std::vector<int> devices = ranks.devices;
+  for (int r = static_cast<int>(devices.size()); r < n; ++r) devices.push_back(r);
+  auto comm_for = ranks.make_communicator;
+  std::string path = n > 1 ? "the caller's communicator" : "none (one GPU)";
+  if (n > 1 && !comm_for) {
+#if defined(M3_HAVE_NCCL)
+    M3_ASSIGN_OR_RETURN(const comm::NcclUniqueId id, comm::make_nccl_unique_id());
+    const auto timeout = ranks.timeout;
+    // Small float32 sums over peer memory where every pair of GPUs reaches the other's.
+    std::shared_ptr<cuda::OneShotAllReduce> one_shot;
+    path = "NCCL";
+    if (ranks.one_shot_max_bytes >= 16) {
+      cuda::OneShotOptions so;
+      so.max_elements = ranks.one_shot_max_bytes / 16 * 4;
+      so.timeout = timeout;
+      Result<std::shared_ptr<cuda::OneShotAllReduce>> g = cuda::OneShotAllReduce::create(devices, so);
+      if (g.is_ok()) {
+        one_shot = std::move(g).value();
+        path = "one-shot over peer memory up to " + std::to_string(so.max_elements * 4 / 1024) +
+               " KiB, NCCL above";
+      } else if (g.status().code() == StatusCode::kUnavailable) {
+        path = "NCCL (" + g.status().message() + ")";
+      } else {
+        return g.status();
+      }
+    }
+    comm_for = [id, n, timeout, one_shot](int rank, int device,
+                                          CUstream_st* stream) -> Result<std::unique_ptr<comm::Communicator>> {
+      comm::NcclOptions o;
+      o.timeout = timeout;
+      M3_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
+                          comm::create_nccl_communicator(rank, n, device, id, stream, o));
+      if (one_shot == nullptr) return c;
+      return comm::with_one_shot_all_reduce(std::move(c), one_shot, stream);
+    };
+#else
+    return Status(StatusCode::kUnimplemented,
+                  "[model.minimax_m3.cuda.runner] --tp " + std::to_string(n) +
+                      " on GPUs needs NCCL, which this m3serve was built without");
+#endif
+  }
+  std::unique_ptr<CudaM3ModelRunner> runner(new CudaM3ModelRunner());
+  runner->all_reduce_path_ = path;
+  runner->models_.resize(static_cast<size_t>(n));
+  if (n > 1) runner->threads_ = std::make_unique<RankThreads>(n);
+  // The pool planner may log; the ranks call it one at a time.
+  std::mutex plan_mu;
+  const auto load_rank = [&](int r) -> Status {
+    minimax_m3::CudaM3Options o = options;
+    o.device = devices[static_cast<size_t>(r)];
+    o.tp.rank = r;
+    o.tp.ranks = n;
+    if (n > 1) {
+      const int device = o.device;
+      o.tp.make_communicator = [&comm_for, r, device](CUstream_st* stream) {
+        return comm_for(r, device, stream);
+      };
+    }
+    if (options.kv_pages_after_profile) {
+      o.kv_pages_after_profile = [&](const minimax_m3::CudaMemoryProfile& p) {
+        std::lock_guard<std::mutex> lock(plan_mu);
+        return options.kv_pages_after_profile(p);
+      };
+    }
+    M3_ASSIGN_OR_RETURN(runner->models_[static_cast<size_t>(r)],
+                        minimax_m3::CudaM3Model::load(cfg, src, o));
+    return Status::ok();
+  };
+  if (n == 1) {
+    M3_RETURN_IF_ERROR(load_rank(0));
+  } else {
+    M3_RETURN_IF_ERROR(runner->threads_->run(load_rank));
+  }
+  return runner;
+}
+
 Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create(
     const MiniMaxM3Config& cfg, const WeightSource& src, int64_t kv_cache_bytes,
-    minimax_m3::CudaM3Options options) {
+    minimax_m3::CudaM3Options options, CudaRanks ranks) {
   // Fit first: the page arithmetic below assumes the real shapes.
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
-  M3_ASSIGN_OR_RETURN(
-      int32_t pages,
-      kv_pages_for_budget(kv_cache_bytes, minimax_m3::CudaM3Model::kv_bytes_per_page(cfg)));
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks));
+  M3_ASSIGN_OR_RETURN(int32_t pages,
+                      kv_pages_for_budget(kv_cache_bytes, minimax_m3::CudaM3Model::kv_bytes_per_page(
+                                                              cfg, ranks.ranks)));
   options.num_kv_pages = pages;
-  M3_ASSIGN_OR_RETURN(std::unique_ptr<minimax_m3::CudaM3Model> model,
-                      minimax_m3::CudaM3Model::load(cfg, src, options));
-  return std::make_unique<CudaM3ModelRunner>(std::move(model));
+  options.kv_pages_after_profile = nullptr;
+  return load(cfg, src, options, std::move(ranks));
 }
 
 Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create_profiled(
     const MiniMaxM3Config& cfg, const WeightSource& src,
     std::function<Result<int64_t>(const minimax_m3::CudaMemoryProfile&)> pool_bytes,
-    minimax_m3::CudaM3Options options) {
+    minimax_m3::CudaM3Options options, CudaRanks ranks) {
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
-  const int64_t page_bytes = minimax_m3::CudaM3Model::kv_bytes_per_page(cfg);
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks));
+  const int64_t page_bytes = minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks);
   options.num_kv_pages = 0;
   options.kv_pages_after_profile =
       [pool_bytes = std::move(pool_bytes),
@@ -36,26 +204,27 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create_profiled(
     M3_ASSIGN_OR_RETURN(const int32_t pages, kv_pages_for_budget(bytes, page_bytes));
     return int64_t{pages};
   };
-  M3_ASSIGN_OR_RETURN(std::unique_ptr<minimax_m3::CudaM3Model> model,
-                      minimax_m3::CudaM3Model::load(cfg, src, options));
-  return std::make_unique<CudaM3ModelRunner>(std::move(model));
+  return load(cfg, src, options, std::move(ranks));
 }
 
 int32_t CudaM3ModelRunner::vocab_size() const {
-  return static_cast<int32_t>(model_->config().vocab_size);
+  return static_cast<int32_t>(models_[0]->config().vocab_size);
 }
 int32_t CudaM3ModelRunner::num_kv_pages() const {
-  return static_cast<int32_t>(model_->num_kv_pages());
+  return static_cast<int32_t>(models_[0]->num_kv_pages());
 }
 int32_t CudaM3ModelRunner::page_size() const {
-  return static_cast<int32_t>(model_->page_size());
+  return static_cast<int32_t>(models_[0]->page_size());
 }
 
 int32_t CudaM3ModelRunner::hidden_size() const {
-  return static_cast<int32_t>(model_->config().hidden_size);
+  return static_cast<int32_t>(models_[0]->config().hidden_size);
 }
 
+Status CudaM3ModelRunner::health() const { return broken_; }
+
 Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
+  if (!broken_.is_ok()) return broken_;
   if (!step.capture_layers.empty()) {
     return Status(StatusCode::kUnimplemented,
                   "[model.minimax_m3.cuda.runner] hidden-state capture is not available on the "
@@ -68,7 +237,17 @@ Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
                     "CUDA path");
     }
   }
-  return model_->forward(step.slices, &out);
+  if (models_.size() == 1) return models_[0]->forward(step.slices, &out);
+  // Every rank runs the step; the other ranks' outputs are empty (no head).
+  std::vector<ModelOutput> others(models_.size());
+  Status s = threads_->run([&](int r) {
+    return models_[static_cast<size_t>(r)]->forward(step.slices,
+                                                     r == 0 ? &out : &others[static_cast<size_t>(r)]);
+  });
+  // A collective that failed (a rank died or stopped calling: kUnavailable) leaves the group
+  // unusable; an invalid step (checked on every rank alike before anything runs) does not.
+  if (s.code() == StatusCode::kUnavailable) broken_ = s;
+  return s;
 }
 
 }  // namespace m3

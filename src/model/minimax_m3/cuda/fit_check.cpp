@@ -44,16 +44,20 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
   bool any_dense = false, any_moe = false;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     (c.is_moe_layer(i) ? any_moe : any_dense) = true;
-  if (any_dense && (c.dense_intermediate_size <= 0 || c.dense_intermediate_size % 1024 != 0))
+  // The intermediate sizes are the K of the down projections: the decode GEMVs stage K in
+  // 128-column steps (256 for BF16 weights' split-K kernel) and the grouped expert GEMM tiles K
+  // and N by 128. Multiples of 256 keep every kernel (M3.1-Flash's 3072 over --tp 2 and 4: 1536,
+  // 768).
+  if (any_dense && (c.dense_intermediate_size <= 0 || c.dense_intermediate_size % 256 != 0))
     return no_fit("dense_intermediate_size", c.dense_intermediate_size,
-                  "needs a positive multiple of 1024");
+                  "needs a positive multiple of 256");
   if (any_moe) {
-    if (c.intermediate_size <= 0 || c.intermediate_size % 1024 != 0)
-      return no_fit("intermediate_size", c.intermediate_size, "needs a positive multiple of 1024");
+    if (c.intermediate_size <= 0 || c.intermediate_size % 256 != 0)
+      return no_fit("intermediate_size", c.intermediate_size, "needs a positive multiple of 256");
     const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
-    if (shared < 0 || shared % 1024 != 0)
+    if (shared < 0 || shared % 256 != 0)
       return no_fit("shared_intermediate_size * n_shared_experts", shared,
-                    "needs 0 or a multiple of 1024");
+                    "needs 0 or a multiple of 256");
     if (c.num_local_experts < 1 || c.num_local_experts > 512)
       return no_fit("num_local_experts", c.num_local_experts, "needs [1, 512]");
     if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > 16 ||

@@ -1,11 +1,13 @@
 #include "model/minimax_m3/cuda/gpu_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backend/cuda/dummy/dummy_weights.h"
 #include "backend/cuda/runtime/device_memory.h"
 #include "core/dtype.h"
+#include "loader/raw_slice.h"
 #include "model/minimax_m3/weights.h"
 
 namespace m3::minimax_m3 {
@@ -13,9 +15,22 @@ namespace {
 
 using cuda::QuantFormat;
 
+// One tensor's share of a fused matrix: rows [row_begin, row_begin + count()) of the tensor
+// [rows, cols.full] (a tensor-parallel rank's heads or intermediate rows; all rows by default).
 struct Part {
   std::string name;
   int64_t rows = 0;
+  int64_t row_begin = 0, row_count = -1;  // -1: every row
+  int64_t count() const { return row_count < 0 ? rows : row_count; }
+};
+
+// The column window every part of a fused matrix shares: columns [begin, begin + count) of
+// `full` (a row-parallel linear's input slice: o_proj by heads, the down projections by
+// intermediate columns).
+struct Cols {
+  int64_t full = 0, begin = 0, count = 0;
+  static Cols all(int64_t k) { return {k, 0, k}; }
+  bool whole() const { return begin == 0 && count == full; }
 };
 
 // A fused matrix [Σ rows, K] on the host, in one format.
@@ -39,17 +54,40 @@ void append(std::vector<uint8_t>* dst, const uint8_t* src, size_t bytes) {
   if (bytes) dst->insert(dst->end(), src, src + bytes);
 }
 
-// Loads `parts` (each [rows, k]) as one matrix, in their common quantised format when
-// `allow_quant` and they agree, else BF16.
-Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& parts, int64_t k,
-                              bool allow_quant) {
+// A part's window of the tensor dequantised to float32 [count, cols.count]. A quantised tensor is
+// read by whole scale blocks (load_f32_window's rule): where the window's columns do not fall on
+// them (tiny test models split over several ranks), the covering blocks are read and the window
+// cut from them; dequantisation is per element, so the values are exact.
+Result<HostTensorF32> load_part_f32(const WeightSource& src, const Part& p, const Cols& cols) {
+  M3_ASSIGN_OR_RETURN(WeightFormat format, src.format(p.name));
+  const int64_t block = weight_format_block(format);
+  const int64_t lo = cols.begin / block * block;
+  const int64_t hi = std::min(cols.full, (cols.begin + cols.count + block - 1) / block * block);
+  const WeightWindow win{p.row_begin, p.row_begin + p.count(), lo, hi};
+  M3_ASSIGN_OR_RETURN(HostTensorF32 t, src.load_f32_window(p.name, {p.rows, cols.full}, win));
+  if (lo == cols.begin && hi == cols.begin + cols.count) return t;
+  HostTensorF32 out;
+  out.shape = {p.count(), cols.count};
+  out.data.resize(static_cast<size_t>(p.count() * cols.count));
+  for (int64_t r = 0; r < p.count(); ++r)
+    std::copy_n(t.data.begin() + r * (hi - lo) + (cols.begin - lo), cols.count,
+                out.data.begin() + r * cols.count);
+  return out;
+}
+
+// Loads the windows of `parts` as one matrix [Σ count, cols.count], in their common quantised
+// format when `allow_quant` and they agree (and the columns fall on their scale blocks), else
+// BF16. Only the windows' bytes of the mapped checkpoint are read.
+Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& parts,
+                              const Cols& cols, bool allow_quant) {
   HostMatrix m;
+  const int64_t k = cols.count;
   m.k = k;
-  for (const Part& p : parts) m.n += p.rows;
+  for (const Part& p : parts) m.n += p.count();
   std::vector<RawWeight> raws;
   bool have_raw = true;
   for (const Part& p : parts) {
-    Result<RawWeight> r = src.load_raw(p.name, {p.rows, k});
+    Result<RawWeight> r = src.load_raw(p.name, {p.rows, cols.full});
     if (!r.is_ok()) {
       if (r.status().code() == StatusCode::kUnimplemented) {
         have_raw = false;
@@ -57,7 +95,17 @@ Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& 
       }
       return r.status();
     }
-    raws.push_back(std::move(r).value());
+    RawWeight raw = std::move(r).value();
+    if (p.row_begin != 0 || p.count() != p.rows || !cols.whole()) {
+      Result<RawWeight> window =
+          slice_raw(raw, p.row_begin, p.row_begin + p.count(), cols.begin, cols.begin + cols.count);
+      if (!window.is_ok()) {  // columns off the scale blocks: BF16 through float32 below
+        have_raw = false;
+        break;
+      }
+      raw = std::move(window).value();
+    }
+    raws.push_back(std::move(raw));
   }
   if (have_raw && allow_quant) {
     bool all_mx = k % 32 == 0, all_fp4 = k % 16 == 0;
@@ -70,7 +118,7 @@ Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& 
       m.format = all_mx ? QuantFormat::kMxfp8 : QuantFormat::kNvfp4;
       m.mult = all_fp4 ? nvfp4_multiplier(raws[0]) : 1.0f;
       for (size_t i = 0; i < raws.size(); ++i) {
-        const int64_t n = parts[i].rows * k;
+        const int64_t n = parts[i].count() * k;
         const size_t want_w = static_cast<size_t>(all_mx ? n : n / 2);
         const size_t want_s = static_cast<size_t>(all_mx ? n / 32 : n / 16);
         if (raws[i].data_bytes != want_w || raws[i].scale_bytes != want_s)
@@ -87,11 +135,11 @@ Result<HostMatrix> load_fused(const WeightSource& src, const std::vector<Part>& 
   m.w.resize(static_cast<size_t>(m.n * k) * 2);
   size_t off = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(parts[i].rows * k) * 2;
+    const size_t bytes = static_cast<size_t>(parts[i].count() * k) * 2;
     if (have_raw && raws[i].format == WeightFormat::kBF16 && raws[i].data_bytes == bytes) {
       std::memcpy(m.w.data() + off, raws[i].data, bytes);
     } else {
-      M3_ASSIGN_OR_RETURN(HostTensorF32 t, src.load_f32(parts[i].name, {parts[i].rows, k}));
+      M3_ASSIGN_OR_RETURN(HostTensorF32 t, load_part_f32(src, parts[i], cols));
       for (size_t j = 0; j < t.data.size(); ++j) {
         const uint16_t b = f32_to_bf16(t.data[j]);
         std::memcpy(m.w.data() + off + 2 * j, &b, 2);
@@ -122,6 +170,13 @@ class Loader {
     return d;
   }
 
+  Result<float*> mat_f32(const std::string& name, int64_t rows, int64_t cols) {
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {rows, cols}));
+    M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(rows * cols, name));
+    M3_RETURN_IF_ERROR(upload(d, t.data.data(), t.data.size() * 4));
+    return d;
+  }
+
   Result<float*> vec_f32(const std::string& name, int64_t n) {
     M3_ASSIGN_OR_RETURN(HostTensorF32 t, src_.load_f32(name, {n}));
     M3_ASSIGN_OR_RETURN(float* d, arena_->alloc<float>(n, name));
@@ -130,8 +185,9 @@ class Loader {
   }
 
   // One fused matrix.
-  Result<DevMatrix> matrix(const std::vector<Part>& parts, int64_t k, bool allow_quant = true) {
-    M3_ASSIGN_OR_RETURN(HostMatrix h, load_fused(src_, parts, k, allow_quant));
+  Result<DevMatrix> matrix(const std::vector<Part>& parts, const Cols& cols,
+                           bool allow_quant = true) {
+    M3_ASSIGN_OR_RETURN(HostMatrix h, load_fused(src_, parts, cols, allow_quant));
     M3_ASSIGN_OR_RETURN(DevMatrix d, alloc_like(h, 1, parts[0].name));
     M3_RETURN_IF_ERROR(put(d, 0, h));
     count(parts, h.format);
@@ -140,7 +196,7 @@ class Loader {
 
   // E fused matrices of one shape (routed experts), all in one format: the first expert's, or
   // BF16 for all when any expert disagrees.
-  Result<DevMatrix> experts(const std::vector<std::vector<Part>>& per_expert, int64_t k) {
+  Result<DevMatrix> experts(const std::vector<std::vector<Part>>& per_expert, const Cols& k) {
     for (bool allow_quant : {true, false}) {
       M3_ASSIGN_OR_RETURN(HostMatrix first, load_fused(src_, per_expert[0], k, allow_quant));
       const int64_t g = static_cast<int64_t>(per_expert.size());
@@ -218,14 +274,22 @@ Result<std::string> pick(const WeightSource& src, const std::string& a, const st
   return not_found("[model.minimax_m3.cuda] missing tensor: looked for '" + a + "', '" + b + "'");
 }
 
-// Gate and up of a SwiGLU MLP under `base` as parts (fused gate_up_proj or separate).
-std::vector<Part> gate_up_parts(const WeightSource& src, const std::string& base, int64_t inter) {
-  if (src.has(base + "gate_up_proj.weight")) return {{base + "gate_up_proj.weight", 2 * inter}};
-  return {{base + "gate_proj.weight", inter}, {base + "up_proj.weight", inter}};
+// Gate and up of a SwiGLU MLP under `base` as parts (fused gate_up_proj or separate): the
+// intermediate rows [begin, begin + count) of each.
+std::vector<Part> gate_up_parts(const WeightSource& src, const std::string& base, int64_t inter,
+                                int64_t begin, int64_t count) {
+  if (src.has(base + "gate_up_proj.weight"))
+    return {{base + "gate_up_proj.weight", 2 * inter, begin, count},
+            {base + "gate_up_proj.weight", 2 * inter, inter + begin, count}};
+  return {{base + "gate_proj.weight", inter, begin, count},
+          {base + "up_proj.weight", inter, begin, count}};
 }
 
+// Layer i's weights as rank `rs` holds them (tensor_parallel.h): its query heads with their KV and
+// index heads, its intermediate slices of the dense MLP, the shared expert and every routed
+// expert it holds; the norms, the router and the index key projection whole.
 Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
-                  const WeightNaming& naming, int64_t i, DevLayer* L) {
+                  const RankSlices& rs, const WeightNaming& naming, int64_t i, DevLayer* L) {
   const std::string p = naming.layer(i), a = p + "self_attn.";
   const int64_t hd = c.hidden_size, d = c.head_dim, h = c.num_attention_heads,
                 hkv = c.num_key_value_heads, hix = c.index_n_heads, dix = c.index_head_dim;
@@ -244,13 +308,15 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
                       pick(src, a + "index_k_norm.weight", a + "indexer.k_norm.weight"));
   M3_ASSIGN_OR_RETURN(L->iq_norm, ld.vec_bf16(iqn, dix));
   M3_ASSIGN_OR_RETURN(L->ik_norm, ld.vec_bf16(ikn, dix));
-  M3_ASSIGN_OR_RETURN(L->qkv, ld.matrix({{a + "q_proj.weight", h * d},
-                                         {a + "k_proj.weight", hkv * d},
-                                         {a + "v_proj.weight", hkv * d},
-                                         {iq, hix * dix},
+  // Index head j selects the blocks of KV head j: the rank's index heads are its KV heads'.
+  M3_ASSIGN_OR_RETURN(L->qkv, ld.matrix({{a + "q_proj.weight", h * d, rs.q_begin * d, rs.q_count * d},
+                                         {a + "k_proj.weight", hkv * d, rs.kv_begin * d, rs.kv_count * d},
+                                         {a + "v_proj.weight", hkv * d, rs.kv_begin * d, rs.kv_count * d},
+                                         {iq, hix * dix, rs.kv_begin * dix, rs.kv_count * dix},
                                          {ik, dix}},
-                                        hd));
-  M3_ASSIGN_OR_RETURN(L->o, ld.matrix({{a + "o_proj.weight", hd}}, h * d));
+                                        Cols::all(hd)));
+  M3_ASSIGN_OR_RETURN(L->o, ld.matrix({{a + "o_proj.weight", hd}},
+                                      Cols{h * d, rs.q_begin * d, rs.q_count * d}));
   const std::string m = p + "block_sparse_moe.";
   if (!L->moe) {
     std::string base;
@@ -264,13 +330,16 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
                        ": looked for '" + p + "mlp.gate_proj.weight' and '" + m +
                        "gate_proj.weight'");
     const int64_t inter = c.dense_intermediate_size;
-    M3_ASSIGN_OR_RETURN(L->mlp_gu, ld.matrix(gate_up_parts(src, base, inter), hd));
-    M3_ASSIGN_OR_RETURN(L->mlp_down, ld.matrix({{base + "down_proj.weight", hd}}, inter));
+    M3_ASSIGN_OR_RETURN(L->mlp_gu, ld.matrix(gate_up_parts(src, base, inter, rs.dense_begin,
+                                                           rs.dense_count),
+                                             Cols::all(hd)));
+    M3_ASSIGN_OR_RETURN(L->mlp_down, ld.matrix({{base + "down_proj.weight", hd}},
+                                               Cols{inter, rs.dense_begin, rs.dense_count}));
     return Status::ok();
   }
   const int64_t ne = c.num_local_experts, inter = c.intermediate_size;
-  // The router stays high precision in the checkpoint; the GEMV reads it as BF16 (see README).
-  M3_ASSIGN_OR_RETURN(L->router, ld.matrix({{m + "gate.weight", ne}}, hd, /*allow_quant=*/false));
+  // The router in float32, as the checkpoint stores it (moe_route.h, router_logits.h).
+  M3_ASSIGN_OR_RETURN(L->router, ld.mat_f32(m + "gate.weight", ne, hd));
   const std::string bias = src.has(m + "e_score_correction_bias")
                                ? m + "e_score_correction_bias"
                                : m + "gate.e_score_correction_bias";
@@ -280,19 +349,27 @@ Status load_layer(Loader& ld, const WeightSource& src, const MiniMaxM3Config& c,
     return not_found("[model.minimax_m3.cuda] missing tensor '" + m +
                      "e_score_correction_bias' (use_routing_bias is true)");
   }
-  std::vector<std::vector<Part>> gu(static_cast<size_t>(ne)), down(static_cast<size_t>(ne));
-  for (int64_t e = 0; e < ne; ++e) {
-    const std::string x = m + "experts." + std::to_string(e) + ".";
-    gu[e] = {{x + "w1.weight", inter}, {x + "w3.weight", inter}};
+  // The rank's experts [expert_begin, expert_begin + expert_count) (all without expert
+  // parallelism), each at its intermediate slice.
+  const size_t held = static_cast<size_t>(rs.expert_count);
+  std::vector<std::vector<Part>> gu(held), down(held);
+  for (size_t e = 0; e < held; ++e) {
+    const std::string x = m + "experts." + std::to_string(rs.expert_begin + static_cast<int64_t>(e)) + ".";
+    gu[e] = {{x + "w1.weight", inter, rs.inter_begin, rs.inter_count},
+             {x + "w3.weight", inter, rs.inter_begin, rs.inter_count}};
     down[e] = {{x + "w2.weight", hd}};
   }
-  M3_ASSIGN_OR_RETURN(L->experts_gu, ld.experts(gu, hd));
-  M3_ASSIGN_OR_RETURN(L->experts_down, ld.experts(down, inter));
+  M3_ASSIGN_OR_RETURN(L->experts_gu, ld.experts(gu, Cols::all(hd)));
+  M3_ASSIGN_OR_RETURN(L->experts_down,
+                      ld.experts(down, Cols{inter, rs.inter_begin, rs.inter_count}));
   const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
   if (shared > 0) {
     const std::string s = m + "shared_experts.";
-    M3_ASSIGN_OR_RETURN(L->shared_gu, ld.matrix(gate_up_parts(src, s, shared), hd));
-    M3_ASSIGN_OR_RETURN(L->shared_down, ld.matrix({{s + "down_proj.weight", hd}}, shared));
+    M3_ASSIGN_OR_RETURN(L->shared_gu, ld.matrix(gate_up_parts(src, s, shared, rs.shared_begin,
+                                                              rs.shared_count),
+                                                Cols::all(hd)));
+    M3_ASSIGN_OR_RETURN(L->shared_down, ld.matrix({{s + "down_proj.weight", hd}},
+                                                  Cols{shared, rs.shared_begin, rs.shared_count}));
   }
   return Status::ok();
 }
@@ -393,7 +470,7 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
       continue;
     }
     const int64_t ne = c.num_local_experts, in = c.intermediate_size;
-    M3_ASSIGN_OR_RETURN(L.router, mk.matrix(QuantFormat::kBf16, ne, hd));
+    M3_ASSIGN_OR_RETURN(L.router, mk.vec_f32(ne * hd, 0.02f));
     M3_ASSIGN_OR_RETURN(L.router_bias, mk.vec_f32(ne, 0.01f));
     M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, ne));
     M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, ne));
@@ -409,23 +486,24 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
 }
 
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                    cuda::DeviceArena* arena) {
+                                    const RankSlices& rs, cuda::DeviceArena* arena) {
   DevWeights w;
   M3_ASSIGN_OR_RETURN(WeightNaming naming, detect_naming(src, cfg));
   Loader ld(src, arena, &w);
   const int64_t v = cfg.vocab_size, hd = cfg.hidden_size;
   const std::string embed = naming.model_prefix + "embed_tokens.weight";
-  M3_ASSIGN_OR_RETURN(DevMatrix e, ld.matrix({{embed, v}}, hd, /*allow_quant=*/false));
+  M3_ASSIGN_OR_RETURN(DevMatrix e, ld.matrix({{embed, v}}, Cols::all(hd), /*allow_quant=*/false));
   w.embed = reinterpret_cast<uint16_t*>(e.w);
   M3_ASSIGN_OR_RETURN(w.final_norm, ld.vec_bf16(naming.model_prefix + "norm.weight", hd));
   if (naming.lm_head.empty()) {
     w.lm_head = e;  // tied
   } else {
-    M3_ASSIGN_OR_RETURN(w.lm_head, ld.matrix({{naming.lm_head, v}}, hd, /*allow_quant=*/false));
+    M3_ASSIGN_OR_RETURN(w.lm_head, ld.matrix({{naming.lm_head, v}}, Cols::all(hd), /*allow_quant=*/false));
   }
   w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
-    M3_RETURN_IF_ERROR(load_layer(ld, src, cfg, naming, i, &w.layers[static_cast<size_t>(i)]));
+    M3_RETURN_IF_ERROR(
+        load_layer(ld, src, cfg, rs, naming, i, &w.layers[static_cast<size_t>(i)]));
   return w;
 }
 

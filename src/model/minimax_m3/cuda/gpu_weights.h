@@ -1,6 +1,7 @@
 // MiniMax-M3 weights on the GPU in their storage formats, for the real-shape kernels: MXFP8
 // (E4M3 codes + E8M0 scales) and NVFP4 (packed E2M1 + E4M3 scales + a per-matrix multiplier) as
-// stored, everything else BF16; the routing bias float32. Linears that read the same input are
+// stored, everything else BF16; the router and the routing bias float32 (the router rounded to
+// bf16 can flip near-tied expert choices against the float32 reference). Linears that read the same input are
 // fused by rows at load (q|k|v|index_q|index_k, gate|up), which needs their formats to agree;
 // otherwise (or when the source has no raw access, or NVFP4 gate/up multipliers differ) the fused
 // matrix is BF16 (exact for BF16 and MXFP8 storage; NVFP4 values are rounded to bf16), and
@@ -17,6 +18,7 @@
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
+#include "model/minimax_m3/tensor_parallel.h"
 #include "backend/cuda/runtime/device_memory.h"
 
 namespace m3::minimax_m3 {
@@ -53,7 +55,7 @@ struct DevLayer {
   DevMatrix qkv;  // [H·D + 2·Hkv·D + Hix·Dix + Dix, Hd]: q | k | v | index q | index k
   DevMatrix o;    // [Hd, H·D]
   DevMatrix mlp_gu, mlp_down;        // dense MLP: [2·I_dense, Hd], [Hd, I_dense]
-  DevMatrix router;                  // [E, Hd] bf16
+  float* router = nullptr;           // [E, Hd] float32, as checkpoints store it
   float* router_bias = nullptr;      // [E] float32 (zeros when the checkpoint has none)
   DevMatrix experts_gu;              // [E, 2·I, Hd] (gate rows then up rows per expert)
   DevMatrix experts_down;            // [E, Hd, I]
@@ -69,11 +71,15 @@ struct DevWeights {
   int64_t quantised_matrices = 0;  // fused matrices kept in MXFP8 / NVFP4
 };
 
-// Loads every text-model weight of `cfg` from `src` into `arena`.
+// Loads the text-model weights of `cfg` (the whole model's config) that the tensor-parallel rank
+// with slices `rs` holds (tensor_parallel.h; rank_slices(cfg, 0, 1) for the whole model) from
+// `src` into `arena`: its heads' rows of q|k|v|index q, its heads' columns of o_proj, its
+// intermediate rows of every gate|up and columns of every down projection, its experts; only those
+// windows of the checkpoint are read. Shapes are then rank_config(cfg, ...)'s.
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
-                                    cuda::DeviceArena* arena);
+                                    const RankSlices& rs, cuda::DeviceArena* arena);
 
-// `--load-format dummy` on the GPU: random weights generated in place (src/backend/cuda/dummy)
+// `--load-format dummy` on the GPU (`cfg` at the rank's shapes, rank_config): random weights generated in place (src/backend/cuda/dummy)
 // in M3.1-Flash's storage formats: attention, indexer, dense-MLP and shared-expert linears MXFP8,
 // routed experts NVFP4 (multiplier 2e-4), router, embedding, lm_head and norms BF16, routing bias
 // float32. Values depend on (seed, tensor); they are not DummyWeightSource's host values.
