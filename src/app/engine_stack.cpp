@@ -154,6 +154,12 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   }
   const int local_ranks = tp / nodes.nnodes;  // this process's ranks
   const bool gpu_ranks = tp > 1 && options.device == "cuda";
+  if (dp > 1 && options.device == "cuda") {
+    return Status(StatusCode::kUnimplemented,
+                  "--enable-dp-attention --dp " + std::to_string(dp) +
+                      ": data-parallel attention on GPUs is not supported yet; CPU ranks serve "
+                      "it (--device cpu, in one process or over several nodes)");
+  }
   if (gpu_ranks && ep > 1) {
     return Status(StatusCode::kUnimplemented,
                   "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
@@ -187,6 +193,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   }
   std::unique_ptr<Backend> backend;
   minimax_m3::LoadedModel loaded;
+  ReadCounter whole_model_reads;  // one CPU rank: the checkpoint bytes its load read
   if (real_shape || tp > 1) {  // config and weights only: the runner(s) load their own parts
     M3_ASSIGN_OR_RETURN(loaded.config, model_config(model_path, options));
     if (options.dummy_weights) {
@@ -213,6 +220,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                                                backend.get()));
     } else {
       if (options.num_layers > 0) return invalid_argument("--num-layers needs --load-format dummy");
+      ReadCounter::Scope counting(&whole_model_reads);
       M3_ASSIGN_OR_RETURN(loaded, minimax_m3::load_model_dir(model_path, backend.get()));
     }
   }
@@ -333,12 +341,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   const int cores = options.num_threads > 0 ? options.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
   const int threads_per_rank = std::max(1, cores / local_ranks);
-  if (dp > 1 && (real_shape || multi_node)) {
-    // The attention groups are built on CPU ranks in one process (TensorParallelCpuRunner).
-    return Status(StatusCode::kUnimplemented,
-                  "--enable-dp-attention --dp " + std::to_string(dp) + ": data-parallel attention " +
-                      (real_shape ? "on the GPU" : "over several nodes") + " is not supported yet");
-  }
+  std::vector<uint64_t> bytes_read;  // per rank of this process, from the runner's loads
   if (runner) {
     // made by the profile step above
   } else if (real_shape) {
@@ -349,18 +352,25 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.custom_all_reduce = options.custom_all_reduce;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else if (multi_node) {
-    M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp));
+    M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));
     M3_RETURN_IF_ERROR(joined.share_kv_pages(static_cast<int32_t>(plan.pages)).status());
     nodes_gone = joined.nodes_gone;
-    M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create_distributed(
-                                    loaded.config, *loaded.weights, std::move(joined.ranks), ep,
-                                    threads_per_rank, static_cast<int32_t>(plan.pages)));
+    M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> ranks,
+                        TensorParallelCpuRunner::create_distributed(
+                            loaded.config, *loaded.weights, std::move(joined.ranks), ep,
+                            threads_per_rank, static_cast<int32_t>(plan.pages), dp));
+    bytes_read = ranks->weight_bytes_read();
+    runner = std::move(ranks);
   } else if (tp > 1) {
     // With --dp, plan.pages is each attention group's pool.
-    M3_ASSIGN_OR_RETURN(runner, TensorParallelCpuRunner::create(
-                                    loaded.config, *loaded.weights, tp, ep, threads_per_rank,
-                                    static_cast<int32_t>(plan.pages), dp));
+    M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> ranks,
+                        TensorParallelCpuRunner::create(loaded.config, *loaded.weights, tp, ep,
+                                                        threads_per_rank,
+                                                        static_cast<int32_t>(plan.pages), dp));
+    bytes_read = ranks->weight_bytes_read();
+    runner = std::move(ranks);
   } else {
+    bytes_read = {whole_model_reads.total()};
     M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
                                     std::move(backend), std::move(loaded.model), kv_cache_bytes));
   }
@@ -391,6 +401,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                              " per rank, moved to by all-to-all"
                                        : std::string())
                           : std::string("layout: 1 device (tp 1, dp 1, ep 1)"));
+  if (const uint64_t stored = checkpoint_stored_bytes(*loaded.weights); stored > 0 && !real_shape)
+    report.push_back(weights_read_summary(multi_node ? nodes.node_rank * local_ranks : 0,
+                                          bytes_read, stored));
   report.push_back(std::string("KV cache: ") + (real_shape ? "bf16" : "float32") + ", " +
                    std::to_string(plan.pages) + " pages of " + std::to_string(page_size) +
                    " tokens = " + std::to_string(plan.max_tokens) + " tokens (" +
@@ -437,12 +450,8 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   const int tp = layout.tp, ep = layout.ep;
   M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
   if (nodes.node_rank == 0) return internal_error("[app] run_follower_node on node 0");
-  if (options.dp_attention > 1) {
-    return Status(StatusCode::kUnimplemented, "--enable-dp-attention --dp " +
-                                                  std::to_string(options.dp_attention) +
-                                                  ": data-parallel attention over several nodes "
-                                                  "is not supported yet");
-  }
+  const int dp = std::max(1, options.dp_attention);
+  M3_RETURN_IF_ERROR(check_dp_attention(layout, dp, true));
   if (options.device == "cuda") {
     return Status(StatusCode::kUnimplemented,
                   "--nnodes: nodes of GPU ranks are not supported yet; CPU ranks are (--device "
@@ -452,7 +461,7 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
   }
   M3_ASSIGN_OR_RETURN(MiniMaxM3Config cfg, model_config(model_path, options));
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, tp, ep));
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, tp, ep, dp));
   std::unique_ptr<WeightSource> weights;
   if (options.dummy_weights) {
     weights = std::make_unique<minimax_m3::DummyWeightSource>(cfg);
@@ -463,16 +472,19 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   std::fprintf(stderr, "m3serve: node %d of %d: joining the group at %s (ranks %d..%d of %d)\n",
                nodes.node_rank, nodes.nnodes, nodes.dist_init_addr.c_str(),
                nodes.node_rank * local_ranks, (nodes.node_rank + 1) * local_ranks - 1, tp);
-  M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp));
+  M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));
   M3_ASSIGN_OR_RETURN(const int32_t pages, joined.share_kv_pages(0));
   const int cores = options.num_threads > 0 ? options.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
   M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> runner,
                       TensorParallelCpuRunner::create_distributed(
                           cfg, *weights, std::move(joined.ranks), ep,
-                          std::max(1, cores / local_ranks), pages));
-  std::fprintf(stderr, "m3serve: node %d of %d: ready: %d KV pages; following node 0\n",
-               nodes.node_rank, nodes.nnodes, pages);
+                          std::max(1, cores / local_ranks), pages, dp));
+  std::string read;
+  if (const uint64_t stored = checkpoint_stored_bytes(*weights); stored > 0)
+    read = "; " + weights_read_summary(runner->first_rank(), runner->weight_bytes_read(), stored);
+  std::fprintf(stderr, "m3serve: node %d of %d: ready: %d KV pages%s; following node 0\n",
+               nodes.node_rank, nodes.nnodes, pages, read.c_str());
   std::fflush(stderr);
   const Status s = runner->follow();
   if (s.is_ok()) {

@@ -88,8 +88,14 @@ Status check_node_layout(const NodeLayout& n, int tp) {
   return Status::ok();
 }
 
-Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp) {
+Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp, int dp) {
   M3_RETURN_IF_ERROR(check_node_layout(n, tp));
+  if (dp < 1 || tp % dp != 0) {
+    return invalid_argument("--dp " + std::to_string(dp) + " must divide --tp " +
+                            std::to_string(tp));
+  }
+  const int attn_tp = tp / dp;
+  const bool attn_groups = dp > 1 && attn_tp > 1;
   M3_ASSIGN_OR_RETURN(auto host_port, parse_dist_init_addr(n.dist_init_addr));
   const auto& [host, port] = host_port;
   const std::chrono::milliseconds timeout = n.dist_timeout;
@@ -105,6 +111,23 @@ Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp) {
   }
   M3_ASSIGN_OR_RETURN(rv->store, comm::TcpStore::connect(host, port, timeout));
   M3_RETURN_IF_ERROR(rv->store->hold_lease("node" + std::to_string(n.node_rank)));
+  // The attention groups must be the same on every node: a node started with another --dp would
+  // join other groups (or none) and run other collectives than node 0. Node 0 publishes its --dp;
+  // the others check theirs against it before joining anything.
+  const std::string dp_key = "m3/dp";
+  if (n.node_rank == 0) {
+    const std::string v = std::to_string(dp);
+    M3_RETURN_IF_ERROR(rv->store->set(dp_key, std::vector<char>(v.begin(), v.end())));
+  } else {
+    M3_ASSIGN_OR_RETURN(std::vector<char> v, rv->store->get(dp_key, timeout));
+    const std::string node0_dp(v.begin(), v.end());
+    if (node0_dp != std::to_string(dp)) {
+      return invalid_argument("node " + std::to_string(n.node_rank) + ": --dp " +
+                              std::to_string(dp) + " (with --enable-dp-attention) but node 0 "
+                              "serves --dp " + node0_dp +
+                              "; start every node with the same parallel flags");
+    }
+  }
 
   const int per_node = tp / n.nnodes;
   const int first = n.node_rank * per_node;
@@ -116,28 +139,48 @@ Result<JoinedRanks> join_nodes(const NodeLayout& n, int tp) {
                         comm::TcpStore::connect(host, port, timeout));
     rv->rank_stores.push_back(std::move(c));
   }
-  // Each rank blocks until the whole group has joined: join them concurrently.
-  std::vector<Result<std::unique_ptr<comm::Communicator>>> joined;
-  for (int i = 0; i < per_node; ++i) joined.emplace_back(internal_error("not joined"));
+  // Each rank blocks until the whole group has joined: join them concurrently. A rank then joins
+  // its attention group, whose other ranks (here or on other nodes) do the same after their own
+  // world join.
+  std::vector<Result<std::unique_ptr<comm::Communicator>>> joined, attn_joined;
+  for (int i = 0; i < per_node; ++i) {
+    joined.emplace_back(internal_error("not joined"));
+    attn_joined.emplace_back(internal_error("not joined"));
+  }
   {
     std::vector<std::thread> threads;
     for (int i = 0; i < per_node; ++i) {
       threads.emplace_back([&, i] {
-        joined[static_cast<size_t>(i)] = comm::create_gloo_communicator(
-            first + i, tp, rv->rank_stores[static_cast<size_t>(i)]->gloo_store(timeout), gloo);
+        const size_t k = static_cast<size_t>(i);
+        const int rank = first + i;
+        joined[k] = comm::create_gloo_communicator(rank, tp,
+                                                   rv->rank_stores[k]->gloo_store(timeout), gloo);
+        if (!joined[k].is_ok() || !attn_groups) return;
+        const std::string prefix = "m3/attn" + std::to_string(rank / attn_tp) + "/";
+        attn_joined[k] = comm::create_gloo_communicator(
+            rank % attn_tp, attn_tp, rv->rank_stores[k]->gloo_store(timeout, prefix), gloo);
       });
     }
     for (std::thread& t : threads) t.join();
   }
   JoinedRanks out;
   out.ranks.first = first;
+  const auto failed = [&](const Status& s, const std::string& group) {
+    return Status(s.code(), "node " + std::to_string(n.node_rank) + " of " +
+                                std::to_string(n.nnodes) + " (--dist-init-addr " +
+                                n.dist_init_addr + ")" + group + ": " + s.message());
+  };
   for (auto& c : joined) {
-    if (!c.is_ok()) {
-      return Status(c.status().code(), "node " + std::to_string(n.node_rank) + " of " +
-                                           std::to_string(n.nnodes) + " (--dist-init-addr " +
-                                           n.dist_init_addr + "): " + c.status().message());
-    }
+    if (!c.is_ok()) return failed(c.status(), "");
     out.ranks.comms.push_back(std::move(c).value());
+  }
+  for (int i = 0; attn_groups && i < per_node; ++i) {
+    auto& c = attn_joined[static_cast<size_t>(i)];
+    if (!c.is_ok()) {
+      return failed(c.status(), ", attention group " + std::to_string((first + i) / attn_tp) +
+                                    " (--dp " + std::to_string(dp) + ")");
+    }
+    out.ranks.attn_comms.push_back(std::move(c).value());
   }
   out.ranks.keepalive = rv;
   const int node_rank = n.node_rank;

@@ -3,7 +3,8 @@
 // the engine; every node holds --tp / N of the ranks. Node 0 serves the rendezvous (a TCP
 // key-value store, backend/comm/tcp_store.h) at HOST:PORT; every node connects to it, holds a
 // lease on its connection (so the others learn when it is gone), and joins its ranks to one Gloo
-// group through it. Node 0 then publishes the KV pool's page count, which every node allocates.
+// group through it (and, with --enable-dp-attention --dp, each rank its attention group). Node 0
+// then publishes the KV pool's page count, which every node allocates.
 #pragma once
 
 #include <chrono>
@@ -33,7 +34,10 @@ Result<std::pair<std::string, uint16_t>> parse_dist_init_addr(const std::string&
 
 // This process's ranks of the group, joined (blocks until every node has joined, or fails after
 // dist_timeout naming the address). The rendezvous lives as long as the runner that keeps
-// LocalRanks::keepalive.
+// LocalRanks::keepalive. With attention data parallelism (dp > 1, dp divides tp) and groups of
+// more than one rank, each rank also joins its attention group (ranks [g·tp/dp, (g+1)·tp/dp),
+// inside one node or spanning several) through the same store under the key prefix
+// "m3/attn<g>/" (LocalRanks::attn_comms).
 struct JoinedRanks {
   LocalRanks ranks;
   // Node 0: publishes `pages`; the others: read what node 0 published (within dist_timeout).
@@ -41,6 +45,6 @@ struct JoinedRanks {
   // After the group broke: which nodes have left the rendezvous ("" if none is known to).
   std::function<std::string()> nodes_gone;
 };
-Result<JoinedRanks> join_nodes(const NodeLayout& nodes, int tp);
+Result<JoinedRanks> join_nodes(const NodeLayout& nodes, int tp, int dp = 1);
 
 }  // namespace m3::app

@@ -3,6 +3,9 @@
 #include <map>
 #include <set>
 
+#include "app/memory_plan.h"
+#include "loader/checkpoint.h"
+
 namespace m3::app {
 
 namespace {
@@ -43,6 +46,29 @@ std::string weight_formats_summary(const WeightSource& weights) {
     out += (out.empty() ? "" : ", ") + names + " " + role;
   }
   return out.empty() ? "no text-model linears found" : out;
+}
+
+std::string weights_read_summary(int first_rank, const std::vector<uint64_t>& bytes_per_rank,
+                                 uint64_t stored_bytes) {
+  std::string out = "checkpoint read: ";
+  for (size_t i = 0; i < bytes_per_rank.size(); ++i) {
+    const int64_t b = static_cast<int64_t>(bytes_per_rank[i]);
+    out += (i ? ", " : "") + format_bytes(b) + " by rank " +
+           std::to_string(first_rank + static_cast<int>(i)) + " (" + std::to_string(b) +
+           " bytes)";
+  }
+  return out + " of " + format_bytes(static_cast<int64_t>(stored_bytes)) + " stored";
+}
+
+uint64_t checkpoint_stored_bytes(const WeightSource& weights) {
+  const auto* ck = dynamic_cast<const Checkpoint*>(&weights);
+  if (ck == nullptr) return 0;
+  uint64_t total = 0;
+  for (const std::string& n : ck->store().names()) {
+    auto t = ck->raw(n);
+    if (t.is_ok()) total += t->nbytes;
+  }
+  return total;
 }
 
 }  // namespace m3::app

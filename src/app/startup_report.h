@@ -1,7 +1,9 @@
 // What `m3serve serve` says about the model it loaded, before it reports ready: the checkpoint's
-// weight formats by role, where the weights and the KV cache live, and how large the pool is.
+// weight formats by role, where the weights and the KV cache live, how large the pool is, and the
+// checkpoint bytes each rank read.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,5 +15,17 @@ namespace m3::app {
 // routed experts, BF16 embeddings and head" ("BF16/MXFP8 dense linears" where a role is mixed).
 // Norms, the router and biases are not counted.
 std::string weight_formats_summary(const WeightSource& weights);
+
+// The checkpoint bytes this process's ranks read while loading (measured: ReadCounter::Scope
+// around each rank's load; on the CPU a rank maps the checkpoint and reads only its slices):
+// "checkpoint read: 17.0 MB by rank 0 (17023136 bytes), 17.0 MB by rank 1 (17023136 bytes) of
+// 29.7 MB stored" for ranks first_rank, first_rank + 1, ...; `stored_bytes` is the checkpoint's
+// size. The exact count is given so that it can be checked against the slices.
+std::string weights_read_summary(int first_rank, const std::vector<uint64_t>& bytes_per_rank,
+                                 uint64_t stored_bytes);
+
+// The stored bytes of every tensor of `weights` when it is a checkpoint (Checkpoint), else 0
+// (dummy weights read no file).
+uint64_t checkpoint_stored_bytes(const WeightSource& weights);
 
 }  // namespace m3::app

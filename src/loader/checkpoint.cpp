@@ -114,6 +114,18 @@ Status classify_quantized(StoredWeight& w) {
 
 }  // namespace
 
+namespace {
+thread_local ReadCounter* t_scoped_counter = nullptr;
+}  // namespace
+
+ReadCounter::Scope::Scope(ReadCounter* counter) : previous_(t_scoped_counter) {
+  t_scoped_counter = counter;
+}
+
+ReadCounter::Scope::~Scope() { t_scoped_counter = previous_; }
+
+ReadCounter* ReadCounter::current() { return t_scoped_counter; }
+
 void ReadCounter::add(const std::string& stored_name, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   bytes_[stored_name] += bytes;

@@ -48,6 +48,23 @@ class ReadCounter {
   uint64_t total() const;
   std::map<std::string, uint64_t> by_tensor() const;
 
+  // While a Scope lives, every Checkpoint's reads on this thread are also counted into its
+  // counter (the innermost scope's). Loaders that take a `const WeightSource&` shared by several
+  // ranks (TensorParallelCpuRunner) count each rank's reads this way: a counter set on the shared
+  // checkpoint (set_read_counter) could not tell the ranks apart.
+  class Scope {
+   public:
+    explicit Scope(ReadCounter* counter);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    ReadCounter* previous_;
+  };
+  // The innermost live Scope's counter on this thread, or nullptr.
+  static ReadCounter* current();
+
  private:
   mutable std::mutex mu_;
   std::map<std::string, uint64_t> bytes_;
@@ -106,7 +123,9 @@ class Checkpoint : public WeightSource {
   void classify();
   const Entry* entry(const std::string& name) const;
   void count(const std::string& stored_name, uint64_t bytes) const {
-    if (counter_ != nullptr && !stored_name.empty()) counter_->add(stored_name, bytes);
+    if (stored_name.empty()) return;
+    if (counter_ != nullptr) counter_->add(stored_name, bytes);
+    if (ReadCounter* scoped = ReadCounter::current()) scoped->add(stored_name, bytes);
   }
   void count_whole(const StoredWeight& w) const;
 

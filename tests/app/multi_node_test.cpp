@@ -1,6 +1,6 @@
-// The multi-node flags' checks (app/multi_node.h) and two "nodes" joining in one process: each
-// error names the flag, and joined ranks form one group that carries a collective and the KV
-// page count.
+// The multi-node flags' checks (app/multi_node.h) and "nodes" joining in one process: each error
+// names the flag, joined ranks form one group that carries a collective and the KV page count,
+// and with --dp each rank also joins its attention group, which may span nodes.
 #include "app/multi_node.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +60,7 @@ TEST(MultiNode, TwoNodesJoinOneGroupAndShareThePageCount) {
   EXPECT_EQ(node1->ranks.first, 2);
   ASSERT_EQ(node0->ranks.comms.size(), 2u);
   ASSERT_EQ(node1->ranks.comms.size(), 2u);
+  EXPECT_TRUE(node0->ranks.attn_comms.empty());  // no --dp: attention over the world group
   // Every rank sums its rank number: 0 + 1 + 2 + 3.
   std::vector<std::thread> ranks;
   std::vector<float> sums(4, -1);
@@ -77,6 +78,75 @@ TEST(MultiNode, TwoNodesJoinOneGroupAndShareThePageCount) {
   ASSERT_TRUE(published.is_ok() && read.is_ok());
   EXPECT_EQ(*read, 1234);
   EXPECT_EQ(node0->nodes_gone(), "");
+}
+
+// --tp 4 --dp 2 over four one-rank nodes: the attention groups {0, 1} and {2, 3} each span two
+// nodes; they rendezvous through the world's store under their own keys, next to the world group.
+TEST(MultiNode, AttentionGroupsJoinAcrossNodes) {
+  auto probe = comm::TcpStoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(probe.is_ok());
+  const std::string addr = "127.0.0.1:" + std::to_string((*probe)->port());
+  probe->reset();
+  constexpr int kNodes = 4;
+  std::vector<Result<JoinedRanks>> nodes;
+  for (int k = 0; k < kNodes; ++k) nodes.emplace_back(internal_error("not run"));
+  {
+    std::vector<std::thread> threads;
+    for (int k = 0; k < kNodes; ++k)
+      threads.emplace_back(
+          [&, k] { nodes[static_cast<size_t>(k)] = join_nodes(layout(kNodes, k, addr), 4, 2); });
+    for (std::thread& t : threads) t.join();
+  }
+  std::vector<comm::Communicator*> world, attn;
+  for (auto& n : nodes) {
+    ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+    ASSERT_EQ(n->ranks.comms.size(), 1u);
+    ASSERT_EQ(n->ranks.attn_comms.size(), 1u);
+    world.push_back(n->ranks.comms[0].get());
+    attn.push_back(n->ranks.attn_comms[0].get());
+  }
+  for (int r = 0; r < kNodes; ++r) {
+    EXPECT_EQ(attn[static_cast<size_t>(r)]->rank(), r % 2);
+    EXPECT_EQ(attn[static_cast<size_t>(r)]->size(), 2);
+  }
+  // Each rank sums 1 + its rank over its attention group, then over the world.
+  std::vector<float> group_sums(kNodes, -1), world_sums(kNodes, -1);
+  {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kNodes; ++r) {
+      ranks.emplace_back([&, r] {
+        const size_t k = static_cast<size_t>(r);
+        float v = 1.0f + static_cast<float>(r);
+        EXPECT_TRUE(attn[k]->all_reduce(&v, 1, comm::DataType::kF32, comm::ReduceOp::kSum).is_ok());
+        group_sums[k] = v;
+        float w = 1.0f + static_cast<float>(r);
+        EXPECT_TRUE(world[k]->all_reduce(&w, 1, comm::DataType::kF32, comm::ReduceOp::kSum).is_ok());
+        world_sums[k] = w;
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+  }
+  EXPECT_EQ(group_sums, (std::vector<float>{3, 3, 7, 7}));
+  EXPECT_EQ(world_sums, (std::vector<float>{10, 10, 10, 10}));
+  // A node started with another --dp than node 0 is refused, naming both.
+  {
+    auto probe2 = comm::TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(probe2.is_ok());
+    const std::string addr2 = "127.0.0.1:" + std::to_string((*probe2)->port());
+    probe2->reset();
+    NodeLayout n0 = layout(2, 0, addr2), n1 = layout(2, 1, addr2);
+    n0.dist_timeout = n1.dist_timeout = std::chrono::seconds(2);
+    Result<JoinedRanks> node0 = internal_error("not run"), node1 = internal_error("not run");
+    std::thread t0([&] { node0 = join_nodes(n0, 4, 2); });
+    node1 = join_nodes(n1, 4, 1);
+    ASSERT_FALSE(node1.is_ok());
+    expect_error(node1.status(), "node 1: --dp 1 (with --enable-dp-attention) but node 0 serves "
+                                 "--dp 2");
+    t0.join();  // node 0 gives up after --dist-timeout: node 1 never joined
+    EXPECT_FALSE(node0.is_ok());
+  }
+  // A --dp that does not divide --tp is refused before anything is joined, naming both.
+  expect_error(join_nodes(layout(2, 0, addr), 4, 3).status(), "--dp 3 must divide --tp 4");
 }
 
 }  // namespace

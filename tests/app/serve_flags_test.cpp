@@ -279,6 +279,19 @@ TEST(ServeFlags, DataParallelAttentionEngine) {
   auto bad = make_engine(std::string(M3_REPO_ROOT) + "/models/m3-tiny", o);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
+  // On GPU ranks it is not built: refused before anything loads, naming --dp.
+  o.dp_attention = 2;
+  o.device = "cuda";
+  o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
+    return internal_error("no backend in this test");
+  };
+  auto gpu = make_engine(std::string(M3_REPO_ROOT) + "/models/m3-tiny", o);
+  ASSERT_FALSE(gpu.is_ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented) << gpu.status().message();
+  EXPECT_NE(gpu.status().message().find("--enable-dp-attention --dp 2"), std::string::npos)
+      << gpu.status().message();
+  EXPECT_NE(gpu.status().message().find("on GPUs is not supported yet"), std::string::npos)
+      << gpu.status().message();
 }
 
 // --device cuda --tp N reaches the real-shape runner's factory with the ranks, the per-rank KV

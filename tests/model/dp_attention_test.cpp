@@ -7,7 +7,10 @@
 // groups, with overlapping page ids (each group has its own pool), run through
 // TensorParallelCpuRunner: a prefill step, decode steps of all of them, a step where group 0 has no
 // slices and one where group 1 has none. Each sequence's logits must match the unsharded model run
-// on that sequence alone, and the greedy tokens must be equal.
+// on that sequence alone, and the greedy tokens must be equal; the last step also captures two
+// layers' hidden states. --tp 2 --dp 2 and --tp 4 --ep 2 --dp 2 run again with every rank in its
+// own "node" (create_distributed): rank 0 broadcasts the steps, the groups' communicators come with
+// the ranks, and group 1's outputs travel from its first rank to rank 0.
 //
 // Tolerance: as in tensor_parallel_test.cpp, only the order of float32 sums changes (a group's
 // ranks sum their heads' partial o_proj products, all ranks the feed-forward partial sums; under
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/comm/gloo_communicator.h"
@@ -45,11 +49,61 @@ int32_t argmax(const float* row, int64_t n) {
 
 struct DpLayout {
   int tp = 2, ep = 1, dp = 2;
+  // Every rank in its own "node" (create_distributed, one rank per LocalRanks, each attention
+  // group's communicator given with the ranks): a group's ranks sit in different nodes, and
+  // group g > 0's first rank, which holds its outputs, is not in rank 0's.
+  bool nodes = false;
   std::string name() const {
     return "tp" + std::to_string(tp) + (ep > 1 ? "_ep" + std::to_string(ep) : std::string()) +
-           "_dp" + std::to_string(dp);
+           "_dp" + std::to_string(dp) + (nodes ? "_nodes" + std::to_string(tp) : std::string());
   }
 };
+
+// Ranks 1 .. tp - 1 as followers of rank 0, each in its own LocalRanks as if in another process,
+// running the steps rank 0 broadcasts until it is destroyed (which stops them).
+struct Followers {
+  std::vector<std::unique_ptr<TensorParallelCpuRunner>> runners;
+  std::vector<Status> ends;
+  std::vector<std::thread> threads;
+  ~Followers() {
+    for (std::thread& t : threads) t.join();
+  }
+};
+
+// Rank 0's runner over `tp` one-rank "nodes"; the others go into `followers`.
+Result<std::unique_ptr<TensorParallelCpuRunner>> create_over_nodes(const MiniMaxM3Config& cfg,
+                                                                   const WeightSource& src,
+                                                                   const DpLayout& layout,
+                                                                   int32_t pages,
+                                                                   Followers* followers) {
+  M3_ASSIGN_OR_RETURN(auto world, comm::create_local_gloo_group(layout.tp));
+  std::vector<std::unique_ptr<comm::Communicator>> attn;
+  const int attn_tp = layout.tp / layout.dp;
+  if (attn_tp > 1) {
+    for (int g = 0; g < layout.dp; ++g) {
+      M3_ASSIGN_OR_RETURN(auto group, comm::create_local_gloo_group(attn_tp));
+      for (auto& c : group) attn.push_back(std::move(c));
+    }
+  }
+  std::vector<std::unique_ptr<TensorParallelCpuRunner>> made;
+  for (int r = 0; r < layout.tp; ++r) {
+    LocalRanks local;
+    local.first = r;
+    local.comms.push_back(std::move(world[static_cast<size_t>(r)]));
+    if (attn_tp > 1) local.attn_comms.push_back(std::move(attn[static_cast<size_t>(r)]));
+    M3_ASSIGN_OR_RETURN(auto runner,
+                        TensorParallelCpuRunner::create_distributed(
+                            cfg, src, std::move(local), layout.ep, 1, pages, layout.dp));
+    made.push_back(std::move(runner));
+  }
+  followers->ends.assign(made.size(), Status::ok());
+  for (size_t r = 1; r < made.size(); ++r) {
+    followers->runners.push_back(std::move(made[r]));
+    TensorParallelCpuRunner* f = followers->runners.back().get();
+    followers->threads.emplace_back([f, followers, r] { followers->ends[r] = f->follow(); });
+  }
+  return std::move(made[0]);
+}
 
 // One sequence: its group, its pages in its group's pool and in the reference cache, its tokens.
 struct Sequence {
@@ -70,8 +124,10 @@ TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
   const int64_t vocab = cfg->vocab_size;
   constexpr int32_t kPagesPerGroup = 6;
 
-  auto runner = TensorParallelCpuRunner::create(*cfg, **ckpt, layout.tp, layout.ep, 1,
-                                                kPagesPerGroup, layout.dp);
+  Followers followers;  // declared before rank 0's runner: destroyed after it has stopped them
+  auto runner = layout.nodes ? create_over_nodes(*cfg, **ckpt, layout, kPagesPerGroup, &followers)
+                             : TensorParallelCpuRunner::create(*cfg, **ckpt, layout.tp, layout.ep,
+                                                               1, kPagesPerGroup, layout.dp);
   ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
   TensorParallelCpuRunner& tp = **runner;
   EXPECT_EQ(tp.dp_groups(), layout.dp);
@@ -98,9 +154,13 @@ TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
   // Steps, as the sequences taking part, in slice order (mixing the groups): prefill, decodes,
   // group 0 empty, group 1 empty, all again.
   const std::vector<std::vector<size_t>> steps = {{1, 0, 2}, {0, 2, 1}, {2, 1}, {0}, {1, 2, 0}};
-  float worst = 0;
+  float worst = 0, worst_hidden = 0;
   for (size_t step_no = 0; step_no < steps.size(); ++step_no) {
     ModelStep step;
+    // The last step also returns the first and the last layer's hidden states, which travel from
+    // each group's first rank like the logits.
+    const bool capture = step_no + 1 == steps.size();
+    if (capture) step.capture_layers = {0, static_cast<int32_t>(cfg->num_hidden_layers - 1)};
     for (size_t i : steps[step_no]) {
       ModelSlice s;
       s.tokens = seqs[i].tokens;
@@ -128,8 +188,18 @@ TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
       alone.block_table = seq.ref_pages;
       alone.dp_group = 0;
       ForwardOutput want;
-      const Status r = (*ref)->forward(std::vector<ModelSlice>{alone}, &ref_cache, &want);
+      const Status r = (*ref)->forward(std::vector<ModelSlice>{alone}, &ref_cache, &want,
+                                       step.capture_layers);
       ASSERT_TRUE(r.is_ok()) << r.to_string();
+      if (capture) {
+        ASSERT_EQ(got.hidden.size(), step.slices.size());
+        ASSERT_EQ(got.hidden[k].size(), want.hidden[0].size()) << "slice " << k;
+        ASSERT_FALSE(want.hidden[0].empty());
+        // Relative to the hidden state's scale: the residual stream is not bounded like logits.
+        for (size_t e = 0; e < want.hidden[0].size(); ++e)
+          worst_hidden = std::max(worst_hidden, std::fabs(got.hidden[k][e] - want.hidden[0][e]) /
+                                                    std::max(1.0f, std::fabs(want.hidden[0][e])));
+      }
       const std::vector<float>& w = want.logits[0];
       const std::vector<float>& g = got.logits[k];
       ASSERT_EQ(g.size(), w.size()) << "step " << step_no << " slice " << k;
@@ -146,9 +216,10 @@ TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
     }
   }
   EXPECT_LE(worst, kTolerance);
-  std::printf("[ %-40s ] --tp %d --ep %d --dp %d: 3 sequences over 2 groups, 5 steps, worst "
-              "|logit diff| %.3g (bound %.3g)\n",
-              "attention data parallel on CPU ranks", layout.tp, layout.ep, layout.dp, worst,
+  EXPECT_LE(worst_hidden, kTolerance);
+  std::printf("[ %-40s ] %s: 3 sequences over 2 groups, 5 steps, worst |logit diff| %.3g, "
+              "hidden %.3g (bound %.3g)\n",
+              "attention data parallel on CPU ranks", layout.name().c_str(), worst, worst_hidden,
               kTolerance);
 
   // A slice naming a group that does not exist fails the step on every rank alike (before any
@@ -174,7 +245,8 @@ TEST_P(DpAttentionCpu, GroupsMatchTheUnshardedModelPerSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DpAttentionCpu,
-                         ::testing::Values(DpLayout{2, 1, 2}, DpLayout{4, 1, 2}, DpLayout{4, 2, 2}),
+                         ::testing::Values(DpLayout{2, 1, 2}, DpLayout{4, 1, 2}, DpLayout{4, 2, 2},
+                                           DpLayout{2, 1, 2, true}, DpLayout{4, 2, 2, true}),
                          [](const ::testing::TestParamInfo<DpLayout>& i) {
                            return i.param.name();
                          });
@@ -218,7 +290,7 @@ TEST(DpAttention, PlacementAndErrorsNameTheFlags) {
   EXPECT_EQ(plain.q_count, 8);
 }
 
-TEST(DpAttention, RunnerRefusesBadLayoutsAndSeveralNodes) {
+TEST(DpAttention, RunnerRefusesBadLayoutsAndMissingGroupCommunicators) {
   auto cfg = load_minimax_m3_config(kModel);
   ASSERT_TRUE(cfg.is_ok());
   auto ckpt = Checkpoint::open(kModel);
@@ -228,16 +300,20 @@ TEST(DpAttention, RunnerRefusesBadLayoutsAndSeveralNodes) {
   EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(odd.status().message().find("--dp 3 must divide --tp 4"), std::string::npos)
       << odd.status().message();
+  // Over several processes the attention groups' communicators come joined with the ranks:
+  // groups of two ranks without them are refused, naming --dp.
   LocalRanks local;
-  auto comms = comm::create_local_gloo_group(2);
+  auto comms = comm::create_local_gloo_group(4);
   ASSERT_TRUE(comms.is_ok());
   local.comms = std::move(comms).value();
   auto distributed =
       TensorParallelCpuRunner::create_distributed(*cfg, **ckpt, std::move(local), 1, 1, 2, 2);
   ASSERT_FALSE(distributed.is_ok());
-  EXPECT_EQ(distributed.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(distributed.status().message().find("--dp 2"), std::string::npos);
-  EXPECT_NE(distributed.status().message().find("--nnodes"), std::string::npos);
+  EXPECT_EQ(distributed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(distributed.status().message().find("--dp 2 over 4 ranks: 0 attention-group "
+                                                "communicators for 4 local ranks"),
+            std::string::npos)
+      << distributed.status().message();
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "app/engine_stack.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "loader/checkpoint.h"
@@ -261,6 +262,68 @@ TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
     EXPECT_EQ(summed[name], copies * once.at(name)) << layout.name() << ": " << name;
   }
 }
+
+// The startup report's "checkpoint read" line gives the bytes each served rank read, measured as
+// the ranks load (make_engine, as `m3serve serve` builds it): they must equal the rank's slices
+// computed from the config, and one rank reads the whole checkpoint.
+class ServedRankReads : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(ServedRankReads, StartupReportGivesEachRanksSlicesRead) {
+  const Layout layout = GetParam();
+  auto cfg = load_minimax_m3_config(kModel);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  std::unique_ptr<Checkpoint> ck = Checkpoint::open(kModel).value();
+  const WeightNaming naming = detect_naming(*ck, *cfg).value();
+  uint64_t stored_total = 0;
+  for (const std::string& n : ck->store().names()) stored_total += ck->raw(n).value().nbytes;
+
+  app::EngineStackOptions o;
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.tensor_parallel = layout.tp;
+  o.expert_parallel = layout.ep;
+  o.dp_attention = layout.dp;
+  o.context_length = 256;
+  o.kv_cache_bytes = int64_t{16} << 20;
+  auto engine = app::make_engine(kModel, o);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  std::string line;
+  for (const std::string& l : engine->report) {
+    if (l.rfind("checkpoint read: ", 0) == 0) line = l;
+  }
+  ASSERT_FALSE(line.empty()) << "no 'checkpoint read' line in the startup report";
+  uint64_t summed = 0;
+  for (int r = 0; r < layout.tp; ++r) {
+    const std::string key = "by rank " + std::to_string(r) + " (";
+    const size_t at = line.find(key);
+    ASSERT_NE(at, std::string::npos) << line;
+    const uint64_t reported = std::stoull(line.substr(at + key.size()));
+    EXPECT_EQ(line.compare(line.find(')', at) - 6, 6, " bytes"), 0) << line;
+    uint64_t want = 0;
+    if (layout.tp == 1) {
+      want = stored_total;
+    } else {
+      const RankSlices rs = rank_slices(*cfg, r, layout.tp, layout.ep, layout.dp);
+      for (const auto& [name, b] : expected_reads(*ck, *cfg, naming, rs).bytes) want += b;
+    }
+    EXPECT_EQ(reported, want) << layout.name() << " rank " << r << ": " << line;
+    summed += reported;
+  }
+  EXPECT_EQ(line.find("by rank " + std::to_string(layout.tp)), std::string::npos) << line;
+  std::printf("[ %-40s ] %s: %s\n", "startup report", layout.name().c_str(), line.c_str());
+  // Sharded ranks together read at least the whole checkpoint (the replicated tensors more than
+  // once), each of them less.
+  if (layout.tp > 1) {
+    EXPECT_GE(summed, stored_total);
+    EXPECT_LT(summed / uint64_t(layout.tp), stored_total);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ServedRankReads,
+                         ::testing::Values(Layout{1, 1, 1}, Layout{2, 1, 1}, Layout{2, 2, 1}),
+                         [](const ::testing::TestParamInfo<Layout>& i) {
+                           return i.param.name();
+                         });
 
 // `--load-format dummy`: a rank generates only its slices, and they equal the same slices of the
 // unsharded dummy model (the experts are NVFP4, the linears MXFP8: block-aligned windows).

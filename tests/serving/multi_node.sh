@@ -9,10 +9,17 @@
 #   - node 0 is killed: node 1 exits non-zero naming node 0;
 #   - node 0 stops cleanly (SIGTERM): node 1 exits 0;
 #   - node 0 alone: the rendezvous times out and it exits non-zero naming the address.
-# Usage: multi_node.sh <m3serve binary>
+# With "dp" as the second argument, the nodes serve --tp 4 --enable-dp-attention --dp 2 instead
+# (attention group 0 on node 0, group 1 on node 1, each group's ranks joined through the
+# rendezvous; the MoE layers over all four ranks): two requests at once, one per group, each give
+# one process's greedy text, and node 1 killed mid-stream still gives an error event, 503s and a
+# non-zero exit within --dist-timeout. The other failure paths do not depend on --dp and run only
+# without it.
+# Usage: multi_node.sh <m3serve binary> [dp]
 set -euo pipefail
 
 BIN=${1:-${M3SERVE_BIN:-build/bin/m3serve}}
+MODE=${2:-tp}
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -28,6 +35,7 @@ fail() {
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 TIMEOUT=10
 COMMON=(--device cpu --tp 4 --nnodes 2 --dist-timeout "$TIMEOUT")
+[ "$MODE" = dp ] && COMMON+=(--enable-dp-attention --dp 2)
 
 # start_nodes TAG: node 0 on $PORT, node 1; waits for /health 200.
 start_nodes() {
@@ -60,26 +68,60 @@ exits_within() {
   RC=0
   wait "$pid" || RC=$?
 }
-complete() {  # port prompt -> greedy text
+complete() {  # port prompt [max_tokens] -> greedy text
   curl -s "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
-    -d "{\"prompt\": \"$2\", \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}" |
+    -d "{\"prompt\": \"$2\", \"max_tokens\": ${3:-24}, \"temperature\": 0, \"ignore_eos\": true}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+}
+start_solo() {  # one process, no ranks: the reference
+  SOLO_PORT=$(free_port)
+  "$BIN" serve --device cpu --host 127.0.0.1 --port "$SOLO_PORT" >"$WORK/solo.log" 2>&1 &
+  SOLO=$!
+  PIDS+=("$SOLO")
+  for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$SOLO_PORT/health" >/dev/null 2>&1 && break; sleep 0.25; done
 }
 
 # ---- 1. Serve, and equal one process's greedy text.
 start_nodes serve
-got=$(complete "$PORT" "The capital of France is")
-SOLO_PORT=$(free_port)
-"$BIN" serve --device cpu --host 127.0.0.1 --port "$SOLO_PORT" >"$WORK/solo.log" 2>&1 &
-SOLO=$!
-PIDS+=("$SOLO")
-for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$SOLO_PORT/health" >/dev/null 2>&1 && break; sleep 0.25; done
-want=$(complete "$SOLO_PORT" "The capital of France is")
-kill -TERM "$SOLO"
-[ -n "$got" ] && [ "$got" = "$want" ] || fail "two nodes gave '$got', one process '$want'"
-grep -q "layout: 2 of 4 CPU ranks on node 0 of 2" "$WORK/serve-node0.log" || fail "no layout line"
-grep -q "node 1 of 2: ready" "$WORK/serve-node1.log" || fail "node 1 not ready"
-echo "ok: two nodes serve, greedy text equals one process's"
+if [ "$MODE" = dp ]; then
+  # Two requests at once: round_robin places the first on group 0 (node 0's ranks) and the second
+  # on group 1 (node 1's), so steps carry both groups' slices. 40 tokens fill a 32-token page,
+  # which each group's prefix cache then holds.
+  complete "$PORT" "The capital of France is" 40 >"$WORK/a.txt" &
+  A=$!
+  complete "$PORT" "Count from one to ten:" 40 >"$WORK/b.txt" &
+  B=$!
+  wait "$A" "$B"
+  start_solo
+  for pair in "a:The capital of France is" "b:Count from one to ten:"; do
+    got=$(cat "$WORK/${pair%%:*}.txt")
+    want=$(complete "$SOLO_PORT" "${pair#*:}" 40)
+    [ -n "$got" ] && [ "$got" = "$want" ] ||
+      fail "two nodes with --dp 2 gave '$got' for '${pair#*:}', one process '$want'"
+  done
+  kill -TERM "$SOLO"
+  metrics=$(curl -s "http://127.0.0.1:$PORT/metrics")
+  for g in 0 1; do
+    echo "$metrics" | grep -E "^m3serve:kv_pages_cached\{.*dp_rank=\"$g\"\} [1-9]" >/dev/null ||
+      fail "DP group $g holds no cached page after its request: $(echo "$metrics" | grep kv_pages_cached)"
+  done
+  grep -q "layout: 2 of 4 CPU ranks on node 0 of 2 over Gloo (tp 4, dp 2" "$WORK/serve-node0.log" ||
+    fail "no dp layout line"
+  grep -q "checkpoint read: .* by rank 0 (.*by rank 1 (" "$WORK/serve-node0.log" ||
+    fail "node 0 does not report its ranks' checkpoint reads"
+  grep -q "node 1 of 2: ready: .*checkpoint read: .* by rank 2 (.*by rank 3 (" \
+    "$WORK/serve-node1.log" || fail "node 1 does not report its ranks' checkpoint reads"
+  echo "ok: two nodes serve --dp 2, both groups' greedy text equals one process's"
+else
+  got=$(complete "$PORT" "The capital of France is")
+  start_solo
+  want=$(complete "$SOLO_PORT" "The capital of France is")
+  kill -TERM "$SOLO"
+  [ -n "$got" ] && [ "$got" = "$want" ] || fail "two nodes gave '$got', one process '$want'"
+  grep -q "layout: 2 of 4 CPU ranks on node 0 of 2" "$WORK/serve-node0.log" || fail "no layout line"
+  grep -q "node 1 of 2: ready" "$WORK/serve-node1.log" || fail "node 1 not ready"
+  echo "ok: two nodes serve, greedy text equals one process's"
+fi
 
 # ---- 2. Node 1 dies mid-stream.
 curl -sN "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
@@ -90,8 +132,10 @@ for _ in $(seq 1 40); do [ "$(grep -c '^data:' "$WORK/stream.txt" || true)" -ge 
 [ "$(grep -c '^data:' "$WORK/stream.txt" || true)" -ge 3 ] || fail "the stream did not start"
 kill -9 "$N1"
 t0=$SECONDS
-# The stream ends (not hangs) with an error event.
-for _ in $(seq 1 $((TIMEOUT * 4))); do kill -0 "$STREAM" 2>/dev/null || break; sleep 0.25; done
+# The stream ends (not hangs) with an error event: at once where a collective waits on node 1's
+# closed connections, after --dist-timeout where it waits on a rank that itself waits on node 1;
+# the bound leaves 5 s of slack past the timeout, as for node 0's exit below.
+for _ in $(seq 1 $(((TIMEOUT + 5) * 4))); do kill -0 "$STREAM" 2>/dev/null || break; sleep 0.25; done
 kill -0 "$STREAM" 2>/dev/null && fail "the stream did not end after node 1 died"
 grep -q '"error"' "$WORK/stream.txt" || fail "the stream ended without an error event"
 # While node 0 drains: 503s (or it has already gone).
@@ -104,6 +148,7 @@ rc=$RC
 grep -q "fatal: node 1 (ranks 2..3) left the rendezvous" "$WORK/serve-node0.log" ||
   fail "node 0's log does not name node 1"
 echo "ok: node 1 killed: stream error, $code, node 0 exited $rc after $((SECONDS - t0)) s"
+[ "$MODE" = dp ] && exit 0
 
 # ---- 2b. Node 1 hangs: the collective times out after --dist-timeout.
 start_nodes hang

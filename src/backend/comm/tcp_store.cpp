@@ -289,14 +289,15 @@ namespace {
 // Gloo's rendezvous interface over a TcpStore; its failures are exceptions, as Gloo expects.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
  public:
-  GlooStoreAdapter(std::shared_ptr<TcpStore> store, std::chrono::milliseconds timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
+  GlooStoreAdapter(std::shared_ptr<TcpStore> store, std::chrono::milliseconds timeout,
+                   std::string prefix)
+      : store_(std::move(store)), timeout_(timeout), prefix_(std::move(prefix)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
-    Status s = store_->set(key, data);
+    Status s = store_->set(prefix_ + key, data);
     if (!s.is_ok()) throw std::runtime_error(s.message());
   }
   std::vector<char> get(const std::string& key) override {
-    auto v = store_->get(key, timeout_);
+    auto v = store_->get(prefix_ + key, timeout_);
     if (!v.is_ok()) throw std::runtime_error(v.status().message());
     return std::move(v).value();
   }
@@ -304,7 +305,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
     for (const std::string& k : keys) {
-      auto v = store_->get(k, timeout);
+      auto v = store_->get(prefix_ + k, timeout);
       if (!v.is_ok()) throw std::runtime_error(v.status().message());
     }
   }
@@ -312,12 +313,14 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
  private:
   std::shared_ptr<TcpStore> store_;
   std::chrono::milliseconds timeout_;
+  std::string prefix_;
 };
 
 }  // namespace
 
-std::shared_ptr<gloo::rendezvous::Store> TcpStore::gloo_store(std::chrono::milliseconds timeout) {
-  return std::make_shared<GlooStoreAdapter>(shared_from_this(), timeout);
+std::shared_ptr<gloo::rendezvous::Store> TcpStore::gloo_store(std::chrono::milliseconds timeout,
+                                                              std::string key_prefix) {
+  return std::make_shared<GlooStoreAdapter>(shared_from_this(), timeout, std::move(key_prefix));
 }
 
 }  // namespace m3::comm

@@ -54,8 +54,11 @@ class TcpStore : public std::enable_shared_from_this<TcpStore> {
   // Waits until `key` is set, or fails with unavailable after `timeout`.
   Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout);
   // This store as Gloo's rendezvous store (create_gloo_communicator's argument); its reads wait
-  // up to `timeout`.
-  std::shared_ptr<gloo::rendezvous::Store> gloo_store(std::chrono::milliseconds timeout);
+  // up to `timeout`. Every key is prefixed with `key_prefix`: several Gloo groups rendezvous
+  // through one store (the world group and each attention data-parallel group), and Gloo names its
+  // keys by rank alone.
+  std::shared_ptr<gloo::rendezvous::Store> gloo_store(std::chrono::milliseconds timeout,
+                                                      std::string key_prefix = "");
 
  private:
   explicit TcpStore(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/comm/gloo_communicator.h"
+#include "loader/checkpoint.h"
 #include "model/minimax_m3/tensor_parallel.h"
 #include "model/step_wire.h"
 
@@ -32,13 +33,28 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create
   if (local.comms.empty()) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] no local ranks");
   }
-  if (dp > 1) {
-    // The attention groups' communicators would need their own rendezvous across the nodes.
-    return unimplemented("[model.minimax_m3.tensor_parallel_runner] --dp " + std::to_string(dp) +
-                         " (attention data parallelism) over several nodes (--nnodes) is not "
-                         "built yet; run it on one node");
+  const int world = local.comms[0]->size();
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, world, ep, dp));
+  // The attention groups' communicators span processes, so they come joined with the ranks.
+  const int attn_tp = world / std::max(dp, 1);
+  const bool needs_attn = dp > 1 && attn_tp > 1;
+  if (needs_attn ? local.attn_comms.size() != local.comms.size() : !local.attn_comms.empty()) {
+    return invalid_argument(
+        "[model.minimax_m3.tensor_parallel_runner] --dp " + std::to_string(dp) + " over " +
+        std::to_string(world) + " ranks: " + std::to_string(local.attn_comms.size()) +
+        " attention-group communicators for " + std::to_string(local.comms.size()) +
+        " local ranks (expected " + std::to_string(needs_attn ? local.comms.size() : 0) + ")");
   }
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, local.comms[0]->size(), ep, dp));
+  for (size_t i = 0; i < local.attn_comms.size(); ++i) {
+    const int rank = local.first + static_cast<int>(i);
+    const comm::Communicator* a = local.attn_comms[i].get();
+    if (a == nullptr || a->rank() != rank % attn_tp || a->size() != attn_tp) {
+      return invalid_argument("[model.minimax_m3.tensor_parallel_runner] rank " +
+                              std::to_string(rank) + "'s attention-group communicator is not "
+                              "rank " + std::to_string(rank % attn_tp) + " of " +
+                              std::to_string(attn_tp));
+    }
+  }
   return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp);
 }
 
@@ -58,9 +74,13 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
   r->idle_wait_ = local.idle_wait;
   r->keepalive_ = std::move(local.keepalive);
   r->ranks_.resize(local.comms.size());
-  // Each attention group's own communicator (in this process: dp > 1 is refused across nodes).
+  // Each attention group's own communicator: given with the ranks when they span processes, made
+  // here when every rank is in this process.
   const int attn_tp = world / dp;
-  if (dp > 1 && attn_tp > 1) {
+  if (!local.attn_comms.empty()) {
+    for (size_t i = 0; i < local.attn_comms.size(); ++i)
+      r->ranks_[i].attn_comm = std::move(local.attn_comms[i]);
+  } else if (dp > 1 && attn_tp > 1 && !r->distributed_) {
     for (int g = 0; g < dp; ++g) {
       M3_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> group,
                           comm::create_local_gloo_group(attn_tp));
@@ -83,7 +103,13 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     minimax_m3::ParallelLayout layout{rank, world, k.comm.get(), ep};
     layout.dp = dp;
     layout.attn_comm = k.attn_comm.get();
-    M3_ASSIGN_OR_RETURN(k.model, minimax_m3::Model::load(cfg, src, k.backend.get(), layout));
+    ReadCounter reads;
+    {
+      // The ranks share `src`: count this rank's reads on this thread.
+      ReadCounter::Scope counting(&reads);
+      M3_ASSIGN_OR_RETURN(k.model, minimax_m3::Model::load(cfg, src, k.backend.get(), layout));
+    }
+    r->bytes_read_.push_back(reads.total());
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
                                                          num_pages);
   }
@@ -139,6 +165,79 @@ Status TensorParallelCpuRunner::send_step(const ModelStep* step) {
   return Status::ok();
 }
 
+Status TensorParallelCpuRunner::gather_group_outputs(size_t r, const ModelStep& step,
+                                                     ModelOutput& out) {
+  // Every rank knows the step, so every rank computes the same counts: each slice of group g > 0
+  // sends its logits rows, then its captured hidden states, from rank g * attn_tp to rank 0. A
+  // rank's forward() fails alike on every rank for a bad step (checked before any collective), so
+  // either all ranks get here or none does.
+  const bool other_groups = std::any_of(step.slices.begin(), step.slices.end(),
+                                        [](const ModelSlice& s) { return s.dp_group != 0; });
+  if (!other_groups) return Status::ok();  // rank 0 holds everything; every rank sees the same
+  Rank& k = ranks_[r];
+  const int rank = first_rank_ + static_cast<int>(r);
+  const int world = k.comm->size();
+  const int attn_tp = world / dp_;
+  const int64_t vocab = cfg_.vocab_size;
+  const int64_t hidden_per_token =
+      static_cast<int64_t>(step.capture_layers.size()) * cfg_.hidden_size;
+  auto logits_count = [&](const ModelSlice& s) {
+    return static_cast<int64_t>(s.logits_rows.size()) * vocab;
+  };
+  auto hidden_count = [&](const ModelSlice& s) {
+    return static_cast<int64_t>(s.tokens.size()) * hidden_per_token;
+  };
+  std::vector<int64_t> send_counts(static_cast<size_t>(world), 0);
+  std::vector<int64_t> recv_counts(static_cast<size_t>(world), 0);
+  std::vector<float> send, recv;
+  const bool leader = rank % attn_tp == 0 && rank != 0;
+  for (const ModelSlice& s : step.slices) {
+    if (s.dp_group == 0) continue;
+    const int from = s.dp_group * attn_tp;
+    const int64_t n = logits_count(s) + hidden_count(s);
+    if (rank == 0) recv_counts[static_cast<size_t>(from)] += n;
+    if (leader && from == rank) send_counts[0] += n;
+  }
+  if (leader) {
+    send.reserve(static_cast<size_t>(send_counts[0]));
+    for (size_t i = 0; i < step.slices.size(); ++i) {
+      if (step.slices[i].dp_group * attn_tp != rank) continue;
+      const ModelSlice& s = step.slices[i];
+      if (static_cast<int64_t>(out.logits[i].size()) != logits_count(s) ||
+          (hidden_per_token > 0 && static_cast<int64_t>(out.hidden[i].size()) != hidden_count(s))) {
+        // Cannot happen unless the model's output shape changes; every rank would then disagree.
+        return internal_error("[model.minimax_m3.tensor_parallel_runner] rank " +
+                              std::to_string(rank) + ": slice " + std::to_string(i) +
+                              "'s output is not its logits rows and captured tokens");
+      }
+      send.insert(send.end(), out.logits[i].begin(), out.logits[i].end());
+      if (hidden_per_token > 0) send.insert(send.end(), out.hidden[i].begin(), out.hidden[i].end());
+    }
+  }
+  int64_t total_recv = 0;
+  for (int64_t c : recv_counts) total_recv += c;
+  recv.resize(static_cast<size_t>(total_recv));
+  M3_RETURN_IF_ERROR(k.comm->all_to_all_v(send.data(), send_counts, recv.data(), recv_counts,
+                                          comm::DataType::kF32));
+  if (rank != 0) return Status::ok();
+  // Rank 0: the rows arrive grouped by sender (ascending group), each in slice order.
+  std::vector<int64_t> offset(static_cast<size_t>(world), 0);
+  for (int from = 1; from < world; ++from)
+    offset[static_cast<size_t>(from)] =
+        offset[static_cast<size_t>(from - 1)] + recv_counts[static_cast<size_t>(from - 1)];
+  for (size_t i = 0; i < step.slices.size(); ++i) {
+    const ModelSlice& s = step.slices[i];
+    if (s.dp_group == 0) continue;
+    int64_t& at = offset[static_cast<size_t>(s.dp_group * attn_tp)];
+    const float* p = recv.data() + at;
+    out.logits[i].assign(p, p + logits_count(s));
+    p += logits_count(s);
+    if (hidden_per_token > 0) out.hidden[i].assign(p, p + hidden_count(s));
+    at += logits_count(s) + hidden_count(s);
+  }
+  return Status::ok();
+}
+
 Status TensorParallelCpuRunner::receive_steps(size_t r) {
   Rank& k = ranks_[r];
   std::vector<char> bytes;
@@ -161,6 +260,7 @@ Status TensorParallelCpuRunner::receive_steps(size_t r) {
     }
     ModelOutput out;
     s = k.model->forward(step->step.slices, k.cache.get(), &out, step->step.capture_layers);
+    if (s.is_ok() && dp_ > 1) s = gather_group_outputs(r, step->step, out);
     // A bad input fails every rank alike (rank 0 reports it); a collective failure breaks the
     // group.
     if (s.code() == StatusCode::kUnavailable) {
@@ -212,6 +312,7 @@ Status TensorParallelCpuRunner::forward(const ModelStep& step, ModelOutput& out)
       Rank& first = ranks_[0];
       s = first.model->forward(step.slices, first.cache.get(), &out, step.capture_layers);
     }
+    if (s.is_ok() && dp_ > 1) s = gather_group_outputs(0, step, out);
     if (s.code() == StatusCode::kUnavailable) record_failure(s);
     return s;
   }

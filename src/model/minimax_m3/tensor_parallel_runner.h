@@ -20,7 +20,11 @@
 // other rank, here or in another process, waits for it, decodes it and runs it. The other
 // processes call follow(), which returns when node 0 shuts down (ok) or the group breaks (the
 // error, naming the rank). Once a collective has failed the group is unusable: health() says so
-// and the engine fails everything (ModelRunner::health).
+// and the engine fails everything (ModelRunner::health). With dp > 1 the attention groups'
+// communicators come with the ranks (LocalRanks::attn_comms, made through the same rendezvous),
+// and a group's first rank may live in another process: after each step every rank takes part in
+// one all-to-all that sends each group's logits (and captured hidden states) from the group's
+// first rank to rank 0.
 #pragma once
 
 #include <chrono>
@@ -46,6 +50,10 @@ namespace m3 {
 struct LocalRanks {
   int first = 0;
   std::vector<std::unique_ptr<comm::Communicator>> comms;
+  // With attention data parallelism (dp > 1) and groups of more than one rank: each local rank's
+  // attention-group communicator (rank rank % (size / dp) of size / dp), in the order of comms.
+  // Empty otherwise.
+  std::vector<std::unique_ptr<comm::Communicator>> attn_comms;
   // How long a rank waits for the next step (an idle server); the collectives of a step use the
   // communicators' own timeout (--dist-timeout).
   std::chrono::milliseconds idle_wait{std::chrono::hours(24 * 365)};
@@ -64,8 +72,8 @@ class TensorParallelCpuRunner final : public ModelRunner {
                                                                  int ranks, int ep,
                                                                  int threads_per_rank,
                                                                  int32_t num_pages, int dp = 1);
-  // This process's share of a group over several processes (see above). Attention data
-  // parallelism over several processes is not built: dp > 1 is refused, naming --dp and --nnodes.
+  // This process's share of a group over several processes (see above). With dp > 1 and groups of
+  // more than one rank, local.attn_comms must hold every local rank's group communicator.
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create_distributed(
       const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
       int threads_per_rank, int32_t num_pages, int dp = 1);
@@ -83,9 +91,15 @@ class TensorParallelCpuRunner final : public ModelRunner {
   int32_t hidden_size() const override;
   int32_t num_kv_pages() const override;
   int32_t page_size() const override;
-  int32_t num_ranks() const override { return static_cast<int32_t>(ranks_.size()); }
+  // Every rank of the group, in this process or not.
+  int32_t num_ranks() const override { return static_cast<int32_t>(ranks_[0].comm->size()); }
   int32_t dp_groups() const override { return dp_; }
   ModelFeatures features() const override { return {true, true}; }
+  // Bytes of the checkpoint each of this process's ranks read while loading its weights, in rank
+  // order from the first local rank (ReadCounter::Scope; 0 for sources that read no file, such
+  // as --load-format dummy).
+  const std::vector<uint64_t>& weight_bytes_read() const { return bytes_read_; }
+  int first_rank() const { return first_rank_; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
 
@@ -110,11 +124,15 @@ class TensorParallelCpuRunner final : public ModelRunner {
   Status receive_steps(size_t r);
   // Distributed: rank 0 sends the step (or, with nullptr, the stop) to every other rank.
   Status send_step(const ModelStep* step);
+  // Distributed with dp > 1: every rank's part of the all-to-all that brings each group's outputs
+  // from the group's first rank to rank 0 (whose `out` then holds every slice's).
+  Status gather_group_outputs(size_t r, const ModelStep& step, ModelOutput& out);
   void record_failure(const Status& s);
 
   MiniMaxM3Config cfg_;
   int32_t dp_ = 1;
   std::vector<Rank> ranks_;
+  std::vector<uint64_t> bytes_read_;  // per local rank
   int first_rank_ = 0;
   bool distributed_ = false;
   std::chrono::milliseconds idle_wait_{0};
