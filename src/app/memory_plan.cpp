@@ -58,7 +58,9 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage,
       total += 3 * dense(static_cast<double>(c.dense_intermediate_size) / ranks, h);
       continue;
     }
-    total += plain(static_cast<double>(c.num_local_experts), h) + 4.0 * c.num_local_experts;
+    // The router [E, h] and its bias in float32 in both storages (the GPU keeps the checkpoint's
+    // float32 router: bf16 can flip near-tied expert choices).
+    total += 4.0 * static_cast<double>(c.num_local_experts) * h + 4.0 * c.num_local_experts;
     // E/ep experts, each split by its intermediate dimension over the ranks/ep ranks sharing them.
     const double experts_held = static_cast<double>(c.num_local_experts) / ep;
     const double inter_held = static_cast<double>(c.intermediate_size) / (ranks / ep);
