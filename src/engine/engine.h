@@ -29,7 +29,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/detokenizer.h"
-#include "engine/draft_model.h"
+#include "model/draft_model.h"
 #include "engine/model_step.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"

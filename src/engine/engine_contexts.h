@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/draft_model.h"
+#include "model/draft_model.h"
 #include "engine/engine.h"
 
 namespace m3 {

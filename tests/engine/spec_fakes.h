@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/draft_model.h"
+#include "model/draft_model.h"
 #include "fake_model.h"
 
 namespace m3::testing {
