@@ -15,6 +15,8 @@ namespace {
 constexpr uint64_t kDraftStream = 1ull << 32;
 constexpr uint64_t kAcceptStream = 2ull << 32;
 constexpr uint64_t kResidualStream = 3ull << 32;
+// Slots per verify round in a key's counter: (round, slot) -> round * kMaxSlots + slot.
+constexpr uint64_t kMaxSlots = 1ull << 16;
 
 }  // namespace
 
@@ -22,6 +24,10 @@ Status Engine::enable_speculative(std::unique_ptr<DraftModel> draft, Speculative
   if (started_) return internal_error("[engine] enable_speculative after start()");
   if (!draft) return invalid_argument("[engine] no draft model");
   const int32_t B = draft->block_size();
+  if (B < 1 || B >= static_cast<int32_t>(kMaxSlots)) {
+    return invalid_argument("[engine] the draft's block size " + std::to_string(B) +
+                            " is outside [1, " + std::to_string(kMaxSlots - 1) + "]");
+  }
   if (options.num_draft_tokens < 2 || options.num_draft_tokens > B + 1) {
     return invalid_argument("--speculative-num-draft-tokens " +
                             std::to_string(options.num_draft_tokens) +
@@ -53,7 +59,8 @@ Status Engine::enable_speculative(std::unique_ptr<DraftModel> draft, Speculative
 }
 
 RngKey Engine::spec_key(const ReqCtx& req, const SeqCtx& seq, uint64_t kind, uint64_t slot) {
-  return RngKey{req.seed, kind | static_cast<uint64_t>(seq.index), (seq.spec_round << 8) | slot};
+  return RngKey{req.seed, kind | static_cast<uint64_t>(seq.index),
+                seq.spec_round * kMaxSlots + slot};
 }
 
 void Engine::propose_drafts() {
