@@ -1,12 +1,12 @@
 #include "engine/engine.h"
 
-#include "engine/engine_contexts.h"
-
 #include <algorithm>
 #include <climits>
 #include <map>
 #include <random>
 #include <string>
+
+#include "engine/engine_contexts.h"
 
 namespace m3 {
 
@@ -277,8 +277,8 @@ void Engine::admit(std::unique_ptr<ReqCtx> req) {
   // n > 1: siblings wait for sequence 0's prefill when there is a full page to share.
   // A speculative request reads no prefix cache: its draft needs the target's hidden states of
   // every prompt position, which the cache does not keep.
-  const bool share = config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1 &&
-                     !req->speculative;
+  const bool share =
+      config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1 && !req->speculative;
   SeqId leader = -1;
   for (auto& seq : req->seqs) {
     seq->id = next_seq_id_++;
@@ -617,7 +617,9 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits,
       sched_->append_verified(seq->id, emitted, row.num_accepted);
       const int64_t committed = slice.start_pos + 1 + row.num_accepted;
       Status st;
-      if (const SequenceState* s = sched_->find(seq->id)) st = runner_->truncate(s->pages, committed);
+      if (const SequenceState* s = sched_->find(seq->id)) {
+        st = runner_->truncate(s->pages, committed);
+      }
       if (st.is_ok()) {
         st = append_draft_context(seq, model_out, static_cast<size_t>(row.verify_slice),
                                   slice.start_pos, 0, 1 + row.num_accepted);
@@ -666,9 +668,8 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits,
       d->tokens.push_back(std::move(g));
 
       const bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), r.token) != eos_ids_.end();
-      const bool is_stop_id =
-          std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) !=
-          p.stop_token_ids.end();
+      const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
+                                        r.token) != p.stop_token_ids.end();
       if ((is_eos && !p.ignore_eos) || is_stop_id) {
         d->stop_token = r.token;
         finish_seq(req, seq, FinishReason::kStop, d);

@@ -29,15 +29,15 @@
 
 #include "core/thread_pool.h"
 #include "engine/detokenizer.h"
-#include "model/draft_model.h"
 #include "engine/model_step.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
 #include "engine/stop_strings.h"
+#include "model/draft_model.h"
 #include "model/model.h"
 #include "sample/logits_processor.h"
-#include "sample/speculative_verify.h"
 #include "sample/sampling_params.h"
+#include "sample/speculative_verify.h"
 #include "sched/scheduler.h"
 
 namespace m3 {
@@ -175,7 +175,7 @@ class Engine {
   // speculative sequence, except verify slices (committed once accepted). Returns the requests
   // whose draft failed.
   std::vector<std::pair<RequestId, Status>> feed_draft_context(const StepPlan& plan,
-                                                                const ModelOutput& out);
+                                                               const ModelOutput& out);
   Status append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t slice, int64_t start_pos,
                               int32_t first_token, int32_t num_tokens);
   // The accepted tokens of a verify slice (greedy, token-wise, block or simulated).

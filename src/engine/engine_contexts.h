@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "model/draft_model.h"
 #include "engine/engine.h"
+#include "model/draft_model.h"
 
 namespace m3 {
 

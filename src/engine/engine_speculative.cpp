@@ -29,10 +29,9 @@ Status Engine::enable_speculative(std::unique_ptr<DraftModel> draft, Speculative
                             " is outside [1, " + std::to_string(kMaxSlots - 1) + "]");
   }
   if (options.num_draft_tokens < 2 || options.num_draft_tokens > B + 1) {
-    return invalid_argument("--speculative-num-draft-tokens " +
-                            std::to_string(options.num_draft_tokens) +
-                            ": must be between 2 and the draft's block size + 1 = " +
-                            std::to_string(B + 1));
+    return invalid_argument(
+        "--speculative-num-draft-tokens " + std::to_string(options.num_draft_tokens) +
+        ": must be between 2 and the draft's block size + 1 = " + std::to_string(B + 1));
   }
   if (options.simulate_accept_length < 0 ||
       options.simulate_accept_length > options.num_draft_tokens) {
@@ -177,7 +176,7 @@ Status Engine::append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t 
 }
 
 std::vector<std::pair<RequestId, Status>> Engine::feed_draft_context(const StepPlan& plan,
-                                                                      const ModelOutput& out) {
+                                                                     const ModelOutput& out) {
   std::vector<std::pair<RequestId, Status>> failed;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const SeqSlice& s = plan.seqs[i];

@@ -37,8 +37,7 @@ class DraftModel {
   virtual std::unique_ptr<DraftState> new_state() = 0;
   // Commits positions [length(), length() + n): `captured` is [capture_layers().size(), n,
   // hidden] (ModelOutput::hidden's layout for those tokens).
-  virtual Status append_context(DraftState& state, std::span<const float> captured,
-                                int64_t n) = 0;
+  virtual Status append_context(DraftState& state, std::span<const float> captured, int64_t n) = 0;
   // Rolls back to new_length <= length(); may refuse (then the caller starts a new state).
   virtual Status truncate(DraftState& state, int64_t new_length) = 0;
   // Proposes block_size() tokens after `anchor` (at position length()), slot by slot through

@@ -246,9 +246,8 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
     if (remaining > 1) seq->draft_tokens.clear();
     // A verify slice writes its drafts' K/V too.
     const int32_t num_draft = static_cast<int32_t>(seq->draft_tokens.size());
-    const int32_t need =
-        num_pages_for_tokens(seq->num_computed_tokens + num_new + num_draft, P) -
-        static_cast<int32_t>(seq->pages.size());
+    const int32_t need = num_pages_for_tokens(seq->num_computed_tokens + num_new + num_draft, P) -
+                         static_cast<int32_t>(seq->pages.size());
     bool self_preempted = false;
     while (!ensure_free(g, need)) {
       Seq* victim = running.back();
@@ -365,12 +364,11 @@ void Scheduler::append_verified(SeqId id, std::span<const int32_t> tokens, int32
   auto it = seqs_.find(id);
   M3_CHECK(it != seqs_.end(), "[sched.append_verified] unknown sequence " + std::to_string(id));
   Seq* seq = it->second.get();
-  M3_CHECK(seq->num_computed_tokens == seq->num_tokens() && !tokens.empty() &&
-               num_kv_valid >= 0 && num_kv_valid < static_cast<int32_t>(tokens.size()),
+  M3_CHECK(seq->num_computed_tokens == seq->num_tokens() && !tokens.empty() && num_kv_valid >= 0 &&
+               num_kv_valid < static_cast<int32_t>(tokens.size()),
            "[sched.append_verified] sequence " + std::to_string(id) + ": " +
                std::to_string(tokens.size()) + " tokens, " + std::to_string(num_kv_valid) +
-               " with K/V, " +
-               std::to_string(seq->num_tokens() - seq->num_computed_tokens) +
+               " with K/V, " + std::to_string(seq->num_tokens() - seq->num_computed_tokens) +
                " left to compute");
   seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.end());
   seq->num_computed_tokens += num_kv_valid;

@@ -172,8 +172,8 @@ std::string Metrics::render(const BackendStats& s, bool ready, bool draining) co
     for (size_t len = 1; len < s.spec_accept_length_counts.size(); ++len) {
       cum += s.spec_accept_length_counts[len];
       sum += len * s.spec_accept_length_counts[len];
-      out += n + "_bucket{" + L + ",le=\"" + std::to_string(len) + "\"} " + std::to_string(cum) +
-             "\n";
+      out +=
+          n + "_bucket{" + L + ",le=\"" + std::to_string(len) + "\"} " + std::to_string(cum) + "\n";
     }
     out += n + "_bucket{" + L + ",le=\"+Inf\"} " + std::to_string(cum) + "\n";
     out += n + "_sum{" + L + "} " + std::to_string(sum) + "\n";

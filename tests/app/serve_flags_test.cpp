@@ -129,7 +129,8 @@ std::string summary(const ServeConfig& c) {
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
   s += c.speculative_draft_model_path + "|";
-  add(c.speculative_num_draft_tokens); add(c.speculative_simulate_accept_length);
+  add(c.speculative_num_draft_tokens);
+  add(c.speculative_simulate_accept_length);
   return s;
 }
 
@@ -218,9 +219,9 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
 // --speculative-*: SGLang's flags on the CPU path; the benchmark-only forced acceptance needs
 // dummy weights; anything else than DSPARK is refused by name.
 TEST(ServeFlags, Speculative) {
-  auto f = parse_serve_flags({"--speculative-algorithm", "DSPARK",
-                              "--speculative-draft-model-path", "/d", "--speculative-num-draft-tokens",
-                              "5", "--speculative-use-block-verification"});
+  auto f = parse_serve_flags({"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
+                              "/d", "--speculative-num-draft-tokens", "5",
+                              "--speculative-use-block-verification"});
   ASSERT_TRUE(f.is_ok()) << f.status().message();
   auto o = options_from_config(f->config);
   ASSERT_TRUE(o.is_ok()) << o.status().message();

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "model/draft_model.h"
 #include "fake_model.h"
+#include "model/draft_model.h"
 
 namespace m3::testing {
 
@@ -49,7 +49,8 @@ class FakeDraft : public DraftModel {
     int64_t length() const override { return static_cast<int64_t>(tokens.size()); }
   };
 
-  FakeDraft(DraftKind kind, int32_t vocab, int32_t block) : kind_(kind), vocab_(vocab), block_(block) {}
+  FakeDraft(DraftKind kind, int32_t vocab, int32_t block)
+      : kind_(kind), vocab_(vocab), block_(block) {}
 
   int32_t block_size() const override { return block_; }
   std::vector<int32_t> capture_layers() const override { return {1, 3}; }

@@ -73,8 +73,8 @@ struct TinyTarget {
     EXPECT_TRUE(loaded.is_ok()) << loaded.status().to_string();
     cfg = loaded->config;
     weights_ = std::move(loaded->weights);
-    auto r = MiniMaxM3ModelRunner::create_with_pages(std::move(backend),
-                                                     std::move(loaded->model), 64);
+    auto r =
+        MiniMaxM3ModelRunner::create_with_pages(std::move(backend), std::move(loaded->model), 64);
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
     runner = r->get();
     EngineConfig c;

@@ -27,7 +27,9 @@ struct Mc {
   }
 };
 
-int32_t draw(const Dist& d, double u) { return draw_from_mass(d, 1.0, u); }
+int32_t draw(const Dist& d, double u) {
+  return draw_from_mass(d, 1.0, u);
+}
 
 // Expected accepted drafts over drafts drawn from q, with p and q the same at every position
 // (a context-free binary example: BV's M_b(a) = 1/3, M_s(a) = 2/3, γ = 2).

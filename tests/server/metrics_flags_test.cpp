@@ -82,16 +82,17 @@ TEST(Metrics, SpeculativeAcceptLength) {
   s.spec_draft_tokens_total = 30;
   s.spec_accepted_tokens_total = 11;
   const std::string text = m.render(s, true, false);
-  for (const char* line : {"# TYPE m3serve:spec_accept_length histogram",
-                           "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"1\"} 5",
-                           "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"2\"} 7",
-                           "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"3\"} 7",
-                           "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"4\"} 10",
-                           "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"+Inf\"} 10",
-                           "m3serve:spec_accept_length_sum{model_name=\"m3-tiny\"} 21",
-                           "m3serve:spec_accept_length_count{model_name=\"m3-tiny\"} 10",
-                           "m3serve:spec_draft_tokens_total{model_name=\"m3-tiny\"} 30",
-                           "m3serve:spec_accepted_tokens_total{model_name=\"m3-tiny\"} 11"}) {
+  for (const char* line :
+       {"# TYPE m3serve:spec_accept_length histogram",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"1\"} 5",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"2\"} 7",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"3\"} 7",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"4\"} 10",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"+Inf\"} 10",
+        "m3serve:spec_accept_length_sum{model_name=\"m3-tiny\"} 21",
+        "m3serve:spec_accept_length_count{model_name=\"m3-tiny\"} 10",
+        "m3serve:spec_draft_tokens_total{model_name=\"m3-tiny\"} 30",
+        "m3serve:spec_accepted_tokens_total{model_name=\"m3-tiny\"} 11"}) {
     EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
   }
 }

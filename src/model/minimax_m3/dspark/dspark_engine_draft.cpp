@@ -101,8 +101,9 @@ Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(const DSpark
     cfg = default_dspark_config_for(target.config());
   } else {
     return Status(StatusCode::kNotFound,
-                  flag + ": no DSpark draft there (no config.json); give the draft's directory, "
-                         "or use --load-format dummy for random draft weights");
+                  flag +
+                      ": no DSpark draft there (no config.json); give the draft's directory, "
+                      "or use --load-format dummy for random draft weights");
   }
   std::unique_ptr<WeightSource> src;
   if (o.dummy_weights) {

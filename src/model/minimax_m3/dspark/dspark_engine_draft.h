@@ -52,8 +52,7 @@ struct DSparkLoadOptions {
 
 // Loads the draft for a target `model` on `backend` (the CPU backend). Errors name the draft
 // directory and --speculative-draft-model-path.
-Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(const DSparkLoadOptions& options,
-                                                                    const Model& target,
-                                                                    Backend* backend);
+Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
+    const DSparkLoadOptions& options, const Model& target, Backend* backend);
 
 }  // namespace m3::minimax_m3::dspark
