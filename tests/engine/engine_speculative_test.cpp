@@ -173,31 +173,43 @@ TEST(EngineSpeculative, GreedyOutputEqualsOrdinaryDecoding) {
   }
 }
 
-// The exact law of generated tokens [from, to) of `prompt` at temperature 1 (FakeModel's logits).
+// The exact law of generated tokens [from, to) of `prompt` under `params` (FakeModel's logits
+// through the sampler's own distribution: penalties over the path so far, temperature, top-k,
+// top-p, min-p).
 std::map<std::vector<int32_t>, double> exact_law(const std::vector<int32_t>& prompt, int32_t vocab,
-                                                 int32_t from, int32_t to) {
+                                                 int32_t from, int32_t to,
+                                                 const SamplingParams& params) {
   std::map<std::vector<int32_t>, double> law;
-  std::function<void(std::vector<int32_t>&, double)> walk = [&](std::vector<int32_t>& ctx,
-                                                                double prob) {
-    const int32_t gen = static_cast<int32_t>(ctx.size() - prompt.size());
-    if (gen == to) {
-      law[std::vector<int32_t>(ctx.begin() + static_cast<std::ptrdiff_t>(prompt.size()) + from,
-                               ctx.end())] += prob;
-      return;
-    }
-    std::vector<float> logits(vocab);  // per level: the recursion below reuses none
-    FakeModel::logits_for(ctx, vocab, logits.data());
-    double mx = logits[0], z = 0;
-    for (float x : logits) mx = std::max<double>(mx, x);
-    for (float x : logits) z += std::exp(x - mx);
-    for (int32_t v = 0; v < vocab; ++v) {
-      ctx.push_back(v);
-      walk(ctx, prob * std::exp(logits[v] - mx) / z);
-      ctx.pop_back();
-    }
-  };
+  std::function<void(std::vector<int32_t>&, const PenaltyState&, double)> walk =
+      [&](std::vector<int32_t>& ctx, const PenaltyState& history, double prob) {
+        const int32_t gen = static_cast<int32_t>(ctx.size() - prompt.size());
+        if (gen == to) {
+          law[std::vector<int32_t>(ctx.begin() + static_cast<std::ptrdiff_t>(prompt.size()) + from,
+                                   ctx.end())] += prob;
+          return;
+        }
+        std::vector<float> logits(vocab);  // per level: the recursion below reuses none
+        FakeModel::logits_for(ctx, vocab, logits.data());
+        SampleInput in;
+        in.logits = logits;
+        in.params = &params;
+        in.penalties = &history;
+        SamplerScratch scratch;
+        std::vector<double> p;
+        sampling_distribution(in, &scratch, &p);
+        for (int32_t v = 0; v < vocab; ++v) {
+          if (p[v] == 0.0) continue;
+          PenaltyState next = history;
+          next.add_output(v);
+          ctx.push_back(v);
+          walk(ctx, next, prob * p[v]);
+          ctx.pop_back();
+        }
+      };
   std::vector<int32_t> ctx = prompt;
-  walk(ctx, 1.0);
+  PenaltyState start;
+  start.set_prompt(prompt);
+  walk(ctx, start, 1.0);
   return law;
 }
 
@@ -237,20 +249,38 @@ TEST(EngineSpeculative, SampledOutputFollowsTheTargetsLaw) {
   // of 3 drafts (then of fewer, capped by max_tokens).
   const int32_t vocab = 4, n = 3000;
   const std::vector<int32_t> prompt = {1, 3, 0, 2};
-  const auto law = exact_law(prompt, vocab, 1, 4);
+  // Plain temperature 1, and a truncated, penalised distribution: the draft's q is truncated
+  // the same way (but not penalised), and the target's rows count the drafts before them. The
+  // penalties are strong enough that rows forgetting the drafts fail here (χ² ≈ 67 against a
+  // critical 39.5, checked by breaking the engine).
+  SamplingParams plain_params;
+  plain_params.temperature = 1.0f;
+  SamplingParams shaped = plain_params;
+  shaped.temperature = 0.8f;
+  shaped.top_k = 3;
+  shaped.top_p = 0.9f;
+  shaped.presence_penalty = 2.0f;
+  shaped.frequency_penalty = 1.0f;
+  shaped.repetition_penalty = 1.2f;
+  const auto plain_law = exact_law(prompt, vocab, 1, 4, plain_params);
+  const auto shaped_law = exact_law(prompt, vocab, 1, 4, shaped);
   struct Mode {
     const char* name;
     VerifyMethod method;
     std::optional<DraftKind> kind;
     int32_t simulate;
     bool must_pass;
+    bool shaped = false;
   };
   for (const Mode& m :
        {Mode{"no draft", VerifyMethod::kTokenWise, std::nullopt, 0, true},
         Mode{"token-wise", VerifyMethod::kTokenWise, DraftKind::kPerturbed, 0, true},
         Mode{"block", VerifyMethod::kBlock, DraftKind::kPerturbed, 0, true},
         Mode{"block, random draft", VerifyMethod::kBlock, DraftKind::kRandom, 0, true},
-        Mode{"forced acceptance", VerifyMethod::kTokenWise, DraftKind::kPerturbed, 3, false}}) {
+        Mode{"forced acceptance", VerifyMethod::kTokenWise, DraftKind::kPerturbed, 3, false},
+        Mode{"shaped, no draft", VerifyMethod::kTokenWise, std::nullopt, 0, true, true},
+        Mode{"shaped, token-wise", VerifyMethod::kTokenWise, DraftKind::kPerturbed, 0, true, true},
+        Mode{"shaped, block", VerifyMethod::kBlock, DraftKind::kPerturbed, 0, true, true}}) {
     EngineFixtureConfig f;
     f.vocab = vocab;
     f.pages = 4096;
@@ -265,7 +295,7 @@ TEST(EngineSpeculative, SampledOutputFollowsTheTargetsLaw) {
     std::vector<GenerateRequest> reqs(n);
     for (int32_t i = 0; i < n; ++i) {
       reqs[i].prompt_tokens = prompt;
-      reqs[i].params.temperature = 1.0f;
+      reqs[i].params = m.shaped ? shaped : plain_params;
       reqs[i].params.max_tokens = 5;
       reqs[i].params.seed = 7000 + i;
       reqs[i].params.ignore_eos = true;
@@ -277,7 +307,7 @@ TEST(EngineSpeculative, SampledOutputFollowsTheTargetsLaw) {
       ++counts[std::vector<int32_t>(o.tokens[0].begin() + 1, o.tokens[0].begin() + 4)];
     }
     int32_t df = 0;
-    const double chi = chi_square(counts, law, n, &df);
+    const double chi = chi_square(counts, m.shaped ? shaped_law : plain_law, n, &df);
     const EngineStats s = spec.engine->stats();
     ASSERT_EQ(s.spec_draft_tokens_total > 0, m.kind.has_value());
     if (m.must_pass) {
