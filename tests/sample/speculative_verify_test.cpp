@@ -51,7 +51,7 @@ TEST(SpeculativeVerify, BlockBeatsTokenWiseOnThePapersExample) {
   EXPECT_NEAR(mean_accepted(VerifyMethod::kBlock, runs), 11.0 / 9, 0.01);
 }
 
-TEST(SpeculativeVerify, WorkedExampleOfTheDesignNote) {
+TEST(SpeculativeVerify, WorkedExampleOfTwoDraftsOverThreeTokens) {
   // Vocabulary {A, B, C}; X_1 = A. Position 2 (given A): p_2 = (.1, .8, .1), q_2 = (.3, .4, .3).
   const Dist p1 = {.3, .5, .2}, q1 = {.6, .2, .2}, p2 = {.1, .8, .1}, q2 = {.3, .4, .3};
   const Dist p3 = {1.0 / 3, 1.0 / 3, 1.0 / 3};
