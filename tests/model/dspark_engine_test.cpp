@@ -96,7 +96,8 @@ struct TinyTarget {
           *oracle, static_cast<int32_t>(cfg.vocab_size));
     }
     SpeculativeOptions so;
-    so.num_draft_tokens = draft->block_size() + 1;
+    // The random draft's drafts are nearly all rejected: 2 per verify keep the test quick.
+    so.num_draft_tokens = oracle ? draft->block_size() + 1 : 3;
     Status st = engine->enable_speculative(std::move(draft), so);
     EXPECT_TRUE(st.is_ok()) << st.to_string();
   }
