@@ -173,6 +173,49 @@ TEST(EngineSpeculative, GreedyOutputEqualsOrdinaryDecoding) {
   }
 }
 
+// A stop string, an EOS id or a stop id that lands inside an accepted run ends the sequence
+// there: the tokens after it are dropped and the output equals ordinary decoding.
+TEST(EngineSpeculative, StopInsideAnAcceptedRun) {
+  EngineFixtureConfig f;
+  f.detok = letter_detokenizer();
+  GenerateRequest r;
+  r.prompt_tokens = prompt_of(3, 9, f.vocab);
+  r.params.temperature = 0.0f;
+  r.params.max_tokens = 20;
+  auto reference = make_spec_engine(f, std::nullopt);
+  const std::vector<int32_t> free_run = run_requests(*reference.engine, {r})[0].tokens[0];
+  ASSERT_EQ(free_run.size(), 20u);
+  // Output index 3 is inside the first verify run of the oracle (indices 1..6: 5 drafts and the
+  // target's token). The first index at which each stop condition can match.
+  const int32_t t = free_run[3];
+  const size_t first = static_cast<size_t>(
+      std::find(free_run.begin(), free_run.end(), t) - free_run.begin());
+  ASSERT_GE(first, 1u) << "pick another prompt: the stop token is the prefill's";
+  ASSERT_LE(first, 3u);
+  for (int variant = 0; variant < 3; ++variant) {
+    EngineFixtureConfig g = f;
+    GenerateRequest q = r;
+    if (variant == 0) q.params.stop_token_ids = {t};
+    if (variant == 1) g.eos = {t};
+    if (variant == 2) q.params.stop = {std::string(1, static_cast<char>('a' + t % 26))};
+    auto plain = make_spec_engine(g, std::nullopt);
+    const Outcome want = run_requests(*plain.engine, {q})[0];
+    auto spec = make_spec_engine(g, DraftKind::kOracle);
+    const Outcome got = run_requests(*spec.engine, {q})[0];
+    EXPECT_EQ(got.tokens, want.tokens) << "variant " << variant;
+    EXPECT_EQ(got.text, want.text) << "variant " << variant;
+    EXPECT_EQ(got.finish, want.finish) << "variant " << variant;
+    EXPECT_EQ(got.finish[0], FinishReason::kStop) << "variant " << variant;
+    EXPECT_EQ(got.stop_string, want.stop_string) << "variant " << variant;
+    // One verify step produced the stopping token, with tokens after it accepted and dropped.
+    EXPECT_EQ(got.usage.spec_verify_steps, 1) << "variant " << variant;
+    EXPECT_GT(got.usage.spec_accepted_tokens, static_cast<int32_t>(got.tokens[0].size()) - 1)
+        << "variant " << variant;
+    EXPECT_EQ(got.usage.completion_tokens, static_cast<int32_t>(got.tokens[0].size()));
+    EXPECT_EQ(spec.engine->stats().kv_pages_used, 0);
+  }
+}
+
 // The exact law of generated tokens [from, to) of `prompt` under `params` (FakeModel's logits
 // through the sampler's own distribution: penalties over the path so far, temperature, top-k,
 // top-p, min-p).
