@@ -14,6 +14,7 @@
 #include "model/minimax_m3/tensor_parallel.h"
 #include "model/minimax_m3/tensor_parallel_runner.h"
 #include "loader/checkpoint.h"
+#include "model/minimax_m3/dspark/dspark_engine_draft.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/cuda/fit_check.h"
@@ -71,7 +72,22 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     M3_RETURN_IF_ERROR(check_dp_attention(layout, f.dp, f.enable_dp_attention));
   }
   if (!f.speculative_algorithm.empty()) {
-    return not_yet("--speculative-algorithm " + f.speculative_algorithm, "speculative decoding");
+    // The draft runs on the float32 CPU path, next to an unsharded target.
+    const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
+    if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1)
+      return not_yet(spec + " with --tp/--ep/--dp/--nnodes", "speculative decoding over ranks");
+    if (f.device == "cuda") return not_yet(spec + " with --device cuda", "a GPU draft");
+    o.speculative = true;
+    o.draft_model_path = f.speculative_draft_model_path;
+    o.speculative_options.num_draft_tokens = f.speculative_num_draft_tokens;
+    o.speculative_options.method = f.speculative_block_verification ? VerifyMethod::kBlock
+                                                                     : VerifyMethod::kTokenWise;
+    o.speculative_options.simulate_accept_length = f.speculative_simulate_accept_length;
+  }
+  if (f.speculative_simulate_accept_length > 0 && f.load_format != "dummy") {
+    return invalid_argument(
+        "--speculative-simulate-accept-length: forced acceptance changes the output; it is for "
+        "benchmarks with --load-format dummy only");
   }
   if (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "bf16") {
     return not_yet("--kv-cache-dtype " + f.kv_cache_dtype, "a quantised KV cache");
@@ -102,6 +118,20 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
 }
 
 namespace {
+
+// --speculative-algorithm DSPARK: the draft for the CPU runner's target (<model>/dspark unless
+// --speculative-draft-model-path names another directory).
+Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
+                                               const EngineStackOptions& options,
+                                               MiniMaxM3ModelRunner& runner) {
+  minimax_m3::dspark::DSparkLoadOptions o;
+  o.draft_dir = options.draft_model_path;
+  if (o.draft_dir.empty() && !model_path.empty()) o.draft_dir = (fs::path(model_path) / "dspark").string();
+  o.dummy_weights = options.dummy_weights;
+  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(o, runner.model(),
+                                                                           runner.backend()));
+  return std::unique_ptr<DraftModel>(std::move(d));
+}
 
 // The config of `model_path`, or the built-in M3.1-Flash config for dummy weights without a
 // directory; dummy weights keep the first num_layers layers when asked.
@@ -287,6 +317,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   // device's memory as the step left it.
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
   std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<DraftModel> draft;  // --speculative-algorithm
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
   MemoryPlan plan;
   if (measure) {
@@ -371,8 +402,18 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     runner = std::move(ranks);
   } else {
     bytes_read = {whole_model_reads.total()};
-    M3_ASSIGN_OR_RETURN(runner, MiniMaxM3ModelRunner::create(
-                                    std::move(backend), std::move(loaded.model), kv_cache_bytes));
+    M3_ASSIGN_OR_RETURN(auto cpu_runner, MiniMaxM3ModelRunner::create(std::move(backend),
+                                                                      std::move(loaded.model),
+                                                                      kv_cache_bytes));
+    if (options.speculative) {
+      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, *cpu_runner));
+    }
+    runner = std::move(cpu_runner);
+  }
+  if (options.speculative && !draft) {
+    return Status(StatusCode::kUnimplemented,
+                  "--speculative-algorithm: speculative decoding runs on the float32 CPU path at "
+                  "--tp 1 only (not with --device cuda or ranks)");
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +
@@ -435,8 +476,23 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   }
   LoadedEngine out;
   M3_ASSIGN_OR_RETURN(out.engine, Engine::create(std::move(cfg), std::move(runner)));
+  if (draft) {
+    SpeculativeOptions so = options.speculative_options;
+    if (so.num_draft_tokens == 0) so.num_draft_tokens = draft->block_size() + 1;
+    const int32_t B = draft->block_size();
+    M3_RETURN_IF_ERROR(out.engine->enable_speculative(std::move(draft), so));
+    out.report.push_back("speculative decoding: DSpark draft, block " + std::to_string(B) + ", " +
+                         std::to_string(so.num_draft_tokens) + " tokens per verify, " +
+                         (so.method == VerifyMethod::kBlock ? "block" : "token-wise") +
+                         " verification" +
+                         (so.simulate_accept_length > 0
+                              ? ", FORCED acceptance of " +
+                                    std::to_string(so.simulate_accept_length) +
+                                    " tokens (benchmark; output is not the model's)"
+                              : std::string()));
+  }
   out.context_length = context_length;
-  out.report = std::move(report);
+  out.report.insert(out.report.begin(), report.begin(), report.end());
   out.keepalive = std::shared_ptr<minimax_m3::LoadedModel>(
       new minimax_m3::LoadedModel{loaded.config, std::move(loaded.weights), nullptr, {}});
   return out;

@@ -15,6 +15,7 @@
 #include "app/multi_node.h"
 #include "backend/backend.h"
 #include "core/status.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "sched/scheduler.h"
 #include "loader/model_config.h"
@@ -90,6 +91,12 @@ struct EngineStackOptions {
   // --nnodes and the rest: this process is node 0 of several (the others run
   // run_follower_node).
   NodeLayout nodes;
+  // --speculative-algorithm DSPARK (docs/dspark.md; the float32 CPU path at --tp 1 only): the
+  // draft's directory (empty: <model>/dspark) and the engine's options (num_draft_tokens 0: the
+  // draft's block size + 1).
+  bool speculative = false;
+  std::string draft_model_path;
+  SpeculativeOptions speculative_options;
 };
 
 // The world and the expert-parallel size the flags ask for, with SGLang's meaning: the expert-

@@ -53,10 +53,14 @@ Result<server::ModelStack> load_engine(const ServeConfig& config,
     std::fprintf(stderr, "m3serve: DSpark draft found in the target checkpoint's dspark/ "
                          "subfolder\n");
   }
-  const char* draft = model.has_dspark
-                          ? "the checkpoint's dspark/ draft, unused without "
-                            "--speculative-algorithm DSPARK"
-                          : "none (no dspark/ subfolder in the checkpoint)";
+  const char* draft = options.speculative
+                          ? (options.dummy_weights ? "dummy weights (--load-format dummy)"
+                             : config.speculative_draft_model_path.empty()
+                                 ? "the checkpoint's dspark/ draft"
+                                 : "the one of --speculative-draft-model-path")
+                      : model.has_dspark ? "the checkpoint's dspark/ draft, unused without "
+                                           "--speculative-algorithm DSPARK"
+                                         : "none (no dspark/ subfolder in the checkpoint)";
   options.device = resolve_device(options.device);
   options.make_backend = make_backend;                // --device cuda: CudaBackend when built in
   options.make_cuda_runner = make_cuda_model_runner;  // real-shape kernels when the config fits

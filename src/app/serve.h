@@ -36,8 +36,14 @@ struct ServeConfig {
   std::string dist_init_addr;
   int32_t dist_timeout_s = 300;
   std::string kv_cache_dtype = "auto";
+  // Speculative decoding (docs/dspark.md): --speculative-algorithm (DSPARK), the draft's
+  // directory (empty: <model>/dspark), tokens per verify (0: the draft's block size + 1), block
+  // verification, and the benchmark-only forced acceptance length (0: off).
   std::string speculative_algorithm;
+  std::string speculative_draft_model_path;
+  int32_t speculative_num_draft_tokens = 0;
   bool speculative_block_verification = false;
+  int32_t speculative_simulate_accept_length = 0;
   bool enable_hierarchical_cache = false;
   double hicache_size_gb = 0;
   std::string device = "auto";

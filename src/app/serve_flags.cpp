@@ -324,17 +324,31 @@ const std::vector<Flag>& flags() {
        "request preprocessing threads: parse, render, tokenize (default 2)", "8",
        INT_FLAG(server.worker_threads, 1, 256)},
       // ---- speculative
-      {"--speculative-algorithm", true, G::kSpeculative, "DSPARK (not built yet)", "DSPARK",
+      {"--speculative-algorithm", true, G::kSpeculative,
+       "DSPARK: speculative decoding with the model's DSpark draft (CPU, --tp 1)", "DSPARK",
        [](ServeConfig& f, const std::string& v) {
-         f.speculative_algorithm = v;
+         return set_choice(f.speculative_algorithm, "--speculative-algorithm", v, {"DSPARK"});
+       }},
+      {"--speculative-draft-model-path", true, G::kSpeculative,
+       "the draft's directory (default <model>/dspark)", "/models/m3/dspark",
+       [](ServeConfig& f, const std::string& v) {
+         if (v.empty()) return invalid_argument("--speculative-draft-model-path: empty path");
+         f.speculative_draft_model_path = v;
          return Status::ok();
        }},
+      {"--speculative-num-draft-tokens", true, G::kSpeculative,
+       "tokens per verify: the last token + drafts (default the draft's block size + 1)", "4",
+       INT_FLAG(speculative_num_draft_tokens, 2, 1024)},
       {"--speculative-use-block-verification", false, G::kSpeculative,
        "block verification of the draft (with --speculative-algorithm)", "",
        [](ServeConfig& f, const std::string&) {
          f.speculative_block_verification = true;
          return Status::ok();
        }},
+      {"--speculative-simulate-accept-length", true, G::kSpeculative,
+       "benchmarks: commit exactly L tokens per verify (with --load-format dummy; output is not "
+       "the model's)",
+       "3", INT_FLAG(speculative_simulate_accept_length, 1, 1024)},
       // ---- server
       {"--host", true, G::kServer, "address to listen on (default 0.0.0.0)", "127.0.0.1",
        [](ServeConfig& f, const std::string& v) {
@@ -498,9 +512,18 @@ Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args)
   if (out.enable_expert_parallel && out.tp == 1) {
     out.notices.push_back("--enable-expert-parallel: with one rank there are no experts to split");
   }
-  if (out.speculative_block_verification && out.speculative_algorithm.empty()) {
-    out.notices.push_back(
-        "--speculative-use-block-verification: no --speculative-algorithm, nothing to verify");
+  if (out.speculative_algorithm.empty()) {
+    for (const auto& [set, name] :
+         {std::pair{out.speculative_block_verification, "--speculative-use-block-verification"},
+          std::pair{!out.speculative_draft_model_path.empty(), "--speculative-draft-model-path"},
+          std::pair{out.speculative_num_draft_tokens != 0, "--speculative-num-draft-tokens"},
+          std::pair{out.speculative_simulate_accept_length != 0,
+                    "--speculative-simulate-accept-length"}}) {
+      if (set) {
+        out.notices.push_back(std::string(name) +
+                              ": no --speculative-algorithm, nothing to draft or verify");
+      }
+    }
   }
   if (out.kv_cache_dtype == "bf16") {
     out.notices.push_back(

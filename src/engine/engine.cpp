@@ -6,35 +6,9 @@
 #include <random>
 #include <string>
 
+#include "engine/engine_contexts.h"
+
 namespace m3 {
-
-struct Engine::SeqCtx {
-  SeqId id = -1;
-  int32_t index = 0;
-  int32_t generated = 0;
-  bool finished = false;
-  PenaltyState penalties;
-  std::unique_ptr<TextDetokenizer> detok;
-  StopStringFilter stop;
-};
-
-struct Engine::ReqCtx {
-  RequestId id = 0;
-  GenerateRequest req;
-  std::shared_ptr<RequestStream> stream;
-  std::vector<std::unique_ptr<SeqCtx>> seqs;
-  std::vector<int32_t> min_tokens_mask;  // EOS + stop token ids
-  uint64_t seed = 0;
-  int32_t max_tokens = 0;
-  int32_t num_unfinished = 0;
-  bool scheduled = false;
-  Usage usage;
-  RequestTimes times;
-  // GenerateRequest::prompt_logits: [prompt_len, vocab], filled by position as the prefill runs
-  // (a preempted prefill recomputes into the same rows), handed over with the first token.
-  std::vector<float> prompt_logits;
-  bool prompt_logits_sent = false;
-};
 
 struct Engine::Inbox {
   std::mutex mu;
@@ -246,6 +220,16 @@ Result<RequestHandle> Engine::submit(GenerateRequest request) {
     req->seqs.push_back(std::move(seq));
   }
   req->num_unfinished = p.n;
+  // A draft needs the context of every prompt position: requests that keep their prompt logits
+  // (computed in full anyway) decode without it.
+  req->speculative = draft_ != nullptr && !request.prompt_logits;
+  if (req->speculative) {
+    SamplingParams& d = req->draft_params;
+    d.temperature = p.temperature;
+    d.top_k = p.top_k;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
+  }
   req->req = std::move(request);
 
   RequestId id;
@@ -291,7 +275,10 @@ void Engine::admit(std::unique_ptr<ReqCtx> req) {
   const int32_t P = config_.scheduler.page_size;
   const int32_t prompt_len = static_cast<int32_t>(req->req.prompt_tokens.size());
   // n > 1: siblings wait for sequence 0's prefill when there is a full page to share.
-  const bool share = config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1;
+  // A speculative request reads no prefix cache: its draft needs the target's hidden states of
+  // every prompt position, which the cache does not keep.
+  const bool share =
+      config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1 && !req->speculative;
   SeqId leader = -1;
   for (auto& seq : req->seqs) {
     seq->id = next_seq_id_++;
@@ -301,7 +288,7 @@ void Engine::admit(std::unique_ptr<ReqCtx> req) {
     spec.seq_index = seq->index;
     spec.prompt = req->req.prompt_tokens;
     spec.wait_for = (share && seq->index > 0) ? leader : -1;
-    spec.match_prefix = !req->req.prompt_logits;
+    spec.match_prefix = !req->req.prompt_logits && !req->speculative;
     if (seq->index == 0) leader = seq->id;
     Status st = sched_->add(std::move(spec));
     if (!st.is_ok()) {
@@ -398,6 +385,7 @@ bool Engine::has_work() const { return !requests_.empty(); }
 
 bool Engine::run_step() {
   if (requests_.empty()) return false;
+  if (draft_) propose_drafts();
   StepPlan plan = sched_->plan();
   if (plan.empty()) return false;
   const Clock::time_point now = Clock::now();
@@ -437,6 +425,7 @@ bool Engine::run_step() {
       if (owner == seq_owner_.end()) continue;
       const ReqCtx* req = owner->second.first;
       const SeqCtx* seq = owner->second.second;
+      if (req->speculative) continue;  // verified on the host
       const SamplingParams& p = req->req.params;
       const bool min_tokens_active =
           seq->penalties.num_output() < p.min_tokens && !req->min_tokens_mask.empty();
@@ -445,18 +434,27 @@ bool Engine::run_step() {
     }
   }
   LogitsOut out;
+  ModelOutput model_out;
+  std::vector<std::pair<RequestId, Status>> draft_failed;
   Status st;
   try {
     std::vector<bool> all_rows(plan.seqs.size());
     for (size_t i = 0; i < plan.seqs.size(); ++i) all_rows[i] = prompt_rows[i] != nullptr;
-    const ModelStep step = model_step(plan, sampling, all_rows);
-    ModelOutput model_out;
+    ModelStep step = model_step(plan, sampling, all_rows);
+    // The draft reads the hidden states of every token of a speculative sequence.
+    bool capture = false;
+    for (const SeqSlice& s : plan.seqs) {
+      auto owner = seq_owner_.find(s.seq_id);
+      capture = capture || (owner != seq_owner_.end() && owner->second.first->speculative);
+    }
+    if (capture) step.capture_layers = draft_capture_layers_;
     st = runner_->forward(step, model_out);
     if (st.is_ok()) st = gather_step_logits(plan, step, model_out, vocab_size_, out);
     // Before the prompt logits are read: a row the runner sampled without being offered it has
     // no logits.
     if (st.is_ok()) st = check_step_output(plan, sampling, out);
     if (st.is_ok()) keep_prompt_logits(plan, step, model_out, prompt_rows);
+    if (st.is_ok() && capture) draft_failed = feed_draft_context(plan, model_out);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }
@@ -473,8 +471,9 @@ bool Engine::run_step() {
     }
     return true;
   }
+  for (auto& [id, why] : draft_failed) cancel_request(id, FinishReason::kError, why);
   sched_->commit(plan);
-  sample_and_emit(plan, out);
+  sample_and_emit(plan, out, model_out);
   return true;
 }
 
@@ -528,7 +527,8 @@ Status Engine::check_step_output(const StepPlan& plan,
   return Status::ok();
 }
 
-void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
+void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits,
+                             const ModelOutput& model_out) {
   // Phase 1: sample every row. Rows are independent (counter-based RNG keyed by the sequence's
   // own seed, index and position; penalty state is only read), so they run on the sampler pool in
   // any order with identical results. A row that fails (e.g. every logit masked) fails only its
@@ -538,26 +538,45 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
     SeqCtx* seq = nullptr;
     int32_t row = 0;            // in logits.data (when device_token < 0)
     int32_t device_token = -1;  // the token the runner sampled, else -1
-    SampleResult result;
+    // A verify slice (its index in the plan, else -1): every row of its logits is read, and
+    // `results` holds the accepted drafts and the target's next token.
+    int32_t verify_slice = -1;
+    std::vector<SampleResult> results;
+    int32_t num_accepted = 0;
     Status error;
   };
   std::vector<Row> rows;
   int32_t logits_idx = -1, data_row = 0;
-  for (const SeqSlice& slice : plan.seqs) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqSlice& slice = plan.seqs[i];
     if (!slice.need_logits) continue;
     ++logits_idx;
     const int32_t token = logits.tokens.empty() ? -1 : logits.tokens[logits_idx];
     const int32_t row = token >= 0 ? -1 : data_row++;
     auto owner = seq_owner_.find(slice.seq_id);
     if (owner == seq_owner_.end()) continue;
-    rows.push_back(Row{owner->second.first, owner->second.second, row, token, {}, {}});
+    Row& r = rows.emplace_back();
+    r.req = owner->second.first;
+    r.seq = owner->second.second;
+    r.row = row;
+    r.device_token = token;
+    if (slice.num_draft > 0) r.verify_slice = static_cast<int32_t>(i);
   }
   auto sample_range = [&](int64_t begin, int64_t end) {
     SamplerScratch scratch;
     for (int64_t i = begin; i < end; ++i) {
       Row& r = rows[i];
+      if (r.verify_slice >= 0) {
+        try {
+          r.results = verify_slice(r.req, r.seq, plan.seqs[r.verify_slice],
+                                   model_out.logits[r.verify_slice], &scratch, &r.num_accepted);
+        } catch (const std::exception& e) {
+          r.error = internal_error(std::string("[engine.verify] ") + e.what());
+        }
+        continue;
+      }
       if (r.device_token >= 0) {  // sampled by the runner (no logprobs were asked for)
-        r.result.token = r.device_token;
+        r.results.push_back(SampleResult{r.device_token, 0.0f, {}});
         continue;
       }
       SampleInput in;
@@ -567,7 +586,7 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
       in.min_tokens_mask = r.req->min_tokens_mask;
       in.rng = sample_key(*r.req, *r.seq);
       try {
-        r.result = sample_token(in, &scratch);
+        r.results.push_back(sample_token(in, &scratch));
       } catch (const std::exception& e) {
         r.error = internal_error(std::string("[engine.sample] ") + e.what());
       }
@@ -589,14 +608,39 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
       failed.emplace_back(req->id, row.error);
       continue;
     }
-    SampleResult& r = row.result;
     const SamplingParams& p = req->req.params;
-
-    sched_->append_token(seq->id, r.token);
-    seq->penalties.add_output(r.token);
-    ++seq->generated;
-    ++req->usage.completion_tokens;
-    ++generation_tokens_total_;
+    if (row.verify_slice >= 0) {
+      // The accepted drafts have their K/V; the target's next token is the new anchor.
+      const SeqSlice& slice = plan.seqs[row.verify_slice];
+      std::vector<int32_t> emitted;
+      for (const SampleResult& r : row.results) emitted.push_back(r.token);
+      sched_->append_verified(seq->id, emitted, row.num_accepted);
+      const int64_t committed = slice.start_pos + 1 + row.num_accepted;
+      Status st;
+      if (const SequenceState* s = sched_->find(seq->id)) {
+        st = runner_->truncate(s->pages, committed);
+      }
+      if (st.is_ok()) {
+        st = append_draft_context(seq, model_out, static_cast<size_t>(row.verify_slice),
+                                  slice.start_pos, 0, 1 + row.num_accepted);
+      }
+      ++seq->spec_round;
+      seq->proposal.clear();
+      seq->proposal_pos = -1;
+      ++req->usage.spec_verify_steps;
+      req->usage.spec_draft_tokens += slice.num_draft;
+      req->usage.spec_accepted_tokens += row.num_accepted;
+      spec_draft_tokens_total_ += static_cast<uint64_t>(slice.num_draft);
+      spec_accepted_tokens_total_ += static_cast<uint64_t>(row.num_accepted);
+      const size_t len = static_cast<size_t>(row.num_accepted + 1);
+      if (len < spec_accept_length_counts_.size()) ++spec_accept_length_counts_[len];
+      if (!st.is_ok()) {
+        failed.emplace_back(req->id, st);
+        continue;
+      }
+    } else {
+      sched_->append_token(seq->id, row.results.front().token);
+    }
 
     auto& list = deltas[req->id];
     SeqDelta* d = nullptr;
@@ -608,32 +652,42 @@ void Engine::sample_and_emit(const StepPlan& plan, const LogitsOut& logits) {
       d = &list.back();
       d->seq_index = seq->index;
     }
-    GeneratedToken g;
-    g.token = r.token;
-    if (p.logprobs) {
-      g.logprob = r.logprob;
-      g.top_logprobs = std::move(r.top_logprobs);
-    }
-    d->tokens.push_back(std::move(g));
+    // Tokens in order; a verified run ends early where a stop condition or max_tokens lands
+    // inside it (the sequence is removed with the tokens after it).
+    for (SampleResult& r : row.results) {
+      seq->penalties.add_output(r.token);
+      ++seq->generated;
+      ++req->usage.completion_tokens;
+      ++generation_tokens_total_;
+      GeneratedToken g;
+      g.token = r.token;
+      if (p.logprobs) {
+        g.logprob = r.logprob;
+        g.top_logprobs = std::move(r.top_logprobs);
+      }
+      d->tokens.push_back(std::move(g));
 
-    const bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), r.token) != eos_ids_.end();
-    const bool is_stop_id =
-        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), r.token) !=
-        p.stop_token_ids.end();
-    if ((is_eos && !p.ignore_eos) || is_stop_id) {
-      d->stop_token = r.token;
-      finish_seq(req, seq, FinishReason::kStop, d);
-      continue;
-    }
-    if (seq->detok) {
-      d->text += seq->stop.push(seq->detok->push(r.token));
-      if (seq->stop.matched()) {
-        d->stop_string = seq->stop.matched_string();
+      const bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), r.token) != eos_ids_.end();
+      const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
+                                        r.token) != p.stop_token_ids.end();
+      if ((is_eos && !p.ignore_eos) || is_stop_id) {
+        d->stop_token = r.token;
         finish_seq(req, seq, FinishReason::kStop, d);
-        continue;
+        break;
+      }
+      if (seq->detok) {
+        d->text += seq->stop.push(seq->detok->push(r.token));
+        if (seq->stop.matched()) {
+          d->stop_string = seq->stop.matched_string();
+          finish_seq(req, seq, FinishReason::kStop, d);
+          break;
+        }
+      }
+      if (seq->generated >= req->max_tokens) {
+        finish_seq(req, seq, FinishReason::kLength, d);
+        break;
       }
     }
-    if (seq->generated >= req->max_tokens) finish_seq(req, seq, FinishReason::kLength, d);
   }
   for (auto& [id, st] : failed) {
     deltas.erase(id);
@@ -691,6 +745,9 @@ void Engine::publish_stats() {
   s.num_steps_total = sched_->counters().num_steps;
   s.num_requests_finished_total = finished_total_;
   s.draining = draining_.load();
+  s.spec_accept_length_counts = spec_accept_length_counts_;
+  s.spec_draft_tokens_total = spec_draft_tokens_total_;
+  s.spec_accepted_tokens_total = spec_accepted_tokens_total_;
   {
     std::lock_guard<std::mutex> lock(inbox_->mu);
     inbox_->num_waiting_published = s.num_requests_waiting;

@@ -33,9 +33,11 @@
 #include "engine/request.h"
 #include "engine/request_stream.h"
 #include "engine/stop_strings.h"
+#include "model/draft_model.h"
 #include "model/model.h"
 #include "sample/logits_processor.h"
 #include "sample/sampling_params.h"
+#include "sample/speculative_verify.h"
 #include "sched/scheduler.h"
 
 namespace m3 {
@@ -54,6 +56,18 @@ struct EngineConfig {
   // (ModelRunner::health() after a failed step): every request has then been failed with that
   // status, and submit() refuses new ones with it.
   std::function<void(const Status&)> on_failure;
+};
+
+// Speculative decoding with a draft model (Engine::enable_speculative; docs/dspark.md, "Engine").
+struct SpeculativeOptions {
+  // Tokens of a verify slice: the last committed token plus up to num_draft_tokens - 1 drafts
+  // (--speculative-num-draft-tokens); at least 2, at most the draft's block size + 1.
+  int32_t num_draft_tokens = 0;
+  VerifyMethod method = VerifyMethod::kTokenWise;  // --speculative-use-block-verification: kBlock
+  // Benchmarks only (--speculative-simulate-accept-length): 0 = off; L >= 1 commits exactly
+  // min(L, drafts + 1) tokens per verify whatever the target says (the output is NOT the
+  // target's distribution).
+  int32_t simulate_accept_length = 0;
 };
 
 // One attention data-parallel group's KV pool and prefix cache (EngineStats::dp_groups).
@@ -83,6 +97,11 @@ struct EngineStats {
   uint64_t num_steps_total = 0;
   uint64_t num_requests_finished_total = 0;
   bool draining = false;
+  // Speculative decoding (empty / 0 without): spec_accept_length_counts[n] = verify steps that
+  // committed n tokens (accepted drafts + the target's token), n = 1 .. num_draft_tokens.
+  std::vector<uint64_t> spec_accept_length_counts;
+  uint64_t spec_draft_tokens_total = 0;     // drafts verified
+  uint64_t spec_accepted_tokens_total = 0;  // drafts accepted
   // Per attention data-parallel group, in group order, when the runner has more than one group;
   // empty otherwise.
   std::vector<DpGroupStats> dp_groups;
@@ -96,6 +115,13 @@ class Engine {
   ~Engine();  // stops the thread; cancels what is left
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+
+  // Turns on speculative decoding for every later request (except those asking for prompt logits),
+  // before start(). Fails (invalid argument) for options the draft or the runner cannot honour:
+  // the runner must capture hidden states (ModelFeatures::hidden_capture) and must not be spread
+  // over attention data-parallel groups.
+  Status enable_speculative(std::unique_ptr<DraftModel> draft, SpeculativeOptions options);
+  bool speculative() const { return draft_ != nullptr; }
 
   // Starts the engine thread. Without it, call step() yourself (tests).
   void start();
@@ -139,7 +165,24 @@ class Engine {
   void admit(std::unique_ptr<ReqCtx> req);
   void cancel_request(RequestId id, FinishReason reason, const Status& error);
   bool run_step();  // false when nothing was planned
-  void sample_and_emit(const StepPlan& plan, const LogitsOut& logits);
+  void sample_and_emit(const StepPlan& plan, const LogitsOut& logits, const ModelOutput& model_out);
+  // Speculative decoding (engine_speculative.cpp). Before planning: a proposal for every decoding
+  // speculative sequence, handed to the scheduler.
+  void propose_drafts();
+  Status propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t anchor,
+                     int32_t num_drafts);
+  // After the step: commits the captured hidden states of every computed position of a
+  // speculative sequence, except verify slices (committed once accepted). Returns the requests
+  // whose draft failed.
+  std::vector<std::pair<RequestId, Status>> feed_draft_context(const StepPlan& plan,
+                                                               const ModelOutput& out);
+  Status append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t slice, int64_t start_pos,
+                              int32_t first_token, int32_t num_tokens);
+  // The accepted tokens of a verify slice (greedy, token-wise, block or simulated).
+  std::vector<SampleResult> verify_slice(ReqCtx* req, SeqCtx* seq, const SeqSlice& slice,
+                                         std::span<const float> logits, SamplerScratch* scratch,
+                                         int32_t* num_accepted) const;
+  static RngKey spec_key(const ReqCtx& req, const SeqCtx& seq, uint64_t kind, uint64_t slot);
   // Copies the rows of the slices in `prompt_rows` (non-null: a request that wants its prompt
   // logits) into those requests' prompt_logits by position.
   void keep_prompt_logits(const StepPlan& plan, const ModelStep& step, const ModelOutput& out,
@@ -158,6 +201,13 @@ class Engine {
   EngineConfig config_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Scheduler> sched_;
+  // Declared after runner_: a draft may use the runner's weights and is destroyed first.
+  std::unique_ptr<DraftModel> draft_;
+  SpeculativeOptions spec_;
+  std::vector<int32_t> draft_capture_layers_;
+  std::vector<uint64_t> spec_accept_length_counts_;
+  uint64_t spec_draft_tokens_total_ = 0;
+  uint64_t spec_accepted_tokens_total_ = 0;
   int32_t vocab_size_ = 0;
   std::vector<int32_t> eos_ids_;
 

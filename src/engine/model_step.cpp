@@ -16,7 +16,8 @@ ModelStep model_step(const StepPlan& plan, std::span<const std::optional<DeviceS
     m.start_pos = s.start_pos;
     m.block_table = s.block_table;
     m.dp_group = s.dp_group;
-    if (i < all_rows.size() && all_rows[i]) {
+    if ((i < all_rows.size() && all_rows[i]) || (s.need_logits && s.num_draft > 0)) {
+      // Prompt logits, or a verify slice: the row after every token.
       for (int32_t t = 0; t < s.num_tokens(); ++t) m.logits_rows.push_back(t);
     } else if (s.need_logits) {
       m.logits_rows = {s.num_tokens() - 1};

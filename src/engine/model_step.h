@@ -36,7 +36,8 @@ struct LogitsOut {
 // The model's batch for `plan`; spans point into `plan` (which must outlive the step).
 // `sampling` (empty, or one entry per slice with need_logits): ModelSlice::sample, offered only
 // where the slice asks for one row. `all_rows[i]`: slice i asks for the logits of every token
-// (prompt logits), else only a slice with need_logits asks, for its last token.
+// (prompt logits), as does a verify slice (SeqSlice::num_draft > 0); else only a slice with
+// need_logits asks, for its last token.
 ModelStep model_step(const StepPlan& plan,
                      std::span<const std::optional<DeviceSampling>> sampling = {},
                      const std::vector<bool>& all_rows = {});

@@ -57,6 +57,12 @@ struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;  // over all n sequences (OpenAI)
   int32_t cached_tokens = 0;      // prompt tokens served from the prefix cache (first admission)
+  // Speculative decoding, over all n sequences (0 without): verify steps, drafts verified, drafts
+  // accepted. Tokens per verify step = (spec_accepted_tokens + spec_verify_steps) /
+  // spec_verify_steps.
+  int32_t spec_verify_steps = 0;
+  int32_t spec_draft_tokens = 0;
+  int32_t spec_accepted_tokens = 0;
 };
 
 // Steady-clock times for TTFT / inter-token latency / queue time metrics.

@@ -58,11 +58,15 @@ std::vector<TokenLogprob> raw_top_logprobs(std::span<const float> logits, int32_
   return out;
 }
 
-SampleResult sample_token(const SampleInput& in, SamplerScratch* scratch) {
+namespace {
+
+// Applies the logits processors to scratch->work; returns the greedy token (temperature below
+// kGreedyTemperature), or -1 after filling scratch->probs with the unnormalised mass of every
+// kept id (0 elsewhere) and *kept_total with their sum.
+int32_t kept_mass(const SampleInput& in, SamplerScratch* scratch, double* kept_total) {
   M3_CHECK(in.params != nullptr && !in.logits.empty(), "[sample] no params or empty logits");
   const SamplingParams& p = *in.params;
   const int32_t v = static_cast<int32_t>(in.logits.size());
-  SampleResult res;
 
   std::vector<float>& z = scratch->work;
   z.assign(in.logits.begin(), in.logits.end());
@@ -72,83 +76,113 @@ SampleResult sample_token(const SampleInput& in, SamplerScratch* scratch) {
   if (in.penalties) apply_penalties(z, p, *in.penalties);
 
   if (p.temperature < kGreedyTemperature) {
-    res.token = argmax(z);
-    M3_CHECK(z[res.token] > kNegInf, "[sample] every logit is -inf or NaN");
-  } else {
-    const float inv_t = 1.0f / p.temperature;
-    for (float& x : z) x *= inv_t;
-    // Candidate ids in descending z. top_k and top_p need an order; a partial sort of a growing
-    // prefix avoids sorting all V (200k) ids when the kept set is small.
-    std::vector<int32_t>& ids = scratch->order;
-    ids.resize(v);
-    std::iota(ids.begin(), ids.end(), 0);
-    const ByValueDesc cmp{z.data()};
-    int32_t num_kept = (p.top_k > 0 && p.top_k < v) ? p.top_k : v;
-    const bool need_order = num_kept < v || p.top_p < 1.0f;
-    float mx_f = kNegInf;
-    for (float x : z) mx_f = std::max(mx_f, x);
-    M3_CHECK(mx_f > kNegInf, "[sample] every logit is -inf or NaN");
-    const double mx = mx_f;
-    int32_t sorted = 0;
-    if (need_order) {
-      sorted = std::min(num_kept, 1024);
-      std::partial_sort(ids.begin(), ids.begin() + sorted, ids.end(), cmp);
-      // ids[0, num_kept) becomes exactly the top-k set; its order past `sorted` is produced
-      // below only if top_p needs it.
-      if (num_kept > sorted && num_kept < v) {
-        std::nth_element(ids.begin() + sorted, ids.begin() + num_kept - 1, ids.end(), cmp);
-      }
+    const int32_t token = argmax(z);
+    M3_CHECK(z[token] > kNegInf, "[sample] every logit is -inf or NaN");
+    return token;
+  }
+  const float inv_t = 1.0f / p.temperature;
+  for (float& x : z) x *= inv_t;
+  // Candidate ids in descending z. top_k and top_p need an order; a partial sort of a growing
+  // prefix avoids sorting all V (200k) ids when the kept set is small.
+  std::vector<int32_t>& ids = scratch->order;
+  ids.resize(v);
+  std::iota(ids.begin(), ids.end(), 0);
+  const ByValueDesc cmp{z.data()};
+  int32_t num_kept = (p.top_k > 0 && p.top_k < v) ? p.top_k : v;
+  const bool need_order = num_kept < v || p.top_p < 1.0f;
+  float mx_f = kNegInf;
+  for (float x : z) mx_f = std::max(mx_f, x);
+  M3_CHECK(mx_f > kNegInf, "[sample] every logit is -inf or NaN");
+  const double mx = mx_f;
+  int32_t sorted = 0;
+  if (need_order) {
+    sorted = std::min(num_kept, 1024);
+    std::partial_sort(ids.begin(), ids.begin() + sorted, ids.end(), cmp);
+    // ids[0, num_kept) becomes exactly the top-k set; its order past `sorted` is produced
+    // below only if top_p needs it.
+    if (num_kept > sorted && num_kept < v) {
+      std::nth_element(ids.begin() + sorted, ids.begin() + num_kept - 1, ids.end(), cmp);
     }
-    // Mass of the kept (top_k) set.
-    double total = 0.0;
-    for (int32_t i = 0; i < num_kept; ++i) total += std::exp(static_cast<double>(z[ids[i]]) - mx);
-    if (p.top_p < 1.0f) {
-      // Grow the sorted prefix until its mass reaches top_p of the kept mass.
-      const double target = static_cast<double>(p.top_p) * total;
-      double cum = 0.0;
-      int32_t i = 0;
-      int32_t keep = num_kept;
-      while (i < num_kept) {
-        if (i == sorted) {
-          const int32_t next = std::min(num_kept, sorted * 4);
-          std::partial_sort(ids.begin() + sorted, ids.begin() + next, ids.begin() + num_kept, cmp);
-          sorted = next;
-        }
-        cum += std::exp(static_cast<double>(z[ids[i]]) - mx);
-        ++i;
-        if (cum >= target) {
-          keep = i;
-          break;
-        }
-      }
-      num_kept = keep;
-    }
-    // min_p: ratio to the max probability, invariant to renormalisation after top_k/top_p.
-    double min_ratio = p.min_p > 0.0f ? static_cast<double>(p.min_p) : 0.0;
-    // Kept set as a per-id mass, then one pass in id order.
-    std::vector<double>& mass = scratch->probs;
-    mass.assign(v, 0.0);
-    double kept_total = 0.0;
-    for (int32_t i = 0; i < num_kept; ++i) {
-      const double e = std::exp(static_cast<double>(z[ids[i]]) - mx);  // max ratio is e / 1
-      if (e >= min_ratio) mass[ids[i]] = e;
-    }
-    for (int32_t t = 0; t < v; ++t) kept_total += mass[t];
-    const double u = uniform01(in.rng) * kept_total;
+  }
+  // Mass of the kept (top_k) set.
+  double total = 0.0;
+  for (int32_t i = 0; i < num_kept; ++i) total += std::exp(static_cast<double>(z[ids[i]]) - mx);
+  if (p.top_p < 1.0f) {
+    // Grow the sorted prefix until its mass reaches top_p of the kept mass.
+    const double target = static_cast<double>(p.top_p) * total;
     double cum = 0.0;
-    res.token = -1;
-    for (int32_t t = 0; t < v; ++t) {
-      if (mass[t] == 0.0) continue;
-      cum += mass[t];
-      res.token = t;
-      if (cum > u) break;
+    int32_t i = 0;
+    int32_t keep = num_kept;
+    while (i < num_kept) {
+      if (i == sorted) {
+        const int32_t next = std::min(num_kept, sorted * 4);
+        std::partial_sort(ids.begin() + sorted, ids.begin() + next, ids.begin() + num_kept, cmp);
+        sorted = next;
+      }
+      cum += std::exp(static_cast<double>(z[ids[i]]) - mx);
+      ++i;
+      if (cum >= target) {
+        keep = i;
+        break;
+      }
     }
+    num_kept = keep;
+  }
+  // min_p: ratio to the max probability, invariant to renormalisation after top_k/top_p.
+  double min_ratio = p.min_p > 0.0f ? static_cast<double>(p.min_p) : 0.0;
+  // Kept set as a per-id mass, then one pass in id order.
+  std::vector<double>& mass = scratch->probs;
+  mass.assign(v, 0.0);
+  for (int32_t i = 0; i < num_kept; ++i) {
+    const double e = std::exp(static_cast<double>(z[ids[i]]) - mx);  // max ratio is e / 1
+    if (e >= min_ratio) mass[ids[i]] = e;
+  }
+  double kept = 0.0;
+  for (int32_t t = 0; t < v; ++t) kept += mass[t];
+  *kept_total = kept;
+  return -1;
+}
+
+}  // namespace
+
+int32_t draw_from_mass(std::span<const double> mass, double total, double u) {
+  const double target = u * total;
+  double cum = 0.0;
+  int32_t token = -1;
+  for (int32_t t = 0; t < static_cast<int32_t>(mass.size()); ++t) {
+    if (mass[t] == 0.0) continue;
+    cum += mass[t];
+    token = t;
+    if (cum > target) break;
+  }
+  return token;
+}
+
+void sampling_distribution(const SampleInput& in, SamplerScratch* scratch,
+                           std::vector<double>* probs) {
+  double total = 0.0;
+  const int32_t greedy = kept_mass(in, scratch, &total);
+  if (greedy >= 0) {
+    probs->assign(in.logits.size(), 0.0);
+    (*probs)[greedy] = 1.0;
+    return;
+  }
+  M3_CHECK(total > 0.0, "[sample] empty kept set");
+  probs->resize(scratch->probs.size());
+  for (size_t t = 0; t < probs->size(); ++t) (*probs)[t] = scratch->probs[t] / total;
+}
+
+SampleResult sample_token(const SampleInput& in, SamplerScratch* scratch) {
+  SampleResult res;
+  double total = 0.0;
+  res.token = kept_mass(in, scratch, &total);
+  if (res.token < 0) {
+    res.token = draw_from_mass(scratch->probs, total, uniform01(in.rng));
     M3_CHECK(res.token >= 0, "[sample] empty kept set");
   }
-
-  if (p.logprobs) {
+  if (in.params->logprobs) {
     res.logprob = static_cast<float>(raw_logprob(in.logits, res.token));
-    res.top_logprobs = raw_top_logprobs(in.logits, p.top_logprobs);
+    res.top_logprobs = raw_top_logprobs(in.logits, in.params->top_logprobs);
   }
   return res;
 }

@@ -52,6 +52,16 @@ struct SamplerScratch {
 
 SampleResult sample_token(const SampleInput& in, SamplerScratch* scratch);
 
+// The distribution sample_token draws from, normalised: probs[V] is the kept mass of every id
+// after the logits processors, temperature, top_k, top_p and min_p (0 outside the kept set);
+// greedy (temperature < kGreedyTemperature): 1 at the argmax. Speculative verification compares
+// a draft against exactly this distribution.
+void sampling_distribution(const SampleInput& in, SamplerScratch* scratch,
+                           std::vector<double>* probs);
+// sample_token's draw: the first id, in ascending order, whose cumulative mass exceeds
+// u * total (u in [0, 1)); -1 if every mass is 0.
+int32_t draw_from_mass(std::span<const double> mass, double total, double u);
+
 // Raw log-softmax helpers (exposed for tests and the server's echo/prompt logprobs later).
 // Returns log_softmax(logits)[token] computed in double.
 double raw_logprob(std::span<const float> logits, int32_t token);

@@ -169,6 +169,7 @@ void Scheduler::release_pages(Seq* seq) {
   PagePool& pool = *group_of(*seq).pool;
   for (PageId p : seq->pages) pool.decref(p);
   seq->pages.clear();
+  seq->draft_tokens.clear();
   seq->num_indexed_pages = 0;
   seq->num_computed_tokens = 0;
 }
@@ -203,6 +204,10 @@ SeqSlice Scheduler::make_slice(const Seq& seq, int32_t num_new) const {
   s.block_table = seq.pages;
   s.dp_group = seq.dp_group;
   s.need_logits = s.end_pos() == seq.num_tokens();
+  if (s.need_logits && num_new == 1 && !seq.draft_tokens.empty()) {
+    s.token_ids.insert(s.token_ids.end(), seq.draft_tokens.begin(), seq.draft_tokens.end());
+    s.num_draft = static_cast<int32_t>(seq.draft_tokens.size());
+  }
   return s;
 }
 
@@ -238,9 +243,11 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
                                  " has nothing to compute; the engine must append or remove it");
     const int32_t num_new = remaining == 1 ? 1 : std::min(remaining, budget);
     if (num_new == 0) continue;  // prefill budget spent: keep its pages, continue next step
-    const int32_t need =
-        num_pages_for_tokens(seq->num_computed_tokens + num_new, P) -
-        static_cast<int32_t>(seq->pages.size());
+    if (remaining > 1) seq->draft_tokens.clear();
+    // A verify slice writes its drafts' K/V too.
+    const int32_t num_draft = static_cast<int32_t>(seq->draft_tokens.size());
+    const int32_t need = num_pages_for_tokens(seq->num_computed_tokens + num_new + num_draft, P) -
+                         static_cast<int32_t>(seq->pages.size());
     bool self_preempted = false;
     while (!ensure_free(g, need)) {
       Seq* victim = running.back();
@@ -303,7 +310,6 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
 }
 
 void Scheduler::commit(const StepPlan& plan) {
-  const int32_t P = config_.page_size;
   for (const SeqSlice& s : plan.seqs) {
     auto it = seqs_.find(s.seq_id);
     if (it == seqs_.end()) continue;  // removed between plan and commit (failed step)
@@ -312,28 +318,69 @@ void Scheduler::commit(const StepPlan& plan) {
              "[sched.commit] sequence " + std::to_string(seq->id) + " computed " +
                  std::to_string(seq->num_computed_tokens) + " but the slice starts at " +
                  std::to_string(s.start_pos));
-    seq->num_computed_tokens = s.end_pos();
+    // A verify slice computes its decode token; the drafts count once accepted
+    // (append_verified).
+    seq->num_computed_tokens = s.end_pos() - s.num_draft;
+    seq->draft_tokens.clear();
     if (seq->num_computed_tokens < seq->num_tokens()) {
       seq->phase = SeqPhase::kPrefilling;
     } else {
       seq->phase = SeqPhase::kDecoding;
     }
-    if (!config_.enable_prefix_cache) continue;
-    const int32_t num_full = seq->num_computed_tokens / P;
-    if (num_full <= seq->num_indexed_pages) continue;
-    Group& g = group_of(*seq);
-    std::vector<PageId> canonical = g.index->insert(
-        std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(num_full) * P),
-        std::span<const PageId>(seq->pages.data(), num_full));
-    for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
-      if (canonical[i] == seq->pages[i]) continue;
-      // Another sequence indexed the same tokens first: share its page, free our duplicate.
-      g.pool->incref(canonical[i]);
-      g.pool->decref(seq->pages[i]);
-      seq->pages[i] = canonical[i];
-    }
-    seq->num_indexed_pages = num_full;
+    index_full_pages(seq);
   }
+}
+
+void Scheduler::index_full_pages(Seq* seq) {
+  if (!config_.enable_prefix_cache) return;
+  const int32_t P = config_.page_size;
+  const int32_t num_full = seq->num_computed_tokens / P;
+  if (num_full <= seq->num_indexed_pages) return;
+  Group& g = group_of(*seq);
+  std::vector<PageId> canonical = g.index->insert(
+      std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(num_full) * P),
+      std::span<const PageId>(seq->pages.data(), num_full));
+  for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
+    if (canonical[i] == seq->pages[i]) continue;
+    // Another sequence indexed the same tokens first: share its page, free our duplicate.
+    g.pool->incref(canonical[i]);
+    g.pool->decref(seq->pages[i]);
+    seq->pages[i] = canonical[i];
+  }
+  seq->num_indexed_pages = num_full;
+}
+
+bool Scheduler::set_draft(SeqId id, std::vector<int32_t> draft) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  Seq* seq = it->second.get();
+  if (seq->phase != SeqPhase::kDecoding || seq->num_computed_tokens != seq->num_tokens() - 1)
+    return false;
+  seq->draft_tokens = std::move(draft);
+  return true;
+}
+
+void Scheduler::append_verified(SeqId id, std::span<const int32_t> tokens, int32_t num_kv_valid) {
+  auto it = seqs_.find(id);
+  M3_CHECK(it != seqs_.end(), "[sched.append_verified] unknown sequence " + std::to_string(id));
+  Seq* seq = it->second.get();
+  M3_CHECK(seq->num_computed_tokens == seq->num_tokens() && !tokens.empty() && num_kv_valid >= 0 &&
+               num_kv_valid < static_cast<int32_t>(tokens.size()),
+           "[sched.append_verified] sequence " + std::to_string(id) + ": " +
+               std::to_string(tokens.size()) + " tokens, " + std::to_string(num_kv_valid) +
+               " with K/V, " + std::to_string(seq->num_tokens() - seq->num_computed_tokens) +
+               " left to compute");
+  seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.end());
+  seq->num_computed_tokens += num_kv_valid;
+  seq->phase = SeqPhase::kDecoding;
+  // The rejected drafts' pages (never indexed: they lie past the computed positions).
+  const int32_t keep = num_pages_for_tokens(seq->num_computed_tokens, config_.page_size);
+  PagePool& pool = *group_of(*seq).pool;
+  while (static_cast<int32_t>(seq->pages.size()) > keep) {
+    pool.decref(seq->pages.back());
+    seq->pages.pop_back();
+  }
+  index_full_pages(seq);
 }
 
 void Scheduler::append_token(SeqId id, int32_t token) {

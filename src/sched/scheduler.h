@@ -95,6 +95,9 @@ struct SequenceState {
   SeqId wait_for = -1;               // admit only once this sequence has finished its prefill
   bool match_prefix = true;          // false: every position is computed (prompt logits)
   int32_t dp_group = 0;              // attention data-parallel group, fixed when added
+  // Draft tokens to verify with the next decode slice (set_draft); cleared by plan's commit and
+  // by preemption.
+  std::vector<int32_t> draft_tokens;
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - num_prompt_tokens; }
@@ -141,6 +144,18 @@ class Scheduler {
 
   // Appends a sampled token to a sequence whose slice needed logits in the committed step.
   void append_token(SeqId id, int32_t token);
+
+  // Speculative decoding. set_draft: the next decode slice of this sequence (which must be
+  // decoding, with only its last token left to compute) verifies `draft` after that token; the
+  // plan allocates pages for all of them. Returns false, changing nothing, for a sequence in
+  // another state.
+  bool set_draft(SeqId id, std::vector<int32_t> draft);
+  // After a committed verify slice: `tokens` are the emitted tokens (the accepted drafts, then the
+  // target's next token), of which the first `num_kv_valid` have their K/V in the pages (the
+  // accepted drafts). Advances the computed positions, indexes newly full pages, and gives back
+  // the pages beyond the computed positions (the rejected drafts'). At most tokens.size() - 1
+  // tokens may be K/V-valid: the last one is always left to compute.
+  void append_verified(SeqId id, std::span<const int32_t> tokens, int32_t num_kv_valid);
 
   // Removes a sequence (finished, cancelled or failed) and releases its pages. Full pages stay in
   // the prefix index. Unknown ids are ignored (cancel may race with finish). Returns true if found.
@@ -197,6 +212,7 @@ class Scheduler {
   void insert_running(Seq* seq);
   bool dependency_pending(const Seq& seq) const;
   SeqSlice make_slice(const Seq& seq, int32_t num_new) const;
+  void index_full_pages(Seq* seq);
 
   SchedulerConfig config_;
   int32_t group_max_running_ = 0;

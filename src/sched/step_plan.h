@@ -29,12 +29,17 @@ struct SeqSlice {
   // Attention data-parallel group (SchedulerConfig::num_dp_groups > 1): block_table's page ids
   // are that group's pool's. 0 otherwise.
   int32_t dp_group = 0;
+  // Speculative verification: the slice is [last token, d_1..d_k], the decode token followed by
+  // k draft tokens (the last k of token_ids), and the runner returns the logits of every token.
+  // Only the decode token counts as computed when the step commits; the engine then tells the
+  // scheduler how many drafts the target accepted (Scheduler::append_verified).
+  int32_t num_draft = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t end_pos() const { return start_pos + num_tokens(); }
-  // A decode slice feeds the one token left to compute (the last sampled one). Decode tokens are
-  // not charged against the prefill token budget.
-  bool is_decode() const { return num_tokens() == 1 && need_logits; }
+  // A decode slice feeds the one token left to compute (the last sampled one), with its drafts
+  // when verifying. Decode tokens are not charged against the prefill token budget.
+  bool is_decode() const { return num_tokens() == 1 + num_draft && need_logits; }
 };
 
 struct StepPlan {

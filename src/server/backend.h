@@ -71,6 +71,11 @@ struct BackendEvent {
   // 500.
   bool unavailable = false;
   int32_t cached_tokens = 0;    // prompt tokens served from the prefix cache
+  // Speculative decoding, running totals of the request (SGLang's meta_info names): verify steps,
+  // drafts verified, drafts accepted. 0 without a draft.
+  int32_t spec_verify_ct = 0;
+  int32_t spec_draft_token_num = 0;
+  int32_t spec_accept_token_num = 0;
   Clock::time_point time = Clock::now();
 };
 
@@ -95,6 +100,11 @@ struct BackendStats {
   // cache numbers per DP rank, in rank order (/metrics labels them dp_rank="g" instead of the
   // totals above). Empty otherwise.
   std::vector<DpRankKvStats> dp_ranks;
+  // Speculative decoding (empty / 0 without a draft): spec_accept_length_counts[n] = verify steps
+  // that committed n tokens; drafts verified and accepted.
+  std::vector<uint64_t> spec_accept_length_counts;
+  uint64_t spec_draft_tokens_total = 0;
+  uint64_t spec_accepted_tokens_total = 0;
 };
 
 // Called on the backend's thread for every event of a request, in order; must be cheap and must

@@ -158,6 +158,27 @@ std::string Metrics::render(const BackendStats& s, bool ready, bool draining) co
        e2e_request_latency);
   hist("request_prompt_tokens", "Prompt tokens per request.", request_prompt_tokens);
   hist("request_generation_tokens", "Generated tokens per request.", request_generation_tokens);
+  if (!s.spec_accept_length_counts.empty()) {
+    // Speculative decoding: kept by the engine, rendered here as counters and a histogram of
+    // the tokens committed per verify step (accepted drafts + the target's token).
+    counter("spec_draft_tokens_total", "Draft tokens verified by the target.",
+            double(s.spec_draft_tokens_total));
+    counter("spec_accepted_tokens_total", "Draft tokens the target accepted.",
+            double(s.spec_accepted_tokens_total));
+    const std::string n = "m3serve:spec_accept_length";
+    header(out, n, "histogram",
+           "Tokens committed per speculative verify step (accepted drafts + 1).");
+    uint64_t cum = 0, sum = 0;
+    for (size_t len = 1; len < s.spec_accept_length_counts.size(); ++len) {
+      cum += s.spec_accept_length_counts[len];
+      sum += len * s.spec_accept_length_counts[len];
+      out +=
+          n + "_bucket{" + L + ",le=\"" + std::to_string(len) + "\"} " + std::to_string(cum) + "\n";
+    }
+    out += n + "_bucket{" + L + ",le=\"+Inf\"} " + std::to_string(cum) + "\n";
+    out += n + "_sum{" + L + "} " + std::to_string(sum) + "\n";
+    out += n + "_count{" + L + "} " + std::to_string(cum) + "\n";
+  }
   return out;
 }
 

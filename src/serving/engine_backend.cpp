@@ -34,6 +34,9 @@ server::BackendEvent to_backend_event(const RequestEvent& e, bool with_logprobs)
   out.time = e.time;
   out.done = e.done;
   out.cached_tokens = e.usage.cached_tokens;
+  out.spec_verify_ct = e.usage.spec_verify_steps;
+  out.spec_draft_token_num = e.usage.spec_draft_tokens;
+  out.spec_accept_token_num = e.usage.spec_accepted_tokens;
   for (const SeqDelta& d : e.seqs) {
     if (d.seq_index != 0) continue;
     for (const GeneratedToken& g : d.tokens) {
@@ -174,6 +177,9 @@ server::BackendStats EngineBackend::stats() const {
   out.kv_pages_total = s.kv_pages_total;
   out.prefix_cache_hit_tokens_total = s.prefix_cache_hit_tokens_total;
   out.num_preemptions_total = s.num_preemptions_total;
+  out.spec_accept_length_counts = s.spec_accept_length_counts;
+  out.spec_draft_tokens_total = s.spec_draft_tokens_total;
+  out.spec_accepted_tokens_total = s.spec_accepted_tokens_total;
   for (const DpGroupStats& g : s.dp_groups) {
     server::DpRankKvStats& r = out.dp_ranks.emplace_back();
     r.kv_pages_used = g.kv_pages_used;

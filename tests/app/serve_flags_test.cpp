@@ -129,6 +129,9 @@ std::string summary(const ServeConfig& c) {
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
   add(c.disable_custom_all_reduce);
+  s += c.speculative_draft_model_path + "|";
+  add(c.speculative_num_draft_tokens);
+  add(c.speculative_simulate_accept_length);
   return s;
 }
 
@@ -174,7 +177,8 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
-  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels); DSPARK is refused.
+  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels); DSPARK over ranks is
+  // refused.
   auto refused = options_from_config(f->config);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("--speculative-algorithm DSPARK"), std::string::npos)
@@ -184,7 +188,8 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->tensor_parallel, 4);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--speculative-algorithm", "DSPARK"}, "--speculative-algorithm DSPARK"},
+           {{"--speculative-algorithm", "DSPARK", "--device", "cuda"},
+            "--speculative-algorithm DSPARK with --device cuda"},
            {{"--dp", "2"}, "--dp 2"},
            {{"--kv-cache-dtype", "fp8_e4m3"}, "--kv-cache-dtype fp8_e4m3"},
            {{"--enable-hierarchical-cache"}, "--enable-hierarchical-cache"}}) {
@@ -210,6 +215,52 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   EXPECT_EQ(v->config.server.context_length, 4096);
   EXPECT_DOUBLE_EQ(v->config.mem_fraction_static, 0.9);
   EXPECT_FALSE(parse_serve_flags({"--block-size", "16"}).is_ok());
+}
+
+// --speculative-*: SGLang's flags on the CPU path; the benchmark-only forced acceptance needs
+// dummy weights; anything else than DSPARK is refused by name.
+TEST(ServeFlags, Speculative) {
+  auto f = parse_serve_flags({"--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
+                              "/d", "--speculative-num-draft-tokens", "5",
+                              "--speculative-use-block-verification"});
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  auto o = options_from_config(f->config);
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  EXPECT_TRUE(o->speculative);
+  EXPECT_EQ(o->draft_model_path, "/d");
+  EXPECT_EQ(o->speculative_options.num_draft_tokens, 5);
+  EXPECT_EQ(o->speculative_options.method, VerifyMethod::kBlock);
+  EXPECT_EQ(o->speculative_options.simulate_accept_length, 0);
+
+  auto eagle = parse_serve_flags({"--speculative-algorithm", "EAGLE3"});
+  ASSERT_FALSE(eagle.is_ok());
+  EXPECT_NE(eagle.status().message().find("--speculative-algorithm"), std::string::npos);
+  EXPECT_FALSE(parse_serve_flags({"--speculative-num-draft-tokens", "1"}).is_ok());
+
+  auto sim = parse_serve_flags(
+      {"--speculative-algorithm", "DSPARK", "--speculative-simulate-accept-length", "3"});
+  ASSERT_TRUE(sim.is_ok());
+  auto refused = options_from_config(sim->config);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("--load-format dummy"), std::string::npos);
+  sim->config.load_format = "dummy";
+  auto accepted = options_from_config(sim->config);
+  ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
+  EXPECT_EQ(accepted->speculative_options.simulate_accept_length, 3);
+
+  for (const auto& ranks : std::vector<std::vector<std::string>>{
+           {"--tp", "2"}, {"--ep", "2"}, {"--nnodes", "2", "--dist-init-addr", "h:1"}}) {
+    std::vector<std::string> args = {"--speculative-algorithm", "DSPARK"};
+    args.insert(args.end(), ranks.begin(), ranks.end());
+    auto g = parse_serve_flags(args);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    auto r = options_from_config(g->config);
+    ASSERT_FALSE(r.is_ok()) << ranks[0];
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(r.status().message().find("--speculative-algorithm DSPARK with --tp"),
+              std::string::npos)
+        << r.status().message();
+  }
 }
 
 // --enable-dp-attention --dp D: D divides --tp; --dp without it (replicas) is refused by name;

@@ -72,6 +72,31 @@ TEST(Metrics, KvSeriesPerDpRank) {
   EXPECT_EQ(m.render(s, true, false).find("dp_rank"), std::string::npos);
 }
 
+// Speculative decoding: the engine's counts of tokens committed per verify step become a
+// cumulative histogram; the series are absent without a draft.
+TEST(Metrics, SpeculativeAcceptLength) {
+  Metrics m("m3-tiny");
+  BackendStats s;
+  EXPECT_EQ(m.render(s, true, false).find("spec_"), std::string::npos);
+  s.spec_accept_length_counts = {0, 5, 2, 0, 3};  // 5 steps of 1 token, 2 of 2, 3 of 4
+  s.spec_draft_tokens_total = 30;
+  s.spec_accepted_tokens_total = 11;
+  const std::string text = m.render(s, true, false);
+  for (const char* line :
+       {"# TYPE m3serve:spec_accept_length histogram",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"1\"} 5",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"2\"} 7",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"3\"} 7",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"4\"} 10",
+        "m3serve:spec_accept_length_bucket{model_name=\"m3-tiny\",le=\"+Inf\"} 10",
+        "m3serve:spec_accept_length_sum{model_name=\"m3-tiny\"} 21",
+        "m3serve:spec_accept_length_count{model_name=\"m3-tiny\"} 10",
+        "m3serve:spec_draft_tokens_total{model_name=\"m3-tiny\"} 30",
+        "m3serve:spec_accepted_tokens_total{model_name=\"m3-tiny\"} 11"}) {
+    EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
+  }
+}
+
 TEST(Auth, BearerComparison) {
   EXPECT_TRUE(authorized("sk-1", "Bearer sk-1"));
   EXPECT_FALSE(authorized("sk-1", "Bearer sk-2"));

@@ -38,6 +38,9 @@ class MiniMaxM3ModelRunner final : public ModelRunner {
   Status forward(const ModelStep& step, ModelOutput& out) override;
 
   minimax_m3::Model& model() { return *model_; }
+  Backend* backend() { return backend_.get(); }
+  // The KV cache (tests compare it with a fresh prefill's).
+  minimax_m3::PagedKvCache& kv_cache() { return *cache_; }
 
  private:
   MiniMaxM3ModelRunner() = default;

@@ -146,16 +146,28 @@ std::string GenerationJob::chunk(Choice& c, json choice) {
 
 json GenerationJob::usage_json() const {
   // The prompt is counted once; completion (and reasoning) tokens are summed over the choices.
-  int32_t completion = 0, reasoning = 0;
+  int32_t completion = 0, reasoning = 0, verify = 0, drafted = 0, accepted = 0;
   for (const auto& c : choices_) {
     completion += c->completion_tokens;
     reasoning += c->reasoning_tokens;
+    verify += c->spec_verify_ct;
+    drafted += c->spec_draft_token_num;
+    accepted += c->spec_accept_token_num;
   }
-  return {{"prompt_tokens", cfg_.prompt_tokens},
-          {"completion_tokens", completion},
-          {"total_tokens", cfg_.prompt_tokens + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}},
-          {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
+  json usage = {{"prompt_tokens", cfg_.prompt_tokens},
+                {"completion_tokens", completion},
+                {"total_tokens", cfg_.prompt_tokens + completion},
+                {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}},
+                {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
+  if (verify > 0) {
+    // m3serve's extension (docs/dspark.md), with SGLang's meta_info names; accept length is the
+    // tokens committed per verify step (accepted drafts + the target's own token).
+    usage["m3serve_spec"] = {{"spec_verify_ct", verify},
+                             {"spec_draft_token_num", drafted},
+                             {"spec_accept_token_num", accepted},
+                             {"spec_accept_length", double(accepted + verify) / verify}};
+  }
+  return usage;
 }
 
 void GenerationJob::emit_delta(Choice& c, chat::ParsedDelta&& d) {
@@ -242,6 +254,9 @@ void GenerationJob::handle(Choice& c, BackendEvent& ev) {
     }
     c.last_token_time = now;
     c.completion_tokens += static_cast<int32_t>(ev.tokens.size());
+    c.spec_verify_ct = std::max(c.spec_verify_ct, ev.spec_verify_ct);
+    c.spec_draft_token_num = std::max(c.spec_draft_token_num, ev.spec_draft_token_num);
+    c.spec_accept_token_num = std::max(c.spec_accept_token_num, ev.spec_accept_token_num);
     for (int32_t t : ev.tokens) {
       if (cfg_.think_open_id && t == *cfg_.think_open_id) c.in_reasoning = true;
       if (c.in_reasoning) ++c.reasoning_tokens;

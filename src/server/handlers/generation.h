@@ -81,6 +81,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     bool finished = false;
     std::string finish_reason;
     int32_t completion_tokens = 0;
+    // Speculative decoding: the latest running totals of the choice's request (BackendEvent).
+    int32_t spec_verify_ct = 0, spec_draft_token_num = 0, spec_accept_token_num = 0;
     int32_t reasoning_tokens = 0;
     bool in_reasoning = false;
     std::optional<std::chrono::steady_clock::time_point> last_token_time;

@@ -1,0 +1,49 @@
+// The engine's seam to a speculative draft model (docs/dspark.md, "Engine"): model-neutral, so the
+// engine links no draft library. The draft reads hidden states the target captures
+// (ModelStep::capture_layers) for every committed token, keeps per-sequence context in a
+// DraftState, and proposes a block of tokens from the last committed token (the anchor).
+//
+// Positions: a state of length() L holds the context of the committed positions [0, L); the
+// anchor is at position L and its own hidden states are not known yet.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+
+namespace m3 {
+
+class DraftState {
+ public:
+  virtual ~DraftState() = default;
+  virtual int64_t length() const = 0;
+};
+
+// Picks slot `slot`'s token from that slot's draft logits [V]; the engine draws it under the
+// request's sampling parameters and keeps the distribution it drew from (the q of verification).
+using DraftTokenPicker = std::function<int32_t(std::span<const float> logits, int64_t slot)>;
+
+class DraftModel {
+ public:
+  virtual ~DraftModel() = default;
+  // Tokens proposed per step (B).
+  virtual int32_t block_size() const = 0;
+  // Target layers whose hidden states the draft reads, in the order append_context expects.
+  virtual std::vector<int32_t> capture_layers() const = 0;
+  virtual std::unique_ptr<DraftState> new_state() = 0;
+  // Commits positions [length(), length() + n): `captured` is [capture_layers().size(), n,
+  // hidden] (ModelOutput::hidden's layout for those tokens).
+  virtual Status append_context(DraftState& state, std::span<const float> captured, int64_t n) = 0;
+  // Rolls back to new_length <= length(); may refuse (then the caller starts a new state).
+  virtual Status truncate(DraftState& state, int64_t new_length) = 0;
+  // Proposes block_size() tokens after `anchor` (at position length()), slot by slot through
+  // `pick` (each slot's logits may depend on the previous slot's token).
+  virtual Status propose(DraftState& state, int32_t anchor, const DraftTokenPicker& pick,
+                         std::vector<int32_t>* tokens) = 0;
+};
+
+}  // namespace m3

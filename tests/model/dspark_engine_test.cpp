@@ -1,0 +1,213 @@
+// Speculative decoding with a DSpark draft on the bundled m3-tiny target (float32 CPU): greedy
+// output equals ordinary decoding token for token (and logprob for logprob) with a random dummy
+// draft (rejections nearly everywhere) and with an oracle draft proposing the target's own
+// continuation (everything accepted), at 32 and 256 new tokens; after verify steps the target's
+// KV cache of the committed positions is bitwise a fresh prefill's.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine_test_util.h"
+#include "model/minimax_m3/cpu_model_runner.h"
+#include "model/minimax_m3/dspark/dspark_engine_draft.h"
+#include "model/minimax_m3/model_dir.h"
+#include "single_sequence.h"
+
+namespace m3 {
+namespace {
+
+using minimax_m3::dspark::DSparkEngineDraft;
+using testing::Outcome;
+
+const std::string kTinyDir = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
+
+// Proposes the known continuation of one sequence (prompt + the plain engine's output) through
+// the engine's picker, with one-hot logits; the context goes through the real DSpark draft, so
+// its bookkeeping is exercised as with any draft.
+class OracleDraft final : public DraftModel {
+ public:
+  OracleDraft(std::unique_ptr<DSparkEngineDraft> inner, std::vector<int32_t> sequence,
+              int32_t vocab)
+      : inner_(std::move(inner)), sequence_(std::move(sequence)), vocab_(vocab) {}
+  int32_t block_size() const override { return inner_->block_size(); }
+  std::vector<int32_t> capture_layers() const override { return inner_->capture_layers(); }
+  std::unique_ptr<DraftState> new_state() override { return inner_->new_state(); }
+  Status append_context(DraftState& s, std::span<const float> c, int64_t n) override {
+    return inner_->append_context(s, c, n);
+  }
+  Status truncate(DraftState& s, int64_t n) override { return inner_->truncate(s, n); }
+  Status propose(DraftState& s, int32_t anchor, const DraftTokenPicker& pick,
+                 std::vector<int32_t>* tokens) override {
+    const int64_t p = s.length();  // the anchor's position
+    if (p >= static_cast<int64_t>(sequence_.size()) || sequence_[p] != anchor)
+      return internal_error("[oracle] the anchor is not the known sequence's");
+    tokens->clear();
+    std::vector<float> logits(vocab_);
+    for (int32_t k = 0; k < block_size(); ++k) {
+      const size_t at = static_cast<size_t>(p + 1 + k);
+      const int32_t want = at < sequence_.size() ? sequence_[at] : 0;
+      std::fill(logits.begin(), logits.end(), -1e30f);
+      logits[want] = 0.0f;
+      tokens->push_back(pick(logits, k));
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::unique_ptr<DSparkEngineDraft> inner_;
+  std::vector<int32_t> sequence_;
+  int32_t vocab_;
+};
+
+struct TinyTarget {
+  MiniMaxM3ModelRunner* runner = nullptr;
+  std::unique_ptr<Engine> engine;
+  MiniMaxM3Config cfg;
+
+  // oracle: the sequence an oracle draft proposes from; empty: a random dummy draft; null: none.
+  explicit TinyTarget(const std::vector<int32_t>* oracle, bool speculative = true) {
+    auto backend = std::make_unique<CpuBackend>(2);
+    auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
+    EXPECT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    cfg = loaded->config;
+    weights_ = std::move(loaded->weights);
+    auto r =
+        MiniMaxM3ModelRunner::create_with_pages(std::move(backend), std::move(loaded->model), 64);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    runner = r->get();
+    EngineConfig c;
+    c.scheduler.page_size = static_cast<int32_t>(cfg.index_block_size);
+    c.scheduler.chunked_prefill_size = 64;
+    auto e = Engine::create(std::move(c), std::move(r).value());
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    engine = std::move(e).value();
+    if (!speculative) return;
+    minimax_m3::dspark::DSparkLoadOptions o;
+    o.draft_dir = kTinyDir + "/dspark";  // absent: a dummy draft at a shape derived from m3-tiny
+    o.dummy_weights = true;
+    auto d = minimax_m3::dspark::load_dspark_engine_draft(o, runner->model(), runner->backend());
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    std::unique_ptr<DraftModel> draft = std::move(d).value();
+    if (oracle) {
+      draft = std::make_unique<OracleDraft>(
+          std::unique_ptr<DSparkEngineDraft>(static_cast<DSparkEngineDraft*>(draft.release())),
+          *oracle, static_cast<int32_t>(cfg.vocab_size));
+    }
+    SpeculativeOptions so;
+    // The random draft's drafts are nearly all rejected: 2 per verify keep the test quick.
+    so.num_draft_tokens = oracle ? draft->block_size() + 1 : 3;
+    Status st = engine->enable_speculative(std::move(draft), so);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+
+  Outcome run(const GenerateRequest& r) {
+    auto h = engine->submit(r);
+    EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+    std::vector<RequestHandle> hs;
+    hs.push_back(std::move(h).value());
+    return testing::run_all(*engine, hs, {r.params.n})[0];
+  }
+
+ private:
+  std::unique_ptr<WeightSource> weights_;
+};
+
+GenerateRequest greedy_request(int32_t max_tokens) {
+  GenerateRequest r;
+  for (int32_t i = 0; i < 21; ++i) r.prompt_tokens.push_back((i * 37 + 11) % 4000);
+  r.params.temperature = 0.0f;
+  r.params.max_tokens = max_tokens;
+  r.params.ignore_eos = true;
+  r.params.logprobs = true;
+  return r;
+}
+
+TEST(DSparkEngine, GreedyEqualsOrdinaryDecodingOnTheBundledModel) {
+  for (int32_t max_tokens : {32, 256}) {
+    const GenerateRequest r = greedy_request(max_tokens);
+    TinyTarget plain(nullptr, false);
+    const Outcome want = plain.run(r);
+    ASSERT_TRUE(want.done && want.error.is_ok()) << want.error.to_string();
+    ASSERT_EQ(want.tokens[0].size(), static_cast<size_t>(max_tokens));
+    std::vector<int32_t> sequence = r.prompt_tokens;
+    sequence.insert(sequence.end(), want.tokens[0].begin(), want.tokens[0].end());
+    for (bool oracle : {false, true}) {
+      TinyTarget spec(oracle ? &sequence : nullptr);
+      const Outcome got = spec.run(r);
+      const std::string what = std::to_string(max_tokens) + (oracle ? " oracle" : " random");
+      ASSERT_TRUE(got.done && got.error.is_ok()) << what << ": " << got.error.to_string();
+      EXPECT_EQ(got.tokens, want.tokens) << what;
+      for (size_t t = 0; t < got.detail[0].size() && t < want.detail[0].size(); ++t) {
+        EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << what << " token " << t;
+      }
+      EXPECT_GT(got.usage.spec_draft_tokens, 0) << what;
+      if (oracle) {
+        EXPECT_EQ(got.usage.spec_accepted_tokens, got.usage.spec_draft_tokens) << what;
+      } else {
+        EXPECT_LT(got.usage.spec_accepted_tokens * 4, got.usage.spec_draft_tokens) << what;
+      }
+      EXPECT_EQ(spec.engine->stats().kv_pages_used, 0) << what;
+    }
+  }
+}
+
+TEST(DSparkEngine, VerifiedKvEqualsAFreshPrefill) {
+  // A random draft: every verify writes rejected drafts' K/V past the committed length, which the
+  // next verify overwrites.
+  TinyTarget spec(nullptr);
+  GenerateRequest r = greedy_request(100);
+  auto h = spec.engine->submit(r);
+  ASSERT_TRUE(h.is_ok());
+  for (int i = 0; i < 12; ++i) spec.engine->step();
+  const std::vector<SeqId> running = spec.engine->scheduler().running_ids();
+  ASSERT_EQ(running.size(), 1u);
+  const SequenceState* st = spec.engine->scheduler().find(running[0]);
+  ASSERT_NE(st, nullptr);
+  ASSERT_GT(spec.engine->stats().spec_draft_tokens_total, 0u);
+  const int64_t n = st->num_computed_tokens;
+  ASSERT_GT(n, static_cast<int64_t>(r.prompt_tokens.size()) + 4);
+
+  minimax_m3::PagedKvCache fresh(spec.runner->model().backend(), spec.cfg, 16);
+  testing::SimplePagePool pool(16);
+  testing::SequenceRunner seq(&spec.runner->model(), &fresh, &pool);
+  std::vector<float> logits;
+  ASSERT_TRUE(seq.append(std::span<const int32_t>(st->tokens.data(), static_cast<size_t>(n)), 0,
+                         false, &logits)
+                  .is_ok());
+  const int64_t S = fresh.page_size();
+  for (int64_t l = 0; l < spec.cfg.num_hidden_layers; ++l) {
+    const KvLayerView a = spec.runner->kv_cache().layer(l);
+    const KvLayerView b = fresh.layer(l);
+    const size_t row = static_cast<size_t>(a.num_kv_heads * a.head_dim);
+    for (int64_t pos = 0; pos < n; ++pos) {
+      const size_t ia = static_cast<size_t>(st->pages[pos / S] * S + pos % S);
+      const size_t ib = static_cast<size_t>(seq.block_table()[pos / S] * S + pos % S);
+      ASSERT_EQ(std::memcmp(a.k + ia * row, b.k + ib * row, row * sizeof(float)), 0)
+          << "K layer " << l << " position " << pos;
+      ASSERT_EQ(std::memcmp(a.v + ia * row, b.v + ib * row, row * sizeof(float)), 0)
+          << "V layer " << l << " position " << pos;
+      if (a.idx_k) {
+        const size_t d = static_cast<size_t>(a.index_head_dim);
+        ASSERT_EQ(std::memcmp(a.idx_k + ia * d, b.idx_k + ib * d, d * sizeof(float)), 0)
+            << "index keys layer " << l << " position " << pos;
+      }
+    }
+  }
+}
+
+TEST(DSparkEngine, MissingDraftDirectoryIsAClearError) {
+  auto backend = std::make_unique<CpuBackend>(1);
+  auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
+  ASSERT_TRUE(loaded.is_ok());
+  minimax_m3::dspark::DSparkLoadOptions o;
+  o.draft_dir = kTinyDir + "/no-such-draft";
+  auto d = minimax_m3::dspark::load_dspark_engine_draft(o, *loaded->model, backend.get());
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("--speculative-draft-model-path"), std::string::npos);
+  EXPECT_NE(d.status().message().find("--load-format dummy"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace m3
