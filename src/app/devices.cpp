@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/dummy_weights.h"
@@ -88,9 +89,18 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                },
                o, ranks));
   }
-  if (pool.tensor_parallel > 1)
-    std::fprintf(stderr, "m3serve: --tp %d on GPUs: all-reduce %s\n", pool.tensor_parallel,
-                 r->all_reduce_path().c_str());
+  if (pool.tensor_parallel > 1) {
+    // What each GPU holds, as loaded (the windows of the checkpoint it read, in their formats).
+    std::string per_gpu;
+    for (int rank = 0; rank < pool.tensor_parallel; ++rank) {
+      const minimax_m3::CudaM3Stats st = r->rank_model(rank).stats();
+      per_gpu += (rank == 0 ? "" : ", ") + std::to_string(rank) + ": " +
+                 std::to_string(st.weight_bytes) + " weight + " + std::to_string(st.kv_bytes) +
+                 " KV bytes";
+    }
+    std::fprintf(stderr, "m3serve: --tp %d on GPUs (%s); all-reduce %s\n", pool.tensor_parallel,
+                 per_gpu.c_str(), r->all_reduce_path().c_str());
+  }
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else
   return Status(StatusCode::kUnimplemented,

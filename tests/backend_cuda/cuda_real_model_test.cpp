@@ -81,6 +81,7 @@ using minimax_m3::Model;
 using minimax_m3::PagedKvCache;
 using minimax_m3::SequenceInput;
 using real_model_fixture::Compare;
+using real_model_fixture::Seq;
 using real_model_fixture::last_argmax;
 using real_model_fixture::random_tokens;
 using real_model_fixture::full_attention_test_config;
@@ -91,21 +92,13 @@ constexpr int64_t kPages = 96;
 
 // ---- Harness: the CPU model and up to three GPU models on the same weights and page ids.
 
-struct Seq {
-  std::vector<int32_t> table;  // page ids
-  int64_t cached = 0;          // positions in the caches
-};
-
 class Harness {
  public:
-  explicit Harness(const MiniMaxM3Config& cfg) : cfg_(cfg), src_(cfg_), cpu_(0) {
+  explicit Harness(const MiniMaxM3Config& cfg) : cfg_(cfg), src_(cfg_), cpu_(0), pages_(kPages, 5) {
     auto m = Model::load(cfg_, src_, &cpu_);
     EXPECT_TRUE(m.is_ok()) << m.status().to_string();
     if (m.is_ok()) cpu_model_ = std::move(m).value();
     cpu_cache_ = std::make_unique<PagedKvCache>(&cpu_, cfg_, kPages);
-    pages_.resize(kPages);
-    std::iota(pages_.begin(), pages_.end(), 0);
-    std::shuffle(pages_.begin(), pages_.end(), std::mt19937(5));  // non-identity block tables
   }
 
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs,
@@ -119,36 +112,16 @@ class Harness {
   }
 
   const MiniMaxM3Config& cfg() const { return cfg_; }
-  double rel_bound() const { return std::ldexp(1.0, -9) * double(4 + 10 * cfg_.num_hidden_layers); }
-
-  Seq new_seq(int64_t max_tokens) {
-    Seq s;
-    const int64_t n = (max_tokens + 127) / 128;
-    for (int64_t i = 0; i < n; ++i) {
-      EXPECT_LT(next_page_, kPages);
-      s.table.push_back(pages_[static_cast<size_t>(next_page_++ % kPages)]);
-    }
-    return s;
-  }
-  void reset_pages() { next_page_ = 0; }
+  double rel_bound() const { return real_model_fixture::rel_bound(cfg_); }
+  Seq new_seq(int64_t max_tokens) { return pages_.new_seq(max_tokens); }
+  void reset_pages() { pages_.reset(); }
 
   // One step: tokens[i] appended to seqs[i] (all logits rows when all_rows, else the last), on
   // the CPU and on every GPU model; outputs per model.
   void step(std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& tokens, bool all_rows,
             std::vector<CudaM3Model*> gpus, ForwardOutput* cpu_out,
             std::vector<ForwardOutput>* gpu_out) {
-    std::vector<SequenceInput> in(seqs.size());
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      in[i].tokens = tokens[i];
-      in[i].start_pos = seqs[i]->cached;
-      in[i].block_table = seqs[i]->table;
-      const int32_t n = static_cast<int32_t>(tokens[i].size());
-      if (all_rows) {
-        for (int32_t r = 0; r < n; ++r) in[i].logits_rows.push_back(r);
-      } else {
-        in[i].logits_rows = {n - 1};
-      }
-    }
+    const std::vector<SequenceInput> in = real_model_fixture::step_inputs(seqs, tokens, all_rows);
     Status s = cpu_model_->forward(in, cpu_cache_.get(), cpu_out);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
     gpu_out->assign(gpus.size(), {});
@@ -168,8 +141,7 @@ class Harness {
   CpuBackend cpu_;
   std::unique_ptr<Model> cpu_model_;
   std::unique_ptr<PagedKvCache> cpu_cache_;
-  std::vector<int32_t> pages_;
-  int64_t next_page_ = 0;
+  real_model_fixture::PageIds pages_;
 };
 
 Harness& harness() {

@@ -45,6 +45,7 @@ using minimax_m3::Model;
 using minimax_m3::PagedKvCache;
 using minimax_m3::SequenceInput;
 using real_model_fixture::Compare;
+using real_model_fixture::Seq;
 using real_model_fixture::last_argmax;
 using real_model_fixture::random_tokens;
 using real_model_fixture::test_config;
@@ -58,22 +59,14 @@ int gpu_count() {
   return n;
 }
 
-struct Seq {
-  std::vector<int32_t> table;
-  int64_t cached = 0;
-};
-
 // The CPU model, the unsharded GPU model and --tp 2 runners on the same weights and page ids.
 class TpHarness {
  public:
-  TpHarness() : cfg_(test_config()), src_(cfg_), cpu_(0) {
+  TpHarness() : cfg_(test_config()), src_(cfg_), cpu_(0), pages_(kPages, 7) {
     auto m = Model::load(cfg_, src_, &cpu_);
     EXPECT_TRUE(m.is_ok()) << m.status().to_string();
     if (m.is_ok()) cpu_model_ = std::move(m).value();
     cpu_cache_ = std::make_unique<PagedKvCache>(&cpu_, cfg_, kPages);
-    pages_.resize(kPages);
-    std::iota(pages_.begin(), pages_.end(), 0);
-    std::shuffle(pages_.begin(), pages_.end(), std::mt19937(7));
     CudaM3Options o;
     o.num_kv_pages = kPages;
     o.max_batch = 16;
@@ -107,18 +100,11 @@ class TpHarness {
   }
 
   const MiniMaxM3Config& cfg() const { return cfg_; }
-  double rel_bound() const { return std::ldexp(1.0, -9) * double(4 + 10 * cfg_.num_hidden_layers); }
+  double rel_bound() const { return real_model_fixture::rel_bound(cfg_); }
   bool ready() const { return cpu_model_ != nullptr && whole_ != nullptr; }
 
-  Seq new_seq(int64_t max_tokens) {
-    Seq s;
-    for (int64_t i = 0; i < (max_tokens + 127) / 128; ++i) {
-      EXPECT_LT(next_page_, kPages);
-      s.table.push_back(pages_[static_cast<size_t>(next_page_++ % kPages)]);
-    }
-    return s;
-  }
-  void reset_pages() { next_page_ = 0; }
+  Seq new_seq(int64_t max_tokens) { return pages_.new_seq(max_tokens); }
+  void reset_pages() { pages_.reset(); }
 
   // One step on the CPU, the unsharded GPU model and each runner (outputs: [0] unsharded, then
   // the runners').
@@ -126,19 +112,7 @@ class TpHarness {
             std::vector<CudaM3ModelRunner*> runners, ForwardOutput* cpu_out,
             std::vector<ModelOutput>* gpu_out) {
     ModelStep st;
-    st.slices.resize(seqs.size());
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      SequenceInput& in = st.slices[i];
-      in.tokens = tokens[i];
-      in.start_pos = seqs[i]->cached;
-      in.block_table = seqs[i]->table;
-      const int32_t n = static_cast<int32_t>(tokens[i].size());
-      if (all_rows) {
-        for (int32_t r = 0; r < n; ++r) in.logits_rows.push_back(r);
-      } else {
-        in.logits_rows = {n - 1};
-      }
-    }
+    st.slices = real_model_fixture::step_inputs(seqs, tokens, all_rows);
     Status s = cpu_model_->forward(st.slices, cpu_cache_.get(), cpu_out);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
     gpu_out->assign(1 + runners.size(), {});
@@ -161,8 +135,7 @@ class TpHarness {
   std::unique_ptr<Model> cpu_model_;
   std::unique_ptr<PagedKvCache> cpu_cache_;
   std::unique_ptr<CudaM3Model> whole_;
-  std::vector<int32_t> pages_;
-  int64_t next_page_ = 0;
+  real_model_fixture::PageIds pages_;
 };
 
 TpHarness& harness() {

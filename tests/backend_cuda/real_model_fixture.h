@@ -18,6 +18,7 @@
 #include "../model/single_sequence.h"
 #include "../model_cuda/small_real_shape_config.h"
 #include "model/minimax_m3/dummy_weights.h"
+#include "model/minimax_m3/model.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
 
@@ -218,6 +219,61 @@ inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t see
 inline int32_t last_argmax(const std::vector<float>& logits, int64_t v) {
   return testing::argmax(std::span<const float>(
       logits.data() + logits.size() - static_cast<size_t>(v), static_cast<size_t>(v)));
+}
+
+
+// A sequence's pages and how many of its positions the caches hold.
+struct Seq {
+  std::vector<int32_t> table;  // page ids
+  int64_t cached = 0;          // positions in the caches
+};
+
+// Page ids handed out in a shuffled order (non-identity block tables).
+class PageIds {
+ public:
+  PageIds(int64_t pages, uint32_t seed) : pages_(static_cast<size_t>(pages)) {
+    for (int64_t i = 0; i < pages; ++i) pages_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::shuffle(pages_.begin(), pages_.end(), std::mt19937(seed));
+  }
+  Seq new_seq(int64_t max_tokens) {
+    Seq s;
+    const int64_t pages = static_cast<int64_t>(pages_.size());
+    for (int64_t i = 0; i < (max_tokens + 127) / 128; ++i) {
+      EXPECT_LT(next_, pages);
+      s.table.push_back(pages_[static_cast<size_t>(next_++ % pages)]);
+    }
+    return s;
+  }
+  void reset() { next_ = 0; }
+
+ private:
+  std::vector<int32_t> pages_;
+  int64_t next_ = 0;
+};
+
+// The error bound relative to the rms of the CPU's logits (cuda_real_model_test.cpp's model).
+inline double rel_bound(const MiniMaxM3Config& c) {
+  return std::ldexp(1.0, -9) * double(4 + 10 * c.num_hidden_layers);
+}
+
+// One step's inputs: tokens[i] appended to seqs[i], logits for all of its rows when all_rows, else
+// its last. The slices point into `seqs` and `tokens`.
+inline std::vector<minimax_m3::SequenceInput> step_inputs(
+    const std::vector<Seq*>& seqs, const std::vector<std::vector<int32_t>>& tokens,
+    bool all_rows) {
+  std::vector<minimax_m3::SequenceInput> in(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    in[i].tokens = tokens[i];
+    in[i].start_pos = seqs[i]->cached;
+    in[i].block_table = seqs[i]->table;
+    const int32_t n = static_cast<int32_t>(tokens[i].size());
+    if (all_rows) {
+      for (int32_t r = 0; r < n; ++r) in[i].logits_rows.push_back(r);
+    } else {
+      in[i].logits_rows = {n - 1};
+    }
+  }
+  return in;
 }
 
 }  // namespace m3::real_model_fixture
