@@ -96,6 +96,23 @@ async function metric(url, name, worker) {
 // them in lockstep, one worker each, which is as good as cache_aware; that is luck, not design.)
 // Every prompt starts with the chat template's preamble, which every worker caches whatever the
 // policy; long turns keep it a small part of the hit rate.
+// A worker's own gauge (m3serve:NAME{model_name="..."} VALUE).
+async function workerMetric(url, name) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const line = text.split('\n').find((l) => l.startsWith(`${name}{`) || l.startsWith(`${name} `));
+  return line === undefined ? NaN : Number(line.split(' ').pop());
+}
+
+// The router's in-flight requests over all workers, through its API key.
+async function metricWithKey(url, key) {
+  const text = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${key}` } })).text();
+  let total = 0;
+  for (const l of text.split('\n')) {
+    if (l.startsWith('m3serve_router:worker_in_flight{')) total += Number(l.split(' ').pop());
+  }
+  return total;
+}
+
 const multiTurn = ['--dataset', 'multi-turn', '--num-conversations', '6', '--turns', '3',
                    '--random-input-len', '100', '--random-output-len', '8',
                    '--max-concurrency', '1'];
@@ -175,6 +192,34 @@ test('the openai client streams through the router; admin routes need the API ke
     const m = whole.choices[0].message;
     assert.equal((m.content ?? '') + (m.reasoning_content ?? ''), text);
 
+    // A client that goes away mid-stream: the router closes its connection to the worker, which
+    // stops generating (its running count drops back to 0 long before 3000 tokens).
+    const controller = new AbortController();
+    const long = await client.chat.completions.create({
+      model: 'm3-tiny', messages: [{ role: 'user', content: 'Tell me a long story.' }],
+      max_tokens: 3000, ignore_eos: true, stream: true,
+    }, { signal: controller.signal });
+    let n = 0;
+    let running = 0;
+    for await (const chunk of long) {
+      void chunk;
+      if (++n === 4) {
+        for (const w of workers) running += await workerMetric(w.url, 'm3serve:num_requests_running');
+      }
+      if (n === 8) controller.abort();
+    }
+    assert.equal(running, 1, 'the stream runs on one worker');
+    assert.ok(n >= 8 && n < 1000, `chunks: ${n}`);
+    let stopped = false;
+    for (let i = 0; i < 200 && !stopped; ++i) {
+      let total = 0;
+      for (const w of workers) total += await workerMetric(w.url, 'm3serve:num_requests_running');
+      total += await metricWithKey(router.url, key);
+      stopped = total === 0;
+      if (!stopped) await new Promise((r) => setTimeout(r, 25));
+    }
+    assert.ok(stopped, 'the worker kept generating after the client left');
+
     // A wrong key is refused; /health needs none.
     const bad = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'wrong', maxRetries: 0 });
     await assert.rejects(bad.models.list(), (e) => e.status === 401);
@@ -210,11 +255,12 @@ test('a worker killed mid-run loses only the requests it was streaming', async (
                                     '--turns', '4', '--random-input-len', '32',
                                     '--random-output-len', '48', '--max-concurrency', '6',
                                     '--seed', '21']);
-    // Kill the victim once it is streaming something.
+    // Kill the victim once it is generating (tokens streaming out).
     for (let i = 0; i < 400; ++i) {
-      if (await metric(router.url, 'worker_in_flight', victim.url) > 0) break;
+      if (await workerMetric(victim.url, 'm3serve:num_requests_running') > 0) break;
       await new Promise((r) => setTimeout(r, 25));
     }
+    await new Promise((r) => setTimeout(r, 200));
     await victim.stop('SIGKILL');
     const r = await run;
     assert.ok(r.json, r.stderr);
@@ -228,6 +274,8 @@ test('a worker killed mid-run loses only the requests it was streaming', async (
     const retries = await metric(router.url, 'retries_total');
     console.log(`worker killed: ${r.json.failed} streaming request(s) cut, ${retries} retried`);
     assert.ok(r.json.failed <= 6, `${r.json.failed} failed`);
+    // The kill hit requests in flight on the victim: cut streams or retried attempts.
+    assert.ok(r.json.failed + retries > 0);
     assert.ok(r.json.completed >= 30);
     // The router took the victim out of the pool and its load counter went back to 0.
     assert.equal(await metric(router.url, 'worker_healthy', victim.url), 0);
