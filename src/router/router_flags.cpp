@@ -1,6 +1,8 @@
 #include "router/router_flags.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <cmath>
 
 #include "router/worker_registry.h"
@@ -109,6 +111,14 @@ Result<RouterFlags> parse_router_flags(const std::vector<std::string>& args) {
         f.worker_urls.push_back(args[++i]);
       }
       continue;
+    }
+    static constexpr const char* kValueFlags[] = {
+        "--policy", "--cache-threshold", "--balance-abs-threshold", "--balance-rel-threshold",
+        "--eviction-interval", "--eviction-interval-secs", "--max-tree-size",
+        "--health-check-interval-secs", "--health-check-timeout-secs", "--retry-max-retries",
+        "--request-timeout-secs", "--random-seed", "--host", "--port", "--api-key"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
+      return invalid_argument("unknown option '" + flag + "' (see 'm3serve router --help')");
     }
     M3_ASSIGN_OR_RETURN(std::string v, next());
     if (flag == "--policy") {

@@ -72,6 +72,8 @@ TEST(RouterFlags, BadInputNamesTheFlagAndValue) {
   expect_error({"--worker-urls", "https://a:1"}, "https://a:1");
   expect_error({"--worker-urls", "a:1"}, "a:1");
   expect_error({"--tp", "2"}, "unknown option '--tp'");
+  expect_error({"--bogus"}, "unknown option '--bogus'");
+  expect_error({"--worker-urls", "http://a:1", "stray"}, "stray");
 }
 
 }  // namespace
