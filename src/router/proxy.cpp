@@ -77,7 +77,6 @@ net::awaitable<void> Router::proxy(Request req, std::shared_ptr<Responder> respo
 
   UpstreamRequest up;
   up.method = req.method;
-  up.target = req.target;
   up.body = req.body;
   up.content_type = req.header("content-type");
   up.authorization = req.header("authorization");
@@ -121,6 +120,8 @@ net::awaitable<void> Router::proxy(Request req, std::shared_ptr<Responder> respo
       ~InFlight() { --w->in_flight; }
     } in_flight_guard{worker.get()};
 
+    // A worker URL with a path (http://host/prefix) serves the API under it.
+    up.target = worker->endpoint.path_prefix + req.target;
     auto call = std::make_shared<UpstreamCall>(strand);
     {
       std::lock_guard<std::mutex> lock(slot->mu);

@@ -1,5 +1,7 @@
 #include "router/router_command.h"
 
+#include <sys/resource.h>
+
 #include <cstdio>
 
 #include "router/router.h"
@@ -15,6 +17,12 @@ int run_router_command(const std::vector<std::string>& args) {
   if (flags->help) {
     std::fputs(kRouterUsage, stdout);
     return 0;
+  }
+  // Two descriptors per request in flight (the client's and the worker's): lift the soft limit
+  // (often 1024) to the hard one, as the server does.
+  if (rlimit lim{}; getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
   }
   Router router(*flags);
   if (Status s = router.start(); !s) {

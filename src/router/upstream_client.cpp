@@ -89,6 +89,8 @@ net::awaitable<UpstreamOutcome> UpstreamCall::run(
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+  // A HEAD response announces a body length but sends none.
+  if (msg.method() == http::verb::head) parser.skip(true);
   co_await http::async_read_header(socket_, buffer, parser,
                                    net::redirect_error(net::use_awaitable, ec));
   if (ec || cancelled_) {
