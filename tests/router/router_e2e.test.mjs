@@ -1,8 +1,9 @@
 // `m3serve router` end to end over three CPU workers on the bundled m3-tiny:
 //   - a multi-turn `m3serve bench` through the router: cache_aware's measured prefix-cache hit
 //     rate (the workers' usage.cached_tokens) is at least twice round_robin's;
-//   - the official `openai` npm client, streaming and not, through the router; the admin routes
-//     behind the API key;
+//   - the official `openai` npm client, streaming and not, through the router, and a client
+//     leaving mid-stream (the worker stops generating); the admin routes behind the API key;
+//   - a dead worker: one retry, then out of the pool; no worker left: 502, then 503;
 //   - a worker killed mid-run: no request is lost except those already streaming from it, and
 //     those end with an error event naming it.
 import { test, before, after } from 'node:test';
@@ -244,6 +245,44 @@ test('the openai client streams through the router; admin routes need the API ke
     assert.equal((await (await fetch(`${router.url}/list_workers`, { headers: auth })).json()).urls.length, 3);
   } finally {
     await router.stop();
+  }
+});
+
+test('a dead worker costs a retry, then leaves the pool; no worker at all is a clear error', async () => {
+  const dead = 'http://127.0.0.1:1';  // nothing listens on port 1
+  const router = await start(
+    ['router', '--host', '127.0.0.1', '--port', '0', '--policy', 'round_robin',
+     '--health-check-interval-secs', '60', '--worker-urls', dead, workers[0].url],
+    /on http:\/\/[^:]+:(\d+)/, 15000);
+  try {
+    const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    for (let i = 0; i < 4; ++i) {
+      const r = await client.completions.create({ model: 'm3-tiny', prompt: `count ${i}`, max_tokens: 2 });
+      assert.equal(r.choices.length, 1);
+    }
+    assert.equal(await metric(router.url, 'worker_healthy', dead), 0);
+    // Round robin sends it one request, retried on the live worker; then it is out of the pool.
+    assert.equal(await metric(router.url, 'retries_total'), 1);
+    assert.equal(await metric(router.url, 'worker_requests_total', workers[0].url), 4);
+    assert.equal(await metric(router.url, 'worker_in_flight', workers[0].url), 0);
+  } finally {
+    await router.stop();
+  }
+  const lonely = await start(
+    ['router', '--host', '127.0.0.1', '--port', '0', '--worker-urls', dead],
+    /on http:\/\/[^:]+:(\d+)/, 15000);
+  try {
+    const body = JSON.stringify({ model: 'm3-tiny', prompt: 'hi', max_tokens: 2 });
+    const headers = { 'content-type': 'application/json' };
+    let r = await fetch(`${lonely.url}/v1/completions`, { method: 'POST', body, headers });
+    assert.equal(r.status, 502);  // tried, refused
+    assert.match((await r.json()).error.message, /127\.0\.0\.1:1/);
+    r = await fetch(`${lonely.url}/v1/completions`, { method: 'POST', body, headers });
+    assert.equal(r.status, 503);  // out of the pool now
+    assert.equal((await r.json()).error.code, 'no_available_workers');
+    assert.equal((await fetch(`${lonely.url}/health`)).status, 503);
+  } finally {
+    await lonely.stop();
   }
 });
 
