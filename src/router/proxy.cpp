@@ -129,10 +129,10 @@ net::awaitable<void> Router::proxy(Request req, std::shared_ptr<Responder> respo
       slot->call = call;
     }
     const server::http::Headers headers = {{"X-M3serve-Worker", worker->url}};
-    bool forwarding = false;  // the response is the client's: no retry from here on
-    bool streaming = false;
+    bool streaming = false;  // the stream is the client's from its header on: no retry after
     bool retry_answer = false;
     std::string body;
+    bool body_too_large = false;
     EventForwarder events;
     UpstreamOutcome outcome = co_await call->run(
         worker->endpoint, up,
@@ -143,7 +143,6 @@ net::awaitable<void> Router::proxy(Request req, std::shared_ptr<Responder> respo
           }
           if (head.status == 200 && head.content_type.rfind("text/event-stream", 0) == 0) {
             streaming = true;
-            forwarding = true;
             responder->start_stream(headers);
           }
         },
@@ -151,7 +150,10 @@ net::awaitable<void> Router::proxy(Request req, std::shared_ptr<Responder> respo
           if (streaming) {
             std::string out = events.feed(bytes);
             if (!out.empty()) responder->send_event(std::move(out));
-          } else if (body.size() + bytes.size() <= kMaxBufferedBody) {
+          } else if (body_too_large || body.size() + bytes.size() > kMaxBufferedBody) {
+            body_too_large = true;
+            body.clear();
+          } else {
             body.append(bytes);
           }
         });
@@ -178,8 +180,17 @@ net::awaitable<void> Router::proxy(Request req, std::shared_ptr<Responder> respo
       responder->end_stream();
       co_return;
     }
-    (void)forwarding;
-    if (outcome.transport.empty() && !retry_answer && body.size() <= kMaxBufferedBody) {
+    if (body_too_large) {
+      // Another worker would answer as much: refuse rather than pass on a cut body.
+      server::ApiError e = server::unavailable(
+          "The response of " + worker->url + " is larger than the router's limit of " +
+              std::to_string(kMaxBufferedBody) + " bytes for an unstreamed response; stream it.",
+          "response_too_large");
+      e.status = 502;
+      responder->send(e.status, "application/json", e.body(), headers);
+      co_return;
+    }
+    if (outcome.transport.empty() && !retry_answer) {
       responder->send(outcome.status, outcome.content_type.empty() ? "application/json"
                                                                    : outcome.content_type,
                       std::move(body), headers);
