@@ -27,7 +27,7 @@ Selection CacheAwarePolicy::select(std::string_view text, const std::vector<Cand
   for (size_t i = 0; i < c.size(); ++i) {
     auto it = trees_.find(c[i].worker_id);
     if (it == trees_.end() || text.empty()) continue;
-    const size_t m = it->second->match(text);
+    const size_t m = it->second->match(text, /*touch=*/false);
     if (m > best_match || (m == best_match && m > 0 && c[i].load < c[best].load)) {
       best_match = m;
       best = i;
@@ -41,9 +41,9 @@ Selection CacheAwarePolicy::select(std::string_view text, const std::vector<Cand
   }
   s.worker_id = c[chosen].worker_id;
   ApproxRadixTree& tree = tree_of(s.worker_id);
-  s.matched_bytes = chosen == best ? best_match : tree.match(text);
+  s.matched_bytes = chosen == best ? best_match : tree.match(text, /*touch=*/false);
   if (!text.empty()) {
-    tree.insert(text);
+    tree.insert(text);  // stamps the whole path: the chosen worker's prefix stays fresh
     if (tree.size_bytes() > 2 * config_.max_tree_size) tree.evict_to(config_.max_tree_size);
   }
   return s;

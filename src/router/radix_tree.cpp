@@ -39,15 +39,15 @@ size_t common_prefix(std::string_view a, std::string_view b) {
 }
 }  // namespace
 
-size_t ApproxRadixTree::match(std::string_view text) {
-  const uint64_t now = ++clock_;
+size_t ApproxRadixTree::match(std::string_view text, bool touch) {
+  const uint64_t now = touch ? ++clock_ : 0;
   Node* node = root_.get();
   size_t pos = 0;
   while (pos < text.size()) {
     Node* child = find_child(node, static_cast<unsigned char>(text[pos]));
     if (child == nullptr) break;
     const size_t n = common_prefix(child->edge, text.substr(pos));
-    child->last_access = now;
+    if (touch) child->last_access = now;
     pos += n;
     if (n < child->edge.size()) break;
     node = child;

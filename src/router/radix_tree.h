@@ -25,9 +25,10 @@ class ApproxRadixTree {
   ApproxRadixTree(const ApproxRadixTree&) = delete;
   ApproxRadixTree& operator=(const ApproxRadixTree&) = delete;
 
-  // Length in bytes of the longest prefix of `text` present in the tree. Refreshes the access
-  // time of the matched path (a hit keeps its prefix alive).
-  size_t match(std::string_view text);
+  // Length in bytes of the longest prefix of `text` present in the tree. With `touch`, refreshes
+  // the access time of the matched path (a hit keeps its prefix alive); a policy that only
+  // compares workers passes false, so a worker not chosen does not keep the prefix for nothing.
+  size_t match(std::string_view text, bool touch = true);
   // Adds `text` (shares existing prefixes, splits an edge where it diverges).
   void insert(std::string_view text);
   // Removes least recently used leaves until at most `max_bytes` bytes remain. Returns the

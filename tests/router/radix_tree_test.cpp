@@ -48,6 +48,8 @@ TEST(ApproxRadixTree, EvictsLeastRecentlyUsedLeavesFirst) {
   // Touch "new branch" and "unrelated": "old branch" is the least recently used leaf.
   EXPECT_EQ(t.match("common prefix: new branch"), 25u);
   EXPECT_EQ(t.match("unrelated"), 9u);
+  // A match without touch leaves the order alone: "unrelated" stays newer than "old branch".
+  EXPECT_EQ(t.match("common prefix: old branch", /*touch=*/false), 25u);
   const size_t before = t.size_bytes();
   const size_t removed = t.evict_to(before - 1);
   EXPECT_EQ(removed, std::string("old branch").size());
