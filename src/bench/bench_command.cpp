@@ -35,7 +35,13 @@ server:
                            or openai-chat (/v1/chat/completions, random-word prompts)
 workload:
   --dataset D              random (default): lengths uniform in [len*(1-ratio), len];
-                           fixed: every request exactly --random-input-len/--random-output-len
+                           fixed: every request exactly --random-input-len/--random-output-len;
+                           multi-turn: conversations whose every turn adds a user message of
+                           --random-input-len words to the previous turns and their answers
+                           (text prompts; instead of --num-prompts)
+  --num-conversations C    multi-turn: conversations (default 8)
+  --turns T                multi-turn: turns per conversation, sent one after the other
+                           (default 4)
   --num-prompts N          number of requests (default 1000)
   --random-input-len I     prompt tokens (default 1024)
   --random-output-len O    generated tokens per request, max_tokens (default 1024)
@@ -94,6 +100,8 @@ Result<double> parse_double(const std::string& flag, const std::string& v) {
 Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
   BenchFlags f;
   std::string host = "127.0.0.1", port = "30000";
+  bool num_prompts_given = false;
+  std::string multi_turn_flag;  // a multi-turn-only flag given, to refuse it without multi-turn
   f.run.request_rate = std::numeric_limits<double>::infinity();
   f.run.progress = isatty(STDERR_FILENO) != 0;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -147,12 +155,23 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
           f.workload.dataset = DatasetKind::kRandom;
         } else if (v == "fixed") {
           f.workload.dataset = DatasetKind::kFixed;
+        } else if (v == "multi-turn" || v == "multi_turn") {
+          f.workload.dataset = DatasetKind::kMultiTurn;
         } else {
-          return invalid_argument(flag + " '" + v + "': expected random or fixed");
+          return invalid_argument(flag + " '" + v + "': expected random, fixed or multi-turn");
         }
+      } else if (flag == "--num-conversations") {
+        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 1'000'000));
+        f.workload.num_conversations = static_cast<int>(n);
+        multi_turn_flag = flag;
+      } else if (flag == "--turns") {
+        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 10'000));
+        f.workload.turns = static_cast<int>(n);
+        multi_turn_flag = flag;
       } else if (flag == "--num-prompts") {
         M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 10'000'000));
         f.workload.num_prompts = static_cast<int>(n);
+        num_prompts_given = true;
       } else if (flag == "--random-input-len") {
         M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 10'000'000));
         f.workload.input_len = static_cast<int>(n);
@@ -211,7 +230,20 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
   }
   M3_ASSIGN_OR_RETURN(f.run.endpoint, parse_base_url(f.base_url));
   f.run.seed = f.workload.seed;
-  f.workload.token_ids = f.run.backend == Backend::kOpenAiCompletions;
+  const bool multi_turn = f.workload.dataset == DatasetKind::kMultiTurn;
+  if (!multi_turn && !multi_turn_flag.empty()) {
+    return invalid_argument(multi_turn_flag + " needs --dataset multi-turn");
+  }
+  // A conversation's history is text (the answers come back as text), so its prompts are too.
+  f.workload.token_ids = f.run.backend == Backend::kOpenAiCompletions && !multi_turn;
+  if (multi_turn && num_prompts_given) {
+    return invalid_argument(
+        "--num-prompts does not apply to --dataset multi-turn (its requests are "
+        "--num-conversations * --turns)");
+  }
+  if (multi_turn) {
+    f.workload.num_prompts = f.workload.num_conversations * f.workload.turns;
+  }
   return f;
 }
 
@@ -281,7 +313,15 @@ int run_bench_command(const std::vector<std::string>& args) {
     warm.request_rate = std::numeric_limits<double>::infinity();
     const size_t n = std::min(workload->size(), static_cast<size_t>(f.warmup_requests));
     std::vector<BenchRequest> first(workload->begin(), workload->begin() + n);
-    for (BenchRequest& r : first) r.output_len = std::min(r.output_len, kWarmupOutputLen);
+    for (BenchRequest& r : first) {
+      r.output_len = std::min(r.output_len, kWarmupOutputLen);
+      if (r.conversation >= 0) {
+        // Alone, and with its own text, so it seeds no conversation's prefix in the cache.
+        r.conversation = -1;
+        r.turn = 0;
+        r.prompt_text = "warm up: " + r.prompt_text;
+      }
+    }
     Result<RunOutput> w = run_benchmark(warm, first);
     if (w && !w->results.empty() && !w->results[0].success) {
       std::fprintf(stderr, "[bench] warm-up request failed: %s\n", w->results[0].error.c_str());
@@ -297,7 +337,9 @@ int run_bench_command(const std::vector<std::string>& args) {
   desc.backend = backend_name(f.run.backend);
   desc.base_url = f.base_url;
   desc.model = f.run.params.model;
-  desc.dataset = f.workload.dataset == DatasetKind::kFixed ? "fixed" : "random";
+  desc.dataset = f.workload.dataset == DatasetKind::kFixed       ? "fixed"
+                 : f.workload.dataset == DatasetKind::kMultiTurn ? "multi-turn"
+                                                                 : "random";
   desc.request_rate = f.run.request_rate;
   desc.max_concurrency = f.run.max_concurrency;
   desc.num_prompts = f.workload.num_prompts;

@@ -8,7 +8,12 @@ using json = nlohmann::json;
 
 namespace {
 constexpr size_t kMaxErrorBody = 4096;
+constexpr size_t kMaxText = 1u << 20;  // generated text kept per request (multi-turn history)
 }  // namespace
+
+void StreamReader::append_text(const std::string& piece) {
+  if (keep_text_ && text_.size() < kMaxText) text_.append(piece.substr(0, kMaxText - text_.size()));
+}
 
 const char* backend_path(Backend backend) {
   return backend == Backend::kOpenAiChat ? "/v1/chat/completions" : "/v1/completions";
@@ -19,11 +24,20 @@ const char* backend_name(Backend backend) {
 }
 
 std::string request_body(Backend backend, const GenerationParams& params,
-                         const BenchRequest& request) {
+                         const BenchRequest& request, const std::vector<std::string>& history) {
   json body;
   body["model"] = params.model;
   if (backend == Backend::kOpenAiChat) {
-    body["messages"] = json::array({{{"role", "user"}, {"content", request.prompt_text}}});
+    json messages = json::array();
+    for (size_t i = 0; i < history.size(); ++i) {
+      messages.push_back({{"role", i % 2 == 0 ? "user" : "assistant"}, {"content", history[i]}});
+    }
+    messages.push_back({{"role", "user"}, {"content", request.prompt_text}});
+    body["messages"] = std::move(messages);
+  } else if (!history.empty()) {
+    std::string prompt;
+    for (const std::string& h : history) prompt += h + "\n";
+    body["prompt"] = prompt + request.prompt_text;
   } else if (!request.prompt_ids.empty()) {
     body["prompt"] = request.prompt_ids;
   } else {
@@ -66,6 +80,11 @@ void StreamReader::on_event(const std::string& data, double now_s) {
     if (auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer()) {
       usage_completion_ = c->get<int>();
     }
+    if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+      if (auto c = d->find("cached_tokens"); c != d->end() && c->is_number_integer()) {
+        usage_cached_ = c->get<int>();
+      }
+    }
   }
   bool has_text = false;
   if (auto choices = chunk.find("choices"); choices != chunk.end() && choices->is_array()) {
@@ -78,6 +97,9 @@ void StreamReader::on_event(const std::string& data, double now_s) {
           auto t = d->find(key);
           if (t != d->end() && t->is_string() && !t->get_ref<const std::string&>().empty()) {
             has_text = true;
+            // The answer as the next turn sends it back: content only (reasoning is not
+            // replayed to a model, as chat templates drop it).
+            if (std::string_view(key) == "content") append_text(t->get_ref<const std::string&>());
           }
         }
         if (auto t = d->find("tool_calls"); t != d->end() && t->is_array() && !t->empty()) {
@@ -87,6 +109,7 @@ void StreamReader::on_event(const std::string& data, double now_s) {
         auto t = choice.find("text");
         if (t != choice.end() && t->is_string() && !t->get_ref<const std::string&>().empty()) {
           has_text = true;
+          append_text(t->get_ref<const std::string&>());
         }
       }
     }
@@ -107,6 +130,8 @@ void StreamReader::finish(RequestResult& r, double end_s, const std::string& tra
   r.output_tokens = usage_completion_ >= 0 ? usage_completion_ : text_chunks_;
   r.ttft_s = first_s_ >= 0 ? first_s_ : 0;
   r.itl_s = itl_s_;
+  r.cached_tokens = usage_cached_;
+  r.output_text = text_;
   r.success = false;
   if (r.http_status != 200 && r.http_status != 0) {
     r.error = "HTTP " + std::to_string(r.http_status) + ": " + error_message_of(raw_);

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "bench/sse_parser.h"
 #include "bench/stats.h"
@@ -28,14 +29,20 @@ struct GenerationParams {
 // The JSON body: stream with usage, max_tokens = the request's output length, prompt as token
 // ids (completions with ids) or text (completions with text, or one user message for chat).
 // params.extra_body must already be a valid JSON object (the flag parser checks it).
+// `history`: a multi-turn conversation's earlier messages, user and assistant alternating,
+// before request.prompt_text (chat: as messages; completions: joined by '\n' into the prompt).
 std::string request_body(Backend backend, const GenerationParams& params,
-                         const BenchRequest& request);
+                         const BenchRequest& request,
+                         const std::vector<std::string>& history = {});
 
 // Follows one response stream. Feed it the body bytes with the time they arrived (seconds since
 // the request was sent); finish() fills the result.
 class StreamReader {
  public:
-  explicit StreamReader(Backend backend) : backend_(backend) {}
+  // keep_text: collect the generated text into the result (multi-turn needs it for the next
+  // turn; other runs skip the copy).
+  explicit StreamReader(Backend backend, bool keep_text = false)
+      : backend_(backend), keep_text_(keep_text) {}
 
   void on_bytes(std::string_view bytes, double now_s);
   // Completes `result` (already holding http_status, start_s and the planned prompt length) from
@@ -44,8 +51,10 @@ class StreamReader {
 
  private:
   void on_event(const std::string& data, double now_s);
+  void append_text(const std::string& piece);
 
   Backend backend_;
+  bool keep_text_ = false;
   SseParser parser_;
   std::string raw_;  // the body of a non-200 response (its error message), capped
   bool saw_done_ = false;
@@ -55,6 +64,8 @@ class StreamReader {
   std::vector<double> itl_s_;
   int usage_prompt_ = -1;
   int usage_completion_ = -1;
+  int usage_cached_ = -1;
+  std::string text_;  // generated text, capped
   std::string error_;  // an error event or an unparsable chunk
 };
 

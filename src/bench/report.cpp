@@ -69,6 +69,10 @@ std::string format_table(const RunDescription& run, const Aggregate& a) {
   row(out, "Benchmark duration (s):", fmt("%.2f", a.duration_s));
   row(out, "Total input tokens:", std::to_string(a.total_input_tokens));
   row(out, "Total generated tokens:", std::to_string(a.total_output_tokens));
+  if (a.cache_reported) {
+    row(out, "Total cached prompt tokens:", std::to_string(a.total_cached_tokens));
+    row(out, "Prefix cache hit rate:", fmt("%.4f", a.prefix_hit_rate));
+  }
   row(out, "Request throughput (req/s):", fmt("%.2f", a.request_throughput));
   row(out, "Input token throughput (tok/s):", fmt("%.2f", a.input_throughput));
   row(out, "Output token throughput (tok/s):", fmt("%.2f", a.output_throughput));
@@ -110,6 +114,13 @@ nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
   j["duration"] = a.duration_s;
   j["total_input_tokens"] = a.total_input_tokens;
   j["total_output_tokens"] = a.total_output_tokens;
+  if (a.cache_reported) {
+    j["total_cached_tokens"] = a.total_cached_tokens;
+    j["prefix_hit_rate"] = a.prefix_hit_rate;
+  } else {
+    j["total_cached_tokens"] = nullptr;
+    j["prefix_hit_rate"] = nullptr;
+  }
   j["request_throughput"] = a.request_throughput;
   j["input_throughput"] = a.input_throughput;
   j["output_throughput"] = a.output_throughput;

@@ -41,8 +41,59 @@ class Run {
   }
 
  private:
+  // Waits for a concurrency slot and takes it.
+  net::awaitable<void> take_slot() {
+    boost::system::error_code ec;
+    while (options_.max_concurrency > 0 && in_flight_ >= options_.max_concurrency) {
+      // A finishing request cancels this wait (every waiter wakes and checks again).
+      slot_freed_.expires_at(Clock::time_point::max());
+      co_await slot_freed_.async_wait(net::redirect_error(net::use_awaitable, ec));
+    }
+    ++in_flight_;
+  }
+
+  // Multi-turn: conversation c's turns [first, first + turns), one after the other.
+  net::awaitable<void> conversation(size_t first, size_t turns) {
+    std::vector<std::string> history;
+    for (size_t i = first; i < first + turns; ++i) {
+      if (i > first) co_await take_slot();
+      co_await one(i, history);
+      history.push_back(requests_[i].prompt_text);
+      history.push_back(results_[i].output_text);
+    }
+  }
+
+  net::awaitable<void> launch_conversations() {
+    std::vector<std::pair<size_t, size_t>> convs;  // first request, number of turns
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      if (i == 0 || requests_[i].conversation != requests_[i - 1].conversation) {
+        convs.push_back({i, 0});
+      }
+      ++convs.back().second;
+    }
+    const std::vector<double> arrivals =
+        poisson_arrivals(static_cast<int>(convs.size()), options_.request_rate, options_.seed);
+    net::steady_timer timer(io_);
+    boost::system::error_code ec;
+    for (size_t c = 0; c < convs.size(); ++c) {
+      const auto due = start_ + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(arrivals[c]));
+      if (due > Clock::now()) {
+        timer.expires_at(due);
+        co_await timer.async_wait(net::redirect_error(net::use_awaitable, ec));
+      }
+      co_await take_slot();
+      net::co_spawn(io_, conversation(convs[c].first, convs[c].second),
+                    [](std::exception_ptr) {});
+    }
+  }
+
   // Sends request i at its arrival time, once a concurrency slot is free.
   net::awaitable<void> launch() {
+    if (!requests_.empty() && requests_[0].conversation >= 0) {
+      co_await launch_conversations();
+      co_return;
+    }
     const std::vector<double> arrivals =
         poisson_arrivals(static_cast<int>(requests_.size()), options_.request_rate, options_.seed);
     net::steady_timer timer(io_);
@@ -54,27 +105,23 @@ class Run {
         timer.expires_at(due);
         co_await timer.async_wait(net::redirect_error(net::use_awaitable, ec));
       }
-      while (options_.max_concurrency > 0 && in_flight_ >= options_.max_concurrency) {
-        // A finishing request cancels this wait.
-        slot_freed_.expires_at(Clock::time_point::max());
-        co_await slot_freed_.async_wait(net::redirect_error(net::use_awaitable, ec));
-      }
-      ++in_flight_;
-      net::co_spawn(io_, one(i), [](std::exception_ptr) {});
+      co_await take_slot();
+      net::co_spawn(io_, one(i, {}), [](std::exception_ptr) {});
     }
   }
 
-  net::awaitable<void> one(size_t i) {
+  // Sends request i (its slot already taken) and releases the slot when it ends.
+  net::awaitable<void> one(size_t i, std::vector<std::string> history) {
     const BenchRequest& request = requests_[i];
     RequestResult& r = results_[i];
     r.prompt_tokens = request.input_len;
     const Clock::time_point sent = Clock::now();
     r.start_s = seconds_between(start_, sent);
-    StreamReader reader(options_.backend);
+    StreamReader reader(options_.backend, /*keep_text=*/request.conversation >= 0);
     HttpRequest http;
     http.method = "POST";
     http.target = options_.endpoint.path_prefix + backend_path(options_.backend);
-    http.body = request_body(options_.backend, options_.params, request);
+    http.body = request_body(options_.backend, options_.params, request, history);
     http.api_key = options_.api_key;
     http.timeout_s = options_.timeout_s;
     HttpOutcome outcome;

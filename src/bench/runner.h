@@ -28,6 +28,11 @@ struct RunOptions {
   bool progress = false;  // a line on stderr as requests finish
 };
 
+// Multi-turn workloads (requests with conversation >= 0, consecutive per conversation, as
+// make_workload orders them): conversations arrive at the Poisson times, and each sends its
+// turns one after the other, each turn's request carrying the earlier turns' user messages and
+// answers. max_concurrency bounds the requests in flight as before.
+
 struct RunOutput {
   std::vector<RequestResult> results;  // in workload order
   double duration_s = 0;               // first send to last finish

@@ -49,6 +49,11 @@ Aggregate aggregate(const std::vector<RequestResult>& results, double duration_s
     ++a.completed;
     a.total_input_tokens += r.prompt_tokens;
     a.total_output_tokens += r.output_tokens;
+    if (r.cached_tokens >= 0) {
+      a.cache_reported = true;
+      a.total_cached_tokens += r.cached_tokens;
+      a.cache_reported_input_tokens += r.prompt_tokens;
+    }
     ttft.push_back(r.ttft_s * 1e3);
     e2e.push_back(r.latency_s * 1e3);
     latency_sum += r.latency_s;
@@ -63,6 +68,10 @@ Aggregate aggregate(const std::vector<RequestResult>& results, double duration_s
     a.output_throughput = static_cast<double>(a.total_output_tokens) / duration_s;
     a.total_throughput = a.input_throughput + a.output_throughput;
     a.concurrency = latency_sum / duration_s;
+  }
+  if (a.cache_reported_input_tokens > 0) {
+    a.prefix_hit_rate = static_cast<double>(a.total_cached_tokens) /
+                        static_cast<double>(a.cache_reported_input_tokens);
   }
   a.ttft_ms = summarize(ttft);
   a.tpot_ms = summarize(tpot);

@@ -30,6 +30,8 @@ struct RequestResult {
   std::string error;      // why it failed; empty on success
   int prompt_tokens = 0;  // reported by the server's usage, else the planned length
   int output_tokens = 0;  // reported by the server's usage, else the number of text chunks
+  int cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens; -1 when not reported
+  std::string output_text;  // the generated text (multi-turn: the next turn's history)
   double start_s = 0;     // send time, relative to the benchmark start
   double ttft_s = 0;
   double latency_s = 0;  // E2E
@@ -41,6 +43,12 @@ struct Aggregate {
   int failed = 0;
   long long total_input_tokens = 0;   // successful requests only
   long long total_output_tokens = 0;  // successful requests only
+  // Prompt tokens the server served from its prefix cache (successful requests that report
+  // cached_tokens), and the prompt tokens of those requests; hit rate = cached / prompt.
+  long long total_cached_tokens = 0;
+  long long cache_reported_input_tokens = 0;
+  bool cache_reported = false;
+  double prefix_hit_rate = 0;
   double duration_s = 0;
   double request_throughput = 0;  // completed / duration
   double input_throughput = 0;    // tokens/s

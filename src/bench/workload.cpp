@@ -44,12 +44,28 @@ Result<std::vector<BenchRequest>> make_workload(const WorkloadOptions& o) {
   if (!(o.range_ratio >= 0.0 && o.range_ratio <= 1.0)) {
     return invalid_argument("--random-range-ratio must be in [0, 1]");
   }
+  if (o.dataset == DatasetKind::kMultiTurn) {
+    if (o.num_conversations < 1) return invalid_argument("--num-conversations must be at least 1");
+    if (o.turns < 1) return invalid_argument("--turns must be at least 1");
+    if (static_cast<int64_t>(o.num_conversations) * o.turns > 10'000'000) {
+      return invalid_argument("--num-conversations * --turns must be at most 10000000");
+    }
+  }
   if (o.token_ids && o.vocab_size < 1) {
     return invalid_argument("--random-vocab-size must be at least 1");
   }
   std::mt19937_64 rng(o.seed);
-  std::vector<BenchRequest> out(static_cast<size_t>(o.num_prompts));
-  for (BenchRequest& r : out) {
+  const bool multi_turn = o.dataset == DatasetKind::kMultiTurn;
+  const size_t n = multi_turn ? static_cast<size_t>(o.num_conversations) * o.turns
+                              : static_cast<size_t>(o.num_prompts);
+  std::vector<BenchRequest> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    BenchRequest& r = out[i];
+    if (multi_turn) {
+      // Conversation-major order: a conversation's turns are consecutive.
+      r.conversation = static_cast<int>(i / o.turns);
+      r.turn = static_cast<int>(i % o.turns);
+    }
     if (o.dataset == DatasetKind::kFixed) {
       r.input_len = o.input_len;
       r.output_len = o.output_len;
@@ -57,7 +73,7 @@ Result<std::vector<BenchRequest>> make_workload(const WorkloadOptions& o) {
       r.input_len = uniform_int(rng, low_bound(o.input_len, o.range_ratio), o.input_len);
       r.output_len = uniform_int(rng, low_bound(o.output_len, o.range_ratio), o.output_len);
     }
-    if (o.token_ids) {
+    if (o.token_ids && !multi_turn) {
       r.prompt_ids.resize(static_cast<size_t>(r.input_len));
       for (int32_t& id : r.prompt_ids) id = uniform_int(rng, 0, o.vocab_size - 1);
     } else {

@@ -1,6 +1,11 @@
 // The benchmark's workload: prompts of chosen lengths and the arrival schedule.
 //   random: input lengths uniform in [input_len*(1-range_ratio), input_len] (at least 1), output
 //           lengths likewise from output_len; fixed: every request exactly input_len/output_len.
+//   multi-turn: --num-conversations conversations of --turns turns each; every turn adds a user
+//           message of input_len words (range_ratio applies) to the conversation so far, the
+//           earlier turns' answers included (agent traffic), so each prompt extends the previous
+//           one and a prefix cache can serve most of it. The runner sends a conversation's turns
+//           one after the other, each once the previous answer is in.
 // Prompt content is random either way (distinct prompts, so a prefix cache cannot shortcut the
 // prefill): token ids uniform in [0, vocab_size) for the completions API, which takes id arrays,
 // or random words for the chat API, which takes text (one common word is about one token).
@@ -14,7 +19,7 @@
 
 namespace m3::bench {
 
-enum class DatasetKind { kRandom, kFixed };
+enum class DatasetKind { kRandom, kFixed, kMultiTurn };
 
 struct WorkloadOptions {
   DatasetKind dataset = DatasetKind::kRandom;
@@ -25,13 +30,17 @@ struct WorkloadOptions {
   uint64_t seed = 1;
   int vocab_size = 4032;  // token ids are drawn from [0, vocab_size)
   bool token_ids = true;  // true: prompt_ids; false: prompt_text of random words
+  int num_conversations = 8;  // multi-turn only (then num_prompts = conversations * turns)
+  int turns = 4;              // multi-turn only
 };
 
 struct BenchRequest {
   int input_len = 0;   // planned prompt length in tokens (words for text prompts)
   int output_len = 0;  // max_tokens (with ignore_eos, the exact output length)
   std::vector<int32_t> prompt_ids;
-  std::string prompt_text;
+  std::string prompt_text;  // multi-turn: this turn's new user message only
+  int conversation = -1;    // multi-turn: which conversation; -1 for independent requests
+  int turn = 0;             // multi-turn: 0 for the first turn
 };
 
 // Validates the options (names the offending flag) and draws the requests deterministically from

@@ -21,6 +21,7 @@ int cmd_score(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_render_chat(const std::vector<std::string>& args);
+int cmd_router(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
 

@@ -16,6 +16,7 @@ const Command kCommands[] = {
     {"detokenize", "JSON id arrays (one per line) -> JSON strings", cmd_detokenize},
     {"generate", "generate tokens from prompt token ids (JSON output)", cmd_generate},
     {"render-chat", "render a chat request with the model's chat template", cmd_render_chat},
+    {"router", "route OpenAI requests over several workers, prefix-cache aware", cmd_router},
     {"serve", "serve the OpenAI-compatible HTTP API", cmd_serve},
     {"score", "per-position argmax and last logits of prompt token ids (JSON)", cmd_score},
     {"tokenize", "JSON strings (one per line) -> JSON arrays of token ids", cmd_tokenize},

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +53,10 @@ class ScriptedServer {
   std::string port() const { return std::to_string(port_); }
   int max_in_flight() const { return max_in_flight_; }
   int connections() const { return connections_; }
+  std::vector<std::string> bodies() const {
+    std::lock_guard<std::mutex> lock(bodies_mu_);
+    return bodies_;
+  }
 
  private:
   void accept_loop() {
@@ -97,6 +102,10 @@ class ScriptedServer {
         want = cl == std::string::npos ? 0 : std::stoul(req.substr(cl + 16));
       }
       if (body_at != std::string::npos && req.size() >= body_at + want) break;
+    }
+    if (body_at != std::string::npos) {
+      std::lock_guard<std::mutex> lock(bodies_mu_);
+      bodies_.push_back(req.substr(body_at));
     }
     const auto sleep = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms_)); };
     // A request leaves the in-flight count before the bytes that let the client finish it are
@@ -148,6 +157,8 @@ class ScriptedServer {
   std::thread acceptor_;
   std::mutex mu_;
   std::vector<std::thread> workers_;
+  mutable std::mutex bodies_mu_;
+  std::vector<std::string> bodies_;  // request bodies in arrival order
 };
 
 std::vector<BenchRequest> workload(int n) {
@@ -253,6 +264,48 @@ TEST(bench_runner, ASilentServerTimesOut) {
     EXPECT_EQ(r.http_status, 0);
     EXPECT_NE(r.error.find("no complete response within 0.3 s"), std::string::npos) << r.error;
     EXPECT_GE(r.latency_s, 0.3);
+  }
+}
+
+}  // namespace
+}  // namespace m3::bench
+
+namespace m3::bench {
+namespace {
+
+TEST(bench_runner, MultiTurnSendsEachTurnWithTheConversationSoFar) {
+  // Every answer is "t0t1t2" (three text chunks); a turn's prompt must carry the earlier turns'
+  // prompts and answers, so it can only be sent once the previous answer is in.
+  ScriptedServer server(Mode::kStream, 3, 1);
+  RunOptions o = options(server);
+  o.max_concurrency = 2;
+  WorkloadOptions w;
+  w.dataset = DatasetKind::kMultiTurn;
+  w.num_conversations = 2;
+  w.turns = 3;
+  w.input_len = 3;
+  w.output_len = 3;
+  w.token_ids = false;
+  const std::vector<BenchRequest> requests = make_workload(w).value();
+  auto out = run_benchmark(o, requests);
+  ASSERT_TRUE(out.is_ok());
+  for (const RequestResult& r : out->results) {
+    EXPECT_TRUE(r.success) << r.error;
+    EXPECT_EQ(r.output_text, "t0t1t2");
+  }
+  std::vector<std::string> prompts;
+  for (const std::string& b : server.bodies()) {
+    prompts.push_back(nlohmann::json::parse(b)["prompt"].get<std::string>());
+  }
+  ASSERT_EQ(prompts.size(), 6u);
+  for (int c = 0; c < 2; ++c) {
+    std::string expected;
+    for (int t = 0; t < 3; ++t) {
+      const std::string& text = requests[static_cast<size_t>(c * 3 + t)].prompt_text;
+      const std::string want = expected + text;
+      EXPECT_EQ(std::count(prompts.begin(), prompts.end(), want), 1) << want;
+      expected += text + "\nt0t1t2\n";
+    }
   }
 }
 
