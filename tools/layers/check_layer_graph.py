@@ -33,6 +33,7 @@ LAYERS = [
     ("serving", ["m3_serving"]),
     ("app", ["m3_app"]),
     ("bench", ["m3_bench"]),
+    ("router", ["m3_router"]),  # `m3serve router`: the server's listener, bench's URLs
     ("cli", ["m3serve"]),
     ("tools", ["m3_cuda_trace"]),  # tools/trace: a CUPTI tracer preloaded into benchmarks
 ]

@@ -133,7 +133,6 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
   if (max_tokens) g.max_tokens = static_cast<int32_t>(*max_tokens);
 
   SamplingOptions& s = g.sampling;
-  std::optional<double> d;
   M3_TRY(get_number(body, "temperature", 0.0, 100.0, s.temperature));
   M3_TRY(get_number(body, "top_p", 0.0, 1.0, s.top_p));
   if (s.top_p && *s.top_p <= 0.0) return bad_request("'top_p' must be in (0, 1]; got 0.", "top_p");
