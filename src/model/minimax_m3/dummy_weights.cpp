@@ -10,35 +10,34 @@
 #include "quant/nvfp4.h"
 
 namespace m3::minimax_m3 {
-namespace {
 
-const std::string kPrefix = "model.";
-
-uint64_t splitmix(uint64_t x) {
+uint64_t dummy_splitmix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
 
-uint64_t name_seed(const std::string& name) {
+uint64_t dummy_name_seed(const std::string& name) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
   return h;
 }
 
-// Element i of a tensor: approximately N(0, sigma²), a sum of four uniforms (Irwin-Hall,
-// variance 4/12) from a hash of (seed, i), so any element can be drawn alone.
-float normal_at(uint64_t seed, float sigma, int64_t i) {
+float dummy_normal_at(uint64_t seed, float sigma, int64_t i) {
   const float k = sigma * std::sqrt(3.0f) / 65536.0f;
-  const uint64_t h = splitmix(seed ^ splitmix(static_cast<uint64_t>(i)));
+  const uint64_t h = dummy_splitmix(seed ^ dummy_splitmix(static_cast<uint64_t>(i)));
   const int32_t s = static_cast<int32_t>(h & 0xFFFF) + static_cast<int32_t>((h >> 16) & 0xFFFF) +
                     static_cast<int32_t>((h >> 32) & 0xFFFF) + static_cast<int32_t>(h >> 48) -
                     2 * 65535;
   return static_cast<float>(s) * k;
 }
 
-// The largest |normal_at| can return: the NVFP4 amax of every dummy tensor of that sigma, so the
+namespace {
+
+const std::string kPrefix = "model.";
+
+// The largest |dummy_normal_at| can return: the NVFP4 amax of every dummy tensor of that sigma, so the
 // global scale depends on no value and a rank's slice quantises like the whole tensor.
 float normal_bound(float sigma) { return 2.0f * 65535.0f * (sigma * std::sqrt(3.0f) / 65536.0f); }
 
@@ -134,12 +133,12 @@ WeightFormat stored_format(WeightFormat f, const std::vector<int64_t>& shape) {
 std::vector<float> draw_window(const std::string& name, int64_t cols, const WeightWindow& w) {
   const bool small = ends_with(name, "norm.weight") || ends_with(name, "correction_bias");
   const float sigma = small ? 0.01f : 0.02f;
-  const uint64_t seed = name_seed(name);
+  const uint64_t seed = dummy_name_seed(name);
   std::vector<float> v(static_cast<size_t>(w.rows() * w.cols()));
   for (int64_t r = 0; r < w.rows(); ++r)
     for (int64_t c = 0; c < w.cols(); ++c)
       v[static_cast<size_t>(r * w.cols() + c)] =
-          normal_at(seed, sigma, (w.row_begin + r) * cols + w.col_begin + c);
+          dummy_normal_at(seed, sigma, (w.row_begin + r) * cols + w.col_begin + c);
   return v;
 }
 

@@ -28,6 +28,14 @@ namespace m3::minimax_m3 {
 // every layer MSA sparse attention, layers 0-2 dense MLP and the rest MoE, init block 1.
 MiniMaxM3Config builtin_m3_flash_config(int64_t num_layers = 60);
 
+// The dummy weights' draw, shared by every dummy source (the target's and the DSpark draft's):
+// element i of a tensor is approximately N(0, sigma²), a sum of four 16-bit uniforms (Irwin-Hall,
+// variance 4/12) from a hash of (seed, i), so any element (a rank's window) is drawn alone; a
+// tensor's seed is a hash of its name.
+uint64_t dummy_splitmix(uint64_t x);
+uint64_t dummy_name_seed(const std::string& name);
+float dummy_normal_at(uint64_t seed, float sigma, int64_t i);
+
 // MiniMax-M3 text model (§1.2-1.3): M3.1-Flash's shapes, but layers 0-2 full_attention (dense
 // attention, no indexer; sparse_attention_freq [0,0,0] + [1]*57) and init block 0.
 MiniMaxM3Config builtin_m3_config(int64_t num_layers = 60);
