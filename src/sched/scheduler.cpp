@@ -282,6 +282,11 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
     if (config_.enable_prefix_cache && seq->match_prefix) {
       matched = index->match(seq->tokens, (seq->num_tokens() - 1) / P);
     }
+    if (prefix_match_limit_ && !matched.empty()) {
+      const int32_t keep = prefix_match_limit_(*seq, matched);
+      matched.resize(static_cast<size_t>(
+          std::clamp<int32_t>(keep, 0, static_cast<int32_t>(matched.size()))));
+    }
     for (PageId p : matched) pool->incref(p);  // before ensure_free can evict them
     const int32_t num_cached = static_cast<int32_t>(matched.size()) * P;
     const int32_t remaining = seq->num_tokens() - num_cached;
@@ -343,6 +348,7 @@ void Scheduler::index_full_pages(Seq* seq) {
   for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
     if (canonical[i] == seq->pages[i]) continue;
     // Another sequence indexed the same tokens first: share its page, free our duplicate.
+    if (page_dedup_hook_) page_dedup_hook_(canonical[i], seq->pages[i], i);
     g.pool->incref(canonical[i]);
     g.pool->decref(seq->pages[i]);
     seq->pages[i] = canonical[i];
