@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "app/memory_plan.h"
@@ -79,6 +80,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     if (f.device == "cuda") return not_yet(spec + " with --device cuda", "a GPU draft");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
+    o.draft_dummy_weights = f.speculative_draft_load_format == "dummy";
     o.speculative_options.num_draft_tokens = f.speculative_num_draft_tokens;
     o.speculative_options.method = f.speculative_block_verification ? VerifyMethod::kBlock
                                                                      : VerifyMethod::kTokenWise;
@@ -121,16 +123,40 @@ namespace {
 
 // --speculative-algorithm DSPARK: the draft for the CPU runner's target (<model>/dspark unless
 // --speculative-draft-model-path names another directory).
-Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
-                                               const EngineStackOptions& options,
-                                               MiniMaxM3ModelRunner& runner) {
+minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& model_path,
+                                                        const EngineStackOptions& options) {
   minimax_m3::dspark::DSparkLoadOptions o;
   o.draft_dir = options.draft_model_path;
   if (o.draft_dir.empty() && !model_path.empty()) o.draft_dir = (fs::path(model_path) / "dspark").string();
-  o.dummy_weights = options.dummy_weights;
-  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(o, runner.model(),
-                                                                           runner.backend()));
+  o.dummy_weights = options.dummy_weights || options.draft_dummy_weights;
+  return o;
+}
+
+Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
+                                               const EngineStackOptions& options,
+                                               MiniMaxM3ModelRunner& runner) {
+  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(
+                                  draft_load_options(model_path, options), runner.model(),
+                                  runner.backend()));
   return std::unique_ptr<DraftModel>(std::move(d));
+}
+
+DraftMemoryShape draft_memory_shape(const minimax_m3::dspark::DSparkConfig& c) {
+  DraftMemoryShape d;
+  d.hidden = c.hidden_size;
+  d.layers = c.num_hidden_layers;
+  d.heads = c.num_attention_heads;
+  d.kv_heads = c.num_key_value_heads;
+  d.head_dim = c.head_dim;
+  d.intermediate = c.intermediate_size;
+  d.vocab = c.vocab_size;
+  d.markov_rank = c.markov_rank;
+  d.sliding_window = c.sliding_window;
+  d.num_target_layers = static_cast<int64_t>(c.target_layer_ids.size());
+  d.confidence_head = c.enable_confidence_head;
+  d.confidence_with_markov = c.confidence_head_with_markov;
+  d.context_page_size = minimax_m3::dspark::DSparkContextCache::kDefaultPageSize;
+  return d;
 }
 
 // The config of `model_path`, or the built-in M3.1-Flash config for dummy weights without a
@@ -316,6 +342,25 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   // beyond it the estimate's growth per token is added) and the pool is planned from the
   // device's memory as the step left it.
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
+  // The draft (--speculative-algorithm, the CPU path at --tp 1): its weights and a context cache
+  // per running sequence are static memory; the target features kept with every KV page (for
+  // prefix-cache hits) grow the page.
+  const int64_t target_bytes_per_page = mem.kv_bytes_per_page;
+  std::optional<DraftMemoryShape> draft_memory;
+  int64_t draft_static_bytes = 0, draft_feature_page_bytes = 0;
+  if (options.speculative) {
+    M3_ASSIGN_OR_RETURN(const minimax_m3::dspark::DSparkConfig dcfg,
+                        minimax_m3::dspark::resolve_dspark_config(
+                            draft_load_options(model_path, options), loaded.config));
+    draft_memory = draft_memory_shape(dcfg);
+    draft_static_bytes = draft_weight_bytes(*draft_memory) +
+                         int64_t{max_running} * draft_context_bytes_per_sequence(*draft_memory);
+    if (options.enable_prefix_cache) {
+      draft_feature_page_bytes = draft_feature_bytes_per_kv_page(*draft_memory, page_size);
+    }
+    mem.weight_bytes += draft_static_bytes;
+    mem.kv_bytes_per_page += draft_feature_page_bytes;
+  }
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<DraftModel> draft;  // --speculative-algorithm
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
@@ -402,9 +447,13 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     runner = std::move(ranks);
   } else {
     bytes_read = {whole_model_reads.total()};
+    // With a draft the planned page also holds its features: the runner gets the target's part
+    // of the plan's pages.
+    const int64_t runner_kv_bytes =
+        draft_memory ? plan.pages * target_bytes_per_page : kv_cache_bytes;
     M3_ASSIGN_OR_RETURN(auto cpu_runner, MiniMaxM3ModelRunner::create(std::move(backend),
                                                                       std::move(loaded.model),
-                                                                      kv_cache_bytes));
+                                                                      runner_kv_bytes));
     if (options.speculative) {
       M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, *cpu_runner));
     }
@@ -451,6 +500,20 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                    format_bytes(kv_cache_bytes) + ", " + plan.sized_by + ")" +
                    (dp > 1 ? " per DP group (" + std::to_string(dp) + " groups)" : "") +
                    "; context length " + std::to_string(context_length));
+
+  if (draft_memory) {
+    const int64_t per_seq = draft_context_bytes_per_sequence(*draft_memory);
+    report.push_back(
+        "draft memory: DSpark weights " + format_bytes(draft_weight_bytes(*draft_memory)) +
+        " (float32); context cache " + format_bytes(per_seq) + " per running sequence, " +
+        format_bytes(int64_t{max_running} * per_seq) + " for " + std::to_string(max_running) +
+        " (--max-running-requests); " +
+        (draft_feature_page_bytes > 0
+             ? "target features for the prefix cache " + format_bytes(draft_feature_page_bytes) +
+                   " per KV page, " + format_bytes(draft_feature_page_bytes * plan.pages) +
+                   " for the pool's " + std::to_string(plan.pages) + " pages (in the KV cache)"
+             : std::string("no prefix cache, no target features kept")));
+  }
 
   EngineConfig cfg;
   cfg.scheduler.page_size = page_size;

@@ -96,6 +96,9 @@ struct EngineStackOptions {
   // draft's block size + 1).
   bool speculative = false;
   std::string draft_model_path;
+  // --speculative-draft-load-format dummy: random draft weights (at the shape of the draft
+  // directory's config.json, else the default for the target) next to real target weights.
+  bool draft_dummy_weights = false;
   SpeculativeOptions speculative_options;
 };
 

@@ -336,6 +336,12 @@ const std::vector<Flag>& flags() {
          f.speculative_draft_model_path = v;
          return Status::ok();
        }},
+      {"--speculative-draft-load-format", true, G::kSpeculative,
+       "auto (the draft's checkpoint) or dummy (random draft weights, real target)", "dummy",
+       [](ServeConfig& f, const std::string& v) {
+         return set_choice(f.speculative_draft_load_format, "--speculative-draft-load-format", v,
+                           {"auto", "dummy"});
+       }},
       {"--speculative-num-draft-tokens", true, G::kSpeculative,
        "tokens per verify: the last token + drafts (default the draft's block size + 1)", "4",
        INT_FLAG(speculative_num_draft_tokens, 2, 1024)},
@@ -516,6 +522,8 @@ Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args)
     for (const auto& [set, name] :
          {std::pair{out.speculative_block_verification, "--speculative-use-block-verification"},
           std::pair{!out.speculative_draft_model_path.empty(), "--speculative-draft-model-path"},
+          std::pair{out.speculative_draft_load_format != "auto",
+                    "--speculative-draft-load-format"},
           std::pair{out.speculative_num_draft_tokens != 0, "--speculative-num-draft-tokens"},
           std::pair{out.speculative_simulate_accept_length != 0,
                     "--speculative-simulate-accept-length"}}) {

@@ -89,22 +89,24 @@ DSparkConfig default_dspark_config_for(const MiniMaxM3Config& target) {
   return c;
 }
 
+Result<DSparkConfig> resolve_dspark_config(const DSparkLoadOptions& o,
+                                           const MiniMaxM3Config& target) {
+  const std::string flag = "--speculative-draft-model-path '" + o.draft_dir + "'";
+  const bool has_config = !o.draft_dir.empty() && fs::exists(fs::path(o.draft_dir) / "config.json");
+  if (has_config) return load_dspark_config(o.draft_dir);
+  if (o.dummy_weights) return default_dspark_config_for(target);
+  return Status(StatusCode::kNotFound,
+                flag +
+                    ": no DSpark draft there (no config.json); give the draft's directory, or use "
+                    "--load-format dummy (or --speculative-draft-load-format dummy) for random "
+                    "draft weights");
+}
+
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(const DSparkLoadOptions& o,
                                                                     const Model& target,
                                                                     Backend* backend) {
   const std::string flag = "--speculative-draft-model-path '" + o.draft_dir + "'";
-  const bool has_config = !o.draft_dir.empty() && fs::exists(fs::path(o.draft_dir) / "config.json");
-  DSparkConfig cfg;
-  if (has_config) {
-    M3_ASSIGN_OR_RETURN(cfg, load_dspark_config(o.draft_dir));
-  } else if (o.dummy_weights) {
-    cfg = default_dspark_config_for(target.config());
-  } else {
-    return Status(StatusCode::kNotFound,
-                  flag +
-                      ": no DSpark draft there (no config.json); give the draft's directory, "
-                      "or use --load-format dummy for random draft weights");
-  }
+  M3_ASSIGN_OR_RETURN(DSparkConfig cfg, resolve_dspark_config(o, target.config()));
   std::unique_ptr<WeightSource> src;
   if (o.dummy_weights) {
     src = std::make_unique<DummyDSparkWeightSource>(cfg, o.dummy_seed);

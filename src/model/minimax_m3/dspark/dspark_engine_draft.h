@@ -50,6 +50,12 @@ struct DSparkLoadOptions {
   uint64_t dummy_seed = 0;
 };
 
+// The draft's config as load_dspark_engine_draft reads it (the directory's config.json, else the
+// default for `target` with dummy weights), before anything is loaded: the memory plan counts the
+// draft from it.
+Result<DSparkConfig> resolve_dspark_config(const DSparkLoadOptions& options,
+                                           const MiniMaxM3Config& target);
+
 // Loads the draft for a target `model` on `backend` (the CPU backend). Errors name the draft
 // directory and --speculative-draft-model-path.
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
