@@ -73,10 +73,12 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     M3_RETURN_IF_ERROR(check_dp_attention(layout, f.dp, f.enable_dp_attention));
   }
   if (!f.speculative_algorithm.empty()) {
-    // The draft runs on the float32 CPU path, next to an unsharded target.
+    // The draft runs on the float32 CPU path, unsplit, next to the target (on its rank 0 when the
+    // target is split over this process's CPU ranks with --tp / --ep).
     const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
-    if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1)
-      return not_yet(spec + " with --tp/--ep/--dp/--nnodes", "speculative decoding over ranks");
+    if (f.dp > 1 || f.enable_dp_attention || f.nnodes > 1)
+      return not_yet(spec + " with --dp/--enable-dp-attention/--nnodes",
+                     "speculative decoding over attention data-parallel groups or nodes");
     if (f.device == "cuda") return not_yet(spec + " with --device cuda", "a GPU draft");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
@@ -132,12 +134,16 @@ minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& mode
   return o;
 }
 
+// `target`: the whole model's config; `first_rank`: the model whose embedding, lm_head and
+// final norm the draft reads (the only one at --tp 1, rank 0's over ranks), on `backend`.
 Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
                                                const EngineStackOptions& options,
-                                               MiniMaxM3ModelRunner& runner) {
+                                               const MiniMaxM3Config& target,
+                                               const minimax_m3::Model& first_rank,
+                                               Backend* backend) {
   M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(
-                                  draft_load_options(model_path, options), runner.model(),
-                                  runner.backend()));
+                                  draft_load_options(model_path, options), target, first_rank,
+                                  backend));
   return std::unique_ptr<DraftModel>(std::move(d));
 }
 
@@ -444,6 +450,11 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                                         threads_per_rank,
                                                         static_cast<int32_t>(plan.pages), dp));
     bytes_read = ranks->weight_bytes_read();
+    if (options.speculative) {
+      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
+                                            ranks->first_rank_model(),
+                                            ranks->first_rank_backend()));
+    }
     runner = std::move(ranks);
   } else {
     bytes_read = {whole_model_reads.total()};
@@ -455,14 +466,15 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                                                       std::move(loaded.model),
                                                                       runner_kv_bytes));
     if (options.speculative) {
-      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, *cpu_runner));
+      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
+                                            cpu_runner->model(), cpu_runner->backend()));
     }
     runner = std::move(cpu_runner);
   }
   if (options.speculative && !draft) {
     return Status(StatusCode::kUnimplemented,
-                  "--speculative-algorithm: speculative decoding runs on the float32 CPU path at "
-                  "--tp 1 only (not with --device cuda or ranks)");
+                  "--speculative-algorithm: speculative decoding runs on the float32 CPU path "
+                  "of one process (not with --device cuda or --nnodes)");
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +

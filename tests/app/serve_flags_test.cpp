@@ -1,9 +1,13 @@
 // `m3serve serve`'s flags: SGLang's names, hints for unknown flags, the hidden fake-backend flags.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 
 #include "app/engine_stack.h"
+#include "app/memory_plan.h"
 #include "app/serve_flags.h"
 
 namespace m3::app {
@@ -129,7 +133,7 @@ std::string summary(const ServeConfig& c) {
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
   add(c.disable_custom_all_reduce);
-  s += c.speculative_draft_model_path + "|";
+  s += c.speculative_draft_model_path + "|" + c.speculative_draft_load_format + "|";
   add(c.speculative_num_draft_tokens);
   add(c.speculative_simulate_accept_length);
   return s;
@@ -177,16 +181,13 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
-  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels); DSPARK over ranks is
-  // refused.
-  auto refused = options_from_config(f->config);
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("--speculative-algorithm DSPARK"), std::string::npos)
-      << refused.status().message();
-  f->config.speculative_algorithm.clear();
+  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels), DSPARK with it on the CPU
+  // ranks (the draft on rank 0).
   auto accepted = options_from_config(f->config);
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->tensor_parallel, 4);
+  EXPECT_TRUE(accepted->speculative);
+  EXPECT_TRUE(accepted->speculative_options.method == VerifyMethod::kBlock);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--speculative-algorithm", "DSPARK", "--device", "cuda"},
             "--speculative-algorithm DSPARK with --device cuda"},
@@ -231,6 +232,19 @@ TEST(ServeFlags, Speculative) {
   EXPECT_EQ(o->speculative_options.num_draft_tokens, 5);
   EXPECT_EQ(o->speculative_options.method, VerifyMethod::kBlock);
   EXPECT_EQ(o->speculative_options.simulate_accept_length, 0);
+  EXPECT_FALSE(o->draft_dummy_weights);
+
+  // Random draft weights next to the real target (SGLang's --speculative-draft-load-format).
+  auto dummy = parse_serve_flags(
+      {"--speculative-algorithm", "DSPARK", "--speculative-draft-load-format", "dummy"});
+  ASSERT_TRUE(dummy.is_ok()) << dummy.status().message();
+  auto od = options_from_config(dummy->config);
+  ASSERT_TRUE(od.is_ok()) << od.status().message();
+  EXPECT_TRUE(od->draft_dummy_weights);
+  EXPECT_FALSE(od->dummy_weights);
+  auto bad = parse_serve_flags({"--speculative-draft-load-format", "gguf"});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--speculative-draft-load-format"), std::string::npos);
 
   auto eagle = parse_serve_flags({"--speculative-algorithm", "EAGLE3"});
   ASSERT_FALSE(eagle.is_ok());
@@ -248,8 +262,20 @@ TEST(ServeFlags, Speculative) {
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->speculative_options.simulate_accept_length, 3);
 
+  // Over this process's CPU ranks the draft runs unsplit on rank 0.
+  for (const auto& ranks : std::vector<std::vector<std::string>>{{"--tp", "2"}, {"--ep", "2"}}) {
+    std::vector<std::string> args = {"--speculative-algorithm", "DSPARK"};
+    args.insert(args.end(), ranks.begin(), ranks.end());
+    auto g = parse_serve_flags(args);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    auto r = options_from_config(g->config);
+    ASSERT_TRUE(r.is_ok()) << ranks[0] << ": " << r.status().message();
+    EXPECT_TRUE(r->speculative);
+  }
+  // Attention data-parallel groups and nodes are refused by name.
   for (const auto& ranks : std::vector<std::vector<std::string>>{
-           {"--tp", "2"}, {"--ep", "2"}, {"--nnodes", "2", "--dist-init-addr", "h:1"}}) {
+           {"--tp", "2", "--dp", "2", "--enable-dp-attention"},
+           {"--nnodes", "2", "--dist-init-addr", "h:1"}}) {
     std::vector<std::string> args = {"--speculative-algorithm", "DSPARK"};
     args.insert(args.end(), ranks.begin(), ranks.end());
     auto g = parse_serve_flags(args);
@@ -257,7 +283,7 @@ TEST(ServeFlags, Speculative) {
     auto r = options_from_config(g->config);
     ASSERT_FALSE(r.is_ok()) << ranks[0];
     EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(r.status().message().find("--speculative-algorithm DSPARK with --tp"),
+    EXPECT_NE(r.status().message().find("--speculative-algorithm DSPARK with --dp"),
               std::string::npos)
         << r.status().message();
   }
@@ -426,6 +452,66 @@ TEST(ServeFlags, RankLayoutFollowsSglang) {
   ASSERT_FALSE(clash.is_ok());
   EXPECT_NE(clash.status().message().find("--enable-expert-parallel"), std::string::npos);
   EXPECT_NE(clash.status().message().find("--ep 2"), std::string::npos);
+}
+
+
+// --speculative-algorithm DSPARK without --speculative-draft-model-path loads the model
+// directory's dspark/ folder (the deployment guide's layout); here a temporary model directory
+// (m3-tiny's files) whose dspark/config.json asks for a one-layer draft, with random draft
+// weights (--speculative-draft-load-format dummy) since no trained draft exists for m3-tiny.
+TEST(ServeFlags, DSparkDraftFromTheModelDirectorysDsparkFolder) {
+  namespace fs = std::filesystem;
+  const fs::path tiny = fs::path(M3_REPO_ROOT) / "models" / "m3-tiny";
+  const fs::path dir = fs::temp_directory_path() /
+                       ("m3serve-dspark-test-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "dspark");
+  for (const auto& e : fs::directory_iterator(tiny)) {
+    fs::create_symlink(e.path(), dir / e.path().filename());
+  }
+  {
+    std::ofstream cfg(dir / "dspark" / "config.json");
+    cfg << R"({"architectures": ["DSparkMiniMaxDraftModel"], "num_hidden_layers": 1,
+      "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+      "vocab_size": 4096, "dspark_ffn_hidden_size": 512, "sliding_window": 512,
+      "layer_types": ["sliding_attention"], "dspark_block_size": 4, "dspark_noise_token_id": 4090,
+      "dspark_target_layer_ids": [1, 3, 5], "dspark_markov_rank": 32})";
+  }
+  DraftMemoryShape one_layer;
+  one_layer.hidden = 256, one_layer.layers = 1, one_layer.heads = 8, one_layer.kv_heads = 2;
+  one_layer.head_dim = 32, one_layer.intermediate = 512, one_layer.vocab = 4096;
+  one_layer.markov_rank = 32, one_layer.sliding_window = 512, one_layer.num_target_layers = 3;
+  one_layer.confidence_head = true, one_layer.confidence_with_markov = true;
+  EngineStackOptions o;
+  o.num_threads = 2;
+  o.kv_cache_bytes = 16 << 20;
+  o.speculative = true;
+  o.draft_dummy_weights = true;
+  for (int tp : {1, 2}) {
+    o.tensor_parallel = tp;
+    auto e = make_engine(dir.string(), o);
+    ASSERT_TRUE(e.is_ok()) << "tp " << tp << ": " << e.status().message();
+    EXPECT_TRUE(e->engine->speculative());
+    bool named = false, draft = false;
+    const std::string weights = "draft memory: DSpark weights " +
+                                format_bytes(draft_weight_bytes(one_layer)) + " (float32)";
+    for (const std::string& line : e->report) {
+      named |= line.find(weights) != std::string::npos;
+      draft |= line.find("speculative decoding: DSpark draft, block 4, 5 tokens") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << "tp " << tp << ": no report line with '" << weights << "'";
+    EXPECT_TRUE(draft) << "tp " << tp << ": the draft's block size is its config's";
+  }
+  // The folder has no weights: without dummy draft weights the error names the directory.
+  o.tensor_parallel = 1;
+  o.draft_dummy_weights = false;
+  auto missing = make_engine(dir.string(), o);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("--speculative-draft-model-path '" +
+                                            (dir / "dspark").string() + "'"),
+            std::string::npos)
+      << missing.status().message();
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "model/minimax_m3/cpu_model_runner.h"
 #include "model/minimax_m3/dspark/dspark_engine_draft.h"
 #include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3/tensor_parallel_runner.h"
 #include "single_sequence.h"
 
 namespace m3 {
@@ -325,6 +326,65 @@ TEST(DSparkEngine, PagesWithoutDraftFeaturesAreRecomputed) {
   EXPECT_EQ(again.tokens, got.tokens);
   TinyTarget ordinary(nullptr, false);
   EXPECT_EQ(ordinary.run(r).tokens, got.tokens);
+}
+
+// --tp 2 on CPU ranks: the draft runs unsplit on rank 0 (its embedding, lm_head and final norm),
+// fed by the hidden states the sharded target captures; verification runs through the sharded
+// target. Greedy output and logprobs equal ordinary decoding on the same two ranks.
+TEST(DSparkEngine, TensorParallelGreedyEqualsOrdinaryDecodingOnTheSameRanks) {
+  auto backend = std::make_unique<CpuBackend>(1);
+  auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  auto make = [&](bool speculative) {
+    auto r = TensorParallelCpuRunner::create(loaded->config, *loaded->weights, 2, 1, 1, 64);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    TensorParallelCpuRunner* ranks = r->get();
+    EngineConfig c;
+    c.scheduler.page_size = static_cast<int32_t>(loaded->config.index_block_size);
+    c.scheduler.chunked_prefill_size = 64;
+    auto e = Engine::create(std::move(c), std::move(r).value());
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    std::unique_ptr<Engine> engine = std::move(e).value();
+    if (speculative) {
+      minimax_m3::dspark::DSparkLoadOptions o;
+      o.dummy_weights = true;
+      auto d = minimax_m3::dspark::load_dspark_engine_draft(
+          o, loaded->config, ranks->first_rank_model(), ranks->first_rank_backend());
+      EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+      SpeculativeOptions so;
+      so.num_draft_tokens = 3;
+      Status st = engine->enable_speculative(std::move(d).value(), so);
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+    }
+    return engine;
+  };
+  const int32_t P = static_cast<int32_t>(loaded->config.index_block_size);
+  const GenerateRequest r = long_greedy_request(P, 1, 32);
+  auto run = [&](Engine& engine) {
+    auto h = engine.submit(r);
+    EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+    std::vector<RequestHandle> hs;
+    hs.push_back(std::move(h).value());
+    return testing::run_all(engine, hs, {1})[0];
+  };
+  std::unique_ptr<Engine> plain = make(false);
+  std::unique_ptr<Engine> spec = make(true);
+  const Outcome want = run(*plain);
+  const Outcome got = run(*spec);
+  ASSERT_TRUE(want.done && want.error.is_ok()) << want.error.to_string();
+  ASSERT_TRUE(got.done && got.error.is_ok()) << got.error.to_string();
+  ASSERT_EQ(want.tokens[0].size(), 32u);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.detail[0].size(), want.detail[0].size());
+  for (size_t t = 0; t < got.detail[0].size(); ++t) {
+    EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << "token " << t;
+  }
+  EXPECT_GT(got.usage.spec_verify_steps, 0);
+  // And served again from the prefix cache, over the ranks too.
+  const Outcome warm = run(*spec);
+  EXPECT_EQ(warm.usage.cached_tokens, P);
+  EXPECT_EQ(warm.tokens, want.tokens);
+  EXPECT_EQ(spec->stats().kv_pages_used, 0);
 }
 
 TEST(DSparkEngine, MissingDraftDirectoryIsAClearError) {

@@ -105,22 +105,38 @@ Result<DSparkConfig> resolve_dspark_config(const DSparkLoadOptions& o,
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(const DSparkLoadOptions& o,
                                                                     const Model& target,
                                                                     Backend* backend) {
+  return load_dspark_engine_draft(o, target.config(), target, backend);
+}
+
+Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
+    const DSparkLoadOptions& o, const MiniMaxM3Config& target_cfg, const Model& first_rank,
+    Backend* backend) {
   const std::string flag = "--speculative-draft-model-path '" + o.draft_dir + "'";
-  M3_ASSIGN_OR_RETURN(DSparkConfig cfg, resolve_dspark_config(o, target.config()));
+  const ModelWeights& tw = first_rank.weights();
+  const int64_t H = target_cfg.hidden_size, V = target_cfg.vocab_size;
+  if (tw.embed.size() != V * H || tw.lm_head.size() != V * H || tw.final_norm.size() != H) {
+    return internal_error(flag + ": the target's embedding table, lm_head or final norm is "
+                                 "split over ranks; the draft needs them whole");
+  }
+  M3_ASSIGN_OR_RETURN(DSparkConfig cfg, resolve_dspark_config(o, target_cfg));
   std::unique_ptr<WeightSource> src;
   if (o.dummy_weights) {
     src = std::make_unique<DummyDSparkWeightSource>(cfg, o.dummy_seed);
   } else {
-    M3_ASSIGN_OR_RETURN(src, Checkpoint::open(o.draft_dir));
+    auto opened = Checkpoint::open(o.draft_dir);
+    if (!opened.is_ok()) {
+      return Status(opened.status().code(), flag + ": " + opened.status().message());
+    }
+    src = std::move(opened).value();
   }
-  auto draft = DSparkDraft::load(cfg, target.config(), *src,
+  auto draft = DSparkDraft::load(cfg, target_cfg, *src,
                                  o.dummy_weights ? std::string("dummy draft weights") : o.draft_dir,
-                                 TargetSharedWeights::view_of(target.weights()), backend);
+                                 TargetSharedWeights::view_of(tw), backend);
   if (!draft.is_ok()) {
     return Status(draft.status().code(), flag + ": " + draft.status().message());
   }
-  return std::make_unique<DSparkEngineDraft>(std::move(draft).value(), target.config(),
-                                             target.weights().final_norm.data());
+  return std::make_unique<DSparkEngineDraft>(std::move(draft).value(), target_cfg,
+                                             tw.final_norm.data());
 }
 
 }  // namespace m3::minimax_m3::dspark
