@@ -262,6 +262,10 @@ TEST(DSparkEngine, WarmPrefixCacheEqualsCold) {
   ASSERT_FALSE(cold_proposals.empty());
   ASSERT_NE(spec.engine->draft_feature_store(), nullptr);
   EXPECT_GE(spec.engine->draft_feature_store()->num_allocated(), 3);
+  // Only committed full pages are published: the prompt and the generated tokens but the last
+  // (never computed), not the pages the rejected drafts were written to.
+  const int32_t committed = static_cast<int32_t>(r.prompt_tokens.size()) + 24 - 1;
+  EXPECT_EQ(spec.engine->scheduler().prefix_index().num_nodes(), committed / P);
 
   spec.proposals.clear();
   const Outcome warm = spec.run(r);
