@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -42,6 +43,10 @@ std::vector<float> message(int rank, int launch, int64_t count) {
 
 // Every rank all-reduces `launches` messages of each count, eagerly or through a captured graph
 // replayed once per message; each result must be the host's rank-order sum, bit for bit.
+// Graphs are captured and instantiated for every count before any rank launches, and destroyed
+// after every rank is done: instantiating or destroying a graph may wait for the whole device to
+// go idle, which on one GPU shared by several ranks would wait for another rank's kernel that is
+// itself waiting for this rank (ranks on separate GPUs do not share that wait).
 void check_group(const std::vector<int>& devices, bool graphs) {
   const int n = static_cast<int>(devices.size());
   OneShotOptions o;
@@ -51,30 +56,36 @@ void check_group(const std::vector<int>& devices, bool graphs) {
   const std::vector<int64_t> counts = {1, 3, 4, 6144, 8 * 6144, 1 << 16};
   const int launches = 7;
   std::vector<int> bad(static_cast<size_t>(n), 0);
+  std::barrier sync_point(n);
   on_ranks(n, [&](int r) {
     cudaSetDevice(devices[r]);
     cudaStream_t st = nullptr;
     cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     float* buf = nullptr;
     cudaMalloc(&buf, sizeof(float) << 16);
-    for (int64_t count : counts) {
-      cudaGraphExec_t exec = nullptr;
-      if (graphs) {
+    std::vector<cudaGraphExec_t> execs(counts.size(), nullptr);
+    if (graphs) {
+      for (size_t c = 0; c < counts.size(); ++c) {
         cudaGraph_t graph = nullptr;
         cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
-        const Status s = (*g)->all_reduce(r, buf, count, st);
+        const Status s = (*g)->all_reduce(r, buf, counts[c], st);
         cudaStreamEndCapture(st, &graph);
-        if (!s.is_ok() || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+        if (!s.is_ok() || cudaGraphInstantiate(&execs[c], graph, 0) != cudaSuccess) {
           ++bad[static_cast<size_t>(r)];
-          return;
+          execs[c] = nullptr;
         }
-        cudaGraphDestroy(graph);
+        if (graph) cudaGraphDestroy(graph);
       }
+    }
+    sync_point.arrive_and_wait();
+    for (size_t c = 0; c < counts.size(); ++c) {
+      const int64_t count = counts[c];
+      if (graphs && execs[c] == nullptr) continue;  // counted above; the others skip it too
       for (int l = 0; l < launches; ++l) {
         const std::vector<float> mine = message(r, l, count);
         cudaMemcpyAsync(buf, mine.data(), count * 4, cudaMemcpyHostToDevice, st);
         if (graphs) {
-          cudaGraphLaunch(exec, st);
+          cudaGraphLaunch(execs[c], st);
         } else if (!(*g)->all_reduce(r, buf, count, st).is_ok()) {
           ++bad[static_cast<size_t>(r)];
         }
@@ -88,7 +99,10 @@ void check_group(const std::vector<int>& devices, bool graphs) {
         }
         if (std::memcmp(got.data(), want.data(), count * 4) != 0) ++bad[static_cast<size_t>(r)];
       }
-      if (exec) cudaGraphExecDestroy(exec);
+    }
+    sync_point.arrive_and_wait();
+    for (cudaGraphExec_t e : execs) {
+      if (e) cudaGraphExecDestroy(e);
     }
     if (cudaGetLastError() != cudaSuccess) ++bad[static_cast<size_t>(r)];
     cudaFree(buf);
