@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <initializer_list>
@@ -383,6 +384,26 @@ const std::vector<Flag>& flags() {
        }},
       {"--max-image-bytes", true, G::kSecurity, "largest accepted image (default 20 MiB)", "1000",
        INT_FLAG(server.media.max_image_bytes, 1, INT64_MAX)},
+      {"--media-fetch-timeout", true, G::kSecurity,
+       "seconds a remote image fetch may take, redirects included (default 5)", "2.5",
+       [](ServeConfig& f, const std::string& v) {
+         return set_seconds(f.server.media.fetch_timeout, "--media-fetch-timeout", v, 0.05,
+                            600.0);
+       }},
+      {"--allow-loopback-media-for-tests", false, G::kSecurity,
+       "let remote image URLs reach 127.0.0.1 (tests only: refused unless the environment has "
+       "M3SERVE_TEST_ENVIRONMENT=1)",
+       "",
+       [](ServeConfig& f, const std::string&) {
+         const char* env = std::getenv("M3SERVE_TEST_ENVIRONMENT");
+         if (!env || std::string(env) != "1") {
+           return invalid_argument(
+               "--allow-loopback-media-for-tests is for tests only: it lets image URLs reach "
+               "this machine's loopback services; set M3SERVE_TEST_ENVIRONMENT=1 in a test");
+         }
+         f.server.media.allow_loopback_for_tests = true;
+         return Status::ok();
+       }},
       {"--max-request-body-bytes", true, G::kSecurity,
        "largest request body, else 413 (default 64 MiB)", "4096",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},

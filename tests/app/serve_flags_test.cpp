@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 
 #include "app/engine_stack.h"
 #include "app/serve_flags.h"
@@ -94,6 +95,20 @@ TEST(ServeFlags, HelpAndTheFakeBackendFlags) {
   EXPECT_FALSE(parse_serve_flags({}).value().config.fake.enabled);
 }
 
+TEST(ServeFlags, TheLoopbackMediaFlagIsForTestsOnly) {
+  unsetenv("M3SERVE_TEST_ENVIRONMENT");
+  auto refused = parse_serve_flags({"--allow-loopback-media-for-tests"});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("tests only"), std::string::npos);
+  setenv("M3SERVE_TEST_ENVIRONMENT", "1", 1);
+  auto f = parse_serve_flags({"--allow-loopback-media-for-tests", "--media-fetch-timeout", "0.5"});
+  unsetenv("M3SERVE_TEST_ENVIRONMENT");
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  EXPECT_TRUE(f->config.server.media.allow_loopback_for_tests);
+  EXPECT_EQ(f->config.server.media.fetch_timeout, std::chrono::milliseconds(500));
+  EXPECT_FALSE(parse_serve_flags({"--media-fetch-timeout", "0"}).is_ok());
+}
+
 TEST(ServeFlags, ConnectionLimits) {
   auto f = parse_serve_flags({"--max-connections", "100", "--keep-alive-timeout", "2.5"});
   ASSERT_TRUE(f.is_ok()) << f.status().message();
@@ -132,12 +147,15 @@ std::string summary(const ServeConfig& c) {
   s += c.speculative_draft_model_path + "|";
   add(c.speculative_num_draft_tokens);
   add(c.speculative_simulate_accept_length);
+  add(c.server.media.fetch_timeout.count());
+  add(c.server.media.allow_loopback_for_tests);
   return s;
 }
 
 // Every flag either changes the configuration or leaves a startup notice that names it: nothing
 // is parsed and then dropped.
 TEST(ServeFlags, EveryFlagTakesEffectOrSaysWhyNot) {
+  setenv("M3SERVE_TEST_ENVIRONMENT", "1", 1);  // --allow-loopback-media-for-tests parses only here
   const ServeConfig defaults = parse_serve_flags({})->config;
   const auto examples = serve_flag_examples();
   ASSERT_GT(examples.size(), 40u);
