@@ -175,6 +175,12 @@ struct CudaM3Model::Impl {
   int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
   int64_t nqkv = 0, off_k = 0, off_v = 0, off_iq = 0, off_ik = 0;
   int64_t ne = 0, kk = 0, inter = 0, dense_inter = 0, shared_inter = 0, top_k = 0;
+  // Expert parallelism (CudaTensorParallel::ep): the routed experts this rank holds are the global
+  // ids [expert_base, expert_base + local_experts) (all ne of them without it). Routing runs over
+  // all ne experts on every rank; the grouping, the expert GEMVs / GEMMs and the combine take
+  // only the local ones, and the all-reduce after the combine adds the other ranks' experts.
+  int64_t expert_base = 0, local_experts = 0;
+  bool expert_parallel() const { return local_experts != ne; }
   int64_t max_mlp = 0;  // max(dense_inter, shared_inter)
   // Partial attention states per (decode row, head) in Bufs::o_part / ml: the sparse split's
   // top_k selected blocks x kKeySplits, and the dense layers' context splits (as many).
@@ -266,6 +272,7 @@ struct CudaM3Model::Impl {
     if (grouped) group_by_routing(&p, b);
     if (token_slots) {  // one token: slot s = its s-th expert (kMmaRing only: checked)
       p.token_topk_ids = b.topk_ids;
+      p.token_group_base = expert_base;
       p.sorted_rows = nullptr;
     }
     p.kernel = cuda::choose_decode_gemv(m.format, m.layout, rows, m.n, m.k, in.f16 != nullptr);
@@ -608,8 +615,10 @@ struct CudaM3Model::Impl {
     const bool fused_router = rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
     // One token on the tensor cores: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (a one-token grouping is the sorted top-k).
-    const bool token_route = rows == 1 && fused_router && tensor_core(L.experts_gu, kk) &&
-                             tensor_core(L.experts_down, kk);
+    // (Under expert parallelism a slot is a CTA of the token's top-k, so the rank's experts must
+    // number at least top_k for the grid to cover every slot.)
+    const bool token_route = rows == 1 && fused_router && local_experts >= kk &&
+                             tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
     if (fused_router) {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
@@ -626,7 +635,8 @@ struct CudaM3Model::Impl {
       cuda::GroupByExpertParams gp;
       gp.topk_ids = b.topk_ids;
       gp.num_rows = rows * kk;
-      gp.num_experts = ne;
+      gp.num_experts = local_experts;
+      gp.expert_base = expert_base;
       gp.group_offsets = b.offs;
       gp.sorted_rows = b.sorted;
       gp.active_groups = b.active;
@@ -644,8 +654,13 @@ struct CudaM3Model::Impl {
       shared = b.shared;
     }
     if (tp()) {  // each rank's partial combine, summed over the ranks
-      M3_RETURN_IF_ERROR(cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd},
-                                                  st()));
+      cuda::MoeCombineParams cp{b.contrib, b.topk_w, shared, b.delta, rows, kk, hd};
+      if (expert_parallel()) {  // only the local experts' rows were computed
+        cp.topk_ids = b.topk_ids;
+        cp.expert_begin = expert_base;
+        cp.expert_end = expert_base + local_experts;
+      }
+      M3_RETURN_IF_ERROR(cuda::launch_moe_combine(cp, st()));
       *pending = {PendingDelta::kStored, 0, nullptr};
       return all_reduce(b.delta, rows * hd);
     }
@@ -686,6 +701,10 @@ struct CudaM3Model::Impl {
     rp.group_offsets = b.offs;
     rp.sorted_rows = b.sorted;
     rp.active_groups = b.active;
+    if (expert_parallel()) {
+      rp.group_base = expert_base;
+      rp.group_experts = local_experts;
+    }
     return rp;
   }
 
@@ -835,7 +854,8 @@ struct CudaM3Model::Impl {
       mp.t = t;
       mp.hidden = hd;
       mp.inter = inter;
-      mp.num_experts = ne;
+      mp.num_experts = local_experts;
+      mp.expert_base = expert_base;
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
@@ -1134,9 +1154,13 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   if (tp.ranks > 1 && !tp.make_communicator)
     return invalid_argument("[model.minimax_m3.cuda] --tp " + std::to_string(tp.ranks) +
                             " needs a communicator");
-  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks));
+  if (tp.ep < 1 || tp.ranks % tp.ep != 0)
+    return invalid_argument("[model.minimax_m3.cuda] --ep " + std::to_string(tp.ep) +
+                            " must divide --tp " + std::to_string(tp.ranks));
+  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks, tp.ep));
   // The rank's shapes: the kernels' limits apply to them (16 query heads per KV head, for one).
-  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks);
+  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks, tp.ep);
+  const RankSlices slices = rank_slices(whole, tp.rank, tp.ranks, tp.ep);
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
   const bool profile = options.num_kv_pages == 0 && options.kv_pages_after_profile;
   if (!profile && (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30)))
@@ -1176,6 +1200,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.off_ik = im.off_iq + im.hix * im.dix;
   im.nqkv = im.off_ik + im.dix;
   im.ne = c.num_local_experts;
+  im.expert_base = slices.expert_begin;
+  im.local_experts = slices.expert_count;
   im.kk = c.num_experts_per_tok;
   im.inter = c.intermediate_size;
   im.dense_inter = c.dense_intermediate_size;
@@ -1207,10 +1233,10 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {
-    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena,
+                                                     slices.expert_count));
   } else {
-    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, rank_slices(whole, tp.rank, tp.ranks),
-                                               &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, slices, &im.arena));
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());

@@ -96,9 +96,18 @@ struct CudaM3Kernels {
 // block (float32, in place) over the communicator. Every rank's load() and forward() run
 // concurrently, one thread per rank, with the same batch; rank 0's outputs are the model's (the
 // other ranks skip the head and return no logits).
+//
+// Expert parallelism (--ep E, E divides ranks; tensor_parallel.h's placement, SGLang's meaning):
+// rank r holds the routed experts [e·N/E, (e+1)·N/E) of its expert-parallel rank e = r / (ranks/E),
+// whole or split by their intermediate dimension over the ranks/E ranks sharing them; attention,
+// the dense MLPs and the shared expert stay split over all ranks. Every rank holds every token of
+// the step (attention is all-reduced), routes all of them over all experts, runs only its own
+// experts (the other experts' slots are skipped on the device, no host sync) and the all-reduce
+// after the combine adds the other ranks' experts: no all-to-all (docs/parallel.md says why).
 struct CudaTensorParallel {
   int rank = 0;
   int ranks = 1;
+  int ep = 1;
   // Called once by load() with the model's compute stream, on which the collectives must queue
   // (NCCL: comm/nccl_communicator.h; they then order with the kernels around them and are
   // captured into the decode graphs). Required when ranks > 1.

@@ -29,6 +29,9 @@ namespace m3 {
 // The GPU ranks of a runner.
 struct CudaRanks {
   int ranks = 1;
+  // --ep: expert-parallel ranks among the `ranks` (divides it; CudaTensorParallel::ep). The KV
+  // pool per rank does not depend on it (attention stays split over all ranks).
+  int ep = 1;
   std::vector<int> devices;  // rank r's GPU; empty: GPU r
   // Rank r's communicator on its model's compute stream. Empty: NCCL, the group made here from
   // one unique id (comm/nccl_communicator.h) with `timeout` as its watchdog (--dist-timeout).
