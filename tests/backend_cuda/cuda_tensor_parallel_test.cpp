@@ -107,7 +107,7 @@ class TpHarness {
             std::move((*shared)[static_cast<size_t>(r)]), device, stream));
       };
     }
-    const int64_t page_bytes = CudaM3Model::kv_bytes_per_page(cfg_, 2);
+    const int64_t page_bytes = CudaM3Model::kv_bytes_per_page(cfg_, 2, ep);
     return CudaM3ModelRunner::create(cfg_, src_, kPages * page_bytes, o, std::move(ranks));
   }
 

@@ -13,6 +13,7 @@
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/comm/one_shot_all_reduce.h"
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/gemv_plan.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
@@ -136,8 +137,10 @@ GemvEpilogueParams store_to(float* y, int64_t ldy) {
 // split-K partials of the last GEMV (Bufs::partial), or the MoE combine of Bufs::contrib. The
 // last two are summed inside the norm (norm/add_rms_norm.h), which saves the epilogue or combine
 // launch on the critical path.
+// kReduce: b.delta holds this rank's partial delta, which the next norm all-reduces itself (the
+// one-shot all-reduce fused with the add + norm, CudaM3Kernels::fused_all_reduce_norm).
 struct PendingDelta {
-  enum Kind { kNone, kStored, kPartial, kMoe } kind = kNone;
+  enum Kind { kNone, kStored, kPartial, kMoe, kReduce } kind = kNone;
   int64_t slices = 0;              // kPartial
   const float* shared = nullptr;   // kMoe: the shared expert's output or nullptr
 };
@@ -202,6 +205,23 @@ struct CudaM3Model::Impl {
   // The sum over the ranks of each rank's partial hidden-state delta [count], in place.
   Status all_reduce(float* buf, int64_t count) {
     return comm->all_reduce(buf, count, comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  // Whether the decode all-reduce of `rows` rows runs fused with the next norm: a one-shot group,
+  // the switch on, and a message the one-shot path takes (the communicator sends larger ones
+  // through NCCL; every rank decides the same from the same rows).
+  bool fused_reduce_norm(int64_t rows) const {
+    return opt.tp.one_shot != nullptr && opt.kernels.fused_all_reduce_norm && hd % 4 == 0 &&
+           hd <= 8192 && rows * hd <= opt.tp.one_shot->max_elements();
+  }
+  // After a decode GEMV stored this rank's partial delta in b.delta: the sum over the ranks is left
+  // to the next norm where it can fuse it (kReduce), else taken here (kStored).
+  Status reduce_delta(const Bufs& b, int64_t rows, PendingDelta* pending) {
+    if (fused_reduce_norm(rows)) {
+      *pending = {PendingDelta::kReduce, 0, nullptr};
+      return Status::ok();
+    }
+    *pending = {PendingDelta::kStored, 0, nullptr};
+    return all_reduce(b.delta, rows * hd);
   }
   // Waits for the step: with ranks, first for the collectives under the communicator's timeout
   // (a rank that died or stopped calling fails the step instead of hanging it).
@@ -354,6 +374,8 @@ struct CudaM3Model::Impl {
                   bool f16_copy, bool pdl) {
     cuda::AddRmsNormParams np = norm_params(b, pd, weight, rows, f16_copy);
     np.pdl = pdl;
+    if (pd.kind == PendingDelta::kReduce)  // the ranks' sum of b.delta, the add and the norm
+      return opt.tp.one_shot->all_reduce_add_rms_norm(opt.tp.rank, b.delta, np, st());
     return cuda::launch_add_rms_norm(np, st());
   }
   cuda::AddRmsNormParams norm_params(const Bufs& b, const PendingDelta& pd,
@@ -363,6 +385,7 @@ struct CudaM3Model::Impl {
     np.cluster_rows = opt.tuning.cluster_norm_max_rows;
     switch (pd.kind) {
       case PendingDelta::kNone: break;
+      case PendingDelta::kReduce: break;  // the delta is the fused all-reduce's message
       case PendingDelta::kStored: np.delta = b.delta; break;
       case PendingDelta::kPartial:
         np.delta_partial = b.partial;
@@ -554,8 +577,7 @@ struct CudaM3Model::Impl {
     const GemvIn o_in{b.attn, nh * d, o_f16 ? b.attn16 : nullptr, b.attn_inv};
     if (tp()) {
       M3_RETURN_IF_ERROR(gemv(L.o, o_in, rows, store_to(b.delta, hd), b));
-      M3_RETURN_IF_ERROR(all_reduce(b.delta, rows * hd));
-      *pending = {PendingDelta::kStored, 0, nullptr};
+      M3_RETURN_IF_ERROR(reduce_delta(b, rows, pending));
     } else {
       M3_RETURN_IF_ERROR(gemv_to_delta(L.o, o_in, rows, b, pending));
     }
@@ -583,8 +605,7 @@ struct CudaM3Model::Impl {
       if (tp()) {
         M3_RETURN_IF_ERROR(gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows,
                                 store_to(b.delta, hd), b));
-        *pending = {PendingDelta::kStored, 0, nullptr};
-        return all_reduce(b.delta, rows * hd);
+        return reduce_delta(b, rows, pending);
       }
       return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
     }
@@ -661,8 +682,7 @@ struct CudaM3Model::Impl {
         cp.expert_end = expert_base + local_experts;
       }
       M3_RETURN_IF_ERROR(cuda::launch_moe_combine(cp, st()));
-      *pending = {PendingDelta::kStored, 0, nullptr};
-      return all_reduce(b.delta, rows * hd);
+      return reduce_delta(b, rows, pending);
     }
     // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
     *pending = {PendingDelta::kMoe, 0, shared};
@@ -716,7 +736,12 @@ struct CudaM3Model::Impl {
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
       M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb, &pending));
-    if (!output_rank()) return Status::ok();
+    if (!output_rank()) {
+      // The last layer's sum pending in the fused norm is a collective: every rank takes part.
+      if (pending.kind == PendingDelta::kReduce)
+        return add_norm(b, pending, w.final_norm, rows, false, false);
+      return Status::ok();
+    }
     M3_RETURN_IF_ERROR(add_norm(b, pending, w.final_norm, rows, false, false));
     // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
     // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
@@ -1138,10 +1163,10 @@ Status CudaM3Model::profile_and_size_kv() {
   return Status::ok();
 }
 
-int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks) {
-  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks).is_ok())
+int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, int ep) {
+  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok())
     return real_shape_kv_bytes_per_page(c);
-  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks));
+  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks, ep));
 }
 
 Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& whole,

@@ -106,6 +106,9 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
   for (int r = static_cast<int>(devices.size()); r < n; ++r) devices.push_back(r);
   auto comm_for = ranks.make_communicator;
   std::string path = n > 1 ? "the caller's communicator" : "none (one GPU)";
+  // The one-shot group the ranks' communicators use, if any: the models fuse their decode
+  // all-reduces with the norms after them through it (CudaTensorParallel::one_shot).
+  std::shared_ptr<cuda::OneShotAllReduce> fused_one_shot;
   if (n > 1 && !comm_for) {
 #if defined(M3_HAVE_NCCL)
     M3_ASSIGN_OR_RETURN(const comm::NcclUniqueId id, comm::make_nccl_unique_id());
@@ -122,6 +125,10 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
         one_shot = std::move(g).value();
         path = "one-shot over peer memory up to " + std::to_string(so.max_elements * 4 / 1024) +
                " KiB, NCCL above";
+        if (options.kernels.fused_all_reduce_norm) {
+          fused_one_shot = one_shot;
+          path += "; decode all-reduces fused with the norm after them";
+        }
       } else if (g.status().code() == StatusCode::kUnavailable) {
         path = "NCCL (" + g.status().message() + ")";
       } else {
@@ -155,6 +162,7 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
     o.tp.rank = r;
     o.tp.ranks = n;
     o.tp.ep = ranks.ep;
+    o.tp.one_shot = fused_one_shot;
     if (n > 1) {
       const int device = o.device;
       o.tp.make_communicator = [&comm_for, r, device](CUstream_st* stream) {
@@ -187,7 +195,7 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create(
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks, ranks.ep));
   M3_ASSIGN_OR_RETURN(int32_t pages,
                       kv_pages_for_budget(kv_cache_bytes, minimax_m3::CudaM3Model::kv_bytes_per_page(
-                                                              cfg, ranks.ranks)));
+                                                              cfg, ranks.ranks, ranks.ep)));
   options.num_kv_pages = pages;
   options.kv_pages_after_profile = nullptr;
   return load(cfg, src, options, std::move(ranks));
@@ -199,7 +207,8 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create_profiled(
     minimax_m3::CudaM3Options options, CudaRanks ranks) {
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks, ranks.ep));
-  const int64_t page_bytes = minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks);
+  const int64_t page_bytes =
+      minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks, ranks.ep);
   options.num_kv_pages = 0;
   options.kv_pages_after_profile =
       [pool_bytes = std::move(pool_bytes),
