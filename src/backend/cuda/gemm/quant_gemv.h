@@ -168,10 +168,10 @@ Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stre
 struct GroupByExpertParams {
   const int32_t* topk_ids = nullptr;  // [num_rows]
   int64_t num_rows = 0, num_experts = 0;
-  int64_t expert_base = 0;
   int32_t* group_offsets = nullptr;   // [E + 1]
   int32_t* sorted_rows = nullptr;     // [num_rows]
   int32_t* active_groups = nullptr;   // [min(E, num_rows)]
+  int64_t expert_base = 0;
 };
 Status launch_group_by_expert(const GroupByExpertParams& p, CUstream_st* stream);
 
