@@ -220,7 +220,8 @@ const std::vector<Flag>& flags() {
        }},
       {"--ep", true, G::kParallel,
        "expert-parallel ranks among the --tp ranks (also --ep-size; divides --tp; alone: --tp N): "
-       "routed experts placed whole, tokens moved by all-to-all; CPU ranks only",
+       "routed experts placed whole (CPU ranks: tokens moved by all-to-all; GPU ranks: each "
+       "runs its experts on every token, summed by the all-reduce)",
        "2", INT_FLAG(ep, 1, 64)},
       {"--ep-size", true, G::kParallel, nullptr, "2", INT_FLAG(ep, 1, 64)},
       {"--enable-expert-parallel", false, G::kParallel,

@@ -110,8 +110,8 @@ if want tests; then
 fi
 want tests parallel && run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two
 want tests decode && run_test cuda_real_model_test 240  # M3.1-Flash's layers, then M3's mix
-want tests parallel && run_test one_shot_all_reduce_test 60
-want tests parallel && run_test cuda_tensor_parallel_test 240
+want tests parallel && run_test one_shot_all_reduce_test 120  # and the fused all-reduce + norm
+want tests parallel && run_test cuda_tensor_parallel_test 420  # --tp 2 and --ep 2 (CPU ranks beside)
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).

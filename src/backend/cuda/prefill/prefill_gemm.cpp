@@ -239,6 +239,7 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
   gp.topk_ids = p.topk_ids;
   gp.num_rows = rows;
   gp.num_experts = e;
+  gp.expert_base = p.expert_base;
   gp.group_offsets = off;
   gp.sorted_rows = sorted;
   gp.active_groups = static_cast<int32_t*>(active_v);
@@ -303,6 +304,7 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   gp.topk_ids = p.topk_ids;
   gp.num_rows = rows;
   gp.num_experts = e;
+  gp.expert_base = p.expert_base;
   gp.group_offsets = off;
   gp.sorted_rows = sorted;
   gp.active_groups = static_cast<int32_t*>(active_v);

@@ -80,6 +80,10 @@ struct PrefillMoeParams {
   const float* shared = nullptr;         // [T, hidden] or nullptr
   float* out = nullptr;                  // [T, hidden]
   int64_t t = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0;
+  // Expert parallelism: topk_ids are global and w13 / w2 hold the rank's num_experts experts
+  // [expert_base, expert_base + num_experts); the other experts' slots contribute nothing here
+  // (GroupByExpertParams::expert_base).
+  int64_t expert_base = 0;
   float alpha = 1.702f, limit = 7.0f;
   PrefillMoeKernel kernel = PrefillMoeKernel::kDequantCublas;
 };
