@@ -29,6 +29,7 @@
 // main loop shows which rows and columns of the 128 x 128 tile are wrong.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include <cuda_runtime.h>
 
@@ -738,7 +739,7 @@ TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
   const int64_t max_rows = routed + 37;  // an upper bound: the grid has CTAs past the last tile
   // Rows gathered through routed row ids (token·2 + slot, a_row_div = 2) in a scrambled order:
   // 7919 is prime to `routed`, so every token is read once.
-  ASSERT_NE(routed % 7919, 0);
+  ASSERT_EQ(std::gcd(routed, int64_t{7919}), 1);
   std::vector<int32_t> a_rows(static_cast<size_t>(routed));
   for (int64_t i = 0; i < routed; ++i)
     a_rows[static_cast<size_t>(i)] = static_cast<int32_t>(((i * 7919) % routed) * 2 + (i & 1));

@@ -116,7 +116,14 @@ want tests parallel && run_test cuda_tensor_parallel_test 240
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).
 if want tests prefill; then
-  run_test prefill_gemm_test 150  # + the grouped expert GEMM's T=8K real-shape layer
+  run_test prefill_gemm_test 240  # + the grouped expert GEMMs' T=8K real-shape layers
+  # The wgmma main loop (grouped_expert_gemm_wgmma.cu) must have become HGMMA instructions.
+  CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  if [ -x "$CUOBJDUMP" ]; then
+    note "HGMMA instructions in prefill_gemm_test: $("$CUOBJDUMP" -sass "$B/prefill_gemm_test" | grep -c HGMMA)"
+  else
+    note "cuobjdump not found: HGMMA count not checked"
+  fi
   run_test prefill_attention_test 360  # the float64 CPU reference of 18 chunks takes ~3-4 min
 fi
 if want bench prefill-bench; then
@@ -131,9 +138,10 @@ if want bench prefill-bench; then
   timeout 90 "$B/cuda_prefill_bench" --attention >/tmp/prefill_attn.log 2>&1
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench_attn "$?" "$((SECONDS - t0))")")
   tee -a "$OUT/bench.log" </tmp/prefill_attn.log >>"$LOG"
-  # The routed experts alone, dequant+cuBLASLt vs the grouped in-loop kernel, T = 512 .. 32K.
+  # The routed experts alone, dequant+cuBLASLt vs the grouped in-loop kernels (mma.sync, wgmma),
+  # T = 512 .. 32K.
   t0=$SECONDS
-  timeout 120 "$B/cuda_prefill_bench" - --experts >/tmp/prefill_experts.log 2>&1
+  timeout 180 "$B/cuda_prefill_bench" - --experts >/tmp/prefill_experts.log 2>&1
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench-experts "$?" "$((SECONDS - t0))")")
   { echo "== cuda_prefill_bench --experts"; cat /tmp/prefill_experts.log; } |
     tee -a "$OUT/bench.log" >>"$LOG"
