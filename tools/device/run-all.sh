@@ -226,7 +226,14 @@ elif command -v compute-sanitizer >/dev/null; then
   rc13=$(san memcheck 60 attention_inputs_test 'AttentionInputs.IndexerChain*')
   rc14=$(san racecheck 60 attention_inputs_test 'AttentionInputs.IndexerChain*')
   rc15=$(san racecheck 90 sparse_decode_test 'SparseDecode.IndexerHeadCounts*')
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc11" "$rc13" "$rc3" "$rc7" "$rc12" "$rc14" "$rc15" "$((SECONDS - t0))")")
+  # The grouped expert GEMM's wgmma loop (NVFP4 row-major store, MXFP8 mma-layout SwiGLU; 3 and 5
+  # stages). Its operands are read by the async proxy (wgmma), which racecheck may not model: a
+  # hazard it reports there is to be read against the ordering argument in
+  # grouped_expert_gemm_wgmma.cu before it is believed.
+  gw='Shapes/GroupedExpertGemm.MatchesCpuPerElement/8:Shapes/GroupedExpertGemm.MatchesCpuPerElement/17'
+  rc16=$(san memcheck 90 prefill_gemm_test "$gw")
+  rc17=$(san racecheck 90 prefill_gemm_test "$gw")
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc11" "$rc13" "$rc16" "$rc3" "$rc7" "$rc12" "$rc14" "$rc15" "$rc17" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")

@@ -20,11 +20,12 @@
 //     wgmma.wait_group 0
 //
 // (3) runs on the ALU / load-store pipes while the tensor cores work through the 8 wgmmas of
-// (1): the conversion's cost (~a third of the multiplication's time per stage at 128 rows) is
-// hidden rather than added, which is what a warp-specialised producer / converter / consumer
-// split would buy, without its mbarrier protocol. The price is one CTA-wide barrier per
-// 128-column stage (the tensor pipe drains there: the 8 wgmmas of a stage take ~1000 cycles per
-// warpgroup pair, the barrier and the re-issue ~100).
+// (1): the conversion's cost (estimated from the source at about the multiplication's time per
+// stage, docs/design/prefill-expert-gemm.md) is hidden rather than added, which is what a
+// warp-specialised producer / converter / consumer split would buy, without its mbarrier
+// protocol (nothing here can deadlock on a miscounted barrier). The price is one CTA-wide
+// barrier per 128-column stage: the tensor pipe drains there (the 16 wgmmas of a stage take
+// ~1000 cycles, the barrier and the re-issue an estimated ~100).
 //
 // Hazards, all closed by barrier (1) of the next iteration:
 //   - ring slot (ks + 2) % 3 == (ks - 1) % 3 was last read by the wgmmas of iteration ks - 1,
@@ -238,14 +239,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // The stage's quantised weights -> bf16 B tile (swizzled as above). Each thread converts 4
-  // groups of 16 consecutive columns of one weight row.
+  // groups of 16 consecutive columns, group q of local weight row (tid + 256q) / 8; where a
+  // group's codes and scale sit in a raw stage is the same for every stage, so it is located
+  // once (the mma layouts' tile arithmetic is a quarter of the conversion's instructions).
+  constexpr int kGroupsPerThread = kBN * (kBK / 16) / kThreads;
+  grouped::Loc16 loc[kGroupsPerThread];
+#pragma unroll
+  for (int q = 0; q < kGroupsPerThread; ++q) {
+    const int gi = tid + q * kThreads;
+    loc[q] = grouped::locate16<F>(wsrc, gi >> 3, gi & 7);
+  }
   auto convert_stage = [&](int slot, uint8_t* btile) {
     const uint8_t* raw = smem + slot * G::kStageBytes + kTileBytes;
 #pragma unroll
-    for (int q = 0; q < kBN * (kBK / 16) / kThreads; ++q) {
+    for (int q = 0; q < kGroupsPerThread; ++q) {
       const int gi = tid + q * kThreads, lr = gi >> 3, cg = gi & 7;
       uint32_t o[8];
-      grouped::dequant16<F>(raw, wsrc, lr, cg, o);
+      grouped::convert16<F>(raw, wsrc.tiling, loc[q], o);
       const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]);  // chunk 2cg
       const uint4 hi = make_uint4(o[4], o[5], o[6], o[7]);  // chunk 2cg + 1
       // Threads 4-7 of a phase (half 1) store their odd chunk first: no bank conflict.

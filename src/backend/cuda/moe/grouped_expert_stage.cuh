@@ -105,58 +105,87 @@ __device__ __forceinline__ uint32_t scale_to_bf16x2(uint32_t h2, float s) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Columns 16·cg .. 16·cg + 15 of local weight row lr of a raw stage (codes at raw, scales at
-// raw + kRawBytes) as 8 bf16x2 words (o[i] = columns 16·cg + 2i, + 1): exact, the same values
-// launch_dequant_bf16 writes (e2m1·e4m3 and e4m3·2^e are bf16 numbers; the NVFP4 per-matrix
-// multiplier is left to the epilogue).
+// Where the codes and the scale of columns 16·cg .. 16·cg + 15 of local weight row lr sit in a
+// raw stage (byte offsets from the stage's codes and from its scales), and for NVFP4 in the mma
+// layout which half (tile rows g or g + 8) of the packed words is the row's. Depends only on
+// (lr, cg) and the CTA, not on the stage: a kernel can compute it once.
+struct Loc16 {
+  int raw = 0, sc = 0, h = 0;
+};
 template <QuantFormat F>
-__device__ __forceinline__ void dequant16(const uint8_t* raw, const StageSource& s, int lr, int cg,
+__device__ __forceinline__ Loc16 locate16(const StageSource& s, int lr, int cg) {
+  using G = StageGeometry<F>;
+  const int col0 = cg * 16;
+  Loc16 l;
+  if constexpr (G::kNv) {
+    l.sc = lr * G::kScaleRowBytes + cg;
+    if (s.tiling == static_cast<int>(WeightLayout::kRowMajor)) {
+      l.raw = lr * G::kRowBytes + cg * 8;
+    } else {
+      // nvfp4_mma::locate: lane 4g + t holds columns 32t + 4i + j of tile rows g, g + 8 in
+      // its words i = 0..7 (16-byte halves swapped for lanes with bit 2 set).
+      const nvfp4_mma::TilePos tp =
+          nvfp4_mma::tile_pos(s.w_row[lr], s.n, static_cast<nvfp4_mma::Tiling>(s.tiling));
+      const int lt = static_cast<int>(tp.tau) - s.tau0, g = tp.rr & 7;
+      const int ln = 4 * g + (col0 >> 5), i0 = (col0 & 31) >> 2;  // i0 = 0 or 4
+      l.raw = lt * G::kChunkBytes + ln * 32 + (((i0 >> 2) ^ ((ln >> 2) & 1)) << 4);
+      l.h = tp.rr >> 3;
+    }
+  } else {
+    l.sc = lr * G::kScaleRowBytes + (col0 >> 5);
+    if (s.tiling == static_cast<int>(WeightLayout::kRowMajor)) {
+      l.raw = lr * G::kRowBytes + col0;
+    } else {
+      // mxfp8_mma::offset: (row, col) at u·512 + (4g + t)·16 + h·8 + col % 8; the 16 columns
+      // are lanes t0 and t0 + 1, 16 bytes apart.
+      const nvfp4_mma::TilePos tp =
+          nvfp4_mma::tile_pos(s.w_row[lr], s.n, static_cast<nvfp4_mma::Tiling>(s.tiling));
+      const int lt = static_cast<int>(tp.tau) - s.tau0, g = tp.rr & 7, h = tp.rr >> 3;
+      const int u = col0 >> 5, t0 = (col0 & 31) >> 3;  // t0 = 0 or 2
+      l.raw = lt * G::kChunkBytes + u * 512 + h * 8 + (4 * g + t0) * 16;
+    }
+  }
+  return l;
+}
+
+// The 16 columns located by l of a raw stage (codes at raw, scales at raw + kRawBytes) as 8
+// bf16x2 words (o[i] = columns 16·cg + 2i, + 1): exact, the same values launch_dequant_bf16
+// writes (e2m1·e4m3 and e4m3·2^e are bf16 numbers; the NVFP4 per-matrix multiplier is left to
+// the epilogue).
+template <QuantFormat F>
+__device__ __forceinline__ void convert16(const uint8_t* raw, int tiling, const Loc16& l,
                                           uint32_t (&o)[8]) {
   using G = StageGeometry<F>;
   const uint8_t* sc = raw + G::kRawBytes;
-  const int col0 = cg * 16;
   uint32_t h2[8];  // f16x2 pairs of columns col0 + 2i, + 1
   float scale;
   if constexpr (G::kNv) {
-    scale = e4m3_to_float(sc[lr * G::kScaleRowBytes + cg]) * 16384.0f;  // codes carry 2^-14
-    if (s.tiling == static_cast<int>(WeightLayout::kRowMajor)) {
-      const uint2 v = *reinterpret_cast<const uint2*>(raw + lr * G::kRowBytes + cg * 8);
+    scale = e4m3_to_float(sc[l.sc]) * 16384.0f;  // codes carry 2^-14
+    if (tiling == static_cast<int>(WeightLayout::kRowMajor)) {
+      const uint2 v = *reinterpret_cast<const uint2*>(raw + l.raw);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         h2[j] = e2m1x2_to_f16x2((v.x >> (8 * j)) & 0xFF);
         h2[4 + j] = e2m1x2_to_f16x2((v.y >> (8 * j)) & 0xFF);
       }
     } else {
-      // nvfp4_mma::locate: lane 4g + t holds columns 32t + 4i + j of tile rows g, g + 8 in
-      // its words i = 0..7 (16-byte halves swapped for lanes with bit 2 set).
-      const nvfp4_mma::TilePos tp =
-          nvfp4_mma::tile_pos(s.w_row[lr], s.n, static_cast<nvfp4_mma::Tiling>(s.tiling));
-      const int lt = static_cast<int>(tp.tau) - s.tau0, g = tp.rr & 7, h = tp.rr >> 3;
-      const int ln = 4 * g + (col0 >> 5), i0 = (col0 & 31) >> 2;  // i0 = 0 or 4
-      const int off = lt * G::kChunkBytes + ln * 32 + (((i0 >> 2) ^ ((ln >> 2) & 1)) << 4);
-      const uint4 v = *reinterpret_cast<const uint4*>(raw + off);
+      const uint4 v = *reinterpret_cast<const uint4*>(raw + l.raw);
       const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int ii = 0; ii < 4; ++ii) {  // word ii: columns 4ii .. 4ii + 3
-        h2[2 * ii] = nvfp4_mma::fragment(w4[ii], h);
-        h2[2 * ii + 1] = nvfp4_mma::fragment(w4[ii], 2 + h);
+        h2[2 * ii] = nvfp4_mma::fragment(w4[ii], l.h);
+        h2[2 * ii + 1] = nvfp4_mma::fragment(w4[ii], 2 + l.h);
       }
     }
   } else {
-    scale = e8m0_to_float(sc[lr * G::kScaleRowBytes + (col0 >> 5)]);
+    scale = e8m0_to_float(sc[l.sc]);
     uint32_t c4[4];  // 16 codes, element 4w + b in byte b of word w
-    if (s.tiling == static_cast<int>(WeightLayout::kRowMajor)) {
-      const uint4 v = *reinterpret_cast<const uint4*>(raw + lr * G::kRowBytes + col0);
+    if (tiling == static_cast<int>(WeightLayout::kRowMajor)) {
+      const uint4 v = *reinterpret_cast<const uint4*>(raw + l.raw);
       c4[0] = v.x, c4[1] = v.y, c4[2] = v.z, c4[3] = v.w;
     } else {
-      // mxfp8_mma::offset: (row, col) at u·512 + (4g + t)·16 + h·8 + col % 8.
-      const nvfp4_mma::TilePos tp =
-          nvfp4_mma::tile_pos(s.w_row[lr], s.n, static_cast<nvfp4_mma::Tiling>(s.tiling));
-      const int lt = static_cast<int>(tp.tau) - s.tau0, g = tp.rr & 7, h = tp.rr >> 3;
-      const int u = col0 >> 5, t0 = (col0 & 31) >> 3;  // t0 = 0 or 2
-      const uint8_t* base = raw + lt * G::kChunkBytes + u * 512 + h * 8;
-      const uint2 v0 = *reinterpret_cast<const uint2*>(base + (4 * g + t0) * 16);
-      const uint2 v1 = *reinterpret_cast<const uint2*>(base + (4 * g + t0 + 1) * 16);
+      const uint2 v0 = *reinterpret_cast<const uint2*>(raw + l.raw);
+      const uint2 v1 = *reinterpret_cast<const uint2*>(raw + l.raw + 16);
       c4[0] = v0.x, c4[1] = v0.y, c4[2] = v1.x, c4[3] = v1.y;
     }
 #pragma unroll
@@ -167,6 +196,13 @@ __device__ __forceinline__ void dequant16(const uint8_t* raw, const StageSource&
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) o[i] = scale_to_bf16x2(h2[i], scale);
+}
+
+// Columns 16·cg .. 16·cg + 15 of local weight row lr of a raw stage, located and converted.
+template <QuantFormat F>
+__device__ __forceinline__ void dequant16(const uint8_t* raw, const StageSource& s, int lr, int cg,
+                                          uint32_t (&o)[8]) {
+  convert16<F>(raw, s.tiling, locate16<F>(s, lr, cg), o);
 }
 
 // Same float expression as swiglu_oai_bf16_kernel (prefill_kernels.cu), then bf16 rounding.
