@@ -817,24 +817,30 @@ TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
   p.w.layout = layout;
   p.epilogue = c.ep;
   p.kernel = c.kernel;
+  // A fault in the kernel (an illegal instruction, a misaligned shared address) is reported
+  // here, by name, before any copy back.
+  auto launch_and_sync = [&]() {
+    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
+    if (!st.is_ok()) return "launch: " + st.to_string();
+    const cudaError_t err = cudaStreamSynchronize(stream());
+    return err == cudaSuccess ? std::string() : std::string("kernel: ") + cudaGetErrorString(err);
+  };
   std::vector<float> got;
   if (swiglu) {
     auto act = Dev<uint16_t>::poisoned(max_rows * cols);
     p.act = act.ptr();
     p.ldact = cols;
-    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
-    ASSERT_TRUE(st.is_ok()) << name_of(c) << ": " << st.to_string();
+    const std::string failure = launch_and_sync();
+    ASSERT_TRUE(failure.empty()) << name_of(c) << ": " << failure;
     for (uint16_t b : act.host()) got.push_back(bf16_to_f32(b));
   } else {
     auto y = Dev<float>::poisoned(max_rows * cols);
     p.y = y.ptr();
     p.ldy = cols;
-    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
-    ASSERT_TRUE(st.is_ok()) << name_of(c) << ": " << st.to_string();
+    const std::string failure = launch_and_sync();
+    ASSERT_TRUE(failure.empty()) << name_of(c) << ": " << failure;
     got = y.host();
   }
-  const cudaError_t err = cudaDeviceSynchronize();
-  ASSERT_EQ(err, cudaSuccess) << name_of(c) << ": " << cudaGetErrorString(err);
   // The SwiGLU CTA owns 64 activation columns, the store CTA 128 output columns.
   expect_grouped_close(got, want, bound, off, max_rows, cols, swiglu ? 64 : 128, name_of(c));
 }
