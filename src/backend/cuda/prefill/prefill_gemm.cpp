@@ -220,7 +220,12 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
   if (p.w13.n != 2 * p.inter || p.w13.k != p.hidden || p.w2.n != p.hidden || p.w2.k != p.inter)
     return invalid_argument("[cuda.prefill_moe] w13 must be [E, 2·inter, hidden] and w2 "
                             "[E, hidden, inter]");
-  if (p.kernel == PrefillMoeKernel::kGroupedInLoop &&
+  const bool grouped = p.kernel == PrefillMoeKernel::kGroupedInLoop ||
+                       p.kernel == PrefillMoeKernel::kGroupedWgmma;
+  if (!grouped && p.kernel != PrefillMoeKernel::kDequantCublas)
+    return invalid_argument("[cuda.prefill_moe] unknown kernel " +
+                            std::to_string(static_cast<int>(p.kernel)));
+  if (grouped &&
       grouped_expert_gemm_fits(p.w13, GroupedEpilogue::kSwigluBf16) &&
       grouped_expert_gemm_fits(p.w2, GroupedEpilogue::kStoreF32))
     return moe_grouped(p, stream);
@@ -320,6 +325,8 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   g.max_rows = rows;
   g.alpha = p.alpha;
   g.limit = p.limit;
+  g.kernel = p.kernel == PrefillMoeKernel::kGroupedWgmma ? GroupedExpertKernel::kWgmma
+                                                         : GroupedExpertKernel::kMmaSync;
   // gate|up: x rows gathered through the sorted row ids, SwiGLU-OAI to bf16 act (sorted order).
   g.a = p.x;
   g.lda = hd;

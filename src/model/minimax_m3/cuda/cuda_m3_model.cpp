@@ -884,9 +884,10 @@ struct CudaM3Model::Impl {
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      mp.kernel = opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens
-                      ? cuda::PrefillMoeKernel::kGroupedInLoop
-                      : cuda::PrefillMoeKernel::kDequantCublas;
+      mp.kernel = !(opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens)
+                      ? cuda::PrefillMoeKernel::kDequantCublas
+                  : opt.kernels.grouped_expert_wgmma ? cuda::PrefillMoeKernel::kGroupedWgmma
+                                                     : cuda::PrefillMoeKernel::kGroupedInLoop;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
     }

@@ -87,6 +87,9 @@ struct CudaM3Kernels {
   // mma.sync main loop falls behind cuBLASLt's above ~20K tokens (0.76x at 32K on an H200).
   bool grouped_expert_gemm = true;
   int64_t grouped_expert_max_tokens = 16384;
+  // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
+  // docs/design/prefill-expert-gemm.md) instead of mma.sync. Off until measured on the GPU.
+  bool grouped_expert_wgmma = false;
   // Decode sampling: kMultiCta (each row over many CTAs), instead of kOneCtaPerRow: with top-k
   // 40 and top-p 0.95, 44 us instead of 609 us at batch 1 on an H200 (about 5 us slower for
   // greedy rows and 0.1 ms for top-p without top-k, where both kernels take ~1.4 ms).
