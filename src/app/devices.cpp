@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/dummy_weights.h"
+#include "model/minimax_m3/expert_placement.h"
 #if defined(M3_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/runtime/stream.h"
@@ -72,6 +73,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   o.gpu_dummy_weights = dynamic_cast<const minimax_m3::DummyWeightSource*>(&src) != nullptr;
   CudaRanks ranks;
   ranks.ranks = pool.tensor_parallel;
+  ranks.ep = pool.expert_parallel;
   ranks.timeout = pool.dist_timeout;
   if (!pool.custom_all_reduce) ranks.one_shot_max_bytes = 0;
   std::unique_ptr<CudaM3ModelRunner> r;
@@ -90,16 +92,26 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                o, ranks));
   }
   if (pool.tensor_parallel > 1) {
-    // What each GPU holds, as loaded (the windows of the checkpoint it read, in their formats).
+    // What each GPU holds, as loaded (the windows of the checkpoint it read, in their formats),
+    // and under --ep the routed experts it holds.
     std::string per_gpu;
     for (int rank = 0; rank < pool.tensor_parallel; ++rank) {
       const minimax_m3::CudaM3Stats st = r->rank_model(rank).stats();
       per_gpu += (rank == 0 ? "" : ", ") + std::to_string(rank) + ": " +
                  std::to_string(st.weight_bytes) + " weight + " + std::to_string(st.kv_bytes) +
                  " KV bytes";
+      if (pool.expert_parallel > 1) {
+        const minimax_m3::ExpertPlacement place = minimax_m3::place_experts(
+            cfg, rank, pool.tensor_parallel, pool.expert_parallel);
+        per_gpu += " (experts " + std::to_string(place.begin) + "-" +
+                   std::to_string(place.begin + place.count - 1) + ")";
+      }
     }
-    std::fprintf(stderr, "m3serve: --tp %d on GPUs (%s); all-reduce %s\n", pool.tensor_parallel,
-                 per_gpu.c_str(), r->all_reduce_path().c_str());
+    const std::string ep = pool.expert_parallel > 1
+                               ? " --ep " + std::to_string(pool.expert_parallel)
+                               : std::string();
+    std::fprintf(stderr, "m3serve: --tp %d%s on GPUs (%s); all-reduce %s\n",
+                 pool.tensor_parallel, ep.c_str(), per_gpu.c_str(), r->all_reduce_path().c_str());
   }
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else

@@ -222,12 +222,6 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                       ": data-parallel attention on GPUs is not supported yet; CPU ranks serve "
                       "it (--device cpu, in one process or over several nodes)");
   }
-  if (gpu_ranks && ep > 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
-                      ": expert parallelism on GPUs is not supported yet (--tp alone splits "
-                      "every expert over the GPUs; CPU ranks take --ep with --device cpu)");
-  }
   if (!options.custom_all_reduce && !gpu_ranks)
     std::fprintf(stderr, "m3serve: note: --disable-custom-all-reduce: no GPU ranks here (--tp %d "
                  "--device %s); it changes nothing\n", tp, options.device.c_str());
@@ -242,13 +236,15 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, model_config(model_path, options));
     Status fit = minimax_m3::check_real_shape_fit(c);
     if (fit.is_ok() && gpu_ranks) {
-      fit = minimax_m3::check_tensor_parallel(c, tp);
+      fit = minimax_m3::check_tensor_parallel(c, tp, ep);
       for (int r = 0; r < tp && fit.is_ok(); ++r)
-        fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(c, r, tp));
+        fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(c, r, tp, ep));
     }
     real_shape = fit.is_ok();
     if (!real_shape && gpu_ranks)
-      return Status(fit.code(), "--tp " + std::to_string(tp) + " --device cuda: " + fit.message());
+      return Status(fit.code(), "--tp " + std::to_string(tp) +
+                                    (ep > 1 ? " --ep " + std::to_string(ep) : std::string()) +
+                                    " --device cuda: " + fit.message());
     if (!real_shape)
       std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
                    fit.message().c_str());
@@ -381,6 +377,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     CudaKvPoolRequest pool;
     pool.profile_tokens = profile_tokens;
     pool.tensor_parallel = tp;
+    pool.expert_parallel = ep;
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
@@ -430,6 +427,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     CudaKvPoolRequest pool;
     pool.kv_cache_bytes = kv_cache_bytes;
     pool.tensor_parallel = tp;
+    pool.expert_parallel = ep;
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));

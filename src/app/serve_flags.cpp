@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <initializer_list>
@@ -219,7 +220,8 @@ const std::vector<Flag>& flags() {
        }},
       {"--ep", true, G::kParallel,
        "expert-parallel ranks among the --tp ranks (also --ep-size; divides --tp; alone: --tp N): "
-       "routed experts placed whole, tokens moved by all-to-all; CPU ranks only",
+       "routed experts placed whole (CPU ranks: tokens moved by all-to-all; GPU ranks: each "
+       "runs its experts on every token, summed by the all-reduce)",
        "2", INT_FLAG(ep, 1, 64)},
       {"--ep-size", true, G::kParallel, nullptr, "2", INT_FLAG(ep, 1, 64)},
       {"--enable-expert-parallel", false, G::kParallel,
@@ -389,6 +391,26 @@ const std::vector<Flag>& flags() {
        }},
       {"--max-image-bytes", true, G::kSecurity, "largest accepted image (default 20 MiB)", "1000",
        INT_FLAG(server.media.max_image_bytes, 1, INT64_MAX)},
+      {"--media-fetch-timeout", true, G::kSecurity,
+       "seconds a remote image fetch may take, redirects included (default 5)", "2.5",
+       [](ServeConfig& f, const std::string& v) {
+         return set_seconds(f.server.media.fetch_timeout, "--media-fetch-timeout", v, 0.05,
+                            600.0);
+       }},
+      {"--allow-loopback-media-for-tests", false, G::kSecurity,
+       "let remote image URLs reach 127.0.0.1 (tests only: refused unless the environment has "
+       "M3SERVE_TEST_ENVIRONMENT=1)",
+       "",
+       [](ServeConfig& f, const std::string&) {
+         const char* env = std::getenv("M3SERVE_TEST_ENVIRONMENT");
+         if (!env || std::string(env) != "1") {
+           return invalid_argument(
+               "--allow-loopback-media-for-tests is for tests only: it lets image URLs reach "
+               "this machine's loopback services; set M3SERVE_TEST_ENVIRONMENT=1 in a test");
+         }
+         f.server.media.allow_loopback_for_tests = true;
+         return Status::ok();
+       }},
       {"--max-request-body-bytes", true, G::kSecurity,
        "largest request body, else 413 (default 64 MiB)", "4096",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -98,6 +99,20 @@ TEST(ServeFlags, HelpAndTheFakeBackendFlags) {
   EXPECT_FALSE(parse_serve_flags({}).value().config.fake.enabled);
 }
 
+TEST(ServeFlags, TheLoopbackMediaFlagIsForTestsOnly) {
+  unsetenv("M3SERVE_TEST_ENVIRONMENT");
+  auto refused = parse_serve_flags({"--allow-loopback-media-for-tests"});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("tests only"), std::string::npos);
+  setenv("M3SERVE_TEST_ENVIRONMENT", "1", 1);
+  auto f = parse_serve_flags({"--allow-loopback-media-for-tests", "--media-fetch-timeout", "0.5"});
+  unsetenv("M3SERVE_TEST_ENVIRONMENT");
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  EXPECT_TRUE(f->config.server.media.allow_loopback_for_tests);
+  EXPECT_EQ(f->config.server.media.fetch_timeout, std::chrono::milliseconds(500));
+  EXPECT_FALSE(parse_serve_flags({"--media-fetch-timeout", "0"}).is_ok());
+}
+
 TEST(ServeFlags, ConnectionLimits) {
   auto f = parse_serve_flags({"--max-connections", "100", "--keep-alive-timeout", "2.5"});
   ASSERT_TRUE(f.is_ok()) << f.status().message();
@@ -136,12 +151,15 @@ std::string summary(const ServeConfig& c) {
   s += c.speculative_draft_model_path + "|" + c.speculative_draft_load_format + "|";
   add(c.speculative_num_draft_tokens);
   add(c.speculative_simulate_accept_length);
+  add(c.server.media.fetch_timeout.count());
+  add(c.server.media.allow_loopback_for_tests);
   return s;
 }
 
 // Every flag either changes the configuration or leaves a startup notice that names it: nothing
 // is parsed and then dropped.
 TEST(ServeFlags, EveryFlagTakesEffectOrSaysWhyNot) {
+  setenv("M3SERVE_TEST_ENVIRONMENT", "1", 1);  // --allow-loopback-media-for-tests parses only here
   const ServeConfig defaults = parse_serve_flags({})->config;
   const auto examples = serve_flag_examples();
   ASSERT_GT(examples.size(), 40u);
@@ -414,11 +432,6 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
   EXPECT_FALSE(seen.custom_all_reduce);
   EXPECT_EQ(calls, 2);
   o.custom_all_reduce = true;
-  o.expert_parallel = 2;
-  auto ep = make_engine("", o);
-  ASSERT_FALSE(ep.is_ok());
-  EXPECT_EQ(ep.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(ep.status().message().find("--ep 2"), std::string::npos) << ep.status().message();
   o.expert_parallel = 1;
   o.tensor_parallel = 8;  // 8 query heads per KV head on a rank: not the sparse kernels' shape
   auto tp8 = make_engine("", o);
@@ -427,6 +440,78 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
       << tp8.status().message();
   EXPECT_NE(tp8.status().message().find("num_attention_heads"), std::string::npos);
   EXPECT_EQ(calls, 2);
+}
+
+// --device cuda --ep N reaches the real-shape runner's factory with the expert-parallel ranks
+// (--ep 2 alone: two ranks, as on CPU ranks; --tp 4 --ep 2 as given), the same per-rank KV page
+// as --tp alone (attention stays split over every rank); an --ep that does not divide --tp, or
+// experts that do not split, are refused naming the flags before anything loads.
+TEST(ServeFlags, GpuExpertParallelReachesTheCudaRunner) {
+  EngineStackOptions o;
+  o.device = "cuda";
+  o.dummy_weights = true;  // the built-in MiniMax-M3.1-Flash config (128 experts)
+  o.num_layers = 2;
+  o.expert_parallel = 2;
+  const int64_t rank_page_bytes = 2 * 128 * (2 * 2 * 128 + 128) * 2;  // as under --tp 2
+  o.kv_cache_bytes = 10 * rank_page_bytes;
+  o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
+    return Status(StatusCode::kInternal, "the float32 backend is not used by GPU ranks");
+  };
+  CudaKvPoolRequest seen;
+  int calls = 0;
+  o.make_cuda_runner = [&](const MiniMaxM3Config& cfg, const WeightSource&,
+                           const CudaKvPoolRequest& pool) -> Result<std::unique_ptr<ModelRunner>> {
+    seen = pool;
+    ++calls;
+    EXPECT_EQ(cfg.num_local_experts, 128) << "the factory gets the whole model's config";
+    return Status(StatusCode::kUnavailable, "stop here");
+  };
+  auto ep2 = make_engine("", o);
+  ASSERT_FALSE(ep2.is_ok());
+  EXPECT_EQ(ep2.status().message(), "stop here");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.tensor_parallel, 2);
+  EXPECT_EQ(seen.expert_parallel, 2);
+  EXPECT_EQ(seen.kv_cache_bytes, 10 * rank_page_bytes);
+  // From the flags, as m3serve serve parses them.
+  auto flags = parse_serve_flags({"--device", "cuda", "--ep", "2"});
+  ASSERT_TRUE(flags.is_ok()) << flags.status().message();
+  auto from_flags = options_from_config(flags->config);
+  ASSERT_TRUE(from_flags.is_ok()) << from_flags.status().message();
+  EXPECT_EQ(from_flags->device, "cuda");
+  EXPECT_EQ(from_flags->expert_parallel, 2);
+  // --tp 4 --ep 2: four GPUs, two expert-parallel ranks. (The built-in config's 4 KV heads
+  // under --tp 4 give one per rank: 16 query heads per KV head, the sparse kernels' shape.)
+  o.tensor_parallel = 4;
+  o.kv_cache_bytes = 10 * (2 * 128 * (2 * 1 * 128 + 128) * 2);
+  auto tp4 = make_engine("", o);
+  ASSERT_FALSE(tp4.is_ok());
+  EXPECT_EQ(tp4.status().message(), "stop here");
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(seen.tensor_parallel, 4);
+  EXPECT_EQ(seen.expert_parallel, 2);
+  // vLLM's switch on GPUs: the experts over all --tp ranks.
+  o.expert_parallel = 1;
+  o.enable_expert_parallel = true;
+  ASSERT_FALSE(make_engine("", o).is_ok());
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(seen.expert_parallel, 4);
+  o.enable_expert_parallel = false;
+  // --ep 3 does not divide --tp 4: refused by name, the factory not called.
+  o.expert_parallel = 3;
+  auto bad = make_engine("", o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("--ep 3"), std::string::npos) << bad.status().message();
+  EXPECT_EQ(calls, 3);
+  // Data-parallel attention stays CPU-only, also with --ep.
+  o.expert_parallel = 2;
+  o.dp_attention = 2;
+  auto dp = make_engine("", o);
+  ASSERT_FALSE(dp.is_ok());
+  EXPECT_EQ(dp.status().code(), StatusCode::kUnimplemented) << dp.status().message();
+  EXPECT_NE(dp.status().message().find("--dp 2"), std::string::npos) << dp.status().message();
+  EXPECT_EQ(calls, 3);
 }
 
 TEST(ServeFlags, RankLayoutFollowsSglang) {

@@ -13,6 +13,7 @@
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/comm/one_shot_all_reduce.h"
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/gemv_plan.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
@@ -136,8 +137,10 @@ GemvEpilogueParams store_to(float* y, int64_t ldy) {
 // split-K partials of the last GEMV (Bufs::partial), or the MoE combine of Bufs::contrib. The
 // last two are summed inside the norm (norm/add_rms_norm.h), which saves the epilogue or combine
 // launch on the critical path.
+// kReduce: b.delta holds this rank's partial delta, which the next norm all-reduces itself (the
+// one-shot all-reduce fused with the add + norm, CudaM3Kernels::fused_all_reduce_norm).
 struct PendingDelta {
-  enum Kind { kNone, kStored, kPartial, kMoe } kind = kNone;
+  enum Kind { kNone, kStored, kPartial, kMoe, kReduce } kind = kNone;
   int64_t slices = 0;              // kPartial
   const float* shared = nullptr;   // kMoe: the shared expert's output or nullptr
 };
@@ -175,6 +178,12 @@ struct CudaM3Model::Impl {
   int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
   int64_t nqkv = 0, off_k = 0, off_v = 0, off_iq = 0, off_ik = 0;
   int64_t ne = 0, kk = 0, inter = 0, dense_inter = 0, shared_inter = 0, top_k = 0;
+  // Expert parallelism (CudaTensorParallel::ep): the routed experts this rank holds are the global
+  // ids [expert_base, expert_base + local_experts) (all ne of them without it). Routing runs over
+  // all ne experts on every rank; the grouping, the expert GEMVs / GEMMs and the combine take
+  // only the local ones, and the all-reduce after the combine adds the other ranks' experts.
+  int64_t expert_base = 0, local_experts = 0;
+  bool expert_parallel() const { return local_experts != ne; }
   int64_t max_mlp = 0;  // max(dense_inter, shared_inter)
   // Partial attention states per (decode row, head) in Bufs::o_part / ml: the sparse split's
   // top_k selected blocks x kKeySplits, and the dense layers' context splits (as many).
@@ -196,6 +205,23 @@ struct CudaM3Model::Impl {
   // The sum over the ranks of each rank's partial hidden-state delta [count], in place.
   Status all_reduce(float* buf, int64_t count) {
     return comm->all_reduce(buf, count, comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  // Whether the decode all-reduce of `rows` rows runs fused with the next norm: a one-shot group,
+  // the switch on, and a message the one-shot path takes (the communicator sends larger ones
+  // through NCCL; every rank decides the same from the same rows).
+  bool fused_reduce_norm(int64_t rows) const {
+    return opt.tp.one_shot != nullptr && opt.kernels.fused_all_reduce_norm && hd % 4 == 0 &&
+           hd <= 8192 && rows * hd <= opt.tp.one_shot->max_elements();
+  }
+  // After a decode GEMV stored this rank's partial delta in b.delta: the sum over the ranks is left
+  // to the next norm where it can fuse it (kReduce), else taken here (kStored).
+  Status reduce_delta(const Bufs& b, int64_t rows, PendingDelta* pending) {
+    if (fused_reduce_norm(rows)) {
+      *pending = {PendingDelta::kReduce, 0, nullptr};
+      return Status::ok();
+    }
+    *pending = {PendingDelta::kStored, 0, nullptr};
+    return all_reduce(b.delta, rows * hd);
   }
   // Waits for the step: with ranks, first for the collectives under the communicator's timeout
   // (a rank that died or stopped calling fails the step instead of hanging it).
@@ -266,6 +292,7 @@ struct CudaM3Model::Impl {
     if (grouped) group_by_routing(&p, b);
     if (token_slots) {  // one token: slot s = its s-th expert (kMmaRing only: checked)
       p.token_topk_ids = b.topk_ids;
+      p.token_group_base = expert_base;
       p.sorted_rows = nullptr;
     }
     p.kernel = cuda::choose_decode_gemv(m.format, m.layout, rows, m.n, m.k, in.f16 != nullptr);
@@ -347,6 +374,8 @@ struct CudaM3Model::Impl {
                   bool f16_copy, bool pdl) {
     cuda::AddRmsNormParams np = norm_params(b, pd, weight, rows, f16_copy);
     np.pdl = pdl;
+    if (pd.kind == PendingDelta::kReduce)  // the ranks' sum of b.delta, the add and the norm
+      return opt.tp.one_shot->all_reduce_add_rms_norm(opt.tp.rank, b.delta, np, st());
     return cuda::launch_add_rms_norm(np, st());
   }
   cuda::AddRmsNormParams norm_params(const Bufs& b, const PendingDelta& pd,
@@ -356,6 +385,7 @@ struct CudaM3Model::Impl {
     np.cluster_rows = opt.tuning.cluster_norm_max_rows;
     switch (pd.kind) {
       case PendingDelta::kNone: break;
+      case PendingDelta::kReduce: break;  // the delta is the fused all-reduce's message
       case PendingDelta::kStored: np.delta = b.delta; break;
       case PendingDelta::kPartial:
         np.delta_partial = b.partial;
@@ -547,8 +577,7 @@ struct CudaM3Model::Impl {
     const GemvIn o_in{b.attn, nh * d, o_f16 ? b.attn16 : nullptr, b.attn_inv};
     if (tp()) {
       M3_RETURN_IF_ERROR(gemv(L.o, o_in, rows, store_to(b.delta, hd), b));
-      M3_RETURN_IF_ERROR(all_reduce(b.delta, rows * hd));
-      *pending = {PendingDelta::kStored, 0, nullptr};
+      M3_RETURN_IF_ERROR(reduce_delta(b, rows, pending));
     } else {
       M3_RETURN_IF_ERROR(gemv_to_delta(L.o, o_in, rows, b, pending));
     }
@@ -576,8 +605,7 @@ struct CudaM3Model::Impl {
       if (tp()) {
         M3_RETURN_IF_ERROR(gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows,
                                 store_to(b.delta, hd), b));
-        *pending = {PendingDelta::kStored, 0, nullptr};
-        return all_reduce(b.delta, rows * hd);
+        return reduce_delta(b, rows, pending);
       }
       return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
     }
@@ -608,8 +636,10 @@ struct CudaM3Model::Impl {
     const bool fused_router = rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
     // One token on the tensor cores: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (a one-token grouping is the sorted top-k).
-    const bool token_route = rows == 1 && fused_router && tensor_core(L.experts_gu, kk) &&
-                             tensor_core(L.experts_down, kk);
+    // (Under expert parallelism a slot is a CTA of the token's top-k, so the rank's experts must
+    // number at least top_k for the grid to cover every slot.)
+    const bool token_route = rows == 1 && fused_router && local_experts >= kk &&
+                             tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
     if (fused_router) {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
@@ -626,7 +656,8 @@ struct CudaM3Model::Impl {
       cuda::GroupByExpertParams gp;
       gp.topk_ids = b.topk_ids;
       gp.num_rows = rows * kk;
-      gp.num_experts = ne;
+      gp.num_experts = local_experts;
+      gp.expert_base = expert_base;
       gp.group_offsets = b.offs;
       gp.sorted_rows = b.sorted;
       gp.active_groups = b.active;
@@ -644,10 +675,14 @@ struct CudaM3Model::Impl {
       shared = b.shared;
     }
     if (tp()) {  // each rank's partial combine, summed over the ranks
-      M3_RETURN_IF_ERROR(cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd},
-                                                  st()));
-      *pending = {PendingDelta::kStored, 0, nullptr};
-      return all_reduce(b.delta, rows * hd);
+      cuda::MoeCombineParams cp{b.contrib, b.topk_w, shared, b.delta, rows, kk, hd};
+      if (expert_parallel()) {  // only the local experts' rows were computed
+        cp.topk_ids = b.topk_ids;
+        cp.expert_begin = expert_base;
+        cp.expert_end = expert_base + local_experts;
+      }
+      M3_RETURN_IF_ERROR(cuda::launch_moe_combine(cp, st()));
+      return reduce_delta(b, rows, pending);
     }
     // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
     *pending = {PendingDelta::kMoe, 0, shared};
@@ -686,6 +721,10 @@ struct CudaM3Model::Impl {
     rp.group_offsets = b.offs;
     rp.sorted_rows = b.sorted;
     rp.active_groups = b.active;
+    if (expert_parallel()) {
+      rp.group_base = expert_base;
+      rp.group_experts = local_experts;
+    }
     return rp;
   }
 
@@ -697,7 +736,12 @@ struct CudaM3Model::Impl {
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
       M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb, &pending));
-    if (!output_rank()) return Status::ok();
+    if (!output_rank()) {
+      // The last layer's sum pending in the fused norm is a collective: every rank takes part.
+      if (pending.kind == PendingDelta::kReduce)
+        return add_norm(b, pending, w.final_norm, rows, false, false);
+      return Status::ok();
+    }
     M3_RETURN_IF_ERROR(add_norm(b, pending, w.final_norm, rows, false, false));
     // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
     // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
@@ -835,13 +879,15 @@ struct CudaM3Model::Impl {
       mp.t = t;
       mp.hidden = hd;
       mp.inter = inter;
-      mp.num_experts = ne;
+      mp.num_experts = local_experts;
+      mp.expert_base = expert_base;
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      mp.kernel = opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens
-                      ? cuda::PrefillMoeKernel::kGroupedInLoop
-                      : cuda::PrefillMoeKernel::kDequantCublas;
+      mp.kernel = !(opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens)
+                      ? cuda::PrefillMoeKernel::kDequantCublas
+                  : opt.kernels.grouped_expert_wgmma ? cuda::PrefillMoeKernel::kGroupedWgmma
+                                                     : cuda::PrefillMoeKernel::kGroupedInLoop;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
     }
@@ -1118,10 +1164,10 @@ Status CudaM3Model::profile_and_size_kv() {
   return Status::ok();
 }
 
-int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks) {
-  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks).is_ok())
+int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, int ep) {
+  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok())
     return real_shape_kv_bytes_per_page(c);
-  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks));
+  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks, ep));
 }
 
 Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& whole,
@@ -1134,9 +1180,13 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   if (tp.ranks > 1 && !tp.make_communicator)
     return invalid_argument("[model.minimax_m3.cuda] --tp " + std::to_string(tp.ranks) +
                             " needs a communicator");
-  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks));
+  if (tp.ep < 1 || tp.ranks % tp.ep != 0)
+    return invalid_argument("[model.minimax_m3.cuda] --ep " + std::to_string(tp.ep) +
+                            " must divide --tp " + std::to_string(tp.ranks));
+  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks, tp.ep));
   // The rank's shapes: the kernels' limits apply to them (16 query heads per KV head, for one).
-  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks);
+  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks, tp.ep);
+  const RankSlices slices = rank_slices(whole, tp.rank, tp.ranks, tp.ep);
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
   const bool profile = options.num_kv_pages == 0 && options.kv_pages_after_profile;
   if (!profile && (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30)))
@@ -1176,6 +1226,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.off_ik = im.off_iq + im.hix * im.dix;
   im.nqkv = im.off_ik + im.dix;
   im.ne = c.num_local_experts;
+  im.expert_base = slices.expert_begin;
+  im.local_experts = slices.expert_count;
   im.kk = c.num_experts_per_tok;
   im.inter = c.intermediate_size;
   im.dense_inter = c.dense_intermediate_size;
@@ -1207,10 +1259,10 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {
-    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena,
+                                                     slices.expert_count));
   } else {
-    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, rank_slices(whole, tp.rank, tp.ranks),
-                                               &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, slices, &im.arena));
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());

@@ -3,8 +3,8 @@
 // index the model's bf16 KV cache directly. Input embeddings and hidden-state capture are not
 // available on this path yet (a step asking for them fails with kUnimplemented).
 //
-// Tensor parallelism over the GPUs of this process (--tp N; CudaTensorParallel in
-// cuda_m3_model.h): one CudaM3Model per rank, rank r on its own GPU. Loading and every step run
+// Tensor and expert parallelism over the GPUs of this process (--tp N, --ep E;
+// CudaTensorParallel in cuda_m3_model.h): one CudaM3Model per rank, rank r on its own GPU. Loading and every step run
 // on all ranks at once, rank 0 on the calling (engine) thread and each other rank on a thread of
 // its own, since the ranks' collectives must be in flight together. Rank 0's outputs are the
 // model's. A collective that does not complete within the communicator's timeout fails the step
@@ -29,6 +29,9 @@ namespace m3 {
 // The GPU ranks of a runner.
 struct CudaRanks {
   int ranks = 1;
+  // --ep: expert-parallel ranks among the `ranks` (divides it; CudaTensorParallel::ep). The KV
+  // pool per rank does not depend on it (attention stays split over all ranks).
+  int ep = 1;
   std::vector<int> devices;  // rank r's GPU; empty: GPU r
   // Rank r's communicator on its model's compute stream. Empty: NCCL, the group made here from
   // one unique id (comm/nccl_communicator.h) with `timeout` as its watchdog (--dist-timeout).

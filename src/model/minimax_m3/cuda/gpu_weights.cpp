@@ -438,7 +438,7 @@ class DummyMaker {
 }  // namespace
 
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t seed,
-                                          cuda::DeviceArena* arena) {
+                                          cuda::DeviceArena* arena, int64_t experts_held) {
   DevWeights w;
   DummyMaker mk(seed, arena);
   const int64_t hd = c.hidden_size, d = c.head_dim, v = c.vocab_size;
@@ -479,8 +479,9 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
     const int64_t ne = c.num_local_experts, in = c.intermediate_size;
     M3_ASSIGN_OR_RETURN(L.router, mk.vec_f32(ne * hd, 0.02f));
     M3_ASSIGN_OR_RETURN(L.router_bias, mk.vec_f32(ne, 0.01f));
-    M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, ne));
-    M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, ne));
+    const int64_t held = experts_held > 0 ? experts_held : ne;
+    M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, held));
+    M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, held));
     w.quantised_matrices += 2;
     const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
     if (shared > 0) {
