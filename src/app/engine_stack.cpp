@@ -7,6 +7,7 @@
 #include <functional>
 #include <thread>
 
+#include "app/devices.h"
 #include "app/memory_plan.h"
 #include "app/startup_report.h"
 #include "backend/cpu/cpu_backend.h"
@@ -72,11 +73,11 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     M3_RETURN_IF_ERROR(check_dp_attention(layout, f.dp, f.enable_dp_attention));
   }
   if (!f.speculative_algorithm.empty()) {
-    // The draft runs on the float32 CPU path, next to an unsharded target.
+    // The draft runs next to an unsharded target: on the float32 CPU path, the float32 CUDA
+    // backend, or one GPU on the real-shape kernels (cuda_dspark_draft.h).
     const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
     if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1)
       return not_yet(spec + " with --tp/--ep/--dp/--nnodes", "speculative decoding over ranks");
-    if (f.device == "cuda") return not_yet(spec + " with --device cuda", "a GPU draft");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
     o.speculative_options.num_draft_tokens = f.speculative_num_draft_tokens;
@@ -119,7 +120,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
 
 namespace {
 
-// --speculative-algorithm DSPARK: the draft for the CPU runner's target (<model>/dspark unless
+// --speculative-algorithm DSPARK: the draft for the float32 runner's target (on its backend) (<model>/dspark unless
 // --speculative-draft-model-path names another directory).
 Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
                                                const EngineStackOptions& options,
@@ -128,6 +129,7 @@ Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
   o.draft_dir = options.draft_model_path;
   if (o.draft_dir.empty() && !model_path.empty()) o.draft_dir = (fs::path(model_path) / "dspark").string();
   o.dummy_weights = options.dummy_weights;
+  o.attention = dspark_block_attention_for(runner.backend());
   M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(o, runner.model(),
                                                                            runner.backend()));
   return std::unique_ptr<DraftModel>(std::move(d));
@@ -410,10 +412,17 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     }
     runner = std::move(cpu_runner);
   }
+  if (options.speculative && real_shape) {
+    // The GPU draft next to the real-shape target, on its GPU and stream.
+    std::string dir = options.draft_model_path;
+    if (dir.empty() && !model_path.empty()) dir = (fs::path(model_path) / "dspark").string();
+    M3_ASSIGN_OR_RETURN(draft, make_cuda_dspark_draft(*runner, dir, options.dummy_weights,
+                                                      max_running));
+  }
   if (options.speculative && !draft) {
     return Status(StatusCode::kUnimplemented,
-                  "--speculative-algorithm: speculative decoding runs on the float32 CPU path at "
-                  "--tp 1 only (not with --device cuda or ranks)");
+                  "--speculative-algorithm: speculative decoding runs at --tp 1 only (CPU, the "
+                  "float32 CUDA backend or one GPU on the real-shape kernels)");
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +

@@ -74,6 +74,11 @@ Status synchronize_device() {
   return Status::ok();
 }
 
+Status synchronize_stream(CUstream_st* stream) {
+  M3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return Status::ok();
+}
+
 Status set_current_device(int device) {
   M3_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   return Status::ok();

@@ -67,6 +67,8 @@ Status copy_to_device(void* dst, const void* src, size_t bytes);
 Status fill_zero(void* dst, size_t bytes);
 // Waits for all work on the current device.
 Status synchronize_device();
+// Waits for the work queued on `stream`.
+Status synchronize_stream(CUstream_st* stream);
 
 // The current device's free and total memory as the driver reports them (cudaMemGetInfo): what
 // every process and this one's context, allocations and caches leave free.

@@ -742,7 +742,7 @@ struct CudaM3Model::Impl {
   Status general_step(std::span<const SequenceInput> batch, const std::vector<Seq>& seqs,
                       int64_t t_all, int64_t n_dec, int64_t mb, const std::vector<int32_t>& ids,
                       const std::vector<int32_t>& pos, const std::vector<int32_t>& tabs,
-                      ForwardOutput* out) {
+                      std::span<const int32_t> capture_layers, ForwardOutput* out) {
     StepScratch sc(alloc.get());
     Bufs b;
     const int64_t t = t_all;
@@ -769,6 +769,23 @@ struct CudaM3Model::Impl {
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.ids, ids.data(), t * 4, st()));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.positions, pos.data(), t * 4, st()));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.tables, tabs.data(), t * mb * 4, st()));
+
+    // Captured hidden states (ModelStep::capture_layers): [n_cap, t, hd] float32. A layer's output
+    // is residual + delta after its feed-forward block (the next add + norm adds them).
+    const int64_t n_cap = static_cast<int64_t>(capture_layers.size());
+    float* hidden = nullptr;
+    if (n_cap > 0) {
+      M3_ASSIGN_OR_RETURN(hidden, sc.get<float>(n_cap * t * hd));
+    }
+    auto capture = [&](int64_t l) -> Status {
+      for (int64_t c = 0; c < n_cap; ++c) {
+        if (capture_layers[static_cast<size_t>(c)] == l) {
+          M3_RETURN_IF_ERROR(
+              cuda::launch_add({b.residual, b.delta, hidden + c * t * hd, t * hd}, st()));
+        }
+      }
+      return Status::ok();
+    };
 
     M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
@@ -813,6 +830,7 @@ struct CudaM3Model::Impl {
       if (!L.moe) {
         M3_RETURN_IF_ERROR(mlp_general(L.mlp_gu, L.mlp_down, b, t, b.delta));
         if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
+        M3_RETURN_IF_ERROR(capture(l));
         continue;
       }
       M3_RETURN_IF_ERROR(router_logits(b, L, t));
@@ -844,6 +862,19 @@ struct CudaM3Model::Impl {
                       : cuda::PrefillMoeKernel::kDequantCublas;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
+      M3_RETURN_IF_ERROR(capture(l));
+    }
+    out->hidden.clear();
+    if (n_cap > 0) {
+      out->hidden.resize(batch.size());
+      for (const Seq& s : seqs) {
+        std::vector<float>& dst = out->hidden[s.index];
+        dst.resize(static_cast<size_t>(n_cap * s.n * hd));
+        for (int64_t c = 0; c < n_cap; ++c)
+          M3_RETURN_IF_ERROR(cuda::copy_to_host_async(dst.data() + c * s.n * hd,
+                                                      hidden + (c * t + s.offset) * hd,
+                                                      s.n * hd * 4, st()));
+      }
     }
     out->logits.assign(batch.size(), {});
     out->tokens.clear();  // the general path returns logits only
@@ -1243,6 +1274,10 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
 
 CudaM3Model::~CudaM3Model() = default;
 
+const DevWeights& CudaM3Model::dev_weights() const { return impl_->w; }
+CUstream_st* CudaM3Model::stream() const { return impl_->st(); }
+int CudaM3Model::device() const { return impl_->opt.device; }
+
 const MiniMaxM3Config& CudaM3Model::config() const {
   return impl_->cfg;
 }
@@ -1253,10 +1288,16 @@ CudaM3Stats CudaM3Model::stats() const {
   return impl_->stats;
 }
 
-Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out) {
+Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out,
+                            std::span<const int32_t> capture_layers) {
   Impl& im = *impl_;
   const int64_t pages = im.opt.num_kv_pages;
   if (batch.empty()) return invalid_argument("[model.minimax_m3.cuda.forward] empty batch");
+  for (int32_t l : capture_layers)
+    if (l < 0 || l >= im.cfg.num_hidden_layers)
+      return invalid_argument("[model.minimax_m3.cuda.forward] capture layer " + std::to_string(l) +
+                              " is not a decoder layer (0.." +
+                              std::to_string(im.cfg.num_hidden_layers - 1) + ")");
   // The engine calls from its own thread; the current device is per thread.
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.opt.device));
   // ---- Validate (the messages of Model::forward) and order: one-token rows first.
@@ -1297,8 +1338,11 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   }
   if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3.cuda.forward] batch too large");
 
-  const bool decode = n_dec == t_all && t_all <= im.dec_rows && mb <= im.dec_mb_cap;
+  // Capturing steps take the general path (the decode graphs write no hidden states).
+  const bool decode = n_dec == t_all && t_all <= im.dec_rows && mb <= im.dec_mb_cap &&
+                      capture_layers.empty();
   if (decode) {
+    out->hidden.clear();
     // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
     const int64_t rows = std::min(next_pow2(t_all), im.dec_rows);
     const int64_t width = std::min(next_pow2(mb), im.dec_mb_cap);
@@ -1417,7 +1461,8 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
                 tabs.begin() + static_cast<int64_t>(r) * mb);
     }
   }
-  M3_RETURN_IF_ERROR(im.general_step(batch, seqs, t_all, n_dec, mb, ids, pos, tabs, out));
+  M3_RETURN_IF_ERROR(
+      im.general_step(batch, seqs, t_all, n_dec, mb, ids, pos, tabs, capture_layers, out));
   ++im.stats.general_steps;
   if (n_dec > 0 && im.every_block_fits(mb)) ++im.stats.indexer_skipped_steps;
   return Status::ok();
