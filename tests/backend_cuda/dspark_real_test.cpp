@@ -3,8 +3,8 @@
 //  * CudaM3Model's hidden-state capture (ModelStep::capture_layers) against Model::forward's;
 //  * the Markov correction kernel against a double-precision sum;
 //  * the bf16 block attention kernel against dspark::block_attention on the same (bf16) values;
-//  * the whole draft (CudaDSparkDraft: context in chunks past the window, propose) against
-//    DSparkDraft on the CPU backend with the same weights;
+//  * the whole draft (CudaDSparkDraft with MXFP8 linears: context in chunks past the window,
+//    propose) against DSparkDraft on the CPU backend with the same weights;
 //  * the context pool's limit;
 //  * the engine over CudaM3ModelRunner with the GPU draft: speculative greedy requests complete,
 //    verify drafts, return every page, and repeat bit for bit.
@@ -173,6 +173,42 @@ TEST(DSparkCudaReal, Bf16BlockAttentionMatchesTheHostCode) {
   }
 }
 
+// A DSpark dummy source with raw access to its MXFP8 tensors (the dummy source rounds them
+// through MXFP8 but stores float32): the GPU draft then keeps them MXFP8 and runs the MXFP8
+// GEMVs, as for the released checkpoint. Requantising MXFP8-representable values gives them back
+// exactly (each block's largest magnitude picks the same scale).
+class RawMxfp8Source final : public WeightSource {
+ public:
+  explicit RawMxfp8Source(const WeightSource& base) : base_(base) {}
+  bool has(const std::string& name) const override { return base_.has(name); }
+  std::vector<std::string> names() const override { return base_.names(); }
+  Result<WeightFormat> format(const std::string& name) const override { return base_.format(name); }
+  Result<HostTensorF32> load_f32(const std::string& name,
+                                 const std::vector<int64_t>& shape) const override {
+    return base_.load_f32(name, shape);
+  }
+  Result<RawWeight> load_raw(const std::string& name,
+                             const std::vector<int64_t>& shape) const override {
+    M3_ASSIGN_OR_RETURN(WeightFormat f, base_.format(name));
+    if (f != WeightFormat::kMxfp8 || shape.size() != 2) return base_.load_raw(name, shape);
+    M3_ASSIGN_OR_RETURN(HostTensorF32 t, base_.load_f32(name, shape));
+    M3_ASSIGN_OR_RETURN(Mxfp8Tensor q, quantize_mxfp8(t.data.data(), shape[0], shape[1]));
+    auto keep = std::make_shared<Mxfp8Tensor>(std::move(q));
+    RawWeight r;
+    r.format = WeightFormat::kMxfp8;
+    r.shape = shape;
+    r.data = keep->codes.data();
+    r.data_bytes = keep->codes.size();
+    r.scale = keep->scales.data();
+    r.scale_bytes = keep->scales.size();
+    r.keep_alive = keep;
+    return r;
+  }
+
+ private:
+  const WeightSource& base_;
+};
+
 struct Target {
   MiniMaxM3Config cfg = real_model_fixture::test_config();
   real_model_fixture::TestSource src{cfg};
@@ -204,7 +240,8 @@ TEST(DSparkCudaReal, CapturedHiddenStatesMatchTheCpuModel) {
   PagedKvCache cache(&t.cpu, t.cfg, 16);
   const std::vector<int32_t> table = {3, 9};
   const std::vector<int32_t> prompt = real_model_fixture::random_tokens(150, t.cfg.vocab_size, 5);
-  // A prefill chunk, then a verify-like slice of 4 tokens with every row's logits.
+  // A prefill chunk (the general path), then a verify-like slice of 4 tokens with every row's
+  // logits (decode rows on the GEMVs, as a draft's verify step runs).
   for (const auto& [start, n] : {std::pair<int64_t, int64_t>{0, 146}, {146, 4}}) {
     SequenceInput in;
     in.tokens = std::span<const int32_t>(prompt.data() + start, static_cast<size_t>(n));
@@ -240,7 +277,8 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
   Target& t = target();
   ASSERT_TRUE(t.cpu_model && t.gpu_model);
   minimax_m3::dspark::DSparkConfig dcfg = minimax_m3::dspark::default_dspark_config_for(t.cfg);
-  minimax_m3::dspark::DummyDSparkWeightSource dsrc(dcfg, 7);
+  minimax_m3::dspark::DummyDSparkWeightSource dummy(dcfg, 7);
+  const RawMxfp8Source dsrc(dummy);
   auto shared = minimax_m3::dspark::TargetSharedWeights::load(t.src, t.cfg, &t.cpu);
   ASSERT_TRUE(shared.is_ok()) << shared.status().to_string();
   auto cpu_draft = minimax_m3::dspark::DSparkDraft::load(dcfg, t.cfg, dsrc, "dummy", std::move(shared).value(), &t.cpu);
@@ -249,6 +287,9 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
   o.max_sequences = 2;
   auto gpu_draft = CudaDSparkDraft::load(dcfg, t.gpu_model.get(), &dsrc, "dummy", o);
   ASSERT_TRUE(gpu_draft.is_ok()) << gpu_draft.status().to_string();
+  // MXFP8 linears + bf16 fc, norms and Markov tables: the plan's byte count, plus the pool.
+  const minimax_m3::DSparkCudaPlan& plan = (*gpu_draft)->plan();
+  EXPECT_GE((*gpu_draft)->weight_bytes(), plan.weight_bytes + 2 * plan.kv_bytes_per_sequence);
   const int64_t width = (*gpu_draft)->plan().feature_width, v = t.cfg.vocab_size;
   const double rel = std::ldexp(1.0, -9) * double(4 + 10 * dcfg.num_hidden_layers);
   for (const std::vector<int64_t>& chunks :
@@ -304,10 +345,11 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
 }
 
 // The engine on the real-shape runner with the GPU draft (dummy weights: most drafts rejected,
-// so every step verifies, truncates and re-appends the draft's context). Verify steps run the
-// general path and plain decode the GEMV path, whose logits differ by bf16 rounding, so the
-// tokens are compared with plain decoding only as a printed agreement; what is asserted is that
-// the run completes, verifies drafts, returns every page and is reproducible.
+// so every step verifies, truncates and re-appends the draft's context). Verify steps run 4 rows
+// per sequence through the GEMVs where plain decode runs 1, and the GEMV kernels chosen per row
+// count round differently (bf16 activations), so the tokens are compared with plain decoding
+// only as a printed agreement; what is asserted is that the run completes, verifies drafts,
+// returns every page and is reproducible.
 TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraft) {
   const MiniMaxM3Config cfg = real_model_fixture::test_config();
   real_model_fixture::TestSource src(cfg);

@@ -110,11 +110,15 @@ struct CudaDSparkDraft::Impl {
   CUstream_st* st() const { return target->stream(); }
   float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
 
-  // y [rows, m.n] float32 = x [rows, m.k] bf16 · m^T.
+  // y [rows, m.n] float32 = x [rows, m.k] bf16 · m^T. MXFP8 / NVFP4 up to kDSparkGemvRows rows
+  // on the split-K GEMV (one pass over the weights for all rows); bf16 (fc, the lm_head) on it at
+  // one row only, since kBf16SplitK takes 4 rows per pass over the weights (the lm_head at 7 rows
+  // would read its 2.5 GB twice), and cuBLASLt reads them once, as the target's head does.
   Status linear(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y, Scratch& sc) {
     const bool gemv_fits = rows <= kDSparkGemvRows && m.groups == 1 &&
                            m.layout == cuda::WeightLayout::kRowMajor &&
-                           (m.format == QuantFormat::kBf16 ? m.k % 256 == 0 : m.k % 32 == 0);
+                           (m.format == QuantFormat::kBf16 ? rows == 1 && m.k % 256 == 0
+                                                           : m.k % 32 == 0);
     if (!gemv_fits) {
       cuda::PrefillLinearParams p;
       p.x = x;

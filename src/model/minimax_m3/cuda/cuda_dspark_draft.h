@@ -8,8 +8,8 @@
 //    both capture conventions), rounded to bf16, c = hidden_norm(fc(features)), and per layer the
 //    K|V rows of the fused q|k|v matrix on c, k_norm + RoPE and the bf16 cache write in one launch
 //    (rope/attention_inputs.h);
-//  * propose: the B-row block through the layers with the split-K GEMVs (quant_gemv.h: MXFP8 and
-//    bf16 at B rows), the fused q/k norm + RoPE, the windowed bidirectional block attention
+//  * propose: the B-row block through the layers with the MXFP8 split-K GEMVs (quant_gemv.h, one
+//    pass over the weights for all B rows; the bf16 lm_head through cuBLASLt), the fused q/k norm + RoPE, the windowed bidirectional block attention
 //    (dspark/block_attention.h, bf16 variant), SwiGLU-OAI, the target's lm_head, then the
 //    sequential Markov correction on the device (dspark/markov.h), one slot at a time, each
 //    corrected row copied to the host for the engine's picker;
@@ -17,7 +17,8 @@
 //    slot of plan().pages_per_sequence pages (DSparkContextCache's bookkeeping without storage
 //    decides which block goes where and what the window releases).
 //
-// Contexts of more than kGemvRows new positions go through PrefillGemm (dequantise + cuBLASLt).
+// Contexts of more than kDSparkGemvRows new positions go through PrefillGemm (dequantise +
+// cuBLASLt).
 // Not thread-safe: the engine thread only, like the target.
 #pragma once
 

@@ -166,9 +166,10 @@ class CudaM3Model {
   CudaM3Stats stats() const;
 
   // Model::forward semantics (the KV cache is the model's own), including `capture_layers`: the
-  // residual stream after those decoder layers for every token (out->hidden, float32; a step
-  // that captures takes the general path). Errors in the inputs are invalid_argument before
-  // anything runs.
+  // residual stream after those decoder layers for every token (out->hidden, float32). A step
+  // that captures (a draft's) runs every slice of up to 16 tokens as decode rows, one per token
+  // (a verify block on the GEMVs, graphs keyed by the capture set too), and takes the general
+  // path when a slice is longer. Errors in the inputs are invalid_argument before anything runs.
   Status forward(std::span<const SequenceInput> batch, ForwardOutput* out,
                  std::span<const int32_t> capture_layers = {});
 
