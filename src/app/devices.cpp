@@ -152,10 +152,12 @@ Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
                                              dummy_weights ? "dummy draft weights" : draft_dir, o);
   if (!d.is_ok()) return Status(d.status().code(), flag + ": " + d.status().message());
   std::fprintf(stderr,
-               "m3serve: DSpark draft on the GPU: %lld weight + context bytes (%lld sequences of "
-               "%lld context bytes)\n",
-               static_cast<long long>((*d)->weight_bytes()), static_cast<long long>(o.max_sequences),
-               static_cast<long long>((*d)->plan().kv_bytes_per_sequence));
+               "m3serve: DSpark draft on the GPU: %lld weight bytes; %lld context bytes per "
+               "speculative sequence (at most %lld), taken at its first step and outside the "
+               "KV memory plan\n",
+               static_cast<long long>((*d)->weight_bytes()),
+               static_cast<long long>((*d)->plan().kv_bytes_per_sequence),
+               static_cast<long long>(o.max_sequences));
   return std::unique_ptr<DraftModel>(std::move(d).value());
 #else
   (void)runner;

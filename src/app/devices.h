@@ -45,7 +45,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
 // --speculative-algorithm DSPARK on the real-shape CUDA path: the draft on the GPU of `runner`
 // (a one-GPU CudaM3ModelRunner), its weights from `draft_dir` (config.json + tensors), or random
 // ones with `dummy_weights` (at draft_dir's config.json when there is one, else the released
-// layout scaled to the target), context pages for `max_sequences` sequences. Errors name
+// layout scaled to the target), context memory for at most `max_sequences` sequences. Errors name
 // --speculative-draft-model-path; unimplemented without CUDA or over GPU ranks.
 Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
                                                            const std::string& draft_dir,

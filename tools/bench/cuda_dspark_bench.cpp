@@ -139,8 +139,8 @@ int main(int argc, char** argv) {
   check(dr.status(), "load draft");
   CudaDSparkDraft& draft = **dr;
   const DSparkCudaPlan& plan = draft.plan();
-  std::printf("draft: %lld layers, hidden %lld, window %lld, Markov rank %lld; %.1f MB weights + "
-              "context pool, %.1f MB context per sequence\n",
+  std::printf("draft: %lld layers, hidden %lld, window %lld, Markov rank %lld; %.1f MB weights, "
+              "%.1f MB context per sequence\n",
               (long long)plan.layers, (long long)plan.hidden, (long long)plan.window,
               (long long)plan.rank, draft.weight_bytes() / 1e6, plan.kv_bytes_per_sequence / 1e6);
   auto state = draft.new_state();

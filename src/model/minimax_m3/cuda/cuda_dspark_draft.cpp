@@ -71,17 +71,25 @@ class Scratch {
   std::vector<void*> ptrs_;
 };
 
-// The context slots of the pool; shared with the states so a state may outlive the draft.
-struct SlotPool {
-  std::vector<int64_t> free;
+// Sequences holding context memory; shared with the states so a state may outlive the draft.
+struct ContextCount {
+  int64_t live = 0;
 };
 
+// One sequence's draft context: the page bookkeeping (DSparkContextCache without storage) and,
+// from its first use, its own bf16 pages (every layer's K and V, pages_per_sequence pages each,
+// one allocation), which the block table's page ids index.
 struct CudaState final : DraftState {
-  std::unique_ptr<dspark::DSparkContextCache> pages;  // bookkeeping only
-  std::shared_ptr<SlotPool> pool;
-  int64_t slot = -1;  // taken at the first append
+  std::unique_ptr<dspark::DSparkContextCache> pages;
+  std::shared_ptr<cuda::CachingAllocator> alloc;
+  std::shared_ptr<ContextCount> count;
+  void* mem = nullptr;
+  std::vector<cuda::KvCacheBf16View> kv;  // per layer
   ~CudaState() override {
-    if (slot >= 0) pool->free.push_back(slot);
+    if (mem != nullptr) {
+      alloc->free(mem);
+      --count->live;
+    }
   }
   int64_t length() const override { return pages->length(); }
 };
@@ -96,16 +104,14 @@ struct CudaDSparkDraft::Impl {
   CudaM3Model* target = nullptr;
   const DevWeights* tw = nullptr;
   cuda::DeviceArena arena;
-  std::unique_ptr<cuda::CachingAllocator> alloc;
+  std::shared_ptr<cuda::CachingAllocator> alloc;  // scratch, and the states' context pages
   std::unique_ptr<cuda::PrefillGemm> gemm;
   std::vector<DraftLayer> layers;
   DevMatrix fc;
   uint16_t *hidden_norm = nullptr, *final_norm = nullptr;
   uint16_t *markov_w1 = nullptr, *markov_w2 = nullptr;
   std::vector<float> target_final_norm;  // host float32 (the final_norm_last convention)
-  // The context pool: per layer K and V [slots · pages_per_sequence, S, Hkv, D] bf16.
-  std::vector<cuda::KvCacheBf16View> kv;
-  std::shared_ptr<SlotPool> slots = std::make_shared<SlotPool>();
+  std::shared_ptr<ContextCount> contexts = std::make_shared<ContextCount>();
 
   CUstream_st* st() const { return target->stream(); }
   float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
@@ -157,8 +163,42 @@ struct CudaDSparkDraft::Impl {
     return cuda::launch_quant_gemv_epilogue(e, st());
   }
 
+  // The state's context pages, allocated on its first use (resource_exhausted past
+  // max_sequences live contexts or when the device is full).
+  Status ensure_context(CudaState& s) {
+    if (s.mem != nullptr) return Status::ok();
+    if (opt.max_sequences > 0 && contexts->live >= opt.max_sequences)
+      return Status(StatusCode::kResourceExhausted,
+                    kWho + "draft contexts of " + std::to_string(opt.max_sequences) +
+                        " sequences are live (CudaDSparkOptions::max_sequences)");
+    const int64_t per = plan.pages_per_sequence * plan.page_size * plan.kv_rows;  // elements
+    auto mem = alloc->allocate(plan.layers * 2 * per * 2);
+    if (!mem.is_ok())
+      return Status(StatusCode::kResourceExhausted,
+                    kWho + "no device memory for a sequence's draft context (" +
+                        std::to_string(plan.kv_bytes_per_sequence) + " bytes): " +
+                        mem.status().message());
+    s.mem = mem.value();
+    s.alloc = alloc;
+    s.count = contexts;
+    ++contexts->live;
+    auto* base = static_cast<uint16_t*>(s.mem);
+    for (int64_t l = 0; l < plan.layers; ++l) {
+      cuda::KvCacheBf16View c;
+      c.k = base + (2 * l) * per;
+      c.v = base + (2 * l + 1) * per;
+      c.num_pages = plan.pages_per_sequence;
+      c.page_size = plan.page_size;
+      c.num_kv_heads = plan.kv_heads;
+      c.head_dim = plan.head_dim;
+      s.kv.push_back(c);
+    }
+    return Status::ok();
+  }
+
   // The fused q/k norm + RoPE (+ cache write) of rope/attention_inputs.h with the draft's shapes.
-  cuda::AttentionInputsParams attention_inputs(const DraftLayer& L, int64_t l) const {
+  cuda::AttentionInputsParams attention_inputs(const DraftLayer& L, const CudaState& s,
+                                               int64_t l) const {
     cuda::AttentionInputsParams a;
     a.num_slices = 1;
     a.num_kv_heads = plan.kv_heads;
@@ -170,16 +210,8 @@ struct CudaDSparkDraft::Impl {
     a.rot_width = cfg.rot_dim();
     a.eps = eps();
     a.theta = cfg.theta();
-    a.cache = kv[static_cast<size_t>(l)];
+    a.cache = s.kv[static_cast<size_t>(l)];
     return a;
-  }
-
-  // The state's block table as global page ids of the pool (-1 where the block is not held).
-  std::vector<int32_t> global_table(const CudaState& s) const {
-    std::vector<int32_t> t = s.pages->block_table();
-    for (int32_t& p : t)
-      if (p >= 0) p += static_cast<int32_t>(s.slot * plan.pages_per_sequence);
-    return t;
   }
 };
 
@@ -198,8 +230,8 @@ Result<std::unique_ptr<CudaDSparkDraft>> CudaDSparkDraft::load(dspark::DSparkCon
                                    "vocabulary");
   M3_RETURN_IF_ERROR(cfg.resolve_with_target(whole));
   M3_ASSIGN_OR_RETURN(DSparkCudaPlan plan, plan_dspark_cuda(cfg, o.page_size));
-  if (o.max_sequences < 1)
-    return invalid_argument(kWho + "max_sequences must be positive, got " +
+  if (o.max_sequences < 0)
+    return invalid_argument(kWho + "max_sequences must not be negative, got " +
                             std::to_string(o.max_sequences));
   if (!o.dummy_weights && src == nullptr) return invalid_argument(kWho + "no weight source");
   M3_RETURN_IF_ERROR(cuda::set_current_device(target->device()));
@@ -212,7 +244,7 @@ Result<std::unique_ptr<CudaDSparkDraft>> CudaDSparkDraft::load(dspark::DSparkCon
   im.opt = o;
   im.target = target;
   im.tw = &target->dev_weights();
-  im.alloc = std::make_unique<cuda::CachingAllocator>();
+  im.alloc = std::make_shared<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   const int64_t hd = plan.hidden, v = plan.vocab, r = plan.rank;
 
@@ -288,20 +320,6 @@ Result<std::unique_ptr<CudaDSparkDraft>> CudaDSparkDraft::load(dspark::DSparkCon
                                        plan.inter));
     im.layers.push_back(L);
   }
-  // The context pool.
-  const int64_t pool_pages = o.max_sequences * plan.pages_per_sequence;
-  const int64_t page_elems = plan.page_size * plan.kv_rows;
-  for (int64_t l = 0; l < plan.layers; ++l) {
-    cuda::KvCacheBf16View c;
-    M3_ASSIGN_OR_RETURN(c.k, im.arena.alloc<uint16_t>(pool_pages * page_elems, "draft context K"));
-    M3_ASSIGN_OR_RETURN(c.v, im.arena.alloc<uint16_t>(pool_pages * page_elems, "draft context V"));
-    c.num_pages = pool_pages;
-    c.page_size = plan.page_size;
-    c.num_kv_heads = plan.kv_heads;
-    c.head_dim = plan.head_dim;
-    im.kv.push_back(c);
-  }
-  for (int64_t s = o.max_sequences - 1; s >= 0; --s) im.slots->free.push_back(s);
   // The weights were written on the legacy default stream, which the target's stream does not
   // wait for.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());
@@ -325,7 +343,6 @@ int64_t CudaDSparkDraft::weight_bytes() const { return impl_->arena.bytes(); }
 std::unique_ptr<DraftState> CudaDSparkDraft::new_state() {
   auto s = std::make_unique<CudaState>();
   s->pages = std::make_unique<dspark::DSparkContextCache>(nullptr, impl_->cfg, impl_->plan.page_size);
-  s->pool = impl_->slots;
   return s;
 }
 
@@ -352,14 +369,7 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
     return invalid_argument(kWho + "append_context: " + std::to_string(features.size()) +
                             " feature values for " + std::to_string(n) + " tokens of width " +
                             std::to_string(width));
-  if (s.slot < 0) {
-    if (im.slots->free.empty())
-      return Status(StatusCode::kResourceExhausted,
-                    kWho + "the draft's context pool holds " + std::to_string(im.opt.max_sequences) +
-                        " sequences (CudaDSparkOptions::max_sequences), all in use");
-    s.slot = im.slots->free.back();
-    im.slots->free.pop_back();
-  }
+  M3_RETURN_IF_ERROR(im.ensure_context(s));
   dspark::DSparkContextCache& pages = *s.pages;
   const int64_t start = pages.length(), end = start + n;
   if (end > int64_t{INT32_MAX} - P.block)
@@ -372,7 +382,7 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
   const int64_t m = end - first;
   if (m > 0) {
     Scratch sc(im.alloc.get());
-    const std::vector<int32_t> table = im.global_table(s);
+    const std::vector<int32_t>& table = s.pages->block_table();
     const int64_t nb = static_cast<int64_t>(table.size());
     std::vector<int32_t> pos(static_cast<size_t>(m)), tables(static_cast<size_t>(m * nb));
     for (int64_t i = 0; i < m; ++i) {
@@ -407,7 +417,7 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
       const DraftLayer& L = im.layers[static_cast<size_t>(l)];
       // No input norm on c (the trainers' context projection): K|V = c · [W_k; W_v]^T.
       M3_RETURN_IF_ERROR(im.linear(L.kv, ctx16, m, kvp, sc));
-      cuda::AttentionInputsParams a = im.attention_inputs(L, l);
+      cuda::AttentionInputsParams a = im.attention_inputs(L, s, l);
       a.partial = kvp;
       a.ld = 2 * P.kv_rows;
       a.t = m;
@@ -452,14 +462,14 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
     return invalid_argument(kWho + "anchor token " + std::to_string(anchor) +
                             " outside the vocabulary [0, " + std::to_string(vocab) + ")");
   const int64_t p = s.pages->length();
-  if (p > 0 && s.slot < 0) return internal_error(kWho + "a context without a slot");
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
+  M3_RETURN_IF_ERROR(im.ensure_context(s));  // an empty context still needs its views
   Scratch sc(im.alloc.get());
   std::vector<int32_t> ids(static_cast<size_t>(b), static_cast<int32_t>(im.cfg.noise_token_id));
   ids[0] = anchor;
   std::vector<int32_t> pos(static_cast<size_t>(b));
   for (int64_t k = 0; k < b; ++k) pos[static_cast<size_t>(k)] = static_cast<int32_t>(p + k);
-  const std::vector<int32_t> table = s.slot >= 0 ? im.global_table(s) : std::vector<int32_t>{};
+  const std::vector<int32_t>& table = s.pages->block_table();
   const int64_t nb = static_cast<int64_t>(table.size());
   M3_ASSIGN_OR_RETURN(int32_t* ids_d, sc.get<int32_t>(b));
   M3_ASSIGN_OR_RETURN(int32_t* pos_d, sc.get<int32_t>(b));
@@ -498,7 +508,7 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
     const DraftLayer& L = im.layers[static_cast<size_t>(l)];
     M3_RETURN_IF_ERROR(norm(l == 0 ? nullptr : delta, L.in_norm));
     M3_RETURN_IF_ERROR(im.linear(L.qkv, h, b, qkv, sc));
-    cuda::AttentionInputsParams a = im.attention_inputs(L, l);
+    cuda::AttentionInputsParams a = im.attention_inputs(L, s, l);
     a.partial = qkv;
     a.ld = P.qkv_rows;
     a.t = b;
@@ -516,12 +526,12 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
     ap.block_k_bf16 = k16;
     ap.block_v = qkv + P.q_rows + P.kv_rows;
     ap.ld_block_v = P.qkv_rows;
-    ap.cache_k_bf16 = im.kv[static_cast<size_t>(l)].k;
-    ap.cache_v_bf16 = im.kv[static_cast<size_t>(l)].v;
+    ap.cache_k_bf16 = s.kv[static_cast<size_t>(l)].k;
+    ap.cache_v_bf16 = s.kv[static_cast<size_t>(l)].v;
     ap.out_bf16 = attn;
     ap.block_table = nb > 0 ? table_d : nullptr;
     ap.num_blocks = nb;
-    ap.num_pages = im.kv[static_cast<size_t>(l)].num_pages;
+    ap.num_pages = P.pages_per_sequence;
     ap.page_size = P.page_size;
     ap.anchor_pos = p;
     ap.block = b;

@@ -13,9 +13,10 @@
 //    (dspark/block_attention.h, bf16 variant), SwiGLU-OAI, the target's lm_head, then the
 //    sequential Markov correction on the device (dspark/markov.h), one slot at a time, each
 //    corrected row copied to the host for the engine's picker;
-//  * the context K/V in bf16 pages of one device pool: every sequence that has context takes a
-//    slot of plan().pages_per_sequence pages (DSparkContextCache's bookkeeping without storage
-//    decides which block goes where and what the window releases).
+//  * the context K/V in bf16 pages: each sequence's state takes plan().pages_per_sequence pages
+//    of every layer (one allocation from the draft's caching allocator) at its first use and
+//    gives them back when it goes; DSparkContextCache's bookkeeping without storage decides
+//    which block goes to which page and what the window releases.
 //
 // Contexts of more than kDSparkGemvRows new positions go through PrefillGemm (dequantise +
 // cuBLASLt).
@@ -37,9 +38,10 @@
 namespace m3::minimax_m3 {
 
 struct CudaDSparkOptions {
-  // Sequences whose context the pool holds at once (the engine's running requests). A sequence
-  // beyond it fails its first append with resource_exhausted naming this limit.
-  int64_t max_sequences = 16;
+  // At most this many sequences hold draft context memory at once (0: as many as fit). A
+  // sequence beyond it, or one whose context does not fit the device, fails its first step with
+  // resource_exhausted.
+  int64_t max_sequences = 0;
   int64_t page_size = 128;
   // Random weights generated on the GPU in the released formats (--load-format dummy).
   bool dummy_weights = false;
