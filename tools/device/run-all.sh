@@ -64,6 +64,15 @@ want tests decode prefill && run_test sampling_test 90
 # m3-tiny's greedy speculative output on the CUDA backend equal to ordinary decoding.
 want tests dspark && run_test dspark_f32_test 120
 want tests dspark && run_test dspark_real_test 180
+# `m3serve serve --device cuda --speculative-algorithm DSPARK` on a real-shape model (the GPU
+# draft wired through make_engine): a chat completion and m3serve bench at concurrency 1 and 8.
+# Only in the dspark part (its two files would pass the 8-file budget of 'all').
+if [ "$PART" = dspark ] && [ -x "$B/m3serve" ]; then
+  t0=$SECONDS
+  SERVE_ARGS="--speculative-algorithm DSPARK" CONCURRENCY="1 8" timeout 300 tools/device/serve-smoke.sh >/dev/null 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' 'serve DSPARK (GPU draft)' "$?" "$((SECONDS - t0))")")
+  tail -5 "$OUT/serve-smoke.log" >>"$LOG" 2>/dev/null
+fi
 # Forced acceptance 3 / 5 / 7 against plain decode at M3.1-Flash shapes, batch 1, 4, 16.
 if want bench dspark; then
   t0=$SECONDS
