@@ -467,7 +467,9 @@ struct CudaM3Model::Impl {
     // after their own wait, so its CTAs never sit beside the q/k/v GEMV), the index keys of
     // earlier positions loaded before its wait: one row per sequence, so they are earlier steps'.
     ip.pdl = true;
-    ip.keys_before_wait = true;
+    // Not in a capturing step: its rows may be several tokens of one slice, whose keys at the
+    // earlier rows' positions the attention inputs (the previous kernel) write in this step.
+    ip.keys_before_wait = dec_capture < 0;
     cuda::SparseDecodeParams ap;
     ap.q = b.q;
     ap.cache = cache;
