@@ -120,8 +120,8 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
 
 namespace {
 
-// --speculative-algorithm DSPARK: the draft for the float32 runner's target (on its backend) (<model>/dspark unless
-// --speculative-draft-model-path names another directory).
+// --speculative-algorithm DSPARK: the draft for the float32 runner's target, on its backend
+// (<model>/dspark unless --speculative-draft-model-path names another directory).
 Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
                                                const EngineStackOptions& options,
                                                MiniMaxM3ModelRunner& runner) {
