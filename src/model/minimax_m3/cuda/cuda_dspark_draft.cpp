@@ -369,13 +369,13 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
     return invalid_argument(kWho + "append_context: " + std::to_string(features.size()) +
                             " feature values for " + std::to_string(n) + " tokens of width " +
                             std::to_string(width));
-  M3_RETURN_IF_ERROR(im.ensure_context(s));
   dspark::DSparkContextCache& pages = *s.pages;
   const int64_t start = pages.length(), end = start + n;
   if (end > int64_t{INT32_MAX} - P.block)
     return invalid_argument(kWho + "append_context: position " + std::to_string(end) +
                             " is out of range");
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
+  M3_RETURN_IF_ERROR(im.ensure_context(s));
   M3_RETURN_IF_ERROR(pages.prepare_append(end));
   // Positions the window of no later query can reach are neither computed nor stored.
   const int64_t first = std::max(start, pages.first_needed_position(end));
