@@ -5,9 +5,10 @@
 // dummy weights, B sequences at context C (default 4096; M3_BENCH_CTX).
 //
 // Per batch B (1, 4, 16) the median over 15 runs (after 3 warm-ups) of
-//  * plain: one decode step, forward() of B one-token slices (the decode path, CUDA graphs);
-//  * verify: forward() of B slices of N = block + 1 tokens with every row's logits and the
-//    draft's hidden-state capture (the general path, what a speculative step runs);
+//  * plain: one decode step, forward() of B one-token slices greedy-sampled on the GPU (the
+//    decode path, CUDA graphs; token ids back);
+//  * verify: forward() of B slices of N = block + 1 tokens with every row's logits back and the
+//    draft's hidden-state capture (B·N decode rows, what a speculative step runs);
 //  * draft: per sequence, appending L verified positions to the draft's context, one propose
 //    (greedy picker on the host, as the engine's) and the truncation back (so C stays fixed).
 // The target's times are measured on models of 3 and 8 layers (3 dense-MLP layers, then MoE)
@@ -17,7 +18,8 @@
 //   verify_60(B) + B · (append(L) + propose)
 // and plain decode B tokens in decode_60(B). Printed: both tokens/s and the speed-up for L = 3,
 // 5, 7. The draft's proposals run one sequence after another (the engine's order), so the
-// draft's share grows with B.
+// draft's share grows with B. Not counted: the engine's host work (verification over the B·N
+// rows of logits, scheduling), the same kind of cost plain decoding has less of.
 //
 // Usage: cuda_dspark_bench [results.tsv (appended)|-]
 #include <algorithm>
@@ -94,6 +96,9 @@ TargetTimes time_target(CudaM3Model* model, int64_t batch, int64_t ctx, int64_t 
     dec[i].start_pos = ctx;
     dec[i].block_table = tables[i];
     dec[i].logits_rows = {0};
+    // Greedy-sampled on the GPU, as the engine's runner does for plain greedy rows (only token
+    // ids come back); verify rows come back as logits (verification runs on the host).
+    dec[i].sample = DeviceSampling{0.0f, 0, 1.0f, 0.0f, RngKey{1, static_cast<uint64_t>(b), 0}};
     ver[i].tokens = many[i];
     ver[i].start_pos = ctx;
     ver[i].block_table = tables[i];
