@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "app/devices.h"
 #include "app/memory_plan.h"
 #include "app/startup_report.h"
 #include "backend/cpu/cpu_backend.h"
@@ -73,13 +74,15 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     M3_RETURN_IF_ERROR(check_dp_attention(layout, f.dp, f.enable_dp_attention));
   }
   if (!f.speculative_algorithm.empty()) {
-    // The draft runs on the float32 CPU path, unsplit, next to the target (on its rank 0 when the
-    // target is split over this process's CPU ranks with --tp / --ep).
+    // The draft runs unsplit next to the target: on the float32 CPU path (on rank 0 when the
+    // target is split over this process's CPU ranks with --tp / --ep), the float32 CUDA backend,
+    // or one GPU on the real-shape kernels (cuda_dspark_draft.h).
     const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
     if (f.dp > 1 || f.enable_dp_attention || f.nnodes > 1)
       return not_yet(spec + " with --dp/--enable-dp-attention/--nnodes",
                      "speculative decoding over attention data-parallel groups or nodes");
-    if (f.device == "cuda") return not_yet(spec + " with --device cuda", "a GPU draft");
+    if (f.device == "cuda" && (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel))
+      return not_yet(spec + " with --device cuda and --tp/--ep", "a GPU draft beside GPU ranks");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
     o.draft_dummy_weights = f.speculative_draft_load_format == "dummy";
@@ -123,8 +126,8 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
 
 namespace {
 
-// --speculative-algorithm DSPARK: the draft for the CPU runner's target (<model>/dspark unless
-// --speculative-draft-model-path names another directory).
+// --speculative-algorithm DSPARK: the draft for the float32 runner's target (<model>/dspark
+// unless --speculative-draft-model-path names another directory).
 minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& model_path,
                                                         const EngineStackOptions& options) {
   minimax_m3::dspark::DSparkLoadOptions o;
@@ -135,15 +138,17 @@ minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& mode
 }
 
 // `target`: the whole model's config; `first_rank`: the model whose embedding, lm_head and
-// final norm the draft reads (the only one at --tp 1, rank 0's over ranks), on `backend`.
+// final norm the draft reads (the only one at --tp 1, rank 0's over ranks), on `backend` (the CPU
+// backend, or the float32 CUDA backend with its block-attention kernel).
 Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
                                                const EngineStackOptions& options,
                                                const MiniMaxM3Config& target,
                                                const minimax_m3::Model& first_rank,
                                                Backend* backend) {
-  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(
-                                  draft_load_options(model_path, options), target, first_rank,
-                                  backend));
+  minimax_m3::dspark::DSparkLoadOptions o = draft_load_options(model_path, options);
+  o.attention = dspark_block_attention_for(backend);
+  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(o, target, first_rank,
+                                                                           backend));
   return std::unique_ptr<DraftModel>(std::move(d));
 }
 
@@ -469,10 +474,19 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     }
     runner = std::move(cpu_runner);
   }
+  if (options.speculative && real_shape) {
+    // The GPU draft next to the real-shape target, on its GPU and stream.
+    std::string dir = options.draft_model_path;
+    if (dir.empty() && !model_path.empty()) dir = (fs::path(model_path) / "dspark").string();
+    M3_ASSIGN_OR_RETURN(draft, make_cuda_dspark_draft(
+                                   *runner, dir, options.dummy_weights || options.draft_dummy_weights,
+                                   max_running));
+  }
   if (options.speculative && !draft) {
     return Status(StatusCode::kUnimplemented,
-                  "--speculative-algorithm: speculative decoding runs on the float32 CPU path "
-                  "of one process (not with --device cuda or --nnodes)");
+                  "--speculative-algorithm: speculative decoding runs on the float32 path (CPU "
+                  "ranks of one process, or the float32 CUDA backend) or on one GPU on the "
+                  "real-shape kernels");
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +

@@ -91,7 +91,7 @@ struct EngineStackOptions {
   // --nnodes and the rest: this process is node 0 of several (the others run
   // run_follower_node).
   NodeLayout nodes;
-  // --speculative-algorithm DSPARK (docs/dspark.md; the float32 CPU path at --tp 1 only): the
+  // --speculative-algorithm DSPARK (docs/dspark.md; --tp 1 only, CPU or GPU): the
   // draft's directory (empty: <model>/dspark) and the engine's options (num_draft_tokens 0: the
   // draft's block size + 1).
   bool speculative = false;

@@ -8,16 +8,17 @@
 # Files back in $OUT (at most 8): run-all.log (everything), tests.log, bench.log, bench.tsv,
 # step.log, step.tsv, sanitizer.log (7; table-before-sanitizer.txt stays only when the
 # call's limit cut the sanitizer).
-# Usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench|parallel]. Everything at once can outlast one device command
+# Usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench|parallel|dspark]. Everything at once can outlast one device command
 # (10 minutes) when a kernel misbehaves: 'tests' (op tests, m3serve --device cuda, goldens,
 # sanitizer) and 'bench' (decode, decode step, prefill) fit one command each; 'decode' is the
 # decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only;
 # 'prefill' the prefill kernels' and sampling's tests, 'prefill-bench' their benchmarks;
-# 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs).
+# 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs);
+# 'dspark' the DSpark draft's GPU tests (docs/dspark.md, "CUDA").
 set -uo pipefail
 PART=${1:-all}
-case "$PART" in all | tests | bench | decode | prefill | prefill-bench | parallel) ;;
-  *) echo "usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench|parallel]" >&2; exit 2 ;; esac
+case "$PART" in all | tests | bench | decode | prefill | prefill-bench | parallel | dspark) ;;
+  *) echo "usage: run-all.sh [all|tests|bench|decode|prefill|prefill-bench|parallel|dspark]" >&2; exit 2 ;; esac
 # want P...: this run includes part P (decode = the decode-path tests and benchmarks only, ~5.5 min on an H200).
 want() {
   [ "$PART" = all ] && return 0
@@ -61,6 +62,26 @@ if want tests decode; then
   run_test embed_bf16_test 30
 fi
 want tests decode prefill && run_test sampling_test 90
+# The DSpark draft on the GPU: the float32 draft on the CUDA backend against the CPU draft, and
+# m3-tiny's greedy speculative output on the CUDA backend equal to ordinary decoding.
+want tests dspark && run_test dspark_f32_test 120
+want tests dspark && run_test dspark_real_test 180
+# `m3serve serve --device cuda --speculative-algorithm DSPARK` on a real-shape model (the GPU
+# draft wired through make_engine): a chat completion and m3serve bench at concurrency 1 and 8.
+# Only in the dspark part (its two files would pass the 8-file budget of 'all').
+if [ "$PART" = dspark ] && [ -x "$B/m3serve" ]; then
+  t0=$SECONDS
+  SERVE_ARGS="--speculative-algorithm DSPARK" CONCURRENCY="1 8" timeout 300 tools/device/serve-smoke.sh >/dev/null 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' 'serve DSPARK (GPU draft)' "$?" "$((SECONDS - t0))")")
+  tail -5 "$OUT/serve-smoke.log" >>"$LOG" 2>/dev/null
+fi
+# Forced acceptance 3 / 5 / 7 against plain decode at M3.1-Flash shapes, batch 1, 4, 16.
+if want bench dspark; then
+  t0=$SECONDS
+  { echo "== cuda_dspark_bench"; timeout 240 "$B/cuda_dspark_bench" "$OUT/bench.tsv"; } >>"$OUT/bench.log" 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_dspark_bench "$?" "$((SECONDS - t0))")")
+  sed -n '/^== cuda_dspark_bench$/,$p' "$OUT/bench.log" >>"$LOG"
+fi
 
 run_bench() {
   local t0=$SECONDS

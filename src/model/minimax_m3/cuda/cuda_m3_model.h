@@ -43,6 +43,8 @@ class OneShotAllReduce;
 
 namespace m3::minimax_m3 {
 
+struct DevWeights;  // gpu_weights.h
+
 // Decode-path thresholds that depend on the GPU (its SM count, how many CTAs of a kernel fit
 // beside another's) rather than on the model. The defaults are the H200's; docs/performance.md
 // says how to measure a change (cuda_model_decode_bench, A/B in one run).
@@ -191,9 +193,20 @@ class CudaM3Model {
   int64_t page_size() const { return 128; }
   CudaM3Stats stats() const;
 
-  // Model::forward semantics (the KV cache is the model's own). Errors in the inputs are
-  // invalid_argument before anything runs.
-  Status forward(std::span<const SequenceInput> batch, ForwardOutput* out);
+  // Model::forward semantics (the KV cache is the model's own), including `capture_layers`: the
+  // residual stream after those decoder layers for every token (out->hidden, float32). A step
+  // that captures (a draft's) runs every slice of up to 16 tokens as decode rows, one per token
+  // (a verify block on the GEMVs, graphs keyed by the capture set too), and takes the general
+  // path when a slice is longer. Errors in the inputs are invalid_argument before anything runs.
+  Status forward(std::span<const SequenceInput> batch, ForwardOutput* out,
+                 std::span<const int32_t> capture_layers = {});
+
+  // What a draft model on the same GPU shares (the DSpark draft reads the embedding table, the
+  // lm_head and the final norm): the loaded weights, the compute stream and the device. The
+  // draft's work must be ordered with the model's steps on this stream or synchronised with it.
+  const DevWeights& dev_weights() const;
+  CUstream_st* stream() const;
+  int device() const;
 
   struct Impl;
 

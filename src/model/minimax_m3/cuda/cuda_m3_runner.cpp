@@ -238,11 +238,6 @@ Status CudaM3ModelRunner::health() const { return broken_; }
 
 Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
   if (!broken_.is_ok()) return broken_;
-  if (!step.capture_layers.empty()) {
-    return Status(StatusCode::kUnimplemented,
-                  "[model.minimax_m3.cuda.runner] hidden-state capture is not available on the "
-                  "CUDA path");
-  }
   for (const ModelSlice& s : step.slices) {
     if (!s.embeddings.empty()) {
       return Status(StatusCode::kUnimplemented,
@@ -250,12 +245,13 @@ Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
                     "CUDA path");
     }
   }
-  if (models_.size() == 1) return models_[0]->forward(step.slices, &out);
+  if (models_.size() == 1) return models_[0]->forward(step.slices, &out, step.capture_layers);
   // Every rank runs the step; the other ranks' outputs are empty (no head).
   std::vector<ModelOutput> others(models_.size());
   Status s = threads_->run([&](int r) {
-    return models_[static_cast<size_t>(r)]->forward(step.slices,
-                                                     r == 0 ? &out : &others[static_cast<size_t>(r)]);
+    // Every rank captures too, so that all take the same path (the same collectives).
+    return models_[static_cast<size_t>(r)]->forward(
+        step.slices, r == 0 ? &out : &others[static_cast<size_t>(r)], step.capture_layers);
   });
   // A collective that failed (a rank died or stopped calling: kUnavailable) leaves the group
   // unusable; an invalid step (checked on every rank alike before anything runs) does not.

@@ -515,4 +515,33 @@ Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSour
   return w;
 }
 
+Result<DevMatrix> load_dev_matrix(const WeightSource& src,
+                                  const std::vector<std::pair<std::string, int64_t>>& parts,
+                                  int64_t k, cuda::DeviceArena* arena) {
+  DevWeights counts;  // the loader's format counters, unused here
+  Loader ld(src, arena, &counts);
+  std::vector<Part> ps;
+  for (const auto& [name, rows] : parts) ps.push_back(Part{name, rows});
+  return ld.matrix(ps, Cols::all(k));
+}
+
+Result<uint16_t*> load_dev_vec_bf16(const WeightSource& src, const std::string& name, int64_t n,
+                                    cuda::DeviceArena* arena) {
+  DevWeights counts;
+  Loader ld(src, arena, &counts);
+  return ld.vec_bf16(name, n);
+}
+
+Result<DevMatrix> make_dummy_dev_matrix(QuantFormat format, int64_t n, int64_t k, uint64_t seed,
+                                        cuda::DeviceArena* arena) {
+  DummyMaker mk(seed, arena);
+  return mk.matrix(format, n, k);
+}
+
+Result<uint16_t*> make_dummy_dev_vec_bf16(int64_t n, float scale, uint64_t seed,
+                                          cuda::DeviceArena* arena) {
+  DummyMaker mk(seed, arena);
+  return mk.vec_bf16(n, scale);
+}
+
 }  // namespace m3::minimax_m3

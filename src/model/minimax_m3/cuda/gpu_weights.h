@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/attention/sparse_decode.h"
@@ -92,5 +93,19 @@ Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSour
 // `experts_held`: the routed experts per MoE layer (an expert-parallel rank's share; 0: all).
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& cfg, uint64_t seed,
                                           cuda::DeviceArena* arena, int64_t experts_held = 0);
+
+// Single tensors for other models on the same kernels (the DSpark draft, cuda_dspark_draft.h):
+// a fused matrix of `parts` (name, rows; all [rows, k]) in their common stored format when they
+// agree (MXFP8 / NVFP4; else BF16), and a vector as bf16. Errors name the tensor.
+Result<DevMatrix> load_dev_matrix(const WeightSource& src,
+                                  const std::vector<std::pair<std::string, int64_t>>& parts,
+                                  int64_t k, cuda::DeviceArena* arena);
+Result<uint16_t*> load_dev_vec_bf16(const WeightSource& src, const std::string& name, int64_t n,
+                                    cuda::DeviceArena* arena);
+// Random ones generated on the GPU as make_dummy_dev_weights does (values depend on the seed).
+Result<DevMatrix> make_dummy_dev_matrix(cuda::QuantFormat format, int64_t n, int64_t k,
+                                        uint64_t seed, cuda::DeviceArena* arena);
+Result<uint16_t*> make_dummy_dev_vec_bf16(int64_t n, float scale, uint64_t seed,
+                                          cuda::DeviceArena* arena);
 
 }  // namespace m3::minimax_m3

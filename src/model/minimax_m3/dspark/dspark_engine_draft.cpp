@@ -21,8 +21,9 @@ struct CacheState final : DraftState {
 }  // namespace
 
 DSparkEngineDraft::DSparkEngineDraft(std::unique_ptr<DSparkDraft> draft,
-                                     const MiniMaxM3Config& target, const float* target_final_norm)
-    : draft_(std::move(draft)), target_(target), final_norm_(target_final_norm) {}
+                                     const MiniMaxM3Config& target,
+                                     std::vector<float> target_final_norm)
+    : draft_(std::move(draft)), target_(target), final_norm_(std::move(target_final_norm)) {}
 
 int32_t DSparkEngineDraft::block_size() const {
   return static_cast<int32_t>(draft_->config().block_size);
@@ -41,7 +42,7 @@ std::unique_ptr<DraftState> DSparkEngineDraft::new_state() {
 Status DSparkEngineDraft::append_context(DraftState& state, std::span<const float> captured,
                                          int64_t n) {
   auto& s = static_cast<CacheState&>(state);
-  const std::span<const float> final_norm(final_norm_, static_cast<size_t>(target_.hidden_size));
+  const std::span<const float> final_norm(final_norm_);
   M3_ASSIGN_OR_RETURN(std::vector<float> features,
                       build_context_features(captured, n, draft_->config(), target_,
                                              draft_->config().capture, final_norm));
@@ -131,12 +132,16 @@ Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
   }
   auto draft = DSparkDraft::load(cfg, target_cfg, *src,
                                  o.dummy_weights ? std::string("dummy draft weights") : o.draft_dir,
-                                 TargetSharedWeights::view_of(tw), backend);
+                                 TargetSharedWeights::view_of(tw), backend, o.attention);
   if (!draft.is_ok()) {
     return Status(draft.status().code(), flag + ": " + draft.status().message());
   }
+  // The final norm to host memory (the target's weights may live on the GPU).
+  std::vector<float> final_norm(static_cast<size_t>(H));
+  backend->copy_to_host(final_norm.data(), tw.final_norm.data(),
+                        static_cast<int64_t>(final_norm.size() * sizeof(float)));
   return std::make_unique<DSparkEngineDraft>(std::move(draft).value(), target_cfg,
-                                             tw.final_norm.data());
+                                             std::move(final_norm));
 }
 
 }  // namespace m3::minimax_m3::dspark
