@@ -12,24 +12,47 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Address of cache row `pos` (a token position of the sequence) in a [P, S, row] buffer.
-inline const float* cache_row(const float* base, const KvLayerView& c, const int32_t* block_table,
-                              int64_t num_blocks, int64_t pos, int64_t row_elems) {
-  int64_t blk = pos / c.page_size;
-  M3_CHECK(blk < num_blocks, "[cpu.attention] position beyond the block table");
-  int64_t page = block_table[blk];
-  M3_CHECK(page >= 0 && page < c.num_pages, "[cpu.attention] bad page id");
-  return base + (page * c.page_size + pos % c.page_size) * row_elems;
-}
+// Reads rows of one cached tensor ([P, S, heads, dim]) of a sequence by token position: float32
+// rows in place, any other --kv-cache-dtype dequantised into the caller's scratch row (exact, see
+// quant/kv_quant.h), so the float32 maths after it is the same for every dtype.
+class CacheRows {
+ public:
+  CacheRows(const KvLayerView& c, const float* f32, const KvQuantStore& q, int64_t heads,
+            int64_t dim, const int32_t* block_table, int64_t num_blocks)
+      : c_(c), f32_(f32), q_(q), heads_(heads), dim_(dim), block_table_(block_table),
+        num_blocks_(num_blocks) {}
+
+  const float* row(int64_t pos, int64_t head, float* scratch) const {
+    const int64_t blk = pos / c_.page_size;
+    M3_CHECK(blk < num_blocks_, "[cpu.attention] position beyond the block table");
+    const int64_t page = block_table_[blk];
+    M3_CHECK(page >= 0 && page < c_.num_pages, "[cpu.attention] bad page id");
+    const int64_t r = pos % c_.page_size;
+    if (!c_.quantised()) return f32_ + ((page * c_.page_size + r) * heads_ + head) * dim_;
+    kv_read_row(c_.dtype, kv_page_head(c_.dtype, q_, page, c_.page_size, heads_, head, dim_), r,
+                dim_, scratch);
+    return scratch;
+  }
+
+ private:
+  const KvLayerView& c_;
+  const float* f32_;
+  const KvQuantStore& q_;
+  int64_t heads_, dim_;
+  const int32_t* block_table_;
+  int64_t num_blocks_;
+};
 
 }  // namespace
 
 void CpuBackend::indexer_topk(const IndexerTopkParams& p) {
   const KvLayerView& c = p.cache;
-  M3_CHECK(c.idx_k != nullptr, "[cpu.indexer_topk] layer has no index-key cache");
+  M3_CHECK(c.has_index_keys(), "[cpu.indexer_topk] layer has no index-key cache");
   const int64_t dix = c.index_head_dim, bs = c.page_size;
+  const CacheRows keys(c, c.idx_k, c.iq, 1, dix, p.block_table, p.num_blocks);
   pool_.parallel_for(p.t * p.num_index_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<std::pair<float, int32_t>> cand;
+    std::vector<float> scratch(static_cast<size_t>(dix));
     for (int64_t th = begin; th < end; ++th) {
       int64_t t = th / p.num_index_heads, h = th % p.num_index_heads;
       const float* q = p.iq + th * dix;
@@ -40,7 +63,7 @@ void CpuBackend::indexer_topk(const IndexerTopkParams& p) {
         float best = -kInf;
         int64_t last = std::min(pos, (b + 1) * bs - 1);
         for (int64_t j = b * bs; j <= last; ++j) {
-          float s = cpu::dot(q, cache_row(c.idx_k, c, p.block_table, p.num_blocks, j, dix), dix);
+          float s = cpu::dot(q, keys.row(j, 0, scratch.data()), dix);
           best = std::max(best, s);
         }
         cand[b] = {best, static_cast<int32_t>(b)};
@@ -73,12 +96,13 @@ void CpuBackend::paged_attention(const PagedAttentionParams& p) {
              "[cpu.paged_attention] heads not a multiple of index heads");
     sel_group = p.num_heads / p.num_index_heads;
   }
-  const int64_t kv_row = hkv * d;
+  const CacheRows keys(c, c.k, c.kq, hkv, d, p.block_table, p.num_blocks);
+  const CacheRows values(c, c.v, c.vq, hkv, d, p.block_table, p.num_blocks);
   pool_.parallel_for(p.t * p.num_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> blocks;
     std::vector<float> scores;
-    std::vector<const float*> vrows;
-    std::vector<float> acc(static_cast<size_t>(d));
+    std::vector<int64_t> key_pos;
+    std::vector<float> acc(static_cast<size_t>(d)), scratch(static_cast<size_t>(d));
     for (int64_t tn = begin; tn < end; ++tn) {
       int64_t t = tn / p.num_heads, n = tn % p.num_heads;
       int64_t g = n / group;
@@ -97,15 +121,14 @@ void CpuBackend::paged_attention(const PagedAttentionParams& p) {
       }
       const float* q = p.q + tn * d;
       scores.clear();
-      vrows.clear();
+      key_pos.clear();
       float mx = -kInf;
       for (int32_t b : blocks) {
         int64_t last = std::min(pos, (static_cast<int64_t>(b) + 1) * bs - 1);
         for (int64_t j = static_cast<int64_t>(b) * bs; j <= last; ++j) {
-          const float* krow = cache_row(c.k, c, p.block_table, p.num_blocks, j, kv_row) + g * d;
-          float s = cpu::dot(q, krow, d) * p.scale;
+          float s = cpu::dot(q, keys.row(j, g, scratch.data()), d) * p.scale;
           scores.push_back(s);
-          vrows.push_back(cache_row(c.v, c, p.block_table, p.num_blocks, j, kv_row) + g * d);
+          key_pos.push_back(j);
           mx = std::max(mx, s);
         }
       }
@@ -122,7 +145,7 @@ void CpuBackend::paged_attention(const PagedAttentionParams& p) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (size_t j = 0; j < scores.size(); ++j) {
         float w = scores[j] / sum;
-        const float* v = vrows[j];
+        const float* v = values.row(key_pos[j], g, scratch.data());
         for (int64_t i = 0; i < d; ++i) acc[i] += w * v[i];
       }
       std::copy(acc.begin(), acc.end(), o);
