@@ -208,6 +208,37 @@ M3_HOST_DEVICE inline KvPageHead kv_page_head(KvCacheDtype d, const KvQuantStore
   return ph;
 }
 
+// Element i of row r of page-head (page, head) in a [P, S, heads, dim] store of a quantised dtype,
+// as float32: the same value kv_decode_row gives (the same products in the same order), one
+// element at a time for kernels whose threads each read a few elements of a row.
+M3_HOST_DEVICE inline float kv_load_element(KvCacheDtype d, const KvQuantStore& st, int64_t page,
+                                            int64_t page_size, int64_t heads, int64_t head,
+                                            int64_t dim, int64_t r, int64_t i) {
+  const int64_t row = (page * page_size + r) * heads + head;
+  switch (d) {
+    case KvCacheDtype::kFloat32: {
+      float f;
+      memcpy(&f, st.codes + row * 4 * dim + 4 * i, 4);
+      return f;
+    }
+    case KvCacheDtype::kBF16: {
+      uint16_t h;
+      memcpy(&h, st.codes + row * 2 * dim + 2 * i, 2);
+      return bf16_to_f32(h);
+    }
+    case KvCacheDtype::kFp8E4M3:
+      return e4m3_to_f32(st.codes[row * dim + i]) * st.page_scales[page * heads + head];
+    case KvCacheDtype::kFp4E2M1: {
+      const float factor = e4m3_to_f32(st.block_scales[row * (dim / kKvFp4BlockSize) +
+                                                       i / kKvFp4BlockSize]) *
+                           st.page_scales[page * heads + head];
+      const uint8_t byte = st.codes[row * (dim / 2) + i / 2];
+      return e2m1_to_f32((i & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xF)) * factor;
+    }
+  }
+  return 0.0f;
+}
+
 // Writes token row `row` of a page-head. Row 0 starts the page (its scale is reset: whatever the
 // page held belonged to an earlier owner); a later row keeps rows [0, row) and, when its amax
 // needs a larger scale, raises the scale and re-encodes them first (kv_rescale_row). Rows of a

@@ -38,9 +38,9 @@ struct QuantTensor {
 
 TEST(CpuKvDtype, OpsReadTheDequantisedValues) {
   CpuBackend be(2);
-  const int64_t blocks = (kLen + kPage - 1) / kPage, pages = blocks + 2;
+  const int64_t blocks = (kLen + kPage - 1) / kPage, pages = blocks + 3;
   std::vector<int32_t> table;
-  for (int64_t b = 0; b < blocks; ++b) table.push_back(int32_t((b * 3 + 1) % pages));
+  for (int64_t b = 0; b < blocks; ++b) table.push_back(int32_t((b * 5 + 2) % pages));  // a permutation
   // Keys of growing size along the sequence, so page scales are raised mid-page.
   std::vector<float> k = randn(kLen * kHkv * kD, 1, 1.0f), v = randn(kLen * kHkv * kD, 2, 3.0f),
                      ik = randn(kLen * kDix, 3, 1.0f);

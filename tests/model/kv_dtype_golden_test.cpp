@@ -4,7 +4,7 @@
 //
 // Error model. Each stored K, V and index-key element carries a rounding error of at most
 // delta relative to the largest value it is scaled against (quant/kv_quant.h, kv_quant_test.cpp):
-// bf16 2^-9 (of the element), fp8_e4m3 2^-4 (of the element, plus 2^-9 of the page-head scale),
+// bf16 2^-8 (of the element), fp8_e4m3 2^-4 (of the element, plus 2^-9 of the page-head scale),
 // fp4_e2m1 17/16 x 1/6 (of the 16-element block's max). To first order, one layer's attention
 // output then moves by at most delta relative to the values it mixes (a convex combination of
 // perturbed V rows; the weights move by the perturbed scores, which the per-layer norms keep at
@@ -34,7 +34,7 @@ constexpr KvCacheDtype kDtypes[] = {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3,
 
 double delta(KvCacheDtype d) {
   switch (d) {
-    case KvCacheDtype::kBF16: return std::ldexp(1.0, -9);
+    case KvCacheDtype::kBF16: return std::ldexp(1.0, -8);
     case KvCacheDtype::kFp8E4M3: return std::ldexp(1.0, -4) * (1 + std::ldexp(1.0, -5));
     case KvCacheDtype::kFp4E2M1: return 17.0 / 16.0 / 6.0;
     case KvCacheDtype::kFloat32: return 0;

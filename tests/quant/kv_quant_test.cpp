@@ -1,7 +1,7 @@
 // The KV cache's storage formats (quant/kv_quant.h) against double-precision references.
 //
 // Error model (docs/kv-cache-dtype.md), for an element x of a page-head whose final scale is s:
-//   bf16:      |x' - x| <= 2^-9 |x|                       (8 significant bits, round-to-nearest)
+X
 //   fp8_e4m3:  |x' - x| <= 2^-4 |x| + 2^-9 s             (4 significant bits; E4M3's subnormal
 //              spacing is 2^-9 s, and a row re-encoded when the scale grew is rounded at most once
 //              more, in that subnormal range only: 2^-10 s + 2^-10 s)
@@ -71,7 +71,7 @@ std::vector<float> growing_rows(uint32_t seed) {
 double bound(KvCacheDtype d, double x, double bmax, double s) {
   switch (d) {
     case KvCacheDtype::kFloat32: return 0.0;
-    case KvCacheDtype::kBF16: return std::ldexp(std::fabs(x), -9);
+    case KvCacheDtype::kBF16: return std::ldexp(std::fabs(x), -8);
     case KvCacheDtype::kFp8E4M3: return std::ldexp(std::fabs(x), -4) + std::ldexp(s, -9);
     case KvCacheDtype::kFp4E2M1: return 17.0 / 16.0 * bmax / 6.0 + 12.0 * std::ldexp(s, -10);
   }
