@@ -98,57 +98,106 @@ void CpuBackend::paged_attention(const PagedAttentionParams& p) {
   }
   const CacheRows keys(c, c.k, c.kq, hkv, d, p.block_table, p.num_blocks);
   const CacheRows values(c, c.v, c.vq, hkv, d, p.block_table, p.num_blocks);
-  pool_.parallel_for(p.t * p.num_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> blocks;
-    std::vector<float> scores;
+
+  // The blocks head n of token t attends to, ascending (the key order of the sum does not depend
+  // on the selection order), deduplicated.
+  auto head_blocks = [&](int64_t t, int64_t n, std::vector<int32_t>* blocks) {
+    const int64_t qb = p.positions[t] / bs;
+    blocks->clear();
+    if (p.selected != nullptr) {
+      const int32_t* sel = p.selected + (t * p.num_index_heads + n / sel_group) * p.top_k;
+      for (int64_t i = 0; i < p.top_k; ++i)
+        if (sel[i] >= 0 && sel[i] <= qb) blocks->push_back(sel[i]);
+      std::sort(blocks->begin(), blocks->end());
+      blocks->erase(std::unique(blocks->begin(), blocks->end()), blocks->end());
+    } else {
+      for (int64_t b = 0; b <= qb; ++b) blocks->push_back(static_cast<int32_t>(b));
+    }
+  };
+  // The allowed key positions of token t over `blocks`, in order.
+  auto key_positions = [&](int64_t t, const std::vector<int32_t>& blocks,
+                           std::vector<int64_t>* key_pos) {
+    const int64_t pos = p.positions[t];
+    key_pos->clear();
+    for (int32_t b : blocks) {
+      const int64_t last = std::min(pos, (static_cast<int64_t>(b) + 1) * bs - 1);
+      for (int64_t j = static_cast<int64_t>(b) * bs; j <= last; ++j) key_pos->push_back(j);
+    }
+  };
+  // Softmax attention of query head tn over n keys whose rows krow(i) / vrow(i) give; float32,
+  // max subtraction, keys in order.
+  auto attend = [&](int64_t tn, size_t n, const auto& krow, const auto& vrow,
+                    std::vector<float>* scores, std::vector<float>* acc) {
+    const float* q = p.q + tn * d;
+    float* o = p.out + tn * d;
+    if (n == 0) {  // cannot happen with a forced local block; keep the output defined
+      std::fill(o, o + d, 0.0f);
+      return;
+    }
+    scores->resize(n);
+    float mx = -kInf;
+    for (size_t j = 0; j < n; ++j) {
+      const float s = cpu::dot(q, krow(j), d) * p.scale;
+      (*scores)[j] = s;
+      mx = std::max(mx, s);
+    }
+    float sum = 0.0f;
+    for (float& s : *scores) {
+      s = std::exp(s - mx);
+      sum += s;
+    }
+    std::fill(acc->begin(), acc->end(), 0.0f);
+    for (size_t j = 0; j < n; ++j) {
+      const float w = (*scores)[j] / sum;
+      const float* v = vrow(j);
+      for (int64_t i = 0; i < d; ++i) (*acc)[i] += w * v[i];
+    }
+    std::copy(acc->begin(), acc->end(), o);
+  };
+
+  if (!c.quantised()) {  // float32 rows are read in place: one task per (token, head)
+    pool_.parallel_for(p.t * p.num_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<int32_t> blocks;
+      std::vector<int64_t> key_pos;
+      std::vector<float> scores, acc(static_cast<size_t>(d));
+      for (int64_t tn = begin; tn < end; ++tn) {
+        const int64_t t = tn / p.num_heads, n = tn % p.num_heads, g = n / group;
+        head_blocks(t, n, &blocks);
+        key_positions(t, blocks, &key_pos);
+        attend(
+            tn, key_pos.size(), [&](size_t j) { return keys.row(key_pos[j], g, nullptr); },
+            [&](size_t j) { return values.row(key_pos[j], g, nullptr); }, &scores, &acc);
+      }
+    });
+    return;
+  }
+  // Quantised rows are dequantised once per (token, KV head) into kbuf / vbuf and shared by the
+  // group's query heads that attend to the same blocks (all of them when Hix == Hkv).
+  pool_.parallel_for(p.t * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> blocks, cached_blocks;
     std::vector<int64_t> key_pos;
-    std::vector<float> acc(static_cast<size_t>(d)), scratch(static_cast<size_t>(d));
-    for (int64_t tn = begin; tn < end; ++tn) {
-      int64_t t = tn / p.num_heads, n = tn % p.num_heads;
-      int64_t g = n / group;
-      int64_t pos = p.positions[t];
-      int64_t qb = pos / bs;
-      blocks.clear();
-      if (p.selected != nullptr) {
-        const int32_t* sel = p.selected + (t * p.num_index_heads + n / sel_group) * p.top_k;
-        for (int64_t i = 0; i < p.top_k; ++i)
-          if (sel[i] >= 0 && sel[i] <= qb) blocks.push_back(sel[i]);
-        // Ascending block order: the key order of the sum does not depend on the selection order.
-        std::sort(blocks.begin(), blocks.end());
-        blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
-      } else {
-        for (int64_t b = 0; b <= qb; ++b) blocks.push_back(static_cast<int32_t>(b));
-      }
-      const float* q = p.q + tn * d;
-      scores.clear();
-      key_pos.clear();
-      float mx = -kInf;
-      for (int32_t b : blocks) {
-        int64_t last = std::min(pos, (static_cast<int64_t>(b) + 1) * bs - 1);
-        for (int64_t j = static_cast<int64_t>(b) * bs; j <= last; ++j) {
-          float s = cpu::dot(q, keys.row(j, g, scratch.data()), d) * p.scale;
-          scores.push_back(s);
-          key_pos.push_back(j);
-          mx = std::max(mx, s);
+    std::vector<float> kbuf, vbuf, scores, acc(static_cast<size_t>(d));
+    for (int64_t tg = begin; tg < end; ++tg) {
+      const int64_t t = tg / hkv, g = tg % hkv;
+      cached_blocks.clear();
+      bool cached = false;
+      for (int64_t n = g * group; n < (g + 1) * group; ++n) {
+        head_blocks(t, n, &blocks);
+        if (!cached || blocks != cached_blocks) {
+          key_positions(t, blocks, &key_pos);
+          kbuf.resize(key_pos.size() * static_cast<size_t>(d));
+          vbuf.resize(kbuf.size());
+          for (size_t j = 0; j < key_pos.size(); ++j) {
+            keys.row(key_pos[j], g, kbuf.data() + j * d);
+            values.row(key_pos[j], g, vbuf.data() + j * d);
+          }
+          cached_blocks = blocks;
+          cached = true;
         }
+        attend(
+            t * p.num_heads + n, key_pos.size(), [&](size_t j) { return kbuf.data() + j * d; },
+            [&](size_t j) { return vbuf.data() + j * d; }, &scores, &acc);
       }
-      float* o = p.out + tn * d;
-      if (scores.empty()) {  // cannot happen with a forced local block; keep the output defined
-        std::fill(o, o + d, 0.0f);
-        continue;
-      }
-      float sum = 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - mx);
-        sum += s;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (size_t j = 0; j < scores.size(); ++j) {
-        float w = scores[j] / sum;
-        const float* v = values.row(key_pos[j], g, scratch.data());
-        for (int64_t i = 0; i < d; ++i) acc[i] += w * v[i];
-      }
-      std::copy(acc.begin(), acc.end(), o);
     }
   });
 }
