@@ -1,7 +1,7 @@
 // The KV cache's storage formats (quant/kv_quant.h) against double-precision references.
 //
 // Error model (docs/kv-cache-dtype.md), for an element x of a page-head whose final scale is s:
-X
+//   bf16:      |x' - x| <= 2^-8 |x|                       (8 significant bits, round-to-nearest)
 //   fp8_e4m3:  |x' - x| <= 2^-4 |x| + 2^-9 s             (4 significant bits; E4M3's subnormal
 //              spacing is 2^-9 s, and a row re-encoded when the scale grew is rounded at most once
 //              more, in that subnormal range only: 2^-10 s + 2^-10 s)
