@@ -86,6 +86,9 @@ struct EngineStackOptions {
   int32_t dp_attention = 1;
   LoadBalanceMethod load_balance = LoadBalanceMethod::kRoundRobin;  // --load-balance-method
   bool enable_prefix_cache = true;
+  // --kv-cache-dtype (resolve_kv_cache_dtype): the KV cache's storage on the single-rank CPU path;
+  // float32 is also the GPU's own default (bf16 on the real-shape kernels).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kFloat32;
   // EngineConfig::on_failure: the model cannot run any more steps (serve exits non-zero).
   std::function<void(const Status&)> on_failure;
   // --nnodes and the rest: this process is node 0 of several (the others run
@@ -125,6 +128,10 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
 // The engine options of `m3serve serve`'s config. Unsupported values (tp > 1, speculative
 // decoding) are errors naming the flag.
 Result<EngineStackOptions> options_from_config(const ServeConfig& config);
+// --kv-cache-dtype and --device / the rank flags to the KV cache's storage: auto (and bf16 on the
+// GPU) keep the device's own; bf16, fp8_e4m3 and fp4_e2m1 run on the single-rank CPU path and are
+// refused (unimplemented, naming the flag) with --device cuda or ranks.
+Result<KvCacheDtype> resolve_kv_cache_dtype(const ServeConfig& config);
 
 // An Engine over the model of `model_path` (may be empty with dummy_weights), with no text output
 // unless `detokenizer` is given. Every error names the directory and the file at fault.

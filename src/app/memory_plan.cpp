@@ -89,6 +89,14 @@ int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& c, int ranks, double
   return kv_bytes_per_page(layout, static_cast<int32_t>(c.index_block_size));
 }
 
+int64_t kv_bytes_per_page_for_dtype(const MiniMaxM3Config& c, int ranks, KvCacheDtype dtype,
+                                    int dp_groups) {
+  const int64_t page = c.index_block_size;
+  return kv_bytes_per_page_per_device(c, ranks, kv_bytes_per_element(dtype, page, c.head_dim),
+                                      kv_bytes_per_element(dtype, page, c.index_head_dim),
+                                      dp_groups);
+}
+
 int64_t activation_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks,
                                     int64_t step_tokens, int64_t logit_rows) {
   ranks = std::max(1, ranks);

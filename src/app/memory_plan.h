@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "loader/model_config.h"
+#include "quant/kv_quant.h"
 
 namespace m3::app {
 
@@ -41,6 +42,13 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& cfg, WeightStorage storag
 int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& cfg, int ranks,
                                      double kv_element_bytes, double index_element_bytes,
                                      int dp_groups = 1);
+
+// The same in a --kv-cache-dtype's storage, scales included (quant/kv_quant.h): float32 4 bytes
+// per element, bf16 2, fp8_e4m3 1 and a float per page-head, fp4_e2m1 1/2 + 1/16 and a float per
+// page-head. MiniMax-M3.1-Flash on one device: 138,240 bytes per token in bf16, 69,136.875 in
+// fp8_e4m3, 38,896.875 in fp4_e2m1.
+int64_t kv_bytes_per_page_for_dtype(const MiniMaxM3Config& cfg, int ranks, KvCacheDtype dtype,
+                                    int dp_groups = 1);
 
 // The working memory of a step on one device, estimated from the shapes of its buffers: the
 // activations of `step_tokens` tokens (a prefill chunk or a decode batch, whichever is larger),

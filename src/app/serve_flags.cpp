@@ -287,7 +287,8 @@ const std::vector<Flag>& flags() {
        "KV cache pool in bytes per device, instead of planning it by --mem-fraction-static; "
        "must hold one request of the context length",
        "1048576", INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
-      {"--kv-cache-dtype", true, G::kMemory, "auto (default) or bf16; fp8_e4m3 / fp4_e2m1 not yet",
+      {"--kv-cache-dtype", true, G::kMemory, "KV cache storage: auto (default: float32 on the CPU, bf16 on the GPU), bf16, fp8_e4m3 or "
+       "fp4_e2m1 (NVFP4); the last three on the CPU at --tp 1, refused on the GPU so far",
        "fp8_e4m3",
        [](ServeConfig& f, const std::string& v) {
          return set_choice(f.kv_cache_dtype, "--kv-cache-dtype", v,
@@ -555,10 +556,8 @@ Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args)
       }
     }
   }
-  if (out.kv_cache_dtype == "bf16") {
-    out.notices.push_back(
-        "--kv-cache-dtype bf16: the CUDA path's KV is bf16 already (auto); the CPU reference "
-        "keeps float32");
+  if (out.kv_cache_dtype == "bf16" && out.device == "cuda") {
+    out.notices.push_back("--kv-cache-dtype bf16: the GPU's KV cache is bf16 already (auto)");
   }
   out.server.model_path = out.model_path;
   if (out.server.served_model_names.empty()) {

@@ -1,5 +1,7 @@
 #include "app/startup_report.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -58,6 +60,20 @@ std::string weights_read_summary(int first_rank, const std::vector<uint64_t>& by
            " bytes)";
   }
   return out + " of " + format_bytes(static_cast<int64_t>(stored_bytes)) + " stored";
+}
+
+std::string kv_pool_summary(KvCacheDtype dtype, int64_t bytes_per_page, int32_t page_size,
+                            int64_t max_tokens) {
+  // bytes_per_page / page_size has at most log2(page_size) fractional binary digits; 3 decimals
+  // show every page size up to 128 exactly, trailing zeros dropped.
+  char per_token[64];
+  std::snprintf(per_token, sizeof per_token, "%.3f",
+                static_cast<double>(bytes_per_page) / std::max<int32_t>(1, page_size));
+  std::string t = per_token;
+  while (!t.empty() && t.back() == '0') t.pop_back();
+  if (!t.empty() && t.back() == '.') t.pop_back();
+  return std::string("kv dtype ") + kv_cache_dtype_name(dtype) + " (" + t + " bytes per token), " +
+         std::to_string(max_tokens) + " tokens fit";
 }
 
 uint64_t checkpoint_stored_bytes(const WeightSource& weights) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loader/weight_source.h"
+#include "quant/kv_quant.h"
 
 namespace m3::app {
 
@@ -27,5 +28,11 @@ std::string weights_read_summary(int first_rank, const std::vector<uint64_t>& by
 // The stored bytes of every tensor of `weights` when it is a checkpoint (Checkpoint), else 0
 // (dummy weights read no file).
 uint64_t checkpoint_stored_bytes(const WeightSource& weights);
+
+// The KV pool in one phrase: "kv dtype fp8_e4m3 (69136.875 bytes per token), 4096 tokens fit" —
+// the storage dtype, the bytes a token takes over all layers with the page scales spread over the
+// page (bytes_per_page / page_size, exact to 1/page_size), and the pool's token capacity.
+std::string kv_pool_summary(KvCacheDtype dtype, int64_t bytes_per_page, int32_t page_size,
+                            int64_t max_tokens);
 
 }  // namespace m3::app

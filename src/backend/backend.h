@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "core/status.h"
+#include "quant/kv_quant.h"
 
 namespace m3 {
 
@@ -111,6 +112,14 @@ struct KvLayerView {
   float* idx_k = nullptr;  // [P, S, Dix] index keys (after index_k_norm + RoPE); null on
                            // layers without an indexer
   int64_t num_pages = 0, page_size = 0, num_kv_heads = 0, head_dim = 0, index_head_dim = 0;
+  // --kv-cache-dtype: float32 uses k, v, idx_k above; any other dtype leaves them null and keeps
+  // the same tensors in kq, vq, iq (quant/kv_quant.h; iq.codes null on layers without an
+  // indexer). Ops quantise on kv_write and dequantise inside the indexer and attention.
+  KvCacheDtype dtype = KvCacheDtype::kFloat32;
+  KvQuantStore kq = {}, vq = {}, iq = {};
+
+  bool quantised() const { return dtype != KvCacheDtype::kFloat32; }
+  bool has_index_keys() const { return quantised() ? iq.codes != nullptr : idx_k != nullptr; }
 };
 
 // Write T new tokens of one sequence into the cache: token i goes to logical slot

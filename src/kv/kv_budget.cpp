@@ -6,15 +6,24 @@
 
 namespace m3 {
 
-int64_t kv_bytes_per_token(const KvLayout& l) {
+namespace {
+
+// Bytes per token as a double: fractional where per-page scales are spread over the page's tokens.
+double token_bytes(const KvLayout& l) {
   const double kv = 2.0 * l.num_kv_heads * l.head_dim * l.kv_dtype_bytes;  // K and V
   const double ik = static_cast<double>(l.index_head_dim) * l.index_dtype_bytes;
-  const double total = l.num_dense_layers * kv + l.num_sparse_layers * (kv + ik);
-  return static_cast<int64_t>(std::ceil(total));
+  return l.num_dense_layers * kv + l.num_sparse_layers * (kv + ik);
+}
+
+}  // namespace
+
+int64_t kv_bytes_per_token(const KvLayout& l) {
+  return static_cast<int64_t>(std::ceil(token_bytes(l)));
 }
 
 int64_t kv_bytes_per_page(const KvLayout& layout, int32_t page_size) {
-  return kv_bytes_per_token(layout) * page_size;
+  // A page's bytes are whole (the scales are per page); rounding per token would overcount them.
+  return static_cast<int64_t>(std::ceil(token_bytes(layout) * page_size));
 }
 
 Result<int32_t> kv_pages_for_budget(int64_t budget_bytes, int64_t page_bytes) {

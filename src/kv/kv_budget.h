@@ -17,13 +17,15 @@ struct KvLayout {
   int32_t num_kv_heads = 0;      // per rank after tensor parallel split
   int32_t head_dim = 0;          // K and V each
   int32_t index_head_dim = 0;    // indexer key per token (one head), sparse layers only
-  double kv_dtype_bytes = 2;     // 2 = BF16, 1 = FP8; fractional for packed formats (NVFP4 + scales)
+  // 2 = BF16, 1 = FP8; fractional with scales (quant/kv_quant.h kv_bytes_per_element: FP8 with a
+  // float per page-head, NVFP4 with an E4M3 per 16 elements and a float per page-head).
+  double kv_dtype_bytes = 2;
   double index_dtype_bytes = 2;
 };
 
-// Bytes one token occupies across all layers.
+// Bytes one token occupies across all layers (rounded up where scales make it fractional).
 int64_t kv_bytes_per_token(const KvLayout& layout);
-// Bytes of one page of page_size tokens.
+// Bytes of one page of page_size tokens (exact: page_size x the fractional bytes per token).
 int64_t kv_bytes_per_page(const KvLayout& layout, int32_t page_size);
 
 // Pages in a byte budget (CPU backend: --kv-cache-bytes or a default). Errors name the numbers:

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "app/startup_report.h"
+#include "model/minimax_m3/kv_cache.h"
+
 #include <cmath>
 
 #include "loader/checkpoint.h"
@@ -63,6 +66,46 @@ TEST(MemoryPlan, KvPageBytesMatchTheRunnerAndSplitByHeads) {
   EXPECT_EQ(kv_bytes_per_page_per_device(c, 4, 2, 2, 2), kv_bytes_per_page_per_device(c, 2, 2, 2));
   EXPECT_EQ(kv_bytes_per_page_per_device(c, 4, 2, 2, 4), kv_bytes_per_page_per_device(c, 1, 2, 2));
   EXPECT_GT(kv_bytes_per_page_per_device(c, 4, 2, 2, 4), kv_bytes_per_page_per_device(c, 4, 2, 2));
+}
+
+// --kv-cache-dtype: MiniMax-M3.1-Flash's bytes per token (60 layers of K and V of 4 heads x 128
+// and a 128-wide index key) in each storage, the page-head scales spread over the page's tokens.
+TEST(MemoryPlan, KvBytesPerTokenForEachDtype) {
+  const MiniMaxM3Config c = flash();
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kBF16), 138'240 * 128);
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kBF16),
+            minimax_m3::real_shape_kv_bytes_per_page(c));
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kFloat32), 2 * 138'240 * 128);
+  // fp8: a byte per element; a float per page-head: 9 page-heads (4 K, 4 V, 1 index) per layer.
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kFp8E4M3),
+            60 * (128 * (2 * 4 * 128 + 128) + 9 * 4));
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kFp8E4M3), 69'136.875 * 128);
+  // fp4: 64 bytes of codes and 8 E4M3 block scales per 128-element row, a float per page-head.
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kFp4E2M1),
+            60 * (128 * 9 * 72 + 9 * 4));
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kFp4E2M1), 38'896.875 * 128);
+  // Two ranks: two KV heads each, the index key whole on both.
+  EXPECT_EQ(kv_bytes_per_page_for_dtype(c, 2, KvCacheDtype::kFp8E4M3),
+            60 * (128 * (2 * 2 * 128 + 128) + 5 * 4));
+  // The startup report's phrase.
+  EXPECT_EQ(kv_pool_summary(KvCacheDtype::kFp8E4M3,
+                            kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kFp8E4M3), 128, 4096),
+            "kv dtype fp8_e4m3 (69136.875 bytes per token), 4096 tokens fit");
+  EXPECT_EQ(kv_pool_summary(KvCacheDtype::kBF16, 138'240 * 128, 128, 1024),
+            "kv dtype bf16 (138240 bytes per token), 1024 tokens fit");
+}
+
+// The planned page bytes are what the CPU cache allocates per page in every dtype, so the pool
+// holds the planned number of tokens.
+TEST(MemoryPlan, KvBytesPerPageAreWhatTheCacheAllocates) {
+  const MiniMaxM3Config c = minimax_m3::builtin_m3_flash_config(4);
+  CpuBackend backend(1);
+  for (KvCacheDtype d : {KvCacheDtype::kFloat32, KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3,
+                         KvCacheDtype::kFp4E2M1}) {
+    minimax_m3::PagedKvCache one(&backend, c, 1, d);
+    EXPECT_EQ(one.bytes_per_page(), kv_bytes_per_page_for_dtype(c, 1, d))
+        << kv_cache_dtype_name(d);
+  }
 }
 
 struct FlashCase {

@@ -210,7 +210,9 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
            {{"--speculative-algorithm", "DSPARK", "--device", "cuda", "--tp", "2"},
             "--speculative-algorithm DSPARK with --tp"},
            {{"--dp", "2"}, "--dp 2"},
-           {{"--kv-cache-dtype", "fp8_e4m3"}, "--kv-cache-dtype fp8_e4m3"},
+           {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
+            "--kv-cache-dtype fp8_e4m3 with --device cuda"},
+           {{"--kv-cache-dtype", "fp4_e2m1", "--tp", "2"}, "--kv-cache-dtype fp4_e2m1 with --tp"},
            {{"--enable-hierarchical-cache"}, "--enable-hierarchical-cache"}}) {
     auto g = parse_serve_flags(flags);
     ASSERT_TRUE(g.is_ok());
@@ -227,6 +229,25 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     auto o = options_from_config(g->config);
     ASSERT_TRUE(o.is_ok()) << o.status().message();
     EXPECT_TRUE(o->speculative);
+  }
+  // --kv-cache-dtype takes effect on the CPU at --tp 1; auto and bf16 keep the GPU's own bf16.
+  for (auto [flags, want] : std::vector<std::pair<std::vector<std::string>, KvCacheDtype>>{
+           {{}, KvCacheDtype::kFloat32},
+           {{"--kv-cache-dtype", "auto"}, KvCacheDtype::kFloat32},
+           {{"--kv-cache-dtype", "bf16"}, KvCacheDtype::kBF16},
+           {{"--kv-cache-dtype", "fp8_e4m3"}, KvCacheDtype::kFp8E4M3},
+           {{"--kv-cache-dtype", "fp4_e2m1", "--device", "cpu"}, KvCacheDtype::kFp4E2M1},
+           {{"--kv-cache-dtype", "bf16", "--device", "cuda"}, KvCacheDtype::kFloat32}}) {
+    auto g = parse_serve_flags(flags);
+    ASSERT_TRUE(g.is_ok());
+    auto o = options_from_config(g->config);
+    ASSERT_TRUE(o.is_ok()) << o.status().message();
+    EXPECT_EQ(o->kv_cache_dtype, want) << (flags.empty() ? "" : flags[1]);
+  }
+  {
+    auto bad = parse_serve_flags({"--kv-cache-dtype", "fp8_e5m2"});
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_NE(bad.status().message().find("--kv-cache-dtype"), std::string::npos);
   }
   // --ep takes effect (CPU ranks): SGLang's meaning, the expert-parallel ranks among --tp's.
   auto e = parse_serve_flags({"--tp", "4", "--ep", "2"});

@@ -194,17 +194,24 @@ inline size_t greedy_compare_limit(const std::vector<int32_t>& want, const std::
 
 // Greedy generation of `n` tokens after `prompt` (EOS ignored) in a fresh cache: the m3-tiny
 // golden cases' settings.
-inline Result<std::vector<int32_t>> greedy_tokens(minimax_m3::Model* model, Backend* backend,
-                                                  const MiniMaxM3Config& cfg,
-                                                  const std::vector<int32_t>& prompt, int64_t n) {
+// `kv_dtype`: the KV cache's storage (--kv-cache-dtype).
+inline Result<std::vector<int32_t>> greedy_tokens_with(minimax_m3::Model* model, Backend* backend,
+                                                       const MiniMaxM3Config& cfg,
+                                                       const std::vector<int32_t>& prompt,
+                                                       int64_t n, KvCacheDtype kv_dtype) {
   const int64_t pages = pages_for(cfg, static_cast<int64_t>(prompt.size()) + n);
-  minimax_m3::PagedKvCache cache(backend, cfg, pages);
+  minimax_m3::PagedKvCache cache(backend, cfg, pages, kv_dtype);
   testing::SimplePagePool pool(pages);
   testing::GenerateOptions opts;
   opts.max_tokens = n;
   opts.temperature = 0.0;
   opts.ignore_eos = true;
   return testing::generate(model, &cache, &pool, prompt, opts);
+}
+inline Result<std::vector<int32_t>> greedy_tokens(minimax_m3::Model* model, Backend* backend,
+                                                  const MiniMaxM3Config& cfg,
+                                                  const std::vector<int32_t>& prompt, int64_t n) {
+  return greedy_tokens_with(model, backend, cfg, prompt, n, KvCacheDtype::kFloat32);
 }
 
 }  // namespace m3::golden

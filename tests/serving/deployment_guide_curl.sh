@@ -80,7 +80,7 @@ done
 # CPU: of the available memory, capped at what 128 running requests of 512 tokens can hold),
 # the draft and the ready line with the served name.
 for line in "m3serve: weights: .* per rank" "m3serve: layout: 4 CPU ranks in this process over Gloo (tp 4" \
-            "KV cache: float32, .*, --mem-fraction-static 0.8 of .* per device, capped at what 128 running requests of 512 tokens can hold); context length 512" \
+            "KV cache: kv dtype float32 .*, --mem-fraction-static 0.8 of .* per device, capped at what 128 running requests of 512 tokens can hold); context length 512" \
             "m3serve: draft: none" "m3serve: ready: serving '$MODEL' on http://127.0.0.1:$PORT"; do
   grep -q -- "$line" "$LOG" || fail "no startup report line matching: $line"
 done

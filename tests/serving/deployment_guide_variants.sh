@@ -3,7 +3,8 @@
 # variant (HF_HUB_OFFLINE=1, a local folder, no --revision) and vLLM's spellings reach "ready"
 # with /health 200 and a note for each flag that changes nothing here; the HiCache and H200
 # variants' --tp 8 and --ep 8 serve on eight CPU ranks; their flags whose features are not built
-# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3, the host KV tier) are refused at startup naming the flag, and a
+# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3 over ranks, the host KV tier) are refused at
+# startup naming the flag (fp8 KV on one CPU rank serves), and a
 # --context-length beyond the model's maximum fails naming both numbers.
 # Usage: deployment_guide_variants.sh <m3serve binary>
 set -euo pipefail
@@ -103,7 +104,12 @@ serves "vLLM flags" --enable-expert-parallel --block-size -- \
 M=(--model-path "$WORK/models/MiniMax-M3.1-Flash")
 refused "HiCache" 2 "--enable-hierarchical-cache" -- "${COMMON[@]}" "${M[@]}" \
   --enable-hierarchical-cache --hicache-size 64
-refused "fp8 KV" 2 "--kv-cache-dtype fp8_e4m3" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3
+# fp8 KV serves on one CPU rank and says so; on the recipe's eight ranks it is refused by name.
+serves "fp8 KV" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3 --context-length 1024
+grep -q "KV cache: kv dtype fp8_e4m3 (.* bytes per token), [0-9]* tokens fit" "$WORK/log" ||
+  fail "fp8 KV: the startup report does not name the KV dtype"
+refused "fp8 KV on ranks" 2 "--kv-cache-dtype fp8_e4m3 with --tp" -- "${COMMON[@]}" "${M[@]}" \
+  --tp 8 --kv-cache-dtype fp8_e4m3
 refused "DP attention" 2 "--dp 2" -- "${COMMON[@]}" "${M[@]}" --tp 1 --enable-dp-attention --dp 2
 refused "H200 context" 1 "--context-length 140000 exceeds the model's max_position_embeddings 4096" \
   -- "${COMMON[@]}" "${M[@]}" --context-length 140000

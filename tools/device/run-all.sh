@@ -129,6 +129,7 @@ if want bench decode; then
 fi
 if want tests; then
   run_test cuda_composite_ops_test 40
+  run_test kv_dtype_ops_test 40  # --kv-cache-dtype: quantised KV write, indexer, attention
   run_test cuda_model_test 40
 fi
 want tests parallel && run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two

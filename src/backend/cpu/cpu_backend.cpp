@@ -133,6 +133,26 @@ void CpuBackend::kv_write(const KvWriteParams& p) {
     M3_CHECK(blk < p.num_blocks, "[cpu.kv_write] position beyond the block table");
     int64_t page = p.block_table[blk];
     M3_CHECK(page >= 0 && page < c.num_pages, "[cpu.kv_write] bad page id");
+    if (c.quantised()) {
+      // Rows of a page-head are appended in order (kv_append_row may re-encode earlier rows).
+      const int64_t row = pos % c.page_size;
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        const int64_t off = (i * c.num_kv_heads + h) * c.head_dim;
+        kv_append_row(c.dtype, kv_page_head(c.dtype, c.kq, page, c.page_size, c.num_kv_heads, h,
+                                            c.head_dim),
+                      row, p.k + off, c.head_dim);
+        kv_append_row(c.dtype, kv_page_head(c.dtype, c.vq, page, c.page_size, c.num_kv_heads, h,
+                                            c.head_dim),
+                      row, p.v + off, c.head_dim);
+      }
+      if (p.idx_k != nullptr) {
+        M3_CHECK(c.has_index_keys(), "[cpu.kv_write] layer has no index-key cache");
+        kv_append_row(c.dtype, kv_page_head(c.dtype, c.iq, page, c.page_size, 1, 0,
+                                            c.index_head_dim),
+                      row, p.idx_k + i * c.index_head_dim, c.index_head_dim);
+      }
+      continue;
+    }
     int64_t slot = page * c.page_size + pos % c.page_size;
     std::memcpy(c.k + slot * kv_row, p.k + i * kv_row, sizeof(float) * kv_row);
     std::memcpy(c.v + slot * kv_row, p.v + i * kv_row, sizeof(float) * kv_row);

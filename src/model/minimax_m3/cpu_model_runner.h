@@ -22,13 +22,14 @@ class MiniMaxM3ModelRunner final : public ModelRunner {
   // gets as many pages as fit in kv_cache_bytes (invalid argument if not even one).
   static Result<std::unique_ptr<MiniMaxM3ModelRunner>> create(
       std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
-      int64_t kv_cache_bytes);
+      int64_t kv_cache_bytes, KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
   // Same, with the page count given directly (tests).
   static Result<std::unique_ptr<MiniMaxM3ModelRunner>> create_with_pages(
       std::unique_ptr<Backend> backend, std::unique_ptr<minimax_m3::Model> model,
-      int32_t num_pages);
-  // Bytes one KV page of this model takes in the backend's storage.
-  static int64_t bytes_per_page(Backend* backend, const MiniMaxM3Config& cfg);
+      int32_t num_pages, KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
+  // Bytes one KV page of this model takes in the backend's storage in `kv_dtype`.
+  static int64_t bytes_per_page(Backend* backend, const MiniMaxM3Config& cfg,
+                                KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
 
   int32_t vocab_size() const override;
   int32_t hidden_size() const override;

@@ -6,6 +6,10 @@
 // layer (m3-architecture.md §3.6). Which pages belong to which sequence is the caller's business:
 // it passes a block table (logical block -> page id) with every forward call; the engine's page
 // pool (kv/page_pool.h) hands the pages out.
+//
+// The storage dtype is --kv-cache-dtype (quant/kv_quant.h): float32 (the reference), bf16, or
+// FP8 / NVFP4 codes with their scales; the backend's kv_write quantises and its indexer and
+// attention dequantise.
 #pragma once
 
 #include <cstdint>
@@ -19,18 +23,33 @@ namespace m3::minimax_m3 {
 
 class PagedKvCache {
  public:
-  PagedKvCache(Backend* backend, const MiniMaxM3Config& cfg, int64_t num_pages);
+  PagedKvCache(Backend* backend, const MiniMaxM3Config& cfg, int64_t num_pages,
+               KvCacheDtype dtype = KvCacheDtype::kFloat32);
 
   int64_t num_pages() const { return num_pages_; }
   int64_t page_size() const { return page_size_; }
-  // Bytes per page over all layers (K, V and index keys).
+  KvCacheDtype dtype() const { return dtype_; }
+  // Bytes per page over all layers (K, V and index keys, with their scales), as allocated.
   int64_t bytes_per_page() const { return bytes_per_page_; }
   KvLayerView layer(int64_t i);
 
  private:
-  struct Layer {
-    DeviceBuffer<float> k, v, idx_k;
+  // One of K, V, index keys in a quantised dtype.
+  struct QuantTensor {
+    DeviceBuffer<uint8_t> codes, block_scales;
+    DeviceBuffer<float> page_scales;
+    KvQuantStore view() {
+      return {codes.data(), block_scales.data(), page_scales.data()};
+    }
   };
+  struct Layer {
+    DeviceBuffer<float> k, v, idx_k;  // float32
+    QuantTensor kq, vq, iq;           // other dtypes
+  };
+  // Allocates one quantised tensor of `heads` x `dim` per token; returns its bytes per page.
+  int64_t alloc_quant(Backend* backend, QuantTensor* t, int64_t heads, int64_t dim);
+
+  KvCacheDtype dtype_;
   int64_t num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_;
   int64_t bytes_per_page_ = 0;
   std::vector<Layer> layers_;

@@ -16,6 +16,16 @@ constexpr int kWarps = 4;
 constexpr int kMaxD = 256;  // head_dim <= 256: each lane holds kMaxD / 32 output dims
 constexpr int kPerLane = kMaxD / 32;
 
+// Element i of KV head g of cached token row r of `page`: float32 in place, other dtypes
+// dequantised (exact, the CPU's values).
+__device__ __forceinline__ float kv_elem(const KvLayerView& c, const float* f32,
+                                         const KvQuantStore& q, int64_t page, int64_t r,
+                                         int64_t g, int64_t i) {
+  if (c.dtype == KvCacheDtype::kFloat32)
+    return f32[((page * c.page_size + r) * c.num_kv_heads + g) * c.head_dim + i];
+  return kv_load_element(c.dtype, q, page, c.page_size, c.num_kv_heads, g, c.head_dim, r, i);
+}
+
 __global__ void paged_attention_kernel(PagedAttentionParams p) {
   const KvLayerView& c = p.cache;
   const int64_t tn = blockIdx.x;
@@ -25,7 +35,6 @@ __global__ void paged_attention_kernel(PagedAttentionParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t pos = p.positions[t];
   const int64_t qb = pos / bs;
-  const int64_t kv_row = hkv * d;
   const float* q = p.q + tn * d;
   float qr[kPerLane];
 #pragma unroll
@@ -55,13 +64,11 @@ __global__ void paged_attention_kernel(PagedAttentionParams p) {
     if (page < 0 || page >= c.num_pages) continue;
     const int64_t last = min(pos, (b + 1) * bs - 1);
     for (int64_t j = b * bs + warp; j <= last; j += kWarps) {
-      const int64_t slot = page * bs + j % bs;
-      const float* k = c.k + slot * kv_row + g * d;
-      const float* v = c.v + slot * kv_row + g * d;
+      const int64_t r = j % bs;
       float dot = 0.0f;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i < d) dot = fmaf(qr[i], k[lane + 32 * i], dot);
+        if (lane + 32 * i < d) dot = fmaf(qr[i], kv_elem(c, c.k, c.kq, page, r, g, lane + 32 * i), dot);
       const float s = warp_sum(dot) * p.scale;
       const float m_new = fmaxf(m, s);
       const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
@@ -69,7 +76,8 @@ __global__ void paged_attention_kernel(PagedAttentionParams p) {
       l = l * corr + pj;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i < d) acc[i] = acc[i] * corr + pj * v[lane + 32 * i];
+        if (lane + 32 * i < d)
+          acc[i] = acc[i] * corr + pj * kv_elem(c, c.v, c.vq, page, r, g, lane + 32 * i);
       m = m_new;
     }
   }

@@ -30,9 +30,15 @@ __global__ void indexer_topk_kernel(IndexerTopkParams p, float* scores) {
     if (page >= 0 && page < c.num_pages) {
       const int64_t last = min(pos, (b + 1) * bs - 1);
       for (int64_t j = b * bs; j <= last; ++j) {
-        const float* k = c.idx_k + (page * bs + j % bs) * dix;
+        const int64_t r = j % bs;
         float acc = 0.0f;
-        for (int64_t i = lane; i < dix; i += 32) acc = fmaf(q[i], k[i], acc);
+        if (c.dtype == KvCacheDtype::kFloat32) {
+          const float* k = c.idx_k + (page * bs + r) * dix;
+          for (int64_t i = lane; i < dix; i += 32) acc = fmaf(q[i], k[i], acc);
+        } else {  // dequantised element by element: the CPU's values exactly
+          for (int64_t i = lane; i < dix; i += 32)
+            acc = fmaf(q[i], kv_load_element(c.dtype, c.iq, page, bs, 1, 0, dix, r, i), acc);
+        }
         best = fmaxf(best, warp_sum(acc));
       }
     }
@@ -83,7 +89,8 @@ __global__ void indexer_topk_kernel(IndexerTopkParams p, float* scores) {
 
 Status launch_indexer_topk(const IndexerTopkParams& p, float* block_scores, cudaStream_t s) {
   if (p.t == 0) return Status::ok();
-  if (p.cache.idx_k == nullptr)
+  if (p.cache.dtype == KvCacheDtype::kFloat32 ? p.cache.idx_k == nullptr
+                                               : p.cache.iq.codes == nullptr)
     return invalid_argument("[cuda.indexer_topk] layer has no index-key cache");
   indexer_topk_kernel<<<static_cast<unsigned>(p.t * p.num_index_heads), kThreads, 0, s>>>(
       p, block_scores);

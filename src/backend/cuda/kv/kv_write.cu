@@ -29,6 +29,7 @@ __global__ void kv_write_kernel(KvWriteParams p) {
 
 Status launch_kv_write(const KvWriteParams& p, cudaStream_t s) {
   if (p.t == 0) return Status::ok();
+  if (p.cache.dtype != KvCacheDtype::kFloat32) return launch_kv_write_quantised(p, s);
   if (p.idx_k != nullptr && p.cache.idx_k == nullptr)
     return invalid_argument("[cuda.kv_write] layer has no index-key cache");
   kv_write_kernel<<<static_cast<unsigned>(p.t), 128, 0, s>>>(p);
