@@ -8,6 +8,7 @@
 // pool (kv/page_pool.h) hands the pages out.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -27,10 +28,16 @@ class PagedKvCache {
   int64_t bytes_per_page() const { return bytes_per_page_; }
   KvLayerView layer(int64_t i);
 
+  // One page of every layer (K, V, then the index keys on sparse layers, layer by layer) to or
+  // from bytes_per_page() bytes of host memory, through the backend's copies.
+  void save_page(int64_t page, std::byte* host);
+  void load_page(int64_t page, const std::byte* host);
+
  private:
   struct Layer {
     DeviceBuffer<float> k, v, idx_k;
   };
+  Backend* backend_;
   int64_t num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_;
   int64_t bytes_per_page_ = 0;
   std::vector<Layer> layers_;
