@@ -3,7 +3,8 @@
 # variant (HF_HUB_OFFLINE=1, a local folder, no --revision) and vLLM's spellings reach "ready"
 # with /health 200 and a note for each flag that changes nothing here; the HiCache and H200
 # variants' --tp 8 and --ep 8 serve on eight CPU ranks; their flags whose features are not built
-# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3, the host KV tier) are refused at startup naming the flag, and a
+# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3, the host KV tier on GPUs) are refused
+# at startup naming the flag; the HiCache variant serves with its host tier on the CPU; and a
 # --context-length beyond the model's maximum fails naming both numbers.
 # Usage: deployment_guide_variants.sh <m3serve binary>
 set -euo pipefail
@@ -99,10 +100,14 @@ serves "vLLM flags" --enable-expert-parallel --block-size -- \
   --enable-expert-parallel --block-size 128 --max-model-len 2048 --gpu-memory-utilization 0.5 \
   --host 127.0.0.1 --port 0
 
-# The HiCache and H200 variants: what is not built yet is refused by name before anything loads.
+# The HiCache variant serves (the guide's --hicache-size 64 is more host memory than a test
+# machine has: 1 GB here) and reports its host tier; on GPUs it is refused by name.
 M=(--model-path "$WORK/models/MiniMax-M3.1-Flash")
-refused "HiCache" 2 "--enable-hierarchical-cache" -- "${COMMON[@]}" "${M[@]}" \
-  --enable-hierarchical-cache --hicache-size 64
+serves "HiCache" -- "${COMMON[@]}" "${M[@]}" --enable-hierarchical-cache --hicache-size 1
+grep -q "HiCache: host tier" "$WORK/log" || fail "HiCache: no host tier in the startup report"
+refused "HiCache on GPUs" 2 "--enable-hierarchical-cache with --device cuda" -- "${COMMON[@]}" \
+  "${M[@]}" --device cuda --enable-hierarchical-cache --hicache-size 64
+# What is not built yet is refused by name before anything loads.
 refused "fp8 KV" 2 "--kv-cache-dtype fp8_e4m3" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3
 refused "DP attention" 2 "--dp 2" -- "${COMMON[@]}" "${M[@]}" --tp 1 --enable-dp-attention --dp 2
 refused "H200 context" 1 "--context-length 140000 exceeds the model's max_position_embeddings 4096" \
