@@ -92,8 +92,8 @@ Status Scheduler::enable_hicache(std::unique_ptr<HiCache> hicache) {
                             "parallelism (--enable-dp-attention)");
   }
   if (!config_.enable_prefix_cache) {
-    return invalid_argument("--enable-hierarchical-cache needs the prefix cache; drop "
-                            "--disable-radix-cache");
+    return invalid_argument("--enable-hierarchical-cache needs the prefix cache, which is off "
+                            "for this engine");
   }
   if (!seqs_.empty() || groups_[0].index->num_nodes() != 0) {
     return invalid_argument("[sched] HiCache must be enabled before any request");
