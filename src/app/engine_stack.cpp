@@ -81,16 +81,18 @@ Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
     if (stray) return invalid_argument(std::string(stray) + " needs --enable-hierarchical-cache");
     return Status::ok();
   }
-  auto unsupported = [](const std::string& what) {
+  auto unsupported = [](const std::string& what, const std::string& why) {
     return Status(StatusCode::kUnimplemented,
-                  "--enable-hierarchical-cache with " + what + " is not supported yet");
+                  "--enable-hierarchical-cache with " + what + " is not supported yet: " + why);
   };
   if (f.device == "cuda") {
-    return unsupported("--device cuda: the CUDA runner has no KV page copier yet (pinned host "
-                       "memory and a copy stream); the host tier runs on --device cpu");
+    return unsupported("--device cuda",
+                       "the CUDA runner has no KV page copier (pinned host memory and a copy "
+                       "stream); the host and disk tiers run on --device cpu");
   }
   if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1) {
-    return unsupported("--tp/--ep/--dp/--nnodes: each rank's KV pool would need its own host tier");
+    return unsupported("--tp/--ep/--dp/--nnodes",
+                       "every rank's KV pool would need its own host tier, filled in lock step");
   }
   if (!f.hicache_storage_backend.empty() && f.hicache_storage_dir.empty()) {
     return invalid_argument("--hicache-storage-backend file needs --hicache-storage-dir DIR");
@@ -556,8 +558,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     KvPageCopier* copier = runner->kv_page_copier();
     if (copier == nullptr) {
       return Status(StatusCode::kUnimplemented,
-                    "--enable-hierarchical-cache: this model runner cannot copy KV pages to host "
-                    "memory (the tiers run on the float32 CPU path at --tp 1)");
+                    "--enable-hierarchical-cache: this model runner (the CUDA path, or ranks) "
+                    "cannot copy KV pages to host memory yet; the tiers run on --device cpu at "
+                    "--tp 1");
     }
     const int64_t page_bytes = copier->page_bytes();
     const int64_t host_pages =
