@@ -14,6 +14,9 @@
 //     stream waits on);
 //   - the cache calls wait() before it reads host bytes a save() wrote (writing them to disk) and
 //     before it overwrites host bytes a load() may still be reading.
+//   - save() is called only for pages whose K/V a completed forward wrote (they are in the radix
+//     index); a GPU copier still orders its copy stream after the compute stream's last write
+//     (an event recorded after the forward) before reading them.
 // The CPU implementation copies synchronously and wait() returns at once.
 #pragma once
 
