@@ -573,6 +573,15 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
           std::string(": the host tier would hold ") + std::to_string(host_pages) +
           " KV pages of " + format_bytes(page_bytes) + "; it needs at least one");
     }
+    // The arena is reserved up front but touched page by page: refuse at startup what the
+    // machine cannot hold (after the weights and the KV pool are resident) rather than let the
+    // kernel kill the server once the tier fills.
+    if (auto avail = available_host_memory(); avail.is_ok() && host_pages * page_bytes > *avail) {
+      return Status(StatusCode::kResourceExhausted,
+                    (options.hicache_host_bytes > 0 ? "--hicache-size" : "--hicache-ratio") +
+                        std::string(": a host tier of ") + format_bytes(host_pages * page_bytes) +
+                        " exceeds the " + format_bytes(*avail) + " of memory available");
+    }
     hicache.host_pages = static_cast<int32_t>(host_pages);
     hicache.policy = options.hicache_policy;
     hicache.disk_dir = options.hicache_disk_dir;
