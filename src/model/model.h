@@ -108,15 +108,15 @@ class ModelRunner {
   // after a failed step only.
   virtual Status health() const { return Status::ok(); }
 
-  // The sequence with `block_table` keeps positions [0, new_length); the KV (and indexer keys) of
-  // later positions are stale from now on. A paged cache that reads only positions below a
-  // sequence's length needs no work (the default); a runner that keeps derived per-sequence state
-  // must drop it here.
   // Copies whole KV pages between the runner's pool and host memory for the host and disk tiers
   // of the prefix cache (--enable-hierarchical-cache; kv/kv_page_copier.h). Null: the runner
   // cannot, and the engine refuses the hierarchical cache. Owned by the runner.
   virtual KvPageCopier* kv_page_copier() { return nullptr; }
 
+  // The sequence with `block_table` keeps positions [0, new_length); the KV (and indexer keys) of
+  // later positions are stale from now on. A paged cache that reads only positions below a
+  // sequence's length needs no work (the default); a runner that keeps derived per-sequence state
+  // must drop it here.
   virtual Status truncate(std::span<const int32_t> block_table, int64_t new_length) {
     (void)block_table;
     (void)new_length;
