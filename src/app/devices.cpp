@@ -4,11 +4,18 @@
 #include <cstdio>
 #include <string>
 
+#include <filesystem>
+
 #include "backend/cpu/cpu_backend.h"
+#include "loader/checkpoint.h"
+#include "model/minimax_m3/dspark/dspark_engine_draft.h"
 #include "model/minimax_m3/dummy_weights.h"
+#include "model/minimax_m3/expert_placement.h"
 #if defined(M3_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/runtime/stream.h"
+#include "model/minimax_m3/cuda/cuda_dspark_draft.h"
+#include "model/minimax_m3/cuda/cuda_dspark_f32.h"
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
 #endif
 
@@ -72,6 +79,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   o.gpu_dummy_weights = dynamic_cast<const minimax_m3::DummyWeightSource*>(&src) != nullptr;
   CudaRanks ranks;
   ranks.ranks = pool.tensor_parallel;
+  ranks.ep = pool.expert_parallel;
   ranks.timeout = pool.dist_timeout;
   if (!pool.custom_all_reduce) ranks.one_shot_max_bytes = 0;
   std::unique_ptr<CudaM3ModelRunner> r;
@@ -90,22 +98,94 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                o, ranks));
   }
   if (pool.tensor_parallel > 1) {
-    // What each GPU holds, as loaded (the windows of the checkpoint it read, in their formats).
+    // What each GPU holds, as loaded (the windows of the checkpoint it read, in their formats),
+    // and under --ep the routed experts it holds.
     std::string per_gpu;
     for (int rank = 0; rank < pool.tensor_parallel; ++rank) {
       const minimax_m3::CudaM3Stats st = r->rank_model(rank).stats();
       per_gpu += (rank == 0 ? "" : ", ") + std::to_string(rank) + ": " +
                  std::to_string(st.weight_bytes) + " weight + " + std::to_string(st.kv_bytes) +
                  " KV bytes";
+      if (pool.expert_parallel > 1) {
+        const minimax_m3::ExpertPlacement place = minimax_m3::place_experts(
+            cfg, rank, pool.tensor_parallel, pool.expert_parallel);
+        per_gpu += " (experts " + std::to_string(place.begin) + "-" +
+                   std::to_string(place.begin + place.count - 1) + ")";
+      }
     }
-    std::fprintf(stderr, "m3serve: --tp %d on GPUs (%s); all-reduce %s\n", pool.tensor_parallel,
-                 per_gpu.c_str(), r->all_reduce_path().c_str());
+    const std::string ep = pool.expert_parallel > 1
+                               ? " --ep " + std::to_string(pool.expert_parallel)
+                               : std::string();
+    std::fprintf(stderr, "m3serve: --tp %d%s on GPUs (%s); all-reduce %s\n",
+                 pool.tensor_parallel, ep.c_str(), per_gpu.c_str(), r->all_reduce_path().c_str());
   }
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else
   return Status(StatusCode::kUnimplemented,
                 "--device cuda: this m3serve was not built with the CUDA backend");
 #endif
+}
+
+Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
+                                                           const std::string& draft_dir,
+                                                           bool dummy_weights,
+                                                           int64_t max_sequences) {
+  const std::string flag = "--speculative-draft-model-path '" + draft_dir + "'";
+#if defined(M3_HAVE_CUDA)
+  auto* cuda_runner = dynamic_cast<CudaM3ModelRunner*>(&runner);
+  if (cuda_runner == nullptr || cuda_runner->num_ranks() != 1)
+    return Status(StatusCode::kUnimplemented,
+                  "--speculative-algorithm DSPARK: the GPU draft runs next to a one-GPU target "
+                  "(--tp 1) only");
+  namespace fs = std::filesystem;
+  const bool has_config = !draft_dir.empty() && fs::exists(fs::path(draft_dir) / "config.json");
+  minimax_m3::dspark::DSparkConfig cfg;
+  if (has_config) {
+    auto c = minimax_m3::dspark::load_dspark_config(draft_dir);
+    if (!c.is_ok()) return Status(c.status().code(), flag + ": " + c.status().message());
+    cfg = std::move(c).value();
+  } else if (dummy_weights) {
+    cfg = minimax_m3::dspark::default_dspark_config_for(cuda_runner->model().config());
+  } else {
+    return Status(StatusCode::kNotFound,
+                  flag + ": no DSpark draft there (no config.json); give the draft's directory, "
+                         "or use --load-format dummy for random draft weights");
+  }
+  std::unique_ptr<WeightSource> src;
+  if (!dummy_weights) {
+    auto ck = Checkpoint::open(draft_dir);
+    if (!ck.is_ok()) return Status(ck.status().code(), flag + ": " + ck.status().message());
+    src = std::move(ck).value();
+  }
+  minimax_m3::CudaDSparkOptions o;
+  o.max_sequences = std::max<int64_t>(1, max_sequences);
+  o.dummy_weights = dummy_weights;
+  auto d = minimax_m3::CudaDSparkDraft::load(cfg, &cuda_runner->model(), src.get(),
+                                             dummy_weights ? "dummy draft weights" : draft_dir, o);
+  if (!d.is_ok()) return Status(d.status().code(), flag + ": " + d.status().message());
+  std::fprintf(stderr,
+               "m3serve: DSpark draft on the GPU: %lld weight bytes; %lld context bytes per "
+               "speculative sequence (at most %lld), taken at its first step and outside the "
+               "KV memory plan\n",
+               static_cast<long long>((*d)->weight_bytes()),
+               static_cast<long long>((*d)->plan().kv_bytes_per_sequence),
+               static_cast<long long>(o.max_sequences));
+  return std::unique_ptr<DraftModel>(std::move(d).value());
+#else
+  (void)runner;
+  (void)dummy_weights;
+  (void)max_sequences;
+  return Status(StatusCode::kUnimplemented, flag + ": this m3serve has no CUDA backend");
+#endif
+}
+
+minimax_m3::dspark::BlockAttentionFn dspark_block_attention_for(Backend* backend) {
+#if defined(M3_HAVE_CUDA)
+  if (backend->kind() == DeviceKind::kCuda)
+    return minimax_m3::cuda_dspark_block_attention_f32(static_cast<CudaBackend*>(backend));
+#endif
+  (void)backend;
+  return {};
 }
 
 }  // namespace m3::app

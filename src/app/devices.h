@@ -10,6 +10,8 @@
 #include "app/kv_pool_request.h"
 #include "backend/backend.h"
 #include "core/status.h"
+#include "model/minimax_m3/dspark/dspark_attention.h"
+#include "model/draft_model.h"
 #include "model/model.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
@@ -39,5 +41,19 @@ Result<int64_t> cuda_memory_bytes();
 Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Config& cfg,
                                                             const WeightSource& src,
                                                             const CudaKvPoolRequest& pool);
+
+// --speculative-algorithm DSPARK on the real-shape CUDA path: the draft on the GPU of `runner`
+// (a one-GPU CudaM3ModelRunner), its weights from `draft_dir` (config.json + tensors), or random
+// ones with `dummy_weights` (at draft_dir's config.json when there is one, else the released
+// layout scaled to the target), context memory for at most `max_sequences` sequences. Errors name
+// --speculative-draft-model-path; unimplemented without CUDA or over GPU ranks.
+Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
+                                                           const std::string& draft_dir,
+                                                           bool dummy_weights,
+                                                           int64_t max_sequences);
+
+// The DSpark draft's block attention for a draft on `backend`: empty on the CPU backend (the
+// host code), the float32 kernel on the CUDA backend (model/minimax_m3/cuda/cuda_dspark_f32.h).
+minimax_m3::dspark::BlockAttentionFn dspark_block_attention_for(Backend* backend);
 
 }  // namespace m3::app

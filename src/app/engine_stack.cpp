@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <thread>
 
+#include "app/devices.h"
 #include "app/memory_plan.h"
 #include "app/startup_report.h"
 #include "backend/cpu/cpu_backend.h"
@@ -154,13 +156,18 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
     M3_RETURN_IF_ERROR(check_dp_attention(layout, f.dp, f.enable_dp_attention));
   }
   if (!f.speculative_algorithm.empty()) {
-    // The draft runs on the float32 CPU path, next to an unsharded target.
+    // The draft runs unsplit next to the target: on the float32 CPU path (on rank 0 when the
+    // target is split over this process's CPU ranks with --tp / --ep), the float32 CUDA backend,
+    // or one GPU on the real-shape kernels (cuda_dspark_draft.h).
     const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
-    if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1)
-      return not_yet(spec + " with --tp/--ep/--dp/--nnodes", "speculative decoding over ranks");
-    if (f.device == "cuda") return not_yet(spec + " with --device cuda", "a GPU draft");
+    if (f.dp > 1 || f.enable_dp_attention || f.nnodes > 1)
+      return not_yet(spec + " with --dp/--enable-dp-attention/--nnodes",
+                     "speculative decoding over attention data-parallel groups or nodes");
+    if (f.device == "cuda" && (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel))
+      return not_yet(spec + " with --device cuda and --tp/--ep", "a GPU draft beside GPU ranks");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
+    o.draft_dummy_weights = f.speculative_draft_load_format == "dummy";
     o.speculative_options.num_draft_tokens = f.speculative_num_draft_tokens;
     o.speculative_options.method = f.speculative_block_verification ? VerifyMethod::kBlock
                                                                      : VerifyMethod::kTokenWise;
@@ -198,18 +205,48 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
 
 namespace {
 
-// --speculative-algorithm DSPARK: the draft for the CPU runner's target (<model>/dspark unless
-// --speculative-draft-model-path names another directory).
-Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
-                                               const EngineStackOptions& options,
-                                               MiniMaxM3ModelRunner& runner) {
+// --speculative-algorithm DSPARK: the draft for the float32 runner's target (<model>/dspark
+// unless --speculative-draft-model-path names another directory).
+minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& model_path,
+                                                        const EngineStackOptions& options) {
   minimax_m3::dspark::DSparkLoadOptions o;
   o.draft_dir = options.draft_model_path;
   if (o.draft_dir.empty() && !model_path.empty()) o.draft_dir = (fs::path(model_path) / "dspark").string();
-  o.dummy_weights = options.dummy_weights;
-  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(o, runner.model(),
-                                                                           runner.backend()));
+  o.dummy_weights = options.dummy_weights || options.draft_dummy_weights;
+  return o;
+}
+
+// `target`: the whole model's config; `first_rank`: the model whose embedding, lm_head and
+// final norm the draft reads (the only one at --tp 1, rank 0's over ranks), on `backend` (the CPU
+// backend, or the float32 CUDA backend with its block-attention kernel).
+Result<std::unique_ptr<DraftModel>> load_draft(const std::string& model_path,
+                                               const EngineStackOptions& options,
+                                               const MiniMaxM3Config& target,
+                                               const minimax_m3::Model& first_rank,
+                                               Backend* backend) {
+  minimax_m3::dspark::DSparkLoadOptions o = draft_load_options(model_path, options);
+  o.attention = dspark_block_attention_for(backend);
+  M3_ASSIGN_OR_RETURN(auto d, minimax_m3::dspark::load_dspark_engine_draft(o, target, first_rank,
+                                                                           backend));
   return std::unique_ptr<DraftModel>(std::move(d));
+}
+
+DraftMemoryShape draft_memory_shape(const minimax_m3::dspark::DSparkConfig& c) {
+  DraftMemoryShape d;
+  d.hidden = c.hidden_size;
+  d.layers = c.num_hidden_layers;
+  d.heads = c.num_attention_heads;
+  d.kv_heads = c.num_key_value_heads;
+  d.head_dim = c.head_dim;
+  d.intermediate = c.intermediate_size;
+  d.vocab = c.vocab_size;
+  d.markov_rank = c.markov_rank;
+  d.sliding_window = c.sliding_window;
+  d.num_target_layers = static_cast<int64_t>(c.target_layer_ids.size());
+  d.confidence_head = c.enable_confidence_head;
+  d.confidence_with_markov = c.confidence_head_with_markov;
+  d.context_page_size = minimax_m3::dspark::DSparkContextCache::kDefaultPageSize;
+  return d;
 }
 
 // The config of `model_path`, or the built-in M3.1-Flash config for dummy weights without a
@@ -269,12 +306,6 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                       ": data-parallel attention on GPUs is not supported yet; CPU ranks serve "
                       "it (--device cpu, in one process or over several nodes)");
   }
-  if (gpu_ranks && ep > 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "--tp " + std::to_string(tp) + " --ep " + std::to_string(ep) +
-                      ": expert parallelism on GPUs is not supported yet (--tp alone splits "
-                      "every expert over the GPUs; CPU ranks take --ep with --device cpu)");
-  }
   if (!options.custom_all_reduce && !gpu_ranks)
     std::fprintf(stderr, "m3serve: note: --disable-custom-all-reduce: no GPU ranks here (--tp %d "
                  "--device %s); it changes nothing\n", tp, options.device.c_str());
@@ -289,13 +320,15 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, model_config(model_path, options));
     Status fit = minimax_m3::check_real_shape_fit(c);
     if (fit.is_ok() && gpu_ranks) {
-      fit = minimax_m3::check_tensor_parallel(c, tp);
+      fit = minimax_m3::check_tensor_parallel(c, tp, ep);
       for (int r = 0; r < tp && fit.is_ok(); ++r)
-        fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(c, r, tp));
+        fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(c, r, tp, ep));
     }
     real_shape = fit.is_ok();
     if (!real_shape && gpu_ranks)
-      return Status(fit.code(), "--tp " + std::to_string(tp) + " --device cuda: " + fit.message());
+      return Status(fit.code(), "--tp " + std::to_string(tp) +
+                                    (ep > 1 ? " --ep " + std::to_string(ep) : std::string()) +
+                                    " --device cuda: " + fit.message());
     if (!real_shape)
       std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
                    fit.message().c_str());
@@ -395,6 +428,25 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   // beyond it the estimate's growth per token is added) and the pool is planned from the
   // device's memory as the step left it.
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
+  // The draft (--speculative-algorithm, the CPU path at --tp 1): its weights and a context cache
+  // per running sequence are static memory; the target features kept with every KV page (for
+  // prefix-cache hits) grow the page.
+  const int64_t target_bytes_per_page = mem.kv_bytes_per_page;
+  std::optional<DraftMemoryShape> draft_memory;
+  int64_t draft_static_bytes = 0, draft_feature_page_bytes = 0;
+  if (options.speculative) {
+    M3_ASSIGN_OR_RETURN(const minimax_m3::dspark::DSparkConfig dcfg,
+                        minimax_m3::dspark::resolve_dspark_config(
+                            draft_load_options(model_path, options), loaded.config));
+    draft_memory = draft_memory_shape(dcfg);
+    draft_static_bytes = draft_weight_bytes(*draft_memory) +
+                         int64_t{max_running} * draft_context_bytes_per_sequence(*draft_memory);
+    if (options.enable_prefix_cache) {
+      draft_feature_page_bytes = draft_feature_bytes_per_kv_page(*draft_memory, page_size);
+    }
+    mem.weight_bytes += draft_static_bytes;
+    mem.kv_bytes_per_page += draft_feature_page_bytes;
+  }
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<DraftModel> draft;  // --speculative-algorithm
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
@@ -409,6 +461,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     CudaKvPoolRequest pool;
     pool.profile_tokens = profile_tokens;
     pool.tensor_parallel = tp;
+    pool.expert_parallel = ep;
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
@@ -458,6 +511,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     CudaKvPoolRequest pool;
     pool.kv_cache_bytes = kv_cache_bytes;
     pool.tensor_parallel = tp;
+    pool.expert_parallel = ep;
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
@@ -478,21 +532,40 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                                                         threads_per_rank,
                                                         static_cast<int32_t>(plan.pages), dp));
     bytes_read = ranks->weight_bytes_read();
+    if (options.speculative) {
+      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
+                                            ranks->first_rank_model(),
+                                            ranks->first_rank_backend()));
+    }
     runner = std::move(ranks);
   } else {
     bytes_read = {whole_model_reads.total()};
+    // With a draft the planned page also holds its features: the runner gets the target's part
+    // of the plan's pages.
+    const int64_t runner_kv_bytes =
+        draft_memory ? plan.pages * target_bytes_per_page : kv_cache_bytes;
     M3_ASSIGN_OR_RETURN(auto cpu_runner, MiniMaxM3ModelRunner::create(std::move(backend),
                                                                       std::move(loaded.model),
-                                                                      kv_cache_bytes));
+                                                                      runner_kv_bytes));
     if (options.speculative) {
-      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, *cpu_runner));
+      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
+                                            cpu_runner->model(), cpu_runner->backend()));
     }
     runner = std::move(cpu_runner);
   }
+  if (options.speculative && real_shape) {
+    // The GPU draft next to the real-shape target, on its GPU and stream.
+    std::string dir = options.draft_model_path;
+    if (dir.empty() && !model_path.empty()) dir = (fs::path(model_path) / "dspark").string();
+    M3_ASSIGN_OR_RETURN(draft, make_cuda_dspark_draft(
+                                   *runner, dir, options.dummy_weights || options.draft_dummy_weights,
+                                   max_running));
+  }
   if (options.speculative && !draft) {
     return Status(StatusCode::kUnimplemented,
-                  "--speculative-algorithm: speculative decoding runs on the float32 CPU path at "
-                  "--tp 1 only (not with --device cuda or ranks)");
+                  "--speculative-algorithm: speculative decoding runs on the float32 path (CPU "
+                  "ranks of one process, or the float32 CUDA backend) or on one GPU on the "
+                  "real-shape kernels");
   }
   std::vector<std::string> report;
   report.push_back("weights: " + weight_formats_summary(*loaded.weights) + "; " +
@@ -530,6 +603,20 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                    format_bytes(kv_cache_bytes) + ", " + plan.sized_by + ")" +
                    (dp > 1 ? " per DP group (" + std::to_string(dp) + " groups)" : "") +
                    "; context length " + std::to_string(context_length));
+
+  if (draft_memory) {
+    const int64_t per_seq = draft_context_bytes_per_sequence(*draft_memory);
+    report.push_back(
+        "draft memory: DSpark weights " + format_bytes(draft_weight_bytes(*draft_memory)) +
+        " (float32); context cache " + format_bytes(per_seq) + " per running sequence, " +
+        format_bytes(int64_t{max_running} * per_seq) + " for " + std::to_string(max_running) +
+        " (--max-running-requests); " +
+        (draft_feature_page_bytes > 0
+             ? "target features for the prefix cache " + format_bytes(draft_feature_page_bytes) +
+                   " per KV page, " + format_bytes(draft_feature_page_bytes * plan.pages) +
+                   " for the pool's " + std::to_string(plan.pages) + " pages (in the KV cache)"
+             : std::string("no prefix cache, no target features kept")));
+  }
 
   EngineConfig cfg;
   cfg.scheduler.page_size = page_size;

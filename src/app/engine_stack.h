@@ -91,11 +91,14 @@ struct EngineStackOptions {
   // --nnodes and the rest: this process is node 0 of several (the others run
   // run_follower_node).
   NodeLayout nodes;
-  // --speculative-algorithm DSPARK (docs/dspark.md; the float32 CPU path at --tp 1 only): the
+  // --speculative-algorithm DSPARK (docs/dspark.md; --tp 1 only, CPU or GPU): the
   // draft's directory (empty: <model>/dspark) and the engine's options (num_draft_tokens 0: the
   // draft's block size + 1).
   bool speculative = false;
   std::string draft_model_path;
+  // --speculative-draft-load-format dummy: random draft weights (at the shape of the draft
+  // directory's config.json, else the default for the target) next to real target weights.
+  bool draft_dummy_weights = false;
   SpeculativeOptions speculative_options;
   // --enable-hierarchical-cache (docs/kv-cache.md; the float32 CPU path at --tp 1): the host
   // tier holds hicache_host_bytes (--hicache-size, > 0) or hicache_ratio x the device pool's

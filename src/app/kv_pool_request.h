@@ -28,6 +28,9 @@ struct CudaKvPoolRequest {
   // dist_timeout (--dist-timeout). The pool is per rank: every rank holds its KV heads of every
   // page, and the measured plan takes the fewest pages any rank can hold.
   int tensor_parallel = 1;
+  // --ep: the expert-parallel ranks among them (divides tensor_parallel): each GPU holds only its
+  // block of whole routed experts (model/minimax_m3/cuda/cuda_m3_model.h, CudaTensorParallel).
+  int expert_parallel = 1;
   std::chrono::seconds dist_timeout{300};
   bool custom_all_reduce = true;  // small all-reduces over peer memory (CudaRanks)
 };

@@ -119,6 +119,29 @@ int64_t activation_bytes_per_device(const MiniMaxM3Config& c, WeightStorage stor
                 logits + fixed));
 }
 
+int64_t draft_weight_bytes(const DraftMemoryShape& d) {
+  const int64_t per_layer = 2 * d.hidden + 2 * d.head_dim                 // the four norms
+                            + 2 * d.heads * d.head_dim * d.hidden           // q_proj, o_proj
+                            + 2 * d.kv_heads * d.head_dim * d.hidden        // k_proj, v_proj
+                            + 3 * d.intermediate * d.hidden;                // gate, up, down
+  int64_t n = d.hidden * d.num_target_layers * d.hidden  // fc
+              + 2 * d.hidden                             // hidden_norm, final_norm
+              + 2 * d.vocab * d.markov_rank              // markov_w1, markov_w2
+              + d.layers * per_layer;
+  if (d.confidence_head) n += d.hidden + (d.confidence_with_markov ? d.markov_rank : 0) + 1;
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t draft_context_bytes_per_sequence(const DraftMemoryShape& d) {
+  const int64_t S = d.context_page_size;
+  const int64_t pages = (d.sliding_window + S - 1) / S + 3;
+  return d.layers * 2 * pages * S * d.kv_heads * d.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t draft_feature_bytes_per_kv_page(const DraftMemoryShape& d, int32_t page_size) {
+  return d.num_target_layers * d.hidden * page_size * static_cast<int64_t>(sizeof(float));
+}
+
 Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   if (in.page_size <= 0 || in.kv_bytes_per_page <= 0) {
     return invalid_argument("[memory plan] the model reports no KV layout (page of " +

@@ -49,6 +49,27 @@ int64_t kv_bytes_per_page_per_device(const MiniMaxM3Config& cfg, int ranks,
 int64_t activation_bytes_per_device(const MiniMaxM3Config& cfg, WeightStorage storage, int ranks,
                                     int64_t step_tokens, int64_t logit_rows);
 
+// The DSpark draft (docs/dspark.md), held in float32 next to the target on the CPU path: the
+// shape numbers of its config.
+struct DraftMemoryShape {
+  int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t vocab = 0, markov_rank = 0, sliding_window = 0;
+  int64_t num_target_layers = 0;  // dspark_target_layer_ids: the features are that many hiddens
+  bool confidence_head = false, confidence_with_markov = false;
+  int64_t context_page_size = 128;  // the draft context cache's page (DSparkContextCache)
+};
+// The draft's own weights in float32 (its embedding table, lm_head and final norm are the
+// target's, counted there): fc, the two norms, the Markov head, the confidence head, and per
+// layer the attention and dense MLP projections and their norms.
+int64_t draft_weight_bytes(const DraftMemoryShape& d);
+// One running sequence's draft context cache: K and V of every draft layer over
+// ceil(W / S) + 3 pages of S positions (the sliding window W and the pages a verify may roll
+// back into).
+int64_t draft_context_bytes_per_sequence(const DraftMemoryShape& d);
+// The captured target hidden states kept with one KV page of `page_size` tokens so that
+// speculative requests can be served from the prefix cache (engine/draft_feature_store.h).
+int64_t draft_feature_bytes_per_kv_page(const DraftMemoryShape& d, int32_t page_size);
+
 struct MemoryPlanInput {
   std::string device_name;          // "cuda" or "cpu", for the messages
   int64_t device_memory_bytes = 0;  // per device: the CUDA runtime's total, or MemAvailable (CPU)

@@ -41,6 +41,7 @@ struct ServeConfig {
   // verification, and the benchmark-only forced acceptance length (0: off).
   std::string speculative_algorithm;
   std::string speculative_draft_model_path;
+  std::string speculative_draft_load_format = "auto";  // auto | dummy
   int32_t speculative_num_draft_tokens = 0;
   bool speculative_block_verification = false;
   int32_t speculative_simulate_accept_length = 0;

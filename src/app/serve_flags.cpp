@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <initializer_list>
@@ -219,7 +220,8 @@ const std::vector<Flag>& flags() {
        }},
       {"--ep", true, G::kParallel,
        "expert-parallel ranks among the --tp ranks (also --ep-size; divides --tp; alone: --tp N): "
-       "routed experts placed whole, tokens moved by all-to-all; CPU ranks only",
+       "routed experts placed whole (CPU ranks: tokens moved by all-to-all; GPU ranks: each "
+       "runs its experts on every token, summed by the all-reduce)",
        "2", INT_FLAG(ep, 1, 64)},
       {"--ep-size", true, G::kParallel, nullptr, "2", INT_FLAG(ep, 1, 64)},
       {"--enable-expert-parallel", false, G::kParallel,
@@ -364,6 +366,12 @@ const std::vector<Flag>& flags() {
          f.speculative_draft_model_path = v;
          return Status::ok();
        }},
+      {"--speculative-draft-load-format", true, G::kSpeculative,
+       "auto (the draft's checkpoint) or dummy (random draft weights, real target)", "dummy",
+       [](ServeConfig& f, const std::string& v) {
+         return set_choice(f.speculative_draft_load_format, "--speculative-draft-load-format", v,
+                           {"auto", "dummy"});
+       }},
       {"--speculative-num-draft-tokens", true, G::kSpeculative,
        "tokens per verify: the last token + drafts (default the draft's block size + 1)", "4",
        INT_FLAG(speculative_num_draft_tokens, 2, 1024)},
@@ -411,6 +419,26 @@ const std::vector<Flag>& flags() {
        }},
       {"--max-image-bytes", true, G::kSecurity, "largest accepted image (default 20 MiB)", "1000",
        INT_FLAG(server.media.max_image_bytes, 1, INT64_MAX)},
+      {"--media-fetch-timeout", true, G::kSecurity,
+       "seconds a remote image fetch may take, redirects included (default 5)", "2.5",
+       [](ServeConfig& f, const std::string& v) {
+         return set_seconds(f.server.media.fetch_timeout, "--media-fetch-timeout", v, 0.05,
+                            600.0);
+       }},
+      {"--allow-loopback-media-for-tests", false, G::kSecurity,
+       "let remote image URLs reach 127.0.0.1 (tests only: refused unless the environment has "
+       "M3SERVE_TEST_ENVIRONMENT=1)",
+       "",
+       [](ServeConfig& f, const std::string&) {
+         const char* env = std::getenv("M3SERVE_TEST_ENVIRONMENT");
+         if (!env || std::string(env) != "1") {
+           return invalid_argument(
+               "--allow-loopback-media-for-tests is for tests only: it lets image URLs reach "
+               "this machine's loopback services; set M3SERVE_TEST_ENVIRONMENT=1 in a test");
+         }
+         f.server.media.allow_loopback_for_tests = true;
+         return Status::ok();
+       }},
       {"--max-request-body-bytes", true, G::kSecurity,
        "largest request body, else 413 (default 64 MiB)", "4096",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},
@@ -544,6 +572,8 @@ Result<ParsedServeFlags> parse_serve_flags(const std::vector<std::string>& args)
     for (const auto& [set, name] :
          {std::pair{out.speculative_block_verification, "--speculative-use-block-verification"},
           std::pair{!out.speculative_draft_model_path.empty(), "--speculative-draft-model-path"},
+          std::pair{out.speculative_draft_load_format != "auto",
+                    "--speculative-draft-load-format"},
           std::pair{out.speculative_num_draft_tokens != 0, "--speculative-num-draft-tokens"},
           std::pair{out.speculative_simulate_accept_length != 0,
                     "--speculative-simulate-accept-length"}}) {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "bench/mixed_itl.h"
 #include "bench/report.h"
 #include "bench/stats.h"
 
@@ -39,10 +40,19 @@ workload:
                            multi-turn: conversations whose every turn adds a user message of
                            --random-input-len words to the previous turns and their answers
                            (text prompts; instead of --num-prompts)
+                           mixed: --mixed-streams long generations, then --num-prompts long
+                           prompts arriving beside them; the stream ITL is reported apart for
+                           gaps with and without a long prompt in flight
   --num-conversations C    multi-turn: conversations (default 8)
   --turns T                multi-turn: turns per conversation, sent one after the other
                            (default 4)
-  --num-prompts N          number of requests (default 1000)
+  --mixed-streams S        mixed: generations started together, --random-input-len prompt
+                           and --random-output-len tokens each (default 8)
+  --mixed-prompt-len L     mixed: the arriving prompts' tokens (default 8192)
+  --mixed-prompt-output-len O
+                           mixed: tokens each arriving prompt generates (default 16)
+  --mixed-delay S          mixed: seconds of streams alone before the first arrival (default 5)
+  --num-prompts N          number of requests (mixed: the arriving prompts) (default 1000)
   --random-input-len I     prompt tokens (default 1024)
   --random-output-len O    generated tokens per request, max_tokens (default 1024)
   --random-range-ratio R   0..1 (default 0: exact lengths)
@@ -102,6 +112,8 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
   std::string host = "127.0.0.1", port = "30000";
   bool num_prompts_given = false;
   std::string multi_turn_flag;  // a multi-turn-only flag given, to refuse it without multi-turn
+  std::string mixed_flag;       // likewise for the mixed workload's flags
+  f.run.arrival_delay_s = 5.0;
   f.run.request_rate = std::numeric_limits<double>::infinity();
   f.run.progress = isatty(STDERR_FILENO) != 0;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -157,9 +169,29 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
           f.workload.dataset = DatasetKind::kFixed;
         } else if (v == "multi-turn" || v == "multi_turn") {
           f.workload.dataset = DatasetKind::kMultiTurn;
+        } else if (v == "mixed") {
+          f.workload.dataset = DatasetKind::kMixed;
         } else {
-          return invalid_argument(flag + " '" + v + "': expected random, fixed or multi-turn");
+          return invalid_argument(flag + " '" + v +
+                                  "': expected random, fixed, multi-turn or mixed");
         }
+      } else if (flag == "--mixed-streams") {
+        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 100'000));
+        f.workload.mixed_streams = static_cast<int>(n);
+        mixed_flag = flag;
+      } else if (flag == "--mixed-prompt-len") {
+        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 100'000'000));
+        f.workload.mixed_prompt_len = static_cast<int>(n);
+        mixed_flag = flag;
+      } else if (flag == "--mixed-prompt-output-len") {
+        M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 100'000'000));
+        f.workload.mixed_prompt_output_len = static_cast<int>(n);
+        mixed_flag = flag;
+      } else if (flag == "--mixed-delay") {
+        M3_ASSIGN_OR_RETURN(double d, parse_double(flag, v));
+        if (!(d >= 0 && d <= 86400)) return invalid_argument("--mixed-delay must be in [0, 86400]");
+        f.run.arrival_delay_s = d;
+        mixed_flag = flag;
       } else if (flag == "--num-conversations") {
         M3_ASSIGN_OR_RETURN(long long n, parse_int(flag, v, 1, 1'000'000));
         f.workload.num_conversations = static_cast<int>(n);
@@ -233,6 +265,9 @@ Result<BenchFlags> parse_bench_flags(const std::vector<std::string>& args) {
   const bool multi_turn = f.workload.dataset == DatasetKind::kMultiTurn;
   if (!multi_turn && !multi_turn_flag.empty()) {
     return invalid_argument(multi_turn_flag + " needs --dataset multi-turn");
+  }
+  if (f.workload.dataset != DatasetKind::kMixed && !mixed_flag.empty()) {
+    return invalid_argument(mixed_flag + " needs --dataset mixed");
   }
   // A conversation's history is text (the answers come back as text), so its prompts are too.
   f.workload.token_ids = f.run.backend == Backend::kOpenAiCompletions && !multi_turn;
@@ -339,7 +374,12 @@ int run_bench_command(const std::vector<std::string>& args) {
   desc.model = f.run.params.model;
   desc.dataset = f.workload.dataset == DatasetKind::kFixed       ? "fixed"
                  : f.workload.dataset == DatasetKind::kMultiTurn ? "multi-turn"
+                 : f.workload.dataset == DatasetKind::kMixed     ? "mixed"
                                                                  : "random";
+  if (f.workload.dataset == DatasetKind::kMixed) {
+    desc.mixed_streams = f.workload.mixed_streams;
+    desc.mixed = split_itl_by_load(out->results, static_cast<size_t>(f.workload.mixed_streams));
+  }
   desc.request_rate = f.run.request_rate;
   desc.max_concurrency = f.run.max_concurrency;
   desc.num_prompts = f.workload.num_prompts;

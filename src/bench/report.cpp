@@ -86,6 +86,14 @@ std::string format_table(const RunDescription& run, const Aggregate& a) {
   latency_rows(out, "TPOT", a.tpot_ms, false);
   rule(out, "Inter-Token Latency", '-');
   latency_rows(out, "ITL", a.itl_ms, true);
+  if (run.mixed_streams > 0) {
+    rule(out, "Stream ITL beside arriving prompts", '-');
+    row(out, "Stream ITL gaps, idle / loaded:",
+        std::to_string(run.mixed.idle_ms.count) + " / " + std::to_string(run.mixed.loaded_ms.count));
+    latency_rows(out, "ITL idle", run.mixed.idle_ms, true);
+    latency_rows(out, "ITL loaded", run.mixed.loaded_ms, true);
+    row(out, "P99 ITL loaded / idle:", fmt("%.2f", run.mixed.p99_ratio));
+  }
   out += std::string(50, '=') + "\n";
   return out;
 }
@@ -130,6 +138,14 @@ nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
   put_summary(j, "ttft", a.ttft_ms);
   put_summary(j, "tpot", a.tpot_ms);
   put_summary(j, "itl", a.itl_ms);
+  if (run.mixed_streams > 0) {
+    j["mixed_streams"] = run.mixed_streams;
+    j["itl_idle_gaps"] = run.mixed.idle_ms.count;
+    j["itl_loaded_gaps"] = run.mixed.loaded_ms.count;
+    put_summary(j, "itl_idle", run.mixed.idle_ms);
+    put_summary(j, "itl_loaded", run.mixed.loaded_ms);
+    j["p99_itl_loaded_over_idle"] = run.mixed.p99_ratio;
+  }
   // Distinct failures with how often each happened (a dead server repeats one message N times).
   std::map<std::pair<int, std::string>, int> counts;
   for (const RequestResult& r : results) {

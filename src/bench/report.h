@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/mixed_itl.h"
 #include "bench/stats.h"
 
 namespace m3::bench {
@@ -23,6 +24,8 @@ struct RunDescription {
   double random_range_ratio = 0;
   unsigned long long seed = 0;
   int warmup_requests = 0;
+  int mixed_streams = 0;  // --dataset mixed: the streams (then `mixed` is filled in)
+  MixedItl mixed;
 };
 
 std::string format_table(const RunDescription& run, const Aggregate& a);

@@ -94,8 +94,14 @@ class Run {
       co_await launch_conversations();
       co_return;
     }
-    const std::vector<double> arrivals =
-        poisson_arrivals(static_cast<int>(requests_.size()), options_.request_rate, options_.seed);
+    // Streams (mixed workloads) at 0; the rest at their Poisson times after the delay.
+    size_t streams = 0;
+    while (streams < requests_.size() && requests_[streams].stream) ++streams;
+    std::vector<double> arrivals(streams, 0.0);
+    for (double t : poisson_arrivals(static_cast<int>(requests_.size() - streams),
+                                     options_.request_rate, options_.seed)) {
+      arrivals.push_back((streams > 0 ? options_.arrival_delay_s : 0.0) + t);
+    }
     net::steady_timer timer(io_);
     boost::system::error_code ec;
     for (size_t i = 0; i < requests_.size(); ++i) {

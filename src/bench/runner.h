@@ -26,6 +26,9 @@ struct RunOptions {
   uint64_t seed = 1;
   double timeout_s = 0;   // per request, connect to last byte; 0: no limit
   bool progress = false;  // a line on stderr as requests finish
+  // Mixed workloads: the leading requests marked `stream` are sent at once at the start (each
+  // still takes a concurrency slot); the others arrive at the request rate from this offset.
+  double arrival_delay_s = 0;
 };
 
 // Multi-turn workloads (requests with conversation >= 0, consecutive per conversation, as

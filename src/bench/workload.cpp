@@ -51,13 +51,22 @@ Result<std::vector<BenchRequest>> make_workload(const WorkloadOptions& o) {
       return invalid_argument("--num-conversations * --turns must be at most 10000000");
     }
   }
+  if (o.dataset == DatasetKind::kMixed) {
+    if (o.mixed_streams < 1) return invalid_argument("--mixed-streams must be at least 1");
+    if (o.mixed_prompt_len < 1) return invalid_argument("--mixed-prompt-len must be at least 1");
+    if (o.mixed_prompt_output_len < 1) {
+      return invalid_argument("--mixed-prompt-output-len must be at least 1");
+    }
+  }
   if (o.token_ids && o.vocab_size < 1) {
     return invalid_argument("--random-vocab-size must be at least 1");
   }
   std::mt19937_64 rng(o.seed);
   const bool multi_turn = o.dataset == DatasetKind::kMultiTurn;
+  const bool mixed = o.dataset == DatasetKind::kMixed;
+  const size_t streams = mixed ? static_cast<size_t>(o.mixed_streams) : 0;
   const size_t n = multi_turn ? static_cast<size_t>(o.num_conversations) * o.turns
-                              : static_cast<size_t>(o.num_prompts);
+                              : streams + static_cast<size_t>(o.num_prompts);
   std::vector<BenchRequest> out(n);
   for (size_t i = 0; i < n; ++i) {
     BenchRequest& r = out[i];
@@ -66,9 +75,13 @@ Result<std::vector<BenchRequest>> make_workload(const WorkloadOptions& o) {
       r.conversation = static_cast<int>(i / o.turns);
       r.turn = static_cast<int>(i % o.turns);
     }
+    r.stream = i < streams;
     if (o.dataset == DatasetKind::kFixed) {
       r.input_len = o.input_len;
       r.output_len = o.output_len;
+    } else if (mixed && i >= streams) {
+      r.input_len = o.mixed_prompt_len;
+      r.output_len = o.mixed_prompt_output_len;
     } else {
       r.input_len = uniform_int(rng, low_bound(o.input_len, o.range_ratio), o.input_len);
       r.output_len = uniform_int(rng, low_bound(o.output_len, o.range_ratio), o.output_len);

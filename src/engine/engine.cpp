@@ -293,11 +293,10 @@ void Engine::drain_inbox() {
 void Engine::admit(std::unique_ptr<ReqCtx> req) {
   const int32_t P = config_.scheduler.page_size;
   const int32_t prompt_len = static_cast<int32_t>(req->req.prompt_tokens.size());
-  // n > 1: siblings wait for sequence 0's prefill when there is a full page to share.
-  // A speculative request reads no prefix cache: its draft needs the target's hidden states of
-  // every prompt position, which the cache does not keep.
-  const bool share =
-      config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1 && !req->speculative;
+  // n > 1: siblings wait for sequence 0's prefill when there is a full page to share. A
+  // speculative sequence uses only cached pages whose draft features are kept
+  // (Scheduler::set_prefix_match_limit, set in enable_speculative).
+  const bool share = config_.scheduler.enable_prefix_cache && (prompt_len - 1) / P >= 1;
   SeqId leader = -1;
   for (auto& seq : req->seqs) {
     seq->id = next_seq_id_++;
@@ -307,7 +306,7 @@ void Engine::admit(std::unique_ptr<ReqCtx> req) {
     spec.seq_index = seq->index;
     spec.prompt = req->req.prompt_tokens;
     spec.wait_for = (share && seq->index > 0) ? leader : -1;
-    spec.match_prefix = !req->req.prompt_logits && !req->speculative;
+    spec.match_prefix = !req->req.prompt_logits;
     if (seq->index == 0) leader = seq->id;
     Status st = sched_->add(std::move(spec));
     if (!st.is_ok()) {
@@ -477,6 +476,7 @@ bool Engine::run_step() {
     if (st.is_ok()) st = check_step_output(plan, sampling, out);
     if (st.is_ok()) keep_prompt_logits(plan, step, model_out, prompt_rows);
     if (st.is_ok() && capture) draft_failed = feed_draft_context(plan, model_out);
+    if (st.is_ok() && draft_features_) invalidate_unrecorded_pages(plan);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }

@@ -29,6 +29,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/detokenizer.h"
+#include "engine/draft_feature_store.h"
 #include "engine/model_step.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
@@ -134,6 +135,9 @@ class Engine {
   // over attention data-parallel groups.
   Status enable_speculative(std::unique_ptr<DraftModel> draft, SpeculativeOptions options);
   bool speculative() const { return draft_ != nullptr; }
+  // Tests: the per-page draft features behind prefix-cache hits of speculative requests (null
+  // without a draft or without a prefix cache).
+  const DraftFeatureStore* draft_feature_store() const { return draft_features_.get(); }
 
   // Turns on the host (and disk) tiers behind the prefix cache (--enable-hierarchical-cache;
   // kv/hicache.h), before start() and before any request. Fails (invalid argument) when the
@@ -198,6 +202,12 @@ class Engine {
                                                                const ModelOutput& out);
   Status append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t slice, int64_t start_pos,
                               int32_t first_token, int32_t num_tokens);
+  // A new or rolled-back draft context for a sequence whose next computed position is `pos`:
+  // positions below it that the draft lacks (served from the prefix cache) are appended from the
+  // feature store.
+  Status rebuild_draft_context(SeqCtx* seq, int64_t pos);
+  // After a step: the pages written by sequences that recorded no features (draft_features_).
+  void invalidate_unrecorded_pages(const StepPlan& plan);
   // The accepted tokens of a verify slice (greedy, token-wise, block or simulated).
   std::vector<SampleResult> verify_slice(ReqCtx* req, SeqCtx* seq, const SeqSlice& slice,
                                          std::span<const float> logits, SamplerScratch* scratch,
@@ -225,6 +235,9 @@ class Engine {
   std::unique_ptr<DraftModel> draft_;
   SpeculativeOptions spec_;
   std::vector<int32_t> draft_capture_layers_;
+  // The draft's inputs of every page written by a speculative sequence, so that speculative
+  // requests can be served from the prefix cache (null without a prefix cache).
+  std::unique_ptr<DraftFeatureStore> draft_features_;
   std::vector<uint64_t> spec_accept_length_counts_;
   uint64_t spec_draft_tokens_total_ = 0;
   uint64_t spec_accepted_tokens_total_ = 0;

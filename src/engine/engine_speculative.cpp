@@ -52,6 +52,24 @@ Status Engine::enable_speculative(std::unique_ptr<DraftModel> draft, Speculative
   if (draft_capture_layers_.empty()) return invalid_argument("[engine] the draft reads no layers");
   draft_ = std::move(draft);
   spec_ = options;
+  if (config_.scheduler.enable_prefix_cache) {
+    draft_features_ = std::make_unique<DraftFeatureStore>(
+        static_cast<int32_t>(draft_capture_layers_.size()), runner_->hidden_size(),
+        config_.scheduler.page_size, sched_->pool().num_pages());
+    // A speculative sequence uses the cached pages whose draft features are kept; the target
+    // computes the rest again (and so captures their features).
+    sched_->set_prefix_match_limit(
+        [this](const SequenceState& seq, std::span<const PageId> matched) -> int32_t {
+          auto owner = seq_owner_.find(seq.id);
+          if (owner == seq_owner_.end() || !owner->second.first->speculative) {
+            return static_cast<int32_t>(matched.size());
+          }
+          return draft_features_->covered_prefix(matched);
+        });
+    sched_->set_page_dedup_hook([this](PageId kept, PageId dropped, int32_t index) {
+      draft_features_->adopt(kept, dropped, index);
+    });
+  }
   spec_accept_length_counts_.assign(static_cast<size_t>(options.num_draft_tokens) + 1, 0);
   publish_stats();
   return Status::ok();
@@ -131,27 +149,44 @@ Status Engine::propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t
   return Status::ok();
 }
 
-Status Engine::append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t slice,
-                                    int64_t start_pos, int32_t first_token, int32_t num_tokens) {
-  const int64_t pos = start_pos + first_token;
+Status Engine::rebuild_draft_context(SeqCtx* seq, int64_t pos) {
   if (!seq->draft || pos < seq->draft->length()) {
-    // A prefill from the start (first admission or after preemption) or a rollback.
-    if (seq->draft && pos > 0 && draft_->truncate(*seq->draft, pos).is_ok()) {
-      // kept
-    } else if (pos == 0) {
-      seq->draft = draft_->new_state();
-    } else {
-      return internal_error("[engine] the draft's context cannot be rolled back to position " +
-                            std::to_string(pos));
-    }
+    // A prefill from the start or from a prefix-cache hit (first admission or after preemption),
+    // or a rollback: keep what the draft holds below `pos` if it can roll back, else start over.
+    const bool kept = seq->draft && pos > 0 && draft_->truncate(*seq->draft, pos).is_ok();
+    if (!kept) seq->draft = draft_->new_state();
     seq->proposal.clear();
     seq->proposal_pos = -1;
   }
-  if (pos != seq->draft->length()) {
-    return internal_error("[engine] the draft's context ends at " +
-                          std::to_string(seq->draft->length()) + "; the step computed position " +
-                          std::to_string(pos));
+  const int64_t have = seq->draft->length();
+  if (pos == have) return Status::ok();
+  // Positions [have, pos) came from the prefix cache: their features are in the store (the
+  // scheduler matched only pages the store covers), in whole pages from position 0.
+  const SequenceState* st = sched_->find(seq->id);
+  const int64_t P = config_.scheduler.page_size;
+  if (!draft_features_ || !st || pos % P != 0 ||
+      draft_features_->covered_prefix(st->pages) < pos / P) {
+    return internal_error("[engine] the draft's context ends at " + std::to_string(have) +
+                          "; the step computed position " + std::to_string(pos) +
+                          " and the draft features of the positions between are not kept");
   }
+  const std::vector<float> all = draft_features_->read(st->pages, pos / P);
+  // [L, pos, hd] -> [L, pos - have, hd]
+  const size_t L = draft_capture_layers_.size();
+  const size_t hd = static_cast<size_t>(runner_->hidden_size());
+  const size_t n = static_cast<size_t>(pos - have);
+  std::vector<float> rows(L * n * hd);
+  for (size_t l = 0; l < L; ++l) {
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>((l * static_cast<size_t>(pos) +
+                                                           static_cast<size_t>(have)) * hd),
+                n * hd, rows.begin() + static_cast<std::ptrdiff_t>(l * n * hd));
+  }
+  return draft_->append_context(*seq->draft, rows, static_cast<int64_t>(n));
+}
+
+Status Engine::append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t slice,
+                                    int64_t start_pos, int32_t first_token, int32_t num_tokens) {
+  const int64_t pos = start_pos + first_token;
   if (slice >= out.hidden.size()) return internal_error("[engine] no hidden states captured");
   const std::vector<float>& h = out.hidden[slice];
   const size_t L = draft_capture_layers_.size();
@@ -165,6 +200,13 @@ Status Engine::append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t 
     return internal_error("[engine] captured " + std::to_string(T) + " tokens, " +
                           std::to_string(first_token + num_tokens) + " needed");
   }
+  // The committed positions' features go with their pages, for later prefix-cache hits.
+  if (draft_features_) {
+    if (const SequenceState* st = sched_->find(seq->id)) {
+      draft_features_->write(st->pages, pos, num_tokens, h, static_cast<int64_t>(T), first_token);
+    }
+  }
+  M3_RETURN_IF_ERROR(rebuild_draft_context(seq, pos));
   // [L, T, hd] -> [L, num_tokens, hd] of tokens [first_token, first_token + num_tokens).
   std::vector<float> rows(L * static_cast<size_t>(num_tokens) * hd);
   for (size_t l = 0; l < L; ++l) {
@@ -173,6 +215,16 @@ Status Engine::append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t 
                 rows.begin() + static_cast<std::ptrdiff_t>(l * num_tokens * hd));
   }
   return draft_->append_context(*seq->draft, rows, num_tokens);
+}
+
+void Engine::invalidate_unrecorded_pages(const StepPlan& plan) {
+  for (const SeqSlice& s : plan.seqs) {
+    auto owner = seq_owner_.find(s.seq_id);
+    if (owner != seq_owner_.end() && owner->second.first->speculative) continue;
+    if (const SequenceState* st = sched_->find(s.seq_id)) {
+      draft_features_->invalidate(st->pages, s.start_pos, s.num_tokens());
+    }
+  }
 }
 
 std::vector<std::pair<RequestId, Status>> Engine::feed_draft_context(const StepPlan& plan,

@@ -300,6 +300,13 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
       // copied back into device pages here, before the step that reads them.
       matched = index->acquire(seq->tokens, (seq->num_tokens() - 1) / P);
     }
+    if (prefix_match_limit_ && !matched.empty()) {
+      const int32_t keep = prefix_match_limit_(*seq, matched);
+      const size_t kept = static_cast<size_t>(
+          std::clamp<int32_t>(keep, 0, static_cast<int32_t>(matched.size())));
+      for (size_t i = kept; i < matched.size(); ++i) pool->decref(matched[i]);  // acquire's refs
+      matched.resize(kept);
+    }
     const int32_t num_cached = static_cast<int32_t>(matched.size()) * P;
     const int32_t remaining = seq->num_tokens() - num_cached;
     const int32_t num_new = remaining == 1 ? 1 : std::min(remaining, budget);
@@ -360,6 +367,7 @@ void Scheduler::index_full_pages(Seq* seq) {
   for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
     if (canonical[i] == seq->pages[i]) continue;
     // Another sequence indexed the same tokens first: share its page, free our duplicate.
+    if (page_dedup_hook_) page_dedup_hook_(canonical[i], seq->pages[i], i);
     g.pool->incref(canonical[i]);
     g.pool->decref(seq->pages[i]);
     seq->pages[i] = canonical[i];

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -181,6 +182,18 @@ class Scheduler {
   // Tokens (prompt + generated) of the group's live sequences, running and waiting: the load
   // minimum_tokens balances.
   int64_t num_live_tokens(int32_t dp_group) const;
+  // Limits a prefix-cache match at admission: called with the sequence and the pages the index
+  // matched (leading pages of its tokens); the sequence uses only the first `return value` of
+  // them (clamped to [0, matched.size()]) and computes the rest. The engine uses it for
+  // speculative sequences, whose draft needs features the cache may not hold (docs/dspark.md).
+  using PrefixMatchLimit =
+      std::function<int32_t(const SequenceState& seq, std::span<const PageId> matched)>;
+  void set_prefix_match_limit(PrefixMatchLimit limit) { prefix_match_limit_ = std::move(limit); }
+  // Called when a sequence's newly full page duplicates one another sequence indexed first:
+  // `kept` (the indexed page) replaces `dropped` (the sequence's, released next) as the
+  // sequence's `index`-th page. The engine moves the draft features it kept for `dropped`.
+  using PageDedupHook = std::function<void(PageId kept, PageId dropped, int32_t index)>;
+  void set_page_dedup_hook(PageDedupHook hook) { page_dedup_hook_ = std::move(hook); }
   // Drops every cached page no live sequence holds, in every group (tests; "flush cache" admin
   // endpoint later). With HiCache the pages move to the lower tiers instead.
   void flush_prefix_cache();
@@ -230,6 +243,8 @@ class Scheduler {
   RequestId last_placed_request_ = 0;
   int32_t last_placed_group_ = 0;
   SchedulerCounters counters_;
+  PrefixMatchLimit prefix_match_limit_;
+  PageDedupHook page_dedup_hook_;
 };
 
 }  // namespace m3

@@ -11,6 +11,10 @@
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/weights.h"
 #include "backend/cpu/cpu_backend.h"
+#include "model/minimax_m3/dspark/dspark_draft.h"
+#include "model/minimax_m3/dspark/dspark_dummy_weights.h"
+#include "model/minimax_m3/dspark/dspark_engine_draft.h"
+#include "model/minimax_m3/model_dir.h"
 
 namespace m3::app {
 namespace {
@@ -355,6 +359,99 @@ TEST(MemoryPlan, Float32WeightsPerRankAreWhatTheLoaderHolds) {
       }
     }
   }
+}
+
+// The DSpark draft's memory (docs/dspark.md, "Memory"). The released shape by hand from the
+// weight table; the m3-tiny default draft against what the loader actually reads and what a
+// context cache actually allocates.
+DraftMemoryShape released_draft() {
+  DraftMemoryShape d;
+  d.hidden = 6144, d.layers = 5, d.heads = 64, d.kv_heads = 4, d.head_dim = 128;
+  d.intermediate = 12288, d.vocab = 200064, d.markov_rank = 256, d.sliding_window = 4096;
+  d.num_target_layers = 5, d.confidence_head = true, d.confidence_with_markov = true;
+  return d;
+}
+
+TEST(MemoryPlan, DSparkDraftBytesOfTheReleasedShape) {
+  const DraftMemoryShape d = released_draft();
+  // fc 6144 x 30720; two norms; Markov w1, w2 200064 x 256; confidence [1, 6144 + 256] + bias;
+  // per layer four norms (2 x 6144 + 2 x 128), q/o 8192 x 6144, k/v 512 x 6144, MLP 3 x 12288 x
+  // 6144.
+  const int64_t per_layer = 2 * 6144 + 2 * 128 + 2 * 8192LL * 6144 + 2 * 512LL * 6144 +
+                            3 * 12288LL * 6144;
+  const int64_t params = 6144LL * 30720 + 2 * 6144 + 2 * 200064LL * 256 + (6144 + 256 + 1) +
+                         5 * per_layer;
+  EXPECT_EQ(params, 1'958'493'697);
+  EXPECT_EQ(draft_weight_bytes(d), params * 4);
+  // 5 layers x K and V x (4096 / 128 + 3) pages x 128 positions x 4 heads x 128 dims x 4 bytes:
+  // the "about 80 MB per running sequence" of docs/dspark.md.
+  EXPECT_EQ(draft_context_bytes_per_sequence(d), 5LL * 2 * 35 * 128 * 4 * 128 * 4);
+  EXPECT_EQ(draft_feature_bytes_per_kv_page(d, 128), 5LL * 6144 * 128 * 4);
+}
+
+TEST(MemoryPlan, DSparkDraftBytesMatchWhatIsLoadedAndAllocated) {
+  CpuBackend backend(1);
+  auto target = minimax_m3::load_model_dir(std::string(M3_REPO_ROOT) + "/models/m3-tiny", &backend);
+  ASSERT_TRUE(target.is_ok()) << target.status().to_string();
+  const minimax_m3::dspark::DSparkConfig cfg =
+      minimax_m3::dspark::default_dspark_config_for(target->config);
+  // Counts the elements of every tensor the draft's loader reads.
+  struct Counting final : WeightSource {
+    const WeightSource& inner;
+    mutable int64_t elements = 0;
+    explicit Counting(const WeightSource& w) : inner(w) {}
+    bool has(const std::string& n) const override { return inner.has(n); }
+    Result<WeightFormat> format(const std::string& n) const override { return inner.format(n); }
+    Result<HostTensorF32> load_f32(const std::string& n,
+                                   const std::vector<int64_t>& shape) const override {
+      auto t = inner.load_f32(n, shape);
+      if (t.is_ok()) elements += t->numel();
+      return t;
+    }
+    std::vector<std::string> names() const override { return inner.names(); }
+  };
+  minimax_m3::dspark::DummyDSparkWeightSource dummy(cfg, 3);
+  Counting src(dummy);
+  auto draft = minimax_m3::dspark::DSparkDraft::load(
+      cfg, target->config, src, "dummy",
+      minimax_m3::dspark::TargetSharedWeights::view_of(target->model->weights()), &backend);
+  ASSERT_TRUE(draft.is_ok()) << draft.status().to_string();
+  DraftMemoryShape d;
+  d.hidden = cfg.hidden_size, d.layers = cfg.num_hidden_layers, d.heads = cfg.num_attention_heads;
+  d.kv_heads = cfg.num_key_value_heads, d.head_dim = cfg.head_dim;
+  d.intermediate = cfg.intermediate_size, d.vocab = cfg.vocab_size, d.markov_rank = cfg.markov_rank;
+  d.sliding_window = cfg.sliding_window;
+  d.num_target_layers = static_cast<int64_t>(cfg.target_layer_ids.size());
+  d.confidence_head = cfg.enable_confidence_head;
+  d.confidence_with_markov = cfg.confidence_head_with_markov;
+  EXPECT_EQ(draft_weight_bytes(d), src.elements * 4);
+  auto cache = (*draft)->new_cache();
+  EXPECT_EQ(draft_context_bytes_per_sequence(d),
+            cfg.num_hidden_layers * 2 * cache->capacity_pages() * cache->page_size() *
+                cfg.num_key_value_heads * cfg.head_dim * 4);
+}
+
+TEST(MemoryPlan, TheDraftShrinksTheKvPool) {
+  MemoryPlanInput in;
+  in.device_name = "CPU";
+  in.device_memory_bytes = 4'000'000'000;
+  in.mem_fraction_static = 0.5;
+  in.weight_bytes = 500'000'000;
+  in.activation_bytes = 100'000'000;
+  in.kv_bytes_per_page = 1'000'000;
+  in.page_size = 128;
+  in.max_context_length = 4096;
+  auto plain = plan_memory(in);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  // engine_stack adds the draft's weights and context caches to the static part and its features
+  // to every page.
+  in.weight_bytes += 300'000'000;
+  in.kv_bytes_per_page += 250'000;
+  auto with_draft = plan_memory(in);
+  ASSERT_TRUE(with_draft.is_ok()) << with_draft.status().to_string();
+  EXPECT_LT(with_draft->pages, plain->pages);
+  EXPECT_EQ(with_draft->pages, (plain->kv_cache_bytes - 300'000'000) / 1'250'000)
+      << "the pool is what is left after the draft, in pages that carry the features";
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 // `m3serve serve`'s flags: SGLang's names, hints for unknown flags, the hidden fake-backend flags.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "app/engine_stack.h"
+#include "app/memory_plan.h"
 #include "app/serve_flags.h"
 
 namespace m3::app {
@@ -94,6 +99,20 @@ TEST(ServeFlags, HelpAndTheFakeBackendFlags) {
   EXPECT_FALSE(parse_serve_flags({}).value().config.fake.enabled);
 }
 
+TEST(ServeFlags, TheLoopbackMediaFlagIsForTestsOnly) {
+  unsetenv("M3SERVE_TEST_ENVIRONMENT");
+  auto refused = parse_serve_flags({"--allow-loopback-media-for-tests"});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("tests only"), std::string::npos);
+  setenv("M3SERVE_TEST_ENVIRONMENT", "1", 1);
+  auto f = parse_serve_flags({"--allow-loopback-media-for-tests", "--media-fetch-timeout", "0.5"});
+  unsetenv("M3SERVE_TEST_ENVIRONMENT");
+  ASSERT_TRUE(f.is_ok()) << f.status().message();
+  EXPECT_TRUE(f->config.server.media.allow_loopback_for_tests);
+  EXPECT_EQ(f->config.server.media.fetch_timeout, std::chrono::milliseconds(500));
+  EXPECT_FALSE(parse_serve_flags({"--media-fetch-timeout", "0"}).is_ok());
+}
+
 TEST(ServeFlags, ConnectionLimits) {
   auto f = parse_serve_flags({"--max-connections", "100", "--keep-alive-timeout", "2.5"});
   ASSERT_TRUE(f.is_ok()) << f.status().message();
@@ -129,17 +148,20 @@ std::string summary(const ServeConfig& c) {
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
   add(c.disable_custom_all_reduce);
-  s += c.speculative_draft_model_path + "|";
+  s += c.speculative_draft_model_path + "|" + c.speculative_draft_load_format + "|";
   add(c.speculative_num_draft_tokens);
   add(c.speculative_simulate_accept_length);
   add(c.hicache_ratio); add(c.hicache_ratio_set); add(c.hicache_write_policy_set);
   s += c.hicache_write_policy + "|" + c.hicache_storage_backend + "|" + c.hicache_storage_dir + "|";
+  add(c.server.media.fetch_timeout.count());
+  add(c.server.media.allow_loopback_for_tests);
   return s;
 }
 
 // Every flag either changes the configuration or leaves a startup notice that names it: nothing
 // is parsed and then dropped.
 TEST(ServeFlags, EveryFlagTakesEffectOrSaysWhyNot) {
+  setenv("M3SERVE_TEST_ENVIRONMENT", "1", 1);  // --allow-loopback-media-for-tests parses only here
   const ServeConfig defaults = parse_serve_flags({})->config;
   const auto examples = serve_flag_examples();
   ASSERT_GT(examples.size(), 40u);
@@ -179,19 +201,16 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
-  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels); DSPARK over ranks is
-  // refused.
-  auto refused = options_from_config(f->config);
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("--speculative-algorithm DSPARK"), std::string::npos)
-      << refused.status().message();
-  f->config.speculative_algorithm.clear();
+  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels), DSPARK with it on the CPU
+  // ranks (the draft on rank 0).
   auto accepted = options_from_config(f->config);
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->tensor_parallel, 4);
+  EXPECT_TRUE(accepted->speculative);
+  EXPECT_TRUE(accepted->speculative_options.method == VerifyMethod::kBlock);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--speculative-algorithm", "DSPARK", "--device", "cuda"},
-            "--speculative-algorithm DSPARK with --device cuda"},
+           {{"--speculative-algorithm", "DSPARK", "--device", "cuda", "--tp", "2"},
+            "--speculative-algorithm DSPARK with --tp"},
            {{"--dp", "2"}, "--dp 2"},
            {{"--kv-cache-dtype", "fp8_e4m3"}, "--kv-cache-dtype fp8_e4m3"},
            {{"--enable-hierarchical-cache", "--device", "cuda"},
@@ -242,6 +261,15 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
       EXPECT_NE(o.status().message().find(named), std::string::npos) << o.status().message();
     }
   }
+  // DSPARK on one GPU is accepted here (the float32 CUDA backend's draft; make_engine refuses a
+  // model on the real-shape kernels by name).
+  {
+    auto g = parse_serve_flags({"--speculative-algorithm", "DSPARK", "--device", "cuda"});
+    ASSERT_TRUE(g.is_ok());
+    auto o = options_from_config(g->config);
+    ASSERT_TRUE(o.is_ok()) << o.status().message();
+    EXPECT_TRUE(o->speculative);
+  }
   // --ep takes effect (CPU ranks): SGLang's meaning, the expert-parallel ranks among --tp's.
   auto e = parse_serve_flags({"--tp", "4", "--ep", "2"});
   ASSERT_TRUE(e.is_ok());
@@ -273,6 +301,19 @@ TEST(ServeFlags, Speculative) {
   EXPECT_EQ(o->speculative_options.num_draft_tokens, 5);
   EXPECT_EQ(o->speculative_options.method, VerifyMethod::kBlock);
   EXPECT_EQ(o->speculative_options.simulate_accept_length, 0);
+  EXPECT_FALSE(o->draft_dummy_weights);
+
+  // Random draft weights next to the real target (SGLang's --speculative-draft-load-format).
+  auto dummy = parse_serve_flags(
+      {"--speculative-algorithm", "DSPARK", "--speculative-draft-load-format", "dummy"});
+  ASSERT_TRUE(dummy.is_ok()) << dummy.status().message();
+  auto od = options_from_config(dummy->config);
+  ASSERT_TRUE(od.is_ok()) << od.status().message();
+  EXPECT_TRUE(od->draft_dummy_weights);
+  EXPECT_FALSE(od->dummy_weights);
+  auto bad = parse_serve_flags({"--speculative-draft-load-format", "gguf"});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--speculative-draft-load-format"), std::string::npos);
 
   auto eagle = parse_serve_flags({"--speculative-algorithm", "EAGLE3"});
   ASSERT_FALSE(eagle.is_ok());
@@ -290,8 +331,20 @@ TEST(ServeFlags, Speculative) {
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->speculative_options.simulate_accept_length, 3);
 
+  // Over this process's CPU ranks the draft runs unsplit on rank 0.
+  for (const auto& ranks : std::vector<std::vector<std::string>>{{"--tp", "2"}, {"--ep", "2"}}) {
+    std::vector<std::string> args = {"--speculative-algorithm", "DSPARK"};
+    args.insert(args.end(), ranks.begin(), ranks.end());
+    auto g = parse_serve_flags(args);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    auto r = options_from_config(g->config);
+    ASSERT_TRUE(r.is_ok()) << ranks[0] << ": " << r.status().message();
+    EXPECT_TRUE(r->speculative);
+  }
+  // Attention data-parallel groups and nodes are refused by name.
   for (const auto& ranks : std::vector<std::vector<std::string>>{
-           {"--tp", "2"}, {"--ep", "2"}, {"--nnodes", "2", "--dist-init-addr", "h:1"}}) {
+           {"--tp", "2", "--dp", "2", "--enable-dp-attention"},
+           {"--nnodes", "2", "--dist-init-addr", "h:1"}}) {
     std::vector<std::string> args = {"--speculative-algorithm", "DSPARK"};
     args.insert(args.end(), ranks.begin(), ranks.end());
     auto g = parse_serve_flags(args);
@@ -299,7 +352,7 @@ TEST(ServeFlags, Speculative) {
     auto r = options_from_config(g->config);
     ASSERT_FALSE(r.is_ok()) << ranks[0];
     EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(r.status().message().find("--speculative-algorithm DSPARK with --tp"),
+    EXPECT_NE(r.status().message().find("--speculative-algorithm DSPARK with --dp"),
               std::string::npos)
         << r.status().message();
   }
@@ -430,11 +483,6 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
   EXPECT_FALSE(seen.custom_all_reduce);
   EXPECT_EQ(calls, 2);
   o.custom_all_reduce = true;
-  o.expert_parallel = 2;
-  auto ep = make_engine("", o);
-  ASSERT_FALSE(ep.is_ok());
-  EXPECT_EQ(ep.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(ep.status().message().find("--ep 2"), std::string::npos) << ep.status().message();
   o.expert_parallel = 1;
   o.tensor_parallel = 8;  // 8 query heads per KV head on a rank: not the sparse kernels' shape
   auto tp8 = make_engine("", o);
@@ -443,6 +491,78 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
       << tp8.status().message();
   EXPECT_NE(tp8.status().message().find("num_attention_heads"), std::string::npos);
   EXPECT_EQ(calls, 2);
+}
+
+// --device cuda --ep N reaches the real-shape runner's factory with the expert-parallel ranks
+// (--ep 2 alone: two ranks, as on CPU ranks; --tp 4 --ep 2 as given), the same per-rank KV page
+// as --tp alone (attention stays split over every rank); an --ep that does not divide --tp, or
+// experts that do not split, are refused naming the flags before anything loads.
+TEST(ServeFlags, GpuExpertParallelReachesTheCudaRunner) {
+  EngineStackOptions o;
+  o.device = "cuda";
+  o.dummy_weights = true;  // the built-in MiniMax-M3.1-Flash config (128 experts)
+  o.num_layers = 2;
+  o.expert_parallel = 2;
+  const int64_t rank_page_bytes = 2 * 128 * (2 * 2 * 128 + 128) * 2;  // as under --tp 2
+  o.kv_cache_bytes = 10 * rank_page_bytes;
+  o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
+    return Status(StatusCode::kInternal, "the float32 backend is not used by GPU ranks");
+  };
+  CudaKvPoolRequest seen;
+  int calls = 0;
+  o.make_cuda_runner = [&](const MiniMaxM3Config& cfg, const WeightSource&,
+                           const CudaKvPoolRequest& pool) -> Result<std::unique_ptr<ModelRunner>> {
+    seen = pool;
+    ++calls;
+    EXPECT_EQ(cfg.num_local_experts, 128) << "the factory gets the whole model's config";
+    return Status(StatusCode::kUnavailable, "stop here");
+  };
+  auto ep2 = make_engine("", o);
+  ASSERT_FALSE(ep2.is_ok());
+  EXPECT_EQ(ep2.status().message(), "stop here");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.tensor_parallel, 2);
+  EXPECT_EQ(seen.expert_parallel, 2);
+  EXPECT_EQ(seen.kv_cache_bytes, 10 * rank_page_bytes);
+  // From the flags, as m3serve serve parses them.
+  auto flags = parse_serve_flags({"--device", "cuda", "--ep", "2"});
+  ASSERT_TRUE(flags.is_ok()) << flags.status().message();
+  auto from_flags = options_from_config(flags->config);
+  ASSERT_TRUE(from_flags.is_ok()) << from_flags.status().message();
+  EXPECT_EQ(from_flags->device, "cuda");
+  EXPECT_EQ(from_flags->expert_parallel, 2);
+  // --tp 4 --ep 2: four GPUs, two expert-parallel ranks. (The built-in config's 4 KV heads
+  // under --tp 4 give one per rank: 16 query heads per KV head, the sparse kernels' shape.)
+  o.tensor_parallel = 4;
+  o.kv_cache_bytes = 10 * (2 * 128 * (2 * 1 * 128 + 128) * 2);
+  auto tp4 = make_engine("", o);
+  ASSERT_FALSE(tp4.is_ok());
+  EXPECT_EQ(tp4.status().message(), "stop here");
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(seen.tensor_parallel, 4);
+  EXPECT_EQ(seen.expert_parallel, 2);
+  // vLLM's switch on GPUs: the experts over all --tp ranks.
+  o.expert_parallel = 1;
+  o.enable_expert_parallel = true;
+  ASSERT_FALSE(make_engine("", o).is_ok());
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(seen.expert_parallel, 4);
+  o.enable_expert_parallel = false;
+  // --ep 3 does not divide --tp 4: refused by name, the factory not called.
+  o.expert_parallel = 3;
+  auto bad = make_engine("", o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("--ep 3"), std::string::npos) << bad.status().message();
+  EXPECT_EQ(calls, 3);
+  // Data-parallel attention stays CPU-only, also with --ep.
+  o.expert_parallel = 2;
+  o.dp_attention = 2;
+  auto dp = make_engine("", o);
+  ASSERT_FALSE(dp.is_ok());
+  EXPECT_EQ(dp.status().code(), StatusCode::kUnimplemented) << dp.status().message();
+  EXPECT_NE(dp.status().message().find("--dp 2"), std::string::npos) << dp.status().message();
+  EXPECT_EQ(calls, 3);
 }
 
 TEST(ServeFlags, RankLayoutFollowsSglang) {
@@ -468,6 +588,66 @@ TEST(ServeFlags, RankLayoutFollowsSglang) {
   ASSERT_FALSE(clash.is_ok());
   EXPECT_NE(clash.status().message().find("--enable-expert-parallel"), std::string::npos);
   EXPECT_NE(clash.status().message().find("--ep 2"), std::string::npos);
+}
+
+
+// --speculative-algorithm DSPARK without --speculative-draft-model-path loads the model
+// directory's dspark/ folder (the deployment guide's layout); here a temporary model directory
+// (m3-tiny's files) whose dspark/config.json asks for a one-layer draft, with random draft
+// weights (--speculative-draft-load-format dummy) since no trained draft exists for m3-tiny.
+TEST(ServeFlags, DSparkDraftFromTheModelDirectorysDsparkFolder) {
+  namespace fs = std::filesystem;
+  const fs::path tiny = fs::path(M3_REPO_ROOT) / "models" / "m3-tiny";
+  const fs::path dir = fs::temp_directory_path() /
+                       ("m3serve-dspark-test-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "dspark");
+  for (const auto& e : fs::directory_iterator(tiny)) {
+    fs::create_symlink(e.path(), dir / e.path().filename());
+  }
+  {
+    std::ofstream cfg(dir / "dspark" / "config.json");
+    cfg << R"({"architectures": ["DSparkMiniMaxDraftModel"], "num_hidden_layers": 1,
+      "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+      "vocab_size": 4096, "dspark_ffn_hidden_size": 512, "sliding_window": 512,
+      "layer_types": ["sliding_attention"], "dspark_block_size": 4, "dspark_noise_token_id": 4090,
+      "dspark_target_layer_ids": [1, 3, 5], "dspark_markov_rank": 32})";
+  }
+  DraftMemoryShape one_layer;
+  one_layer.hidden = 256, one_layer.layers = 1, one_layer.heads = 8, one_layer.kv_heads = 2;
+  one_layer.head_dim = 32, one_layer.intermediate = 512, one_layer.vocab = 4096;
+  one_layer.markov_rank = 32, one_layer.sliding_window = 512, one_layer.num_target_layers = 3;
+  one_layer.confidence_head = true, one_layer.confidence_with_markov = true;
+  EngineStackOptions o;
+  o.num_threads = 2;
+  o.kv_cache_bytes = 16 << 20;
+  o.speculative = true;
+  o.draft_dummy_weights = true;
+  for (int tp : {1, 2}) {
+    o.tensor_parallel = tp;
+    auto e = make_engine(dir.string(), o);
+    ASSERT_TRUE(e.is_ok()) << "tp " << tp << ": " << e.status().message();
+    EXPECT_TRUE(e->engine->speculative());
+    bool named = false, draft = false;
+    const std::string weights = "draft memory: DSpark weights " +
+                                format_bytes(draft_weight_bytes(one_layer)) + " (float32)";
+    for (const std::string& line : e->report) {
+      named |= line.find(weights) != std::string::npos;
+      draft |= line.find("speculative decoding: DSpark draft, block 4, 5 tokens") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << "tp " << tp << ": no report line with '" << weights << "'";
+    EXPECT_TRUE(draft) << "tp " << tp << ": the draft's block size is its config's";
+  }
+  // The folder has no weights: without dummy draft weights the error names the directory.
+  o.tensor_parallel = 1;
+  o.draft_dummy_weights = false;
+  auto missing = make_engine(dir.string(), o);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("--speculative-draft-model-path '" +
+                                            (dir / "dspark").string() + "'"),
+            std::string::npos)
+      << missing.status().message();
+  fs::remove_all(dir);
 }
 
 }  // namespace

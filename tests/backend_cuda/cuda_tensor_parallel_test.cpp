@@ -9,12 +9,22 @@
 //    launches eager.
 //  * Two GPUs (CudaTensorParallelNccl, needs 2): NCCL on the compute streams, CUDA graphs on;
 //    the graph replays must be bitwise equal to a second runner's eager launches.
+//  * Expert parallelism (--ep 2, which is --tp 2 --ep 2: SGLang's meaning, the expert-parallel
+//    ranks among the tensor-parallel ones): rank r holds the whole experts [4r, 4r + 4) of the 8,
+//    routes every token over all 8 and runs only its own (the other rank's slots skipped on the
+//    device); the all-reduce after the combine adds them. Checked, as above, against the CPU and
+//    the unsharded GPU model, and also against the CPU ranks under the same --tp 2 --ep 2
+//    (TensorParallelCpuRunner: the all-to-all dispatch, the semantics' reference), on one GPU
+//    through the host and over NCCL with graphs on two.
 //
 // Tolerance: the unsharded GPU model's bound against the CPU (rel_bound: bf16 roundings of the
 // activations). Sharding changes the float32 order of the o_proj / down / MoE combine sums (two
 // partial sums added once, ~2^-24 relative), which moves a bf16 rounding of a downstream activation
 // by at most one ulp where it lands on a rounding boundary: one of the roundings the bound already
-// counts. The rank-0 logits must be within the bound of the CPU's and agree on the argmax wherever
+// counts. Under --ep a token's routed sum is each rank's sum of its own slots (in ascending slot
+// order) added across the ranks: again one reordering of float32 sums of the same products. The
+// CPU ranks equal the CPU model within 2.3e-5 relative (docs/parallel.md), far inside the bound,
+// so the same bound holds against them. The rank-0 logits must be within the bound of the CPU's and agree on the argmax wherever
 // the CPU's margin exceeds twice it; the sharded and unsharded GPU greedy tokens must agree where
 // the margin allows too (they are compared through the CPU).
 #include <cuda_runtime.h>
@@ -33,6 +43,7 @@
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
+#include "model/minimax_m3/tensor_parallel_runner.h"
 #include "real_model_fixture.h"
 
 namespace m3 {
@@ -76,13 +87,14 @@ class TpHarness {
     if (g.is_ok()) whole_ = std::move(g).value();
   }
 
-  // --tp 2 on GPU 0 through the host (graphs off), or on GPUs 0 and 1 over NCCL.
-  Result<std::unique_ptr<CudaM3ModelRunner>> runner(bool nccl, bool graphs) {
+  // --tp 2 (--ep ep) on GPU 0 through the host (graphs off), or on GPUs 0 and 1 over NCCL.
+  Result<std::unique_ptr<CudaM3ModelRunner>> runner(bool nccl, bool graphs, int ep = 1) {
     CudaM3Options o;
     o.max_batch = 16;
     o.use_graphs = graphs;
     CudaRanks ranks;
     ranks.ranks = 2;
+    ranks.ep = ep;
     if (!nccl) {
       ranks.devices = {0, 0};
       M3_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Communicator>> hosts,
@@ -95,7 +107,7 @@ class TpHarness {
             std::move((*shared)[static_cast<size_t>(r)]), device, stream));
       };
     }
-    const int64_t page_bytes = CudaM3Model::kv_bytes_per_page(cfg_, 2);
+    const int64_t page_bytes = CudaM3Model::kv_bytes_per_page(cfg_, 2, ep);
     return CudaM3ModelRunner::create(cfg_, src_, kPages * page_bytes, o, std::move(ranks));
   }
 
@@ -106,6 +118,18 @@ class TpHarness {
   Seq new_seq(int64_t max_tokens) { return pages_.new_seq(max_tokens); }
   void reset_pages() { pages_.reset(); }
 
+  // CPU ranks (--tp 2 --ep ep) stepped beside the CPU model from the next step on (fresh KV, so
+  // call it before a case's first step); ep 0: none.
+  Status use_cpu_ranks(int ep) {
+    cpu_ranks_.reset();
+    if (ep == 0) return Status::ok();
+    M3_ASSIGN_OR_RETURN(cpu_ranks_, TensorParallelCpuRunner::create(
+                                        cfg_, src_, 2, ep, 4, static_cast<int32_t>(kPages)));
+    return Status::ok();
+  }
+  bool has_cpu_ranks() const { return cpu_ranks_ != nullptr; }
+  const ModelOutput& cpu_ranks_out() const { return cpu_ranks_out_; }
+
   // One step on the CPU, the unsharded GPU model and each runner (outputs: [0] unsharded, then
   // the runners').
   void step(std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& tokens, bool all_rows,
@@ -115,6 +139,11 @@ class TpHarness {
     st.slices = real_model_fixture::step_inputs(seqs, tokens, all_rows);
     Status s = cpu_model_->forward(st.slices, cpu_cache_.get(), cpu_out);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
+    if (cpu_ranks_) {
+      cpu_ranks_out_ = {};
+      s = cpu_ranks_->forward(st, cpu_ranks_out_);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+    }
     gpu_out->assign(1 + runners.size(), {});
     ForwardOutput whole_out;
     s = whole_->forward(st.slices, &whole_out);
@@ -135,6 +164,8 @@ class TpHarness {
   std::unique_ptr<Model> cpu_model_;
   std::unique_ptr<PagedKvCache> cpu_cache_;
   std::unique_ptr<CudaM3Model> whole_;
+  std::unique_ptr<TensorParallelCpuRunner> cpu_ranks_;
+  ModelOutput cpu_ranks_out_;
   real_model_fixture::PageIds pages_;
 };
 
@@ -145,7 +176,8 @@ TpHarness& harness() {
 
 // Every output of `outs` against the CPU's, slice by slice.
 void compare_all(const ForwardOutput& cpu, const std::vector<ModelOutput>& outs, int64_t v,
-                 double bound, const std::string& what, std::vector<Compare>* cmps) {
+                 double bound, const std::string& what, std::vector<Compare>* cmps,
+                 const std::string& sharded = " (--tp 2)") {
   cmps->assign(outs.size(), Compare{bound});
   for (size_t g = 0; g < outs.size(); ++g)
     for (size_t i = 0; i < cpu.logits.size(); ++i) {
@@ -154,35 +186,57 @@ void compare_all(const ForwardOutput& cpu, const std::vector<ModelOutput>& outs,
                          static_cast<int64_t>(cpu.logits[i].size()) / v, v);
     }
   for (size_t g = 0; g < outs.size(); ++g)
-    (*cmps)[g].report(what + (g == 0 ? " (unsharded)" : " (--tp 2)"));
+    (*cmps)[g].report(what + (g == 0 ? " (unsharded)" : sharded));
+}
+
+// The sharded GPU outputs (outs[1..]) against the CPU ranks' (same layout), slice by slice.
+void compare_with_cpu_ranks(const ModelOutput& ranks, const std::vector<ModelOutput>& outs,
+                            int64_t v, double bound, const std::string& what,
+                            std::vector<Compare>* cmps) {
+  cmps->assign(outs.size() - 1, Compare{bound});
+  for (size_t g = 1; g < outs.size(); ++g)
+    for (size_t i = 0; i < ranks.logits.size(); ++i) {
+      ASSERT_EQ(outs[g].logits[i].size(), ranks.logits[i].size()) << what << " output " << g;
+      (*cmps)[g - 1].rows_of(outs[g].logits[i].data(), ranks.logits[i].data(),
+                             static_cast<int64_t>(ranks.logits[i].size()) / v, v);
+    }
+  for (const Compare& c : *cmps) c.report(what + " vs CPU ranks");
 }
 
 // Prefill (600 tokens, all rows), a step of three prefill chunks, a prefill chunk with decode rows
 // of two other sequences, then 16 greedy decode steps at batch 3 (teacher-forced by the CPU).
-void run_case(std::vector<CudaM3ModelRunner*> runners, const std::string& name) {
+// With CPU ranks in the harness (use_cpu_ranks) every step's sharded outputs are also checked
+// against theirs.
+void run_case(std::vector<CudaM3ModelRunner*> runners, const std::string& name,
+              const std::string& sharded = " (--tp 2)") {
   TpHarness& h = harness();
   h.reset_pages();
   const int64_t v = h.cfg().vocab_size;
   ForwardOutput cpu;
   std::vector<ModelOutput> gpu;
-  std::vector<Compare> cmps;
+  std::vector<Compare> cmps, vs_ranks;
+  const auto check = [&](const std::string& what) {
+    ASSERT_NO_FATAL_FAILURE(compare_all(cpu, gpu, v, h.rel_bound(), name + what, &cmps, sharded));
+    for (const Compare& x : cmps) EXPECT_TRUE(x.ok()) << what;
+    if (!h.has_cpu_ranks()) return;
+    ASSERT_NO_FATAL_FAILURE(compare_with_cpu_ranks(h.cpu_ranks_out(), gpu, v, h.rel_bound(),
+                                                   name + what + sharded, &vs_ranks));
+    for (const Compare& x : vs_ranks) EXPECT_TRUE(x.ok()) << what << " vs CPU ranks";
+  };
   Seq a = h.new_seq(600), b = h.new_seq(300), c = h.new_seq(300), d = h.new_seq(700);
   ASSERT_NO_FATAL_FAILURE(h.step({&d}, {random_tokens(600, v, 41)}, true, runners, &cpu, &gpu));
-  ASSERT_NO_FATAL_FAILURE(compare_all(cpu, gpu, v, h.rel_bound(), name + " prefill 600", &cmps));
-  for (const Compare& x : cmps) EXPECT_TRUE(x.ok());
+  ASSERT_NO_FATAL_FAILURE(check(" prefill 600"));
   ASSERT_NO_FATAL_FAILURE(h.step(
       {&a, &b, &c}, {random_tokens(300, v, 42), random_tokens(250, v, 43), random_tokens(150, v, 44)},
       true, runners, &cpu, &gpu));
-  ASSERT_NO_FATAL_FAILURE(compare_all(cpu, gpu, v, h.rel_bound(), name + " three chunks", &cmps));
-  for (const Compare& x : cmps) EXPECT_TRUE(x.ok());
+  ASSERT_NO_FATAL_FAILURE(check(" three chunks"));
   std::vector<std::vector<int32_t>> toks = {{last_argmax(cpu.logits[1], v)},
                                             random_tokens(220, v, 45),
                                             {last_argmax(cpu.logits[2], v)}};
   ASSERT_NO_FATAL_FAILURE(h.step({&b, &a, &c}, toks, true, runners, &cpu, &gpu));
-  ASSERT_NO_FATAL_FAILURE(
-      compare_all(cpu, gpu, v, h.rel_bound(), name + " chunk + 2 decode rows", &cmps));
-  for (const Compare& x : cmps) EXPECT_TRUE(x.ok());
+  ASSERT_NO_FATAL_FAILURE(check(" chunk + 2 decode rows"));
   std::vector<Compare> dec(1 + runners.size(), Compare{h.rel_bound()});
+  std::vector<Compare> dec_ranks(runners.size(), Compare{h.rel_bound()});
   std::vector<Seq*> batch = {&a, &b, &c};
   // The mixed step's slices were (b, a, c); the decode steps' are (a, b, c).
   std::vector<size_t> from = {1, 0, 2};
@@ -196,6 +250,11 @@ void run_case(std::vector<CudaM3ModelRunner*> runners, const std::string& name) 
       for (size_t i = 0; i < 3; ++i) {
         ASSERT_EQ(gpu[g].logits[i].size(), static_cast<size_t>(v));
         dec[g].rows_of(gpu[g].logits[i].data(), cpu.logits[i].data(), 1, v);
+        if (g > 0 && h.has_cpu_ranks()) {
+          ASSERT_EQ(h.cpu_ranks_out().logits[i].size(), static_cast<size_t>(v));
+          dec_ranks[g - 1].rows_of(gpu[g].logits[i].data(), h.cpu_ranks_out().logits[i].data(),
+                                   1, v);
+        }
       }
     // Two runners: graph replays against eager launches, bitwise.
     if (gpu.size() == 3)
@@ -204,9 +263,14 @@ void run_case(std::vector<CudaM3ModelRunner*> runners, const std::string& name) 
           ++bitwise_bad;
   }
   for (size_t g = 0; g < dec.size(); ++g) {
-    dec[g].report(name + " decode batch 3, 16 steps" + (g == 0 ? " (unsharded)" : " (--tp 2)"));
+    dec[g].report(name + " decode batch 3, 16 steps" + (g == 0 ? " (unsharded)" : sharded));
     EXPECT_TRUE(dec[g].ok());
   }
+  if (h.has_cpu_ranks())
+    for (const Compare& x : dec_ranks) {
+      x.report(name + " decode batch 3, 16 steps" + sharded + " vs CPU ranks");
+      EXPECT_TRUE(x.ok());
+    }
   if (gpu.size() == 3) {
     std::printf("[cuda_tensor_parallel] %s graphs vs eager: %lld of 48 rows differ bitwise\n",
                 name.c_str(), static_cast<long long>(bitwise_bad));
@@ -242,6 +306,53 @@ TEST(CudaTensorParallelNccl, TwoGpusWithGraphsMatchEagerBitwise) {
   auto eager = h.runner(/*nccl=*/true, /*graphs=*/false);
   ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
   run_case({graphs->get(), eager->get()}, "[nccl]");
+  EXPECT_GE((*graphs)->rank_model(0).stats().graph_replays, 1);
+  EXPECT_GE((*graphs)->rank_model(1).stats().graph_replays, 1);
+}
+
+// --ep 2 (= --tp 2 --ep 2): each rank holds 4 whole experts at the full intermediate width (not
+// 8 half-width ones as under --tp 2), in their stored NVFP4; its logits match the CPU, the
+// unsharded GPU model and the CPU ranks under the same layout.
+TEST(CudaExpertParallel, TwoRanksOnOneGpuMatchTheCpuRanksAndTheUnshardedModel) {
+  ASSERT_GE(gpu_count(), 1) << "no GPU";
+  TpHarness& h = harness();
+  ASSERT_TRUE(h.ready());
+  auto r = h.runner(/*nccl=*/false, /*graphs=*/false, /*ep=*/2);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->num_ranks(), 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const MiniMaxM3Config& rc = (*r)->rank_model(rank).config();
+    EXPECT_EQ(rc.intermediate_size, h.cfg().intermediate_size) << "whole experts";
+    EXPECT_EQ(rc.num_local_experts, h.cfg().num_local_experts) << "the router scores all";
+    EXPECT_EQ(rc.num_attention_heads, h.cfg().num_attention_heads / 2) << "attention as --tp 2";
+    EXPECT_EQ((*r)->rank_model(rank).stats().bf16_fallbacks, 0);
+  }
+  // Same routed payload as --tp 2 (half the experts at twice the width), so the ranks hold
+  // about what --tp 2's do; fewer NVFP4 multipliers.
+  auto tp = h.runner(/*nccl=*/false, /*graphs=*/false, /*ep=*/1);
+  ASSERT_TRUE(tp.is_ok()) << tp.status().to_string();
+  const int64_t ep_bytes = (*r)->rank_model(0).stats().weight_bytes;
+  const int64_t tp_bytes = (*tp)->rank_model(0).stats().weight_bytes;
+  std::printf("[cuda_tensor_parallel] rank 0 weights: --ep 2 %.3f MB, --tp 2 %.3f MB\n",
+              ep_bytes / 1e6, tp_bytes / 1e6);
+  EXPECT_NEAR(static_cast<double>(ep_bytes), static_cast<double>(tp_bytes), 0.02 * tp_bytes);
+  tp->reset();
+  ASSERT_TRUE(h.use_cpu_ranks(2).is_ok());
+  run_case({r->get()}, "[host-staged]", " (--ep 2)");
+  ASSERT_TRUE(h.use_cpu_ranks(0).is_ok());
+}
+
+TEST(CudaExpertParallelNccl, TwoGpusWithGraphsMatchEagerBitwise) {
+  if (gpu_count() < 2) GTEST_SKIP() << "needs two GPUs (tools/device/run-all.sh runs it there)";
+  TpHarness& h = harness();
+  ASSERT_TRUE(h.ready());
+  auto graphs = h.runner(/*nccl=*/true, /*graphs=*/true, /*ep=*/2);
+  ASSERT_TRUE(graphs.is_ok()) << graphs.status().to_string();
+  auto eager = h.runner(/*nccl=*/true, /*graphs=*/false, /*ep=*/2);
+  ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
+  ASSERT_TRUE(h.use_cpu_ranks(2).is_ok());
+  run_case({graphs->get(), eager->get()}, "[nccl]", " (--ep 2)");
+  ASSERT_TRUE(h.use_cpu_ranks(0).is_ok());
   EXPECT_GE((*graphs)->rank_model(0).stats().graph_replays, 1);
   EXPECT_GE((*graphs)->rank_model(1).stats().graph_replays, 1);
 }

@@ -14,18 +14,26 @@
 // bitwise the same logits, ids and weights at 1 to 4096 rows (the fused router in launches of at
 // most 256 rows), with the float32 weight also against the double logits and the float32 CPU
 // top-k rule; near ties that the bf16 rounding of the weight flips and the float32 weight keeps.
+// Expert parallelism (MoeRoute.GroupsOnlyTheRanksExperts): with group_base / group_experts the
+// fused router's logits and top-k are the unsharded launch's bit for bit and its grouping is the
+// host grouping of the rank's local slots (other ranks' experts dropped), as launch_group_by_expert
+// with expert_base gives it; launch_moe_combine with the rank's expert range sums only its slots,
+// so the ranks' combines add up to the unsharded combine (integer-valued terms: exact).
 #include "backend/cuda/moe/moe_route.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/moe/moe_combine.h"
 #include "backend/cuda/moe/router_logits.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
@@ -304,6 +312,80 @@ TEST(MoeRoute, MatchesDotProductsTopkAndGrouping) {
         }
   std::printf("moe_route: %lld cases, worst |gpu - exact| / (gamma_K·Σ|x||w|) = %.3g\n",
               static_cast<long long>(cases), worst_ratio);
+}
+
+TEST(MoeRoute, GroupsOnlyTheRanksExperts) {
+  const int64_t E = 128, hidden = 1024, K = 8, ep = 4, per = E / ep;
+  for (int64_t rows : {1, 5, 33}) {
+    const Problem pr(rows, E, hidden, hidden, 900 + static_cast<uint32_t>(rows), /*f32=*/true,
+                     /*with_exact=*/false);
+    DevRoute whole(pr, K, true);
+    ASSERT_TRUE(cuda::launch_moe_route(whole.p, stream()).is_ok());
+    const Outputs all = whole.read();
+    // Integer contributions and power-of-two weights: every sum below is exact in float32.
+    std::vector<float> contrib(static_cast<size_t>(rows * K * 8)), weights(rows * K);
+    for (size_t i = 0; i < contrib.size(); ++i)
+      contrib[i] = static_cast<float>(static_cast<int>(i * 7 % 23) - 11);
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = std::ldexp(1.0f, -int(i % 4));
+    Dev<float> dc(contrib), dw(weights), dout(std::vector<float>(rows * 8));
+    Dev<int32_t> dids(all.ids);
+    cuda::MoeCombineParams cp{dc.ptr(), dw.ptr(), nullptr, dout.ptr(), rows, K, 8};
+    ASSERT_TRUE(cuda::launch_moe_combine(cp, stream()).is_ok());
+    const std::vector<float> unsharded = dout.host();
+    std::vector<float> summed(unsharded.size(), 0.0f);
+    for (int64_t r = 0; r < ep; ++r) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " ep rank " + std::to_string(r));
+      DevRoute d(pr, K, true);
+      d.p.group_base = r * per;
+      d.p.group_experts = per;
+      d.poison();
+      ASSERT_TRUE(cuda::launch_moe_route(d.p, stream()).is_ok());
+      Outputs got = d.read();
+      EXPECT_TRUE(same_bits(got.logits, all.logits));
+      EXPECT_TRUE(same_bits(got.w, all.w));
+      EXPECT_EQ(got.ids, all.ids) << "global ids";
+      std::vector<int32_t> local(all.ids.size());
+      for (size_t i = 0; i < local.size(); ++i) {
+        const int32_t e = all.ids[i] - static_cast<int32_t>(r * per);
+        local[i] = e >= 0 && e < per ? e : -1;
+      }
+      std::vector<int32_t> offs, sorted, active;
+      group_ref(local, per, &offs, &sorted, &active);
+      got.offs.resize(per + 1);
+      got.active.resize(std::min<int64_t>(per, rows * K));
+      got.sorted.resize(sorted.size());
+      EXPECT_EQ(got.offs, offs);
+      EXPECT_EQ(got.sorted, sorted);
+      EXPECT_EQ(got.active, active);
+      // launch_group_by_expert with the same range: the same grouping.
+      Dev<int32_t> goffs(std::vector<int32_t>(per + 1)), gsorted(std::vector<int32_t>(rows * K)),
+          gactive(std::vector<int32_t>(std::min<int64_t>(per, rows * K)));
+      cuda::GroupByExpertParams gp{dids.ptr(), rows * K, per, goffs.ptr(), gsorted.ptr(),
+                                   gactive.ptr(), r * per};
+      ASSERT_TRUE(cuda::launch_group_by_expert(gp, stream()).is_ok());
+      gpu()->synchronize();
+      EXPECT_EQ(goffs.host(), offs);
+      std::vector<int32_t> gs = gsorted.host();
+      gs.resize(sorted.size());
+      EXPECT_EQ(gs, sorted);
+      EXPECT_EQ(gactive.host(), active);
+      // This rank's combine: only its slots.
+      cuda::MoeCombineParams rp = cp;
+      rp.topk_ids = dids.ptr();
+      rp.expert_begin = r * per;
+      rp.expert_end = (r + 1) * per;
+      ASSERT_TRUE(cuda::launch_moe_combine(rp, stream()).is_ok());
+      const std::vector<float> part = dout.host();
+      for (size_t i = 0; i < summed.size(); ++i) summed[i] += part[i];
+    }
+    EXPECT_TRUE(same_bits(summed, unsharded)) << "rows " << rows;
+  }
+  // A range outside the experts is refused.
+  const Problem pr(1, E, hidden, hidden, 7, true, false);
+  DevRoute d(pr, K, false);
+  d.p.group_base = 120;
+  d.p.group_experts = 16;
+  EXPECT_FALSE(cuda::launch_moe_route(d.p, stream()).is_ok());
 }
 
 TEST(MoeRoute, GraphReplays) {

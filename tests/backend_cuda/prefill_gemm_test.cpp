@@ -18,15 +18,22 @@
 //   three float32 operations, both sides);
 //   down: Δo = Σ_i Δact_i·|w2_i| + (3·gamma_{I+2} + 4u)·Σ_i (|act_i| + Δact_i)·|w2_i|;
 //   combine over K slots: Σ_s |w_s|·Δo_s + 2·gamma_{K+1}·Σ_s |w_s|·(|o_s| + Δo_s).
-// The bound holds for both MoE kernels (kDequantCublas and kGroupedInLoop): both multiply the same
-// bf16 activations by the same exact bf16 weight values with float32 accumulation (in different
-// orders), apply the NVFP4 multiplier to the float32 sums, and round act to bf16 once. So the two
-// kernels differ by at most twice the bound, which the old-vs-new comparisons use.
+// The bound holds for all MoE kernels (kDequantCublas, kGroupedInLoop, kGroupedWgmma): all
+// multiply the same bf16 activations by the same exact bf16 weight values with float32
+// accumulation (in different orders: cuBLASLt's, mma.sync's, wgmma's), apply the NVFP4 multiplier
+// to the float32 sums, and round act to bf16 once. So two kernels differ by at most twice the
+// bound, which the kernel-vs-kernel comparisons use.
+//
+// The grouped expert GEMM is also tested alone (GroupedExpertGemm below: one launch, each
+// epilogue, against the CPU per element with the linear / SwiGLU bounds above), so that a failing
+// main loop shows which rows and columns of the 128 x 128 tile are wrong.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/moe/grouped_expert_gemm.h"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "core/dtype.h"
@@ -239,12 +246,22 @@ struct MoeCase {
   bool with_dropped;  // two slots get ids outside [0, E) (-1 and E)
 };
 
+const char* name_of(cuda::PrefillMoeKernel k) {
+  switch (k) {
+    case cuda::PrefillMoeKernel::kDequantCublas: return "cublas";
+    case cuda::PrefillMoeKernel::kGroupedInLoop: return "grouped";
+    case cuda::PrefillMoeKernel::kGroupedWgmma: return "grouped-wgmma";
+  }
+  return "?";
+}
+
+bool is_grouped(cuda::PrefillMoeKernel k) { return k != cuda::PrefillMoeKernel::kDequantCublas; }
+
 std::string name_of(const MoeCase& c) {
   char b[160];
   std::snprintf(b, sizeof(b),
                 "prefill moe %s %s%s T=%lld Hd=%lld I=%lld E=%lld K=%lld routing %d%s",
-                name_of(c.format),
-                c.kernel == cuda::PrefillMoeKernel::kGroupedInLoop ? "grouped" : "cublas",
+                name_of(c.format), name_of(c.kernel),
                 c.mma_layout ? " mma-layout" : "", static_cast<long long>(c.t),
                 static_cast<long long>(c.hidden), static_cast<long long>(c.inter),
                 static_cast<long long>(c.experts), static_cast<long long>(c.top_k),
@@ -443,8 +460,8 @@ std::vector<float> run_moe(const MoeCase& c, cuda::PrefillMoeKernel kernel, MoeW
   const Status st = (*gemm)->moe(p, stream());
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   if (active != nullptr) *active = (*gemm)->last_moe_stats().active_experts;
-  // The grouped kernel never counts experts on the host: 0 shows it ran (no silent fallback).
-  if (kernel == cuda::PrefillMoeKernel::kGroupedInLoop) {
+  // The grouped kernels never count experts on the host: 0 shows one ran (no silent fallback).
+  if (is_grouped(kernel)) {
     EXPECT_EQ((*gemm)->last_moe_stats().active_experts, 0) << name_of(c) << ": fell back";
   }
   return out.host();
@@ -476,12 +493,16 @@ TEST_P(PrefillMoe, MatchesCpuMoeExperts) {
     EXPECT_EQ(active, c.experts - 1);
   }
   expect_close(got, want, bound, name_of(c));
-  if (c.kernel == cuda::PrefillMoeKernel::kGroupedInLoop) {
+  if (is_grouped(c.kernel)) {
     // Against the dequantise-then-cuBLASLt kernel: both within `bound` of the CPU.
     const std::vector<float> old = run_moe(c, cuda::PrefillMoeKernel::kDequantCublas, w, dx, r);
     std::vector<double> twice(bound.size());
     for (size_t i = 0; i < bound.size(); ++i) twice[i] = 2 * bound[i];
     expect_close(got, old, twice, name_of(c) + " vs cublas");
+    if (c.kernel == cuda::PrefillMoeKernel::kGroupedWgmma) {
+      const std::vector<float> mma = run_moe(c, cuda::PrefillMoeKernel::kGroupedInLoop, w, dx, r);
+      expect_close(got, mma, twice, name_of(c) + " vs mma.sync grouped");
+    }
     // Deterministic: the same bits on a second run.
     const std::vector<float> again = run_moe(c, c.kernel, w, dx, r);
     EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0)
@@ -491,6 +512,7 @@ TEST_P(PrefillMoe, MatchesCpuMoeExperts) {
 
 constexpr auto kCublas = cuda::PrefillMoeKernel::kDequantCublas;
 constexpr auto kGrouped = cuda::PrefillMoeKernel::kGroupedInLoop;
+constexpr auto kWgmma = cuda::PrefillMoeKernel::kGroupedWgmma;
 constexpr auto kNv = QuantFormat::kNvfp4;
 constexpr auto kMx = QuantFormat::kMxfp8;
 
@@ -510,7 +532,18 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{kMx, kGrouped, true, 512, 256, 128, 8, 2, Routing::kEdgeCounts, false},
         MoeCase{kNv, kGrouped, true, 300, 256, 256, 5, 1, Routing::kOneExpert, false},
         MoeCase{kMx, kGrouped, false, 300, 256, 256, 5, 1, Routing::kOneExpert, true},
-        MoeCase{kNv, kGrouped, false, 1, 256, 128, 4, 2, Routing::kUniform, false}));
+        MoeCase{kNv, kGrouped, false, 1, 256, 128, 4, 2, Routing::kUniform, false},
+        // The wgmma main loop on the same cases.
+        MoeCase{kNv, kWgmma, false, 96, 512, 256, 9, 2, Routing::kSkewed, false},
+        MoeCase{kNv, kWgmma, false, 200, 1024, 512, 17, 4, Routing::kSkewed, true},
+        MoeCase{kMx, kWgmma, false, 200, 1024, 512, 17, 4, Routing::kSkewed, true},
+        MoeCase{kNv, kWgmma, true, 200, 1024, 512, 17, 4, Routing::kUniform, true},
+        MoeCase{kMx, kWgmma, true, 200, 1024, 512, 17, 4, Routing::kUniform, false},
+        MoeCase{kNv, kWgmma, false, 512, 256, 128, 8, 2, Routing::kEdgeCounts, true},
+        MoeCase{kMx, kWgmma, true, 512, 256, 128, 8, 2, Routing::kEdgeCounts, false},
+        MoeCase{kNv, kWgmma, true, 300, 256, 256, 5, 1, Routing::kOneExpert, false},
+        MoeCase{kMx, kWgmma, false, 300, 256, 256, 5, 1, Routing::kOneExpert, true},
+        MoeCase{kNv, kWgmma, false, 1, 256, 128, 4, 2, Routing::kUniform, false}));
 
 // One layer at the real expert shape (hidden 6144, inter 3072) and T = 8K, NVFP4 in the model's
 // mma layouts, 2 experts at top-1 (each gets ~4K rows, 32 row tiles, as 128 experts at top-4
@@ -518,8 +551,8 @@ INSTANTIATE_TEST_SUITE_P(
 // The CPU reference covers every 512th token (the rigorous check); the whole output is compared
 // with the cuBLASLt kernel within twice the largest sampled bound (catches tiling and indexing
 // errors, which are O(|out|)).
-TEST(PrefillMoeRealShape, Nvfp4T8K) {
-  const MoeCase c{kNv, kGrouped, true, 8192, 6144, 3072, 2, 1, Routing::kUniform, true};
+void real_shape_t8k(cuda::PrefillMoeKernel kernel) {
+  const MoeCase c{kNv, kernel, true, 8192, 6144, 3072, 2, 1, Routing::kUniform, true};
   MoeWeights w(c);
   std::vector<float> xf;
   std::vector<uint16_t> xb;
@@ -532,7 +565,7 @@ TEST(PrefillMoeRealShape, Nvfp4T8K) {
   std::vector<double> bound;
   moe_reference(c, xf, r, w.w13, w.w2, tokens, &want, &bound);
   Dev<uint16_t> dx(xb);
-  const std::vector<float> got = run_moe(c, kGrouped, w, dx, r);
+  const std::vector<float> got = run_moe(c, kernel, w, dx, r);
   const std::vector<float> old = run_moe(c, kCublas, w, dx, r);
   ASSERT_EQ(got.size(), static_cast<size_t>(c.t * c.hidden));
   ASSERT_EQ(old.size(), got.size());
@@ -548,11 +581,14 @@ TEST(PrefillMoeRealShape, Nvfp4T8K) {
   expect_close(got, old, std::vector<double>(got.size(), tol), name_of(c) + " vs cublas");
 }
 
+TEST(PrefillMoeRealShape, Nvfp4T8K) { real_shape_t8k(kGrouped); }
+TEST(PrefillMoeRealShape, Nvfp4T8KWgmma) { real_shape_t8k(kWgmma); }
+
 // The whole grouped moe() call captured in a CUDA graph (no host sync, no host reads) and
 // replayed: the same bits as the eager call. The eager call first warms the caching allocator, so
 // the capture allocates nothing from the driver; the replays reuse the same blocks.
-TEST(PrefillMoeGraph, GroupedCaptureReplays) {
-  const MoeCase c{kNv, kGrouped, true, 200, 1024, 512, 17, 4, Routing::kSkewed, true};
+void graph_capture_replays(cuda::PrefillMoeKernel kernel) {
+  const MoeCase c{kNv, kernel, true, 200, 1024, 512, 17, 4, Routing::kSkewed, true};
   MoeWeights w(c);
   std::vector<float> xf;
   std::vector<uint16_t> xb;
@@ -575,7 +611,7 @@ TEST(PrefillMoeGraph, GroupedCaptureReplays) {
   p.inter = c.inter;
   p.num_experts = c.experts;
   p.top_k = c.top_k;
-  p.kernel = kGrouped;
+  p.kernel = kernel;
   ASSERT_TRUE((*gemm)->moe(p, stream()).is_ok());
   const std::vector<float> eager = out.host();
   cudaStream_t s = stream();
@@ -592,10 +628,279 @@ TEST(PrefillMoeGraph, GroupedCaptureReplays) {
     ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
     const std::vector<float> replay = out.host();
     EXPECT_EQ(std::memcmp(replay.data(), eager.data(), eager.size() * sizeof(float)), 0)
-        << "replay " << rep;
+        << name_of(c) << " replay " << rep;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+TEST(PrefillMoeGraph, GroupedCaptureReplays) { graph_capture_replays(kGrouped); }
+TEST(PrefillMoeGraph, GroupedWgmmaCaptureReplays) { graph_capture_replays(kWgmma); }
+
+// ---- the grouped expert GEMM alone (one launch, either main loop, either epilogue) ----
+
+struct GroupedCase {
+  QuantFormat format;
+  bool mma_layout;  // kMmaSwigluPairs for the SwiGLU epilogue, kMmaRows16 for the store
+  cuda::GroupedEpilogue ep;
+  cuda::GroupedExpertKernel kernel;
+  int64_t n, k;
+};
+
+std::string name_of(const GroupedCase& c) {
+  char b[160];
+  std::snprintf(b, sizeof(b), "grouped gemm %s %s %s %s N=%lld K=%lld", name_of(c.format),
+                c.kernel == cuda::GroupedExpertKernel::kWgmma ? "wgmma" : "mma.sync",
+                c.mma_layout ? "mma-layout" : "row-major",
+                c.ep == cuda::GroupedEpilogue::kSwigluBf16 ? "swiglu-bf16" : "store-f32",
+                static_cast<long long>(c.n), static_cast<long long>(c.k));
+  return b;
+}
+
+// Rows per expert: empty experts (first, inside, last), one row, one tile + 1, several tiles with
+// a ragged end, half a tile, exactly one tile, one tile - 1.
+const std::vector<int32_t> kGroupedCounts = {0, 1, 129, 300, 0, 64, 128, 127, 0};
+
+// Compares a grouped GEMM output [max_rows, cols] (rows in expert order, offsets `off`) with the
+// CPU, and on failure says where in the 128 x 128 CTA tile the wrong elements sit: a histogram
+// over the tile's 8 row bands of 16 (a wgmma warp owns one band; rows 64..127 are the second
+// warpgroup) and its 16 column groups of 8 (one accumulator column block), the first wrong
+// elements, and whether they were never written (NaN poison) or written wrong. Rows past off[E]
+// must stay unwritten.
+void expect_grouped_close(const std::vector<float>& got, const std::vector<float>& want,
+                          const std::vector<double>& bound, const std::vector<int32_t>& off,
+                          int64_t max_rows, int64_t cols, int64_t cols_per_cta,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), static_cast<size_t>(max_rows * cols)) << what;
+  const int64_t routed = off.back();
+  ASSERT_EQ(want.size(), static_cast<size_t>(routed * cols)) << what;
+  int64_t bad = 0, unwritten = 0, written_past_end = 0;
+  int64_t by_band[8] = {}, by_colgroup[16] = {};
+  double worst = 0;
+  int64_t worst_i = 0;
+  std::string first;
+  for (int64_t r = 0; r < max_rows; ++r) {
+    if (r >= routed) {
+      for (int64_t j = 0; j < cols; ++j)
+        if (!std::isnan(got[static_cast<size_t>(r * cols + j)])) ++written_past_end;
+      continue;
+    }
+    const int64_t e = std::upper_bound(off.begin(), off.end(), r) - off.begin() - 1;
+    const int64_t local = (r - off[static_cast<size_t>(e)]) % 128;
+    for (int64_t j = 0; j < cols; ++j) {
+      const size_t i = static_cast<size_t>(r * cols + j);
+      const bool nan = std::isnan(got[i]);
+      const double ratio = nan ? 1e300 : std::abs(double(got[i]) - want[i]) / bound[i];
+      if (ratio > worst) worst = ratio, worst_i = static_cast<int64_t>(i);
+      if (ratio <= 1.0) continue;
+      ++bad;
+      unwritten += nan;
+      ++by_band[local / 16];
+      ++by_colgroup[(j % cols_per_cta) * 16 / cols_per_cta];
+      if (bad <= 12) {
+        char b[200];
+        std::snprintf(b, sizeof(b),
+                      "\n    expert %lld row %lld (tile row %lld) col %lld: gpu %.6g cpu %.6g "
+                      "bound %.3g",
+                      static_cast<long long>(e), static_cast<long long>(r - off[e]),
+                      static_cast<long long>(local), static_cast<long long>(j), got[i], want[i],
+                      bound[i]);
+        first += b;
+      }
+    }
+  }
+  std::printf("[ %-40s ] n=%lld worst |gpu-cpu|/bound = %.3g at row %lld col %lld; over bound %lld "
+              "(unwritten %lld); written past the routed rows %lld\n",
+              what.c_str(), static_cast<long long>(routed * cols), worst,
+              static_cast<long long>(worst_i / cols), static_cast<long long>(worst_i % cols),
+              static_cast<long long>(bad), static_cast<long long>(unwritten),
+              static_cast<long long>(written_past_end));
+  if (bad > 0) {
+    std::string hist = "    by tile row band (16 rows):";
+    for (int64_t v : by_band) hist += " " + std::to_string(v);
+    hist += "\n    by CTA column group (" + std::to_string(cols_per_cta / 16) + " columns):";
+    for (int64_t v : by_colgroup) hist += " " + std::to_string(v);
+    std::printf("%s\n    first wrong elements:%s\n", hist.c_str(), first.c_str());
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << routed * cols
+                    << " elements over the bound (histograms above)";
+  EXPECT_EQ(written_past_end, 0) << what << ": wrote rows past the routed rows";
+}
+
+class GroupedExpertGemm : public ::testing::TestWithParam<GroupedCase> {};
+
+TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
+  const GroupedCase c = GetParam();
+  const bool swiglu = c.ep == cuda::GroupedEpilogue::kSwigluBf16;
+  const int64_t E = static_cast<int64_t>(kGroupedCounts.size());
+  std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + kGroupedCounts[static_cast<size_t>(e)];
+  const int64_t routed = off.back();
+  const int64_t max_rows = routed + 37;  // an upper bound: the grid has CTAs past the last tile
+  // Rows gathered through routed row ids (token·2 + slot, a_row_div = 2) in a scrambled order:
+  // 7919 is prime to `routed`, so every token is read once.
+  ASSERT_EQ(std::gcd(routed, int64_t{7919}), 1);
+  std::vector<int32_t> a_rows(static_cast<size_t>(routed));
+  for (int64_t i = 0; i < routed; ++i)
+    a_rows[static_cast<size_t>(i)] = static_cast<int32_t>(((i * 7919) % routed) * 2 + (i & 1));
+  std::vector<float> xf;
+  std::vector<uint16_t> xb;
+  bf16_randn(routed * c.k, 31, 1.0f, &xf, &xb);
+
+  QMatrices w = make_matrices(c.format, E, c.n, c.k, 500);
+  QMatrices dev_w;
+  dev_w.data = w.data, dev_w.scale = w.scale, dev_w.global = w.global;
+  WeightLayout layout = WeightLayout::kRowMajor;
+  if (c.mma_layout) {
+    layout = swiglu ? WeightLayout::kMmaSwigluPairs : WeightLayout::kMmaRows16;
+    const auto tiling = swiglu ? nvfp4_mma::Tiling::kSwigluPairs : nvfp4_mma::Tiling::kRows16;
+    dev_w.data = c.format == QuantFormat::kNvfp4
+                     ? nvfp4_mma::pack_matrix(w.data.data(), E, c.n, c.k, tiling)
+                     : mxfp8_mma::pack_matrix(w.data.data(), E, c.n, c.k, tiling);
+  }
+  Uploaded up(dev_w);
+
+  // CPU: per routed row, the float32-exact products summed in double, and the bounds of the
+  // header (linear for the store; gate/up then SwiGLU-OAI and bf16 rounding for the activation).
+  const int64_t cols = swiglu ? c.n / 2 : c.n;
+  std::vector<float> want(static_cast<size_t>(routed * cols));
+  std::vector<double> bound(want.size());
+  const double rel = 3 * gamma(static_cast<double>(c.k + 2)) + 4 * kU;
+  std::vector<double> h(static_cast<size_t>(c.n)), mag(static_cast<size_t>(c.n));
+  for (int64_t e = 0; e < E; ++e) {
+    const float* we = w.deq.data() + e * c.n * c.k;
+    for (int64_t r = off[e]; r < off[e + 1]; ++r) {
+      const float* xr = xf.data() + (a_rows[static_cast<size_t>(r)] / 2) * c.k;
+      for (int64_t j = 0; j < c.n; ++j) {
+        double s = 0, m = 0;
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const double pr = double(xr[kk]) * we[j * c.k + kk];
+          s += pr, m += std::abs(pr);
+        }
+        h[static_cast<size_t>(j)] = s, mag[static_cast<size_t>(j)] = m;
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        const size_t o = static_cast<size_t>(r * cols + j);
+        if (!swiglu) {
+          want[o] = static_cast<float>(h[static_cast<size_t>(j)]);
+          bound[o] = rel * mag[static_cast<size_t>(j)] + 1e-30;
+          continue;
+        }
+        const double alpha = 1.702, lim = 7.0;
+        const double g = h[static_cast<size_t>(j)], u = h[static_cast<size_t>(cols + j)];
+        const double dg = rel * mag[static_cast<size_t>(j)];
+        const double du = rel * mag[static_cast<size_t>(cols + j)];
+        const double gc = std::min(g, lim), uc = std::clamp(u, -lim, lim);
+        const double a = gc / (1 + std::exp(-alpha * gc)) * (uc + 1);
+        const double dadg = (1 + alpha * (std::abs(g) + dg) / 4) * (std::abs(uc) + 1 + du);
+        const double dd = dadg * dg + (std::abs(gc) + dg) * du;
+        want[o] = static_cast<float>(a);
+        bound[o] = dd + std::ldexp(1.0, -8) * (std::abs(a) + dd) + 8 * kU * std::abs(a) + 1e-30;
+      }
+    }
+  }
+
+  Dev<uint16_t> dx(xb);
+  Dev<int32_t> drows(a_rows), doff(off);
+  auto dtiles = Dev<int32_t>::poisoned(E + 1);
+  ASSERT_TRUE(cuda::launch_moe_tile_schedule(doff.ptr(), E, dtiles.ptr(), stream()).is_ok());
+  cuda::GroupedExpertGemmParams p;
+  p.a = dx.ptr();
+  p.lda = c.k;
+  p.a_rows = drows.ptr();
+  p.a_row_div = 2;
+  p.group_offsets = doff.ptr();
+  p.tile_offsets = dtiles.ptr();
+  p.num_experts = E;
+  p.max_rows = max_rows;
+  p.w = up.view(c.format, c.n, c.k);
+  p.w.layout = layout;
+  p.epilogue = c.ep;
+  p.kernel = c.kernel;
+  // A fault in the kernel (an illegal instruction, a misaligned shared address) is reported
+  // here, by name, before any copy back.
+  auto launch_and_sync = [&]() {
+    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
+    if (!st.is_ok()) return "launch: " + st.to_string();
+    const cudaError_t err = cudaStreamSynchronize(stream());
+    return err == cudaSuccess ? std::string() : std::string("kernel: ") + cudaGetErrorString(err);
+  };
+  std::vector<float> got;
+  if (swiglu) {
+    auto act = Dev<uint16_t>::poisoned(max_rows * cols);
+    p.act = act.ptr();
+    p.ldact = cols;
+    const std::string failure = launch_and_sync();
+    ASSERT_TRUE(failure.empty()) << name_of(c) << ": " << failure;
+    for (uint16_t b : act.host()) got.push_back(bf16_to_f32(b));
+  } else {
+    auto y = Dev<float>::poisoned(max_rows * cols);
+    p.y = y.ptr();
+    p.ldy = cols;
+    const std::string failure = launch_and_sync();
+    ASSERT_TRUE(failure.empty()) << name_of(c) << ": " << failure;
+    got = y.host();
+  }
+  // The SwiGLU CTA owns 64 activation columns, the store CTA 128 output columns.
+  expect_grouped_close(got, want, bound, off, max_rows, cols, swiglu ? 64 : 128, name_of(c));
+}
+
+constexpr auto kSwiglu = cuda::GroupedEpilogue::kSwigluBf16;
+constexpr auto kStore = cuda::GroupedEpilogue::kStoreF32;
+constexpr auto kMmaSyncLoop = cuda::GroupedExpertKernel::kMmaSync;
+constexpr auto kWgmmaLoop = cuda::GroupedExpertKernel::kWgmma;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GroupedExpertGemm,
+    ::testing::Values(
+        // Both main loops x both formats x both layouts x both epilogues; K = 384: three stages,
+        // every ring slot used once; N = 256: two CTA columns.
+        GroupedCase{kNv, false, kStore, kMmaSyncLoop, 256, 384},
+        GroupedCase{kNv, false, kSwiglu, kMmaSyncLoop, 256, 384},
+        GroupedCase{kNv, true, kStore, kMmaSyncLoop, 256, 384},
+        GroupedCase{kNv, true, kSwiglu, kMmaSyncLoop, 256, 384},
+        GroupedCase{kMx, false, kStore, kMmaSyncLoop, 256, 384},
+        GroupedCase{kMx, false, kSwiglu, kMmaSyncLoop, 256, 384},
+        GroupedCase{kMx, true, kStore, kMmaSyncLoop, 256, 384},
+        GroupedCase{kMx, true, kSwiglu, kMmaSyncLoop, 256, 384},
+        GroupedCase{kNv, false, kStore, kWgmmaLoop, 256, 384},
+        GroupedCase{kNv, false, kSwiglu, kWgmmaLoop, 256, 384},
+        GroupedCase{kNv, true, kStore, kWgmmaLoop, 256, 384},
+        GroupedCase{kNv, true, kSwiglu, kWgmmaLoop, 256, 384},
+        GroupedCase{kMx, false, kStore, kWgmmaLoop, 256, 384},
+        GroupedCase{kMx, false, kSwiglu, kWgmmaLoop, 256, 384},
+        GroupedCase{kMx, true, kStore, kWgmmaLoop, 256, 384},
+        GroupedCase{kMx, true, kSwiglu, kWgmmaLoop, 256, 384},
+        // One stage (no ring turn), and five (the ring wraps past its start twice).
+        GroupedCase{kNv, false, kStore, kWgmmaLoop, 128, 128},
+        GroupedCase{kMx, true, kSwiglu, kWgmmaLoop, 384, 640},
+        GroupedCase{kNv, true, kStore, kWgmmaLoop, 384, 640}));
+
+// Weights a main loop does not take are refused with an error naming them, for both loops.
+TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
+  for (auto kernel : {kMmaSyncLoop, kWgmmaLoop}) {
+    cuda::GroupedExpertGemmParams p;
+    p.kernel = kernel;
+    p.num_experts = 2;
+    p.max_rows = 4;
+    p.lda = 256;
+    p.w.format = QuantFormat::kNvfp4;
+    p.w.n = 256;
+    p.w.k = 256;
+    p.epilogue = kSwiglu;
+    p.w.layout = WeightLayout::kMmaRows16;  // the store's tiling with the SwiGLU epilogue
+    uint16_t dummy = 0;
+    p.act = &dummy;
+    p.ldact = 128;
+    Status st = cuda::launch_grouped_expert_gemm(p, stream());
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.to_string().find("unsupported weights"), std::string::npos) << st.to_string();
+    p.w.layout = WeightLayout::kRowMajor;
+    p.w.n = 200;  // not a multiple of 128
+    st = cuda::launch_grouped_expert_gemm(p, stream());
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.to_string().find("N 200"), std::string::npos) << st.to_string();
+  }
 }
 
 }  // namespace

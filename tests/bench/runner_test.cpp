@@ -311,3 +311,38 @@ TEST(bench_runner, MultiTurnSendsEachTurnWithTheConversationSoFar) {
 
 }  // namespace
 }  // namespace m3::bench
+
+namespace m3::bench {
+namespace {
+
+// --dataset mixed: the streams leave at once, the long prompts only after the delay, at their
+// Poisson times from there.
+TEST(bench_runner, MixedSendsTheStreamsFirstAndTheArrivalsAfterTheDelay) {
+  ScriptedServer server(Mode::kStream, 2, 1);
+  WorkloadOptions w;
+  w.dataset = DatasetKind::kMixed;
+  w.mixed_streams = 2;
+  w.num_prompts = 3;
+  w.input_len = 3;
+  w.output_len = 4;
+  w.mixed_prompt_len = 20;
+  w.mixed_prompt_output_len = 2;
+  RunOptions o = options(server);
+  o.request_rate = 10;
+  o.seed = 5;
+  o.arrival_delay_s = 0.4;
+  auto out = run_benchmark(o, make_workload(w).value());
+  ASSERT_TRUE(out.is_ok());
+  ASSERT_EQ(out->results.size(), 5u);
+  const std::vector<double> due = poisson_arrivals(3, 10, 5);
+  for (size_t i = 0; i < 5; ++i) {
+    const RequestResult& r = out->results[i];
+    EXPECT_TRUE(r.success) << r.error;
+    const double want = i < 2 ? 0.0 : 0.4 + due[i - 2];
+    EXPECT_GE(r.start_s, want - 1e-3) << i;
+    EXPECT_LE(r.start_s, want + 0.5) << i;
+  }
+}
+
+}  // namespace
+}  // namespace m3::bench

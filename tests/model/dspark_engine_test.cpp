@@ -13,6 +13,7 @@
 #include "model/minimax_m3/cpu_model_runner.h"
 #include "model/minimax_m3/dspark/dspark_engine_draft.h"
 #include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3/tensor_parallel_runner.h"
 #include "single_sequence.h"
 
 namespace m3 {
@@ -61,13 +62,50 @@ class OracleDraft final : public DraftModel {
   int32_t vocab_;
 };
 
+// Passes everything to the DSpark draft and records every proposal (the context length, the
+// anchor and the drafted tokens): two runs whose draft contexts are the same propose the same.
+struct Proposal {
+  int64_t length = 0;
+  int32_t anchor = 0;
+  std::vector<int32_t> tokens;
+  bool operator==(const Proposal&) const = default;
+};
+
+class RecordingDraft final : public DraftModel {
+ public:
+  RecordingDraft(std::unique_ptr<DraftModel> inner, std::vector<Proposal>* log)
+      : inner_(std::move(inner)), log_(log) {}
+  int32_t block_size() const override { return inner_->block_size(); }
+  std::vector<int32_t> capture_layers() const override { return inner_->capture_layers(); }
+  std::unique_ptr<DraftState> new_state() override { return inner_->new_state(); }
+  Status append_context(DraftState& s, std::span<const float> c, int64_t n) override {
+    return inner_->append_context(s, c, n);
+  }
+  Status truncate(DraftState& s, int64_t n) override { return inner_->truncate(s, n); }
+  Status propose(DraftState& s, int32_t anchor, const DraftTokenPicker& pick,
+                 std::vector<int32_t>* tokens) override {
+    const int64_t length = s.length();
+    M3_RETURN_IF_ERROR(inner_->propose(s, anchor, pick, tokens));
+    log_->push_back({length, anchor, *tokens});
+    return Status::ok();
+  }
+
+ private:
+  std::unique_ptr<DraftModel> inner_;
+  std::vector<Proposal>* log_;
+};
+
 struct TinyTarget {
   MiniMaxM3ModelRunner* runner = nullptr;
   std::unique_ptr<Engine> engine;
   MiniMaxM3Config cfg;
 
   // oracle: the sequence an oracle draft proposes from; empty: a random dummy draft; null: none.
-  explicit TinyTarget(const std::vector<int32_t>* oracle, bool speculative = true) {
+  // Every proposal of the draft (a random dummy draft: with `oracle` null and `log` set).
+  std::vector<Proposal> proposals;
+
+  explicit TinyTarget(const std::vector<int32_t>* oracle, bool speculative = true,
+                      bool record = false) {
     auto backend = std::make_unique<CpuBackend>(2);
     auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
     EXPECT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -94,6 +132,8 @@ struct TinyTarget {
       draft = std::make_unique<OracleDraft>(
           std::unique_ptr<DSparkEngineDraft>(static_cast<DSparkEngineDraft*>(draft.release())),
           *oracle, static_cast<int32_t>(cfg.vocab_size));
+    } else if (record) {
+      draft = std::make_unique<RecordingDraft>(std::move(draft), &proposals);
     }
     SpeculativeOptions so;
     // The random draft's drafts are nearly all rejected: 2 per verify keep the test quick.
@@ -195,6 +235,160 @@ TEST(DSparkEngine, VerifiedKvEqualsAFreshPrefill) {
       }
     }
   }
+}
+
+// A prompt of `pages` whole KV pages and a few tokens more.
+GenerateRequest long_greedy_request(int32_t page_size, int32_t pages, int32_t max_tokens) {
+  GenerateRequest r = greedy_request(max_tokens);
+  r.prompt_tokens.clear();
+  for (int32_t i = 0; i < pages * page_size + 5; ++i) {
+    r.prompt_tokens.push_back((i * 53 + 7) % 4000);
+  }
+  return r;
+}
+
+// A speculative request served from the prefix cache (warm) decodes exactly as the same request
+// computed from scratch (cold): the same tokens and logprobs, and the draft, whose context of
+// the cached positions comes from the features kept with the pages, proposes the same tokens
+// from the same context lengths.
+TEST(DSparkEngine, WarmPrefixCacheEqualsCold) {
+  TinyTarget spec(nullptr, true, /*record=*/true);
+  const int32_t P = spec.engine->config().scheduler.page_size;
+  const GenerateRequest r = long_greedy_request(P, 3, 24);
+  const Outcome cold = spec.run(r);
+  ASSERT_TRUE(cold.done && cold.error.is_ok()) << cold.error.to_string();
+  EXPECT_EQ(cold.usage.cached_tokens, 0);
+  const std::vector<Proposal> cold_proposals = spec.proposals;
+  ASSERT_FALSE(cold_proposals.empty());
+  ASSERT_NE(spec.engine->draft_feature_store(), nullptr);
+  EXPECT_GE(spec.engine->draft_feature_store()->num_allocated(), 3);
+  // Only committed full pages are published: the prompt and the generated tokens but the last
+  // (never computed), not the pages the rejected drafts were written to.
+  const int32_t committed = static_cast<int32_t>(r.prompt_tokens.size()) + 24 - 1;
+  EXPECT_EQ(spec.engine->scheduler().prefix_index().num_nodes(), committed / P);
+
+  spec.proposals.clear();
+  const Outcome warm = spec.run(r);
+  ASSERT_TRUE(warm.done && warm.error.is_ok()) << warm.error.to_string();
+  EXPECT_EQ(warm.usage.cached_tokens, 3 * P) << "the prompt's full pages come from the cache";
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  ASSERT_EQ(warm.detail[0].size(), cold.detail[0].size());
+  for (size_t t = 0; t < warm.detail[0].size(); ++t) {
+    EXPECT_EQ(warm.detail[0][t].logprob, cold.detail[0][t].logprob) << "token " << t;
+  }
+  EXPECT_EQ(spec.proposals, cold_proposals);
+  EXPECT_EQ(warm.usage.spec_draft_tokens, cold.usage.spec_draft_tokens);
+  EXPECT_EQ(warm.usage.spec_accepted_tokens, cold.usage.spec_accepted_tokens);
+  EXPECT_EQ(spec.engine->stats().kv_pages_used, 0);
+
+  // And both equal ordinary decoding.
+  TinyTarget plain(nullptr, false);
+  const Outcome want = plain.run(r);
+  EXPECT_EQ(cold.tokens, want.tokens);
+}
+
+// n = 2 speculative sequences share the prompt's pages (the second is served from the first's
+// prefill) and each decodes as a single request does.
+TEST(DSparkEngine, SpeculativeSiblingsSharePromptPages) {
+  TinyTarget spec(nullptr);
+  const int32_t P = spec.engine->config().scheduler.page_size;
+  GenerateRequest r = long_greedy_request(P, 2, 16);
+  const Outcome one = spec.run(r);
+  ASSERT_TRUE(one.done && one.error.is_ok()) << one.error.to_string();
+  TinyTarget fresh(nullptr);
+  r.params.n = 2;
+  const Outcome two = fresh.run(r);
+  ASSERT_TRUE(two.done && two.error.is_ok()) << two.error.to_string();
+  ASSERT_EQ(two.tokens.size(), 2u);
+  EXPECT_EQ(two.tokens[0], one.tokens[0]);
+  EXPECT_EQ(two.tokens[1], one.tokens[0]);
+  EXPECT_EQ(fresh.engine->stats().prefix_cache_hit_tokens_total, static_cast<uint64_t>(2 * P))
+      << "the second sequence reads the first one's two prompt pages";
+  EXPECT_EQ(fresh.engine->stats().kv_pages_used, 0);
+}
+
+// Pages written by a request that records no draft features (one that keeps its prompt logits
+// decodes without the draft) are not used by a speculative request: it computes them again.
+TEST(DSparkEngine, PagesWithoutDraftFeaturesAreRecomputed) {
+  TinyTarget spec(nullptr);
+  const int32_t P = spec.engine->config().scheduler.page_size;
+  GenerateRequest plain = long_greedy_request(P, 2, 4);
+  plain.prompt_logits = true;
+  const Outcome first = spec.run(plain);
+  ASSERT_TRUE(first.done && first.error.is_ok()) << first.error.to_string();
+  const uint64_t hits = spec.engine->stats().prefix_cache_hit_tokens_total;
+  GenerateRequest r = long_greedy_request(P, 2, 16);
+  const Outcome got = spec.run(r);
+  ASSERT_TRUE(got.done && got.error.is_ok()) << got.error.to_string();
+  EXPECT_EQ(got.usage.cached_tokens, 0);
+  EXPECT_EQ(spec.engine->stats().prefix_cache_hit_tokens_total, hits);
+  EXPECT_GT(got.usage.spec_draft_tokens, 0);
+  // Recomputed, the pages now carry features: the same request hits the cache.
+  const Outcome again = spec.run(r);
+  ASSERT_TRUE(again.done && again.error.is_ok()) << again.error.to_string();
+  EXPECT_EQ(again.usage.cached_tokens, 2 * P);
+  EXPECT_EQ(again.tokens, got.tokens);
+  TinyTarget ordinary(nullptr, false);
+  EXPECT_EQ(ordinary.run(r).tokens, got.tokens);
+}
+
+// --tp 2 on CPU ranks: the draft runs unsplit on rank 0 (its embedding, lm_head and final norm),
+// fed by the hidden states the sharded target captures; verification runs through the sharded
+// target. Greedy output and logprobs equal ordinary decoding on the same two ranks.
+TEST(DSparkEngine, TensorParallelGreedyEqualsOrdinaryDecodingOnTheSameRanks) {
+  auto backend = std::make_unique<CpuBackend>(1);
+  auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  auto make = [&](bool speculative) {
+    auto r = TensorParallelCpuRunner::create(loaded->config, *loaded->weights, 2, 1, 1, 64);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    TensorParallelCpuRunner* ranks = r->get();
+    EngineConfig c;
+    c.scheduler.page_size = static_cast<int32_t>(loaded->config.index_block_size);
+    c.scheduler.chunked_prefill_size = 64;
+    auto e = Engine::create(std::move(c), std::move(r).value());
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    std::unique_ptr<Engine> engine = std::move(e).value();
+    if (speculative) {
+      minimax_m3::dspark::DSparkLoadOptions o;
+      o.dummy_weights = true;
+      auto d = minimax_m3::dspark::load_dspark_engine_draft(
+          o, loaded->config, ranks->first_rank_model(), ranks->first_rank_backend());
+      EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+      SpeculativeOptions so;
+      so.num_draft_tokens = 3;
+      Status st = engine->enable_speculative(std::move(d).value(), so);
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+    }
+    return engine;
+  };
+  const int32_t P = static_cast<int32_t>(loaded->config.index_block_size);
+  const GenerateRequest r = long_greedy_request(P, 1, 32);
+  auto run = [&](Engine& engine) {
+    auto h = engine.submit(r);
+    EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+    std::vector<RequestHandle> hs;
+    hs.push_back(std::move(h).value());
+    return testing::run_all(engine, hs, {1})[0];
+  };
+  std::unique_ptr<Engine> plain = make(false);
+  std::unique_ptr<Engine> spec = make(true);
+  const Outcome want = run(*plain);
+  const Outcome got = run(*spec);
+  ASSERT_TRUE(want.done && want.error.is_ok()) << want.error.to_string();
+  ASSERT_TRUE(got.done && got.error.is_ok()) << got.error.to_string();
+  ASSERT_EQ(want.tokens[0].size(), 32u);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.detail[0].size(), want.detail[0].size());
+  for (size_t t = 0; t < got.detail[0].size(); ++t) {
+    EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << "token " << t;
+  }
+  EXPECT_GT(got.usage.spec_verify_steps, 0);
+  // And served again from the prefix cache, over the ranks too.
+  const Outcome warm = run(*spec);
+  EXPECT_EQ(warm.usage.cached_tokens, P);
+  EXPECT_EQ(warm.tokens, want.tokens);
+  EXPECT_EQ(spec->stats().kv_pages_used, 0);
 }
 
 TEST(DSparkEngine, MissingDraftDirectoryIsAClearError) {

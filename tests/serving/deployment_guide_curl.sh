@@ -2,8 +2,9 @@
 # The MiniMax-M3.1-Flash deployment guide end to end on the CPU: the bundled m3-tiny is laid out
 # in a temporary Hugging Face cache as MiniMaxAI/MiniMax-M3.1-Flash (blobs, a snapshot of
 # symlinks, refs/main), and `m3serve serve` starts with the guide's quickstart command line (--tp 4:
-# four CPU ranks), with the flag whose feature is not built yet (--speculative-algorithm DSPARK)
-# left out (tests/app/serve_flags_test.cpp checks that it is refused by name). Then the guide's
+# four CPU ranks), with --speculative-algorithm DSPARK left out: m3-tiny ships no dspark/ draft
+# (serving_e2e_dspark serves with a random one; tests/app/serve_flags_test.cpp loads a model
+# directory's dspark/ folder). Then the guide's
 # requests, as curl sends them, with the guide's model name:
 #   (a) a plain text chat            -> 200 with choices[0].message
 #   (b) the same, thinking disabled  -> 200, no reasoning_content in the message

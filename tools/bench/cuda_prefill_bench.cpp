@@ -23,9 +23,10 @@
 // kDequantCublas); the other is timed beside it (printed, not summed).
 //
 // --experts: the routed experts alone (NVFP4, 128 experts, top-4, uniform random routing), old
-// (kDequantCublas) vs new (kGroupedInLoop) kernel, with the weights row-major and then in the mma
-// layouts the model repacks them to; FLOPs 2·T·top_k·(2·I·Hd + Hd·I). Default tokens there:
-// 512 2048 8192 32768.
+// (kDequantCublas) vs the grouped kernels (kGroupedInLoop: mma.sync main loop; kGroupedWgmma:
+// the Hopper wgmma main loop), with the weights row-major and then in the mma layouts the model
+// repacks them to; FLOPs 2·T·top_k·(2·I·Hd + Hd·I), TFLOP/s and the fraction of the bf16 peak per
+// row. Default tokens there: 512 2048 8192 32768.
 //
 // Usage: cuda_prefill_bench [results.tsv|-] [--experts] [tokens...]
 //        (default tokens: 8192 32768)
@@ -308,18 +309,24 @@ void bench_experts(PrefillGemm& gemm, CachingAllocator& alloc, const std::vector
       mp.num_experts = kE;
       mp.top_k = kK4;
       const double flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
-      double ms[2];
-      for (int k = 0; k < 2; ++k) {
-        mp.kernel = k == 0 ? PrefillMoeKernel::kDequantCublas : PrefillMoeKernel::kGroupedInLoop;
+      const PrefillMoeKernel kernels[3] = {PrefillMoeKernel::kDequantCublas,
+                                           PrefillMoeKernel::kGroupedInLoop,
+                                           PrefillMoeKernel::kGroupedWgmma};
+      const char* names[3] = {"old (dequant+cublas)", "grouped in-loop (mma.sync)",
+                              "grouped in-loop (wgmma)"};
+      double ms[3];
+      for (int k = 0; k < 3; ++k) {
+        mp.kernel = kernels[k];
         ms[k] = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
         const std::string name = std::string("routed experts ") +
-                                 (layout ? "mma-layout " : "row-major ") +
-                                 (k == 0 ? "old (dequant+cublas)" : "new (grouped in-loop)");
+                                 (layout ? "mma-layout " : "row-major ") + names[k];
         report(t, {name, ms[k], flops});
         std::printf("T=%-6lld   %s: %.0f tokens/s through one layer's routed experts\n",
                     (long long)t, name.c_str(), t / (ms[k] * 1e-3));
       }
-      std::printf("T=%-6lld   speed-up new / old: %.2fx\n", (long long)t, ms[0] / ms[1]);
+      std::printf("T=%-6lld   speed-up over dequant+cublas: mma.sync %.2fx, wgmma %.2fx; "
+                  "wgmma / mma.sync %.2fx\n",
+                  (long long)t, ms[0] / ms[1], ms[0] / ms[2], ms[1] / ms[2]);
       CHECK_CUDA(cudaStreamSynchronize(g_stream));
       alloc.release_cached();
     }

@@ -15,7 +15,8 @@ BINS=(cuda_ops_test cuda_composite_ops_test quant_gemv_test quant_gemv_mma_test 
       cuda_model_decode_bench cuda_sync_bench
       sampling_test sampling_bench cuda_real_model_test moe_route_test attention_inputs_test embed_bf16_test
       fp8_mma_probe stream_pattern_probe nccl_communicator_test cuda_tensor_parallel_test
-      one_shot_all_reduce_test cuda_tp_bench)
+      one_shot_all_reduce_test cuda_tp_bench dspark_f32_test
+      dspark_real_test cuda_dspark_bench)
 cmake -S . -B "$BUILD" -G Ninja -DM3_CUDA=ON >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${BINS[@]}" m3_cuda_trace
 # m3serve links every layer; others' work in progress may not compile: then bundle without it.

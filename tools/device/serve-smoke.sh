@@ -11,7 +11,9 @@
 # `m3serve bench` completes every request at concurrency 1, 8 and 32 (exit code != 0 otherwise).
 # Files back in $OUT: serve-smoke.log (everything), server.log.
 # Environment (for a check of the script itself on a machine without a GPU): DEVICE (cuda),
-# CONCURRENCY ("1 8 32"), OUTPUT_LEN (128), M3SERVE (.device/cuda/m3serve).
+# CONCURRENCY ("1 8 32"), OUTPUT_LEN (128), M3SERVE (.device/cuda/m3serve); SERVE_ARGS: more
+# `serve` flags, e.g. "--speculative-algorithm DSPARK" (the GPU DSpark draft with dummy weights
+# at the layout default_dspark_config_for derives from this config).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
@@ -34,8 +36,9 @@ json.dump(c, open(sys.argv[1], "w"), indent=2)
 EOF
 PORT=30177
 BIN=${M3SERVE:-$B/m3serve}
+# shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
 "$BIN" serve --model-path "$M" --load-format dummy --device "${DEVICE:-cuda}" --port "$PORT" \
-  >"$OUT/server.log" 2>&1 &
+  ${SERVE_ARGS:-} >"$OUT/server.log" 2>&1 &
 SERVER=$!
 rc=0
 for _ in $(seq 1 120); do

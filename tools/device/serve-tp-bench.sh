@@ -17,25 +17,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 TP=${TP:-$GPUS}
 PORT=30188
 M=$(mktemp -d)
-# MiniMax-M3.1-Flash's text config (§1 of the architecture: the values of MiniMaxM3Config's
-# defaults) with the bundled model's tokenizer and template. The tokenizer knows 4,096 of the
-# 200,064 ids: the bench's prompts are token ids and it counts tokens, not text.
-cp models/m3-tiny/{tokenizer.json,tokenizer_config.json,chat_template.jinja,generation_config.json} "$M/"
-python3 - "$M/config.json" <<'PY'
-import json, sys
-c = json.load(open("models/m3-tiny/config.json"))
-t = c["text_config"]
-L = 60
-t.update(vocab_size=200064, hidden_size=6144, intermediate_size=3072, dense_intermediate_size=12288,
-         shared_intermediate_size=3072, num_hidden_layers=L, num_attention_heads=64,
-         num_key_value_heads=4, head_dim=128, max_position_embeddings=524288, rope_theta=5e6,
-         rotary_dim=64, partial_rotary_factor=0.5, num_local_experts=128, num_experts_per_tok=4,
-         n_shared_experts=1, routed_scaling_factor=2.0, moe_layer_freq=[0] * 3 + [1] * (L - 3))
-t["sparse_attention_config"].update(sparse_num_index_heads=4, sparse_index_dim=128,
-         sparse_block_size=128, sparse_topk_blocks=16, sparse_local_block=1, sparse_init_block=1,
-         sparse_attention_freq=[1] * L, sparse_disable_index_value=[1] * L)
-json.dump(c, open(sys.argv[1], "w"), indent=2)
-PY
+tools/device/flash-config.sh "$M" 60
 t0=$(date +%s.%N)
 "$B/m3serve" serve --model-path "$M" --load-format dummy --device cuda --tp "$TP" --port "$PORT" \
   ${EXTRA:-} >"$OUT/server.log" 2>&1 &

@@ -100,6 +100,11 @@ class TensorParallelCpuRunner final : public ModelRunner {
   // as --load-format dummy).
   const std::vector<uint64_t>& weight_bytes_read() const { return bytes_read_; }
   int first_rank() const { return first_rank_; }
+  // This process's first rank's model and backend (rank 0 on node 0): a speculative draft runs
+  // there, unsplit, next to the sharded target (its embedding, lm_head and final norm are whole
+  // on every rank). Use only between forward() calls: the rank computes inside them.
+  const minimax_m3::Model& first_rank_model() const { return *ranks_[0].model; }
+  Backend* first_rank_backend() const { return ranks_[0].backend.get(); }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
 

@@ -5,8 +5,7 @@
 //    also resolve only to public addresses (no private, loopback, link-local, CGNAT, multicast or
 //    reserved ranges, including IPv4 embedded in IPv6), so an allowlisted name cannot be pointed
 //    at the internal network (SSRF). URLs with credentials or non-http(s) schemes are refused.
-// Nothing is fetched yet (no HTTP client in the dependencies); a request whose images pass the
-// policy still gets a clear 400 saying image input needs the vision tower.
+// Remote images are fetched by remote_fetch.h, which runs this check again at every hop.
 #pragma once
 
 #include <chrono>
@@ -26,6 +25,12 @@ struct MediaOptions {
   std::vector<std::string> allowed_domains;  // "example.com" (exact) or ".example.com" (subdomains)
   size_t max_image_bytes = 20u << 20;
   std::chrono::milliseconds resolve_timeout{3000};
+  // A remote fetch, all redirects and DNS included (--media-fetch-timeout).
+  std::chrono::milliseconds fetch_timeout{5000};
+  int max_redirects = 3;
+  // Loopback addresses pass the address check: only for tests that serve images from a local
+  // HTTP server (--allow-loopback-media-for-tests, refused outside a test environment).
+  bool allow_loopback_for_tests = false;
 };
 
 // Host name -> its addresses (as text). Injected so tests need no DNS.
@@ -52,5 +57,7 @@ std::optional<std::string> base64_decode(std::string_view in);
 std::string sniff_image_type(std::string_view bytes);
 // True for a globally routable unicast address (v4 or v6, textual form).
 bool is_public_address(const std::string& address);
+// True for 127.0.0.0/8 and ::1.
+bool is_loopback_address(const std::string& address);
 
 }  // namespace m3::server

@@ -208,13 +208,16 @@ test('a repeated long prompt is served from the prefix cache', async () => {
 test('same seed, same sample at temperature 1', async () => {
   const body = { model: MODEL, messages: [{ role: 'user', content: 'Hello!' }], temperature: 1, max_tokens: 24 };
   const outs = [];
-  for (const seed of [7, 7, 8, 9]) {
+  // m3-tiny's reply to this is peaked (about three in four samples are the same reply), so a few
+  // seeds can all draw it under a given random stream (speculative decoding draws from other
+  // streams than plain decoding): eight different seeds must give at least two replies.
+  for (const seed of [7, 7, 8, 9, 10, 11, 12, 13, 14]) {
     const r = await srv.client.chat.completions.create({ ...body, seed });
     const m = r.choices[0].message;
     outs.push(`${m.reasoning_content ?? ''}|${m.content ?? ''}|${r.usage.completion_tokens}`);
   }
   assert.equal(outs[0], outs[1]);
-  assert.ok(new Set(outs).size >= 2, `seeds 7, 8, 9 all gave ${outs[0]}`);
+  assert.ok(new Set(outs).size >= 2, `seeds 7 to 14 all gave ${outs[0]}`);
 });
 
 test('100 concurrent streams all finish, each with its own usage', async () => {

@@ -26,6 +26,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cuda/norm/add_rms_norm.h"
 #include "core/status.h"
 
 struct CUstream_st;
@@ -57,6 +58,19 @@ class OneShotAllReduce {
   // on `stream`. Every rank makes the same calls with the same counts, each on its own stream;
   // count <= max_elements().
   Status all_reduce(int rank, float* buf, int64_t count, CUstream_st* stream);
+
+  // The decode step's all-reduce fused with the residual add and the next RMSNorm, in one
+  // kernel: delta [norm.t, norm.hidden] (this rank's partial sum, left unchanged) is summed over
+  // the ranks in rank order (all_reduce's bits), then norm.residual += that sum and norm.out (and
+  // the f16 copy where asked) = the Gemma RMSNorm of the new residual, bit for bit what
+  // launch_add_rms_norm's one-CTA-per-row kernel (cluster_rows 0) computes from the stored sum.
+  // Saves the norm's launch and the round trip of the sum through memory on the critical path.
+  // norm.delta and the fused delta sources (delta_partial, moe_contrib) must be unset; hidden a
+  // multiple of 4, at most 8192; t · hidden <= max_elements(). Every rank calls it with the same
+  // t and hidden (a rank may not mix it with all_reduce for the same message). CTA c takes rows
+  // c, c + C, ... (C = min(t, kMaxCtas)) and waits only for the same CTA of the other ranks.
+  Status all_reduce_add_rms_norm(int rank, const float* delta, const AddRmsNormParams& norm,
+                                 CUstream_st* stream);
 
   // unavailable, naming the rank, once a launch of `rank` waited longer than the timeout.
   Status error(int rank) const;

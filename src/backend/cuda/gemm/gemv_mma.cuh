@@ -224,7 +224,7 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&wv)[8], uint32_
 // earlier kernel may answer).
 __device__ __forceinline__ int64_t cta_group(const QuantGemvParams& p) {
   if (p.token_topk_ids != nullptr) {  // one token: slot s is its s-th expert
-    const int32_t id = __ldcg(p.token_topk_ids + blockIdx.y);
+    const int64_t id = __ldcg(p.token_topk_ids + blockIdx.y) - p.token_group_base;
     return id >= 0 && id < p.num_groups ? id : -1;
   }
   return p.group_offsets == nullptr ? 0 : __ldcg(p.active_groups + blockIdx.y);

@@ -93,7 +93,7 @@ __global__ void group_by_expert_kernel(GroupByExpertParams p) {
   extern __shared__ int32_t offs[];  // [E + 1]
   __shared__ int2 warp_sums[32];
   routing::group_by_expert_block(p.topk_ids, p.num_rows, p.num_experts, offs, warp_sums,
-                                 p.group_offsets, p.sorted_rows, p.active_groups);
+                                 p.group_offsets, p.sorted_rows, p.active_groups, p.expert_base);
 }
 
 }  // namespace
@@ -110,6 +110,9 @@ Status launch_group_by_expert(const GroupByExpertParams& p, CUstream_st* stream)
   if (p.num_experts <= 0 || p.num_experts > 4096)
     return invalid_argument("[cuda.group_by_expert] num_experts " +
                             std::to_string(p.num_experts) + " outside [1, 4096]");
+  if (p.expert_base < 0 || p.expert_base > INT32_MAX)
+    return invalid_argument("[cuda.group_by_expert] expert_base " +
+                            std::to_string(p.expert_base) + " outside [0, 2^31)");
   const size_t smem = sizeof(int32_t) * static_cast<size_t>(p.num_experts + 1);
   group_by_expert_kernel<<<1, 1024, smem, stream>>>(p);
   M3_CUDA_RETURN_IF_LAUNCH_ERROR(group_by_expert_kernel);

@@ -119,6 +119,9 @@ struct QuantGemvParams {
   // group_offsets. group_offsets and active_groups must still be set (they mark the launch as
   // grouped) and are not read; sorted_rows must be null.
   const int32_t* token_topk_ids = nullptr;
+  // Expert parallelism with token_topk_ids: the ids are global and the G groups are the experts
+  // [token_group_base, token_group_base + G); other ids leave their slot empty.
+  int64_t token_group_base = 0;
   int64_t num_rows = 0;                    // routed rows (the r range)
   // Grouped: an upper bound on the rows of one group (0: num_rows), e.g. the tokens of a MoE
   // step (a token picks an expert once). At one, kMmaRing stages the activations with its
@@ -159,12 +162,16 @@ Status launch_quant_gemv_epilogue(const GemvEpilogueParams& p, CUstream_st* stre
 // builds group_offsets [E + 1], sorted_rows [num_rows] (ascending r within an expert) and
 // active_groups [min(E, num_rows)] (experts with rows, ascending, then -1). Ids outside [0, E)
 // are dropped (their rows get no output).
+// Expert parallelism: topk_ids hold global expert ids and the rank holds the E experts
+// [expert_base, expert_base + E); id - expert_base is the group (the rank's local slot), and ids
+// of other ranks' experts fall outside [0, E) and are dropped the same way.
 struct GroupByExpertParams {
   const int32_t* topk_ids = nullptr;  // [num_rows]
   int64_t num_rows = 0, num_experts = 0;
   int32_t* group_offsets = nullptr;   // [E + 1]
   int32_t* sorted_rows = nullptr;     // [num_rows]
   int32_t* active_groups = nullptr;   // [min(E, num_rows)]
+  int64_t expert_base = 0;
 };
 Status launch_group_by_expert(const GroupByExpertParams& p, CUstream_st* stream);
 

@@ -7,39 +7,27 @@
 #include <algorithm>
 #include <string>
 
-#include "backend/cuda/gemm/scale_codes.cuh"
 #include "backend/cuda/moe/grouped_expert_gemm.h"
-#include "backend/cuda/runtime/cp_async.cuh"
+#include "backend/cuda/moe/grouped_expert_stage.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
-#include "quant/mxfp8_mma_layout.h"
-#include "quant/nvfp4_mma_layout.h"
 
 namespace m3::cuda {
 namespace {
 
-constexpr int kBM = static_cast<int>(kGroupedTileM);
-constexpr int kBN = static_cast<int>(kGroupedTileN);
-constexpr int kBK = static_cast<int>(kGroupedTileK);
+using grouped::kBK;
+using grouped::kBM;
+using grouped::kBN;
 constexpr int kThreads = 256;        // 8 warps: 2 along M (64 rows) x 4 along N (32 columns)
 constexpr int kTileRowBytes = kBK * 2;          // one bf16 row of a 128-column stage
 constexpr int kTileBytes = kBM * kTileRowBytes;  // 32 KB (A stage, or the bf16 weight tile)
-static_assert(kBM == 128 && kBN == 128 && kBK == 128, "the thread mappings below assume 128");
-static_assert(kBK == nvfp4_mma::kChunkK && kBK == mxfp8_mma::kStageK,
-              "a stage is one chunk of the mma layouts");
 
-// Per-format geometry of one stage's quantised weights.
+// Ring geometry of this kernel on top of the format's stage geometry.
 template <QuantFormat F>
-struct Fmt {
-  static constexpr bool kNv = F == QuantFormat::kNvfp4;
-  static constexpr int kBlock = kNv ? 16 : 32;                // elements per scale
-  static constexpr int kRowBytes = kNv ? kBK / 2 : kBK;       // codes of one row, one stage
-  static constexpr int kRawBytes = kBN * kRowBytes;           // 8 KB | 16 KB
-  static constexpr int kScaleRowBytes = kBK / kBlock;         // 8 | 4
-  static constexpr int kScaleBytes = kBN * kScaleRowBytes;    // 1 KB | 512 B
-  static constexpr int kChunkBytes = kNv ? nvfp4_mma::kChunkBytes : mxfp8_mma::kStageBytes;
+struct Fmt : grouped::StageGeometry<F> {
+  using Base = grouped::StageGeometry<F>;
   // Ring slots: the stage being multiplied, the one being dequantised, the one being loaded.
   static constexpr int kStages = 3;
-  static constexpr int kStageBytes = kTileBytes + kRawBytes + kScaleBytes;
+  static constexpr int kStageBytes = kTileBytes + Base::kRawBytes + Base::kScaleBytes;
   // + two bf16 weight tiles (multiplied / being written) + the row tables.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kTileBytes + 2 * kBM * 4;
   static_assert(kSmemBytes <= 232448, "more shared memory than an H100/H200 SM offers");
@@ -50,27 +38,6 @@ struct Fmt {
 // 8 rows an ldmatrix phase reads hit 8 different 16-byte bank groups.
 __device__ __forceinline__ int tile_off(int r, int c) {
   return r * kTileRowBytes + ((c ^ (r & 7)) << 4);
-}
-
-// Two E4M3 codes (low byte -> low half) to an exact f16x2.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(two)));
-  return h;
-}
-
-// One byte of two E2M1 codes (element 2i low nibble) to the f16x2 (code · 2^-14) pair: the three
-// magnitude bits go to f16 bits 9..11, the sign to bit 15 (as nvfp4_mma::fragment).
-__device__ __forceinline__ uint32_t e2m1x2_to_f16x2(uint32_t b) {
-  return ((b << 9) & 0x0E00u) | ((b << 12) & 0x8000u) | ((b << 21) & 0x0E000000u) |
-         ((b << 24) & 0x80000000u);
-}
-
-// f16x2 times a float scale, rounded to bf16x2 (exact for the values here).
-__device__ __forceinline__ uint32_t scale_to_bf16x2(uint32_t h2, float s) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * s, f.y * s);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -86,14 +53,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Same float expression as swiglu_oai_bf16_kernel (prefill_kernels.cu), then bf16 rounding.
-__device__ __forceinline__ float swiglu_oai(float g, float u, float alpha, float limit) {
-  const float gc = fminf(g, limit);
-  const float uc = fminf(fmaxf(u, -limit), limit);
-  const float sig = 1.0f / __fadd_rn(1.0f, expf(-__fmul_rn(gc, alpha)));
-  return __fmul_rn(__fmul_rn(gc, sig), __fadd_rn(uc, 1.0f));
 }
 
 // Local weight row lr (0..127) of column tile nt -> the matrix row. SwiGLU: within each warp's 32
@@ -121,17 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int E = static_cast<int>(p.num_experts);
   const int mt = blockIdx.y, nt = blockIdx.x;
   if (mt >= p.tile_offsets[E]) return;  // past the routed rows
-  // Expert: tile_off[lo] <= mt < tile_off[hi] throughout; ends with hi = lo + 1.
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (p.tile_offsets[mid] <= mt) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  const int e = lo;
+  const int e = grouped::expert_of_tile(p.tile_offsets, E, mt);
   const int row_begin = p.group_offsets[e] + (mt - p.tile_offsets[e]) * kBM;
   const int rows = min(kBM, p.group_offsets[e + 1] - row_begin);
 
@@ -152,13 +101,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int64_t nk = int64_t{n} * k;
-  const uint8_t* wq = p.w.w + static_cast<int64_t>(e) * (G::kNv ? nk / 2 : nk);
-  const uint8_t* ws = p.w.w_scale + static_cast<int64_t>(e) * (nk / G::kBlock);
+  grouped::StageSource wsrc;
+  wsrc.wq = p.w.w + static_cast<int64_t>(e) * (G::kNv ? nk / 2 : nk);
+  wsrc.ws = p.w.w_scale + static_cast<int64_t>(e) * (nk / G::kBlock);
+  wsrc.w_row = w_row;
+  wsrc.n = n;
+  wsrc.k = k;
+  wsrc.k_stages = k / kBK;
+  wsrc.tiling = tiling;
+  wsrc.tau0 = nt * 8;  // mma layouts: the CTA's 8 tiles of 16 rows (both tilings)
   const float global = (G::kNv && p.w.w_global != nullptr) ? p.w.w_global[e] : 1.0f;
-  const int k_stages = k / kBK;
-  const int64_t w_row_stride = G::kNv ? k / 2 : k;
-  const int s_row_stride = k / G::kBlock;
-  const int tau0 = nt * 8;  // mma layouts: the CTA's 8 tiles of 16 rows (both tilings)
+  const int k_stages = wsrc.k_stages;
 
   auto load_stage = [&](int slot, int ks) {
     uint8_t* st = smem + slot * G::kStageBytes;
@@ -171,96 +124,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kBK + c * 8 : p.a;
       cp_async16(a_s + tile_off(r, c), g, src >= 0 ? 16 : 0);
     }
-    // Weight codes.
-    const uint32_t raw_s = a_s + kTileBytes;
-#pragma unroll
-    for (int i = 0; i < G::kRawBytes / 16 / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      const uint8_t* g;
-      if (tiling == static_cast<int>(WeightLayout::kRowMajor)) {
-        constexpr int kPerRow = G::kRowBytes / 16;
-        const int lr = idx / kPerRow, c = idx % kPerRow;
-        g = wq + int64_t{w_row[lr]} * w_row_stride + ks * G::kRowBytes + c * 16;
-      } else {
-        constexpr int kPerTile = G::kChunkBytes / 16;
-        const int lt = idx / kPerTile, c = idx % kPerTile;
-        g = wq + (int64_t{tau0 + lt} * k_stages + ks) * G::kChunkBytes + c * 16;
-      }
-      cp_async16(raw_s + idx * 16, g, 16);
-    }
-    // Block scales (row-major in every layout).
-    if (tid < kBN) {
-      const uint32_t sc_s = raw_s + G::kRawBytes + tid * G::kScaleRowBytes;
-      const uint8_t* g = ws + int64_t{w_row[tid]} * s_row_stride + ks * G::kScaleRowBytes;
-      if constexpr (G::kNv) {
-        cp_async8(sc_s, g, 8);
-      } else {
-        cp_async4(sc_s, g, 4);
-      }
-    }
+    // Weight codes and block scales.
+    grouped::load_stage_weights<F, kThreads>(a_s + kTileBytes, wsrc, ks, tid);
   };
 
   // The stage's quantised weights -> bf16 wtile[n][k] (swizzled). Each thread converts 4 groups of
   // 16 consecutive columns of one row.
   auto dequant_stage = [&](int slot, uint8_t* wtile) {
     const uint8_t* raw = smem + slot * G::kStageBytes + kTileBytes;
-    const uint8_t* sc = raw + G::kRawBytes;
 #pragma unroll
     for (int q = 0; q < kBN * (kBK / 16) / kThreads; ++q) {
-      const int gi = tid + q * kThreads, lr = gi >> 3, cg = gi & 7, col0 = cg * 16;
-      uint32_t h2[8];  // f16x2 pairs of columns col0 + 2i, + 1
-      float s;
-      if constexpr (G::kNv) {
-        s = e4m3_to_float(sc[lr * G::kScaleRowBytes + cg]) * 16384.0f;  // codes carry 2^-14
-        if (tiling == static_cast<int>(WeightLayout::kRowMajor)) {
-          const uint2 v = *reinterpret_cast<const uint2*>(raw + lr * G::kRowBytes + cg * 8);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            h2[j] = e2m1x2_to_f16x2((v.x >> (8 * j)) & 0xFF);
-            h2[4 + j] = e2m1x2_to_f16x2((v.y >> (8 * j)) & 0xFF);
-          }
-        } else {
-          // nvfp4_mma::locate: lane 4g + t holds columns 32t + 4i + j of tile rows g, g + 8 in
-          // its words i = 0..7 (16-byte halves swapped for lanes with bit 2 set).
-          const nvfp4_mma::TilePos tp = nvfp4_mma::tile_pos(w_row[lr], n,
-                                                            static_cast<nvfp4_mma::Tiling>(tiling));
-          const int lt = static_cast<int>(tp.tau) - tau0, g = tp.rr & 7, h = tp.rr >> 3;
-          const int ln = 4 * g + (col0 >> 5), i0 = (col0 & 31) >> 2;  // i0 = 0 or 4
-          const int off = lt * G::kChunkBytes + ln * 32 + (((i0 >> 2) ^ ((ln >> 2) & 1)) << 4);
-          const uint4 v = *reinterpret_cast<const uint4*>(raw + off);
-          const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int ii = 0; ii < 4; ++ii) {  // word ii: columns 4ii .. 4ii + 3
-            h2[2 * ii] = nvfp4_mma::fragment(w4[ii], h);
-            h2[2 * ii + 1] = nvfp4_mma::fragment(w4[ii], 2 + h);
-          }
-        }
-      } else {
-        s = e8m0_to_float(sc[lr * G::kScaleRowBytes + (col0 >> 5)]);
-        uint32_t c4[4];  // 16 codes, element 4w + b in byte b of word w
-        if (tiling == static_cast<int>(WeightLayout::kRowMajor)) {
-          const uint4 v = *reinterpret_cast<const uint4*>(raw + lr * G::kRowBytes + col0);
-          c4[0] = v.x, c4[1] = v.y, c4[2] = v.z, c4[3] = v.w;
-        } else {
-          // mxfp8_mma::offset: (row, col) at u·512 + (4g + t)·16 + h·8 + col % 8.
-          const nvfp4_mma::TilePos tp = nvfp4_mma::tile_pos(w_row[lr], n,
-                                                            static_cast<nvfp4_mma::Tiling>(tiling));
-          const int lt = static_cast<int>(tp.tau) - tau0, g = tp.rr & 7, h = tp.rr >> 3;
-          const int u = col0 >> 5, t0 = (col0 & 31) >> 3;  // t0 = 0 or 2
-          const uint8_t* base = raw + lt * G::kChunkBytes + u * 512 + h * 8;
-          const uint2 v0 = *reinterpret_cast<const uint2*>(base + (4 * g + t0) * 16);
-          const uint2 v1 = *reinterpret_cast<const uint2*>(base + (4 * g + t0 + 1) * 16);
-          c4[0] = v0.x, c4[1] = v0.y, c4[2] = v1.x, c4[3] = v1.y;
-        }
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          h2[2 * w] = e4m3x2_to_f16x2(c4[w] & 0xFFFF);
-          h2[2 * w + 1] = e4m3x2_to_f16x2(c4[w] >> 16);
-        }
-      }
+      const int gi = tid + q * kThreads, lr = gi >> 3, cg = gi & 7;
       uint32_t o[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = scale_to_bf16x2(h2[i], s);
+      grouped::dequant16<F>(raw, wsrc, lr, cg, o);
       *reinterpret_cast<uint4*>(wtile + tile_off(lr, 2 * cg)) = make_uint4(o[0], o[1], o[2], o[3]);
       *reinterpret_cast<uint4*>(wtile + tile_off(lr, 2 * cg + 1)) =
           make_uint4(o[4], o[5], o[6], o[7]);
@@ -345,8 +221,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float g0 = acc[mi][ni][2 * hh] * global, g1 = acc[mi][ni][2 * hh + 1] * global;
           const float u0 = acc[mi][ni + 2][2 * hh] * global;
           const float u1 = acc[mi][ni + 2][2 * hh + 1] * global;
-          const __nv_bfloat162 v = __floats2bfloat162_rn(swiglu_oai(g0, u0, p.alpha, p.limit),
-                                                         swiglu_oai(g1, u1, p.alpha, p.limit));
+          const __nv_bfloat162 v = __floats2bfloat162_rn(grouped::swiglu_oai(g0, u0, p.alpha, p.limit),
+                                                         grouped::swiglu_oai(g1, u1, p.alpha, p.limit));
           *reinterpret_cast<__nv_bfloat162*>(p.act + out_row * p.ldact + j) = v;
         }
       } else {
@@ -419,6 +295,10 @@ Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st*
   if (swiglu ? (p.act == nullptr || p.ldact < p.w.n / 2 || p.ldact % 2 != 0)
              : (p.y == nullptr || p.ldy < p.w.n || p.ldy % 2 != 0))
     return invalid_argument("[cuda.grouped_expert_gemm] output missing or its stride too small");
+  if (p.kernel == GroupedExpertKernel::kWgmma) return launch_grouped_expert_gemm_wgmma(p, stream);
+  if (p.kernel != GroupedExpertKernel::kMmaSync)
+    return invalid_argument("[cuda.grouped_expert_gemm] unknown kernel " +
+                            std::to_string(static_cast<int>(p.kernel)));
   if (p.w.format == QuantFormat::kNvfp4) {
     return swiglu ? launch_typed<QuantFormat::kNvfp4, GroupedEpilogue::kSwigluBf16>(p, stream)
                   : launch_typed<QuantFormat::kNvfp4, GroupedEpilogue::kStoreF32>(p, stream);

@@ -49,6 +49,14 @@ constexpr int64_t kGroupedTileK = 128;  // columns per pipeline stage
 
 enum class GroupedEpilogue : int { kSwigluBf16 = 0, kStoreF32 = 1 };
 
+// The main loop. kMmaSync: the kernel described above. kWgmma (grouped_expert_gemm_wgmma.cu,
+// Hopper only): the same tiles, stages, dequantisation and epilogues, multiplied by two
+// warpgroups with wgmma.mma_async (A and B read from 128-byte-swizzled shared memory), the
+// conversion of the next stage overlapping the asynchronous multiplication of the current one.
+// The two sum the same products in different orders (results agree within the float32
+// accumulation bound, not bit for bit); each is deterministic.
+enum class GroupedExpertKernel : int { kMmaSync = 0, kWgmma = 1 };
+
 // Whether the grouped kernel takes `w` ([E, N, K]) with this epilogue: NVFP4 or MXFP8, N and K
 // multiples of 128, and a layout whose 16-row tiles the CTA can copy whole.
 inline bool grouped_expert_gemm_fits(const QuantWeight& w, GroupedEpilogue ep) {
@@ -82,8 +90,12 @@ struct GroupedExpertGemmParams {
   uint16_t* act = nullptr;                 // kSwigluBf16: [max_rows, ldact], N/2 columns
   int64_t ldact = 0;
   float alpha = 1.702f, limit = 7.0f;
+  GroupedExpertKernel kernel = GroupedExpertKernel::kMmaSync;
 };
 Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st* stream);
+
+// The kWgmma main loop (called by launch_grouped_expert_gemm after its argument checks).
+Status launch_grouped_expert_gemm_wgmma(const GroupedExpertGemmParams& p, CUstream_st* stream);
 
 // tile_off[0] = 0, tile_off[e + 1] = tile_off[e] + ceil((off[e + 1] - off[e]) / kGroupedTileM).
 Status launch_moe_tile_schedule(const int32_t* group_offsets, int64_t num_experts,

@@ -10,12 +10,21 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= p.hidden) return;
   float o = 0.0f;
+  bool first = true;
   for (int64_t s = 0; s < p.top_k; ++s) {
+    if (p.topk_ids != nullptr) {
+      const int64_t e = p.topk_ids[t * p.top_k + s];
+      if (e < p.expert_begin || e >= p.expert_end) continue;  // another rank's expert
+    }
     const float c = __fmul_rn(p.contrib[(t * p.top_k + s) * p.hidden + j],
                               p.topk_weights[t * p.top_k + s]);
-    o = s == 0 ? c : __fadd_rn(o, c);
+    o = first ? c : __fadd_rn(o, c);
+    first = false;
   }
-  if (p.shared != nullptr) o = __fadd_rn(o, p.shared[t * p.hidden + j]);
+  if (p.shared != nullptr) {
+    const float sh = p.shared[t * p.hidden + j];
+    o = first ? sh : __fadd_rn(o, sh);
+  }
   p.out[t * p.hidden + j] = o;
 }
 

@@ -139,8 +139,10 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteParams p, c
   }
   __syncthreads();  // s_ids complete
   if (!p.topk_only)
-    routing::group_by_expert_block(s_ids, p.rows * p.top_k, p.num_experts, s_offs,
-                                   s_warp_sums, p.group_offsets, p.sorted_rows, p.active_groups);
+    routing::group_by_expert_block(s_ids, p.rows * p.top_k,
+                                   p.group_experts > 0 ? p.group_experts : p.num_experts, s_offs,
+                                   s_warp_sums, p.group_offsets, p.sorted_rows, p.active_groups,
+                                   p.group_base);
   // Every other CTA has taken its ticket, so nobody reads the counter any more in this launch.
   if (tid == 0) *p.counter = 0u;
   pdl_launch_dependents();
@@ -189,6 +191,10 @@ Status launch_moe_route(const MoeRouteParams& p, CUstream_st* stream) {
   if (p.x == nullptr || p.logits == nullptr) return bad("null input or logits pointer");
   if (p.topk_ids == nullptr || p.topk_w == nullptr || p.counter == nullptr)
     return bad("null top-k output or counter pointer");
+  if (p.group_experts < 0 || p.group_base < 0 || p.group_base + p.group_experts > p.num_experts)
+    return bad("grouped experts [" + std::to_string(p.group_base) + ", " +
+               std::to_string(p.group_base + p.group_experts) + ") outside [0, num_experts " +
+               std::to_string(p.num_experts) + ")");
   if (!p.topk_only &&
       (p.group_offsets == nullptr || p.sorted_rows == nullptr || p.active_groups == nullptr))
     return bad("null grouping output pointer");

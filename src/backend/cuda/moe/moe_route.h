@@ -59,9 +59,14 @@ struct MoeRouteParams {
   float* logits = nullptr;           // [rows, E] out (float32)
   int32_t* topk_ids = nullptr;       // [rows, top_k] out
   float* topk_w = nullptr;           // [rows, top_k] out
-  int32_t* group_offsets = nullptr;  // [E + 1] out
+  int32_t* group_offsets = nullptr;  // [E + 1] out (E: group_experts where set)
   int32_t* sorted_rows = nullptr;    // [rows · top_k] out
   int32_t* active_groups = nullptr;  // [min(E, rows · top_k)] out
+  // Expert parallelism: the grouping covers the rank's experts [group_base, group_base +
+  // group_experts) only (GroupByExpertParams::expert_base: offsets and active groups are local
+  // slots, the other experts' rows appear nowhere); the logits and the top-k stay over all E
+  // experts with global ids. group_experts 0: every expert (group_base must then be 0).
+  int64_t group_base = 0, group_experts = 0;
   uint32_t* counter = nullptr;       // one device word: zero before the first launch (cudaMemset
                                      // once); every launch leaves it zero. Launches that share a
                                      // counter must not run concurrently.

@@ -198,7 +198,9 @@ __device__ __forceinline__ int2 block_exclusive_scan2(int2 v, int2* warp_sums, i
 //   group_offsets[E + 1]  group g owns sorted_rows[off[g], off[g+1]),
 //   sorted_rows[...]      the rows of each expert, ascending,
 //   active_groups[min(E, num_rows)]  the experts with rows, ascending, then -1.
-// Ids outside [0, E) are dropped (their rows appear nowhere). Counts are shared-memory atomics
+// Ids outside [0, E) are dropped (their rows appear nowhere). Under expert parallelism the ids
+// are global and the rank holds experts [expert_base, expert_base + E): id - expert_base is the
+// group, so a rank groups only its own experts (0 without expert parallelism). Counts are shared-memory atomics
 // (integers: the result does not depend on their order), the offsets a block-wide scan, the
 // placement a ballot per 32 rows by one warp per expert (ascending rows within an expert).
 // `offs`: shared scratch of E + 1 ints; `warp_sums`: shared scratch of 32 int2.
@@ -206,13 +208,14 @@ __device__ __forceinline__ void group_by_expert_block(const int32_t* ids, int64_
                                                       int64_t num_experts, int32_t* offs,
                                                       int2* warp_sums, int32_t* group_offsets,
                                                       int32_t* sorted_rows,
-                                                      int32_t* active_groups) {
+                                                      int32_t* active_groups,
+                                                      int64_t expert_base = 0) {
   const int tid = threadIdx.x, nt = blockDim.x;
   const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
   for (int64_t e = tid; e <= num_experts; e += nt) offs[e] = 0;
   __syncthreads();
   for (int64_t r = tid; r < num_rows; r += nt) {
-    const int32_t e = ids[r];
+    const int64_t e = ids[r] - expert_base;
     if (e >= 0 && e < num_experts) atomicAdd(&offs[e], 1);
   }
   __syncthreads();
@@ -246,7 +249,7 @@ __device__ __forceinline__ void group_by_expert_block(const int32_t* ids, int64_
     int32_t base = offs[e];
     const int32_t end = offs[e + 1];
     for (int64_t r0 = 0; r0 < num_rows && base < end; r0 += 32) {
-      const bool hit = r0 + lane < num_rows && ids[r0 + lane] == e;
+      const bool hit = r0 + lane < num_rows && ids[r0 + lane] - expert_base == e;
       const uint32_t mask = __ballot_sync(0xffffffffu, hit);
       if (hit)
         sorted_rows[base + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(r0 + lane);

@@ -220,7 +220,12 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
   if (p.w13.n != 2 * p.inter || p.w13.k != p.hidden || p.w2.n != p.hidden || p.w2.k != p.inter)
     return invalid_argument("[cuda.prefill_moe] w13 must be [E, 2·inter, hidden] and w2 "
                             "[E, hidden, inter]");
-  if (p.kernel == PrefillMoeKernel::kGroupedInLoop &&
+  const bool grouped = p.kernel == PrefillMoeKernel::kGroupedInLoop ||
+                       p.kernel == PrefillMoeKernel::kGroupedWgmma;
+  if (!grouped && p.kernel != PrefillMoeKernel::kDequantCublas)
+    return invalid_argument("[cuda.prefill_moe] unknown kernel " +
+                            std::to_string(static_cast<int>(p.kernel)));
+  if (grouped &&
       grouped_expert_gemm_fits(p.w13, GroupedEpilogue::kSwigluBf16) &&
       grouped_expert_gemm_fits(p.w2, GroupedEpilogue::kStoreF32))
     return moe_grouped(p, stream);
@@ -239,6 +244,7 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
   gp.topk_ids = p.topk_ids;
   gp.num_rows = rows;
   gp.num_experts = e;
+  gp.expert_base = p.expert_base;
   gp.group_offsets = off;
   gp.sorted_rows = sorted;
   gp.active_groups = static_cast<int32_t*>(active_v);
@@ -303,6 +309,7 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   gp.topk_ids = p.topk_ids;
   gp.num_rows = rows;
   gp.num_experts = e;
+  gp.expert_base = p.expert_base;
   gp.group_offsets = off;
   gp.sorted_rows = sorted;
   gp.active_groups = static_cast<int32_t*>(active_v);
@@ -318,6 +325,8 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   g.max_rows = rows;
   g.alpha = p.alpha;
   g.limit = p.limit;
+  g.kernel = p.kernel == PrefillMoeKernel::kGroupedWgmma ? GroupedExpertKernel::kWgmma
+                                                         : GroupedExpertKernel::kMmaSync;
   // gate|up: x rows gathered through the sorted row ids, SwiGLU-OAI to bf16 act (sorted order).
   g.a = p.x;
   g.lda = hd;

@@ -18,8 +18,9 @@
 // PrefillMoeKernel::kGroupedInLoop replaces the per-expert loop by two launches of the grouped
 // expert GEMM (moe/grouped_expert_gemm.h: NVFP4 / MXFP8 dequantised in the GEMM's main loop,
 // SwiGLU-OAI fused into the gate|up epilogue), driven by device-side counts: no host sync, so the
-// call can be captured in a CUDA graph. Weights it does not take (BF16, N or K not a multiple of
-// 128, other mma tilings) fall back to kDequantCublas.
+// call can be captured in a CUDA graph; kGroupedWgmma runs the same two launches with the wgmma
+// main loop (sm_90 only). Weights they do not take (BF16, N or K not a multiple of 128, other mma
+// tilings) fall back to kDequantCublas.
 //
 // This header includes no CUDA header.
 #pragma once
@@ -67,6 +68,7 @@ struct PrefillLinearParams {
 enum class PrefillMoeKernel : int {
   kDequantCublas = 0,  // dequantise each active expert to bf16, one cuBLASLt GEMM per expert
   kGroupedInLoop = 1,  // one grouped launch per matrix, dequantised in the main loop, no sync
+  kGroupedWgmma = 2,   // the same with the Hopper wgmma main loop (GroupedExpertKernel::kWgmma)
 };
 
 // out[t] = Σ_s weight[t, s] · down_e(SwiGLU-OAI(gate_up_e(x[t]))) (+ shared[t]), e = ids[t, s].
@@ -80,6 +82,10 @@ struct PrefillMoeParams {
   const float* shared = nullptr;         // [T, hidden] or nullptr
   float* out = nullptr;                  // [T, hidden]
   int64_t t = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0;
+  // Expert parallelism: topk_ids are global and w13 / w2 hold the rank's num_experts experts
+  // [expert_base, expert_base + num_experts); the other experts' slots contribute nothing here
+  // (GroupByExpertParams::expert_base).
+  int64_t expert_base = 0;
   float alpha = 1.702f, limit = 7.0f;
   PrefillMoeKernel kernel = PrefillMoeKernel::kDequantCublas;
 };
@@ -102,7 +108,7 @@ class PrefillGemm {
 
   Status linear(const PrefillLinearParams& p, CUstream_st* stream);
   // kDequantCublas synchronises the stream once (the host needs the per-expert row counts);
-  // kGroupedInLoop does not.
+  // kGroupedInLoop and kGroupedWgmma do not.
   Status moe(const PrefillMoeParams& p, CUstream_st* stream);
   PrefillMoeStats last_moe_stats() const { return moe_stats_; }
 

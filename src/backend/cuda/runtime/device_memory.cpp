@@ -53,6 +53,11 @@ Status copy_to_host_async(void* dst, const void* src, size_t bytes, CUstream_st*
   return Status::ok();
 }
 
+Status copy_device_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream) {
+  M3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  return Status::ok();
+}
+
 Status copy_to_device(void* dst, const void* src, size_t bytes) {
   M3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return Status::ok();
@@ -71,6 +76,11 @@ Result<DeviceMemoryInfo> device_memory_info() {
 
 Status synchronize_device() {
   M3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return Status::ok();
+}
+
+Status synchronize_stream(CUstream_st* stream) {
+  M3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return Status::ok();
 }
 

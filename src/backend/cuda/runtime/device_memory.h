@@ -61,12 +61,15 @@ class PinnedHostBuffer {
 // Stream-ordered copies (page-locked host memory makes them asynchronous to the host).
 Status copy_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 Status copy_to_host_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+Status copy_device_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 // Synchronous copy from pageable host memory and fill, on the legacy default stream (which a
 // non-blocking stream does not wait for: call synchronize_device before the first step).
 Status copy_to_device(void* dst, const void* src, size_t bytes);
 Status fill_zero(void* dst, size_t bytes);
 // Waits for all work on the current device.
 Status synchronize_device();
+// Waits for the work queued on `stream`.
+Status synchronize_stream(CUstream_st* stream);
 
 // The current device's free and total memory as the driver reports them (cudaMemGetInfo): what
 // every process and this one's context, allocations and caches leave free.

@@ -13,6 +13,7 @@
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/attention/sparse_decode_mma.h"
 #include "backend/cuda/attention/sparse_prefill.h"
+#include "backend/cuda/comm/one_shot_all_reduce.h"
 #include "backend/cuda/f32_ops.h"
 #include "backend/cuda/gemm/gemv_plan.h"
 #include "backend/cuda/gemm/mxfp8_repack.h"
@@ -51,6 +52,9 @@ constexpr int64_t kPage = 128;
 constexpr int64_t kKeySplits = 4;
 // The widest decode block table (1M tokens of 128-token pages).
 constexpr int64_t kMaxTablePages = 8192;
+// Tokens of one slice that a capturing step (a draft's) runs as decode rows (a verify block is
+// the draft's block + 1: 8 for the released draft).
+constexpr int64_t kMaxDecodeSliceRows = 16;
 
 static_assert(static_cast<int>(cuda::WeightLayout::kMmaRows16) ==
                   static_cast<int>(nvfp4_mma::Tiling::kRows16) &&
@@ -136,8 +140,10 @@ GemvEpilogueParams store_to(float* y, int64_t ldy) {
 // split-K partials of the last GEMV (Bufs::partial), or the MoE combine of Bufs::contrib. The
 // last two are summed inside the norm (norm/add_rms_norm.h), which saves the epilogue or combine
 // launch on the critical path.
+// kReduce: b.delta holds this rank's partial delta, which the next norm all-reduces itself (the
+// one-shot all-reduce fused with the add + norm, CudaM3Kernels::fused_all_reduce_norm).
 struct PendingDelta {
-  enum Kind { kNone, kStored, kPartial, kMoe } kind = kNone;
+  enum Kind { kNone, kStored, kPartial, kMoe, kReduce } kind = kNone;
   int64_t slices = 0;              // kPartial
   const float* shared = nullptr;   // kMoe: the shared expert's output or nullptr
 };
@@ -159,7 +165,17 @@ struct CudaM3Model::Impl {
   std::vector<cuda::KvCacheBf16View> kv;
   Bufs dec;  // decode buffers, max_batch rows
   int64_t dec_rows = 0, dec_mb_cap = 0;
-  std::map<std::pair<int64_t, int64_t>, cuda::GraphExec> graphs;
+  // Decode graphs by (batch bucket, table width, capture set + 1; 0 without capture).
+  std::map<std::tuple<int64_t, int64_t, int64_t>, cuda::GraphExec> graphs;
+  // Hidden-state capture on the decode path (a draft's steps): per capture set seen, its layers
+  // and a buffer [layers, dec_rows, hd] float32 at a fixed address (the graphs write it). The
+  // running decode step's set is dec_capture (-1: none).
+  struct DecodeCapture {
+    std::vector<int32_t> layers;
+    float* buf = nullptr;
+  };
+  std::vector<DecodeCapture> dec_captures;
+  int64_t dec_capture = -1;
   CudaM3Stats stats;
   // Tensor parallelism (CudaTensorParallel): the ranks' all-reduces, and a device word for
   // agreeing on the KV pool's size.
@@ -175,6 +191,12 @@ struct CudaM3Model::Impl {
   int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
   int64_t nqkv = 0, off_k = 0, off_v = 0, off_iq = 0, off_ik = 0;
   int64_t ne = 0, kk = 0, inter = 0, dense_inter = 0, shared_inter = 0, top_k = 0;
+  // Expert parallelism (CudaTensorParallel::ep): the routed experts this rank holds are the global
+  // ids [expert_base, expert_base + local_experts) (all ne of them without it). Routing runs over
+  // all ne experts on every rank; the grouping, the expert GEMVs / GEMMs and the combine take
+  // only the local ones, and the all-reduce after the combine adds the other ranks' experts.
+  int64_t expert_base = 0, local_experts = 0;
+  bool expert_parallel() const { return local_experts != ne; }
   int64_t max_mlp = 0;  // max(dense_inter, shared_inter)
   // Partial attention states per (decode row, head) in Bufs::o_part / ml: the sparse split's
   // top_k selected blocks x kKeySplits, and the dense layers' context splits (as many).
@@ -196,6 +218,23 @@ struct CudaM3Model::Impl {
   // The sum over the ranks of each rank's partial hidden-state delta [count], in place.
   Status all_reduce(float* buf, int64_t count) {
     return comm->all_reduce(buf, count, comm::DataType::kF32, comm::ReduceOp::kSum);
+  }
+  // Whether the decode all-reduce of `rows` rows runs fused with the next norm: a one-shot group,
+  // the switch on, and a message the one-shot path takes (the communicator sends larger ones
+  // through NCCL; every rank decides the same from the same rows).
+  bool fused_reduce_norm(int64_t rows) const {
+    return opt.tp.one_shot != nullptr && opt.kernels.fused_all_reduce_norm && hd % 4 == 0 &&
+           hd <= 8192 && rows * hd <= opt.tp.one_shot->max_elements();
+  }
+  // After a decode GEMV stored this rank's partial delta in b.delta: the sum over the ranks is left
+  // to the next norm where it can fuse it (kReduce), else taken here (kStored).
+  Status reduce_delta(const Bufs& b, int64_t rows, PendingDelta* pending) {
+    if (fused_reduce_norm(rows)) {
+      *pending = {PendingDelta::kReduce, 0, nullptr};
+      return Status::ok();
+    }
+    *pending = {PendingDelta::kStored, 0, nullptr};
+    return all_reduce(b.delta, rows * hd);
   }
   // Waits for the step: with ranks, first for the collectives under the communicator's timeout
   // (a rank that died or stopped calling fails the step instead of hanging it).
@@ -266,6 +305,7 @@ struct CudaM3Model::Impl {
     if (grouped) group_by_routing(&p, b);
     if (token_slots) {  // one token: slot s = its s-th expert (kMmaRing only: checked)
       p.token_topk_ids = b.topk_ids;
+      p.token_group_base = expert_base;
       p.sorted_rows = nullptr;
     }
     p.kernel = cuda::choose_decode_gemv(m.format, m.layout, rows, m.n, m.k, in.f16 != nullptr);
@@ -347,6 +387,8 @@ struct CudaM3Model::Impl {
                   bool f16_copy, bool pdl) {
     cuda::AddRmsNormParams np = norm_params(b, pd, weight, rows, f16_copy);
     np.pdl = pdl;
+    if (pd.kind == PendingDelta::kReduce)  // the ranks' sum of b.delta, the add and the norm
+      return opt.tp.one_shot->all_reduce_add_rms_norm(opt.tp.rank, b.delta, np, st());
     return cuda::launch_add_rms_norm(np, st());
   }
   cuda::AddRmsNormParams norm_params(const Bufs& b, const PendingDelta& pd,
@@ -356,6 +398,7 @@ struct CudaM3Model::Impl {
     np.cluster_rows = opt.tuning.cluster_norm_max_rows;
     switch (pd.kind) {
       case PendingDelta::kNone: break;
+      case PendingDelta::kReduce: break;  // the delta is the fused all-reduce's message
       case PendingDelta::kStored: np.delta = b.delta; break;
       case PendingDelta::kPartial:
         np.delta_partial = b.partial;
@@ -454,7 +497,9 @@ struct CudaM3Model::Impl {
     // after their own wait, so its CTAs never sit beside the q/k/v GEMV), the index keys of
     // earlier positions loaded before its wait: one row per sequence, so they are earlier steps'.
     ip.pdl = true;
-    ip.keys_before_wait = true;
+    // Not in a capturing step: its rows may be several tokens of one slice, whose keys at the
+    // earlier rows' positions the attention inputs (the previous kernel) write in this step.
+    ip.keys_before_wait = dec_capture < 0;
     cuda::SparseDecodeParams ap;
     ap.q = b.q;
     ap.cache = cache;
@@ -526,6 +571,8 @@ struct CudaM3Model::Impl {
     // The norms also write the f16 form of their output for the tensor-core GEMVs.
     const GemvIn h_in{b.h, hd, b.h16, b.h_inv};
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, true, true));
+    // The residual now holds the previous layer's output.
+    if (layer > 0) M3_RETURN_IF_ERROR(capture_decode_rows(b, layer - 1, rows));
     // The projection's partial sums (or, on the tensor cores, its output) go straight into the fused
     // split-K sum + QK norm/RoPE + KV-cache write.
     int64_t slices = 1;
@@ -547,8 +594,7 @@ struct CudaM3Model::Impl {
     const GemvIn o_in{b.attn, nh * d, o_f16 ? b.attn16 : nullptr, b.attn_inv};
     if (tp()) {
       M3_RETURN_IF_ERROR(gemv(L.o, o_in, rows, store_to(b.delta, hd), b));
-      M3_RETURN_IF_ERROR(all_reduce(b.delta, rows * hd));
-      *pending = {PendingDelta::kStored, 0, nullptr};
+      M3_RETURN_IF_ERROR(reduce_delta(b, rows, pending));
     } else {
       M3_RETURN_IF_ERROR(gemv_to_delta(L.o, o_in, rows, b, pending));
     }
@@ -576,8 +622,7 @@ struct CudaM3Model::Impl {
       if (tp()) {
         M3_RETURN_IF_ERROR(gemv(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows,
                                 store_to(b.delta, hd), b));
-        *pending = {PendingDelta::kStored, 0, nullptr};
-        return all_reduce(b.delta, rows * hd);
+        return reduce_delta(b, rows, pending);
       }
       return gemv_to_delta(L.mlp_down, act_in(sw, b.act_s, L.mlp_down.k), rows, b, pending);
     }
@@ -608,8 +653,10 @@ struct CudaM3Model::Impl {
     const bool fused_router = rows <= opt.tuning.fused_router_max_rows && ne <= 512 && kk <= 16;
     // One token on the tensor cores: the fused router skips the grouping and the experts read their
     // slots' experts from the top-k (a one-token grouping is the sorted top-k).
-    const bool token_route = rows == 1 && fused_router && tensor_core(L.experts_gu, kk) &&
-                             tensor_core(L.experts_down, kk);
+    // (Under expert parallelism a slot is a CTA of the token's top-k, so the rank's experts must
+    // number at least top_k for the grid to cover every slot.)
+    const bool token_route = rows == 1 && fused_router && local_experts >= kk &&
+                             tensor_core(L.experts_gu, kk) && tensor_core(L.experts_down, kk);
     if (fused_router) {
       cuda::MoeRouteParams rp = route_params(b, L, rows);
       rp.counter = b.route_counter;
@@ -626,7 +673,8 @@ struct CudaM3Model::Impl {
       cuda::GroupByExpertParams gp;
       gp.topk_ids = b.topk_ids;
       gp.num_rows = rows * kk;
-      gp.num_experts = ne;
+      gp.num_experts = local_experts;
+      gp.expert_base = expert_base;
       gp.group_offsets = b.offs;
       gp.sorted_rows = b.sorted;
       gp.active_groups = b.active;
@@ -644,10 +692,14 @@ struct CudaM3Model::Impl {
       shared = b.shared;
     }
     if (tp()) {  // each rank's partial combine, summed over the ranks
-      M3_RETURN_IF_ERROR(cuda::launch_moe_combine({b.contrib, b.topk_w, shared, b.delta, rows, kk, hd},
-                                                  st()));
-      *pending = {PendingDelta::kStored, 0, nullptr};
-      return all_reduce(b.delta, rows * hd);
+      cuda::MoeCombineParams cp{b.contrib, b.topk_w, shared, b.delta, rows, kk, hd};
+      if (expert_parallel()) {  // only the local experts' rows were computed
+        cp.topk_ids = b.topk_ids;
+        cp.expert_begin = expert_base;
+        cp.expert_end = expert_base + local_experts;
+      }
+      M3_RETURN_IF_ERROR(cuda::launch_moe_combine(cp, st()));
+      return reduce_delta(b, rows, pending);
     }
     // The combine (Σ routing weight x expert output + shared) is summed by the next norm.
     *pending = {PendingDelta::kMoe, 0, shared};
@@ -686,7 +738,40 @@ struct CudaM3Model::Impl {
     rp.group_offsets = b.offs;
     rp.sorted_rows = b.sorted;
     rp.active_groups = b.active;
+    if (expert_parallel()) {
+      rp.group_base = expert_base;
+      rp.group_experts = local_experts;
+    }
     return rp;
+  }
+
+  // Copies the residual stream of `rows` rows (layer `l`'s output) into the running capture set's
+  // planes of l.
+  Status capture_decode_rows(const Bufs& b, int64_t l, int64_t rows) {
+    if (dec_capture < 0) return Status::ok();
+    const DecodeCapture& c = dec_captures[static_cast<size_t>(dec_capture)];
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      if (c.layers[i] != l) continue;
+      M3_RETURN_IF_ERROR(cuda::copy_device_to_device_async(
+          c.buf + static_cast<int64_t>(i) * dec_rows * hd, b.residual,
+          static_cast<size_t>(rows * hd) * 4, st()));
+    }
+    return Status::ok();
+  }
+
+  // The capture set `layers`'s index in dec_captures, made (with its buffer) on first use.
+  Result<int64_t> decode_capture_for(std::span<const int32_t> layers) {
+    for (size_t i = 0; i < dec_captures.size(); ++i)
+      if (std::equal(layers.begin(), layers.end(), dec_captures[i].layers.begin(),
+                     dec_captures[i].layers.end()))
+        return static_cast<int64_t>(i);
+    DecodeCapture c;
+    c.layers.assign(layers.begin(), layers.end());
+    M3_ASSIGN_OR_RETURN(void* p, alloc->allocate(static_cast<int64_t>(layers.size()) * dec_rows *
+                                                 hd * static_cast<int64_t>(sizeof(float))));
+    c.buf = static_cast<float*>(p);
+    dec_captures.push_back(std::move(c));
+    return static_cast<int64_t>(dec_captures.size() - 1);
   }
 
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
@@ -697,8 +782,14 @@ struct CudaM3Model::Impl {
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
       M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb, &pending));
-    if (!output_rank()) return Status::ok();
+    if (!output_rank()) {
+      // The last layer's sum pending in the fused norm is a collective: every rank takes part.
+      if (pending.kind == PendingDelta::kReduce)
+        return add_norm(b, pending, w.final_norm, rows, false, false);
+      return Status::ok();
+    }
     M3_RETURN_IF_ERROR(add_norm(b, pending, w.final_norm, rows, false, false));
+    if (layers > 0) M3_RETURN_IF_ERROR(capture_decode_rows(b, layers - 1, rows));
     // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
     // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
     // (The split-K scratch is sized for the head at one row: slices x vocab floats.)
@@ -709,7 +800,7 @@ struct CudaM3Model::Impl {
   // Runs decode_step eagerly or through the graph of (rows, mb), capturing it on first use.
   Status run_decode(int64_t rows, int64_t mb) {
     if (!opt.use_graphs) return decode_step(rows, mb);
-    const auto key = std::make_pair(rows, mb);
+    const auto key = std::make_tuple(rows, mb, dec_capture + 1);
     auto it = graphs.find(key);
     if (it != graphs.end()) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -742,7 +833,7 @@ struct CudaM3Model::Impl {
   Status general_step(std::span<const SequenceInput> batch, const std::vector<Seq>& seqs,
                       int64_t t_all, int64_t n_dec, int64_t mb, const std::vector<int32_t>& ids,
                       const std::vector<int32_t>& pos, const std::vector<int32_t>& tabs,
-                      ForwardOutput* out) {
+                      std::span<const int32_t> capture_layers, ForwardOutput* out) {
     StepScratch sc(alloc.get());
     Bufs b;
     const int64_t t = t_all;
@@ -769,6 +860,23 @@ struct CudaM3Model::Impl {
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.ids, ids.data(), t * 4, st()));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.positions, pos.data(), t * 4, st()));
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.tables, tabs.data(), t * mb * 4, st()));
+
+    // Captured hidden states (ModelStep::capture_layers): [n_cap, t, hd] float32. A layer's output
+    // is residual + delta after its feed-forward block (the next add + norm adds them).
+    const int64_t n_cap = static_cast<int64_t>(capture_layers.size());
+    float* hidden = nullptr;
+    if (n_cap > 0) {
+      M3_ASSIGN_OR_RETURN(hidden, sc.get<float>(n_cap * t * hd));
+    }
+    auto capture = [&](int64_t l) -> Status {
+      for (int64_t c = 0; c < n_cap; ++c) {
+        if (capture_layers[static_cast<size_t>(c)] == l) {
+          M3_RETURN_IF_ERROR(
+              cuda::launch_add({b.residual, b.delta, hidden + c * t * hd, t * hd}, st()));
+        }
+      }
+      return Status::ok();
+    };
 
     M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
@@ -813,6 +921,7 @@ struct CudaM3Model::Impl {
       if (!L.moe) {
         M3_RETURN_IF_ERROR(mlp_general(L.mlp_gu, L.mlp_down, b, t, b.delta));
         if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
+        M3_RETURN_IF_ERROR(capture(l));
         continue;
       }
       M3_RETURN_IF_ERROR(router_logits(b, L, t));
@@ -835,15 +944,30 @@ struct CudaM3Model::Impl {
       mp.t = t;
       mp.hidden = hd;
       mp.inter = inter;
-      mp.num_experts = ne;
+      mp.num_experts = local_experts;
+      mp.expert_base = expert_base;
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      mp.kernel = opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens
-                      ? cuda::PrefillMoeKernel::kGroupedInLoop
-                      : cuda::PrefillMoeKernel::kDequantCublas;
+      mp.kernel = !(opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens)
+                      ? cuda::PrefillMoeKernel::kDequantCublas
+                  : opt.kernels.grouped_expert_wgmma ? cuda::PrefillMoeKernel::kGroupedWgmma
+                                                     : cuda::PrefillMoeKernel::kGroupedInLoop;
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
+      M3_RETURN_IF_ERROR(capture(l));
+    }
+    out->hidden.clear();
+    if (n_cap > 0) {
+      out->hidden.resize(batch.size());
+      for (const Seq& s : seqs) {
+        std::vector<float>& dst = out->hidden[s.index];
+        dst.resize(static_cast<size_t>(n_cap * s.n * hd));
+        for (int64_t c = 0; c < n_cap; ++c)
+          M3_RETURN_IF_ERROR(cuda::copy_to_host_async(dst.data() + c * s.n * hd,
+                                                      hidden + (c * t + s.offset) * hd,
+                                                      s.n * hd * 4, st()));
+      }
     }
     out->logits.assign(batch.size(), {});
     out->tokens.clear();  // the general path returns logits only
@@ -1118,10 +1242,10 @@ Status CudaM3Model::profile_and_size_kv() {
   return Status::ok();
 }
 
-int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks) {
-  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks).is_ok())
+int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, int ep) {
+  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok())
     return real_shape_kv_bytes_per_page(c);
-  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks));
+  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks, ep));
 }
 
 Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& whole,
@@ -1134,9 +1258,13 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   if (tp.ranks > 1 && !tp.make_communicator)
     return invalid_argument("[model.minimax_m3.cuda] --tp " + std::to_string(tp.ranks) +
                             " needs a communicator");
-  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks));
+  if (tp.ep < 1 || tp.ranks % tp.ep != 0)
+    return invalid_argument("[model.minimax_m3.cuda] --ep " + std::to_string(tp.ep) +
+                            " must divide --tp " + std::to_string(tp.ranks));
+  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks, tp.ep));
   // The rank's shapes: the kernels' limits apply to them (16 query heads per KV head, for one).
-  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks);
+  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks, tp.ep);
+  const RankSlices slices = rank_slices(whole, tp.rank, tp.ranks, tp.ep);
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
   const bool profile = options.num_kv_pages == 0 && options.kv_pages_after_profile;
   if (!profile && (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30)))
@@ -1176,6 +1304,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.off_ik = im.off_iq + im.hix * im.dix;
   im.nqkv = im.off_ik + im.dix;
   im.ne = c.num_local_experts;
+  im.expert_base = slices.expert_begin;
+  im.local_experts = slices.expert_count;
   im.kk = c.num_experts_per_tok;
   im.inter = c.intermediate_size;
   im.dense_inter = c.dense_intermediate_size;
@@ -1207,10 +1337,10 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
   if (options.gpu_dummy_weights) {
-    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena,
+                                                     slices.expert_count));
   } else {
-    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, rank_slices(whole, tp.rank, tp.ranks),
-                                               &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, slices, &im.arena));
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());
@@ -1243,6 +1373,10 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
 
 CudaM3Model::~CudaM3Model() = default;
 
+const DevWeights& CudaM3Model::dev_weights() const { return impl_->w; }
+CUstream_st* CudaM3Model::stream() const { return impl_->st(); }
+int CudaM3Model::device() const { return impl_->opt.device; }
+
 const MiniMaxM3Config& CudaM3Model::config() const {
   return impl_->cfg;
 }
@@ -1253,10 +1387,16 @@ CudaM3Stats CudaM3Model::stats() const {
   return impl_->stats;
 }
 
-Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out) {
+Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput* out,
+                            std::span<const int32_t> capture_layers) {
   Impl& im = *impl_;
   const int64_t pages = im.opt.num_kv_pages;
   if (batch.empty()) return invalid_argument("[model.minimax_m3.cuda.forward] empty batch");
+  for (int32_t l : capture_layers)
+    if (l < 0 || l >= im.cfg.num_hidden_layers)
+      return invalid_argument("[model.minimax_m3.cuda.forward] capture layer " + std::to_string(l) +
+                              " is not a decoder layer (0.." +
+                              std::to_string(im.cfg.num_hidden_layers - 1) + ")");
   // The engine calls from its own thread; the current device is per thread.
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.opt.device));
   // ---- Validate (the messages of Model::forward) and order: one-token rows first.
@@ -1297,8 +1437,18 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   }
   if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3.cuda.forward] batch too large");
 
-  const bool decode = n_dec == t_all && t_all <= im.dec_rows && mb <= im.dec_mb_cap;
+  // A draft's steps (capture_layers set) run their short slices (verify blocks, decode tokens)
+  // on the decode path too: every token is a row with its own position and block table, all
+  // rows' K / V / index keys are written before any row attends, and each row attends causally
+  // up to its own position with its own indexer top-k, so a slice's rows see each other exactly
+  // as in a prefill chunk. Other steps keep multi-token slices on the general path.
+  bool short_slices = true;
+  for (const Impl::Seq& s : seqs) short_slices &= s.n <= kMaxDecodeSliceRows;
+  const bool capturing = !capture_layers.empty();
+  const bool decode = (capturing ? short_slices : n_dec == t_all) && t_all <= im.dec_rows &&
+                      mb <= im.dec_mb_cap;
   if (decode) {
+    out->hidden.clear();
     // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
     const int64_t rows = std::min(next_pow2(t_all), im.dec_rows);
     const int64_t width = std::min(next_pow2(mb), im.dec_mb_cap);
@@ -1306,7 +1456,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     // head (backend/cuda/sampling/sample.h, the CPU sampler's semantics), so only their token ids
     // come back; the logits come back only when some row was not sampled.
     const auto sampled_here = [](const SequenceInput& in) {
-      return in.sample.has_value() && in.logits_rows.size() == 1;
+      return in.sample.has_value() && in.logits_rows.size() == 1 && in.tokens.size() == 1;
     };
     int64_t n_sample = 0, n_logit_seqs = 0;
     for (const Impl::Seq& s : seqs) {
@@ -1330,11 +1480,13 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     std::fill(tabs, tabs + rows * width, -1);
     for (const Impl::Seq& s : seqs) {
       const SequenceInput& in = batch[s.index];
-      const int64_t r = s.offset;
-      ids[r] = in.tokens[0];
-      pos[r] = static_cast<int32_t>(in.start_pos);
       const int64_t nb = std::min<int64_t>(static_cast<int64_t>(in.block_table.size()), width);
-      std::copy(in.block_table.begin(), in.block_table.begin() + nb, tabs + r * width);
+      for (int64_t i = 0; i < s.n; ++i) {  // one row per token (s.n == 1 without capture)
+        const int64_t r = s.offset + i;
+        ids[r] = in.tokens[static_cast<size_t>(i)];
+        pos[r] = static_cast<int32_t>(in.start_pos + i);
+        std::copy(in.block_table.begin(), in.block_table.begin() + nb, tabs + r * width);
+      }
     }
     cudaStream_t st = im.st();
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.ids, ids, rows * 4, st));
@@ -1353,7 +1505,27 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       }
       M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.dec.sample_rows, knobs, knob_bytes, st));
     }
-    M3_RETURN_IF_ERROR(im.run_decode(rows, width));
+    im.dec_capture = -1;
+    if (capturing) {
+      M3_ASSIGN_OR_RETURN(im.dec_capture, im.decode_capture_for(capture_layers));
+    }
+    const Status ran = im.run_decode(rows, width);
+    const int64_t capture_set = im.dec_capture;
+    im.dec_capture = -1;
+    M3_RETURN_IF_ERROR(ran);
+    if (capture_set >= 0 && im.output_rank()) {
+      const float* buf = im.dec_captures[static_cast<size_t>(capture_set)].buf;
+      const int64_t n_cap = static_cast<int64_t>(capture_layers.size());
+      out->hidden.resize(batch.size());
+      for (const Impl::Seq& s : seqs) {
+        std::vector<float>& dst = out->hidden[s.index];
+        dst.resize(static_cast<size_t>(n_cap * s.n * im.hd));
+        for (int64_t c = 0; c < n_cap; ++c)
+          M3_RETURN_IF_ERROR(cuda::copy_to_host_async(
+              dst.data() + c * s.n * im.hd, buf + (c * im.dec_rows + s.offset) * im.hd,
+              static_cast<size_t>(s.n * im.hd) * 4, st));
+      }
+    }
     if (!im.output_rank()) {  // no head on this rank: nothing to return
       M3_RETURN_IF_ERROR(im.finish_step());
       out->logits.assign(batch.size(), {});
@@ -1395,9 +1567,10 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
         out->tokens[s.index] = tokens[s.offset];
         continue;
       }
-      const float* row = logits + s.offset * im.vocab;
-      for (size_t j = 0; j < want.size(); ++j)  // want[j] == 0 (validated: one token)
+      for (size_t j = 0; j < want.size(); ++j) {  // the slice's rows start at s.offset
+        const float* row = logits + (s.offset + want[j]) * im.vocab;
         dst.insert(dst.end(), row, row + im.vocab);
+      }
     }
     ++im.stats.decode_steps;
     if (im.every_block_fits(width)) ++im.stats.indexer_skipped_steps;
@@ -1417,7 +1590,8 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
                 tabs.begin() + static_cast<int64_t>(r) * mb);
     }
   }
-  M3_RETURN_IF_ERROR(im.general_step(batch, seqs, t_all, n_dec, mb, ids, pos, tabs, out));
+  M3_RETURN_IF_ERROR(
+      im.general_step(batch, seqs, t_all, n_dec, mb, ids, pos, tabs, capture_layers, out));
   ++im.stats.general_steps;
   if (n_dec > 0 && im.every_block_fits(mb)) ++im.stats.indexer_skipped_steps;
   return Status::ok();

@@ -31,6 +31,10 @@
 
 struct CUstream_st;
 
+namespace m3::cuda {
+class OneShotAllReduce;
+}
+
 #include "backend/comm/communicator.h"
 #include "core/status.h"
 #include "loader/model_config.h"
@@ -38,6 +42,8 @@ struct CUstream_st;
 #include "model/minimax_m3/model.h"
 
 namespace m3::minimax_m3 {
+
+struct DevWeights;  // gpu_weights.h
 
 // Decode-path thresholds that depend on the GPU (its SM count, how many CTAs of a kernel fit
 // beside another's) rather than on the model. The defaults are the H200's; docs/performance.md
@@ -83,10 +89,19 @@ struct CudaM3Kernels {
   // mma.sync main loop falls behind cuBLASLt's above ~20K tokens (0.76x at 32K on an H200).
   bool grouped_expert_gemm = true;
   int64_t grouped_expert_max_tokens = 16384;
+  // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
+  // docs/design/prefill-expert-gemm.md) instead of mma.sync. Off until measured on the GPU.
+  bool grouped_expert_wgmma = false;
   // Decode sampling: kMultiCta (each row over many CTAs), instead of kOneCtaPerRow: with top-k
   // 40 and top-p 0.95, 44 us instead of 609 us at batch 1 on an H200 (about 5 us slower for
   // greedy rows and 0.1 ms for top-p without top-k, where both kernels take ~1.4 ms).
   bool multi_cta_sampling = true;
+  // Decode with tensor parallelism over the one-shot all-reduce (CudaTensorParallel::one_shot):
+  // the all-reduce of the attention output and of the feed-forward block fused with the residual
+  // add and the RMSNorm after it (one launch instead of two, the sum never stored); off, the
+  // all-reduce then the norm. The fused norm is the one-CTA-per-row norm's arithmetic, so at up to
+  // tuning.cluster_norm_max_rows rows its last bits can differ from the unfused (cluster) norm's.
+  bool fused_all_reduce_norm = true;
 };
 
 // Tensor parallelism over GPUs (tensor_parallel.h, --tp): the model is rank `rank` of `ranks`. It
@@ -96,14 +111,28 @@ struct CudaM3Kernels {
 // block (float32, in place) over the communicator. Every rank's load() and forward() run
 // concurrently, one thread per rank, with the same batch; rank 0's outputs are the model's (the
 // other ranks skip the head and return no logits).
+//
+// Expert parallelism (--ep E, E divides ranks; tensor_parallel.h's placement, SGLang's meaning):
+// rank r holds the routed experts [e·N/E, (e+1)·N/E) of its expert-parallel rank e = r / (ranks/E),
+// whole or split by their intermediate dimension over the ranks/E ranks sharing them; attention,
+// the dense MLPs and the shared expert stay split over all ranks. Every rank holds every token of
+// the step (attention is all-reduced), routes all of them over all experts, runs only its own
+// experts (the other experts' slots are skipped on the device, no host sync) and the all-reduce
+// after the combine adds the other ranks' experts: no all-to-all (docs/parallel.md says why).
 struct CudaTensorParallel {
   int rank = 0;
   int ranks = 1;
+  int ep = 1;
   // Called once by load() with the model's compute stream, on which the collectives must queue
   // (NCCL: comm/nccl_communicator.h; they then order with the kernels around them and are
   // captured into the decode graphs). Required when ranks > 1.
   std::function<Result<std::unique_ptr<comm::Communicator>>(CUstream_st* stream)>
       make_communicator;
+  // The one-shot all-reduce group behind the communicator's small sums, if any (rank `rank` of
+  // it): with CudaM3Kernels::fused_all_reduce_norm, a decode all-reduce that a norm follows runs
+  // fused with that residual add + RMSNorm (OneShotAllReduce::all_reduce_add_rms_norm) where the
+  // message fits it. Null: every all-reduce through the communicator, then the norm.
+  std::shared_ptr<cuda::OneShotAllReduce> one_shot;
 };
 
 struct CudaM3Options {
@@ -155,17 +184,29 @@ class CudaM3Model {
   CudaM3Model& operator=(const CudaM3Model&) = delete;
 
   // Bytes of one KV page over all layers (bf16 K, V and the sparse layers' index keys) on one
-  // rank of `tp_ranks`.
-  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1);
+  // rank of `tp_ranks` (`ep`: the layout's expert-parallel ranks; the page does not depend on it,
+  // but the layout must be valid).
+  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1, int ep = 1);
 
   const MiniMaxM3Config& config() const;
   int64_t num_kv_pages() const;
   int64_t page_size() const { return 128; }
   CudaM3Stats stats() const;
 
-  // Model::forward semantics (the KV cache is the model's own). Errors in the inputs are
-  // invalid_argument before anything runs.
-  Status forward(std::span<const SequenceInput> batch, ForwardOutput* out);
+  // Model::forward semantics (the KV cache is the model's own), including `capture_layers`: the
+  // residual stream after those decoder layers for every token (out->hidden, float32). A step
+  // that captures (a draft's) runs every slice of up to 16 tokens as decode rows, one per token
+  // (a verify block on the GEMVs, graphs keyed by the capture set too), and takes the general
+  // path when a slice is longer. Errors in the inputs are invalid_argument before anything runs.
+  Status forward(std::span<const SequenceInput> batch, ForwardOutput* out,
+                 std::span<const int32_t> capture_layers = {});
+
+  // What a draft model on the same GPU shares (the DSpark draft reads the embedding table, the
+  // lm_head and the final norm): the loaded weights, the compute stream and the device. The
+  // draft's work must be ordered with the model's steps on this stream or synchronised with it.
+  const DevWeights& dev_weights() const;
+  CUstream_st* stream() const;
+  int device() const;
 
   struct Impl;
 

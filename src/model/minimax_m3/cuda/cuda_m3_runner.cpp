@@ -96,13 +96,19 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
     return invalid_argument("[model.minimax_m3.cuda.runner] " +
                             std::to_string(ranks.devices.size()) + " devices for " +
                             std::to_string(n) + " ranks");
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, n));
+  if (ranks.ep < 1 || n % ranks.ep != 0)
+    return invalid_argument("[model.minimax_m3.cuda.runner] --ep " + std::to_string(ranks.ep) +
+                            " must divide --tp " + std::to_string(n));
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, n, ranks.ep));
   for (int r = 0; r < n; ++r) M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(
-                                  minimax_m3::rank_config(cfg, r, n)));
+                                  minimax_m3::rank_config(cfg, r, n, ranks.ep)));
   std::vector<int> devices = ranks.devices;
   for (int r = static_cast<int>(devices.size()); r < n; ++r) devices.push_back(r);
   auto comm_for = ranks.make_communicator;
   std::string path = n > 1 ? "the caller's communicator" : "none (one GPU)";
+  // The one-shot group the ranks' communicators use, if any: the models fuse their decode
+  // all-reduces with the norms after them through it (CudaTensorParallel::one_shot).
+  std::shared_ptr<cuda::OneShotAllReduce> fused_one_shot;
   if (n > 1 && !comm_for) {
 #if defined(M3_HAVE_NCCL)
     M3_ASSIGN_OR_RETURN(const comm::NcclUniqueId id, comm::make_nccl_unique_id());
@@ -119,6 +125,10 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
         one_shot = std::move(g).value();
         path = "one-shot over peer memory up to " + std::to_string(so.max_elements * 4 / 1024) +
                " KiB, NCCL above";
+        if (options.kernels.fused_all_reduce_norm) {
+          fused_one_shot = one_shot;
+          path += "; decode all-reduces fused with the norm after them";
+        }
       } else if (g.status().code() == StatusCode::kUnavailable) {
         path = "NCCL (" + g.status().message() + ")";
       } else {
@@ -151,6 +161,8 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
     o.device = devices[static_cast<size_t>(r)];
     o.tp.rank = r;
     o.tp.ranks = n;
+    o.tp.ep = ranks.ep;
+    o.tp.one_shot = fused_one_shot;
     if (n > 1) {
       const int device = o.device;
       o.tp.make_communicator = [&comm_for, r, device](CUstream_st* stream) {
@@ -180,10 +192,10 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create(
     minimax_m3::CudaM3Options options, CudaRanks ranks) {
   // Fit first: the page arithmetic below assumes the real shapes.
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks));
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks, ranks.ep));
   M3_ASSIGN_OR_RETURN(int32_t pages,
                       kv_pages_for_budget(kv_cache_bytes, minimax_m3::CudaM3Model::kv_bytes_per_page(
-                                                              cfg, ranks.ranks)));
+                                                              cfg, ranks.ranks, ranks.ep)));
   options.num_kv_pages = pages;
   options.kv_pages_after_profile = nullptr;
   return load(cfg, src, options, std::move(ranks));
@@ -194,8 +206,9 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create_profiled(
     std::function<Result<int64_t>(const minimax_m3::CudaMemoryProfile&)> pool_bytes,
     minimax_m3::CudaM3Options options, CudaRanks ranks) {
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
-  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks));
-  const int64_t page_bytes = minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks);
+  M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks, ranks.ep));
+  const int64_t page_bytes =
+      minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks, ranks.ep);
   options.num_kv_pages = 0;
   options.kv_pages_after_profile =
       [pool_bytes = std::move(pool_bytes),
@@ -225,11 +238,6 @@ Status CudaM3ModelRunner::health() const { return broken_; }
 
 Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
   if (!broken_.is_ok()) return broken_;
-  if (!step.capture_layers.empty()) {
-    return Status(StatusCode::kUnimplemented,
-                  "[model.minimax_m3.cuda.runner] hidden-state capture is not available on the "
-                  "CUDA path");
-  }
   for (const ModelSlice& s : step.slices) {
     if (!s.embeddings.empty()) {
       return Status(StatusCode::kUnimplemented,
@@ -237,12 +245,13 @@ Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
                     "CUDA path");
     }
   }
-  if (models_.size() == 1) return models_[0]->forward(step.slices, &out);
+  if (models_.size() == 1) return models_[0]->forward(step.slices, &out, step.capture_layers);
   // Every rank runs the step; the other ranks' outputs are empty (no head).
   std::vector<ModelOutput> others(models_.size());
   Status s = threads_->run([&](int r) {
-    return models_[static_cast<size_t>(r)]->forward(step.slices,
-                                                     r == 0 ? &out : &others[static_cast<size_t>(r)]);
+    // Every rank captures too, so that all take the same path (the same collectives).
+    return models_[static_cast<size_t>(r)]->forward(
+        step.slices, r == 0 ? &out : &others[static_cast<size_t>(r)], step.capture_layers);
   });
   // A collective that failed (a rank died or stopped calling: kUnavailable) leaves the group
   // unusable; an invalid step (checked on every rank alike before anything runs) does not.

@@ -1,10 +1,11 @@
 // The engine's ModelRunner (model/model.h) over CudaM3Model (the real-shape CUDA path): the step's
 // slices are CudaM3Model's batch, as for the float32 model's runner. The scheduler's page ids
-// index the model's bf16 KV cache directly. Input embeddings and hidden-state capture are not
-// available on this path yet (a step asking for them fails with kUnimplemented).
+// index the model's bf16 KV cache directly. Hidden-state capture (a draft model's input) is
+// honoured; input embeddings are not available on this path yet (a step asking for them fails
+// with kUnimplemented).
 //
-// Tensor parallelism over the GPUs of this process (--tp N; CudaTensorParallel in
-// cuda_m3_model.h): one CudaM3Model per rank, rank r on its own GPU. Loading and every step run
+// Tensor and expert parallelism over the GPUs of this process (--tp N, --ep E;
+// CudaTensorParallel in cuda_m3_model.h): one CudaM3Model per rank, rank r on its own GPU. Loading and every step run
 // on all ranks at once, rank 0 on the calling (engine) thread and each other rank on a thread of
 // its own, since the ranks' collectives must be in flight together. Rank 0's outputs are the
 // model's. A collective that does not complete within the communicator's timeout fails the step
@@ -29,6 +30,9 @@ namespace m3 {
 // The GPU ranks of a runner.
 struct CudaRanks {
   int ranks = 1;
+  // --ep: expert-parallel ranks among the `ranks` (divides it; CudaTensorParallel::ep). The KV
+  // pool per rank does not depend on it (attention stays split over all ranks).
+  int ep = 1;
   std::vector<int> devices;  // rank r's GPU; empty: GPU r
   // Rank r's communicator on its model's compute stream. Empty: NCCL, the group made here from
   // one unique id (comm/nccl_communicator.h) with `timeout` as its watchdog (--dist-timeout).
@@ -69,6 +73,7 @@ class CudaM3ModelRunner final : public ModelRunner {
   // Decode rows the engine offers are sampled on the GPU after the head (only their token ids
   // are copied back); other rows, and the rows of a prefill step, return their logits.
   bool samples_on_device() const override { return true; }
+  ModelFeatures features() const override { return {false, true}; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
   // How the ranks all-reduce, for the startup report ("NCCL", or the one-shot path and its limit).

@@ -438,7 +438,7 @@ class DummyMaker {
 }  // namespace
 
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t seed,
-                                          cuda::DeviceArena* arena) {
+                                          cuda::DeviceArena* arena, int64_t experts_held) {
   DevWeights w;
   DummyMaker mk(seed, arena);
   const int64_t hd = c.hidden_size, d = c.head_dim, v = c.vocab_size;
@@ -479,8 +479,9 @@ Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t see
     const int64_t ne = c.num_local_experts, in = c.intermediate_size;
     M3_ASSIGN_OR_RETURN(L.router, mk.vec_f32(ne * hd, 0.02f));
     M3_ASSIGN_OR_RETURN(L.router_bias, mk.vec_f32(ne, 0.01f));
-    M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, ne));
-    M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, ne));
+    const int64_t held = experts_held > 0 ? experts_held : ne;
+    M3_ASSIGN_OR_RETURN(L.experts_gu, mk.matrix(QuantFormat::kNvfp4, 2 * in, hd, held));
+    M3_ASSIGN_OR_RETURN(L.experts_down, mk.matrix(QuantFormat::kNvfp4, hd, in, held));
     w.quantised_matrices += 2;
     const int64_t shared = c.shared_intermediate_size * c.n_shared_experts;
     if (shared > 0) {
@@ -512,6 +513,35 @@ Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSour
     M3_RETURN_IF_ERROR(
         load_layer(ld, src, cfg, rs, naming, i, &w.layers[static_cast<size_t>(i)]));
   return w;
+}
+
+Result<DevMatrix> load_dev_matrix(const WeightSource& src,
+                                  const std::vector<std::pair<std::string, int64_t>>& parts,
+                                  int64_t k, cuda::DeviceArena* arena) {
+  DevWeights counts;  // the loader's format counters, unused here
+  Loader ld(src, arena, &counts);
+  std::vector<Part> ps;
+  for (const auto& [name, rows] : parts) ps.push_back(Part{name, rows});
+  return ld.matrix(ps, Cols::all(k));
+}
+
+Result<uint16_t*> load_dev_vec_bf16(const WeightSource& src, const std::string& name, int64_t n,
+                                    cuda::DeviceArena* arena) {
+  DevWeights counts;
+  Loader ld(src, arena, &counts);
+  return ld.vec_bf16(name, n);
+}
+
+Result<DevMatrix> make_dummy_dev_matrix(QuantFormat format, int64_t n, int64_t k, uint64_t seed,
+                                        cuda::DeviceArena* arena) {
+  DummyMaker mk(seed, arena);
+  return mk.matrix(format, n, k);
+}
+
+Result<uint16_t*> make_dummy_dev_vec_bf16(int64_t n, float scale, uint64_t seed,
+                                          cuda::DeviceArena* arena) {
+  DummyMaker mk(seed, arena);
+  return mk.vec_bf16(n, scale);
 }
 
 }  // namespace m3::minimax_m3

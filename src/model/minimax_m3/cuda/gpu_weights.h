@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/attention/sparse_decode.h"
@@ -77,7 +78,9 @@ struct DevWeights {
 // Loads the text-model weights of `cfg` (the whole model's config) that the tensor-parallel rank
 // with slices `rs` holds (tensor_parallel.h; rank_slices(cfg, 0, 1) for the whole model) from
 // `src` into `arena`: its heads' rows of q|k|v|index q, its heads' columns of o_proj, its
-// intermediate rows of every gate|up and columns of every down projection, its experts (a
+// intermediate rows of every gate|up and columns of every down projection, its experts
+// (rs.expert_begin .. + rs.expert_count: under expert parallelism only those, in their stored
+// NVFP4 / MXFP8 format, as groups 0 .. expert_count - 1 of experts_gu / experts_down; a
 // full_attention layer has no index projections or norms); only those
 // windows of the checkpoint are read. Shapes are then rank_config(cfg, ...)'s.
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
@@ -87,7 +90,22 @@ Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSour
 // in M3.1-Flash's storage formats: attention, indexer, dense-MLP and shared-expert linears MXFP8,
 // routed experts NVFP4 (multiplier 2e-4), router, embedding, lm_head and norms BF16, routing bias
 // float32. Values depend on (seed, tensor); they are not DummyWeightSource's host values.
+// `experts_held`: the routed experts per MoE layer (an expert-parallel rank's share; 0: all).
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& cfg, uint64_t seed,
+                                          cuda::DeviceArena* arena, int64_t experts_held = 0);
+
+// Single tensors for other models on the same kernels (the DSpark draft, cuda_dspark_draft.h):
+// a fused matrix of `parts` (name, rows; all [rows, k]) in their common stored format when they
+// agree (MXFP8 / NVFP4; else BF16), and a vector as bf16. Errors name the tensor.
+Result<DevMatrix> load_dev_matrix(const WeightSource& src,
+                                  const std::vector<std::pair<std::string, int64_t>>& parts,
+                                  int64_t k, cuda::DeviceArena* arena);
+Result<uint16_t*> load_dev_vec_bf16(const WeightSource& src, const std::string& name, int64_t n,
+                                    cuda::DeviceArena* arena);
+// Random ones generated on the GPU as make_dummy_dev_weights does (values depend on the seed).
+Result<DevMatrix> make_dummy_dev_matrix(cuda::QuantFormat format, int64_t n, int64_t k,
+                                        uint64_t seed, cuda::DeviceArena* arena);
+Result<uint16_t*> make_dummy_dev_vec_bf16(int64_t n, float scale, uint64_t seed,
                                           cuda::DeviceArena* arena);
 
 }  // namespace m3::minimax_m3

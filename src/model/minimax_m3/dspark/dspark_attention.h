@@ -6,15 +6,18 @@
 // ascending position order (context, then block slots), dot products in cpu::dot's order: the
 // same arithmetic as the CPU backend's paged_attention.
 //
-// Float32 host code, so the cache and the tensors must be host memory (the CPU backend). It is
-// not a Backend op: the backend's paged attention is causal and windowless; a CUDA draft needs
-// its own kernel.
+// block_attention is float32 host code, so the cache and the tensors must be host memory (the CPU
+// backend). It is not a Backend op (the backend's paged attention is causal and windowless): a
+// draft on another backend is given a BlockAttentionFn that runs the same contract there on the
+// backend's stream (the CUDA one: model/minimax_m3/cuda/cuda_dspark_f32.h).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/status.h"
 
 namespace m3::minimax_m3::dspark {
 
@@ -32,5 +35,9 @@ struct BlockAttentionParams {
 };
 
 void block_attention(const BlockAttentionParams& p);
+
+// The block attention of a draft on a non-CPU backend: the same contract, pointers in the
+// backend's memory (block_table included), enqueued on the backend's stream.
+using BlockAttentionFn = std::function<Status(const BlockAttentionParams&)>;
 
 }  // namespace m3::minimax_m3::dspark

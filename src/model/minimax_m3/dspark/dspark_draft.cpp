@@ -27,10 +27,11 @@ int32_t greedy_token(std::span<const float> logits) {
 
 Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(
     DSparkConfig cfg, const MiniMaxM3Config& target, const WeightSource& src,
-    const std::string& where, TargetSharedWeights target_weights, Backend* backend) {
-  if (backend->kind() != DeviceKind::kCpu)
-    return unimplemented(kWho + "the DSpark draft runs on the CPU backend only (no " +
-                         backend->name() + " draft yet)");
+    const std::string& where, TargetSharedWeights target_weights, Backend* backend,
+    BlockAttentionFn attention) {
+  if (backend->kind() != DeviceKind::kCpu && !attention)
+    return unimplemented(kWho + "the DSpark draft on " + backend->name() +
+                         " needs that backend's block attention kernel (none given)");
   M3_RETURN_IF_ERROR(cfg.resolve_with_target(target));
   if (target_weights.embed == nullptr || target_weights.lm_head == nullptr ||
       target_weights.final_norm == nullptr)
@@ -38,6 +39,7 @@ Result<std::unique_ptr<DSparkDraft>> DSparkDraft::load(
   std::unique_ptr<DSparkDraft> d(new DSparkDraft(std::move(cfg), backend));
   M3_ASSIGN_OR_RETURN(d->w_, load_dspark_weights(src, d->cfg_, backend, where));
   d->target_ = std::move(target_weights);
+  if (backend->kind() != DeviceKind::kCpu) d->attention_ = std::move(attention);
   return d;
 }
 
@@ -122,6 +124,8 @@ Result<DSparkProposal> DSparkDraft::propose(int32_t anchor, DSparkContextCache& 
   // Slot 0: the anchor; slots 1..B-1: the noise token; embeddings from the target's table.
   be->embedding({target_.embed, ids_d.data(), x.data(), b, vocab, hd});
   const std::vector<int32_t>& table = cache.block_table();
+  // The table in the backend's memory (for the CPU backend host memory, as block_attention reads).
+  auto table_d = upload(be, table.data(), static_cast<int64_t>(table.size()));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DSparkLayerWeights& lw = w_.layers[static_cast<size_t>(l)];
     be->rms_norm({x.data(), lw.input_norm.data(), h.data(), b, hd, eps(), gemma});
@@ -132,11 +136,16 @@ Result<DSparkProposal> DSparkDraft::propose(int32_t anchor, DSparkContextCache& 
     be->rms_norm({k.data(), lw.k_norm.data(), k.data(), b * nkv, d, eps(), gemma});
     be->rope({q.data(), pos_d.data(), b, nh, d, c.rot_dim(), c.rot_dim(), c.theta()});
     be->rope({k.data(), pos_d.data(), b, nkv, d, c.rot_dim(), c.rot_dim(), c.theta()});
-    be->synchronize();
     // The block K/V are transient: they are attended to here and never stored.
-    block_attention({q.data(), k.data(), v.data(), cache.layer(l), table.data(),
-                     static_cast<int64_t>(table.size()), p, b, nh, c.sliding_window, scale,
-                     attn.data()});
+    const BlockAttentionParams ap{q.data(), k.data(), v.data(), cache.layer(l), table_d.data(),
+                                  static_cast<int64_t>(table.size()), p, b, nh, c.sliding_window,
+                                  scale, attn.data()};
+    if (attention_) {
+      M3_RETURN_IF_ERROR(attention_(ap));
+    } else {
+      be->synchronize();  // host code reads what the ops wrote
+      block_attention(ap);
+    }
     be->linear({attn.data(), lw.wo.data(), y.data(), b, hd, nh * d, false});
     be->add({x.data(), y.data(), x.data(), b * hd});
     be->rms_norm({x.data(), lw.post_norm.data(), h.data(), b, hd, eps(), gemma});

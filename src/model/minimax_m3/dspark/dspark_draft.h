@@ -10,7 +10,8 @@
 //                  logits_k = base_k + markov_w2 · markov_w1[prev], prev = anchor, then d_{k-1}.
 //
 // Linear layers, norms, RoPE, the MLP and the embedding lookups are the backend's ops (the same
-// as the target's); the block attention is dspark_attention.h's host function. The draft keeps
+// as the target's); the block attention is dspark_attention.h's host function on the CPU backend
+// and the caller's BlockAttentionFn elsewhere (the CUDA backend's kernel). The draft keeps
 // no state between calls: everything per sequence is in its DSparkContextCache.
 #pragma once
 
@@ -25,6 +26,7 @@
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
+#include "model/minimax_m3/dspark/dspark_attention.h"
 #include "model/minimax_m3/dspark/dspark_config.h"
 #include "model/minimax_m3/dspark/dspark_kv_cache.h"
 #include "model/minimax_m3/dspark/dspark_weights.h"
@@ -48,12 +50,15 @@ struct DSparkProposal {
 class DSparkDraft {
  public:
   // `cfg` is checked against `target` (resolve_with_target); `where` names the weight source in
-  // messages. The target's shared weights must live on `backend` and outlive the draft.
+  // messages. The target's shared weights must live on `backend` and outlive the draft. On the
+  // CPU backend the block attention is the host block_attention; any other backend needs
+  // `attention` (its kernel on that backend's stream), else the load is refused.
   static Result<std::unique_ptr<DSparkDraft>> load(DSparkConfig cfg, const MiniMaxM3Config& target,
                                                    const WeightSource& src,
                                                    const std::string& where,
                                                    TargetSharedWeights target_weights,
-                                                   Backend* backend);
+                                                   Backend* backend,
+                                                   BlockAttentionFn attention = {});
 
   const DSparkConfig& config() const { return cfg_; }
   const DSparkWeights& weights() const { return w_; }
@@ -77,6 +82,7 @@ class DSparkDraft {
   Backend* backend_;
   DSparkWeights w_;
   TargetSharedWeights target_;
+  BlockAttentionFn attention_;  // empty: the host block_attention (CPU backend)
 };
 
 }  // namespace m3::minimax_m3::dspark

@@ -21,8 +21,9 @@ struct CacheState final : DraftState {
 }  // namespace
 
 DSparkEngineDraft::DSparkEngineDraft(std::unique_ptr<DSparkDraft> draft,
-                                     const MiniMaxM3Config& target, const float* target_final_norm)
-    : draft_(std::move(draft)), target_(target), final_norm_(target_final_norm) {}
+                                     const MiniMaxM3Config& target,
+                                     std::vector<float> target_final_norm)
+    : draft_(std::move(draft)), target_(target), final_norm_(std::move(target_final_norm)) {}
 
 int32_t DSparkEngineDraft::block_size() const {
   return static_cast<int32_t>(draft_->config().block_size);
@@ -41,7 +42,7 @@ std::unique_ptr<DraftState> DSparkEngineDraft::new_state() {
 Status DSparkEngineDraft::append_context(DraftState& state, std::span<const float> captured,
                                          int64_t n) {
   auto& s = static_cast<CacheState&>(state);
-  const std::span<const float> final_norm(final_norm_, static_cast<size_t>(target_.hidden_size));
+  const std::span<const float> final_norm(final_norm_);
   M3_ASSIGN_OR_RETURN(std::vector<float> features,
                       build_context_features(captured, n, draft_->config(), target_,
                                              draft_->config().capture, final_norm));
@@ -89,36 +90,58 @@ DSparkConfig default_dspark_config_for(const MiniMaxM3Config& target) {
   return c;
 }
 
+Result<DSparkConfig> resolve_dspark_config(const DSparkLoadOptions& o,
+                                           const MiniMaxM3Config& target) {
+  const std::string flag = "--speculative-draft-model-path '" + o.draft_dir + "'";
+  const bool has_config = !o.draft_dir.empty() && fs::exists(fs::path(o.draft_dir) / "config.json");
+  if (has_config) return load_dspark_config(o.draft_dir);
+  if (o.dummy_weights) return default_dspark_config_for(target);
+  return Status(StatusCode::kNotFound,
+                flag +
+                    ": no DSpark draft there (no config.json); give the draft's directory, or use "
+                    "--load-format dummy (or --speculative-draft-load-format dummy) for random "
+                    "draft weights");
+}
+
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(const DSparkLoadOptions& o,
                                                                     const Model& target,
                                                                     Backend* backend) {
+  return load_dspark_engine_draft(o, target.config(), target, backend);
+}
+
+Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
+    const DSparkLoadOptions& o, const MiniMaxM3Config& target_cfg, const Model& first_rank,
+    Backend* backend) {
   const std::string flag = "--speculative-draft-model-path '" + o.draft_dir + "'";
-  const bool has_config = !o.draft_dir.empty() && fs::exists(fs::path(o.draft_dir) / "config.json");
-  DSparkConfig cfg;
-  if (has_config) {
-    M3_ASSIGN_OR_RETURN(cfg, load_dspark_config(o.draft_dir));
-  } else if (o.dummy_weights) {
-    cfg = default_dspark_config_for(target.config());
-  } else {
-    return Status(StatusCode::kNotFound,
-                  flag +
-                      ": no DSpark draft there (no config.json); give the draft's directory, "
-                      "or use --load-format dummy for random draft weights");
+  const ModelWeights& tw = first_rank.weights();
+  const int64_t H = target_cfg.hidden_size, V = target_cfg.vocab_size;
+  if (tw.embed.size() != V * H || tw.lm_head.size() != V * H || tw.final_norm.size() != H) {
+    return internal_error(flag + ": the target's embedding table, lm_head or final norm is "
+                                 "split over ranks; the draft needs them whole");
   }
+  M3_ASSIGN_OR_RETURN(DSparkConfig cfg, resolve_dspark_config(o, target_cfg));
   std::unique_ptr<WeightSource> src;
   if (o.dummy_weights) {
     src = std::make_unique<DummyDSparkWeightSource>(cfg, o.dummy_seed);
   } else {
-    M3_ASSIGN_OR_RETURN(src, Checkpoint::open(o.draft_dir));
+    auto opened = Checkpoint::open(o.draft_dir);
+    if (!opened.is_ok()) {
+      return Status(opened.status().code(), flag + ": " + opened.status().message());
+    }
+    src = std::move(opened).value();
   }
-  auto draft = DSparkDraft::load(cfg, target.config(), *src,
+  auto draft = DSparkDraft::load(cfg, target_cfg, *src,
                                  o.dummy_weights ? std::string("dummy draft weights") : o.draft_dir,
-                                 TargetSharedWeights::view_of(target.weights()), backend);
+                                 TargetSharedWeights::view_of(tw), backend, o.attention);
   if (!draft.is_ok()) {
     return Status(draft.status().code(), flag + ": " + draft.status().message());
   }
-  return std::make_unique<DSparkEngineDraft>(std::move(draft).value(), target.config(),
-                                             target.weights().final_norm.data());
+  // The final norm to host memory (the target's weights may live on the GPU).
+  std::vector<float> final_norm(static_cast<size_t>(H));
+  backend->copy_to_host(final_norm.data(), tw.final_norm.data(),
+                        static_cast<int64_t>(final_norm.size() * sizeof(float)));
+  return std::make_unique<DSparkEngineDraft>(std::move(draft).value(), target_cfg,
+                                             std::move(final_norm));
 }
 
 }  // namespace m3::minimax_m3::dspark

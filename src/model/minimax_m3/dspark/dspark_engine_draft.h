@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -19,9 +20,10 @@ namespace m3::minimax_m3::dspark {
 
 class DSparkEngineDraft final : public DraftModel {
  public:
-  // `target` and `target_weights` (the target's loaded weights on `backend`) must outlive it.
+  // `target_final_norm` is the target's final norm weight [hidden] in host memory (the
+  // final_norm_last convention applies it to the captured hidden states on the host).
   DSparkEngineDraft(std::unique_ptr<DSparkDraft> draft, const MiniMaxM3Config& target,
-                    const float* target_final_norm);
+                    std::vector<float> target_final_norm);
 
   int32_t block_size() const override;
   std::vector<int32_t> capture_layers() const override;
@@ -36,7 +38,7 @@ class DSparkEngineDraft final : public DraftModel {
  private:
   std::unique_ptr<DSparkDraft> draft_;
   MiniMaxM3Config target_;
-  const float* final_norm_;
+  std::vector<float> final_norm_;
 };
 
 // A draft config for `target` when there is none to read (dummy weights): the released draft's
@@ -48,11 +50,26 @@ struct DSparkLoadOptions {
   std::string draft_dir;       // --speculative-draft-model-path
   bool dummy_weights = false;  // --load-format dummy
   uint64_t dummy_seed = 0;
+  // The block attention on a non-CPU backend (DSparkDraft::load); empty on the CPU backend.
+  BlockAttentionFn attention;
 };
 
-// Loads the draft for a target `model` on `backend` (the CPU backend). Errors name the draft
-// directory and --speculative-draft-model-path.
+// The draft's config as load_dspark_engine_draft reads it (the directory's config.json, else the
+// default for `target` with dummy weights), before anything is loaded: the memory plan counts the
+// draft from it.
+Result<DSparkConfig> resolve_dspark_config(const DSparkLoadOptions& options,
+                                           const MiniMaxM3Config& target);
+
+// Loads the draft for a target `model` on `backend` (the target's backend: the CPU backend, or
+// another with options.attention). Errors name the draft directory and
+// --speculative-draft-model-path.
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
     const DSparkLoadOptions& options, const Model& target, Backend* backend);
+// The same for a target split over ranks (--tp): `target` is the whole model's config and
+// `first_rank` rank 0's part, whose embedding table, lm_head and final norm are whole on the
+// float32 path (the draft reads those); the draft itself is not split and runs on `backend`.
+Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
+    const DSparkLoadOptions& options, const MiniMaxM3Config& target, const Model& first_rank,
+    Backend* backend);
 
 }  // namespace m3::minimax_m3::dspark

@@ -15,7 +15,7 @@ DSparkContextCache::DSparkContextCache(Backend* backend, const DSparkConfig& cfg
   // Held positions span [length - W - S, length): at most ceil((W + S) / S) + 1 blocks.
   capacity_ = (window_ + page_size_ - 1) / page_size_ + 3;
   const int64_t n = capacity_ * page_size_ * num_kv_heads_ * head_dim_;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+  for (int64_t l = 0; backend_ != nullptr && l < cfg.num_hidden_layers; ++l) {
     k_.emplace_back(backend_, n);
     v_.emplace_back(backend_, n);
   }
@@ -35,6 +35,8 @@ int64_t DSparkContextCache::first_needed_position(int64_t new_length) const {
 }
 
 KvLayerView DSparkContextCache::layer(int64_t i) {
+  M3_CHECK(i >= 0 && i < static_cast<int64_t>(k_.size()),
+           "[dspark.cache] layer " + std::to_string(i) + " has no storage here");
   KvLayerView v;
   v.k = k_[static_cast<size_t>(i)].data();
   v.v = v_[static_cast<size_t>(i)].data();

@@ -25,6 +25,9 @@ class DSparkContextCache {
  public:
   static constexpr int64_t kDefaultPageSize = 128;
 
+  // `backend` null: the page bookkeeping alone (block table, releases, truncation) over
+  // capacity_pages() page ids, for a draft that keeps the K/V elsewhere (the real-shape CUDA
+  // draft's bf16 pages); layer() is then unavailable.
   DSparkContextCache(Backend* backend, const DSparkConfig& cfg,
                      int64_t page_size = kDefaultPageSize);
 

@@ -1,0 +1,194 @@
+#include "backend/cuda/dspark/block_attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "core/dtype.h"
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// Keys of the slot that sees the most context (slot 0): its window's context plus the block.
+__host__ __device__ inline int64_t max_keys(const DSparkBlockAttentionParams& p) {
+  const int64_t ctx = p.anchor_pos < p.window - 1 ? p.anchor_pos : p.window - 1;
+  return (ctx > 0 ? ctx : 0) + p.block;
+}
+
+// Tree reduction over the CTA in `red` [kThreads]; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float v, float* red) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) {
+      const float o = red[threadIdx.x + s];
+      red[threadIdx.x] = kMax ? fmaxf(red[threadIdx.x], o) : red[threadIdx.x] + o;
+    }
+    __syncthreads();
+  }
+  const float r = red[0];
+  __syncthreads();
+  return r;
+}
+
+template <bool kBf16>
+__device__ inline float load_q(const DSparkBlockAttentionParams& p, int64_t i) {
+  if constexpr (kBf16) {
+    return bf16_to_f32(p.q_bf16[i]);
+  } else {
+    return p.q[i];
+  }
+}
+
+// The cache row offset (in elements) of context position `pos` for KV head g, or -1 when its page
+// is not held.
+__device__ inline int64_t context_offset(const DSparkBlockAttentionParams& p, int64_t pos,
+                                         int64_t g) {
+  const int64_t blk = pos / p.page_size;
+  const int32_t page = blk < p.num_blocks ? p.block_table[blk] : -1;
+  if (page < 0 || page >= p.num_pages) return -1;
+  return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads + g) *
+         p.head_dim;
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
+    DSparkBlockAttentionParams p) {
+  extern __shared__ float smem[];
+  const int64_t slot = blockIdx.y, n = blockIdx.x;
+  const int64_t D = p.head_dim, H = p.num_heads, hkv = p.num_kv_heads;
+  const int64_t g = n / (H / hkv);
+  const int64_t q_pos = p.anchor_pos + slot;
+  const int64_t first = q_pos - p.window + 1 > 0 ? q_pos - p.window + 1 : 0;
+  const int64_t n_ctx = p.anchor_pos > first ? p.anchor_pos - first : 0;
+  const int64_t n_keys = n_ctx + p.block;
+  float* qs = smem;                      // [D]
+  float* scores = qs + D;                // [max_keys]
+  float* red = scores + max_keys(p);     // [kThreads]
+  const int64_t ld_v = p.ld_block_v > 0 ? p.ld_block_v : hkv * D;
+
+  for (int64_t i = threadIdx.x; i < D; i += kThreads) qs[i] = load_q<kBf16>(p, (slot * H + n) * D + i);
+  __syncthreads();
+
+  // Scores: one warp per key, the lanes over the dimensions.
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t j = warp; j < n_keys; j += kWarps) {
+    float dot = 0.0f;
+    bool held = true;
+    if (j < n_ctx) {
+      const int64_t off = context_offset(p, first + j, g);
+      held = off >= 0;
+      if (held) {
+        for (int64_t i = lane; i < D; i += 32) {
+          const float kv = kBf16 ? bf16_to_f32(p.cache_k_bf16[off + i]) : p.cache_k[off + i];
+          dot += qs[i] * kv;
+        }
+      }
+    } else {
+      const int64_t off = ((j - n_ctx) * hkv + g) * D;
+      for (int64_t i = lane; i < D; i += 32) {
+        const float kv = kBf16 ? bf16_to_f32(p.block_k_bf16[off + i]) : p.block_k[off + i];
+        dot += qs[i] * kv;
+      }
+    }
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) scores[j] = held ? dot * p.scale : -INFINITY;
+  }
+  __syncthreads();
+
+  // Softmax in float32 with max subtraction (the block keys are always there, so mx is finite).
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n_keys; j += kThreads) mx = fmaxf(mx, scores[j]);
+  mx = block_reduce<true>(mx, red);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < n_keys; j += kThreads) {
+    const float e = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - mx);
+    scores[j] = e;
+    sum += e;
+  }
+  sum = block_reduce<false>(sum, red);
+  for (int64_t j = threadIdx.x; j < n_keys; j += kThreads) scores[j] /= sum;
+  __syncthreads();
+
+  // Values: thread t owns dimension t % D of the keys j ≡ t / D (mod parts).
+  const int64_t parts = kThreads / D;
+  const int64_t d = threadIdx.x % D, part = threadIdx.x / D;
+  float acc = 0.0f;
+  for (int64_t j = part; j < n_keys; j += parts) {
+    const float w = scores[j];
+    if (w == 0.0f) continue;
+    float v;
+    if (j < n_ctx) {
+      const int64_t off = context_offset(p, first + j, g);
+      v = kBf16 ? bf16_to_f32(p.cache_v_bf16[off + d]) : p.cache_v[off + d];
+    } else {
+      const float raw = p.block_v[(j - n_ctx) * ld_v + g * D + d];
+      v = kBf16 ? bf16_to_f32(f32_to_bf16(raw)) : raw;  // bf16: what a cache write would store
+    }
+    acc += w * v;
+  }
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  if (part == 0) {
+    float o = 0.0f;
+    for (int64_t s = 0; s < parts; ++s) o += red[s * D + d];
+    const int64_t at = (slot * H + n) * D + d;
+    if constexpr (kBf16) {
+      p.out_bf16[at] = f32_to_bf16(o);
+    } else {
+      p.out[at] = o;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t dspark_block_attention_smem_bytes(const DSparkBlockAttentionParams& p) {
+  return (p.head_dim + max_keys(p) + kThreads) * static_cast<int64_t>(sizeof(float));
+}
+
+Status launch_dspark_block_attention(const DSparkBlockAttentionParams& p, CUstream_st* stream) {
+  const std::string who = "[cuda.dspark.block_attention] ";
+  const bool bf16 = p.q_bf16 != nullptr;
+  if (p.block <= 0 || p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0)
+    return invalid_argument(who + "block, heads and KV heads must be positive, heads a multiple "
+                                  "of KV heads");
+  if (p.head_dim <= 0 || kThreads % p.head_dim != 0)
+    return invalid_argument(who + "head_dim " + std::to_string(p.head_dim) +
+                            " must divide 256");
+  if (p.window < p.block || p.anchor_pos < 0 || p.page_size <= 0)
+    return invalid_argument(who + "window below the block, a negative anchor position or page size");
+  if (p.block_v == nullptr || (p.num_blocks > 0 && p.block_table == nullptr) ||
+      (bf16 ? (p.block_k_bf16 == nullptr || p.cache_k_bf16 == nullptr ||
+               p.cache_v_bf16 == nullptr || p.out_bf16 == nullptr)
+            : (p.q == nullptr || p.block_k == nullptr || p.cache_k == nullptr ||
+               p.cache_v == nullptr || p.out == nullptr)))
+    return invalid_argument(who + "a tensor of the " + (bf16 ? "bf16" : "float32") +
+                            " variant is missing");
+  const int64_t smem = dspark_block_attention_smem_bytes(p);
+  if (smem > 227 * 1024)
+    return invalid_argument(who + "window " + std::to_string(p.window) +
+                            " needs " + std::to_string(smem) +
+                            " bytes of shared memory per CTA, above the 227 KB of one SM");
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.block));
+  if (bf16) {
+    M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(dspark_block_attention_kernel<true>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+    dspark_block_attention_kernel<true><<<grid, kThreads, static_cast<size_t>(smem), stream>>>(p);
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(dspark_block_attention_kernel<true>);
+  } else {
+    M3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(dspark_block_attention_kernel<false>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+    dspark_block_attention_kernel<false><<<grid, kThreads, static_cast<size_t>(smem), stream>>>(p);
+    M3_CUDA_RETURN_IF_LAUNCH_ERROR(dspark_block_attention_kernel<false>);
+  }
+  return Status::ok();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,31 @@
+// The DSpark draft's sequential Markov correction on the GPU (m3-architecture.md §5.2 step 6):
+// one slot's logits row gets the rank-r bias of the previous token,
+//   logits[v] += Σ_i markov_w2[v, i] · markov_w1[prev, i]     (v < V, i < r)
+// a GEMV over the [V, r] table with the looked-up row as its input, so no [V, r] product is
+// materialised per step. bf16 tables (as stored), float32 products and sums (a warp per row,
+// lanes over i, a butterfly sum). This header includes no CUDA header.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+struct CUstream_st;
+
+namespace m3::cuda {
+
+struct DSparkMarkovParams {
+  float* logits = nullptr;              // [V] one slot's row, updated in place
+  const uint16_t* w1 = nullptr;         // [V, r] bf16, row `prev` is the input
+  const uint16_t* w2 = nullptr;         // [V, r] bf16
+  // The previous token: `prev` itself, or (prev_device non-null) read from device memory (a
+  // token the GPU chose), so the chain can stay on the device.
+  int32_t prev = 0;
+  const int32_t* prev_device = nullptr;
+  int64_t vocab = 0, rank = 0;
+};
+
+// invalid_argument ([cuda.dspark.markov]) on bad shapes or a prev outside [0, V).
+Status launch_dspark_markov(const DSparkMarkovParams& p, CUstream_st* stream);
+
+}  // namespace m3::cuda

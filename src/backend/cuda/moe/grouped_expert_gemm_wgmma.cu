@@ -1,0 +1,381 @@
+// The grouped expert GEMM's Hopper main loop (GroupedExpertKernel::kWgmma, grouped_expert_gemm.h):
+// the same problem, grid, tiles (128 gathered rows x 128 weight rows, 128 columns per stage),
+// cp.async ring, exact in-shared-memory dequantisation and epilogues as the mma.sync kernel, with
+// the multiplication issued as wgmma.mma_async by two warpgroups.
+//
+// Why wgmma: mma.sync m16n8k16 feeds the tensor cores from registers loaded by ldmatrix; at 8
+// warps that path reached 112-126 TFLOP/s on the H200 (docs/performance.md), ~12 % of the bf16
+// peak. wgmma m64nNk16 reads both operands straight from shared memory, is issued by a whole
+// warpgroup (128 threads) and runs asynchronously: the issuing threads are free until they wait.
+//
+// Schedule (256 threads = warpgroups 0 and 1; warpgroup w multiplies gathered rows 64w .. 64w+63
+// against all 128 weight rows of the CTA, m64n128k16, 64 float32 accumulators per thread):
+//
+//   prologue: copy stages 0 and 1 (cp.async), convert stage 0's weights to bf16 tile B0
+//   iteration ks:
+//     wait for my cp.async groups; fence.proxy.async; __syncthreads      (1)
+//     wgmma.fence; 8 x wgmma (k = 0..127 of stage ks, A slot ks % 3, B tile ks & 1); commit
+//     cp.async stage ks + 2 into ring slot (ks + 2) % 3                     (2)
+//     convert stage ks + 1's weights into B tile (ks + 1) & 1              (3)
+//     wgmma.wait_group 0
+//
+// (3) runs on the ALU / load-store pipes while the tensor cores work through the 8 wgmmas of
+// (1): the conversion's cost (estimated from the source at about the multiplication's time per
+// stage, docs/design/prefill-expert-gemm.md) is hidden rather than added, which is what a
+// warp-specialised producer / converter / consumer split would buy, without its mbarrier
+// protocol (nothing here can deadlock on a miscounted barrier). The price is one CTA-wide
+// barrier per 128-column stage: the tensor pipe drains there (the 16 wgmmas of a stage take
+// ~1000 cycles, the barrier and the re-issue an estimated ~100).
+//
+// Hazards, all closed by barrier (1) of the next iteration:
+//   - ring slot (ks + 2) % 3 == (ks - 1) % 3 was last read by the wgmmas of iteration ks - 1,
+//     which every warpgroup waited for (wait_group 0) before that barrier;
+//   - B tile (ks + 1) & 1 == (ks - 1) & 1, likewise;
+//   - the raw codes of stage ks + 1 were copied by other threads: waited (cp.async.wait_group)
+//     by their copiers before the barrier.
+// Proxies: cp.async and st.shared write through the generic proxy; wgmma reads its operands
+// through the async proxy. Every thread executes fence.proxy.async.shared::cta after its own
+// writes (its cp.async groups complete, its converted stores done) and before barrier (1), so the
+// wgmmas issued after the barrier see them.
+//
+// Shared-memory layout of an operand tile (A: 128 gathered rows, B: 128 weight rows; 128 bf16
+// columns = 256 bytes per row): two halves of 64 columns (128 bytes a row), 16 KB each, half h
+// holding columns 64h .. 64h + 63 of every row. Inside a half, row r at r·128 and its 16-byte chunk
+// c (columns 8c .. 8c + 7 of the half) at position c ^ (r % 8): the "128-byte swizzle" that
+// wgmma's descriptors describe (the XOR of address bits 4-6 with bits 7-9, so every half starts
+// on a 1024-byte boundary). This is the canonical K-major SW128 layout: 8-row x 128-byte atoms,
+// atoms of consecutive rows 1024 bytes apart (the descriptor's stride byte offset), the leading
+// byte offset unused (one instruction's k16 = 32 bytes stays inside the 128-byte row). The k-step
+// kk (16 columns) of a stage starts at half kk / 4, byte 32·(kk % 4) of the row: the descriptor's
+// start address moves by that much and the hardware applies the same XOR to the moved address (the
+// row bits 7-9 do not change, so the base-offset field stays 0).
+// Bank conflicts: an 8-thread phase of the A copy writes one row's 8 chunks of one half (8
+// distinct positions); the converter's phase writes one weight row's 16-byte chunks, even chunks
+// of half 0 by threads 0-3 and odd chunks of half 1 by threads 4-7 first, so again 8 positions.
+//
+// Accumulators (PTX "wgmma D fragment", f32, m64nN): warp q of the warpgroup owns rows
+// 16q .. 16q + 15; lane 4g + t holds d[4j + 0, 1] = (row 16q + g, columns 8j + 2t, + 1) and
+// d[4j + 2, 3] = (row 16q + g + 8, same columns), j = 0 .. N/8 - 1.
+// SwiGLU pairing: the CTA's local weight rows 0..63 are gate rows 64nt .. 64nt + 63 and rows
+// 64..127 the matching up rows N/2 + 64nt ..; so gate column c sits in d[4(c/8) + ..] and its up
+// column in d[4(c/8 + 8) + ..] of the same thread. Every output element is written by one thread
+// from a sum over K in a fixed order: deterministic.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "backend/cuda/moe/grouped_expert_gemm.h"
+#include "backend/cuda/moe/grouped_expert_stage.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+
+namespace m3::cuda {
+namespace {
+
+using grouped::kBK;
+using grouped::kBM;
+using grouped::kBN;
+
+constexpr int kThreads = 256;                    // 2 warpgroups
+constexpr int kRowsPerWarpgroup = 64;            // wgmma m64
+constexpr int kHalfBytes = kBM * 128;            // 128 rows x 64 bf16 columns, 16 KB
+constexpr int kTileBytes = 2 * kHalfBytes;       // one 128 x 128 bf16 operand tile
+constexpr int kSwizzleAtomBytes = 1024;          // 8 rows x 128 bytes
+static_assert(kBM == kBN, "A and B tiles share the layout helpers");
+static_assert(kBM == 2 * kRowsPerWarpgroup, "two warpgroups of 64 rows");
+
+constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+template <QuantFormat F>
+struct Ring : grouped::StageGeometry<F> {
+  using Base = grouped::StageGeometry<F>;
+  // Ring slots: the stage being multiplied, the one being converted, the one being copied.
+  static constexpr int kStages = 3;
+  // A tile, raw codes, scales; a whole number of swizzle atoms so every A tile is aligned.
+  static constexpr int kStageBytes =
+      round_up(kTileBytes + Base::kRawBytes + Base::kScaleBytes, kSwizzleAtomBytes);
+  // + two bf16 B tiles + the row tables + slack to align the dynamic shared memory to 1024.
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + 2 * kTileBytes + 2 * kBM * 4 + kSwizzleAtomBytes;
+  static_assert(kSmemBytes <= 232448, "more shared memory than an H100/H200 SM offers");
+};
+
+// Byte offset of (row r, 16-byte chunk c = columns 8c .. 8c + 7, c < 16) in an operand tile.
+__device__ __forceinline__ int sw128_off(int r, int c) {
+  return (c >> 3) * kHalfBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+// wgmma shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand starting at
+// shared address `addr` (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4,
+// 16-29 leading byte offset >> 4 (unused here, 1 by convention), 32-45 stride byte offset >> 4
+// (1024: the next 8 rows), 49-51 base offset (0: every half is 1024-aligned and k-steps move the
+// start by < 128 bytes), 62-63 swizzle mode (1 = 128 bytes).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{kSwizzleAtomBytes >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Keeps the compiler from moving accumulator accesses across the asynchronous region.
+__device__ __forceinline__ void fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[64] += A(64 x 16, desc a) · B(128 x 16, desc b)^T, bf16 in, f32 accumulate; both K-major
+// (imm-trans-a = imm-trans-b = 0), scale-d = 1 (the accumulators start at zero).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
+        "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+// Local weight row lr (0..127) of column tile nt -> the matrix row (SwiGLU: gate rows, then the
+// matching up rows; the 8 mma-layout tiles 8nt .. 8nt + 7 hold exactly these rows in both
+// tilings, as for the mma.sync kernel).
+template <GroupedEpilogue EP>
+__device__ __forceinline__ int weight_row(int lr, int nt, int n) {
+  if constexpr (EP == GroupedEpilogue::kSwigluBf16) {
+    const int j = nt * (kBN / 2) + (lr & 63);
+    return lr < 64 ? j : n / 2 + j;
+  } else {
+    return nt * kBN + lr;
+  }
+}
+
+template <QuantFormat F, GroupedEpilogue EP>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_expert_gemm_wgmma_kernel(GroupedExpertGemmParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using G = Ring<F>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The swizzle is a function of address bits 4-9: align the base to 1024 ourselves.
+  const uint32_t raw_base = smem_u32(smem_raw);
+  uint8_t* smem = smem_raw + (((raw_base + kSwizzleAtomBytes - 1) & ~(kSwizzleAtomBytes - 1)) -
+                              raw_base);
+  uint8_t* btiles = smem + G::kStages * G::kStageBytes;  // 2 x bf16 weights [kBN][kBK]
+  int32_t* a_src = reinterpret_cast<int32_t*>(btiles + 2 * kTileBytes);  // [kBM] x row, -1 none
+  int32_t* w_row = a_src + kBM;                                     // [kBN] weight row
+
+  const int E = static_cast<int>(p.num_experts);
+  const int mt = blockIdx.y, nt = blockIdx.x;
+  if (mt >= p.tile_offsets[E]) return;  // past the routed rows (uniform over the CTA)
+  const int e = grouped::expert_of_tile(p.tile_offsets, E, mt);
+  const int row_begin = p.group_offsets[e] + (mt - p.tile_offsets[e]) * kBM;
+  const int rows = min(kBM, p.group_offsets[e + 1] - row_begin);
+
+  const int n = static_cast<int>(p.w.n), k = static_cast<int>(p.w.k);
+  const int tid = threadIdx.x;
+  if (tid < kBM) {
+    int32_t src = -1;
+    if (tid < rows) {
+      src = p.a_rows != nullptr
+                ? static_cast<int32_t>(p.a_rows[row_begin + tid] / p.a_row_div)
+                : row_begin + tid;
+    }
+    a_src[tid] = src;
+  } else {
+    w_row[tid - kBM] = weight_row<EP>(tid - kBM, nt, n);
+  }
+  __syncthreads();
+
+  const int64_t nk = int64_t{n} * k;
+  grouped::StageSource wsrc;
+  wsrc.wq = p.w.w + static_cast<int64_t>(e) * (G::kNv ? nk / 2 : nk);
+  wsrc.ws = p.w.w_scale + static_cast<int64_t>(e) * (nk / G::kBlock);
+  wsrc.w_row = w_row;
+  wsrc.n = n;
+  wsrc.k = k;
+  wsrc.k_stages = k / kBK;
+  wsrc.tiling = static_cast<int>(p.w.layout);
+  wsrc.tau0 = nt * 8;  // mma layouts: the CTA's 8 tiles of 16 rows (both tilings)
+  const float global = (G::kNv && p.w.w_global != nullptr) ? p.w.w_global[e] : 1.0f;
+  const int k_stages = wsrc.k_stages;
+
+  auto load_stage = [&](int slot, int ks) {
+    uint8_t* st = smem + slot * G::kStageBytes;
+    const uint32_t a_s = smem_u32(st);
+    // Activations: 128 rows x 16 chunks of 16 bytes; rows past the tile's end read nothing and
+    // are zero-filled (their products are 0, their outputs not written).
+#pragma unroll
+    for (int i = 0; i < kBM * 16 / kThreads; ++i) {
+      const int idx = tid + i * kThreads, r = idx >> 4, c = idx & 15;
+      const int32_t src = a_src[r];
+      const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kBK + c * 8 : p.a;
+      cp_async16(a_s + sw128_off(r, c), g, src >= 0 ? 16 : 0);
+    }
+    grouped::load_stage_weights<F, kThreads>(a_s + kTileBytes, wsrc, ks, tid);
+  };
+
+  // The stage's quantised weights -> bf16 B tile (swizzled as above). Each thread converts 4
+  // groups of 16 consecutive columns, group q of local weight row (tid + 256q) / 8; where a
+  // group's codes and scale sit in a raw stage is the same for every stage, so it is located
+  // once (the mma layouts' tile arithmetic is a quarter of the conversion's instructions).
+  constexpr int kGroupsPerThread = kBN * (kBK / 16) / kThreads;
+  grouped::Loc16 loc[kGroupsPerThread];
+#pragma unroll
+  for (int q = 0; q < kGroupsPerThread; ++q) {
+    const int gi = tid + q * kThreads;
+    loc[q] = grouped::locate16<F>(wsrc, gi >> 3, gi & 7);
+  }
+  auto convert_stage = [&](int slot, uint8_t* btile) {
+    const uint8_t* raw = smem + slot * G::kStageBytes + kTileBytes;
+#pragma unroll
+    for (int q = 0; q < kGroupsPerThread; ++q) {
+      const int gi = tid + q * kThreads, lr = gi >> 3, cg = gi & 7;
+      uint32_t o[8];
+      grouped::convert16<F>(raw, wsrc.tiling, loc[q], o);
+      const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]);  // chunk 2cg
+      const uint4 hi = make_uint4(o[4], o[5], o[6], o[7]);  // chunk 2cg + 1
+      // Threads 4-7 of a phase (half 1) store their odd chunk first: no bank conflict.
+      const bool odd_first = cg >= 4;
+      *reinterpret_cast<uint4*>(btile + sw128_off(lr, 2 * cg + (odd_first ? 1 : 0))) =
+          odd_first ? hi : lo;
+      *reinterpret_cast<uint4*>(btile + sw128_off(lr, 2 * cg + (odd_first ? 0 : 1))) =
+          odd_first ? lo : hi;
+    }
+  };
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  const int wg = tid >> 7;  // warpgroup: gathered rows 64wg .. 64wg + 63
+
+  static_assert(G::kStages == 3, "the wait counts below assume 3 ring slots");
+  load_stage(0, 0);
+  cp_async_commit();
+  if (1 < k_stages) load_stage(1, 1);
+  cp_async_commit();
+  cp_async_wait<1>();  // stage 0
+  __syncthreads();
+  convert_stage(0, btiles);
+  for (int ks = 0; ks < k_stages; ++ks) {
+    const int slot = ks % G::kStages;
+    // Committed groups: stages 0 .. ks + 1; wait for all (stage ks + 1 is converted below).
+    cp_async_wait<0>();
+    fence_proxy_async_smem();  // my copies and converted stores -> visible to wgmma
+    __syncthreads();
+    const uint32_t a_s =
+        smem_u32(smem + slot * G::kStageBytes) + wg * kRowsPerWarpgroup * 128;
+    const uint32_t b_s = smem_u32(btiles + (ks & 1) * kTileBytes);
+    wgmma_fence();
+    fence_operands(acc);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * kHalfBytes + (kk & 3) * 32;
+      wgmma_m64n128k16(acc, sw128_desc(a_s + off), sw128_desc(b_s + off));
+    }
+    wgmma_commit();
+    fence_operands(acc);
+    if (ks + 2 < k_stages) load_stage((ks + 2) % G::kStages, ks + 2);
+    cp_async_commit();
+    if (ks + 1 < k_stages) convert_stage((ks + 1) % G::kStages, btiles + ((ks + 1) & 1) * kTileBytes);
+    wgmma_wait_all();
+    fence_operands(acc);
+  }
+  cp_async_wait<0>();
+
+  // Epilogue (fragment layout in the header comment).
+  const int lane = tid & 31, quarter = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = wg * kRowsPerWarpgroup + quarter * 16 + g + 8 * hh;
+    if (r >= rows) continue;
+    const int64_t out_row = int64_t{row_begin} + r;
+    if constexpr (EP == GroupedEpilogue::kSwigluBf16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = nt * (kBN / 2) + 8 * j + 2 * t;
+        const float g0 = acc[4 * j + 2 * hh] * global, g1 = acc[4 * j + 2 * hh + 1] * global;
+        const float u0 = acc[4 * (j + 8) + 2 * hh] * global;
+        const float u1 = acc[4 * (j + 8) + 2 * hh + 1] * global;
+        const __nv_bfloat162 v =
+            __floats2bfloat162_rn(grouped::swiglu_oai(g0, u0, p.alpha, p.limit),
+                                  grouped::swiglu_oai(g1, u1, p.alpha, p.limit));
+        *reinterpret_cast<__nv_bfloat162*>(p.act + out_row * p.ldact + col) = v;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = nt * kBN + 8 * j + 2 * t;
+        *reinterpret_cast<float2*>(p.y + out_row * p.ldy + col) =
+            make_float2(acc[4 * j + 2 * hh] * global, acc[4 * j + 2 * hh + 1] * global);
+      }
+    }
+  }
+#else
+  __trap();  // wgmma needs sm_90a; the launcher refuses other devices
+#endif
+}
+
+template <QuantFormat F, GroupedEpilogue EP>
+Status launch_typed(const GroupedExpertGemmParams& p, cudaStream_t stream) {
+  constexpr int kSmem = Ring<F>::kSmemBytes;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(grouped_expert_gemm_wgmma_kernel<F, EP>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  M3_CUDA_RETURN_IF_ERROR(attr);
+  const int64_t n_tiles = p.w.n / kBN;
+  const int64_t m_tiles = grouped_expert_gemm_max_row_tiles(p.max_rows, p.num_experts);
+  if (m_tiles > 65535 || n_tiles > 65535)
+    return invalid_argument("[cuda.grouped_expert_gemm] grid too large: " +
+                            std::to_string(m_tiles) + " row tiles");
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles));
+  grouped_expert_gemm_wgmma_kernel<F, EP><<<grid, kThreads, kSmem, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR((grouped_expert_gemm_wgmma_kernel<F, EP>));
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_grouped_expert_gemm_wgmma(const GroupedExpertGemmParams& p, CUstream_st* stream) {
+  // wgmma exists on compute capability 9.0 only (the binary is built for sm_90a).
+  int dev = 0, major = 0, minor = 0;
+  M3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  M3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0)
+    return invalid_argument("[cuda.grouped_expert_gemm] the wgmma kernel needs an sm_90 GPU "
+                            "(H100/H200), this device is sm_" +
+                            std::to_string(major) + std::to_string(minor));
+  const bool swiglu = p.epilogue == GroupedEpilogue::kSwigluBf16;
+  if (p.w.format == QuantFormat::kNvfp4) {
+    return swiglu ? launch_typed<QuantFormat::kNvfp4, GroupedEpilogue::kSwigluBf16>(p, stream)
+                  : launch_typed<QuantFormat::kNvfp4, GroupedEpilogue::kStoreF32>(p, stream);
+  }
+  return swiglu ? launch_typed<QuantFormat::kMxfp8, GroupedEpilogue::kSwigluBf16>(p, stream)
+                : launch_typed<QuantFormat::kMxfp8, GroupedEpilogue::kStoreF32>(p, stream);
+}
+
+}  // namespace m3::cuda

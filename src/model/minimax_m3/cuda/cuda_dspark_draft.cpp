@@ -1,0 +1,590 @@
+#include "model/minimax_m3/cuda/cuda_dspark_draft.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/dspark/block_attention.h"
+#include "backend/cuda/dspark/markov.h"
+#include "backend/cuda/embed/embed_bf16.h"
+#include "backend/cuda/gemm/quant_gemv.h"
+#include "backend/cuda/norm/add_rms_norm.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
+#include "backend/cuda/rope/attention_inputs.h"
+#include "backend/cuda/runtime/caching_allocator.h"
+#include "backend/cuda/runtime/device_memory.h"
+#include "core/dtype.h"
+#include "model/minimax_m3/cuda/gpu_weights.h"
+#include "model/minimax_m3/dspark/dspark_kv_cache.h"
+#include "model/minimax_m3/dspark/dspark_weights.h"
+#include "model/minimax_m3/dspark/target_features.h"
+
+namespace m3::minimax_m3 {
+namespace {
+
+using cuda::QuantFormat;
+
+const std::string kWho = "[model.minimax_m3.cuda.dspark] ";
+
+struct DraftLayer {
+  uint16_t *in_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  DevMatrix qkv;     // [H·D + 2·Hkv·D, Hd]: q | k | v
+  DevMatrix kv;      // a view of qkv's k | v rows (the context projection)
+  DevMatrix o;       // [Hd, H·D]
+  DevMatrix gu;      // [2·I, Hd]: gate | up
+  DevMatrix down;    // [Hd, I]
+};
+
+// Rows [row0, row0 + rows) of a row-major matrix, as a matrix of its own (no copy).
+DevMatrix row_view(const DevMatrix& m, int64_t row0, int64_t rows) {
+  DevMatrix v = m;
+  v.n = rows;
+  if (m.format == QuantFormat::kBf16) {
+    v.w = m.w + row0 * m.k * 2;
+  } else if (m.format == QuantFormat::kMxfp8) {
+    v.w = m.w + row0 * m.k;
+    v.scale = m.scale + row0 * (m.k / 32);
+  } else {  // NVFP4
+    v.w = m.w + row0 * m.k / 2;
+    v.scale = m.scale + row0 * (m.k / 16);
+  }
+  return v;
+}
+
+// Per-call device scratch from the caching allocator, returned at scope exit.
+class Scratch {
+ public:
+  explicit Scratch(cuda::CachingAllocator* a) : a_(a) {}
+  ~Scratch() {
+    for (void* p : ptrs_) a_->free(p);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  Result<T*> get(int64_t count) {
+    M3_ASSIGN_OR_RETURN(void* p, a_->allocate(std::max<int64_t>(count, 1) * sizeof(T)));
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  cuda::CachingAllocator* a_;
+  std::vector<void*> ptrs_;
+};
+
+// Sequences holding context memory; shared with the states so a state may outlive the draft.
+struct ContextCount {
+  int64_t live = 0;
+};
+
+// One sequence's draft context: the page bookkeeping (DSparkContextCache without storage) and,
+// from its first use, its own bf16 pages (every layer's K and V, pages_per_sequence pages each,
+// one allocation), which the block table's page ids index.
+struct CudaState final : DraftState {
+  std::unique_ptr<dspark::DSparkContextCache> pages;
+  std::shared_ptr<cuda::CachingAllocator> alloc;
+  std::shared_ptr<ContextCount> count;
+  void* mem = nullptr;
+  std::vector<cuda::KvCacheBf16View> kv;  // per layer
+  ~CudaState() override {
+    if (mem != nullptr) {
+      alloc->free(mem);
+      --count->live;
+    }
+  }
+  int64_t length() const override { return pages->length(); }
+};
+
+}  // namespace
+
+struct CudaDSparkDraft::Impl {
+  dspark::DSparkConfig cfg;
+  MiniMaxM3Config target_cfg;
+  DSparkCudaPlan plan;
+  CudaDSparkOptions opt;
+  CudaM3Model* target = nullptr;
+  const DevWeights* tw = nullptr;
+  cuda::DeviceArena arena;
+  std::shared_ptr<cuda::CachingAllocator> alloc;  // scratch, and the states' context pages
+  std::unique_ptr<cuda::PrefillGemm> gemm;
+  std::vector<DraftLayer> layers;
+  DevMatrix fc;
+  uint16_t *hidden_norm = nullptr, *final_norm = nullptr;
+  uint16_t *markov_w1 = nullptr, *markov_w2 = nullptr;
+  std::vector<float> target_final_norm;  // host float32 (the final_norm_last convention)
+  std::shared_ptr<ContextCount> contexts = std::make_shared<ContextCount>();
+
+  CUstream_st* st() const { return target->stream(); }
+  float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
+
+  // y [rows, m.n] float32 = x [rows, m.k] bf16 · m^T. MXFP8 / NVFP4 up to kDSparkGemvRows rows
+  // on the split-K GEMV (one pass over the weights for all rows); bf16 (fc, the lm_head) on it at
+  // one row only, since kBf16SplitK takes 4 rows per pass over the weights (the lm_head at 7 rows
+  // would read its 2.5 GB twice), and cuBLASLt reads them once, as the target's head does.
+  Status linear(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y, Scratch& sc) {
+    const bool gemv_fits = rows <= kDSparkGemvRows && m.groups == 1 &&
+                           m.layout == cuda::WeightLayout::kRowMajor &&
+                           (m.format == QuantFormat::kBf16 ? rows == 1 && m.k % 256 == 0
+                                                           : m.k % 32 == 0);
+    if (!gemv_fits) {
+      cuda::PrefillLinearParams p;
+      p.x = x;
+      p.ldx = m.k;
+      p.m = rows;
+      p.w = m.prefill();
+      p.y = y;
+      p.ldy = m.n;
+      p.out = cuda::PrefillOut::kF32;
+      return gemm->linear(p, st());
+    }
+    const int64_t slices = cuda::quant_gemv_num_slices(m.format, m.k);
+    M3_ASSIGN_OR_RETURN(float* partial, sc.get<float>(slices * rows * m.n));
+    cuda::QuantGemvParams p;
+    p.format = m.format;
+    p.x = x;
+    p.ldx = m.k;
+    p.w = m.w;
+    p.w_scale = m.format == QuantFormat::kBf16 ? nullptr : m.scale;
+    p.w_global = m.global;
+    p.num_rows = rows;
+    p.n = m.n;
+    p.k = m.k;
+    p.partial = partial;
+    p.kernel = m.format == QuantFormat::kBf16 ? cuda::GemvKernel::kBf16SplitK
+                                              : cuda::GemvKernel::kDequantSplitK;
+    M3_RETURN_IF_ERROR(cuda::launch_quant_gemv(p, st()));
+    cuda::GemvEpilogueParams e;
+    e.kind = cuda::GemvEpilogue::kStoreF32;
+    e.partial = partial;
+    e.num_slices = slices;
+    e.num_rows = rows;
+    e.n = m.n;
+    e.y = y;
+    e.ldy = m.n;
+    return cuda::launch_quant_gemv_epilogue(e, st());
+  }
+
+  // The state's context pages, allocated on its first use (resource_exhausted past
+  // max_sequences live contexts or when the device is full).
+  Status ensure_context(CudaState& s) {
+    if (s.mem != nullptr) return Status::ok();
+    if (opt.max_sequences > 0 && contexts->live >= opt.max_sequences)
+      return Status(StatusCode::kResourceExhausted,
+                    kWho + "draft contexts of " + std::to_string(opt.max_sequences) +
+                        " sequences are live (CudaDSparkOptions::max_sequences)");
+    const int64_t per = plan.pages_per_sequence * plan.page_size * plan.kv_rows;  // elements
+    auto mem = alloc->allocate(plan.layers * 2 * per * 2);
+    if (!mem.is_ok())
+      return Status(StatusCode::kResourceExhausted,
+                    kWho + "no device memory for a sequence's draft context (" +
+                        std::to_string(plan.kv_bytes_per_sequence) + " bytes): " +
+                        mem.status().message());
+    s.mem = mem.value();
+    s.alloc = alloc;
+    s.count = contexts;
+    ++contexts->live;
+    auto* base = static_cast<uint16_t*>(s.mem);
+    for (int64_t l = 0; l < plan.layers; ++l) {
+      cuda::KvCacheBf16View c;
+      c.k = base + (2 * l) * per;
+      c.v = base + (2 * l + 1) * per;
+      c.num_pages = plan.pages_per_sequence;
+      c.page_size = plan.page_size;
+      c.num_kv_heads = plan.kv_heads;
+      c.head_dim = plan.head_dim;
+      s.kv.push_back(c);
+    }
+    return Status::ok();
+  }
+
+  // The fused q/k norm + RoPE (+ cache write) of rope/attention_inputs.h with the draft's shapes.
+  cuda::AttentionInputsParams attention_inputs(const DraftLayer& L, const CudaState& s,
+                                               int64_t l) const {
+    cuda::AttentionInputsParams a;
+    a.num_slices = 1;
+    a.num_kv_heads = plan.kv_heads;
+    a.num_index_heads = 0;
+    a.head_dim = plan.head_dim;
+    a.q_norm = L.q_norm;
+    a.k_norm = L.k_norm;
+    a.rotary_dim = cfg.rot_dim();
+    a.rot_width = cfg.rot_dim();
+    a.eps = eps();
+    a.theta = cfg.theta();
+    a.cache = s.kv[static_cast<size_t>(l)];
+    return a;
+  }
+};
+
+CudaDSparkDraft::~CudaDSparkDraft() = default;
+
+Result<std::unique_ptr<CudaDSparkDraft>> CudaDSparkDraft::load(dspark::DSparkConfig cfg,
+                                                               CudaM3Model* target,
+                                                               const WeightSource* src,
+                                                               const std::string& where,
+                                                               const CudaDSparkOptions& o) {
+  if (target == nullptr) return invalid_argument(kWho + "no target model");
+  const MiniMaxM3Config& whole = o.resolve_against ? *o.resolve_against : target->config();
+  if (whole.hidden_size != target->config().hidden_size ||
+      whole.vocab_size != target->config().vocab_size)
+    return invalid_argument(kWho + "resolve_against differs from the target in hidden size or "
+                                   "vocabulary");
+  M3_RETURN_IF_ERROR(cfg.resolve_with_target(whole));
+  M3_ASSIGN_OR_RETURN(DSparkCudaPlan plan, plan_dspark_cuda(cfg, o.page_size));
+  if (o.max_sequences < 0)
+    return invalid_argument(kWho + "max_sequences must not be negative, got " +
+                            std::to_string(o.max_sequences));
+  if (!o.dummy_weights && src == nullptr) return invalid_argument(kWho + "no weight source");
+  M3_RETURN_IF_ERROR(cuda::set_current_device(target->device()));
+  std::unique_ptr<CudaDSparkDraft> d(new CudaDSparkDraft());
+  d->impl_ = std::make_unique<Impl>();
+  Impl& im = *d->impl_;
+  im.cfg = std::move(cfg);
+  im.target_cfg = target->config();
+  im.plan = plan;
+  im.opt = o;
+  im.target = target;
+  im.tw = &target->dev_weights();
+  im.alloc = std::make_shared<cuda::CachingAllocator>();
+  M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
+  const int64_t hd = plan.hidden, v = plan.vocab, r = plan.rank;
+
+  // Weights: the checkpoint's tensors, or dummy ones from a seed per tensor.
+  uint64_t tensor = 0;
+  auto seed = [&] { return o.dummy_seed + 0x9E3779B97F4A7C15ull * ++tensor; };
+  std::string prefix;
+  if (!o.dummy_weights) {
+    for (const std::string& p : dspark::dspark_prefixes()) {
+      if (src->has(p + "fc.weight")) {
+        prefix = p;
+        break;
+      }
+    }
+    if (!src->has(prefix + "fc.weight"))
+      return Status(StatusCode::kNotFound, kWho + where + ": no DSpark fc.weight under any prefix");
+  }
+  auto name_err = [&](const Status& s) {
+    return Status(s.code(), kWho + where + ": " + s.message());
+  };
+  auto matrix = [&](QuantFormat dummy_format, std::vector<std::pair<std::string, int64_t>> parts,
+                    int64_t k) -> Result<DevMatrix> {
+    if (o.dummy_weights) {
+      int64_t n = 0;
+      for (const auto& p : parts) n += p.second;
+      return make_dummy_dev_matrix(dummy_format, n, k, seed(), &im.arena);
+    }
+    for (auto& p : parts) p.first = prefix + p.first;
+    auto m = load_dev_matrix(*src, parts, k, &im.arena);
+    if (!m.is_ok()) return name_err(m.status());
+    return m;
+  };
+  auto vec = [&](const std::string& name, int64_t n) -> Result<uint16_t*> {
+    if (o.dummy_weights) return make_dummy_dev_vec_bf16(n, 0.01f, seed(), &im.arena);
+    auto p = load_dev_vec_bf16(*src, prefix + name, n, &im.arena);
+    if (!p.is_ok()) return name_err(p.status());
+    return p;
+  };
+  // The Markov tables are read as bf16 by the correction kernel whatever their storage.
+  auto table = [&](const std::string& name) -> Result<uint16_t*> {
+    M3_ASSIGN_OR_RETURN(DevMatrix m, matrix(QuantFormat::kBf16, {{name, v}}, r));
+    if (m.format != QuantFormat::kBf16)
+      return Status(StatusCode::kUnimplemented,
+                    kWho + where + ": tensor '" + prefix + name + "' is quantised; the Markov "
+                    "head is read as bf16");
+    return reinterpret_cast<uint16_t*>(m.w);
+  };
+  M3_ASSIGN_OR_RETURN(im.fc, matrix(QuantFormat::kBf16, {{"fc.weight", hd}}, plan.feature_width));
+  M3_ASSIGN_OR_RETURN(im.hidden_norm, vec("hidden_norm.weight", hd));
+  M3_ASSIGN_OR_RETURN(im.final_norm, vec("final_norm.weight", hd));
+  M3_ASSIGN_OR_RETURN(im.markov_w1, table("markov_head.markov_w1.weight"));
+  M3_ASSIGN_OR_RETURN(im.markov_w2, table("markov_head.markov_w2.weight"));
+  for (int64_t l = 0; l < plan.layers; ++l) {
+    const std::string lp = "layers." + std::to_string(l) + ".decoder_layer.";
+    const std::string a = lp + "self_attn.", m = lp + "mlp.";
+    DraftLayer L;
+    M3_ASSIGN_OR_RETURN(L.in_norm, vec(lp + "input_layernorm.weight", hd));
+    M3_ASSIGN_OR_RETURN(L.post_norm, vec(lp + "post_attention_layernorm.weight", hd));
+    M3_ASSIGN_OR_RETURN(L.q_norm, vec(a + "q_norm.weight", plan.head_dim));
+    M3_ASSIGN_OR_RETURN(L.k_norm, vec(a + "k_norm.weight", plan.head_dim));
+    M3_ASSIGN_OR_RETURN(L.qkv, matrix(QuantFormat::kMxfp8,
+                                      {{a + "q_proj.weight", plan.q_rows},
+                                       {a + "k_proj.weight", plan.kv_rows},
+                                       {a + "v_proj.weight", plan.kv_rows}},
+                                      hd));
+    L.kv = row_view(L.qkv, plan.q_rows, 2 * plan.kv_rows);
+    M3_ASSIGN_OR_RETURN(L.o, matrix(QuantFormat::kMxfp8, {{a + "o_proj.weight", hd}}, plan.q_rows));
+    M3_ASSIGN_OR_RETURN(L.gu, matrix(QuantFormat::kMxfp8,
+                                     {{m + "gate_proj.weight", plan.inter},
+                                      {m + "up_proj.weight", plan.inter}},
+                                     hd));
+    M3_ASSIGN_OR_RETURN(L.down, matrix(QuantFormat::kMxfp8, {{m + "down_proj.weight", hd}},
+                                       plan.inter));
+    im.layers.push_back(L);
+  }
+  // The weights were written on the legacy default stream, which the target's stream does not
+  // wait for.
+  M3_RETURN_IF_ERROR(cuda::synchronize_device());
+  // The target's final norm on the host, for the final_norm_last convention.
+  std::vector<uint16_t> fn(static_cast<size_t>(hd));
+  M3_RETURN_IF_ERROR(cuda::copy_to_host_async(fn.data(), im.tw->final_norm, fn.size() * 2, im.st()));
+  M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
+  im.target_final_norm.resize(fn.size());
+  for (size_t i = 0; i < fn.size(); ++i) im.target_final_norm[i] = bf16_to_f32(fn[i]);
+  return d;
+}
+
+int32_t CudaDSparkDraft::block_size() const { return static_cast<int32_t>(impl_->plan.block); }
+std::vector<int32_t> CudaDSparkDraft::capture_layers() const {
+  return dspark::capture_layers_for(impl_->cfg);
+}
+const dspark::DSparkConfig& CudaDSparkDraft::config() const { return impl_->cfg; }
+const DSparkCudaPlan& CudaDSparkDraft::plan() const { return impl_->plan; }
+int64_t CudaDSparkDraft::weight_bytes() const { return impl_->arena.bytes(); }
+
+std::unique_ptr<DraftState> CudaDSparkDraft::new_state() {
+  auto s = std::make_unique<CudaState>();
+  s->pages = std::make_unique<dspark::DSparkContextCache>(nullptr, impl_->cfg, impl_->plan.page_size);
+  return s;
+}
+
+Status CudaDSparkDraft::truncate(DraftState& state, int64_t new_length) {
+  return static_cast<CudaState&>(state).pages->truncate(new_length);
+}
+
+Status CudaDSparkDraft::append_context(DraftState& state, std::span<const float> captured,
+                                       int64_t n) {
+  Impl& im = *impl_;
+  M3_ASSIGN_OR_RETURN(std::vector<float> features,
+                      dspark::build_context_features(captured, n, im.cfg, im.target_cfg,
+                                                     im.cfg.capture, im.target_final_norm));
+  return append_features(state, features, n);
+}
+
+Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float> features,
+                                        int64_t n) {
+  Impl& im = *impl_;
+  auto& s = static_cast<CudaState&>(state);
+  const DSparkCudaPlan& P = im.plan;
+  const int64_t width = P.feature_width;
+  if (n < 0 || static_cast<int64_t>(features.size()) != n * width)
+    return invalid_argument(kWho + "append_context: " + std::to_string(features.size()) +
+                            " feature values for " + std::to_string(n) + " tokens of width " +
+                            std::to_string(width));
+  dspark::DSparkContextCache& pages = *s.pages;
+  const int64_t start = pages.length(), end = start + n;
+  if (end > int64_t{INT32_MAX} - P.block)
+    return invalid_argument(kWho + "append_context: position " + std::to_string(end) +
+                            " is out of range");
+  M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
+  M3_RETURN_IF_ERROR(im.ensure_context(s));
+  M3_RETURN_IF_ERROR(pages.prepare_append(end));
+  // Positions the window of no later query can reach are neither computed nor stored.
+  const int64_t first = std::max(start, pages.first_needed_position(end));
+  const int64_t m = end - first;
+  if (m > 0) {
+    Scratch sc(im.alloc.get());
+    const std::vector<int32_t>& table = s.pages->block_table();
+    const int64_t nb = static_cast<int64_t>(table.size());
+    std::vector<int32_t> pos(static_cast<size_t>(m)), tables(static_cast<size_t>(m * nb));
+    for (int64_t i = 0; i < m; ++i) {
+      pos[static_cast<size_t>(i)] = static_cast<int32_t>(first + i);
+      std::copy(table.begin(), table.end(), tables.begin() + i * nb);
+    }
+    M3_ASSIGN_OR_RETURN(float* feat, sc.get<float>(m * width));
+    M3_ASSIGN_OR_RETURN(uint16_t* feat16, sc.get<uint16_t>(m * width));
+    M3_ASSIGN_OR_RETURN(float* ctx, sc.get<float>(m * P.hidden));
+    M3_ASSIGN_OR_RETURN(uint16_t* ctx16, sc.get<uint16_t>(m * P.hidden));
+    M3_ASSIGN_OR_RETURN(float* kvp, sc.get<float>(m * 2 * P.kv_rows));
+    M3_ASSIGN_OR_RETURN(uint16_t* unused_q, sc.get<uint16_t>(m * P.head_dim));
+    M3_ASSIGN_OR_RETURN(int32_t* pos_d, sc.get<int32_t>(m));
+    M3_ASSIGN_OR_RETURN(int32_t* tables_d, sc.get<int32_t>(m * nb));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(
+        feat, features.data() + (first - start) * width, static_cast<size_t>(m * width) * 4, im.st()));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(pos_d, pos.data(), pos.size() * 4, im.st()));
+    M3_RETURN_IF_ERROR(
+        cuda::copy_to_device_async(tables_d, tables.data(), tables.size() * 4, im.st()));
+    // c = hidden_norm(fc(features)), one c per position for every layer.
+    M3_RETURN_IF_ERROR(cuda::launch_f32_to_bf16(feat, feat16, m * width, im.st()));
+    M3_RETURN_IF_ERROR(im.linear(im.fc, feat16, m, ctx, sc));
+    cuda::AddRmsNormParams np;
+    np.residual = ctx;
+    np.weight = im.hidden_norm;
+    np.out = ctx16;
+    np.t = m;
+    np.hidden = P.hidden;
+    np.eps = im.eps();
+    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(np, im.st()));
+    for (int64_t l = 0; l < P.layers; ++l) {
+      const DraftLayer& L = im.layers[static_cast<size_t>(l)];
+      // No input norm on c (the trainers' context projection): K|V = c · [W_k; W_v]^T.
+      M3_RETURN_IF_ERROR(im.linear(L.kv, ctx16, m, kvp, sc));
+      cuda::AttentionInputsParams a = im.attention_inputs(L, s, l);
+      a.partial = kvp;
+      a.ld = 2 * P.kv_rows;
+      a.t = m;
+      a.positions = pos_d;
+      // The kernel wants a query segment: the first K head, normed with k_norm, into scratch.
+      a.off_q = 0;
+      a.num_q_heads = 1;
+      a.q_norm = L.k_norm;
+      a.q_out = unused_q;
+      a.off_k = 0;
+      a.off_v = P.kv_rows;
+      a.block_tables = tables_d;
+      a.max_blocks = nb;
+      M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, im.st()));
+    }
+    M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
+  }
+  pages.set_length(end);
+  return Status::ok();
+}
+
+Status CudaDSparkDraft::propose(DraftState& state, int32_t anchor, const DraftTokenPicker& pick,
+                                std::vector<int32_t>* tokens) {
+  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, pick, false));
+  *tokens = std::move(p.tokens);
+  return Status::ok();
+}
+
+Result<CudaDSparkProposal> CudaDSparkDraft::propose_detail(DraftState& state, int32_t anchor,
+                                                           const DraftTokenPicker& pick) {
+  return run_propose(state, anchor, pick, true);
+}
+
+Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32_t anchor,
+                                                        const DraftTokenPicker& pick,
+                                                        bool base_logits) {
+  Impl& im = *impl_;
+  auto& s = static_cast<CudaState&>(state);
+  const DSparkCudaPlan& P = im.plan;
+  const int64_t b = P.block, hd = P.hidden, vocab = P.vocab;
+  if (anchor < 0 || anchor >= vocab)
+    return invalid_argument(kWho + "anchor token " + std::to_string(anchor) +
+                            " outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  const int64_t p = s.pages->length();
+  M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
+  M3_RETURN_IF_ERROR(im.ensure_context(s));  // an empty context still needs its views
+  Scratch sc(im.alloc.get());
+  std::vector<int32_t> ids(static_cast<size_t>(b), static_cast<int32_t>(im.cfg.noise_token_id));
+  ids[0] = anchor;
+  std::vector<int32_t> pos(static_cast<size_t>(b));
+  for (int64_t k = 0; k < b; ++k) pos[static_cast<size_t>(k)] = static_cast<int32_t>(p + k);
+  const std::vector<int32_t>& table = s.pages->block_table();
+  const int64_t nb = static_cast<int64_t>(table.size());
+  M3_ASSIGN_OR_RETURN(int32_t* ids_d, sc.get<int32_t>(b));
+  M3_ASSIGN_OR_RETURN(int32_t* pos_d, sc.get<int32_t>(b));
+  M3_ASSIGN_OR_RETURN(int32_t* table_d, sc.get<int32_t>(nb));
+  M3_ASSIGN_OR_RETURN(float* x, sc.get<float>(b * hd));
+  M3_ASSIGN_OR_RETURN(float* delta, sc.get<float>(b * hd));
+  M3_ASSIGN_OR_RETURN(uint16_t* h, sc.get<uint16_t>(b * hd));
+  M3_ASSIGN_OR_RETURN(float* qkv, sc.get<float>(b * P.qkv_rows));
+  M3_ASSIGN_OR_RETURN(uint16_t* q16, sc.get<uint16_t>(b * P.q_rows));
+  M3_ASSIGN_OR_RETURN(uint16_t* k16, sc.get<uint16_t>(b * P.kv_rows));
+  M3_ASSIGN_OR_RETURN(uint16_t* attn, sc.get<uint16_t>(b * P.q_rows));
+  M3_ASSIGN_OR_RETURN(float* gate_up, sc.get<float>(b * 2 * P.inter));
+  M3_ASSIGN_OR_RETURN(uint16_t* act, sc.get<uint16_t>(b * P.inter));
+  M3_ASSIGN_OR_RETURN(float* logits, sc.get<float>(b * vocab));
+  M3_RETURN_IF_ERROR(cuda::copy_to_device_async(ids_d, ids.data(), ids.size() * 4, im.st()));
+  M3_RETURN_IF_ERROR(cuda::copy_to_device_async(pos_d, pos.data(), pos.size() * 4, im.st()));
+  if (nb > 0) {
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(table_d, table.data(), table.size() * 4, im.st()));
+  }
+
+  auto norm = [&](const float* d, const uint16_t* w) {
+    cuda::AddRmsNormParams np;
+    np.residual = x;
+    np.delta = d;
+    np.weight = w;
+    np.out = h;
+    np.t = b;
+    np.hidden = hd;
+    np.eps = im.eps();
+    return cuda::launch_add_rms_norm(np, im.st());
+  };
+  // Slot 0: the anchor, slots 1..B-1: the noise token, from the target's table.
+  M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({im.tw->embed, ids_d, x, b, vocab, hd}, im.st()));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(P.head_dim));
+  for (int64_t l = 0; l < P.layers; ++l) {
+    const DraftLayer& L = im.layers[static_cast<size_t>(l)];
+    M3_RETURN_IF_ERROR(norm(l == 0 ? nullptr : delta, L.in_norm));
+    M3_RETURN_IF_ERROR(im.linear(L.qkv, h, b, qkv, sc));
+    cuda::AttentionInputsParams a = im.attention_inputs(L, s, l);
+    a.partial = qkv;
+    a.ld = P.qkv_rows;
+    a.t = b;
+    a.positions = pos_d;
+    a.off_q = 0;
+    a.off_k = P.q_rows;
+    a.off_v = P.q_rows + P.kv_rows;
+    a.num_q_heads = P.heads;
+    a.q_out = q16;
+    a.k_out = k16;
+    a.max_blocks = 0;  // the block's K/V are transient: no cache write
+    M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, im.st()));
+    cuda::DSparkBlockAttentionParams ap;
+    ap.q_bf16 = q16;
+    ap.block_k_bf16 = k16;
+    ap.block_v = qkv + P.q_rows + P.kv_rows;
+    ap.ld_block_v = P.qkv_rows;
+    ap.cache_k_bf16 = s.kv[static_cast<size_t>(l)].k;
+    ap.cache_v_bf16 = s.kv[static_cast<size_t>(l)].v;
+    ap.out_bf16 = attn;
+    ap.block_table = nb > 0 ? table_d : nullptr;
+    ap.num_blocks = nb;
+    ap.num_pages = P.pages_per_sequence;
+    ap.page_size = P.page_size;
+    ap.anchor_pos = p;
+    ap.block = b;
+    ap.num_heads = P.heads;
+    ap.num_kv_heads = P.kv_heads;
+    ap.head_dim = P.head_dim;
+    ap.window = P.window;
+    ap.scale = scale;
+    M3_RETURN_IF_ERROR(cuda::launch_dspark_block_attention(ap, im.st()));
+    M3_RETURN_IF_ERROR(im.linear(L.o, attn, b, delta, sc));
+    M3_RETURN_IF_ERROR(norm(delta, L.post_norm));
+    M3_RETURN_IF_ERROR(im.linear(L.gu, h, b, gate_up, sc));
+    M3_RETURN_IF_ERROR(cuda::launch_swiglu_oai_bf16(gate_up, b, P.inter,
+                                                    static_cast<float>(im.cfg.swiglu_alpha),
+                                                    static_cast<float>(im.cfg.swiglu_limit), act,
+                                                    im.st()));
+    M3_RETURN_IF_ERROR(im.linear(L.down, act, b, delta, sc));
+  }
+  M3_RETURN_IF_ERROR(norm(P.layers > 0 ? delta : nullptr, im.final_norm));
+  M3_RETURN_IF_ERROR(im.linear(im.tw->lm_head, h, b, logits, sc));
+
+  CudaDSparkProposal out;
+  if (base_logits) {
+    out.base_logits.resize(static_cast<size_t>(b * vocab));
+    M3_RETURN_IF_ERROR(cuda::copy_to_host_async(out.base_logits.data(), logits,
+                                                out.base_logits.size() * 4, im.st()));
+  }
+  // Sequential Markov correction: slot k's bias is markov_w2 · markov_w1[prev], prev the anchor
+  // for slot 0 and the previous slot's draft after it; each slot's row goes to the picker.
+  out.logits.resize(static_cast<size_t>(b * vocab));
+  int32_t prev = anchor;
+  for (int64_t k = 0; k < b; ++k) {
+    float* row = logits + k * vocab;
+    cuda::DSparkMarkovParams mp;
+    mp.logits = row;
+    mp.w1 = im.markov_w1;
+    mp.w2 = im.markov_w2;
+    mp.prev = prev;
+    mp.vocab = vocab;
+    mp.rank = P.rank;
+    M3_RETURN_IF_ERROR(cuda::launch_dspark_markov(mp, im.st()));
+    float* host_row = out.logits.data() + k * vocab;
+    M3_RETURN_IF_ERROR(
+        cuda::copy_to_host_async(host_row, row, static_cast<size_t>(vocab) * 4, im.st()));
+    M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
+    const int32_t tok = pick(std::span<const float>(host_row, static_cast<size_t>(vocab)), k);
+    if (tok < 0 || tok >= vocab)
+      return invalid_argument(kWho + "the picker returned token " + std::to_string(tok) +
+                              " for slot " + std::to_string(k) + ", outside the vocabulary");
+    out.tokens.push_back(tok);
+    prev = tok;
+  }
+  return out;
+}
+
+}  // namespace m3::minimax_m3
