@@ -84,6 +84,98 @@ Result<KvCacheDtype> resolve_kv_cache_dtype(const ServeConfig& f) {
   return d;
 }
 
+namespace {
+
+std::string fmt_ratio(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", r);
+  return buf;
+}
+
+// The HiCache flags into options; every flag of the family without --enable-hierarchical-cache,
+// and every layout the tiers cannot serve yet, is refused by name.
+Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
+  if (!f.enable_hierarchical_cache) {
+    const char* stray = f.hicache_size_gb > 0           ? "--hicache-size"
+                        : f.hicache_ratio_set           ? "--hicache-ratio"
+                        : f.hicache_write_policy_set    ? "--hicache-write-policy"
+                        : !f.hicache_storage_backend.empty() ? "--hicache-storage-backend"
+                        : !f.hicache_storage_dir.empty()     ? "--hicache-storage-dir"
+                                                             : nullptr;
+    if (stray) return invalid_argument(std::string(stray) + " needs --enable-hierarchical-cache");
+    return Status::ok();
+  }
+  auto unsupported = [](const std::string& what, const std::string& why) {
+    return Status(StatusCode::kUnimplemented,
+                  "--enable-hierarchical-cache with " + what + " is not supported yet: " + why);
+  };
+  if (f.device == "cuda") {
+    return unsupported("--device cuda",
+                       "the CUDA runner has no KV page copier (pinned host memory and a copy "
+                       "stream); the host and disk tiers run on --device cpu");
+  }
+  if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1) {
+    return unsupported("--tp/--ep/--dp/--nnodes",
+                       "every rank's KV pool would need its own host tier, filled in lock step");
+  }
+  if (!f.speculative_algorithm.empty()) {
+    return unsupported("--speculative-algorithm " + f.speculative_algorithm,
+                       "the draft's target features kept per KV page do not follow pages into "
+                       "the host and disk tiers yet");
+  }
+  if (f.kv_cache_dtype != "auto") {
+    return unsupported("--kv-cache-dtype " + f.kv_cache_dtype,
+                       "the tiers copy the float32 KV pages of the CPU reference; bf16 and "
+                       "quantised pages (with their per-page scales) are not copied yet");
+  }
+  if (!f.hicache_storage_backend.empty() && f.hicache_storage_dir.empty()) {
+    return invalid_argument("--hicache-storage-backend file needs --hicache-storage-dir DIR");
+  }
+  if (f.hicache_storage_backend.empty() && !f.hicache_storage_dir.empty()) {
+    return invalid_argument("--hicache-storage-dir needs --hicache-storage-backend file");
+  }
+  if (f.hicache_size_gb <= 0 && f.hicache_ratio <= 0) {
+    return invalid_argument("--hicache-ratio 0 without --hicache-size leaves the host tier empty");
+  }
+  o->hicache = true;
+  o->hicache_host_bytes = static_cast<int64_t>(f.hicache_size_gb * 1e9);
+  o->hicache_ratio = f.hicache_ratio;
+  M3_ASSIGN_OR_RETURN(o->hicache_policy, parse_hicache_write_policy(f.hicache_write_policy));
+  o->hicache_disk_dir = f.hicache_storage_dir;
+  return Status::ok();
+}
+
+// What a disk-tier page must have been computed by to be reused: the model directory, its
+// config and weight files (size and modification time), the KV layout and page shape. Another
+// model, a changed checkpoint or another KV format gives another key chain.
+std::string kv_identity(const std::string& model_path, bool dummy_weights,
+                        const MiniMaxM3Config& cfg, int32_t page_size, int64_t page_bytes) {
+  std::string id = "m3serve-kv-1|float32|page_size=" + std::to_string(page_size) +
+                   "|page_bytes=" + std::to_string(page_bytes) + "|layers=" +
+                   std::to_string(cfg.num_hidden_layers) + "|kv_heads=" +
+                   std::to_string(cfg.num_key_value_heads) + "|head_dim=" +
+                   std::to_string(cfg.head_dim) + "|vocab=" + std::to_string(cfg.vocab_size) +
+                   (dummy_weights ? "|dummy" : "");
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(model_path, ec);
+  id += "|dir=" + (ec ? model_path : dir.string());
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(model_path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".index.json")) {
+      std::error_code fe;
+      const auto size = fs::file_size(e.path(), fe);
+      const auto mtime = fs::last_write_time(e.path(), fe).time_since_epoch().count();
+      files.push_back(name + ":" + std::to_string(size) + ":" + std::to_string(mtime));
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files) id += "|" + f;
+  return id;
+}
+
+}  // namespace
+
 Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   EngineStackOptions o;
   // Features that are not built yet are refused, naming the flag, rather than ignored.
@@ -104,7 +196,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
       return not_yet(spec + " with --dp/--enable-dp-attention/--nnodes",
                      "speculative decoding over attention data-parallel groups or nodes");
     if (f.device == "cuda" && (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel))
-      return not_yet(spec + " with --device cuda and --tp/--ep", "a GPU draft beside GPU ranks");
+      return not_yet(spec + " with --tp/--ep on --device cuda", "a GPU draft beside GPU ranks");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
     o.draft_dummy_weights = f.speculative_draft_load_format == "dummy";
@@ -119,10 +211,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
         "benchmarks with --load-format dummy only");
   }
   M3_ASSIGN_OR_RETURN(o.kv_cache_dtype, resolve_kv_cache_dtype(f));
-  if (f.enable_hierarchical_cache || f.hicache_size_gb > 0) {
-    return not_yet(f.enable_hierarchical_cache ? "--enable-hierarchical-cache" : "--hicache-size",
-                   "the host-memory KV tier");
-  }
+  M3_RETURN_IF_ERROR(hicache_options(f, &o));
   o.nodes.nnodes = f.nnodes;
   o.nodes.node_rank = f.node_rank;
   o.nodes.dist_init_addr = f.dist_init_addr;
@@ -586,8 +675,53 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       report(who.empty() ? why : Status(why.code(), who + ": " + why.message()));
     };
   }
+  HiCacheOptions hicache;
+  if (options.hicache) {
+    KvPageCopier* copier = runner->kv_page_copier();
+    if (copier == nullptr) {
+      return Status(StatusCode::kUnimplemented,
+                    "--enable-hierarchical-cache: this model runner (the CUDA path, or ranks) "
+                    "cannot copy KV pages to host memory yet; the tiers run on --device cpu at "
+                    "--tp 1");
+    }
+    const int64_t page_bytes = copier->page_bytes();
+    const int64_t host_pages =
+        options.hicache_host_bytes > 0
+            ? options.hicache_host_bytes / page_bytes
+            : static_cast<int64_t>(static_cast<double>(plan.pages) * options.hicache_ratio);
+    if (host_pages < 1 || host_pages > INT32_MAX) {
+      return invalid_argument(
+          (options.hicache_host_bytes > 0 ? "--hicache-size" : "--hicache-ratio") +
+          std::string(": the host tier would hold ") + std::to_string(host_pages) +
+          " KV pages of " + format_bytes(page_bytes) + "; it needs at least one");
+    }
+    // The arena is reserved up front but touched page by page: refuse at startup what the
+    // machine cannot hold (after the weights and the KV pool are resident) rather than let the
+    // kernel kill the server once the tier fills.
+    if (auto avail = available_host_memory(); avail.is_ok() && host_pages * page_bytes > *avail) {
+      return Status(StatusCode::kResourceExhausted,
+                    (options.hicache_host_bytes > 0 ? "--hicache-size" : "--hicache-ratio") +
+                        std::string(": a host tier of ") + format_bytes(host_pages * page_bytes) +
+                        " exceeds the " + format_bytes(*avail) + " of memory available");
+    }
+    hicache.host_pages = static_cast<int32_t>(host_pages);
+    hicache.policy = options.hicache_policy;
+    hicache.disk_dir = options.hicache_disk_dir;
+    hicache.model_identity =
+        kv_identity(model_path, options.dummy_weights, loaded.config, page_size, page_bytes);
+    report.push_back(
+        "HiCache: host tier " + std::to_string(host_pages) + " pages of " +
+        std::to_string(page_size) + " tokens = " + std::to_string(host_pages * page_size) +
+        " tokens (" + format_bytes(host_pages * page_bytes) + ", " +
+        (options.hicache_host_bytes > 0 ? "--hicache-size"
+                                        : "--hicache-ratio " + fmt_ratio(options.hicache_ratio)) +
+        "), " + hicache_write_policy_name(options.hicache_policy) +
+        (options.hicache_disk_dir.empty() ? "; no disk tier"
+                                          : "; disk tier in " + options.hicache_disk_dir));
+  }
   LoadedEngine out;
   M3_ASSIGN_OR_RETURN(out.engine, Engine::create(std::move(cfg), std::move(runner)));
+  if (options.hicache) M3_RETURN_IF_ERROR(out.engine->enable_hicache(hicache));
   if (draft) {
     SpeculativeOptions so = options.speculative_options;
     if (so.num_draft_tokens == 0) so.num_draft_tokens = draft->block_size() + 1;

@@ -103,6 +103,14 @@ struct EngineStackOptions {
   // directory's config.json, else the default for the target) next to real target weights.
   bool draft_dummy_weights = false;
   SpeculativeOptions speculative_options;
+  // --enable-hierarchical-cache (docs/kv-cache.md; the float32 CPU path at --tp 1): the host
+  // tier holds hicache_host_bytes (--hicache-size, > 0) or hicache_ratio x the device pool's
+  // pages; hicache_disk_dir non-empty adds the disk tier.
+  bool hicache = false;
+  int64_t hicache_host_bytes = 0;
+  double hicache_ratio = 2.0;
+  HiCacheWritePolicy hicache_policy = HiCacheWritePolicy::kWriteThrough;
+  std::string hicache_disk_dir;
 };
 
 // The world and the expert-parallel size the flags ask for, with SGLang's meaning: the expert-

@@ -45,8 +45,16 @@ struct ServeConfig {
   int32_t speculative_num_draft_tokens = 0;
   bool speculative_block_verification = false;
   int32_t speculative_simulate_accept_length = 0;
+  // HiCache (docs/kv-cache.md): the host tier's size in GB (0: --hicache-ratio times the device
+  // pool), its write policy, and the optional disk tier (backend "file" with a directory).
   bool enable_hierarchical_cache = false;
   double hicache_size_gb = 0;
+  double hicache_ratio = 2.0;
+  bool hicache_ratio_set = false;
+  std::string hicache_write_policy = "write_through";
+  bool hicache_write_policy_set = false;
+  std::string hicache_storage_backend;
+  std::string hicache_storage_dir;
   std::string device = "auto";
   server::FakeServeOptions fake;  // --fake-backend and its flags (tests, demos)
   // Accepted flags that change nothing here, each with why: printed at startup.

@@ -307,14 +307,42 @@ const std::vector<Flag>& flags() {
          }
          return note(f, "--block-size", v, "KV pages are the model's sparse-attention blocks");
        }},
-      {"--enable-hierarchical-cache", false, G::kMemory, "host-memory KV tier (not built yet)", "",
+      {"--enable-hierarchical-cache", false, G::kMemory,
+       "host-memory (and disk) KV tier behind the prefix cache (CPU device, --tp 1)", "",
        [](ServeConfig& f, const std::string&) {
          f.enable_hierarchical_cache = true;
          return Status::ok();
        }},
-      {"--hicache-size", true, G::kMemory, "host KV tier size in GB (not built yet)", "64",
+      {"--hicache-size", true, G::kMemory,
+       "host KV tier size in GB (overrides --hicache-ratio; default 0 = use the ratio)", "64",
        [](ServeConfig& f, const std::string& v) {
          return set_double(f.hicache_size_gb, "--hicache-size", v, 0.0, 1e6);
+       }},
+      {"--hicache-ratio", true, G::kMemory,
+       "host KV tier pages = device KV pages x this (default 2.0)", "2",
+       [](ServeConfig& f, const std::string& v) {
+         f.hicache_ratio_set = true;
+         return set_double(f.hicache_ratio, "--hicache-ratio", v, 0.0, 1e6);
+       }},
+      {"--hicache-write-policy", true, G::kMemory,
+       "write_through (copy to host when cached, default) or write_back (copy on eviction)",
+       "write_back",
+       [](ServeConfig& f, const std::string& v) {
+         f.hicache_write_policy_set = true;
+         return set_choice(f.hicache_write_policy, "--hicache-write-policy", v,
+                           {"write_through", "write_back"});
+       }},
+      {"--hicache-storage-backend", true, G::kMemory,
+       "file: a disk KV tier below the host tier (needs --hicache-storage-dir)", "file",
+       [](ServeConfig& f, const std::string& v) {
+         return set_choice(f.hicache_storage_backend, "--hicache-storage-backend", v, {"file"});
+       }},
+      {"--hicache-storage-dir", true, G::kMemory,
+       "directory of the file storage backend's KV pages (kept across restarts)", "/var/cache/kv",
+       [](ServeConfig& f, const std::string& v) {
+         if (v.empty()) return invalid_argument("--hicache-storage-dir: empty directory");
+         f.hicache_storage_dir = v;
+         return Status::ok();
        }},
       // ---- scheduling
       {"--chunked-prefill-size", true, G::kScheduling, "prefill tokens per step (default 8192)",

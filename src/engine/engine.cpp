@@ -102,6 +102,25 @@ Engine::~Engine() {
   for (RequestId id : ids) cancel_request(id, FinishReason::kCancelled, Status::ok());
 }
 
+Status Engine::enable_hicache(const HiCacheOptions& options) {
+  if (started_) return internal_error("[engine] enable_hicache after start()");
+  KvPageCopier* copier = runner_->kv_page_copier();
+  if (copier == nullptr) {
+    return invalid_argument("--enable-hierarchical-cache: this model runner cannot copy KV pages "
+                            "to host memory");
+  }
+  if (runner_->dp_groups() > 1) {
+    return invalid_argument("--enable-hierarchical-cache is not supported with attention data "
+                            "parallelism (--enable-dp-attention)");
+  }
+  HiCacheOptions o = options;
+  o.page_size = config_.scheduler.page_size;
+  M3_ASSIGN_OR_RETURN(std::unique_ptr<HiCache> hicache, make_hicache(copier, o));
+  M3_RETURN_IF_ERROR(sched_->enable_hicache(std::move(hicache)));
+  publish_stats();
+  return Status::ok();
+}
+
 void Engine::start() {
   if (started_) return;
   started_ = true;
@@ -447,7 +466,10 @@ bool Engine::run_step() {
       capture = capture || (owner != seq_owner_.end() && owner->second.first->speculative);
     }
     if (capture) step.capture_layers = draft_capture_layers_;
-    st = runner_->forward(step, model_out);
+    // Pages loaded back from the host or disk tier at admission must be complete before the
+    // forward reads them, and pages saved on eviction before their ids are written again.
+    if (const HiCache* hc = sched_->hicache()) st = hc->copier->wait();
+    if (st.is_ok()) st = runner_->forward(step, model_out);
     if (st.is_ok()) st = gather_step_logits(plan, step, model_out, vocab_size_, out);
     // Before the prompt logits are read: a row the runner sampled without being offered it has
     // no logits.
@@ -748,6 +770,17 @@ void Engine::publish_stats() {
   s.spec_accept_length_counts = spec_accept_length_counts_;
   s.spec_draft_tokens_total = spec_draft_tokens_total_;
   s.spec_accepted_tokens_total = spec_accepted_tokens_total_;
+  if (const HiCache* hc = sched_->hicache()) {
+    s.hicache_enabled = true;
+    s.hicache_host_pages_used = hc->host->num_used();
+    s.hicache_host_pages_total = hc->host->num_pages();
+    s.hicache_host_hit_tokens_total = hc->counters.host_hit_tokens;
+    s.hicache_disk_hit_tokens_total = hc->counters.disk_hit_tokens;
+    s.hicache_load_seconds_bounds = hicache_load_seconds_bounds();
+    s.hicache_load_seconds_counts = hc->counters.load_seconds_counts;
+    s.hicache_load_seconds_sum = hc->counters.load_seconds_sum;
+    s.hicache_loads_total = hc->counters.num_loads;
+  }
   {
     std::lock_guard<std::mutex> lock(inbox_->mu);
     inbox_->num_waiting_published = s.num_requests_waiting;

@@ -106,6 +106,18 @@ struct EngineStats {
   // Per attention data-parallel group, in group order, when the runner has more than one group;
   // empty otherwise.
   std::vector<DpGroupStats> dp_groups;
+  // HiCache (Engine::enable_hicache); all zero / empty without.
+  bool hicache_enabled = false;
+  int32_t hicache_host_pages_used = 0;
+  int32_t hicache_host_pages_total = 0;
+  uint64_t hicache_host_hit_tokens_total = 0;  // tokens loaded back from the host tier
+  uint64_t hicache_disk_hit_tokens_total = 0;  // tokens loaded back from the disk tier
+  // Load-back durations: bucket upper bounds (seconds), per-bucket counts (not cumulative, one
+  // more for +Inf), sum and count.
+  std::vector<double> hicache_load_seconds_bounds;
+  std::vector<uint64_t> hicache_load_seconds_counts;
+  double hicache_load_seconds_sum = 0;
+  uint64_t hicache_loads_total = 0;
 };
 
 class Engine {
@@ -126,6 +138,14 @@ class Engine {
   // Tests: the per-page draft features behind prefix-cache hits of speculative requests (null
   // without a draft or without a prefix cache).
   const DraftFeatureStore* draft_feature_store() const { return draft_features_.get(); }
+
+  // Turns on the host (and disk) tiers behind the prefix cache (--enable-hierarchical-cache;
+  // kv/hicache.h), before start() and before any request. Fails (invalid argument) when the
+  // runner cannot copy KV pages (ModelRunner::kv_page_copier() is null), with attention data
+  // parallelism or without the prefix cache, and when the host memory or the disk directory
+  // cannot be had.
+  Status enable_hicache(const HiCacheOptions& options);
+  bool hicache_enabled() const { return sched_->hicache() != nullptr; }
 
   // Starts the engine thread. Without it, call step() yourself (tests).
   void start();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kv/kv_page_copier.h"
 #include "sample/device_sampling.h"
 
 namespace m3 {
@@ -106,6 +107,11 @@ class ModelRunner {
   // cause; the engine then fails every request and stops (Engine::failure()). The engine asks
   // after a failed step only.
   virtual Status health() const { return Status::ok(); }
+
+  // Copies whole KV pages between the runner's pool and host memory for the host and disk tiers
+  // of the prefix cache (--enable-hierarchical-cache; kv/kv_page_copier.h). Null: the runner
+  // cannot, and the engine refuses the hierarchical cache. Owned by the runner.
+  virtual KvPageCopier* kv_page_copier() { return nullptr; }
 
   // The sequence with `block_table` keeps positions [0, new_length); the KV (and indexer keys) of
   // later positions are stale from now on. A paged cache that reads only positions below a

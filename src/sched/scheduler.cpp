@@ -86,6 +86,22 @@ void Scheduler::flush_prefix_cache() {
   for (Group& g : groups_) g.index->evict_all();
 }
 
+Status Scheduler::enable_hicache(std::unique_ptr<HiCache> hicache) {
+  if (num_dp_groups() != 1) {
+    return invalid_argument("--enable-hierarchical-cache is not supported with attention data "
+                            "parallelism (--enable-dp-attention)");
+  }
+  if (!config_.enable_prefix_cache) {
+    return invalid_argument("--enable-hierarchical-cache needs the prefix cache, which is off "
+                            "for this engine");
+  }
+  if (!seqs_.empty() || groups_[0].index->num_nodes() != 0) {
+    return invalid_argument("[sched] HiCache must be enabled before any request");
+  }
+  groups_[0].index->set_hicache(std::move(hicache));
+  return Status::ok();
+}
+
 int32_t Scheduler::place(const SeqSpec& spec) {
   const int32_t D = num_dp_groups();
   if (D == 1) return 0;
@@ -280,14 +296,17 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
     }
     std::vector<PageId> matched;
     if (config_.enable_prefix_cache && seq->match_prefix) {
-      matched = index->match(seq->tokens, (seq->num_tokens() - 1) / P);
+      // Referenced before ensure_free can evict them; with HiCache, host and disk hits are
+      // copied back into device pages here, before the step that reads them.
+      matched = index->acquire(seq->tokens, (seq->num_tokens() - 1) / P);
     }
     if (prefix_match_limit_ && !matched.empty()) {
       const int32_t keep = prefix_match_limit_(*seq, matched);
-      matched.resize(static_cast<size_t>(
-          std::clamp<int32_t>(keep, 0, static_cast<int32_t>(matched.size()))));
+      const size_t kept = static_cast<size_t>(
+          std::clamp<int32_t>(keep, 0, static_cast<int32_t>(matched.size())));
+      for (size_t i = kept; i < matched.size(); ++i) pool->decref(matched[i]);  // acquire's refs
+      matched.resize(kept);
     }
-    for (PageId p : matched) pool->incref(p);  // before ensure_free can evict them
     const int32_t num_cached = static_cast<int32_t>(matched.size()) * P;
     const int32_t remaining = seq->num_tokens() - num_cached;
     const int32_t num_new = remaining == 1 ? 1 : std::min(remaining, budget);

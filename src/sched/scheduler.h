@@ -195,8 +195,13 @@ class Scheduler {
   using PageDedupHook = std::function<void(PageId kept, PageId dropped, int32_t index)>;
   void set_page_dedup_hook(PageDedupHook hook) { page_dedup_hook_ = std::move(hook); }
   // Drops every cached page no live sequence holds, in every group (tests; "flush cache" admin
-  // endpoint later).
+  // endpoint later). With HiCache the pages move to the lower tiers instead.
   void flush_prefix_cache();
+  // Puts the host (and disk) tiers behind the prefix cache (--enable-hierarchical-cache): before
+  // any sequence is added, with one DP group and the prefix cache on; invalid argument otherwise.
+  // Admission then loads host and disk hits back into device pages (RadixPrefixIndex::acquire).
+  Status enable_hicache(std::unique_ptr<HiCache> hicache);
+  const HiCache* hicache() const { return groups_[0].index->hicache(); }
   // All groups together, and per group (num_steps is 0 there).
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerCounters& counters(int32_t dp_group) const { return group(dp_group).counters; }

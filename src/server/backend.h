@@ -105,6 +105,15 @@ struct BackendStats {
   std::vector<uint64_t> spec_accept_length_counts;
   uint64_t spec_draft_tokens_total = 0;
   uint64_t spec_accepted_tokens_total = 0;
+  // HiCache (--enable-hierarchical-cache); rendered only when enabled. Load-back durations:
+  // bucket upper bounds in seconds, per-bucket counts (not cumulative, one more for +Inf).
+  bool hicache_enabled = false;
+  int32_t hicache_host_pages_used = 0;
+  uint64_t hicache_host_hit_tokens_total = 0;
+  uint64_t hicache_disk_hit_tokens_total = 0;
+  std::vector<double> hicache_load_seconds_bounds;
+  std::vector<uint64_t> hicache_load_seconds_counts;
+  double hicache_load_seconds_sum = 0;
 };
 
 // Called on the backend's thread for every event of a request, in order; must be cheap and must

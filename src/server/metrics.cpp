@@ -179,6 +179,28 @@ std::string Metrics::render(const BackendStats& s, bool ready, bool draining) co
     out += n + "_sum{" + L + "} " + std::to_string(sum) + "\n";
     out += n + "_count{" + L + "} " + std::to_string(cum) + "\n";
   }
+  if (s.hicache_enabled) {
+    // HiCache: kept by the engine's prefix cache, rendered like the histograms above.
+    gauge("hicache_host_pages_used", "KV pages held in the host tier of the hierarchical cache.",
+          double(s.hicache_host_pages_used));
+    std::string n = "m3serve:hicache_hit_tokens_total";
+    header(out, n, "counter",
+           "Prefix-cache tokens loaded back into the device pool, by the tier they came from.");
+    out += n + "{" + L + ",tier=\"host\"} " + fmt(double(s.hicache_host_hit_tokens_total)) + "\n";
+    out += n + "{" + L + ",tier=\"disk\"} " + fmt(double(s.hicache_disk_hit_tokens_total)) + "\n";
+    n = "m3serve:hicache_load_seconds";
+    header(out, n, "histogram",
+           "Time to load one admission's host and disk hits back into the device pool.");
+    uint64_t cum = 0;
+    for (size_t i = 0; i < s.hicache_load_seconds_counts.size(); ++i) {
+      cum += s.hicache_load_seconds_counts[i];
+      const std::string le =
+          i < s.hicache_load_seconds_bounds.size() ? fmt(s.hicache_load_seconds_bounds[i]) : "+Inf";
+      out += n + "_bucket{" + L + ",le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+    }
+    out += n + "_sum{" + L + "} " + fmt(s.hicache_load_seconds_sum) + "\n";
+    out += n + "_count{" + L + "} " + std::to_string(cum) + "\n";
+  }
   return out;
 }
 

@@ -180,6 +180,13 @@ server::BackendStats EngineBackend::stats() const {
   out.spec_accept_length_counts = s.spec_accept_length_counts;
   out.spec_draft_tokens_total = s.spec_draft_tokens_total;
   out.spec_accepted_tokens_total = s.spec_accepted_tokens_total;
+  out.hicache_enabled = s.hicache_enabled;
+  out.hicache_host_pages_used = s.hicache_host_pages_used;
+  out.hicache_host_hit_tokens_total = s.hicache_host_hit_tokens_total;
+  out.hicache_disk_hit_tokens_total = s.hicache_disk_hit_tokens_total;
+  out.hicache_load_seconds_bounds = s.hicache_load_seconds_bounds;
+  out.hicache_load_seconds_counts = s.hicache_load_seconds_counts;
+  out.hicache_load_seconds_sum = s.hicache_load_seconds_sum;
   for (const DpGroupStats& g : s.dp_groups) {
     server::DpRankKvStats& r = out.dp_ranks.emplace_back();
     r.kv_pages_used = g.kv_pages_used;

@@ -151,6 +151,8 @@ std::string summary(const ServeConfig& c) {
   s += c.speculative_draft_model_path + "|" + c.speculative_draft_load_format + "|";
   add(c.speculative_num_draft_tokens);
   add(c.speculative_simulate_accept_length);
+  add(c.hicache_ratio); add(c.hicache_ratio_set); add(c.hicache_write_policy_set);
+  s += c.hicache_write_policy + "|" + c.hicache_storage_backend + "|" + c.hicache_storage_dir + "|";
   add(c.server.media.fetch_timeout.count());
   add(c.server.media.allow_loopback_for_tests);
   return s;
@@ -213,13 +215,55 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
            {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
             "--kv-cache-dtype fp8_e4m3 with --device cuda"},
            {{"--kv-cache-dtype", "fp4_e2m1", "--tp", "2"}, "--kv-cache-dtype fp4_e2m1 with --tp"},
-           {{"--enable-hierarchical-cache"}, "--enable-hierarchical-cache"}}) {
+           {{"--enable-hierarchical-cache", "--device", "cuda"},
+            "--enable-hierarchical-cache with --device cuda"},
+           {{"--enable-hierarchical-cache", "--tp", "2"}, "--enable-hierarchical-cache with --tp"},
+           {{"--enable-hierarchical-cache", "--kv-cache-dtype", "fp8_e4m3"},
+            "--enable-hierarchical-cache with --kv-cache-dtype fp8_e4m3"}}) {
     auto g = parse_serve_flags(flags);
     ASSERT_TRUE(g.is_ok());
     auto o = options_from_config(g->config);
     ASSERT_FALSE(o.is_ok()) << named;
     EXPECT_EQ(o.status().code(), StatusCode::kUnimplemented);
     EXPECT_NE(o.status().message().find(named), std::string::npos) << o.status().message();
+  }
+  // HiCache: the flags reach the engine's options; each --hicache-* flag alone, and a storage
+  // backend without its directory (or the reverse), is refused by name.
+  {
+    auto h = parse_serve_flags({"--enable-hierarchical-cache", "--hicache-size", "2",
+                                "--hicache-write-policy", "write_back",
+                                "--hicache-storage-backend", "file", "--hicache-storage-dir",
+                                "/tmp/kv"});
+    ASSERT_TRUE(h.is_ok()) << h.status().message();
+    auto ho = options_from_config(h->config);
+    ASSERT_TRUE(ho.is_ok()) << ho.status().message();
+    EXPECT_TRUE(ho->hicache);
+    EXPECT_EQ(ho->hicache_host_bytes, int64_t(2e9));
+    EXPECT_EQ(ho->hicache_policy, HiCacheWritePolicy::kWriteBack);
+    EXPECT_EQ(ho->hicache_disk_dir, "/tmp/kv");
+    auto r = parse_serve_flags({"--enable-hierarchical-cache", "--hicache-ratio", "3"});
+    ASSERT_TRUE(r.is_ok());
+    auto ro = options_from_config(r->config);
+    ASSERT_TRUE(ro.is_ok()) << ro.status().message();
+    EXPECT_EQ(ro->hicache_host_bytes, 0);
+    EXPECT_EQ(ro->hicache_ratio, 3.0);
+    EXPECT_EQ(ro->hicache_policy, HiCacheWritePolicy::kWriteThrough);
+    EXPECT_FALSE(parse_serve_flags({"--hicache-write-policy", "write_through_selective"}).is_ok());
+    EXPECT_FALSE(parse_serve_flags({"--hicache-storage-backend", "mooncake"}).is_ok());
+    for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+             {{"--hicache-size", "4"}, "--hicache-size needs --enable-hierarchical-cache"},
+             {{"--hicache-ratio", "2"}, "--hicache-ratio needs --enable-hierarchical-cache"},
+             {{"--hicache-storage-dir", "/tmp/kv"}, "--hicache-storage-dir needs"},
+             {{"--enable-hierarchical-cache", "--hicache-storage-backend", "file"},
+              "--hicache-storage-dir DIR"},
+             {{"--enable-hierarchical-cache", "--hicache-storage-dir", "/tmp/kv"},
+              "--hicache-storage-backend file"}}) {
+      auto g = parse_serve_flags(flags);
+      ASSERT_TRUE(g.is_ok()) << named;
+      auto o = options_from_config(g->config);
+      ASSERT_FALSE(o.is_ok()) << named;
+      EXPECT_NE(o.status().message().find(named), std::string::npos) << o.status().message();
+    }
   }
   // DSPARK on one GPU is accepted here (the float32 CUDA backend's draft; make_engine refuses a
   // model on the real-shape kernels by name).

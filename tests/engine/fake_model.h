@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <thread>
 #include <string>
@@ -101,6 +102,8 @@ class FakeModel : public ModelRunner {
   }
 
   bool samples_on_device() const override { return device_sampling; }
+  // HiCache: whole pages of slots to and from host memory.
+  KvPageCopier* kv_page_copier() override { return &copier_; }
   // From break_on_call on, as a parallel group whose rank died: every step fails, and health()
   // says so.
   Status health() const override {
@@ -126,6 +129,34 @@ class FakeModel : public ModelRunner {
     int32_t token = -1;
     int32_t pos = -1;
   };
+  // Copies a page's slots as bytes; wait() has nothing to wait for.
+  class SlotCopier final : public KvPageCopier {
+   public:
+    explicit SlotCopier(FakeModel* m) : m_(m) {}
+    int64_t page_bytes() const override {
+      return static_cast<int64_t>(sizeof(Slot)) * m_->page_size_;
+    }
+    std::unique_ptr<HostPageArena> allocate_host_arena(int64_t bytes) override {
+      return std::make_unique<HeapPageArena>(bytes);
+    }
+    Status save(std::span<const PageCopy> copies) override {
+      for (const PageCopy& c : copies) std::memcpy(c.host, page(c.device_page), page_bytes());
+      return Status::ok();
+    }
+    Status load(std::span<const PageCopy> copies) override {
+      for (const PageCopy& c : copies) std::memcpy(page(c.device_page), c.host, page_bytes());
+      return Status::ok();
+    }
+    Status wait() override { return Status::ok(); }
+
+   private:
+    Slot* page(PageId p) const {
+      M3_CHECK(p >= 0 && p < m_->num_pages_, "[fake_model] copy of a bad page id");
+      return &m_->kv_[static_cast<size_t>(p) * m_->page_size_];
+    }
+    FakeModel* m_;
+  };
+
   Slot& slot_at(std::span<const int32_t> bt, int32_t pos) {
     const size_t page_idx = static_cast<size_t>(pos / page_size_);
     M3_CHECK(page_idx < bt.size(), "[fake_model] position " + std::to_string(pos) +
@@ -140,6 +171,7 @@ class FakeModel : public ModelRunner {
   int32_t num_pages_;
   int32_t page_size_;
   std::vector<Slot> kv_;
+  SlotCopier copier_{this};
 };
 
 }  // namespace m3::testing

@@ -97,6 +97,36 @@ TEST(Metrics, SpeculativeAcceptLength) {
   }
 }
 
+// HiCache: host pages, hit tokens by tier and the load-back histogram (cumulative buckets),
+// absent without --enable-hierarchical-cache.
+TEST(Metrics, HiCacheSeries) {
+  Metrics m("m3-tiny");
+  BackendStats s;
+  EXPECT_EQ(m.render(s, true, false).find("hicache"), std::string::npos);
+  s.hicache_enabled = true;
+  s.hicache_host_pages_used = 17;
+  s.hicache_host_hit_tokens_total = 640;
+  s.hicache_disk_hit_tokens_total = 128;
+  s.hicache_load_seconds_bounds = {0.001, 0.01};
+  s.hicache_load_seconds_counts = {2, 1, 1};
+  s.hicache_load_seconds_sum = 0.5;
+  const std::string text = m.render(s, true, false);
+  for (const char* line :
+       {"# TYPE m3serve:hicache_host_pages_used gauge",
+        "m3serve:hicache_host_pages_used{model_name=\"m3-tiny\"} 17",
+        "# TYPE m3serve:hicache_hit_tokens_total counter",
+        "m3serve:hicache_hit_tokens_total{model_name=\"m3-tiny\",tier=\"host\"} 640",
+        "m3serve:hicache_hit_tokens_total{model_name=\"m3-tiny\",tier=\"disk\"} 128",
+        "# TYPE m3serve:hicache_load_seconds histogram",
+        "m3serve:hicache_load_seconds_bucket{model_name=\"m3-tiny\",le=\"0.001\"} 2",
+        "m3serve:hicache_load_seconds_bucket{model_name=\"m3-tiny\",le=\"0.01\"} 3",
+        "m3serve:hicache_load_seconds_bucket{model_name=\"m3-tiny\",le=\"+Inf\"} 4",
+        "m3serve:hicache_load_seconds_sum{model_name=\"m3-tiny\"} 0.5",
+        "m3serve:hicache_load_seconds_count{model_name=\"m3-tiny\"} 4"}) {
+    EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
+  }
+}
+
 TEST(Auth, BearerComparison) {
   EXPECT_TRUE(authorized("sk-1", "Bearer sk-1"));
   EXPECT_FALSE(authorized("sk-1", "Bearer sk-2"));

@@ -3,8 +3,9 @@
 # variant (HF_HUB_OFFLINE=1, a local folder, no --revision) and vLLM's spellings reach "ready"
 # with /health 200 and a note for each flag that changes nothing here; the HiCache and H200
 # variants' --tp 8 and --ep 8 serve on eight CPU ranks; their flags whose features are not built
-# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3 over ranks, the host KV tier) are refused at
-# startup naming the flag (fp8 KV on one CPU rank serves), and a
+# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3 over ranks, the host KV tier on GPUs)
+# are refused at startup naming the flag (fp8 KV on one CPU rank serves); the HiCache variant
+# serves with its host tier on the CPU; and a
 # --context-length beyond the model's maximum fails naming both numbers.
 # Usage: deployment_guide_variants.sh <m3serve binary>
 set -euo pipefail
@@ -100,10 +101,13 @@ serves "vLLM flags" --enable-expert-parallel --block-size -- \
   --enable-expert-parallel --block-size 128 --max-model-len 2048 --gpu-memory-utilization 0.5 \
   --host 127.0.0.1 --port 0
 
-# The HiCache and H200 variants: what is not built yet is refused by name before anything loads.
+# The HiCache variant serves (the guide's --hicache-size 64 is more host memory than a test
+# machine has: 1 GB here) and reports its host tier; on GPUs it is refused by name.
 M=(--model-path "$WORK/models/MiniMax-M3.1-Flash")
-refused "HiCache" 2 "--enable-hierarchical-cache" -- "${COMMON[@]}" "${M[@]}" \
-  --enable-hierarchical-cache --hicache-size 64
+serves "HiCache" -- "${COMMON[@]}" "${M[@]}" --enable-hierarchical-cache --hicache-size 1
+grep -q "HiCache: host tier" "$WORK/log" || fail "HiCache: no host tier in the startup report"
+refused "HiCache on GPUs" 2 "--enable-hierarchical-cache with --device cuda" -- "${COMMON[@]}" \
+  "${M[@]}" --device cuda --enable-hierarchical-cache --hicache-size 64
 # fp8 KV serves on one CPU rank and says so; on the recipe's eight ranks it is refused by name.
 serves "fp8 KV" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3 --context-length 1024
 grep -q "KV cache: kv dtype fp8_e4m3 (.* bytes per token), [0-9]* tokens fit" "$WORK/log" ||

@@ -37,6 +37,7 @@ Result<std::unique_ptr<MiniMaxM3ModelRunner>> MiniMaxM3ModelRunner::create_with_
   std::unique_ptr<MiniMaxM3ModelRunner> r(new MiniMaxM3ModelRunner());
   r->cache_ = std::make_unique<minimax_m3::PagedKvCache>(backend.get(), model->config(), num_pages,
                                                          kv_dtype);
+  r->copier_ = std::make_unique<minimax_m3::PagedKvCacheCopier>(r->cache_.get());
   r->backend_ = std::move(backend);
   r->model_ = std::move(model);
   return r;

@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
+#include "model/minimax_m3/paged_kv_copier.h"
 
 namespace m3 {
 
@@ -37,6 +38,7 @@ class MiniMaxM3ModelRunner final : public ModelRunner {
   int32_t page_size() const override;
   ModelFeatures features() const override { return {true, true}; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
+  KvPageCopier* kv_page_copier() override { return copier_.get(); }
 
   minimax_m3::Model& model() { return *model_; }
   Backend* backend() { return backend_.get(); }
@@ -50,6 +52,7 @@ class MiniMaxM3ModelRunner final : public ModelRunner {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<minimax_m3::Model> model_;
   std::unique_ptr<minimax_m3::PagedKvCache> cache_;
+  std::unique_ptr<minimax_m3::PagedKvCacheCopier> copier_;
 };
 
 }  // namespace m3

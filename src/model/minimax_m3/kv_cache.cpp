@@ -6,7 +6,8 @@ namespace m3::minimax_m3 {
 
 PagedKvCache::PagedKvCache(Backend* backend, const MiniMaxM3Config& cfg, int64_t num_pages,
                            KvCacheDtype dtype)
-    : dtype_(dtype),
+    : backend_(backend),
+      dtype_(dtype),
       num_pages_(num_pages),
       page_size_(cfg.index_block_size),
       num_kv_heads_(cfg.num_key_value_heads),
@@ -57,6 +58,42 @@ KvLayerView PagedKvCache::layer(int64_t i) {
     v.iq = l.iq.view();
   }
   return v;
+}
+
+void PagedKvCache::save_page(int64_t page, std::byte* host) {
+  M3_CHECK(page >= 0 && page < num_pages_, "[kv_cache.save_page] page " + std::to_string(page));
+  M3_CHECK(dtype_ == KvCacheDtype::kFloat32,
+           "[kv_cache.save_page] only a float32 cache's pages are copied (HiCache refuses other dtypes)");
+  const int64_t kv = page_size_ * num_kv_heads_ * head_dim_;
+  const int64_t ix = page_size_ * index_head_dim_;
+  for (Layer& l : layers_) {
+    backend_->copy_to_host(host, l.k.data() + page * kv, kv * int64_t(sizeof(float)));
+    host += kv * int64_t(sizeof(float));
+    backend_->copy_to_host(host, l.v.data() + page * kv, kv * int64_t(sizeof(float)));
+    host += kv * int64_t(sizeof(float));
+    if (!l.idx_k.empty()) {
+      backend_->copy_to_host(host, l.idx_k.data() + page * ix, ix * int64_t(sizeof(float)));
+      host += ix * int64_t(sizeof(float));
+    }
+  }
+}
+
+void PagedKvCache::load_page(int64_t page, const std::byte* host) {
+  M3_CHECK(page >= 0 && page < num_pages_, "[kv_cache.load_page] page " + std::to_string(page));
+  M3_CHECK(dtype_ == KvCacheDtype::kFloat32,
+           "[kv_cache.load_page] only a float32 cache's pages are copied (HiCache refuses other dtypes)");
+  const int64_t kv = page_size_ * num_kv_heads_ * head_dim_;
+  const int64_t ix = page_size_ * index_head_dim_;
+  for (Layer& l : layers_) {
+    backend_->copy_to_device(l.k.data() + page * kv, host, kv * int64_t(sizeof(float)));
+    host += kv * int64_t(sizeof(float));
+    backend_->copy_to_device(l.v.data() + page * kv, host, kv * int64_t(sizeof(float)));
+    host += kv * int64_t(sizeof(float));
+    if (!l.idx_k.empty()) {
+      backend_->copy_to_device(l.idx_k.data() + page * ix, host, ix * int64_t(sizeof(float)));
+      host += ix * int64_t(sizeof(float));
+    }
+  }
 }
 
 }  // namespace m3::minimax_m3

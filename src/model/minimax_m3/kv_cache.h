@@ -12,6 +12,7 @@
 // attention dequantise.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,11 @@ class PagedKvCache {
   int64_t bytes_per_page() const { return bytes_per_page_; }
   KvLayerView layer(int64_t i);
 
+  // One page of every layer (K, V, then the index keys on sparse layers, layer by layer) to or
+  // from bytes_per_page() bytes of host memory, through the backend's copies.
+  void save_page(int64_t page, std::byte* host);
+  void load_page(int64_t page, const std::byte* host);
+
  private:
   // One of K, V, index keys in a quantised dtype.
   struct QuantTensor {
@@ -49,6 +55,7 @@ class PagedKvCache {
   // Allocates one quantised tensor of `heads` x `dim` per token; returns its bytes per page.
   int64_t alloc_quant(Backend* backend, QuantTensor* t, int64_t heads, int64_t dim);
 
+  Backend* backend_;
   KvCacheDtype dtype_;
   int64_t num_pages_, page_size_, num_kv_heads_, head_dim_, index_head_dim_;
   int64_t bytes_per_page_ = 0;
