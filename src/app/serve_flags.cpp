@@ -383,6 +383,10 @@ const std::vector<Flag>& flags() {
        }},
       {"--max-image-bytes", true, G::kSecurity, "largest accepted image (default 20 MiB)", "1000",
        INT_FLAG(server.media.max_image_bytes, 1, INT64_MAX)},
+      {"--max-image-pixels", true, G::kSecurity,
+       "largest accepted image in pixels (width x height, checked from the header before "
+       "decoding; default 89478485, PIL's limit)",
+       "1000000", INT_FLAG(server.media.max_image_pixels, 1, INT64_MAX)},
       {"--max-request-body-bytes", true, G::kSecurity,
        "largest request body, else 413 (default 64 MiB)", "4096",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},

@@ -5,8 +5,8 @@
 //    also resolve only to public addresses (no private, loopback, link-local, CGNAT, multicast or
 //    reserved ranges, including IPv4 embedded in IPv6), so an allowlisted name cannot be pointed
 //    at the internal network (SSRF). URLs with credentials or non-http(s) schemes are refused.
-// Nothing is fetched yet (no HTTP client in the dependencies); a request whose images pass the
-// policy still gets a clear 400 saying image input needs the vision tower.
+// Nothing is fetched yet (no HTTP client in the dependencies): remote URLs that pass the policy
+// are still refused with a 400. data: URIs go on to image_decode.h.
 #pragma once
 
 #include <chrono>
@@ -25,6 +25,7 @@ namespace m3::server {
 struct MediaOptions {
   std::vector<std::string> allowed_domains;  // "example.com" (exact) or ".example.com" (subdomains)
   size_t max_image_bytes = 20u << 20;
+  int64_t max_image_pixels = 89'478'485;  // width * height, from the header (image_decode.h)
   std::chrono::milliseconds resolve_timeout{3000};
 };
 
@@ -38,6 +39,7 @@ struct CheckedImage {
   std::string mime;  // "image/png", ...
   size_t bytes = 0;  // decoded size (data URIs)
   bool remote = false;
+  std::string data;  // the image file's bytes (data URIs); empty for remote URLs
 };
 
 // std::nullopt-free result: the checked image, or the 400 to send (param names the field).
