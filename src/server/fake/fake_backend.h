@@ -51,6 +51,8 @@ class FakeBackend : public InferenceBackend {
   BackendStats stats() const override;
 
   uint64_t cancelled_total() const { return cancelled_total_.load(); }
+  // The last request submitted (its tokens and images), for tests.
+  BackendRequest last_request() const;
 
  private:
   struct Req;
@@ -66,6 +68,7 @@ class FakeBackend : public InferenceBackend {
   std::map<uint64_t, std::unique_ptr<Req>> running_;
   std::vector<uint64_t> cancels_;
   std::vector<int32_t> last_prompt_;  // for the fake prefix cache
+  BackendRequest last_request_;
   uint64_t next_id_ = 1;
   uint64_t prefix_hits_ = 0;
   bool stop_ = false;
