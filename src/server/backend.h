@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "server/media/image_preprocess.h"
 
 namespace m3::server {
 
@@ -139,6 +140,9 @@ class InferenceBackend {
   // The most requests submit() holds waiting at once (--max-queued-requests), 0 when unbounded.
   // A job of more choices than this can never be admitted, however idle the backend is.
   virtual int32_t max_queued_requests() const { return 0; }
+  // Set when the model takes images: how the server pre-processes them (BackendRequest::images).
+  // Unset: requests with images get 400 vision_not_available.
+  virtual std::optional<VisionPreprocessConfig> vision() const { return std::nullopt; }
 
   // Queues a request. Errors: kInvalidArgument (HTTP 400), kResourceExhausted (the waiting queue
   // is full: HTTP 429). On success returns the id for cancel(); `on_event` is then called until an

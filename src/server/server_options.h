@@ -3,11 +3,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "server/media/image_preprocess.h"
 #include "server/media/media_policy.h"
 
 namespace m3::server {
@@ -28,9 +26,6 @@ struct ServerOptions {
   int worker_threads = 2;  // request preprocessing (parse, render, tokenize), like SGLang's
                            // --tokenizer-worker-num
   MediaOptions media;
-  // Set when the model has a vision tower: images are decoded, pre-processed with these values
-  // and sent to the backend. Unset: requests with images get 400 vision_not_available.
-  std::optional<VisionPreprocessConfig> vision;
   std::chrono::milliseconds drain_timeout{30000};  // SIGTERM: how long in-flight requests get
   std::chrono::milliseconds health_generate_timeout{20000};
 };

@@ -21,10 +21,10 @@ json chat_with(std::vector<json> parts) {
 
 class VisionServerTest : public ServerTest {
  protected:
-  void start_vision() {
-    ServerOptions o;
-    o.vision = VisionPreprocessConfig{};
-    start(o);
+  void start_vision(ServerOptions o = {}) {
+    FakeBackendOptions fo;
+    fo.vision = VisionPreprocessConfig{};
+    start(o, fo);
   }
   Response post(Client& c, const json& body) {
     c.send("POST", "/v1/chat/completions", body.dump());
@@ -129,9 +129,8 @@ TEST_F(VisionServerTest, BadImagesAre400sAndTheServerLivesOn) {
 
 TEST_F(VisionServerTest, RemoteUrlsAreRefusedEvenWhenAllowed) {
   ServerOptions o;
-  o.vision = VisionPreprocessConfig{};
   o.media.allowed_domains = {"8.8.8.8"};
-  start(o);
+  start_vision(o);
   Client c(port());
   Response r = post(c, chat_with({{{"type", "image_url"},
                                    {"image_url", {{"url", "https://8.8.8.8/cat.png"}}}}}));
@@ -151,9 +150,8 @@ TEST_F(VisionServerTest, PlaceholderTypedInTheTextIsRefused) {
 
 TEST_F(VisionServerTest, PixelLimitFlagApplies) {
   ServerOptions o;
-  o.vision = VisionPreprocessConfig{};
   o.media.max_image_pixels = 1000;
-  start(o);
+  start_vision(o);
   Client c(port());
   Response r = post(c, chat_with({image_part(testing::encode_png(56, 56, 3, testing::pattern_rgb(56, 56)))}));
   EXPECT_EQ(r.status, 400);

@@ -158,7 +158,8 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
 
   std::vector<std::shared_ptr<BackendImage>> images;
   if (!r.images.empty()) {
-    if (!ctx.options.vision) {
+    const std::optional<VisionPreprocessConfig> vision = ctx.backend->vision();
+    if (!vision) {
       for (const auto& img : r.images) {
         auto checked = check_image_url(img.url, img.param, ctx.options.media);
         if (auto* e = std::get_if<ApiError>(&checked)) return send_error(ctx, *responder, *e);
@@ -169,7 +170,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
                                     "checkpoint). Send text only.",
                                     r.images.front().param, "vision_not_available"));
     }
-    auto prepared = prepare_images(r.images, ctx.options.media, *ctx.options.vision,
+    auto prepared = prepare_images(r.images, ctx.options.media, *vision,
                                    PreprocessOverrides{r.mm_min_pixels, r.mm_max_pixels});
     if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(ctx, *responder, *e);
     images = std::move(std::get<std::vector<std::shared_ptr<BackendImage>>>(prepared));
