@@ -82,7 +82,9 @@ TEST_F(VisionServerTest, MmProcessorKwargsSetThePixelBounds) {
   EXPECT_EQ(backend_->last_request().images.at(0)->num_tokens, 256);
   for (json bad : {json{{"max_pixels", 0}}, json{{"min_pixels", "x"}}, json{{"size", 3}},
                    json{{"min_pixels", 10000}, {"max_pixels", 5000}}, json(7),
-                   json{{"max_pixels", int64_t(1) << 40}}}) {
+                   json{{"max_pixels", int64_t(1) << 40}},
+                   // Above the default max_pixels: would upscale without bound.
+                   json{{"min_pixels", int64_t(1) << 40}}}) {
     body["mm_processor_kwargs"] = bad;
     Response r = post(c, body);
     EXPECT_EQ(r.status, 400) << bad.dump() << " " << r.body;

@@ -34,11 +34,10 @@ std::optional<ApiError> check_pixels(int64_t w, int64_t h, const ImageLimits& li
   if (w <= 0 || h <= 0) {
     return invalid(param, "The image declares an empty size (" + dims(w, h) + ").");
   }
-  // w, h are at most 2^32 each (every header stores 32 bits or fewer): no overflow in int64 when
-  // one of them is checked first.
-  if (w > limits.max_pixels || h > limits.max_pixels || w * h > limits.max_pixels) {
-    return bad_request("The image is " + dims(w, h) + " = " + std::to_string(w * h) +
-                           " pixels; the limit is " + std::to_string(limits.max_pixels) +
+  // Compared by division: w * h of two 32-bit header fields can overflow int64.
+  if (w > limits.max_pixels || h > limits.max_pixels || w > limits.max_pixels / h) {
+    return bad_request("The image is " + dims(w, h) + " pixels; the limit is " +
+                           std::to_string(limits.max_pixels) +
                            " pixels (--max-image-pixels).",
                        param, "image_too_large");
   }
@@ -95,8 +94,8 @@ int decode_png_rows(PngJob* job) {
   png_read_info(job->png, job->info);
   job->width = png_get_image_width(job->png, job->info);
   job->height = png_get_image_height(job->png, job->info);
-  if (int64_t(job->width) > job->max_pixels || int64_t(job->height) > job->max_pixels ||
-      int64_t(job->width) * int64_t(job->height) > job->max_pixels) {
+  if (job->width == 0 || job->height == 0 || int64_t(job->width) > job->max_pixels ||
+      int64_t(job->width) > job->max_pixels / int64_t(job->height)) {
     job->too_large = true;
     return 1;
   }
@@ -193,8 +192,8 @@ int decode_jpeg_rows(JpegJob* job, const uint8_t* data, size_t size) {
   jpeg_read_header(&job->cinfo, TRUE);
   job->width = job->cinfo.image_width;
   job->height = job->cinfo.image_height;
-  if (job->width > job->max_pixels || job->height > job->max_pixels ||
-      job->width * job->height > job->max_pixels) {
+  if (job->width == 0 || job->height == 0 || job->width > job->max_pixels ||
+      job->width > job->max_pixels / job->height) {
     job->too_large = true;
     return 1;
   }
@@ -460,6 +459,10 @@ std::variant<ImageHeader, ApiError> read_image_header(std::string_view bytes,
       while (at < bytes.size() && b[at] == 0xff) ++at;  // fill bytes, then the marker code
       if (at + 3 > bytes.size()) return invalid(param, "The JPEG image has no frame header.");
       const uint8_t marker = b[at];
+      if (marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7)) {  // standalone: no length
+        ++at;
+        continue;
+      }
       const size_t len = (size_t(b[at + 1]) << 8) | b[at + 2];
       const bool sof = marker >= 0xc0 && marker <= 0xcf && marker != 0xc4 && marker != 0xc8 &&
                        marker != 0xcc;

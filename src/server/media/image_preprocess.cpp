@@ -46,8 +46,15 @@ std::variant<PixelPatches, ApiError> preprocess_image(const RgbImage& image,
                                                       const VisionPreprocessConfig& config,
                                                       const PreprocessOverrides& overrides,
                                                       const std::string& param) {
-  const int64_t min_pixels = overrides.min_pixels.value_or(config.min_pixels);
   const int64_t max_pixels = overrides.max_pixels.value_or(config.max_pixels);
+  // A requested max_pixels below the configured minimum lowers the minimum with it; a requested
+  // min_pixels above the maximum is refused (it would upscale without bound).
+  const int64_t min_pixels = overrides.min_pixels.value_or(std::min(config.min_pixels, max_pixels));
+  if (min_pixels > max_pixels) {
+    return bad_request("min_pixels (" + std::to_string(min_pixels) + ") is above max_pixels (" +
+                           std::to_string(max_pixels) + ") for this image.",
+                       "mm_processor_kwargs.min_pixels");
+  }
   auto size = smart_resize(image.height, image.width, config.factor(), min_pixels, max_pixels,
                            param);
   if (auto* e = std::get_if<ApiError>(&size)) return *e;
