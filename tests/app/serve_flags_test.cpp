@@ -209,7 +209,7 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   EXPECT_TRUE(accepted->speculative_options.method == VerifyMethod::kBlock);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--speculative-algorithm", "DSPARK", "--device", "cuda", "--tp", "2"},
-            "--speculative-algorithm DSPARK with --tp"},
+            "--speculative-algorithm DSPARK with --device cuda and --tp/--ep"},
            {{"--dp", "2"}, "--dp 2"},
            {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
             "--kv-cache-dtype fp8_e4m3 with --device cuda"},
