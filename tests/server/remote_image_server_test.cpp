@@ -59,7 +59,8 @@ TEST_F(RemoteImageServerTest, AFetchedImageIsDecodedLikeTheSameBytesInADataUri) 
   // Two remote images (fetched one after the other) and a data: URI in one request.
   Response r = post(c, chat_with({{{"type", "text"}, {"text", "compare"}},
                                   url_part(images.base() + "/cat.png"),
-                                  url_part(images.base() + "/dog.jpg"), data_part(png_)}));
+                                  url_part(images.base() + "/dog.jpg"),
+                                  data_part(png_)}));
   ASSERT_EQ(r.status, 200) << r.body;
   BackendRequest remote = backend_->last_request();
   ASSERT_EQ(remote.images.size(), 3u);
@@ -90,9 +91,8 @@ TEST_F(RemoteImageServerTest, LoopbackIsRefusedWithoutTheTestOption) {
 
 TEST_F(RemoteImageServerTest, ARedirectToTheMetadataAddressIsA400AndTheServerLivesOn) {
   LoopbackServer images;
-  images.route("/meta", [] {
-    return LoopbackServer::redirect("http://169.254.169.254/latest/meta-data/");
-  });
+  images.route("/meta",
+               [] { return LoopbackServer::redirect("http://169.254.169.254/latest/meta-data/"); });
   images.route("/cat.png", [this] { return LoopbackServer::response(200, "image/png", png_); });
   // 169.254.169.254 in the allowlist too: the address check, not the domain list, refuses it.
   ServerOptions o = loopback_allowed();

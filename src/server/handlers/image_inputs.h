@@ -2,7 +2,8 @@
 //  1. each URL passes the media policy (media_policy.h); a remote http(s) URL is then fetched
 //     (remote_fetch.h: it blocks up to --media-fetch-timeout, so this runs on the server's worker
 //     threads, never its I/O threads; several remote images are fetched one after another);
-//  2. each image (a data: URI's or a fetched body's bytes) is decoded (image_decode.h) and pre-processed (image_preprocess.h);
+//  2. each image (a data: URI's or a fetched body's bytes) is decoded (image_decode.h) and
+//     pre-processed (image_preprocess.h);
 //  3. each image placeholder the chat template wrote is expanded to
 //     ]<]start of image[>[ + N x ]<]image[>[ + ]<]end of image[>[ (N = patches / merge^2);
 //  4. after tokenization, the runs of image tokens are matched to the images in order, and any
