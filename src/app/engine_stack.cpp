@@ -11,6 +11,7 @@
 #include "app/devices.h"
 #include "app/memory_plan.h"
 #include "app/startup_report.h"
+#include "app/vision_stack.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/cpu_model_runner.h"
 #include "model/minimax_m3/tensor_parallel.h"
@@ -819,6 +820,7 @@ Result<EngineStack> make_engine_stack(const std::string& model_path,
                                       std::move(loaded.keepalive), std::move(tails));
   stack.report = std::move(loaded.report);
   stack.codec = std::make_unique<serving::TokenizerCodec>(tokenizer);
+  M3_RETURN_IF_ERROR(attach_vision(model_path, options, *stack.backend, *stack.codec, stack.report));
   stack.renderer = std::make_unique<serving::TemplateRenderer>(std::move(tmpl));
   return stack;
 }

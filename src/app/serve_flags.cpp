@@ -440,6 +440,10 @@ const std::vector<Flag>& flags() {
          f.server.media.allow_loopback_for_tests = true;
          return Status::ok();
        }},
+      {"--max-image-pixels", true, G::kSecurity,
+       "largest accepted image in pixels (width x height, checked from the header before "
+       "decoding; default 89478485, PIL's limit)",
+       "1000000", INT_FLAG(server.media.max_image_pixels, 1, INT64_MAX)},
       {"--max-request-body-bytes", true, G::kSecurity,
        "largest request body, else 413 (default 64 MiB)", "4096",
        INT_FLAG(server.max_body_bytes, 1024, INT64_MAX)},

@@ -79,6 +79,7 @@ Engine::Engine(EngineConfig config, std::unique_ptr<ModelRunner> runner)
     : config_(std::move(config)), runner_(std::move(runner)) {
   sched_ = std::make_unique<Scheduler>(config_.scheduler);
   vocab_size_ = runner_->vocab_size();
+  hidden_size_ = runner_->hidden_size();
   eos_ids_ = config_.generation_defaults.eos_token_ids;
   inbox_ = std::make_shared<Inbox>();
   sink_ = std::make_shared<Sink>(inbox_);
@@ -155,6 +156,83 @@ void Engine::fail_new_requests() {
   for (RequestId id : ids) cancel_request(id, FinishReason::kError, why);
 }
 
+namespace {
+
+// The prefix-cache key of a prompt with input embeddings: its tokens, with each embedded position
+// replaced by a negative value (never a token id) mixed from the embeddings' content hash and the
+// position within them (splitmix64). The same image at the same place keys the same; another
+// image differs at every one of its positions.
+std::vector<int32_t> prompt_cache_key(const GenerateRequest& r) {
+  if (r.prompt_embeddings.empty()) return {};
+  std::vector<int32_t> key = r.prompt_tokens;
+  for (const PromptEmbeddings& e : r.prompt_embeddings) {
+    for (int32_t i = 0; i < e.num_tokens; ++i) {
+      uint64_t z = e.content_hash + 0x9e3779b97f4a7c15ull * uint64_t(i + 1);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      key[size_t(e.token_offset + i)] = static_cast<int32_t>(0x80000000u | uint32_t(z));
+    }
+  }
+  return key;
+}
+
+}  // namespace
+
+Status Engine::check_prompt_embeddings(const GenerateRequest& r) const {
+  if (r.prompt_embeddings.empty()) return Status::ok();
+  if (!runner_->features().input_embeddings) {
+    return Status(StatusCode::kUnimplemented,
+                  "this model runner does not take input embeddings (image features)");
+  }
+  if (draft_ != nullptr) {
+    return Status(StatusCode::kUnimplemented,
+                  "image input with speculative decoding is not available: the draft would "
+                  "need the image features too");
+  }
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
+  int64_t end_of_previous = 0;
+  for (size_t i = 0; i < r.prompt_embeddings.size(); ++i) {
+    const PromptEmbeddings& e = r.prompt_embeddings[i];
+    const std::string which = "prompt embeddings " + std::to_string(i);
+    if (e.num_tokens < 1 || e.token_offset < end_of_previous ||
+        int64_t(e.token_offset) + e.num_tokens > prompt_len) {
+      return invalid_argument(which + " cover positions [" + std::to_string(e.token_offset) +
+                              ", " + std::to_string(int64_t(e.token_offset) + e.num_tokens) +
+                              "), not inside the prompt of " + std::to_string(prompt_len) +
+                              " tokens after the previous ones");
+    }
+    if (!e.values || int64_t(e.values->size()) != int64_t(e.num_tokens) * hidden_size_) {
+      return invalid_argument(which + " hold " +
+                              std::to_string(e.values ? e.values->size() : 0) +
+                              " values; expected " + std::to_string(e.num_tokens) + " x " +
+                              std::to_string(hidden_size_));
+    }
+    end_of_previous = int64_t(e.token_offset) + e.num_tokens;
+  }
+  return Status::ok();
+}
+
+void Engine::attach_prompt_embeddings(const StepPlan& plan, ModelStep& step) const {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqSlice& s = plan.seqs[i];
+    auto owner = seq_owner_.find(s.seq_id);
+    if (owner == seq_owner_.end()) continue;
+    for (const PromptEmbeddings& e : owner->second.first->req.prompt_embeddings) {
+      const int32_t lo = std::max(s.start_pos, e.token_offset);
+      const int32_t hi = std::min(s.end_pos() - s.num_draft, e.token_offset + e.num_tokens);
+      for (int32_t pos = lo; pos < hi; ++pos) {
+        InputEmbedding in;
+        in.token_index = pos - s.start_pos;
+        in.values = std::span<const float>(
+            e.values->data() + static_cast<size_t>(pos - e.token_offset) * hidden_size_,
+            static_cast<size_t>(hidden_size_));
+        step.slices[i].embeddings.push_back(in);
+      }
+    }
+  }
+}
+
 Result<RequestHandle> Engine::submit(GenerateRequest request) {
   if (failed_.load()) return failure();
   if (draining_.load()) {
@@ -172,6 +250,7 @@ Result<RequestHandle> Engine::submit(GenerateRequest request) {
   }
   SamplingParams& p = request.params;
   M3_RETURN_IF_ERROR(validate_sampling_params(p, vocab_size_));
+  M3_RETURN_IF_ERROR(check_prompt_embeddings(request));
   if (request.prompt_logits && p.n != 1) {
     return invalid_argument("prompt logits are returned for n = 1 only; got n = " +
                             std::to_string(p.n));
@@ -305,6 +384,7 @@ void Engine::admit(std::unique_ptr<ReqCtx> req) {
     spec.request_id = req->id;
     spec.seq_index = seq->index;
     spec.prompt = req->req.prompt_tokens;
+    spec.prompt_key = prompt_cache_key(req->req);
     spec.wait_for = (share && seq->index > 0) ? leader : -1;
     spec.match_prefix = !req->req.prompt_logits;
     if (seq->index == 0) leader = seq->id;
@@ -459,6 +539,7 @@ bool Engine::run_step() {
     std::vector<bool> all_rows(plan.seqs.size());
     for (size_t i = 0; i < plan.seqs.size(); ++i) all_rows[i] = prompt_rows[i] != nullptr;
     ModelStep step = model_step(plan, sampling, all_rows);
+    attach_prompt_embeddings(plan, step);
     // The draft reads the hidden states of every token of a speculative sequence.
     bool capture = false;
     for (const SeqSlice& s : plan.seqs) {

@@ -174,6 +174,12 @@ class Engine {
   SamplingParams default_sampling_params() const;
   const EngineConfig& config() const { return config_; }
   int32_t vocab_size() const { return vocab_size_; }
+  int32_t hidden_size() const { return hidden_size_; }
+  // Whether submit() accepts GenerateRequest::prompt_embeddings: the runner takes input
+  // embeddings and no speculative draft is attached.
+  bool takes_prompt_embeddings() const {
+    return runner_->features().input_embeddings && draft_ == nullptr;
+  }
   // Read-only access for tests (only between step() calls, or with the thread stopped).
   const Scheduler& scheduler() const { return *sched_; }
 
@@ -224,6 +230,10 @@ class Engine {
                            std::span<const std::optional<DeviceSampling>> sampling,
                            const LogitsOut& out) const;
   void finish_seq(ReqCtx* req, SeqCtx* seq, FinishReason reason, SeqDelta* delta);
+  // GenerateRequest::prompt_embeddings: checked at submit; the planned slices' share of them
+  // handed to the model (ModelSlice::embeddings).
+  Status check_prompt_embeddings(const GenerateRequest& request) const;
+  void attach_prompt_embeddings(const StepPlan& plan, ModelStep& step) const;
   void emit(ReqCtx* req, std::vector<SeqDelta> deltas, const Status& error = Status::ok());
   void publish_stats();
   bool has_work() const;
@@ -242,6 +252,7 @@ class Engine {
   uint64_t spec_draft_tokens_total_ = 0;
   uint64_t spec_accepted_tokens_total_ = 0;
   int32_t vocab_size_ = 0;
+  int32_t hidden_size_ = 0;
   std::vector<int32_t> eos_ids_;
 
   std::unique_ptr<ThreadPool> sampler_pool_;  // null: sample on the engine thread

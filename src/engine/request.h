@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,17 @@ namespace m3 {
 
 using Clock = std::chrono::steady_clock;
 
+// Vectors that replace the token embeddings of a run of prompt positions (an image's features at
+// its placeholder tokens), passed to the model through ModelSlice::embeddings.
+struct PromptEmbeddings {
+  int32_t token_offset = 0;  // first prompt position
+  int32_t num_tokens = 0;
+  std::shared_ptr<const std::vector<float>> values;  // [num_tokens, hidden_size]
+  // Identifies the values (the image's content hash): part of the prefix-cache key of those
+  // positions, so the same image reuses cached KV and another image never does.
+  uint64_t content_hash = 0;
+};
+
 struct GenerateRequest {
   std::vector<int32_t> prompt_tokens;  // rendered and tokenized by the server; non-empty
   SamplingParams params;               // start from Engine::default_sampling_params()
@@ -24,6 +36,8 @@ struct GenerateRequest {
   // Return the logits of every prompt position (RequestEvent::prompt_logits), for scoring. The
   // prompt is then computed in full, never served from the prefix cache; n must be 1.
   bool prompt_logits = false;
+  // Non-overlapping, in prompt order; needs ModelFeatures::input_embeddings.
+  std::vector<PromptEmbeddings> prompt_embeddings;
 };
 
 enum class FinishReason : uint8_t {

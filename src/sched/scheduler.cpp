@@ -102,6 +102,15 @@ Status Scheduler::enable_hicache(std::unique_ptr<HiCache> hicache) {
   return Status::ok();
 }
 
+std::span<const int32_t> Scheduler::cache_key(const Seq& seq, int32_t n,
+                                              std::vector<int32_t>& scratch) {
+  if (seq.prompt_key.empty()) return {seq.tokens.data(), static_cast<size_t>(n)};
+  scratch.assign(seq.prompt_key.begin(),
+                 seq.prompt_key.begin() + std::min<int32_t>(n, seq.num_prompt_tokens));
+  for (int32_t i = seq.num_prompt_tokens; i < n; ++i) scratch.push_back(seq.tokens[size_t(i)]);
+  return scratch;
+}
+
 int32_t Scheduler::place(const SeqSpec& spec) {
   const int32_t D = num_dp_groups();
   if (D == 1) return 0;
@@ -147,7 +156,13 @@ Status Scheduler::add(SeqSpec spec) {
   seq->request_id = spec.request_id;
   seq->seq_index = spec.seq_index;
   seq->num_prompt_tokens = static_cast<int32_t>(spec.prompt.size());
+  if (!spec.prompt_key.empty() && spec.prompt_key.size() != spec.prompt.size()) {
+    return invalid_argument("[sched.add] sequence " + std::to_string(spec.id) + " has a prompt key of " +
+                            std::to_string(spec.prompt_key.size()) + " values for " +
+                            std::to_string(spec.prompt.size()) + " prompt tokens");
+  }
   seq->tokens = std::move(spec.prompt);
+  seq->prompt_key = std::move(spec.prompt_key);
   seq->wait_for = spec.wait_for;
   seq->match_prefix = spec.match_prefix;
   seq->arrival = next_arrival_++;
@@ -297,8 +312,11 @@ void Scheduler::plan_group(Group& g, StepPlan* out) {
     std::vector<PageId> matched;
     if (config_.enable_prefix_cache && seq->match_prefix) {
       // Referenced before ensure_free can evict them; with HiCache, host and disk hits are
-      // copied back into device pages here, before the step that reads them.
-      matched = index->acquire(seq->tokens, (seq->num_tokens() - 1) / P);
+      // copied back into device pages here, before the step that reads them. The key carries
+      // each image's content hash at its placeholder positions.
+      std::vector<int32_t> scratch;
+      matched = index->acquire(cache_key(*seq, seq->num_tokens(), scratch),
+                               (seq->num_tokens() - 1) / P);
     }
     if (prefix_match_limit_ && !matched.empty()) {
       const int32_t keep = prefix_match_limit_(*seq, matched);
@@ -361,8 +379,9 @@ void Scheduler::index_full_pages(Seq* seq) {
   const int32_t num_full = seq->num_computed_tokens / P;
   if (num_full <= seq->num_indexed_pages) return;
   Group& g = group_of(*seq);
+  std::vector<int32_t> scratch;
   std::vector<PageId> canonical = g.index->insert(
-      std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(num_full) * P),
+      cache_key(*seq, num_full * P, scratch),
       std::span<const PageId>(seq->pages.data(), num_full));
   for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
     if (canonical[i] == seq->pages[i]) continue;

@@ -96,6 +96,8 @@ struct SequenceState {
   SeqId wait_for = -1;               // admit only once this sequence has finished its prefill
   bool match_prefix = true;          // false: every position is computed (prompt logits)
   int32_t dp_group = 0;              // attention data-parallel group, fixed when added
+  // The prefix-cache key of the prompt positions (SeqSpec::prompt_key); empty: the tokens.
+  std::vector<int32_t> prompt_key;
   // Draft tokens to verify with the next decode slice (set_draft); cleared by plan's commit and
   // by preemption.
   std::vector<int32_t> draft_tokens;
@@ -115,6 +117,11 @@ struct SeqSpec {
   // False: never served from the prefix cache, so every prompt position is computed (a request
   // that wants the logits of every prompt position).
   bool match_prefix = true;
+  // Empty, or one value per prompt token: what the prefix cache matches and indexes instead of
+  // the prompt's token ids (generated tokens are keyed by their ids). Positions whose input is
+  // not their token's embedding (image features at placeholder tokens) get values derived from
+  // what they hold, so equal tokens with other inputs never share KV.
+  std::vector<int32_t> prompt_key;
 };
 
 struct SchedulerCounters {
@@ -231,6 +238,10 @@ class Scheduler {
   bool dependency_pending(const Seq& seq) const;
   SeqSlice make_slice(const Seq& seq, int32_t num_new) const;
   void index_full_pages(Seq* seq);
+  // The prefix-cache key of seq's first n tokens: its tokens, or its prompt_key followed by the
+  // generated tokens (built in `scratch`).
+  static std::span<const int32_t> cache_key(const Seq& seq, int32_t n,
+                                            std::vector<int32_t>& scratch);
 
   SchedulerConfig config_;
   int32_t group_max_running_ = 0;

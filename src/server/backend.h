@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/status.h"
+#include "server/media/image_preprocess.h"
 
 namespace m3::server {
 
@@ -52,9 +54,22 @@ struct TokenLogprobs {
   std::vector<std::pair<int32_t, float>> top;    // (token, logprob), descending, ties id asc
 };
 
+// One image of a request, pre-processed for the vision tower (server/media/image_preprocess.h):
+// its placeholder tokens are prompt_tokens[token_offset, token_offset + num_tokens).
+struct BackendImage {
+  int32_t token_offset = 0;
+  int32_t num_tokens = 0;
+  int32_t grid_t = 0, grid_h = 0, grid_w = 0;  // patches along time, height, width
+  int32_t patch_values = 0;                     // values per patch
+  std::vector<float> pixel_values;              // [grid_t * grid_h * grid_w, patch_values]
+  uint64_t content_hash = 0;                    // equal for equal pixel_values and grid
+};
+
 struct BackendRequest {
   std::string request_id;  // the OpenAI id ("chatcmpl-..."), for logs
   std::vector<int32_t> prompt_tokens;
+  // Images in prompt order (shared: the n choices of a request are separate BackendRequests).
+  std::vector<std::shared_ptr<const BackendImage>> images;
   SamplingOptions sampling;
   bool skip_special_tokens = true;  // false when the output parsers need the markers in the text
 };
@@ -134,6 +149,9 @@ class InferenceBackend {
   // The most requests submit() holds waiting at once (--max-queued-requests), 0 when unbounded.
   // A job of more choices than this can never be admitted, however idle the backend is.
   virtual int32_t max_queued_requests() const { return 0; }
+  // Set when the model takes images: how the server pre-processes them (BackendRequest::images).
+  // Unset: requests with images get 400 vision_not_available.
+  virtual std::optional<VisionPreprocessConfig> vision() const { return std::nullopt; }
 
   // Queues a request. Errors: kInvalidArgument (HTTP 400), kResourceExhausted (the waiting queue
   // is full: HTTP 429). On success returns the id for cancel(); `on_event` is then called until an

@@ -28,6 +28,10 @@ class DeferredBackend : public InferenceBackend {
     auto* b = inner.load();
     return b ? b->max_queued_requests() : 0;
   }
+  std::optional<VisionPreprocessConfig> vision() const override {
+    auto* b = inner.load();
+    return b ? b->vision() : std::nullopt;
+  }
   Result<uint64_t> submit(BackendRequest request, EventCallback on_event) override {
     auto* b = inner.load();
     if (!b) return loading();

@@ -96,10 +96,49 @@ EngineBackend::~EngineBackend() {
   engine_.reset();
 }
 
+void EngineBackend::enable_vision(server::VisionPreprocessConfig preprocess, ImageEncoder encoder) {
+  vision_ = preprocess;
+  encoder_ = std::move(encoder);
+}
+
+Result<std::vector<PromptEmbeddings>> EngineBackend::encode_images(
+    const server::BackendRequest& request) {
+  std::vector<PromptEmbeddings> out;
+  if (request.images.empty()) return out;
+  if (!encoder_) {
+    return Status(StatusCode::kUnimplemented, "this model has no vision tower; send text only");
+  }
+  constexpr size_t kRecent = 8;
+  std::lock_guard<std::mutex> lock(encode_mu_);
+  for (const auto& image : request.images) {
+    std::shared_ptr<const std::vector<float>> features;
+    for (const auto& [hash, f] : recent_features_) {
+      if (hash == image->content_hash) features = f;
+    }
+    if (!features) {
+      auto encoded = encoder_(*image);
+      if (!encoded.is_ok()) return encoded.status();
+      features = std::make_shared<const std::vector<float>>(std::move(encoded).value());
+      recent_features_.emplace_back(image->content_hash, features);
+      if (recent_features_.size() > kRecent) recent_features_.pop_front();
+    }
+    PromptEmbeddings e;
+    e.token_offset = image->token_offset;
+    e.num_tokens = image->num_tokens;
+    e.values = std::move(features);
+    e.content_hash = image->content_hash;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 Result<uint64_t> EngineBackend::submit(server::BackendRequest request,
                                        server::EventCallback on_event) {
   const bool logprobs = request.sampling.logprobs;
+  auto embeddings = encode_images(request);
+  if (!embeddings.is_ok()) return embeddings.status();
   GenerateRequest g;
+  g.prompt_embeddings = std::move(embeddings).value();
   g.prompt_tokens = std::move(request.prompt_tokens);
   g.params = to_sampling_params(request.sampling, engine_->default_sampling_params());
   g.skip_special_tokens = request.skip_special_tokens;

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -21,6 +24,9 @@ SamplingParams to_sampling_params(const server::SamplingOptions& options,
 // One engine event as the server sees it (sequence 0: the server submits one request per
 // choice); with_logprobs copies each token's logprobs (BackendEvent::logprobs).
 server::BackendEvent to_backend_event(const RequestEvent& event, bool with_logprobs = false);
+
+// A vision tower: one pre-processed image -> its features, [image.num_tokens, hidden_size].
+using ImageEncoder = std::function<Result<std::vector<float>>(const server::BackendImage& image)>;
 
 class EngineBackend final : public server::InferenceBackend {
  public:
@@ -46,6 +52,13 @@ class EngineBackend final : public server::InferenceBackend {
 
   Engine& engine() { return *engine_; }
 
+  // Makes the backend take images: the server pre-processes them with `preprocess`, and each
+  // request's images are encoded (one at a time; a few recent results are reused by content
+  // hash, so the n choices of a request and repeated images run the tower once) and handed to
+  // the engine as prompt embeddings. Call before serving.
+  void enable_vision(server::VisionPreprocessConfig preprocess, ImageEncoder encoder);
+  std::optional<server::VisionPreprocessConfig> vision() const override { return vision_; }
+
  private:
   struct Entry;
   void deliver(const std::shared_ptr<Entry>& entry);
@@ -58,6 +71,12 @@ class EngineBackend final : public server::InferenceBackend {
   std::atomic<bool> closing_{false};
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Entry>> live_;  // requests not yet done
+  // Vision (enable_vision): the encoder runs under encode_mu_, which also guards the reuse cache.
+  Result<std::vector<PromptEmbeddings>> encode_images(const server::BackendRequest& request);
+  std::optional<server::VisionPreprocessConfig> vision_;
+  ImageEncoder encoder_;
+  std::mutex encode_mu_;
+  std::deque<std::pair<uint64_t, std::shared_ptr<const std::vector<float>>>> recent_features_;
 };
 
 }  // namespace m3::serving

@@ -144,6 +144,7 @@ std::string summary(const ServeConfig& c) {
   add(c.server.context_length); add(c.server.max_body_bytes); add(c.server.max_connections);
   add(c.server.keep_alive_timeout.count()); add(c.server.io_threads);
   add(c.server.worker_threads); add(c.server.media.max_image_bytes);
+  add(c.server.media.max_image_pixels);
   add(c.server.drain_timeout.count());
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
@@ -210,7 +211,7 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   EXPECT_TRUE(accepted->speculative_options.method == VerifyMethod::kBlock);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--speculative-algorithm", "DSPARK", "--device", "cuda", "--tp", "2"},
-            "--speculative-algorithm DSPARK with --tp"},
+            "--speculative-algorithm DSPARK with --tp/--ep on --device cuda"},
            {{"--dp", "2"}, "--dp 2"},
            {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
             "--kv-cache-dtype fp8_e4m3 with --device cuda"},

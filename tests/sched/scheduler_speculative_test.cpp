@@ -19,7 +19,7 @@ TEST(SchedulerSpeculative, VerifySlicePagesAndAcceptance) {
   Scheduler s(c);
   std::vector<int32_t> prompt(6);
   std::iota(prompt.begin(), prompt.end(), 100);
-  ASSERT_TRUE(s.add(SeqSpec{7, 1, 0, prompt, -1, true}).is_ok());
+  ASSERT_TRUE(s.add(SeqSpec{7, 1, 0, prompt, -1, true, {}}).is_ok());
   EXPECT_FALSE(s.set_draft(7, {1, 2}));  // not decoding yet
   StepPlan p = s.plan();
   ASSERT_EQ(p.seqs.size(), 1u);

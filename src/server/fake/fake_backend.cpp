@@ -98,6 +98,10 @@ Result<uint64_t> FakeBackend::submit(BackendRequest request, EventCallback on_ev
                               std::to_string(codec_.vocab_size()) + ")");
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_request_ = request;
+  }
   auto r = std::make_unique<Req>();
   std::string prompt = codec_.decode(request.prompt_tokens, false).value();
   std::string b64 = directive(prompt, "FAKE_OUTPUT_B64");
@@ -150,6 +154,11 @@ void FakeBackend::cancel(uint64_t id) {
     cancels_.push_back(id);
   }
   cv_.notify_all();
+}
+
+BackendRequest FakeBackend::last_request() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_request_;
 }
 
 BackendStats FakeBackend::stats() const {

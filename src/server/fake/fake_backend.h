@@ -30,6 +30,8 @@ namespace m3::server {
 
 struct FakeBackendOptions {
   int32_t context_length = 8192;
+  // Set: the fake model "takes images" (InferenceBackend::vision) with this pre-processing.
+  std::optional<VisionPreprocessConfig> vision;
   int32_t max_running = 256;
   int32_t max_waiting = 1024;
   int32_t step_ms = 2;
@@ -46,11 +48,14 @@ class FakeBackend : public InferenceBackend {
   bool ready() const override;
   int32_t context_length() const override { return options_.context_length; }
   int32_t max_queued_requests() const override { return options_.max_waiting; }
+  std::optional<VisionPreprocessConfig> vision() const override { return options_.vision; }
   Result<uint64_t> submit(BackendRequest request, EventCallback on_event) override;
   void cancel(uint64_t id) override;
   BackendStats stats() const override;
 
   uint64_t cancelled_total() const { return cancelled_total_.load(); }
+  // The last request submitted (its tokens and images), for tests.
+  BackendRequest last_request() const;
 
  private:
   struct Req;
@@ -66,6 +71,7 @@ class FakeBackend : public InferenceBackend {
   std::map<uint64_t, std::unique_ptr<Req>> running_;
   std::vector<uint64_t> cancels_;
   std::vector<int32_t> last_prompt_;  // for the fake prefix cache
+  BackendRequest last_request_;
   uint64_t next_id_ = 1;
   uint64_t prefix_hits_ = 0;
   bool stop_ = false;

@@ -6,8 +6,9 @@ namespace m3::server {
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kSpecials = {
-    "]~!b[", "]~b]", "[e~[", "<mm:think>", "</mm:think>", "]<]minimax[>[", "]<]image[>[", "]!p~["};
+constexpr std::array<std::string_view, 10> kSpecials = {
+    "]~!b[", "]~b]", "[e~[", "<mm:think>", "</mm:think>", "]<]minimax[>[", "]<]image[>[", "]!p~[",
+    "]<]start of image[>[", "]<]end of image[>["};
 
 }  // namespace
 

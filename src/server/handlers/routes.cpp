@@ -11,6 +11,7 @@
 
 #include "chat/parsers/markers_minimax_m3.h"
 #include "server/handlers/generation.h"
+#include "server/handlers/image_inputs.h"
 #include "server/protocol/requests.h"
 
 namespace m3::server {
@@ -155,15 +156,24 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   ChatRequest& r = std::get<ChatRequest>(parsed);
   if (auto e = check_model(ctx, r.gen.model)) return send_error(ctx, *responder, *e);
 
-  for (const auto& img : r.images) {
-    auto checked = check_image_url(img.url, img.param, ctx.options.media);
-    if (auto* e = std::get_if<ApiError>(&checked)) return send_error(ctx, *responder, *e);
-  }
+  std::vector<std::shared_ptr<BackendImage>> images;
   if (!r.images.empty()) {
-    return send_error(ctx, *responder,
-                      bad_request("Image input is not available yet: this server has no vision "
-                                  "tower for the model. Send text only.",
-                                  r.images.front().param, "vision_not_available"));
+    const std::optional<VisionPreprocessConfig> vision = ctx.backend->vision();
+    if (!vision) {
+      for (const auto& img : r.images) {
+        auto checked = check_image_url(img.url, img.param, ctx.options.media);
+        if (auto* e = std::get_if<ApiError>(&checked)) return send_error(ctx, *responder, *e);
+      }
+      return send_error(ctx, *responder,
+                        bad_request("Image input is not available: this model has no vision "
+                                    "tower (no vision_config and vision weights in its "
+                                    "checkpoint). Send text only.",
+                                    r.images.front().param, "vision_not_available"));
+    }
+    auto prepared = prepare_images(r.images, ctx.options.media, *vision,
+                                   PreprocessOverrides{r.mm_min_pixels, r.mm_max_pixels});
+    if (auto* e = std::get_if<ApiError>(&prepared)) return send_error(ctx, *responder, *e);
+    images = std::move(std::get<std::vector<std::shared_ptr<BackendImage>>>(prepared));
   }
 
   bool reasoning_on = parsers_enabled(ctx.options.reasoning_parser);
@@ -175,6 +185,11 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
     return send_error(ctx, *responder, render_error(rendered.status()));
   }
   std::string prompt = std::move(rendered).value();
+  if (!images.empty()) {
+    auto expanded = expand_image_placeholders(prompt, images, "messages");
+    if (auto* e = std::get_if<ApiError>(&expanded)) return send_error(ctx, *responder, *e);
+    prompt = std::move(std::get<std::string>(expanded));
+  }
 
   GenerationConfig cfg;
   cfg.chat = true;
@@ -213,6 +228,17 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
 
   auto tokens = ctx.codec->encode(prompt + cfg.prefill);
   if (!tokens.is_ok()) return send_error(ctx, *responder, from_status(tokens.status()));
+  if (!images.empty()) {
+    const auto image_id = ctx.codec->token_id(kImageToken);
+    if (!image_id) {
+      return send_error(ctx, *responder,
+                        internal_error("The tokenizer has no image token " +
+                                                std::string(kImageToken) + "."));
+    }
+    if (auto e = place_image_tokens(*tokens, *image_id, images, "messages")) {
+      return send_error(ctx, *responder, *e);
+    }
+  }
   cfg.prompt_tokens = static_cast<int32_t>(tokens->size());
   auto mt = resolve_max_tokens(ctx, cfg.prompt_tokens, r.gen.max_tokens, "messages");
   if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
@@ -226,6 +252,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   BackendRequest breq;
   breq.request_id = cfg.id;
   breq.prompt_tokens = std::move(tokens).value();
+  breq.images.assign(images.begin(), images.end());
   breq.sampling = r.gen.sampling;
   breq.sampling.max_tokens = std::get<int32_t>(mt);
   // The parsers need the think and namespace markers, which are special tokens.

@@ -175,7 +175,8 @@ std::variant<CheckedImage, ApiError> check_image_url(const std::string& url,
     if (sniffed != mime) {
       return fail("The image data is " + sniffed + " but the data: URI declares " + mime + ".");
     }
-    return CheckedImage{mime, bytes->size(), false};
+    const size_t size = bytes->size();
+    return CheckedImage{mime, size, false, std::move(*bytes)};
   }
 
   // Remote URL: scheme://[userinfo@]host[:port]/...
@@ -239,7 +240,7 @@ std::variant<CheckedImage, ApiError> check_image_url(const std::string& url,
           param, "media_address_not_allowed");
     }
   }
-  return CheckedImage{"", 0, true};
+  return CheckedImage{"", 0, true, {}};
 }
 
 }  // namespace m3::server

@@ -5,7 +5,8 @@
 //    also resolve only to public addresses (no private, loopback, link-local, CGNAT, multicast or
 //    reserved ranges, including IPv4 embedded in IPv6), so an allowlisted name cannot be pointed
 //    at the internal network (SSRF). URLs with credentials or non-http(s) schemes are refused.
-// Remote images are fetched by remote_fetch.h, which runs this check again at every hop.
+// Remote images are fetched by remote_fetch.h, which runs this check again at every hop; their
+// bytes, like a data: URI's, go on to image_decode.h.
 #pragma once
 
 #include <chrono>
@@ -24,6 +25,7 @@ namespace m3::server {
 struct MediaOptions {
   std::vector<std::string> allowed_domains;  // "example.com" (exact) or ".example.com" (subdomains)
   size_t max_image_bytes = 20u << 20;
+  int64_t max_image_pixels = 89'478'485;  // width * height, from the header (image_decode.h)
   std::chrono::milliseconds resolve_timeout{3000};
   // A remote fetch, all redirects and DNS included (--media-fetch-timeout).
   std::chrono::milliseconds fetch_timeout{5000};
@@ -43,6 +45,7 @@ struct CheckedImage {
   std::string mime;  // "image/png", ...
   size_t bytes = 0;  // decoded size (data URIs)
   bool remote = false;
+  std::string data;  // the image file's bytes (data URIs); empty for remote URLs
 };
 
 // std::nullopt-free result: the checked image, or the 400 to send (param names the field).

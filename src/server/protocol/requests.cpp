@@ -384,6 +384,34 @@ std::optional<ApiError> parse_thinking(const json& body, ChatRequest& r) {
   return std::nullopt;
 }
 
+// vLLM's mm_processor_kwargs: the image processor's min_pixels / max_pixels for this request.
+// Other keys are refused rather than ignored.
+std::optional<ApiError> parse_mm_processor_kwargs(const json& body, ChatRequest& r) {
+  auto it = body.find("mm_processor_kwargs");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) {
+    return bad_request("'mm_processor_kwargs' must be an object.", "mm_processor_kwargs");
+  }
+  for (const auto& [key, value] : it->items()) {
+    const std::string param = "mm_processor_kwargs." + key;
+    if (key != "min_pixels" && key != "max_pixels") {
+      return bad_request("'" + param + "' is not supported; the image processor takes "
+                         "min_pixels and max_pixels.",
+                         param, "unsupported_parameter");
+    }
+    if (!value.is_number_integer() || value.get<int64_t>() < 1) {
+      return bad_request("'" + param + "' must be a positive integer.", param);
+    }
+    (key == "min_pixels" ? r.mm_min_pixels : r.mm_max_pixels) = value.get<int64_t>();
+  }
+  if (r.mm_min_pixels && r.mm_max_pixels && *r.mm_min_pixels > *r.mm_max_pixels) {
+    return bad_request("mm_processor_kwargs.min_pixels (" + std::to_string(*r.mm_min_pixels) +
+                           ") is above max_pixels (" + std::to_string(*r.mm_max_pixels) + ").",
+                       "mm_processor_kwargs.min_pixels");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Parsed<json> parse_json_body(const std::string& body) {
@@ -421,6 +449,7 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
   r.messages = std::move(std::get<json>(msgs));
   M3_TRY(parse_tools(body, r));
   M3_TRY(parse_thinking(body, r));
+  M3_TRY(parse_mm_processor_kwargs(body, r));
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
       return bad_request("'response_format' must be an object with a 'type'.", "response_format");

@@ -55,6 +55,9 @@ struct ChatRequest {
   // reasoning_effort resolved from the top-level fields.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::string thinking_mode;  // "enabled", "disabled" or "adaptive" (what the template gets)
+  // mm_processor_kwargs (vLLM's field): the image processor's pixel bounds for this request.
+  std::optional<int64_t> mm_min_pixels;
+  std::optional<int64_t> mm_max_pixels;
 };
 
 struct CompletionRequest {

@@ -1,0 +1,111 @@
+#include "server/media/image_preprocess.h"
+
+#include <xxhash.h>
+
+#include <cmath>
+
+#include "server/media/pil_resize.h"
+
+namespace m3::server {
+
+namespace {
+
+// Python's round(): to nearest, ties to even (nearbyint in the default rounding mode).
+int64_t round_half_even(double x) { return int64_t(std::nearbyint(x)); }
+
+}  // namespace
+
+std::variant<ResizedSize, ApiError> smart_resize(int64_t height, int64_t width, int64_t factor,
+                                                 int64_t min_pixels, int64_t max_pixels,
+                                                 const std::string& param) {
+  if (height <= 0 || width <= 0) {
+    return bad_request("The image has an empty size.", param, "invalid_image");
+  }
+  const double ratio = double(std::max(height, width)) / double(std::min(height, width));
+  if (ratio > 200.0) {
+    return bad_request("The image is " + std::to_string(width) + " x " + std::to_string(height) +
+                           ": its aspect ratio " + std::to_string(ratio) +
+                           " is above 200, which the image processor refuses.",
+                       param, "invalid_image");
+  }
+  int64_t h = round_half_even(double(height) / double(factor)) * factor;
+  int64_t w = round_half_even(double(width) / double(factor)) * factor;
+  if (h * w > max_pixels) {
+    const double beta = std::sqrt(double(height * width) / double(max_pixels));
+    h = std::max<int64_t>(factor, int64_t(std::floor(double(height) / beta / double(factor))) * factor);
+    w = std::max<int64_t>(factor, int64_t(std::floor(double(width) / beta / double(factor))) * factor);
+  } else if (h * w < min_pixels) {
+    const double beta = std::sqrt(double(min_pixels) / double(height * width));
+    h = int64_t(std::ceil(double(height) * beta / double(factor))) * factor;
+    w = int64_t(std::ceil(double(width) * beta / double(factor))) * factor;
+  }
+  return ResizedSize{h, w};
+}
+
+std::variant<PixelPatches, ApiError> preprocess_image(const RgbImage& image,
+                                                      const VisionPreprocessConfig& config,
+                                                      const PreprocessOverrides& overrides,
+                                                      const std::string& param) {
+  const int64_t max_pixels = overrides.max_pixels.value_or(config.max_pixels);
+  // A requested max_pixels below the configured minimum lowers the minimum with it; a requested
+  // min_pixels above the maximum is refused (it would upscale without bound).
+  const int64_t min_pixels = overrides.min_pixels.value_or(std::min(config.min_pixels, max_pixels));
+  if (min_pixels > max_pixels) {
+    return bad_request("min_pixels (" + std::to_string(min_pixels) + ") is above max_pixels (" +
+                           std::to_string(max_pixels) + ") for this image.",
+                       "mm_processor_kwargs.min_pixels");
+  }
+  auto size = smart_resize(image.height, image.width, config.factor(), min_pixels, max_pixels,
+                           param);
+  if (auto* e = std::get_if<ApiError>(&size)) return *e;
+  const ResizedSize rs = std::get<ResizedSize>(size);
+  const RgbImage resized = resize_bicubic_like_pil(image, int32_t(rs.width), int32_t(rs.height));
+
+  // Rescale (double, then float32) and normalise in float32, channel by channel.
+  const int H = resized.height, W = resized.width;
+  std::vector<float> plane(size_t(3) * H * W);  // [c, y, x]
+  const double rescale = 1.0 / 255.0;
+  for (int c = 0; c < 3; ++c) {
+    const float m = config.mean[size_t(c)], s = config.std[size_t(c)];
+    for (size_t i = 0; i < size_t(H) * W; ++i) {
+      const float x = float(double(resized.pixels[i * 3 + size_t(c)]) * rescale);
+      plane[size_t(c) * H * W + i] = (x - m) / s;
+    }
+  }
+
+  const int P = config.patch_size, M = config.merge_size, T = config.temporal_patch_size;
+  PixelPatches out;
+  out.grid_t = 1;  // one frame, repeated to fill the temporal patch
+  out.grid_h = H / P;
+  out.grid_w = W / P;
+  out.patch_values = config.patch_values();
+  out.values.resize(size_t(out.num_patches()) * out.patch_values);
+  float* dst = out.values.data();
+  for (int bh = 0; bh < out.grid_h / M; ++bh) {
+    for (int bw = 0; bw < out.grid_w / M; ++bw) {
+      for (int mh = 0; mh < M; ++mh) {
+        for (int mw = 0; mw < M; ++mw) {
+          const int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
+          for (int c = 0; c < 3; ++c) {
+            for (int t = 0; t < T; ++t) {
+              for (int py = 0; py < P; ++py) {
+                const float* row = &plane[(size_t(c) * H + size_t(y0 + py)) * W + size_t(x0)];
+                for (int px = 0; px < P; ++px) *dst++ = row[px];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  const int32_t grid[3] = {out.grid_t, out.grid_h, out.grid_w};
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, grid, sizeof grid);
+  XXH3_64bits_update(st, out.values.data(), out.values.size() * sizeof(float));
+  out.content_hash = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return out;
+}
+
+}  // namespace m3::server
