@@ -1,8 +1,21 @@
 #include "server/handlers/image_inputs.h"
 
+#include <cctype>
+#include <string>
+
 #include "server/media/remote_fetch.h"
 
 namespace m3::server {
+
+namespace {
+
+bool is_http_url(const std::string& url) {
+  std::string head = url.substr(0, 8);
+  for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return head.rfind("http://", 0) == 0 || head.rfind("https://", 0) == 0;
+}
+
+}  // namespace
 
 std::variant<std::vector<std::shared_ptr<BackendImage>>, ApiError> prepare_images(
     const std::vector<ImageRef>& refs, const MediaOptions& media,
@@ -17,17 +30,19 @@ std::variant<std::vector<std::shared_ptr<BackendImage>>, ApiError> prepare_image
                        "mm_processor_kwargs.max_pixels");
   }
   for (const ImageRef& ref : refs) {
-    auto checked = check_image_url(ref.url, ref.param, media, resolve);
-    if (auto* e = std::get_if<ApiError>(&checked)) return *e;
-    CheckedImage& c = std::get<CheckedImage>(checked);
-    if (c.remote) {
-      // The policy passed for the first URL; the fetch checks it again at every hop (and pins
-      // the connection to the checked address), then its bytes are decoded like a data: URI's.
+    std::string bytes;
+    if (is_http_url(ref.url)) {
+      // The fetch runs the policy check on the URL and again at every redirect (and pins the
+      // connection to the checked address); its bytes are decoded like a data: URI's.
       auto fetched = fetch_remote_image(ref.url, ref.param, media, resolve);
       if (auto* e = std::get_if<ApiError>(&fetched)) return *e;
-      c.data = std::move(std::get<FetchedImage>(fetched).bytes);
+      bytes = std::move(std::get<FetchedImage>(fetched).bytes);
+    } else {
+      auto checked = check_image_url(ref.url, ref.param, media, resolve);
+      if (auto* e = std::get_if<ApiError>(&checked)) return *e;
+      bytes = std::move(std::get<CheckedImage>(checked).data);
     }
-    auto decoded = decode_image(c.data, limits, ref.param);
+    auto decoded = decode_image(bytes, limits, ref.param);
     if (auto* e = std::get_if<ApiError>(&decoded)) return *e;
     auto patches = preprocess_image(std::get<RgbImage>(decoded), vision, overrides, ref.param);
     if (auto* e = std::get_if<ApiError>(&patches)) return *e;

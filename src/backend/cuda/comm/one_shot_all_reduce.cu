@@ -38,6 +38,51 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
+// Tells every rank (this one too) that slice c of epoch e is staged here, then waits until every
+// rank's slice c is (or the timeout passes: the group is then marked failed). Called by all the
+// CTA's threads after its staging writes and a __syncthreads.
+__device__ __forceinline__ void signal_and_wait(const Params& p, int c, uint32_t e) {
+  if (threadIdx.x < p.ranks) {
+    __threadfence_system();
+    store_release_sys(p.flags[threadIdx.x] + p.rank * OneShotAllReduce::kMaxCtas + c, e);
+  }
+  if (threadIdx.x < p.ranks) {
+    const uint32_t* f = p.flags[p.rank] + threadIdx.x * OneShotAllReduce::kMaxCtas + c;
+    const unsigned long long t0 = global_ns();
+    while (static_cast<int32_t>(load_acquire_sys(f) - e) < 0) {
+      if (global_ns() - t0 > p.timeout_ns) {
+        *reinterpret_cast<volatile int*>(p.timed_out) = 1;
+        break;
+      }
+    }
+  }
+}
+
+// The ranks' float4 at `at` of the staged halves, summed in rank order from 0.
+__device__ __forceinline__ float4 sum_ranks(const Params& p, int64_t half, int64_t at) {
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int q = 0; q < p.ranks; ++q) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p.staging[q] + half) + at);
+    s.x += v.x;
+    s.y += v.y;
+    s.z += v.z;
+    s.w += v.w;
+  }
+  return s;
+}
+
+// The last CTA to finish advances the epoch for the next launch.
+__device__ __forceinline__ void advance_epoch(const Params& p, int nc, uint32_t e) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.epoch + 1, 1u) == static_cast<uint32_t>(nc - 1)) {
+      p.epoch[1] = 0;
+      p.epoch[0] = e;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(Params p) {
   const uint32_t e = *reinterpret_cast<volatile uint32_t*>(p.epoch) + 1;
   const int c = blockIdx.x, nc = gridDim.x;
@@ -56,49 +101,18 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(Params p) {
     }
   }
   __syncthreads();
-  // Tell every rank (this one too) that slice c of epoch e is staged here.
-  if (threadIdx.x < p.ranks) {
-    __threadfence_system();
-    store_release_sys(p.flags[threadIdx.x] + p.rank * OneShotAllReduce::kMaxCtas + c, e);
-  }
-  // Wait for every rank's slice c.
-  if (threadIdx.x < p.ranks) {
-    const uint32_t* f = p.flags[p.rank] + threadIdx.x * OneShotAllReduce::kMaxCtas + c;
-    const unsigned long long t0 = global_ns();
-    while (static_cast<int32_t>(load_acquire_sys(f) - e) < 0) {
-      if (global_ns() - t0 > p.timeout_ns) {
-        *reinterpret_cast<volatile int*>(p.timed_out) = 1;
-        break;
-      }
-    }
-  }
+  signal_and_wait(p, c, e);
   __syncthreads();
   for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
     if (vec) {
-      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int q = 0; q < p.ranks; ++q) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(p.staging[q] + half) + i);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-      }
-      reinterpret_cast<float4*>(p.buf)[i] = s;
+      reinterpret_cast<float4*>(p.buf)[i] = sum_ranks(p, half, i);
     } else {
       float s = 0.f;
       for (int q = 0; q < p.ranks; ++q) s += __ldcg(p.staging[q] + half + i);
       p.buf[i] = s;
     }
   }
-  // The last CTA to finish advances the epoch for the next launch.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(p.epoch + 1, 1u) == static_cast<uint32_t>(nc - 1)) {
-      p.epoch[1] = 0;
-      p.epoch[0] = e;
-    }
-  }
+  advance_epoch(p, nc, e);
 }
 
 // all_reduce_add_rms_norm: the signalling of one_shot_kernel, by whole rows, then the norm of
@@ -119,20 +133,7 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int64_t t = c; t < n.t; t += nc)
     for (int64_t i = threadIdx.x; i < nv; i += kNormThreads) mine[t * nv + i] = d[t * nv + i];
   __syncthreads();
-  if (threadIdx.x < p.ranks) {
-    __threadfence_system();
-    store_release_sys(p.flags[threadIdx.x] + p.rank * OneShotAllReduce::kMaxCtas + c, e);
-  }
-  if (threadIdx.x < p.ranks) {
-    const uint32_t* f = p.flags[p.rank] + threadIdx.x * OneShotAllReduce::kMaxCtas + c;
-    const unsigned long long t0 = global_ns();
-    while (static_cast<int32_t>(load_acquire_sys(f) - e) < 0) {
-      if (global_ns() - t0 > p.timeout_ns) {
-        *reinterpret_cast<volatile int*>(p.timed_out) = 1;
-        break;
-      }
-    }
-  }
+  signal_and_wait(p, c, e);
   __syncthreads();
   const uint2* w = reinterpret_cast<const uint2*>(n.weight);
   for (int64_t t = c; t < n.t; t += nc) {
@@ -146,14 +147,7 @@ __global__ void __launch_bounds__(kNormThreads)
       wv[j] = w[i];
       // The ranks' partials in rank order from 0 (one_shot_kernel's sum), then residual + sum
       // (add_rms_norm's row_piece).
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int q = 0; q < p.ranks; ++q) {
-        const float4 x = __ldcg(reinterpret_cast<const float4*>(p.staging[q] + half) + t * nv + i);
-        sum.x += x.x;
-        sum.y += x.y;
-        sum.z += x.z;
-        sum.w += x.w;
-      }
+      const float4 sum = sum_ranks(p, half, t * nv + i);
       const float4 x = r[i];
       v[j] = make_float4(x.x + sum.x, x.y + sum.y, x.z + sum.z, x.w + sum.w);
     }
@@ -193,14 +187,7 @@ __global__ void __launch_bounds__(kNormThreads)
       if (i < nv) of[i] = norm::f16_piece(ob[j], sc);
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(p.epoch + 1, 1u) == static_cast<uint32_t>(nc - 1)) {
-      p.epoch[1] = 0;
-      p.epoch[0] = e;
-    }
-  }
+  advance_epoch(p, nc, e);
 }
 
 Status cuda_status(cudaError_t e, const std::string& what) {
