@@ -390,15 +390,16 @@ def parity_fixture(target, draft, dcfg, convention, cases, path):
 
 def main():
     log("device", DEV, torch.cuda.get_device_name(0) if DEV == "cuda" else "")
-    target, tc = dm.load_target(args.target_dir)
-    target = target.to(DEV)
     tok = Tokenizer.from_file(os.path.join(args.target_dir, "tokenizer.json"))
-    noise = tc["vocab"] - 6
-    if float(target.model.embed_tokens.weight[noise].abs().max()) == 0.0:
-        REPORT["warnings"].append("the target's embedding row of the noise token is all zeros")
+    # The corpus first: its worker processes fork before CUDA is initialised.
     t = time.time()
     samples = corpus.training_corpus(args.n_train, args.seed)
     ids, lab = encode_conversations(tok, samples)
+    target, tc = dm.load_target(args.target_dir)
+    target = target.to(DEV)
+    noise = tc["vocab"] - 6
+    if float(target.model.embed_tokens.weight[noise].abs().max()) == 0.0:
+        REPORT["warnings"].append("the target's embedding row of the noise token is all zeros")
     batches = make_batches(ids)
     log("corpus: %d conversations kept, %d batches, mean length %.0f (%.1fs)" % (
         len(ids), len(batches), sum(map(len, ids)) / max(1, len(ids)), time.time() - t))
