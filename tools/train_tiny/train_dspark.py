@@ -389,12 +389,12 @@ def parity_fixture(target, draft, dcfg, convention, cases, path):
 
 
 def main():
-    log("device", DEV, torch.cuda.get_device_name(0) if DEV == "cuda" else "")
     tok = Tokenizer.from_file(os.path.join(args.target_dir, "tokenizer.json"))
     # The corpus first: its worker processes fork before CUDA is initialised.
     t = time.time()
     samples = corpus.training_corpus(args.n_train, args.seed)
     ids, lab = encode_conversations(tok, samples)
+    log("device", DEV, torch.cuda.get_device_name(0) if DEV == "cuda" else "")
     target, tc = dm.load_target(args.target_dir)
     target = target.to(DEV)
     noise = tc["vocab"] - 6
