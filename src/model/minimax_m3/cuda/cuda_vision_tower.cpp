@@ -23,7 +23,7 @@ struct DevLinear {
   int64_t out = 0, in = 0;
   QuantWeight q() const {
     QuantWeight qw;
-    qw.format = QuantFormat::kBf16;
+    qw.format = cuda::QuantFormat::kBf16;
     qw.w = reinterpret_cast<const uint8_t*>(w);
     qw.n = out;
     qw.k = in;
