@@ -136,6 +136,17 @@ def processor_facts(ip):
     return facts
 
 
+def size_limits(ip):
+    """(min_pixels, max_pixels) of the image processor: transformers 5.17 keeps them in
+    `size` (shortest_edge / longest_edge, counted in pixels), older releases as attributes."""
+    s = ip.size
+    def get(k):
+        return s.get(k) if isinstance(s, dict) else getattr(s, k, None)
+    mx = getattr(ip, "max_pixels", None) or get("max_pixels") or get("longest_edge")
+    mn = getattr(ip, "min_pixels", None) or get("min_pixels") or get("shortest_edge")
+    return int(mn), int(mx)
+
+
 def levels_of(pv, mean, std, T, P):
     """pixel_values [N, 3*T*P*P] -> uint8 levels, and the float32 values those levels give under
     the processor's fused rescale+normalise ((x - 255*mean) / (255*std), float32)."""
@@ -178,11 +189,13 @@ def run_processor(hf_mod, out, names, files, log_rows):
         except Exception as e:
             log("cannot compare transformers' convert_to_rgb:", repr(e))
             hf_same = None
-        kw = {} if max_px is None else {"max_pixels": max_px}
+        min_px, default_max = size_limits(ip)
+        kw = {} if max_px is None else {"size": {"shortest_edge": min_px, "longest_edge": max_px}}
         res = ip(images=[src], return_tensors="pt", **kw)
         pv = res["pixel_values"].float().cpu()
         grid = [int(v) for v in res["image_grid_thw"][0].tolist()]
-        rh, rw = smart_resize(h, w, factor=P * M, max_pixels=max_px or ip.max_pixels)
+        rh, rw = smart_resize(h, w, factor=P * M, min_pixels=min_px,
+                              max_pixels=max_px or default_max)
         assert grid == [1, rh // P, rw // P], (name, grid, rh, rw)
         pil = np.asarray(rgb.resize((rw, rh), Image.BICUBIC), dtype=np.uint8)
         lv, recon, clamp_dev = levels_of(pv, mean, std, T, P)
