@@ -90,8 +90,10 @@ struct CudaM3Kernels {
   bool grouped_expert_gemm = true;
   int64_t grouped_expert_max_tokens = 16384;
   // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
-  // docs/design/prefill-expert-gemm.md) instead of mma.sync. Off until measured on the GPU.
-  bool grouped_expert_wgmma = false;
+  // docs/design/prefill-expert-gemm.md) instead of mma.sync: 1.23x faster at 8K and at 32K
+  // tokens on an H200 (27.3 against 33.6 ms for one layer's routed experts at 8K), the same
+  // per-element check against the CPU (prefill_gemm_test).
+  bool grouped_expert_wgmma = true;
   // Decode sampling: kMultiCta (each row over many CTAs), instead of kOneCtaPerRow: with top-k
   // 40 and top-p 0.95, 44 us instead of 609 us at batch 1 on an H200 (about 5 us slower for
   // greedy rows and 0.1 ms for top-p without top-k, where both kernels take ~1.4 ms).
