@@ -219,23 +219,28 @@ class FastM3(nn.Module):
     def moe_blocks(self):
         return [l.mlp for l in self.model.layers if isinstance(l.mlp, MoE)]
 
-    def hidden(self, x):
+    def hidden(self, x, img=None):
+        """img: (image token id, embeddings [n, hidden], ids whose image tokens take them or None
+        for x): the vision tower's outputs replace those positions' embeddings, in order."""
         L = x.shape[1]
         pos = torch.arange(L, device=x.device, dtype=torch.float32)
         ang = pos[:, None] * self.inv_freq.float()[None, :]
         cos, sin = ang.cos(), ang.sin()
         h = self.model.embed_tokens(x)
+        if img is not None:
+            where = (x if img[2] is None else img[2]) == img[0]
+            h = h.masked_scatter(where.unsqueeze(-1), img[1].to(h.dtype))
         for layer in self.model.layers:
             h = layer(h, cos, sin)
         return self.model.norm(h)
 
-    def forward(self, x):
-        return self.lm_head(self.hidden(x))
+    def forward(self, x, img=None):
+        return self.lm_head(self.hidden(x, img))
 
-    def loss(self, x, y, flat_idx=None, y_sel=None):
+    def loss(self, x, y, flat_idx=None, y_sel=None, img=None):
         """Cross entropy over the positions with a target (y != -100) only: the LM head runs on those.
         flat_idx / y_sel (precomputed per cached batch) avoid a host sync for the boolean mask."""
-        h = self.hidden(x)
+        h = self.hidden(x, img)
         if flat_idx is None:
             flat_idx = (y.reshape(-1) != -100).nonzero().squeeze(1)
             y_sel = y.reshape(-1)[flat_idx]
