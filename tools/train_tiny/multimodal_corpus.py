@@ -30,6 +30,7 @@ TOKENS_PER_IMAGE = (shapes.SIZE // PATCH) ** 2 // (MERGE * MERGE)
 
 # Shares of the training mix (the rest is corpus.training_sample's text mix).
 SHARE_IMAGE, SHARE_GTOOL = 0.25, 0.20
+QUESTIONS_PER_IMAGE = 2  # consecutive image conversations share an image (different questions)
 
 
 def image_sample(rng, seed, split="train", mode=None, kind=None):
@@ -46,13 +47,14 @@ def image_sample(rng, seed, split="train", mode=None, kind=None):
 
 
 def training_corpus(n, seed):
-    """n conversations; image i uses seed shapes.TRAIN_SEED_BASE + i (never an eval image)."""
+    """n conversations; the k-th image conversation asks about the image of seed
+    shapes.TRAIN_SEED_BASE + k // QUESTIONS_PER_IMAGE (never an eval image)."""
     rng = random.Random(seed)
     out, n_img = [], 0
     for _ in range(n):
         r = rng.random()
         if r < SHARE_IMAGE:
-            out.append(image_sample(rng, shapes.TRAIN_SEED_BASE + seed * 10_000_000 + n_img))
+            out.append(image_sample(rng, shapes.TRAIN_SEED_BASE + seed * 10_000_000 + n_img // QUESTIONS_PER_IMAGE))
             n_img += 1
         elif r < SHARE_IMAGE + SHARE_GTOOL:
             out.append(gen_tools.sample(rng, "train"))

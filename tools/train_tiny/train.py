@@ -145,11 +145,13 @@ IMG_U8, IMG_OF = None, {}  # all training images (uint8 [N, S, S, 3]); conversat
 if args.vision:
     import shapes  # noqa: E402
 
-    seeds = []
+    seeds, row_of = [], {}
     for i, s in enumerate(samples):
-        if s.get("images"):
-            IMG_OF[i] = list(range(len(seeds), len(seeds) + len(s["images"])))
-            seeds += s["images"]
+        for sd_ in s.get("images") or []:
+            if sd_ not in row_of:
+                row_of[sd_] = len(seeds)
+                seeds.append(sd_)
+            IMG_OF.setdefault(i, []).append(row_of[sd_])
     import multiprocessing as mp
 
     with mp.get_context("fork").Pool(max(1, args.workers)) as pool:

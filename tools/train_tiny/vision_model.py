@@ -69,6 +69,11 @@ def patches(u8, patch=14, merge=2, temporal=2):
     return x.reshape(B, gh * gw, 3 * temporal * patch * patch).contiguous(), (gh, gw)
 
 
+def _ln(mod, x):
+    """LayerNorm in float32 whatever autocast does (the residual stream stays float32)."""
+    return F.layer_norm(x.float(), mod.normalized_shape, mod.weight.float(), mod.bias.float(), mod.eps)
+
+
 class _Attn(nn.Module):
     def __init__(self, H):
         super().__init__()
@@ -144,19 +149,22 @@ class VisionTower(nn.Module):
         px, (gh, gw) = patches(u8, self.vc["patch_size"], self.merge, self.vc["temporal_patch_size"])
         vm = self.vision_tower.vision_model
         B, n, _ = px.shape
-        x = vm.pre_layrnorm(vm.embeddings.patch_embedding(px.to(vm.embeddings.patch_embedding.weight.dtype)))
+        x = _ln(vm.pre_layrnorm, vm.embeddings.patch_embedding(px.to(vm.embeddings.patch_embedding.weight.dtype)))
         cos, sin = self._rope_tables(gh, gw, u8.device)
         D = x.shape[-1] // self.heads
         for l in vm.encoder.layers:
-            h = l.layer_norm1(x)
+            h = _ln(l.layer_norm1, x)
             q, k, v = [proj(h).view(B, n, self.heads, D).transpose(1, 2) for proj in
                        (l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)]
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             if q.dtype != v.dtype:
                 q, k = q.to(v.dtype), k.to(v.dtype)
-            o = F.scaled_dot_product_attention(q, k, v)  # no mask: bidirectional; scale 1/sqrt(D)
+            if hasattr(F, "scaled_dot_product_attention"):
+                o = F.scaled_dot_product_attention(q, k, v)  # no mask: bidirectional; scale 1/sqrt(D)
+            else:  # torch < 2.0 (local checks only)
+                o = ((q @ k.transpose(-1, -2)) / D ** 0.5).softmax(-1) @ v
             x = x + l.self_attn.out_proj(o.transpose(1, 2).reshape(B, n, -1))
-            x = x + l.mlp.fc2(F.gelu(l.mlp.fc1(l.layer_norm2(x))))
+            x = x + l.mlp.fc2(F.gelu(l.mlp.fc1(_ln(l.layer_norm2, x))))
         y = self.multi_modal_projector.linear_2(F.gelu(self.multi_modal_projector.linear_1(x)))  # [B, n, P]
         y = y.reshape(B * n // (self.merge ** 2), -1)  # 4 consecutive patches = one merge window
         return self.patch_merge_mlp.linear_2(F.gelu(self.patch_merge_mlp.linear_1(y)))
