@@ -19,7 +19,6 @@ import argparse
 import base64
 import json
 import os
-import struct
 import subprocess
 import sys
 import urllib.request
@@ -33,52 +32,6 @@ import corpus  # noqa: E402
 import fast_model  # noqa: E402
 import multimodal_corpus  # noqa: E402
 import vision_model  # noqa: E402
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    dt = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        t = torch.frombuffer(bytearray(data[a:b]), dtype=dt[v["dtype"]]) if b > a else torch.zeros(0)
-        out[k] = t.reshape(v["shape"]).float()
-    return out
-
-
-def fast_state(ckpt, tc):
-    """Checkpoint names (train.py original_tensors) -> fast_model state-dict names."""
-    sd = {"model.embed_tokens.weight": ckpt["language_model.model.embed_tokens.weight"],
-          "model.norm.weight": ckpt["language_model.model.norm.weight"],
-          "lm_head.weight": ckpt["language_model.lm_head.weight"]}
-    for i, moe in enumerate(tc["moe_layer_freq"]):
-        o, h = "language_model.model.layers.%d." % i, "model.layers.%d." % i
-        for nm in ("input_layernorm", "post_attention_layernorm"):
-            sd[h + nm + ".weight"] = ckpt[o + nm + ".weight"]
-        for nm in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
-            sd[h + "self_attn.%s.weight" % nm] = ckpt[o + "self_attn.%s.weight" % nm]
-        for nm in ("q_proj", "k_proj", "q_norm", "k_norm"):
-            sd[h + "self_attn.indexer.%s.weight" % nm] = ckpt[o + "self_attn.index_%s.weight" % nm]
-        if not moe:
-            sd[h + "mlp.gate_up_proj.weight"] = torch.cat([ckpt[o + "mlp.gate_proj.weight"], ckpt[o + "mlp.up_proj.weight"]])
-            sd[h + "mlp.down_proj.weight"] = ckpt[o + "mlp.down_proj.weight"]
-            continue
-        m = o + "block_sparse_moe."
-        sd[h + "mlp.gate.weight"] = ckpt[m + "gate.weight"]
-        sd[h + "mlp.gate.e_score_correction_bias"] = ckpt[m + "e_score_correction_bias"]
-        E = tc["num_local_experts"]
-        sd[h + "mlp.experts.gate_up_proj"] = torch.stack(
-            [torch.cat([ckpt[m + "experts.%d.w1.weight" % e], ckpt[m + "experts.%d.w3.weight" % e]]) for e in range(E)])
-        sd[h + "mlp.experts.down_proj"] = torch.stack([ckpt[m + "experts.%d.w2.weight" % e] for e in range(E)])
-        sd[h + "mlp.shared_experts.gate_up_proj.weight"] = torch.cat(
-            [ckpt[m + "shared_experts.gate_proj.weight"], ckpt[m + "shared_experts.up_proj.weight"]])
-        sd[h + "mlp.shared_experts.down_proj.weight"] = ckpt[m + "shared_experts.down_proj.weight"]
-    return sd
 
 
 def main():
@@ -96,7 +49,7 @@ def main():
     ckpt = {}
     for fn in sorted(os.listdir(a.model_path)):
         if fn.endswith(".safetensors"):
-            ckpt.update(read_safetensors(os.path.join(a.model_path, fn)))
+            ckpt.update(fast_model.read_safetensors(os.path.join(a.model_path, fn)))
     fc = {"vocab": tc["vocab_size"], "hidden": tc["hidden_size"], "heads": tc["num_attention_heads"],
           "kv_heads": tc["num_key_value_heads"], "head_dim": tc["head_dim"], "rotary_dim": tc["rotary_dim"],
           "rope_theta": tc["rope_theta"], "eps": tc["rms_norm_eps"],
@@ -107,7 +60,7 @@ def main():
           "alpha": tc["swiglu_alpha"], "limit": tc["swiglu_limit"], "routed_scale": tc["routed_scaling_factor"],
           "moe_layer_freq": tc["moe_layer_freq"]}
     fast = fast_model.FastM3(fc)
-    fast.load_state_dict(fast_state(ckpt, tc))
+    fast.load_state_dict(fast_model.state_from_checkpoint(ckpt, tc))
     vis = vision_model.VisionTower(cfg["vision_config"], cfg["projector_hidden_size"], tc["hidden_size"])
     n = vis.load_checkpoint_tensors(ckpt)
     assert n == len(vis.state_dict()), "vision tensors missing from the checkpoint"

@@ -483,15 +483,31 @@ def load_init_weights(m, path):
     """Weights of an earlier m3-tiny (checkpoint layout) into the text model, through the
     transformers VL class (the reload check below proves that path reproduces a trained model).
     Every language-model tensor must be found with its shape, else training starts from scratch."""
-    vl = VLClass.from_pretrained(path, dtype=torch.float32)
     src = {}
-    for k, v in vl.state_dict().items():
-        for a, b in (("model.language_model.", "model."), ("language_model.model.", "model."),
-                     ("language_model.lm_head.", "lm_head.")):
-            if k.startswith(a):
-                k = b + k[len(a):]
-                break
-        src[k] = v
+    try:
+        vl = VLClass.from_pretrained(path, dtype=torch.float32)
+        for k, v in vl.state_dict().items():
+            for a, b in (("model.language_model.", "model."), ("language_model.model.", "model."),
+                         ("language_model.lm_head.", "lm_head.")):
+                if k.startswith(a):
+                    k = b + k[len(a):]
+                    break
+            src[k] = v
+        del vl
+    except Exception as e:  # noqa: BLE001  (e.g. a vision tower transformers does not accept)
+        warn("%s.from_pretrained(%s) failed (%r): reading its language-model tensors directly" % (
+            VLClass.__name__, path, e))
+        import fast_model  # noqa: E402
+
+        ck = {}
+        for fn in sorted(os.listdir(path)):
+            if fn.endswith(".safetensors"):
+                ck.update({k: v for k, v in fast_model.read_safetensors(os.path.join(path, fn)).items()
+                           if k.startswith("language_model.")})
+        with open(os.path.join(path, "config.json")) as f:
+            src = fast_model.state_from_checkpoint(ck, json.load(f)["text_config"])
+        for k in list(src):  # the reference may keep the routing bias on the MoE block
+            src.setdefault(k.replace("mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"), src[k])
     dst = m.state_dict()
     missing = [k for k in dst if "rotary" not in k and "inv_freq" not in k and
                (k not in src or tuple(src[k].shape) != tuple(dst[k].shape))]
@@ -501,7 +517,6 @@ def load_init_weights(m, path):
         for k in dst:
             if k in src:
                 dst[k].copy_(src[k].to(dst[k].dtype))
-    del vl
     return len(dst)
 
 

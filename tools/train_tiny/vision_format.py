@@ -13,7 +13,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 VISION_CONFIG = {
     "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
     "num_channels": 3, "image_size": 112, "patch_size": 14, "temporal_patch_size": 2,
-    "spatial_merge_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "spatial_merge_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-05,
 }
 PREPROCESSOR_CONFIG = {
     "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3,
