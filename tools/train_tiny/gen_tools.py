@@ -170,7 +170,10 @@ def made_up_tool(rng, split):
         if is_required or rng.random() < 0.5:  # optional arguments are asked for half the time
             args[p] = v
             said.append("%s %s" % (_words(p), words) if typ != "object" else "%s with %s" % (_words(p), words))
-    arg_text = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+    if any(props[p]["type"] in ("array", "object") for p in args):  # their values hold "," and "and"
+        arg_text = "; ".join(said)
+    else:
+        arg_text = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
     prompt = _pick(rng, REQUESTS, split).format(Verb=verb.capitalize(), verb=verb, noun=_words(noun), args=arg_text)
     schema = {"type": "function", "function": {
         "name": name, "description": desc,
