@@ -222,7 +222,10 @@ TEST(DSparkCudaF32, TheDraftMatchesTheCpuDraft) {
             << "slot " << s;
       }
     }
-    // Truncation then re-append gives the same proposal on the GPU bit for bit.
+    // Truncation then re-append gives the same proposal on the GPU. Not bit for bit: the
+    // re-appended rows go through the context GEMMs as a 2-row chunk where they were part of a
+    // longer one, and cuBLAS may pick another kernel (another summation order) for another M.
+    // So the same bound as against the CPU, which covers any summation order.
     if (n >= 3) {
       auto before = t.on_gpu->propose(5, *gc);
       ASSERT_TRUE(gc->truncate(n - 2).is_ok());
@@ -231,8 +234,13 @@ TEST(DSparkCudaF32, TheDraftMatchesTheCpuDraft) {
       ASSERT_TRUE(t.on_gpu->append_context(tail, 2, gc.get()).is_ok());
       auto after = t.on_gpu->propose(5, *gc);
       ASSERT_TRUE(before.is_ok() && after.is_ok());
-      EXPECT_EQ(before->base_logits, after->base_logits);
-      EXPECT_EQ(before->tokens, after->tokens);
+      ASSERT_EQ(before->base_logits.size(), after->base_logits.size());
+      float mx = 0.0f;
+      for (float x : before->base_logits) mx = std::max(mx, std::fabs(x));
+      const double n_ops = 8.0 * static_cast<double>(t.cfg.num_hidden_layers) + 6.0;
+      const double tol = 4.0 * 2.0 * n_ops * gamma_n(static_cast<double>(width)) * mx;
+      for (size_t i = 0; i < before->base_logits.size(); ++i)
+        ASSERT_NEAR(after->base_logits[i], before->base_logits[i], tol) << "n " << n << " i " << i;
     }
   }
 }

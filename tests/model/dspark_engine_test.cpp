@@ -123,7 +123,9 @@ struct TinyTarget {
     engine = std::move(e).value();
     if (!speculative) return;
     minimax_m3::dspark::DSparkLoadOptions o;
-    o.draft_dir = kTinyDir + "/dspark";  // absent: a dummy draft at a shape derived from m3-tiny
+    // A directory without config.json: a dummy draft at default_dspark_config_for(m3-tiny), whatever
+    // draft models/m3-tiny/dspark bundles.
+    o.draft_dir = kTinyDir + "/no-dspark-here";
     o.dummy_weights = true;
     auto d = minimax_m3::dspark::load_dspark_engine_draft(o, runner->model(), runner->backend());
     EXPECT_TRUE(d.is_ok()) << d.status().to_string();

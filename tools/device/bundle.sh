@@ -16,7 +16,7 @@ BINS=(cuda_ops_test cuda_composite_ops_test kv_dtype_ops_test quant_gemv_test qu
       sampling_test sampling_bench cuda_real_model_test moe_route_test attention_inputs_test embed_bf16_test
       fp8_mma_probe stream_pattern_probe nccl_communicator_test cuda_tensor_parallel_test
       one_shot_all_reduce_test cuda_tp_bench dspark_f32_test
-      dspark_real_test cuda_dspark_bench)
+      dspark_real_test cuda_dspark_bench cuda_vision_tower_test cuda_vision_ttft_bench)
 cmake -S . -B "$BUILD" -G Ninja -DM3_CUDA=ON >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-2}" --target "${BINS[@]}" m3_cuda_trace
 # m3serve links every layer; others' work in progress may not compile: then bundle without it.

@@ -18,6 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 . tools/device/bundle-env.sh
+. tools/device/health.sh
 LOG=$OUT/memory-plan.log
 LAYERS=${LAYERS:-8}
 FRACTION=${FRACTION:-0.85}
@@ -51,7 +52,7 @@ SERVER=$!
 rc=0
 ready=no
 for _ in $(seq 1 600); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && { ready=yes; break; }
+  health_ok "$PORT" && { ready=yes; break; }
   kill -0 "$SERVER" 2>/dev/null || break
   sleep 0.5
 done

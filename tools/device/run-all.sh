@@ -12,7 +12,8 @@
 # (10 minutes) when a kernel misbehaves: 'tests' (op tests, m3serve --device cuda, goldens,
 # sanitizer) and 'bench' (decode, decode step, prefill) fit one command each; 'decode' is the
 # decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only;
-# 'prefill' the prefill kernels' and sampling's tests, 'prefill-bench' their benchmarks;
+# 'prefill' the prefill kernels', the vision tower's and sampling's tests, 'prefill-bench' their
+# benchmarks (with the image time-to-first-token benchmark);
 # 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs);
 # 'dspark' the DSpark draft's GPU tests (docs/dspark.md, "CUDA").
 set -uo pipefail
@@ -152,6 +153,9 @@ if want tests prefill; then
     note "cuobjdump not found: HGMMA count not checked"
   fi
   run_test prefill_attention_test 360  # the float64 CPU reference of 18 chunks takes ~3-4 min
+  # The vision tower on the GPU against the CPU tower (small config, then the real shapes:
+  # ~1 GB of dummy weights generated on the host and the 32-layer CPU tower, ~1 min).
+  run_test cuda_vision_tower_test 240
 fi
 if want bench prefill-bench; then
   t0=$SECONDS
@@ -172,6 +176,13 @@ if want bench prefill-bench; then
   SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_prefill_bench-experts "$?" "$((SECONDS - t0))")")
   { echo "== cuda_prefill_bench --experts"; cat /tmp/prefill_experts.log; } |
     tee -a "$OUT/bench.log" >>"$LOG"
+  # Time to first token of a 1024 x 1024 image + 100 text tokens: the GPU vision tower, then the
+  # image + text prefill (3 and up to 24 layers, extrapolated to 60); a row in bench.tsv.
+  t0=$SECONDS
+  echo "== cuda_vision_ttft_bench" >>"$OUT/bench.log"
+  timeout 240 "$B/cuda_vision_ttft_bench" "$OUT/bench.tsv" >/tmp/vision_ttft.log 2>&1
+  SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' cuda_vision_ttft_bench "$?" "$((SECONDS - t0))")")
+  tee -a "$OUT/bench.log" </tmp/vision_ttft.log >>"$LOG"
 fi
 
 # m3serve --device cuda: the bundled model's greedy tokens on the GPU equal the CPU's,
@@ -260,7 +271,9 @@ elif command -v compute-sanitizer >/dev/null; then
   gw='Shapes/GroupedExpertGemm.MatchesCpuPerElement/8:Shapes/GroupedExpertGemm.MatchesCpuPerElement/17'
   rc16=$(san memcheck 90 prefill_gemm_test "$gw")
   rc17=$(san racecheck 90 prefill_gemm_test "$gw")
-  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc11" "$rc13" "$rc16" "$rc3" "$rc7" "$rc12" "$rc14" "$rc15" "$rc17" "$((SECONDS - t0))")")
+  # The vision tower's kernels and GEMMs (small config: several images, padded keys).
+  rc18=$(san memcheck 120 cuda_vision_tower_test 'CudaVisionTower.Small*:CudaVisionTower.Refuses*')
+  SUMMARY+=("$(printf '%-26s memcheck=%s/%s/%s/%s/%s/%s/%s/%s/%s racecheck=%s/%s/%s/%s/%s/%s %ss' compute-sanitizer "$rc1" "$rc2" "$rc4" "$rc5" "$rc6" "$rc11" "$rc13" "$rc16" "$rc18" "$rc3" "$rc7" "$rc12" "$rc14" "$rc15" "$rc17" "$((SECONDS - t0))")")
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" >>"$LOG"
 else
   SUMMARY+=("compute-sanitizer not found")

@@ -14,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 . tools/device/bundle-env.sh
+. tools/device/health.sh
 LOG=$OUT/serve-mixed-itl.log
 PORT=30189
 M=$(mktemp -d)
@@ -30,7 +31,7 @@ for chunk in ${CHUNKS:-8192 2048}; do
   SERVER=$!
   ready=no
   for _ in $(seq 1 1200); do
-    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then ready=yes; break; fi
+    if health_ok "$PORT"; then ready=yes; break; fi
     kill -0 "$SERVER" 2>/dev/null || break
     sleep 0.25
   done

@@ -18,6 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 . tools/device/bundle-env.sh
+. tools/device/health.sh
 LOG=$OUT/serve-smoke.log
 M=$(mktemp -d)
 cp models/m3-tiny/{tokenizer.json,tokenizer_config.json,chat_template.jinja,generation_config.json} "$M/"
@@ -42,7 +43,7 @@ BIN=${M3SERVE:-$B/m3serve}
 SERVER=$!
 rc=0
 for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  health_ok "$PORT" && break
   kill -0 "$SERVER" 2>/dev/null || break
   sleep 0.5
 done

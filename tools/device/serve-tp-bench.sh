@@ -12,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
 . tools/device/bundle-env.sh
+. tools/device/health.sh
 LOG=$OUT/serve-tp-bench.log
 GPUS=$(nvidia-smi -L | wc -l)
 TP=${TP:-$GPUS}
@@ -24,7 +25,7 @@ t0=$(date +%s.%N)
 SERVER=$!
 ready=no
 for _ in $(seq 1 1200); do
-  if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then ready=yes; break; fi
+  if health_ok "$PORT"; then ready=yes; break; fi
   kill -0 "$SERVER" 2>/dev/null || break
   sleep 0.25
 done

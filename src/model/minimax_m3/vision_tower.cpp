@@ -184,7 +184,8 @@ void VisionTower::linear(const std::vector<T>& x, int64_t rows, const VisionLine
 
 template <typename T>
 std::vector<T> VisionTower::forward(std::span<const float> patches, int32_t grid_t,
-                                    int32_t grid_h, int32_t grid_w) const {
+                                    int32_t grid_h, int32_t grid_w,
+                                    std::vector<T>* tower_out) const {
   const VisionConfig& c = config_;
   const int64_t n = int64_t(grid_t) * grid_h * grid_w;
   const int64_t H = c.hidden_size, heads = c.num_attention_heads, D = c.head_dim();
@@ -274,6 +275,7 @@ std::vector<T> VisionTower::forward(std::span<const float> patches, int32_t grid
     linear(f, n, l.fc2, tmp);
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
+  if (tower_out != nullptr) *tower_out = x;
   // Project every patch, then merge each window's consecutive patches.
   linear(x, n, w_.proj1, f);
   for (T& e : f) e = gelu(e);
@@ -290,6 +292,15 @@ Result<std::vector<float>> VisionTower::encode(std::span<const float> patches, i
                                                int32_t grid_h, int32_t grid_w) const {
   M3_RETURN_IF_ERROR(check(patches, grid_t, grid_h, grid_w));
   return forward<float>(patches, grid_t, grid_h, grid_w);
+}
+
+Result<VisionTower::Stages> VisionTower::encode_stages(std::span<const float> patches,
+                                                       int32_t grid_t, int32_t grid_h,
+                                                       int32_t grid_w) const {
+  M3_RETURN_IF_ERROR(check(patches, grid_t, grid_h, grid_w));
+  Stages s;
+  s.output = forward<float>(patches, grid_t, grid_h, grid_w, &s.tower);
+  return s;
 }
 
 Result<std::vector<double>> VisionTower::encode_reference(std::span<const float> patches,

@@ -70,6 +70,14 @@ class VisionTower {
   // Returns [num_outputs, text_hidden_size].
   Result<std::vector<float>> encode(std::span<const float> patches, int32_t grid_t,
                                     int32_t grid_h, int32_t grid_w) const;
+  // encode() plus the tower's last hidden state before the projector ([patches, hidden], merge-
+  // window order), which the reference golden checks separately.
+  struct Stages {
+    std::vector<float> tower;
+    std::vector<float> output;
+  };
+  Result<Stages> encode_stages(std::span<const float> patches, int32_t grid_t, int32_t grid_h,
+                               int32_t grid_w) const;
   // The same computation in double precision (weights widened from float32), for tests.
   Result<std::vector<double>> encode_reference(std::span<const float> patches, int32_t grid_t,
                                                int32_t grid_h, int32_t grid_w) const;
@@ -79,7 +87,7 @@ class VisionTower {
                int32_t grid_w) const;
   template <typename T>
   std::vector<T> forward(std::span<const float> patches, int32_t grid_t, int32_t grid_h,
-                         int32_t grid_w) const;
+                         int32_t grid_w, std::vector<T>* tower_out = nullptr) const;
   template <typename T>
   void linear(const std::vector<T>& x, int64_t rows, const VisionLinear& l, std::vector<T>& y) const;
 

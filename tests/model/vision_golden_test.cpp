@@ -1,0 +1,289 @@
+// The CPU vision path against transformers' minimax_m3_vl (tests/fixtures/vision_golden/, made by
+// tools/reference/vision_golden.py; format in tools/reference/README.md). M3_VISION_GOLDEN_DIR
+// overrides the fixture directory. A missing file is a failure, never a skip.
+//
+// Bounds (error model):
+//  * decoding: PIL and our decoders (libpng, libjpeg-turbo, both the default integer IDCT) give
+//    the same bytes: exact;
+//  * our resize against PIL's Image.resize(BICUBIC) on the same bytes: the same fixed-point
+//    arithmetic, exact;
+//  * pixel values against the processor: transformers' processor resizes with torchvision's
+//    float bicubic (antialiased) and rounds to uint8, PIL in 22-bit fixed point with an 8-bit
+//    intermediate; the two differ by at most one level per value. Rescale+normalise is then one
+//    float32 expression in each (a few ulp apart), so |ours - hf| <= |level diff| / (255 std_c)
+//    + 1e-6 (|v| <= 2.2, ulp 2.4e-7);
+//  * tower and projector (fed the processor's own pixel values): every value is a chain of a
+//    few float32 dot products of length <= 1176 through LayerNorms; float32 rounding of either
+//    side is ~sqrt(K) 2^-24 ~ 2e-6 relative per dot, ~1e-5 through 2 layers; bound 1e-4 of the
+//    row's scale (max(1, max|ref|));
+//  * logits: the text goldens' 5e-5 of the row scale (golden_fixture.h), argmax where the
+//    reference margin exceeds twice that.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "golden_fixture.h"
+#include "loader/checkpoint.h"
+#include "loader/vision_config.h"
+#include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3/vision_tower.h"
+#include "server/media/image_decode.h"
+#include "server/media/image_preprocess.h"
+#include "server/media/pil_resize.h"
+
+namespace m3 {
+namespace {
+
+using golden::json;
+namespace fs = std::filesystem;
+
+fs::path fixture_dir() {
+  if (const char* d = std::getenv("M3_VISION_GOLDEN_DIR"); d != nullptr && *d != '\0') return d;
+  return golden::repo_root() / "tests" / "fixtures" / "vision_golden";
+}
+
+// The bytes of a fixture file; fails the test (fatal in the caller via ASSERT_NO_FATAL_FAILURE).
+void read_file(const fs::path& p, std::string* out) {
+  ASSERT_TRUE(fs::exists(p)) << "vision golden file missing: " << p;
+  std::ifstream in(p, std::ios::binary);
+  out->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+template <typename T>
+std::span<const T> view(const std::string& bytes, int64_t offset, int64_t count,
+                        const std::string& what) {
+  const size_t end = size_t(offset + count) * sizeof(T);
+  EXPECT_LE(end, bytes.size()) << what << ": file too short";
+  if (offset < 0 || end > bytes.size()) return {};
+  return {reinterpret_cast<const T*>(bytes.data()) + offset, size_t(count)};
+}
+
+struct Processor {
+  json meta;
+  std::string decoded, pil_resized, levels, values;
+  std::array<float, 3> m{}, s{};  // the processor's fused normalisation: 255 mean, 255 std
+  int patch_values = 0;
+};
+
+void load_processor(Processor* p) {
+  const fs::path d = fixture_dir();
+  std::string text;
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "processor.json", &text));
+  p->meta = json::parse(text);
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "decoded.u8", &p->decoded));
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "pil_resized.u8", &p->pil_resized));
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "pixel_levels.u8", &p->levels));
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "pixel_values.f32", &p->values));
+  for (int c = 0; c < 3; ++c) {
+    p->m[size_t(c)] = float(p->meta["image_mean"][size_t(c)].get<double>()) * 255.0f;
+    p->s[size_t(c)] = float(p->meta["image_std"][size_t(c)].get<double>()) * 255.0f;
+  }
+  const int P = p->meta["patch_size"], T = p->meta["temporal_patch_size"];
+  p->patch_values = 3 * T * P * P;
+}
+
+// The processor's float32 pixel values from its uint8 levels ((x - 255 mean) / (255 std)).
+std::vector<float> hf_values(const Processor& p, const json& e) {
+  const int64_t n = e["num_patches"].get<int64_t>() * p.patch_values;
+  auto lv = view<uint8_t>(p.levels, e["levels_offset"], n, "pixel_levels.u8");
+  std::vector<float> v(size_t(lv.size()));
+  const int per_channel = p.patch_values / 3;
+  for (size_t i = 0; i < lv.size(); ++i) {
+    const size_t c = (i % size_t(p.patch_values)) / size_t(per_channel);
+    v[i] = (float(lv[i]) - p.m[c]) / p.s[c];
+  }
+  return v;
+}
+
+const json* find_image(const Processor& p, const std::string& name) {
+  for (const json& e : p.meta["images"])
+    if (e["name"] == name) return &e;
+  return nullptr;
+}
+
+TEST(VisionGolden, ProcessorMatchesTransformers) {
+  Processor p;
+  ASSERT_NO_FATAL_FAILURE(load_processor(&p));
+  ASSERT_FALSE(p.meta["images"].empty());
+  server::VisionPreprocessConfig cfg;
+  cfg.patch_size = p.meta["patch_size"];
+  cfg.temporal_patch_size = p.meta["temporal_patch_size"];
+  cfg.merge_size = p.meta["merge_size"];
+  for (int c = 0; c < 3; ++c) {
+    cfg.mean[size_t(c)] = float(p.meta["image_mean"][size_t(c)].get<double>());
+    cfg.std[size_t(c)] = float(p.meta["image_std"][size_t(c)].get<double>());
+  }
+  for (const json& e : p.meta["images"]) {
+    const std::string name = e["name"];
+    std::string bytes;
+    ASSERT_NO_FATAL_FAILURE(read_file(fixture_dir() / "images" / e["file"].get<std::string>(), &bytes));
+    auto dec = server::decode_image(bytes, server::ImageLimits{}, "image");
+    ASSERT_TRUE(std::holds_alternative<server::RgbImage>(dec)) << name << ": not decoded";
+    const server::RgbImage& img = std::get<server::RgbImage>(dec);
+    ASSERT_EQ(img.width, e["width"].get<int>()) << name;
+    ASSERT_EQ(img.height, e["height"].get<int>()) << name;
+    // 1. Decoding: PIL's convert("RGB") bytes.
+    auto want_dec = view<uint8_t>(p.decoded, e["decoded_offset"], int64_t(img.pixels.size()), name);
+    int64_t dec_diff = 0;
+    for (size_t i = 0; i < want_dec.size(); ++i) dec_diff += img.pixels[i] != want_dec[i];
+    EXPECT_EQ(dec_diff, 0) << name << ": decoded bytes differ from PIL's";
+    // 2. Our PIL-arithmetic resize on PIL's decoded bytes: PIL's result exactly.
+    server::RgbImage pil_in{img.width, img.height, {want_dec.begin(), want_dec.end()}};
+    const int rh = e["resized"][0], rw = e["resized"][1];
+    server::RgbImage resized = server::resize_bicubic_like_pil(pil_in, rw, rh);
+    auto want_rs = view<uint8_t>(p.pil_resized, e["pil_resized_offset"], int64_t(rw) * rh * 3, name);
+    int64_t rs_diff = 0;
+    for (size_t i = 0; i < want_rs.size(); ++i) rs_diff += resized.pixels[i] != want_rs[i];
+    EXPECT_EQ(rs_diff, 0) << name << ": resize differs from PIL's in " << rs_diff << " values";
+    // 3. The whole pre-processing against the processor's pixel values and grid.
+    server::PreprocessOverrides ov;
+    if (!e["max_pixels"].is_null()) ov.max_pixels = e["max_pixels"].get<int64_t>();
+    auto pre = server::preprocess_image(img, cfg, ov, "image");
+    ASSERT_TRUE(std::holds_alternative<server::PixelPatches>(pre)) << name;
+    const server::PixelPatches& ours = std::get<server::PixelPatches>(pre);
+    EXPECT_EQ(ours.grid_t, e["grid_thw"][0].get<int>()) << name;
+    EXPECT_EQ(ours.grid_h, e["grid_thw"][1].get<int>()) << name;
+    EXPECT_EQ(ours.grid_w, e["grid_thw"][2].get<int>()) << name;
+    if (ours.grid_h != e["grid_thw"][1].get<int>() || ours.grid_w != e["grid_thw"][2].get<int>())
+      continue;
+    const std::vector<float> hf = hf_values(p, e);
+    ASSERT_EQ(ours.values.size(), hf.size()) << name;
+    if (e["values_offset"].get<int64_t>() >= 0) {  // the stored float32 values: bit-exact levels
+      auto fv = view<float>(p.values, e["values_offset"], int64_t(hf.size()), name);
+      int64_t bad = 0;
+      for (size_t i = 0; i < fv.size(); ++i) bad += fv[i] != hf[i];
+      EXPECT_EQ(bad, 0) << name << ": pixel_levels.u8 does not reproduce pixel_values.f32";
+    }
+    const int per_channel = p.patch_values / 3;
+    int64_t off_by_one = 0;
+    double worst = 0;
+    for (size_t i = 0; i < hf.size(); ++i) {
+      const size_t c = (i % size_t(p.patch_values)) / size_t(per_channel);
+      const double lv_ours = std::nearbyint(double(ours.values[i]) * p.s[c] + p.m[c]);
+      const double lv_hf = std::nearbyint(double(hf[i]) * p.s[c] + p.m[c]);
+      const double dl = std::fabs(lv_ours - lv_hf);
+      off_by_one += dl > 0;
+      const double tol = dl / double(p.s[c]) + 1e-6;
+      worst = std::max(worst, std::fabs(double(ours.values[i]) - hf[i]) / tol);
+      if (dl > 1) {
+        ADD_FAILURE() << name << ": value " << i << " is " << dl << " levels from the processor's";
+        break;
+      }
+    }
+    EXPECT_LE(worst, 1.0) << name;
+    std::printf("%-16s grid %dx%d: %lld of %zu values one level from the processor's "
+                "(HF vs PIL in the fixture: %lld)\n",
+                name.c_str(), ours.grid_h, ours.grid_w, static_cast<long long>(off_by_one),
+                hf.size(), static_cast<long long>(e["hf_vs_pil_level_diff_count"].get<int64_t>()));
+  }
+}
+
+void expect_rows_close(std::span<const float> ours, std::span<const float> ref, int64_t width,
+                       double rel, const std::string& what) {
+  ASSERT_EQ(ours.size(), ref.size()) << what;
+  double worst = 0;
+  int64_t worst_at = -1;
+  for (int64_t r = 0; r * width < int64_t(ref.size()); ++r) {
+    double scale = 1.0;
+    for (int64_t j = 0; j < width; ++j) scale = std::max(scale, double(std::fabs(ref[size_t(r * width + j)])));
+    for (int64_t j = 0; j < width; ++j) {
+      const size_t i = size_t(r * width + j);
+      const double ratio = std::fabs(double(ours[i]) - ref[i]) / (rel * scale);
+      if (ratio > worst) worst = ratio, worst_at = int64_t(i);
+    }
+  }
+  EXPECT_LE(worst, 1.0) << what << ": worst at " << worst_at << " ours " << ours[size_t(worst_at)]
+                        << " ref " << ref[size_t(worst_at)];
+  std::printf("%s: worst |ours - ref| is %.3f of the bound\n", what.c_str(), worst);
+}
+
+TEST(VisionGolden, TowerProjectorAndLogitsMatchTransformers) {
+  Processor p;
+  ASSERT_NO_FATAL_FAILURE(load_processor(&p));
+  const fs::path d = fixture_dir();
+  std::string text, tower_b, proj_b, logits_b;
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "model_expected.json", &text));
+  const json ex = json::parse(text);
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "tower.f32", &tower_b));
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "projector.f32", &proj_b));
+  ASSERT_NO_FATAL_FAILURE(read_file(d / "logits.f32", &logits_b));
+  const std::string mdir = (d / "model").string();
+  for (const char* f : {"config.json", "model.safetensors"})
+    ASSERT_TRUE(fs::exists(d / "model" / f)) << "vision golden file missing: " << (d / "model" / f);
+
+  auto vc = load_vision_config(mdir);
+  ASSERT_TRUE(vc.is_ok()) << vc.status().to_string();
+  ASSERT_TRUE(vc->has_value()) << mdir << ": no vision_config";
+  auto ckpt = Checkpoint::open(mdir);
+  ASSERT_TRUE(ckpt.is_ok()) << ckpt.status().to_string();
+  auto vw = load_vision_weights(**ckpt, **vc);
+  ASSERT_TRUE(vw.is_ok()) << vw.status().to_string();
+  VisionTower tower(**vc, std::move(*vw));
+
+  const int64_t Hv = ex["tower_hidden"], Ht = ex["text_hidden"];
+  int64_t tower_row = 0, proj_row = 0;
+  std::vector<float> features;  // every image's projector output, in prompt order
+  for (size_t k = 0; k < ex["images"].size(); ++k) {
+    const std::string name = ex["images"][k];
+    const json* e = find_image(p, name);
+    ASSERT_NE(e, nullptr) << name << " is not in processor.json";
+    const std::vector<float> pixels = hf_values(p, *e);
+    const auto& g = ex["grid_thw"][k];
+    auto st = tower.encode_stages(pixels, g[0], g[1], g[2]);
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    const int64_t tr = ex["tower_rows"][k], pr = ex["projector_rows"][k];
+    expect_rows_close(st->tower, view<float>(tower_b, tower_row * Hv, tr * Hv, "tower.f32"), Hv,
+                      1e-4, name + " tower");
+    expect_rows_close(st->output, view<float>(proj_b, proj_row * Ht, pr * Ht, "projector.f32"), Ht,
+                      1e-4, name + " projector");
+    features.insert(features.end(), st->output.begin(), st->output.end());
+    tower_row += tr;
+    proj_row += pr;
+  }
+
+  CpuBackend backend(2);
+  auto loaded = minimax_m3::load_model_dir(mdir, &backend);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  const std::vector<int32_t> ids = ex["ids"].get<std::vector<int32_t>>();
+  const int64_t n = int64_t(ids.size()), V = ex["vocab"];
+  const int64_t pages = golden::pages_for(loaded->config, n);
+  minimax_m3::PagedKvCache cache(&backend, loaded->config, pages);
+  testing::SimplePagePool pool(pages);
+  testing::SequenceRunner runner(loaded->model.get(), &cache, &pool);
+  ASSERT_TRUE(runner.reserve(n).is_ok());
+  minimax_m3::SequenceInput in;
+  in.tokens = ids;
+  in.block_table = runner.block_table();
+  for (int64_t i = 0; i < n; ++i) in.logits_rows.push_back(int32_t(i));
+  const int32_t img = ex["image_token_id"];
+  size_t next = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[size_t(i)] != img) continue;
+    ASSERT_LE((next + 1) * size_t(Ht), features.size()) << "more placeholders than features";
+    in.embeddings.push_back({int32_t(i), std::span<const float>(features).subspan(next * size_t(Ht), size_t(Ht))});
+    ++next;
+  }
+  ASSERT_EQ(next * size_t(Ht), features.size()) << "placeholders and image features differ";
+  minimax_m3::ForwardOutput out;
+  Status s = loaded->model->forward(std::span<const minimax_m3::SequenceInput>(&in, 1), &cache, &out);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_EQ(int64_t(out.logits[0].size()), n * V);
+  auto ref = view<float>(logits_b, 0, n * V, "logits.f32");
+  expect_rows_close(out.logits[0], ref, V, golden::kRelTol, "logits");
+  int compared = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    double scale = 1.0;
+    for (int64_t j = 0; j < V; ++j) scale = std::max(scale, double(std::fabs(ref[size_t(t * V + j)])));
+    if (ex["argmax_margin"][size_t(t)].get<double>() <= 2 * golden::kRelTol * scale) continue;
+    const auto row = std::span<const float>(out.logits[0]).subspan(size_t(t * V), size_t(V));
+    EXPECT_EQ(testing::argmax(row), ex["argmax"][size_t(t)].get<int32_t>()) << "position " << t;
+    ++compared;
+  }
+  EXPECT_GT(compared, int(n / 2)) << "too few positions with a clear argmax";
+}
+
+}  // namespace
+}  // namespace m3

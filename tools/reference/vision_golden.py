@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Vision golden fixture for m3serve, computed with transformers' `minimax_m3_vl` (GPU machine).
+
+Writes tests/fixtures/vision_golden/ (format: tests/fixtures/vision_golden/README.md, written by
+this script too):
+  a. processor: a deterministic image set (PIL-generated, saved as PNG/JPEG files in the fixture
+     so the C++ side decodes the same bytes): PIL's decoded RGB, PIL's bicubic resize to the
+     smart_resize size, and the MiniMaxM3VLImageProcessor's pixel_values and image_grid_thw;
+  b. a small random MiniMax-M3-VL model (original checkpoint names, bf16, exact) and a prompt
+     with three images: each image's vision-tower output, projector output, and the logits of
+     every position (image features scattered into the placeholders, each image encoded alone),
+     plus, report-only, HF's own forward with all images in one tower call;
+  c. the real vision shapes (the config's defaults: 32 layers, hidden 1280, projector to 6144)
+     with weights generated from a counter hash that C++ can reproduce exactly, one image:
+     summary statistics and a few rows of the tower and projector outputs.
+
+Conventions as make_golden.py: float32 reference, eager attention, TF32 off, weights exactly
+representable in the stored dtype. Usage:
+  python3 tools/reference/vision_golden.py --out DIR [--device cuda|cpu] [--smoke]
+"""
+
+import argparse
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+T0 = time.time()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+try:
+    import numpy as np
+    import torch
+    from PIL import Image
+except Exception as e:  # pragma: no cover - environment problem
+    print("FATAL: cannot import numpy/torch/PIL:", repr(e), flush=True)
+    sys.exit(2)
+
+import make_golden as mg  # noqa: E402  (text model specs, checkpoint writer, HF class lookup)
+
+# ----------------------------------------------------------------------------------------------
+# (a) the image set: (name, mode, width, height, format, max_pixels or None for the default)
+# ----------------------------------------------------------------------------------------------
+
+IMAGES = [
+    ("rgb_56x56", "RGB", 56, 56, "png", None),          # already a multiple of 28: no resize
+    ("rgb_odd_47x33", "RGB", 47, 33, "png", None),      # upscaled to min_pixels (56 x 84)
+    ("thin_600x8", "RGB", 600, 8, "png", None),         # side < 14: rounds up to one factor
+    ("tall_20x300", "RGB", 20, 300, "png", None),       # aspect 15
+    ("rgba_61x45", "RGBA", 61, 45, "png", None),        # alpha dropped by convert("RGB")
+    ("gray_90x70", "L", 90, 70, "png", None),
+    ("palette_50x80", "P", 50, 80, "png", None),
+    ("jpeg_123x77", "RGB", 123, 77, "jpeg", None),
+    ("down_400x300", "RGB", 400, 300, "png", 12544),    # max_pixels 112^2: the downscale branch
+    ("big_700x500", "RGB", 700, 500, "jpeg", 50176),    # max_pixels 224^2
+]
+SMOKE_IMAGES = ["rgb_56x56", "rgb_odd_47x33", "thin_600x8", "jpeg_123x77"]
+FLOAT_VALUES = {"rgb_56x56", "rgb_odd_47x33", "jpeg_123x77"}  # float32 pixel_values stored too
+MODEL_IMAGES = ["rgb_odd_47x33", "thin_600x8", "rgba_61x45"]  # the prompt's images, in order
+SMOKE_MODEL_IMAGES = ["rgb_odd_47x33", "thin_600x8"]
+REAL_SHAPE_IMAGE = "jpeg_123x77"
+
+
+def make_image(name, mode, w, h, seed):
+    """Smooth gradients + rings + seeded noise: edges and texture for the bicubic taps."""
+    g = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    r = np.sqrt((x - w * 0.4) ** 2 + (y - h * 0.6) ** 2)
+    base = np.stack([
+        127 + 120 * np.sin(x / max(w, 1) * 6.3 + 0.5),
+        127 + 120 * np.cos(y / max(h, 1) * 5.1),
+        127 + 120 * np.sin(r / 3.0),
+    ], axis=-1)
+    base += g.normal(0, 18, base.shape)
+    rgb = np.clip(np.rint(base), 0, 255).astype(np.uint8)
+    img = Image.fromarray(rgb, "RGB")
+    if mode == "RGBA":
+        alpha = np.clip(np.rint(255 * (x / max(w - 1, 1))), 0, 255).astype(np.uint8)
+        img = Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+    elif mode == "L":
+        img = img.convert("L")
+    elif mode == "P":
+        img = img.quantize(colors=16, method=Image.Quantize.MEDIANCUT)
+    return img
+
+
+def write_images(out, names):
+    idir = out / "images"
+    idir.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for i, (name, mode, w, h, fmt, _) in enumerate(IMAGES):
+        if name not in names:
+            continue
+        img = make_image(name, mode, w, h, 1000 + i)
+        fn = f"{name}.{'jpg' if fmt == 'jpeg' else 'png'}"
+        if fmt == "jpeg":
+            img.save(idir / fn, "JPEG", quality=90)
+        else:
+            img.save(idir / fn, "PNG")
+        files[name] = fn
+    return files
+
+
+# ----------------------------------------------------------------------------------------------
+# The processor
+# ----------------------------------------------------------------------------------------------
+
+def find(mod, *names):
+    for n in names:
+        c = getattr(mod, n, None)
+        if c is not None:
+            return c
+    avail = sorted(n for n in dir(mod) if not n.startswith("_"))
+    raise RuntimeError(f"none of {names} in {mod.__name__}; it has: {avail}")
+
+
+def processor_facts(ip):
+    facts = {"class": type(ip).__name__}
+    for k in ("backend", "patch_size", "temporal_patch_size", "merge_size", "min_pixels",
+              "max_pixels", "image_mean", "image_std", "rescale_factor", "resample", "size",
+              "do_convert_rgb", "do_resize", "do_rescale", "do_normalize"):
+        try:
+            v = getattr(ip, k)
+            facts[k] = v if isinstance(v, (int, float, str, bool, list, type(None))) else str(v)
+        except Exception as e:
+            facts[k] = f"<{type(e).__name__}>"
+    return facts
+
+
+def size_limits(ip):
+    """(min_pixels, max_pixels) of the image processor: transformers 5.17 keeps them in
+    `size` (shortest_edge / longest_edge, counted in pixels), older releases as attributes."""
+    s = ip.size
+    def get(k):
+        return s.get(k) if isinstance(s, dict) else getattr(s, k, None)
+    mx = getattr(ip, "max_pixels", None) or get("max_pixels") or get("longest_edge")
+    mn = getattr(ip, "min_pixels", None) or get("min_pixels") or get("shortest_edge")
+    return int(mn), int(mx)
+
+
+def levels_of(pv, mean, std, T, P):
+    """pixel_values [N, 3*T*P*P] -> uint8 levels, and the float32 values those levels give under
+    the processor's fused rescale+normalise ((x - 255*mean) / (255*std), float32)."""
+    m = torch.tensor(mean, dtype=torch.float32) * 255.0
+    s = torch.tensor(std, dtype=torch.float32) * 255.0
+    ch = torch.arange(pv.shape[1]) // (T * P * P)
+    lv = torch.round(pv * s[ch] + m[ch])
+    lv_c = lv.clamp(0, 255)
+    recon = (lv_c - m[ch]) / s[ch]
+    return lv_c.to(torch.uint8), recon, float((lv - lv_c).abs().max())
+
+
+def run_processor(hf_mod, out, names, files, log_rows):
+    IP = find(hf_mod, "MiniMaxM3VLImageProcessor", "MiniMaxM3VLImageProcessorFast")
+    ip = IP()
+    facts = processor_facts(ip)
+    log("image processor:", json.dumps(facts, default=str))
+    T, P, M = ip.temporal_patch_size, ip.patch_size, ip.merge_size
+    mean, std = list(ip.image_mean), list(ip.image_std)
+    import importlib
+    ipmod = importlib.import_module(type(ip).__module__)
+    smart_resize = getattr(ipmod, "smart_resize")
+    bufs = {"decoded": bytearray(), "pil_resized": bytearray(), "levels": bytearray(),
+            "values": bytearray()}
+    entries, per_image = [], {}
+    for (name, mode, w, h, fmt, max_px) in IMAGES:
+        if name not in names:
+            continue
+        with Image.open(out / "images" / files[name]) as im:
+            im.load()
+            src = im.copy()
+        rgb = src.convert("RGB")
+        dec = np.asarray(rgb, dtype=np.uint8)
+        # What the processor itself converts to (transformers' convert_to_rgb composites alpha
+        # onto white; PIL's convert("RGB") drops it): recorded, the C++ test compares with HF.
+        try:
+            from transformers.image_transforms import convert_to_rgb
+            hf_rgb = np.asarray(convert_to_rgb(src), dtype=np.uint8)
+            hf_same = bool(np.array_equal(hf_rgb, dec))
+        except Exception as e:
+            log("cannot compare transformers' convert_to_rgb:", repr(e))
+            hf_same = None
+        min_px, default_max = size_limits(ip)
+        kw = {} if max_px is None else {"size": {"shortest_edge": min_px, "longest_edge": max_px}}
+        res = ip(images=[src], return_tensors="pt", **kw)
+        pv = res["pixel_values"].float().cpu()
+        grid = [int(v) for v in res["image_grid_thw"][0].tolist()]
+        rh, rw = smart_resize(h, w, factor=P * M, min_pixels=min_px,
+                              max_pixels=max_px or default_max)
+        assert grid == [1, rh // P, rw // P], (name, grid, rh, rw)
+        pil = np.asarray(rgb.resize((rw, rh), Image.BICUBIC), dtype=np.uint8)
+        lv, recon, clamp_dev = levels_of(pv, mean, std, T, P)
+        exact = bool(torch.equal(recon, pv))
+        dev = float((recon - pv).abs().max())
+        # HF's levels vs PIL's resize, both in HF's patch order: re-patchify PIL's bytes.
+        pil_t = torch.from_numpy(pil.copy()).permute(2, 0, 1).float()
+        gh, gw = rh // P, rw // P
+        pp = pil_t.reshape(3, gh // M, M, P, gw // M, M, P).permute(1, 4, 2, 5, 0, 3, 6)
+        pp = pp.unsqueeze(5).expand(-1, -1, -1, -1, -1, T, -1, -1).reshape(gh * gw, 3 * T * P * P)
+        ldiff = (lv.float() - pp).abs()
+        e = {"name": name, "file": files[name], "mode": mode, "width": w, "height": h,
+             "max_pixels": max_px, "hf_rgb_equals_pil_convert": hf_same, "resized": [rh, rw], "grid_thw": grid,
+             "num_patches": int(pv.shape[0]), "patch_values": int(pv.shape[1]),
+             "decoded_offset": len(bufs["decoded"]), "pil_resized_offset": len(bufs["pil_resized"]),
+             "levels_offset": len(bufs["levels"]),
+             "values_offset": len(bufs["values"]) // 4 if name in FLOAT_VALUES else -1,
+             "levels_reproduce_values_bitwise": exact, "levels_reproduce_values_max_dev": dev,
+             "levels_clamp_dev": clamp_dev,
+             "hf_vs_pil_level_diff_max": float(ldiff.max()),
+             "hf_vs_pil_level_diff_count": int((ldiff > 0).sum())}
+        bufs["decoded"] += dec.tobytes()
+        bufs["pil_resized"] += pil.tobytes()
+        bufs["levels"] += lv.numpy().tobytes()
+        if name in FLOAT_VALUES:
+            bufs["values"] += pv.numpy().astype("<f4").tobytes()
+        entries.append(e)
+        per_image[name] = (pv, grid)
+        log_rows.append(f"{name:16} {w}x{h} -> {rh}x{rw} grid {grid} exact_levels {exact} "
+                        f"HF-vs-PIL levels: max {e['hf_vs_pil_level_diff_max']:.0f} "
+                        f"count {e['hf_vs_pil_level_diff_count']}/{pv.numel()}")
+    for k, fn in (("decoded", "decoded.u8"), ("pil_resized", "pil_resized.u8"),
+                  ("levels", "pixel_levels.u8"), ("values", "pixel_values.f32")):
+        (out / fn).write_bytes(bytes(bufs[k]))
+    proc = {"processor": facts, "patch_size": P, "temporal_patch_size": T, "merge_size": M,
+            "image_mean": mean, "image_std": std, "images": entries}
+    mg.write_json(out / "processor.json", proc)
+    return per_image, facts
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) the small model
+# ----------------------------------------------------------------------------------------------
+
+VISION_SMALL = dict(hidden_size=160, intermediate_size=192, num_hidden_layers=2,
+                    num_attention_heads=2, num_channels=3, image_size=224, patch_size=14,
+                    temporal_patch_size=2, spatial_merge_size=2, hidden_act="gelu",
+                    layer_norm_eps=1e-5, projector_hidden_size=64)
+TEXT_SMALL = dict(mg.BASE_SPARSE_MOE, name="vision_model", seed=4242, layers=2,
+                  attn=["sparse", "sparse"], mlp=["dense", "moe"], topk_blocks=2, prompt_lens=[])
+IMG_START, IMG_END = 508, 509  # any ids: only image_token_index (vocab - 2 = 510) is special
+
+
+def vision_weights(s, vc, seed):
+    """Larger than make_golden's 0.02 init, so attention and RoPE visibly shape the output."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape, kind in mg.vision_weight_shapes(s, vc):
+        n = torch.randn(shape, generator=gen, dtype=torch.float32)
+        fan_in = int(np.prod(shape[1:])) if len(shape) >= 2 else 1
+        if kind == "ln_w":
+            w = 1.0 + 0.1 * n
+        elif len(shape) == 1:
+            w = 0.1 * n
+        else:
+            w = n * (1.5 / math.sqrt(fan_in))
+        out[name] = w.to(torch.bfloat16).float()
+    return out
+
+
+def model_golden(hf, device, out, per_image, model_images, summary):
+    s, vc = TEXT_SMALL, VISION_SMALL
+    mg.validate_spec(s)
+    tmp = Path(tempfile.mkdtemp(prefix="vision_golden_"))
+    text, _ = mg.make_weights(s, vc)
+    vis = vision_weights(s, vc, s["seed"] + 1)
+    ckpt, _, _ = mg.build_checkpoint(s, text, vis)
+    mdir = out / "model"
+    mdir.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file
+    save_file(ckpt, str(mdir / "model.safetensors"), metadata={"format": "pt"})
+    mg.write_json(mdir / "config.json", mg.hf_form_config(hf, s, vc, tmp))
+    mg.write_json(mdir / "generation_config.json", mg.generation_config())
+    model, info = hf.load(str(mdir), device)
+    info = {k: sorted(map(str, v)) for k, v in dict(info).items() if isinstance(v, (list, set, tuple))}
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:
+        raise RuntimeError(f"from_pretrained did not map every tensor: {bad}")
+    summary["save_pretrained"] = mg.compare_save_pretrained(model, ckpt, verbose=False)
+    inner = getattr(model, "model", model)
+    tower, proj = inner.vision_tower, inner.multi_modal_projector
+
+    gen = torch.Generator().manual_seed(s["seed"] + 7)
+    rand = lambda n: torch.randint(3, IMG_START, (n,), generator=gen).tolist()
+    img_id = s["vocab"] - 2
+    ids, towers, projs, grids, pvs = [mg.BOS_ID] + rand(5), [], [], [], []
+    for k, name in enumerate(model_images):
+        pv, grid = per_image[name]
+        g = torch.tensor([grid], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            hidden = tower(pv.to(device), g).last_hidden_state.reshape(-1, vc["hidden_size"])
+            feats = proj(hidden)
+            via_api = model.get_image_features(pv.to(device), g)
+            api = torch.cat(list(via_api.pooler_output), 0)
+        d_api = float((api - feats).abs().max())
+        if d_api > 0:
+            log(f"get_image_features differs from tower+projector by {d_api:.3g} for {name}")
+        summary.setdefault("get_image_features_max_diff", 0.0)
+        summary["get_image_features_max_diff"] = max(summary["get_image_features_max_diff"], d_api)
+        towers.append(hidden.float().cpu())
+        projs.append(feats.float().cpu())
+        grids.append(grid)
+        pvs.append(pv)
+        ids += [IMG_START] + [img_id] * feats.shape[0] + [IMG_END] + rand(4 + 3 * k)
+    ids_t = torch.tensor([ids], device=device)
+    with torch.inference_mode():
+        emb = model.get_input_embeddings()(ids_t).clone()
+        mask = ids_t[0] == img_id
+        emb[0, mask] = torch.cat(projs, 0).to(device, emb.dtype)
+        logits = model(inputs_embeds=emb, use_cache=False).logits[0].float().cpu()
+        joint = model(input_ids=ids_t, pixel_values=torch.cat(pvs, 0).to(device),
+                      image_grid_thw=torch.tensor(grids, device=device), use_cache=False)
+        joint = joint.logits[0].float().cpu()
+    d_joint = float((joint - logits).abs().max())
+    log(f"logits: per-image tower vs HF's one tower call over all images: max |diff| {d_joint:.3g}")
+    marg = mg.margins(logits)
+    (out / "tower.f32").write_bytes(torch.cat(towers, 0).numpy().astype("<f4").tobytes())
+    (out / "projector.f32").write_bytes(torch.cat(projs, 0).numpy().astype("<f4").tobytes())
+    (out / "logits.f32").write_bytes(logits.numpy().astype("<f4").tobytes())
+    exp = {"ids": ids, "images": model_images, "grid_thw": grids,
+           "image_token_id": img_id, "image_start_id": IMG_START, "image_end_id": IMG_END,
+           "tower_rows": [int(t.shape[0]) for t in towers], "tower_hidden": vc["hidden_size"],
+           "projector_rows": [int(p.shape[0]) for p in projs], "text_hidden": s["hidden"],
+           "vocab": s["vocab"], "argmax": logits.argmax(-1).tolist(),
+           "argmax_margin": [round(float(v), 6) for v in marg],
+           "max_abs": {"tower": float(torch.cat(towers).abs().max()),
+                       "projector": float(torch.cat(projs).abs().max()),
+                       "logits": float(logits.abs().max())},
+           "joint_tower_call_logits_max_diff": d_joint,
+           "get_image_features_max_diff": summary["get_image_features_max_diff"],
+           "notes": ["each image goes through the vision tower alone (attention within one image, "
+                     "as vLLM and m3serve do); HF's forward(pixel_values=...) runs one tower call "
+                     "over all images with no mask, so its images attend to each other: "
+                     "joint_tower_call_logits_max_diff reports that difference"]}
+    mg.write_json(out / "model_expected.json", exp)
+    summary["model"] = {"tokens": len(ids), "min_margin": float(marg.min()), "joint_diff": d_joint}
+
+
+# ----------------------------------------------------------------------------------------------
+# (c) real shapes, hash-generated weights
+# ----------------------------------------------------------------------------------------------
+
+M32 = 0xFFFFFFFF
+
+
+def mul32(x, m):
+    """(x * m) mod 2^32 for int64 tensors x < 2^32, without int64 overflow."""
+    lo = (x * (m & 0xFFFF)) & M32
+    hi = ((x * (m >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & M32
+
+
+def hash_u32(idx, tensor_no, seed):
+    x = (idx * 0x9E3779B1 + (tensor_no + 1) * 0x85EBCA77 + seed) & M32
+    x = x ^ (x >> 16)
+    x = mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def hash_weight(shape, tensor_no, kind, seed, device):
+    """Exactly representable float32 values from a counter hash (docs: README.md of the fixture):
+    u = hash >> 8 (24 bits); linear weights (u - 2^23) * 2^(-23 - e) with 2^-e the power of two
+    nearest sqrt(3 / fan_in); biases (u - 2^23) * 2^-27; LayerNorm weights 1 + ((hash >> 20) -
+    2048) * 2^-14."""
+    n = int(np.prod(shape))
+    idx = torch.arange(n, dtype=torch.int64, device=device)
+    h = hash_u32(idx, tensor_no, seed)
+    if kind == "ln_w":
+        v = 1.0 + ((h >> 20) - 2048).to(torch.float32) * 2.0 ** -14
+    elif len(shape) == 1:
+        v = ((h >> 8) - (1 << 23)).to(torch.float32) * 2.0 ** -27
+    else:
+        fan_in = int(np.prod(shape[1:]))
+        e = round(-math.log2(math.sqrt(3.0 / fan_in)))
+        v = ((h >> 8) - (1 << 23)).to(torch.float32) * 2.0 ** (-23 - e)
+    return v.reshape(shape)
+
+
+def real_shape_golden(hf, device, out, per_image, smoke, summary):
+    mod = sys.modules.get(hf.model_cls.__module__)
+    VC = find(hf.mod, "MiniMaxM3VLVisionConfig")
+    VM = find(mod, "MiniMaxM3VLVisionModel")
+    PJ = find(mod, "MiniMaxM3VLMultiModalProjector")
+    full = hf.config_cls()
+    vcfg = full.vision_config if not smoke else VC(num_hidden_layers=2)
+    if smoke:
+        full.vision_config = vcfg
+    vd = {k: getattr(vcfg, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "patch_size", "temporal_patch_size",
+                                         "spatial_merge_size", "num_channels", "layer_norm_eps")}
+    vd["projector_hidden_size"] = full.projector_hidden_size
+    text_hidden = full.text_config.hidden_size
+    log("real-shape vision config:", vd, "text hidden", text_hidden)
+    names = mg.vision_weight_shapes({"hidden": text_hidden}, vd)
+    seed = 20260101
+    sd = {}
+    for no, (name, shape, kind) in enumerate(names):
+        sd[name] = hash_weight(shape, no, kind, seed, device)
+    tower = VM(vcfg).to(device).float().eval()
+    projector = PJ(full).to(device).float().eval()
+    V = "vision_tower.vision_model."
+    tsd = {k[len(V):]: v for k, v in sd.items() if k.startswith(V)}
+    miss = tower.load_state_dict(tsd, strict=False)
+    pmap = {"multi_modal_projector.linear_1": "linear_1", "multi_modal_projector.linear_2": "linear_2",
+            "patch_merge_mlp.linear_1": "merge_linear_1", "patch_merge_mlp.linear_2": "merge_linear_2"}
+    psd = {}
+    for k, v in sd.items():
+        for a, b in pmap.items():
+            if k.startswith(a + "."):
+                psd[b + k[len(a):]] = v
+    pmiss = projector.load_state_dict(psd, strict=False)
+    bad = [k for k in list(miss.missing_keys) + list(miss.unexpected_keys)
+           + list(pmiss.missing_keys) + list(pmiss.unexpected_keys) if "inv_freq" not in k]
+    if bad:
+        raise RuntimeError(f"real-shape weights did not map: {bad[:10]}")
+    pv, grid = per_image[REAL_SHAPE_IMAGE]
+    with torch.inference_mode():
+        hidden = tower(pv.to(device), torch.tensor([grid], device=device)).last_hidden_state
+        hidden = hidden.reshape(-1, vd["hidden_size"])
+        feats = projector(hidden)
+    h, f = hidden.float().cpu(), feats.float().cpu()
+
+    def stats(t):
+        return {"shape": list(t.shape), "mean": float(t.mean()), "std": float(t.std()),
+                "max_abs": float(t.abs().max()), "sum_abs": float(t.abs().sum(dtype=torch.float64)),
+                "row0_first16": [float(v) for v in t[0, :16]],
+                "row_last_first16": [float(v) for v in t[-1, :16]],
+                "col0": [float(v) for v in t[:, 0]]}
+
+    res = {"image": REAL_SHAPE_IMAGE, "grid_thw": grid, "vision_config": vd,
+           "text_hidden_size": text_hidden, "weight_seed": seed,
+           "weight_order": [n for n, _, _ in names], "smoke": smoke,
+           "generator": "see hash_weight() in tools/reference/vision_golden.py",
+           "tower": stats(h), "projector": stats(f), "projector_row0": [float(v) for v in f[0]]}
+    mg.write_json(out / "real_shape.json", res)
+    summary["real_shape"] = {"layers": vd["num_hidden_layers"], "tokens": int(f.shape[0]),
+                             "tower_max_abs": res["tower"]["max_abs"],
+                             "projector_max_abs": res["projector"]["max_abs"]}
+
+
+# ----------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tests/fixtures/vision_golden")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--smoke", action="store_true", help="fewer images, 2-layer real-shape tower")
+    args = ap.parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+    except Exception as e:
+        log("precision settings failed:", repr(e))
+    torch.set_grad_enabled(False)
+    log("python", sys.version.split()[0], platform.platform(), "torch", torch.__version__,
+        "device", device)
+    import PIL
+    log("PIL", PIL.__version__, "numpy", np.__version__)
+    try:
+        import torchvision
+        log("torchvision", torchvision.__version__)
+    except Exception as e:
+        log("torchvision not importable:", repr(e))
+    hf = mg.HF()
+    log("transformers", hf.version)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = SMOKE_IMAGES if args.smoke else [i[0] for i in IMAGES]
+    model_images = SMOKE_MODEL_IMAGES if args.smoke else MODEL_IMAGES
+    summary, rows, ok = {"smoke": args.smoke}, [], True
+    steps = [("processor", None), ("model", None), ("real_shape", None)]
+    per_image = {}
+    for step, _ in steps:
+        t = time.time()
+        try:
+            if step == "processor":
+                files = write_images(out, names)
+                per_image, facts = run_processor(hf.mod, out, names, files, rows)
+                summary["processor"] = facts
+            elif step == "model":
+                model_golden(hf, device, out, per_image, model_images, summary)
+            else:
+                real_shape_golden(hf, device, out, per_image, args.smoke, summary)
+            log(f"step {step} ok in {time.time() - t:.1f}s")
+        except Exception as e:
+            ok = False
+            traceback.print_exc()
+            log(f"step {step} FAILED: {e!r}")
+            if step == "processor":
+                break
+    manifest = {"reference": f"transformers {hf.version}, torch {torch.__version__}, float32, "
+                             f"TF32 off, device {device}", "ok": ok, "summary": summary}
+    mg.write_json(out / "manifest.json", manifest)
+    log("=" * 80)
+    for r in rows:
+        log(r)
+    log("summary:", json.dumps({k: v for k, v in summary.items() if k != "processor"}, default=str))
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    log(f"vision golden {'OK' if ok else 'FAILED'}: {total} bytes in {out}; wall {time.time() - T0:.1f}s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
