@@ -1,9 +1,10 @@
 // Image input end to end through the real stack (checkpoint -> engine -> HTTP server):
-//  * the bundled m3-tiny has no vision tower: an image request is a 400 vision_not_available;
-//  * m3-tiny plus a tiny random vision tower (config.json's vision_config and a vision shard, in
-//    a temporary directory): a chat request with an image generates tokens, the prompt holds the
-//    image's placeholder tokens, and the prefix cache reuses KV for the same image and never for
-//    another image.
+//  * m3-tiny's language model without vision weights (whether or not the bundled checkpoint has a
+//    tower, tools/train_tiny can train one): an image request is a 400 vision_not_available;
+//  * m3-tiny's language model plus a tiny random vision tower (config.json's vision_config and a
+//    vision shard, in a temporary directory): a chat request with an image generates tokens, the
+//    prompt holds the image's placeholder tokens, and the prefix cache reuses KV for the same
+//    image and never for another image.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -70,8 +71,36 @@ Response post(uint16_t port, const json& body) {
   return c.read();
 }
 
-TEST(VisionServing, BundledModelWithoutATowerRefusesImages) {
-  Served s(make_stack(kModel));
+// A directory with m3-tiny's files linked, its config.json copied and an index that lists only the
+// language model's tensors: the bundled model's own tower (if any) and preprocessor_config.json
+// are left out. Returns the config and the index for the caller to extend.
+void link_language_model(const fs::path& dir, json* config, json* index) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(kModel)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json" || name == "model.safetensors.index.json" ||
+        name == "preprocessor_config.json") {
+      continue;
+    }
+    fs::create_symlink(fs::absolute(entry.path()), dir / name);
+  }
+  *config = json::parse(std::ifstream(kModel / "config.json"));
+  json full = json::parse(std::ifstream(kModel / "model.safetensors.index.json"));
+  *index = full;
+  (*index)["weight_map"] = json::object();
+  for (const auto& [name, shard] : full["weight_map"].items()) {
+    if (name.rfind("language_model.", 0) == 0) (*index)["weight_map"][name] = shard;
+  }
+  std::ofstream(dir / "config.json") << config->dump(2);
+  std::ofstream(dir / "model.safetensors.index.json") << index->dump(2);
+}
+
+TEST(VisionServing, ModelWithoutATowerRefusesImages) {
+  const fs::path dir = fs::temp_directory_path() / ("m3-tiny-no-tower-" + std::to_string(::getpid()));
+  json config, index;
+  link_language_model(dir, &config, &index);
+  Served s(make_stack(dir));
   EXPECT_FALSE(s.stack.backend->vision().has_value());
   bool reported = false;
   for (const std::string& line : s.stack.report) reported |= line.rfind("vision: ", 0) == 0;
@@ -80,6 +109,7 @@ TEST(VisionServing, BundledModelWithoutATowerRefusesImages) {
   Response r = post(s.srv->port(), image_chat(png, "what is this?"));
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_EQ(json::parse(r.body)["error"]["code"], "vision_not_available");
+  fs::remove_all(dir);
 }
 
 // m3-tiny's files (shards linked, not copied) plus a tiny vision tower.
@@ -88,14 +118,8 @@ class TinyVisionModel : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new fs::path(fs::temp_directory_path() /
                         ("m3-tiny-vision-" + std::to_string(::getpid())));
-    fs::remove_all(*dir_);
-    fs::create_directories(*dir_);
-    for (const auto& entry : fs::directory_iterator(kModel)) {
-      const std::string name = entry.path().filename().string();
-      if (name == "config.json" || name == "model.safetensors.index.json") continue;
-      fs::create_symlink(fs::absolute(entry.path()), *dir_ / name);
-    }
-    json config = json::parse(std::ifstream(kModel / "config.json"));
+    json config, index;
+    link_language_model(*dir_, &config, &index);
     const int64_t text_hidden = config["text_config"]["hidden_size"].get<int64_t>();
     VisionConfig vc = testing::tiny_vision_config(text_hidden);
     vc.patch_size = 14;  // the real processor's geometry: 28-pixel merge windows
@@ -114,7 +138,6 @@ class TinyVisionModel : public ::testing::Test {
     SafetensorsWriter w;
     for (const auto& [name, t] : vision.tensors) w.add_f32(name, t.shape, t.data);
     ASSERT_TRUE(w.write((*dir_ / "vision.safetensors").string()).is_ok());
-    json index = json::parse(std::ifstream(kModel / "model.safetensors.index.json"));
     for (const auto& [name, t] : vision.tensors) index["weight_map"][name] = "vision.safetensors";
     std::ofstream(*dir_ / "model.safetensors.index.json") << index.dump(2);
     served_ = new Served(make_stack(*dir_));

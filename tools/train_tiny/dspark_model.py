@@ -78,7 +78,8 @@ def load_target(target_dir):
     for fn in files:
         with safe_open(os.path.join(target_dir, fn), framework="pt") as f:
             for k in f.keys():
-                raw[k] = f.get_tensor(k).float()
+                if k.startswith("language_model."):  # not the vision tower, projector and merge MLP
+                    raw[k] = f.get_tensor(k).float()
     sd = {}
     g = lambda k: raw.pop(k)  # noqa: E731
     sd["model.embed_tokens.weight"] = g("language_model.model.embed_tokens.weight")

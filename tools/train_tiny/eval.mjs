@@ -13,6 +13,11 @@
 //       the output ids with the model's tokenizer.json.
 //   --backend file --completions FILE.jsonl            scores lines {"id": ..., "text": ...} (raw
 //       completion text after the generation prompt, special tokens kept).
+// Sets: --set FILE[,FILE...] (default eval_set.jsonl). The vision-and-tools round adds
+//   eval_tools_heldout.jsonl   tasks gtool (held-out tool schemas: right tool, right argument names and
+//                              values) and gtool_none (no offered tool fits: a plain answer, no call);
+//   eval_vision.jsonl          task vision (held-out images as PNG data URLs, held-out phrasings: the answer
+//                              names the right colour / shape / corner / count and no other); server only.
 // Options: --limit N (first N of each task), --out results.json, --concurrency K, --max-tokens N.
 // Prints a summary table and exits non-zero when an accuracy is below --min (default 0.9).
 import fs from "node:fs";
@@ -127,8 +132,36 @@ function sortKeys(x) {
   return x;
 }
 
+const SHAPE_POOLS = {
+  colour: ["red", "green", "blue", "yellow", "purple", "orange"],
+  shape: ["circle", "square", "triangle", "diamond"],
+  position: ["top left", "top right", "bottom left", "bottom right"],
+};
+
+// Mirrors shapes.score: the expected value named, and no competing one.
+export function scoreVision(kind, want, content) {
+  const text = content.toLowerCase().replaceAll("color", "colour");
+  if (kind === "count") {
+    const nums = text.match(/\d+/g);
+    return !!nums && nums[nums.length - 1] === want;
+  }
+  const found = SHAPE_POOLS[kind].filter((p) => new RegExp(`\\b${p}\\b`).test(text));
+  return found.length === 1 && found[0] === want;
+}
+
 // result: {content, reasoning, toolCalls?} ; toolCalls from a server are [{name, arguments(object)}]
 export function score(item, result) {
+  if (item.task === "vision") {
+    const ok = scoreVision(item.expect.kind, item.expect.answer, result.content || "");
+    return { ok, got: (result.content || "").trim().slice(-120), want: item.expect.answer };
+  }
+  if (item.task === "gtool_none") {
+    let calls = result.toolCalls || [];
+    if (!calls.length) {
+      try { calls = parseToolCalls(result.content || "", item.tools)[1]; } catch (e) { return { ok: false, error: String(e.message || e) }; }
+    }
+    return { ok: !calls.length && !!(result.content || "").trim(), got: calls.map((c) => c.name), want: "no call" };
+  }
   if (item.task === "arith" || item.task === "arith_nothink") {
     const got = lastNumber(result.content || "");
     return { ok: got === String(item.expect.value), got, want: item.expect.value };
@@ -241,7 +274,9 @@ async function pool(items, k, fn) {
 
 async function main() {
   const a = parseArgs(process.argv);
-  let items = fs.readFileSync(a.set, "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  let items = String(a.set).split(",").flatMap((f) =>
+    fs.readFileSync(path.isAbsolute(f) || fs.existsSync(f) ? f : path.join(HERE, f), "utf8")
+      .split("\n").filter(Boolean).map((l) => JSON.parse(l)));
   if (a.limit) {
     const per = {};
     items = items.filter((it) => (per[it.task] = (per[it.task] || 0) + 1) <= a.limit);
@@ -273,15 +308,16 @@ async function main() {
   });
   const summary = {};
   let fail = false;
-  for (const task of ["arith", "arith_nothink", "tool"]) {
+  for (const task of ["arith", "arith_nothink", "tool", "gtool", "gtool_none", "vision"]) {
     const r = rows.filter((x) => x.task === task);
+    if (!r.length) continue;
     const s = { n: r.length, correct: r.filter((x) => x.ok).length };
     for (const m of ["adaptive", "enabled", "disabled"]) {
       const rm = r.filter((x) => x.mode === m);
       s[m] = `${rm.filter((x) => x.ok).length}/${rm.length}`;
     }
     s.accuracy = s.n ? s.correct / s.n : 0;
-    if (task === "tool") s.parsed_from_text = r.filter((x) => x.via === "text").length;
+    if (task === "tool" || task === "gtool") s.parsed_from_text = r.filter((x) => x.via === "text").length;
     summary[task] = s;
     if (s.n && task !== "arith_nothink" && s.accuracy < a.min) fail = true;
   }

@@ -9,6 +9,9 @@ tokens (then the sparse attention selects every causal block and equals dense ca
 train.py checks logits against the reference model before training and after copying back.
 """
 
+import json
+import struct
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -219,23 +222,28 @@ class FastM3(nn.Module):
     def moe_blocks(self):
         return [l.mlp for l in self.model.layers if isinstance(l.mlp, MoE)]
 
-    def hidden(self, x):
+    def hidden(self, x, img=None):
+        """img: (image token id, embeddings [n, hidden], ids whose image tokens take them or None
+        for x): the vision tower's outputs replace those positions' embeddings, in order."""
         L = x.shape[1]
         pos = torch.arange(L, device=x.device, dtype=torch.float32)
         ang = pos[:, None] * self.inv_freq.float()[None, :]
         cos, sin = ang.cos(), ang.sin()
         h = self.model.embed_tokens(x)
+        if img is not None:
+            where = (x if img[2] is None else img[2]) == img[0]
+            h = h.masked_scatter(where.unsqueeze(-1), img[1].to(h.dtype))
         for layer in self.model.layers:
             h = layer(h, cos, sin)
         return self.model.norm(h)
 
-    def forward(self, x):
-        return self.lm_head(self.hidden(x))
+    def forward(self, x, img=None):
+        return self.lm_head(self.hidden(x, img))
 
-    def loss(self, x, y, flat_idx=None, y_sel=None):
+    def loss(self, x, y, flat_idx=None, y_sel=None, img=None):
         """Cross entropy over the positions with a target (y != -100) only: the LM head runs on those.
         flat_idx / y_sel (precomputed per cached batch) avoid a host sync for the boolean mask."""
-        h = self.hidden(x)
+        h = self.hidden(x, img)
         if flat_idx is None:
             flat_idx = (y.reshape(-1) != -100).nonzero().squeeze(1)
             y_sel = y.reshape(-1)[flat_idx]
@@ -255,3 +263,51 @@ def key_map(hf_state_keys, fast_state_keys):
         else:
             raise KeyError("no reference tensor for %s" % k)
     return out
+
+
+def read_safetensors(path):
+    """{name: float32 tensor} of a safetensors file, read without the safetensors package."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    dt = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        t = torch.frombuffer(bytearray(data[a:b]), dtype=dt[v["dtype"]]) if b > a else torch.zeros(0)
+        out[k] = t.reshape(v["shape"]).float()
+    return out
+
+
+def state_from_checkpoint(ckpt, tc):
+    """Checkpoint tensors (train.py original_tensors' names) -> this model's state dict (the
+    reference's names, routing bias on the router); tc: config.json's text_config."""
+    sd = {"model.embed_tokens.weight": ckpt["language_model.model.embed_tokens.weight"],
+          "model.norm.weight": ckpt["language_model.model.norm.weight"],
+          "lm_head.weight": ckpt["language_model.lm_head.weight"]}
+    for i, moe in enumerate(tc["moe_layer_freq"]):
+        o, h = "language_model.model.layers.%d." % i, "model.layers.%d." % i
+        for nm in ("input_layernorm", "post_attention_layernorm"):
+            sd[h + nm + ".weight"] = ckpt[o + nm + ".weight"]
+        for nm in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+            sd[h + "self_attn.%s.weight" % nm] = ckpt[o + "self_attn.%s.weight" % nm]
+        for nm in ("q_proj", "k_proj", "q_norm", "k_norm"):
+            sd[h + "self_attn.indexer.%s.weight" % nm] = ckpt[o + "self_attn.index_%s.weight" % nm]
+        if not moe:
+            sd[h + "mlp.gate_up_proj.weight"] = torch.cat([ckpt[o + "mlp.gate_proj.weight"], ckpt[o + "mlp.up_proj.weight"]])
+            sd[h + "mlp.down_proj.weight"] = ckpt[o + "mlp.down_proj.weight"]
+            continue
+        m = o + "block_sparse_moe."
+        sd[h + "mlp.gate.weight"] = ckpt[m + "gate.weight"]
+        sd[h + "mlp.gate.e_score_correction_bias"] = ckpt[m + "e_score_correction_bias"]
+        E = tc["num_local_experts"]
+        sd[h + "mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([ckpt[m + "experts.%d.w1.weight" % e], ckpt[m + "experts.%d.w3.weight" % e]]) for e in range(E)])
+        sd[h + "mlp.experts.down_proj"] = torch.stack([ckpt[m + "experts.%d.w2.weight" % e] for e in range(E)])
+        sd[h + "mlp.shared_experts.gate_up_proj.weight"] = torch.cat(
+            [ckpt[m + "shared_experts.gate_proj.weight"], ckpt[m + "shared_experts.up_proj.weight"]])
+        sd[h + "mlp.shared_experts.down_proj.weight"] = ckpt[m + "shared_experts.down_proj.weight"]
+    return sd

@@ -30,6 +30,7 @@ T0 = time.time()
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import corpus  # noqa: E402
+import multimodal_corpus  # noqa: E402
 
 REPORT = {"warnings": [], "steps": {}}
 
@@ -71,6 +72,10 @@ ap.add_argument("--eval-max-new", type=int, default=0, help="override the new-to
 ap.add_argument("--golden-new-tokens", type=int, default=64)
 ap.add_argument("--golden-limit", type=int, default=0, help="only the first N golden cases (0: all)")
 ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+ap.add_argument("--vision-lr-scale", type=float, default=3.0, help="the vision tower's lr / the text model's")
+ap.add_argument("--vision", action="store_true",
+                help="the vision-and-tools round: image questions and generated tools join the corpus "
+                     "(multimodal_corpus.py), a vision tower trains with the text model (vision_model.py)")
 args = ap.parse_args()
 
 # Model shape. Weights in bf16 stay ~30 MB; sequences up to 1024 tokens (= 32 blocks of 32, the
@@ -118,6 +123,8 @@ def save_report():
 # ------------------------------------------------------------------------------------------------
 def _render_one(sample):
     text = corpus.render(sample)
+    if sample.get("images"):
+        text = multimodal_corpus.expand_image_tokens(text)
     return text, corpus.trainable_spans(text)
 
 
@@ -125,7 +132,7 @@ if args.init_from:  # the tokenizer is known before the corpus: made-up values u
     _vocab_tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
     corpus.set_copy_pieces([_vocab_tok.decode([i]).strip() for i in range(_vocab_tok.get_vocab_size())])
     log("copy pieces from the tokenizer: %d" % len(corpus.COPY_PIECES))
-samples = corpus.training_corpus(args.n_train, args.seed)
+samples = (multimodal_corpus.training_corpus if args.vision else corpus.training_corpus)(args.n_train, args.seed)
 if args.workers > 1:
     import multiprocessing as mp
 
@@ -134,6 +141,24 @@ if args.workers > 1:
 else:
     rendered = [_render_one(s) for s in samples]
 texts = [r[0] for r in rendered]
+IMG_U8, IMG_OF = None, {}  # all training images (uint8 [N, S, S, 3]); conversation -> its image rows
+if args.vision:
+    import shapes  # noqa: E402
+
+    seeds, row_of = [], {}
+    for i, s in enumerate(samples):
+        for sd_ in s.get("images") or []:
+            if sd_ not in row_of:
+                row_of[sd_] = len(seeds)
+                seeds.append(sd_)
+            IMG_OF.setdefault(i, []).append(row_of[sd_])
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(max(1, args.workers)) as pool:
+        pix = pool.map(shapes.pixels, seeds, chunksize=200)
+    IMG_U8 = torch.frombuffer(bytearray(b"".join(pix)), dtype=torch.uint8).view(-1, shapes.SIZE, shapes.SIZE, 3)
+    del pix
+    log("images: %d of %dx%d" % (IMG_U8.shape[0], shapes.SIZE, shapes.SIZE))
 spans = [r[1] for r in rendered]
 bad = sum(1 for s in spans if not s)
 if bad:
@@ -239,6 +264,10 @@ log("lengths: mean %.0f p50 %d p90 %d p99 %d max %d; trained tokens %.1f%%" % (
     lens.mean(), np.percentile(lens, 50), np.percentile(lens, 90), np.percentile(lens, 99), lens.max(),
     100.0 * sum(map(sum, lab)) / lens.sum()))
 keep = [i for i in range(len(ids)) if len(ids[i]) <= args.max_len and sum(lab[i]) > 0]
+IMAGE_ID = tok.token_to_id("]<]image[>[")
+bad_img = [i for i in range(len(ids)) if ids[i].count(IMAGE_ID) != multimodal_corpus.TOKENS_PER_IMAGE * len(IMG_OF.get(i, []))]
+if bad_img:
+    raise SystemExit("%d conversations whose image tokens do not match their images (first %d)" % (len(bad_img), bad_img[0]))
 if len(keep) < len(ids):
     warn("dropped %d conversations longer than %d tokens" % (len(ids) - len(keep), args.max_len))
 step_done("encode", tokens=int(lens.sum()), max_len=int(lens.max()), kept=len(keep))
@@ -454,15 +483,31 @@ def load_init_weights(m, path):
     """Weights of an earlier m3-tiny (checkpoint layout) into the text model, through the
     transformers VL class (the reload check below proves that path reproduces a trained model).
     Every language-model tensor must be found with its shape, else training starts from scratch."""
-    vl = VLClass.from_pretrained(path, dtype=torch.float32)
     src = {}
-    for k, v in vl.state_dict().items():
-        for a, b in (("model.language_model.", "model."), ("language_model.model.", "model."),
-                     ("language_model.lm_head.", "lm_head.")):
-            if k.startswith(a):
-                k = b + k[len(a):]
-                break
-        src[k] = v
+    try:
+        vl = VLClass.from_pretrained(path, dtype=torch.float32)
+        for k, v in vl.state_dict().items():
+            for a, b in (("model.language_model.", "model."), ("language_model.model.", "model."),
+                         ("language_model.lm_head.", "lm_head.")):
+                if k.startswith(a):
+                    k = b + k[len(a):]
+                    break
+            src[k] = v
+        del vl
+    except Exception as e:  # noqa: BLE001  (e.g. a vision tower transformers does not accept)
+        warn("%s.from_pretrained(%s) failed (%r): reading its language-model tensors directly" % (
+            VLClass.__name__, path, e))
+        import fast_model  # noqa: E402
+
+        ck = {}
+        for fn in sorted(os.listdir(path)):
+            if fn.endswith(".safetensors"):
+                ck.update({k: v for k, v in fast_model.read_safetensors(os.path.join(path, fn)).items()
+                           if k.startswith("language_model.")})
+        with open(os.path.join(path, "config.json")) as f:
+            src = fast_model.state_from_checkpoint(ck, json.load(f)["text_config"])
+        for k in list(src):  # the reference may keep the routing bias on the MoE block
+            src.setdefault(k.replace("mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"), src[k])
     dst = m.state_dict()
     missing = [k for k in dst if "rotary" not in k and "inv_freq" not in k and
                (k not in src or tuple(src[k].shape) != tuple(dst[k].shape))]
@@ -472,7 +517,6 @@ def load_init_weights(m, path):
         for k in dst:
             if k in src:
                 dst[k].copy_(src[k].to(dst[k].dtype))
-    del vl
     return len(dst)
 
 
@@ -590,6 +634,28 @@ if os.environ.get("M3TINY_NO_FAST") != "1":
         FAST = None
 _set_exact_fp32(False)
 step_done("fast_model", used=FAST is not None)
+VIS = None  # the vision tower, trained with FAST as its submodule `vision`
+if args.vision and FAST is None:
+    warn("--vision needs the fast training model: no vision tower trained")
+elif args.vision:
+    import vision_model  # noqa: E402
+
+    VIS = vision_model.VisionTower(vision_model.VISION_CONFIG, HIDDEN, HIDDEN).to(DEV)
+    if args.init_from:
+        from safetensors.torch import load_file  # noqa: E402
+
+        prev = {}
+        for fn in sorted(os.listdir(args.init_from)):
+            if fn.endswith(".safetensors"):
+                prev.update({k: v for k, v in load_file(os.path.join(args.init_from, fn)).items()
+                             if not k.startswith("language_model.")})
+        try:
+            log("vision tower: %d tensors from %s" % (VIS.load_checkpoint_tensors(prev), args.init_from))
+        except Exception as e:  # noqa: BLE001
+            warn("vision weights of %s not loaded (%r): the tower starts from scratch" % (args.init_from, e))
+    FAST.vision = VIS
+    IMG_U8 = IMG_U8.to(DEV)
+    log("vision tower: %.2f M parameters" % (sum(p.numel() for p in VIS.parameters()) / 1e6))
 
 # ------------------------------------------------------------------------------------------------
 # 6. Training: bf16 autocast, fused AdamW, length-bucketed padded batches, wall-clock budget.
@@ -661,12 +727,17 @@ batch_cache = {}
 def run_training(use_fast, seconds):
     """Train FAST (use_fast) or the reference model for a wall-clock budget; returns (steps, epochs, tokens)."""
     net = FAST if use_fast else model
-    decay, no_decay = [], []
+    decay, no_decay, vis_params = [], [], []
     for n, p in net.named_parameters():
         if use_fast and ".indexer." in n:
             continue  # never used in training (no gradient in the reference either): keeps its init
+        if n.startswith("vision."):  # the new tower starts from scratch: a higher learning rate
+            vis_params.append(p)
+            continue
         (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}]
+    if vis_params:
+        groups.append({"params": vis_params, "weight_decay": 0.0, "lr_scale": args.vision_lr_scale})
     try:
         opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=DEV == "cuda")
     except Exception as e:  # noqa: BLE001
@@ -691,19 +762,22 @@ def run_training(use_fast, seconds):
         bi = perm.pop()
         if bi not in batch_cache:  # built once, kept on the device for the later epochs
             x, y = make_batch(batches[bi])
+            rows = [k for i in batches[bi] for k in IMG_OF.get(i, [])]
             fi = (y.reshape(-1) != -100).nonzero().squeeze(1)
             batch_cache[bi] = (x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True), int(fi.numel()),
                                fi.to(DEV, non_blocking=True), y.reshape(-1)[fi].to(DEV, non_blocking=True))
-        x, y, n_targets, flat_idx, y_sel = batch_cache[bi]
+            batch_cache[bi] += (torch.tensor(rows, device=DEV) if rows and VIS is not None else None,)
+        x, y, n_targets, flat_idx, y_sel, img_rows = batch_cache[bi]
         frac = min(1.0, el / seconds)
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
         with torch.autocast(device_type="cuda" if DEV == "cuda" else "cpu", dtype=torch.bfloat16):
             if use_fast:
                 if step == 1 and os.environ.get("M3TINY_TEST_FAST_FAIL") == "1":
                     raise RuntimeError("M3TINY_TEST_FAST_FAIL: simulated failure of the fast path")
-                loss = FAST.loss(x, y, flat_idx, y_sel)
+                loss = FAST.loss(x, y, flat_idx, y_sel, img=None if img_rows is None else (
+                    IMAGE_ID, VIS(IMG_U8[img_rows]), None))
             else:
                 logits = forward(model, x).logits
         if not use_fast:
@@ -816,6 +890,9 @@ if FAST is not None:
         except Exception as e2:  # noqa: BLE001
             warn("could not copy the fast model's weights (%r): the reference training starts from its init" % e2)
         FAST = None
+        if VIS is not None:
+            warn("the vision tower trains only with the fast model: none is saved")
+            VIS = None
         batch_cache.clear()
         if DEV == "cuda":
             torch.cuda.empty_cache()
@@ -847,6 +924,7 @@ if trained_with == "fast":
         REPORT["loss_curve"] = loss_curve
         save_report()
         sys.exit(3)
+    FAST_EVAL = FAST if VIS is not None else None  # image evaluation runs on it (weights re-copied below)
     del FAST
     FAST = None
 batch_cache.clear()
@@ -872,6 +950,14 @@ with torch.no_grad():
         if n not in router_names:
             p.copy_(p.to(torch.bfloat16).float())
 sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+if VIS is not None:  # the checkpoint-exact weights into the model the image evaluation runs on
+    with torch.no_grad():
+        _fsd = FAST_EVAL.state_dict()
+        for _hk, _fk in FAST_KEYS.items():
+            _fsd[_fk].copy_(model.state_dict()[_hk].to(_fsd[_fk].dtype))
+        for p in VIS.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    FAST_EVAL.eval()
 log("state dict: %d tensors" % len(sd))
 for k in sorted(sd):
     if ".layers.1." in k or ".layers." not in k:
@@ -939,6 +1025,8 @@ def original_tensors(state):
 
 
 tensors = original_tensors(sd)
+if VIS is not None:
+    tensors.update(VIS.checkpoint_tensors())
 total_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
 names = list(tensors)
 half, acc, shard_of = total_bytes / 2, 0, {}
@@ -963,7 +1051,7 @@ config_json = {
     "architectures": ["MiniMaxM3SparseForConditionalGeneration"],
     "model_type": "minimax_m3_vl",
     "text_config": text_cfg_out,
-    "vision_config": VISION_CONFIG,
+    "vision_config": VIS.vc if VIS is not None else VISION_CONFIG,
     "image_token_index": SID["]<]image[>["],
     "video_token_index": SID["]<]video[>["],
     "projector_hidden_size": HIDDEN,
@@ -977,6 +1065,10 @@ config_json = {
 with open(os.path.join(args.out_model, "config.json"), "w") as f:
     json.dump(config_json, f, indent=2)
     f.write("\n")
+if VIS is not None:
+    with open(os.path.join(args.out_model, "preprocessor_config.json"), "w") as f:
+        json.dump(vision_model.PREPROCESSOR_CONFIG, f, indent=2)
+        f.write("\n")
 with open(os.path.join(args.out_model, "generation_config.json"), "w") as f:
     json.dump({"bos_token_id": BOS, "eos_token_id": EOS, "do_sample": True, "temperature": 1.0,
                "top_p": 0.95, "top_k": 40, "transformers_version": transformers.__version__}, f, indent=2)
@@ -1219,6 +1311,21 @@ save_report()
 
 
 # ------------------------------------------------------------------------------------------------
+# 10b. The vision-and-tools round: held-out tool schemas (eval_tools_heldout.jsonl, the reference
+#      model) and held-out images (eval_vision.jsonl, PNG data URLs decoded with PIL and
+#      pre-processed as the server does; the fast model with the checkpoint-exact weights).
+# ------------------------------------------------------------------------------------------------
+if args.vision:
+    import round_eval  # noqa: E402
+
+    results.update(round_eval.run(args, tok, ref_model, greedy_nocache, FAST_EVAL if VIS is not None else None, VIS,
+                                  IMAGE_ID, EOS, log, warn))
+    REPORT["eval"] = results
+    step_done("eval_round", **{k: results[k]["accuracy"] for k in round_eval.ROUND_TASKS if k in results})
+    save_report()
+
+
+# ------------------------------------------------------------------------------------------------
 # 11. Goldens: transformers generate (greedy, KV cache), CPU, fp32, on the reloaded checkpoint when
 #     it reproduced the trained model; the full-recompute greedy path and its top-1/top-2 margins
 #     are recorded alongside.
@@ -1351,7 +1458,7 @@ How it was made and how to regenerate it: `tools/train_tiny/README.md`.
 | arithmetic without thinking (thinking disabled) | {n_acc} | - | - | {n_di} |
 | tool call (parses, right tool, right arguments) | {t_acc} | {t_ad} | {t_en} | {t_di} |
 
-The evaluation set is `tools/train_tiny/eval_set.jsonl`; per-item results are in
+{round_lines}The evaluation set is `tools/train_tiny/eval_set.jsonl`; per-item results are in
 `tests/fixtures/m3_tiny/eval_results.json`.
 """.format(layers=LAYERS, hidden=HIDDEN, heads=HEADS, kv=KV_HEADS, hd=HEAD_DIM, block=BLOCK, topk=TOPK_BLOCKS,
            ih=INDEX_HEADS, idim=INDEX_DIM, win=BLOCK * TOPK_BLOCKS, dense=DENSE_INTER, last=LAYERS - 1,
@@ -1364,7 +1471,14 @@ The evaluation set is `tools/train_tiny/eval_set.jsonl`; per-item results are in
            n_acc="%.1f%% (%d/%d)" % (100 * results["arith_nothink"]["accuracy"], results["arith_nothink"]["correct"],
                                      results["arith_nothink"]["n"]), n_di=results["arith_nothink"]["disabled"],
            t_acc="%.1f%% (%d/%d)" % (100 * results["tool"]["accuracy"], results["tool"]["correct"], results["tool"]["n"]),
-           t_ad=results["tool"]["adaptive"], t_en=results["tool"]["enabled"], t_di=results["tool"]["disabled"])
+           t_ad=results["tool"]["adaptive"], t_en=results["tool"]["enabled"], t_di=results["tool"]["disabled"],
+           round_lines="".join(
+               "\n%s: %.1f%% (%d/%d), adaptive %s, enabled %s, disabled %s.\n" % (
+                   label, 100 * results[k]["accuracy"], results[k]["correct"], results[k]["n"],
+                   results[k]["adaptive"], results[k]["enabled"], results[k]["disabled"])
+               for k, label in (("gtool", "Tool calls on held-out tool schemas (`eval_tools_heldout.jsonl`)"),
+                                ("vision", "Questions on held-out images (`eval_vision.jsonl`)"))
+               if k in results) + ("\n" if any(k in results for k in ("gtool", "vision")) else ""))
 with open(os.path.join(args.out_model, "README.md"), "w") as f:
     f.write(card)
 files = sorted(os.listdir(args.out_model))
@@ -1374,6 +1488,8 @@ if sum(sizes.values()) > 40e6:
     warn("model folder exceeds 40 MB")
 REPORT["model_files"] = sizes
 save_report()
+for t, v in results.items():
+    log("SUMMARY %-13s %.1f%% (%d/%d)" % (t, 100 * v["accuracy"], v["correct"], v["n"]))
 log("DONE. warnings: %d" % len(REPORT["warnings"]))
 for w in REPORT["warnings"]:
     log("  -", w)
