@@ -1,10 +1,12 @@
 // The real-shape CUDA DSpark path against the float32 CPU reference, at the small real-shape
 // target of cuda_real_model_test (head_dim 128, hidden 1024, 3 layers):
 //  * CudaM3Model's hidden-state capture (ModelStep::capture_layers) against Model::forward's;
-//  * the Markov correction kernel against a double-precision sum;
+//  * the Markov correction kernel against a double-precision sum, the device argmax against
+//    std::max_element;
 //  * the bf16 block attention kernel against dspark::block_attention on the same (bf16) values;
 //  * the whole draft (CudaDSparkDraft with MXFP8 linears: context in chunks past the window,
-//    propose) against DSparkDraft on the CPU backend with the same weights;
+//    propose) against DSparkDraft on the CPU backend with the same weights, and its device greedy
+//    chain (propose_greedy) against the host argmax picker;
 //  * the limit on live contexts;
 //  * the engine over CudaM3ModelRunner with the GPU draft: speculative greedy requests complete,
 //    verify drafts, return every page, and repeat bit for bit.
@@ -14,6 +16,7 @@
 // row); argmaxes must agree where the CPU's margin exceeds twice that bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -109,6 +112,44 @@ TEST(DSparkCudaReal, MarkovCorrectionMatchesADoubleSum) {
     be->free(w2_d);
     be->free(row_d);
   }
+}
+
+// The device greedy pick: std::max_element's index (the first of equal maxima) on rows with the
+// maximum at the start, the end, in the middle twice (a tie), after a NaN, and all equal.
+TEST(DSparkCudaReal, DeviceArgmaxIsTheFirstLargest) {
+  auto be = gpu();
+  ASSERT_NE(be, nullptr);
+  const int64_t v = 200064;  // the released vocabulary: every thread strides many times
+  auto* tok_d = static_cast<int32_t*>(be->alloc(4));
+  auto* stream = static_cast<CUstream_st*>(be->stream());
+  auto check = [&](const std::vector<float>& row, const char* what) {
+    float* row_d = to_gpu(be.get(), row);
+    ASSERT_TRUE(cuda::launch_dspark_argmax(row_d, v, tok_d, stream).is_ok());
+    int32_t got = -1;
+    be->copy_to_host(&got, tok_d, 4);
+    std::vector<float> clean = row;  // the device skips NaNs
+    for (float& x : clean) x = std::isnan(x) ? -INFINITY : x;
+    const auto want = std::max_element(clean.begin(), clean.end()) - clean.begin();
+    EXPECT_EQ(got, want) << what;
+    be->free(row_d);
+  };
+  const std::vector<float> row = real_model_fixture::normal(v, 21, 1.0f);
+  std::vector<float> r = row;
+  r[0] = 100.0f;
+  check(r, "max first");
+  r = row;
+  r[static_cast<size_t>(v - 1)] = 100.0f;
+  check(r, "max last");
+  r = row;
+  r[99999] = 100.0f;
+  r[150001] = 100.0f;
+  check(r, "tie");
+  r[5] = NAN;
+  check(r, "NaN before the max");
+  check(std::vector<float>(static_cast<size_t>(v), 0.5f), "all equal");
+  EXPECT_EQ(cuda::launch_dspark_argmax(nullptr, v, tok_d, stream).code(),
+            StatusCode::kInvalidArgument);
+  be->free(tok_d);
 }
 
 TEST(DSparkCudaReal, Bf16BlockAttentionMatchesTheHostCode) {
@@ -325,7 +366,38 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
       corrected.report(what + " corrected logits");
       EXPECT_TRUE(base.ok()) << what;
       EXPECT_TRUE(corrected.ok()) << what;
+      // The device greedy chain (argmax on the GPU, fed to the next slot's correction there)
+      // against the host argmax picker on the same GPU forward: the same kernels on the same
+      // values, so the same tokens exactly (ties: the lowest index on both).
+      std::vector<int32_t> host_greedy, device_greedy;
+      ASSERT_TRUE((*gpu_draft)
+                      ->propose(*gs, anchor,
+                                [](std::span<const float> l, int64_t) {
+                                  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) -
+                                                              l.begin());
+                                },
+                                &host_greedy)
+                      .is_ok());
+      (*gpu_draft)->set_phase_timing(true);
+      const Status g = (*gpu_draft)->propose_greedy(*gs, anchor, &device_greedy);
+      (*gpu_draft)->set_phase_timing(false);
+      ASSERT_TRUE(g.is_ok()) << g.to_string();
+      EXPECT_EQ(device_greedy, host_greedy) << what;
+      ASSERT_EQ(device_greedy.size(), static_cast<size_t>(dcfg.block_size));
+      // Every phase ran and was timed on the stream.
+      const minimax_m3::CudaDSparkPhaseTimes& pt = (*gpu_draft)->last_phase_times();
+      EXPECT_GT(pt.attention_ms, 0.0) << what;
+      EXPECT_GT(pt.lm_head_ms, 0.0) << what;
+      EXPECT_GT(pt.chain_ms, 0.0) << what;
+      EXPECT_GE(pt.upload_embed_ms, 0.0) << what;
     }
+  }
+  {
+    auto gs = (*gpu_draft)->new_state();
+    std::vector<int32_t> tokens;
+    const Status bad = (*gpu_draft)->propose_greedy(*gs, static_cast<int32_t>(v), &tokens);
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.to_string();
+    EXPECT_NE(bad.message().find("anchor token"), std::string::npos) << bad.message();
   }
   // At most two live contexts: a third sequence's first append is refused by name.
   std::vector<std::unique_ptr<DraftState>> states;

@@ -10,7 +10,11 @@
 //  * verify: forward() of B slices of N = block + 1 tokens with every row's logits back and the
 //    draft's hidden-state capture (B·N decode rows, what a speculative step runs);
 //  * draft: per sequence, appending L verified positions to the draft's context, one propose
-//    (greedy picker on the host, as the engine's) and the truncation back (so C stays fixed).
+//    and the truncation back (so C stays fixed). The propose is timed both ways: greedy on the
+//    device (propose_greedy: no host round trip per slot; the one the speed-ups use) and with a
+//    host argmax picker (propose: each slot's row copied back, as for a sampled request), each
+//    with its phases on the GPU's timeline (CUDA events: upload + embedding, per-layer q|k|v +
+//    RoPE, block attention, o + MLP summed over the layers, lm_head, Markov chain + picks).
 // The target's times are measured on models of 3 and 8 layers (3 dense-MLP layers, then MoE)
 // and extrapolated to 60 (t3 + 57 (t8 - t3) / 5, as cuda_model_decode_bench does with its
 // largest model); the draft runs whole. With forced acceptance L (tokens committed per verify,
@@ -161,8 +165,24 @@ int main(int argc, char** argv) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   };
   std::vector<int32_t> tokens;
-  const double propose_ms =
+  const double propose_host_ms =
       median_ms([&] { check(draft.propose(*state, 1234, greedy, &tokens), "propose"); });
+  const double propose_ms =
+      median_ms([&] { check(draft.propose_greedy(*state, 1234, &tokens), "propose_greedy"); });
+  // Phases of one more call of each (timing adds an event per phase, so kept out of the medians).
+  auto phases = [&](const char* what, const std::function<Status()>& call) {
+    draft.set_phase_timing(true);
+    check(call(), what);
+    draft.set_phase_timing(false);
+    const CudaDSparkPhaseTimes& t = draft.last_phase_times();
+    std::printf("  %-22s upload+embed %.3f, qkv+rope %.3f, attention %.3f, o+mlp %.3f, lm_head "
+                "%.3f, markov+pick %.3f; sum %.3f ms\n",
+                what, t.upload_embed_ms, t.qkv_rope_ms, t.attention_ms, t.o_mlp_ms, t.lm_head_ms,
+                t.chain_ms, t.total_ms());
+  };
+  std::printf("draft propose phases (GPU timeline, layers summed):\n");
+  phases("propose_greedy", [&] { return draft.propose_greedy(*state, 1234, &tokens); });
+  phases("propose (host picker)", [&] { return draft.propose(*state, 1234, greedy, &tokens); });
   double append_ms[8] = {};
   for (int64_t L : {3, 5, 7}) {
     append_ms[L] = median_ms([&] {
@@ -174,9 +194,9 @@ int main(int argc, char** argv) {
       check(draft.truncate(*state, ctx), "truncate");
     });
   }
-  std::printf("draft per sequence: propose %.3f ms; append + truncate of 3 / 5 / 7 positions "
-              "%.3f / %.3f / %.3f ms\n",
-              propose_ms, append_ms[3], append_ms[5], append_ms[7]);
+  std::printf("draft per sequence: propose %.3f ms greedy on the device, %.3f ms with the host "
+              "picker; append + truncate of 3 / 5 / 7 positions %.3f / %.3f / %.3f ms\n",
+              propose_ms, propose_host_ms, append_ms[3], append_ms[5], append_ms[7]);
 
   FILE* tsv = tsv_path ? std::fopen(tsv_path, "a") : nullptr;
   std::printf("\nM3.1-Flash, 60 layers extrapolated from 3 and 8 (t3 + 57 (t8 - t3) / 5), context "

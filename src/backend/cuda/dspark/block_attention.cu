@@ -1,6 +1,7 @@
 #include "backend/cuda/dspark/block_attention.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "backend/cuda/runtime/cuda_check.h"
@@ -44,15 +45,14 @@ __device__ inline float load_q(const DSparkBlockAttentionParams& p, int64_t i) {
   }
 }
 
-// The cache row offset (in elements) of context position `pos` for KV head g, or -1 when its page
-// is not held.
-__device__ inline int64_t context_offset(const DSparkBlockAttentionParams& p, int64_t pos,
-                                         int64_t g) {
+// The cache row (page · S + pos % S) of context position `pos`, or -1 when its page is not held.
+// Computed once per key per CTA into shared memory (the 64-bit division and the block-table load
+// per key and per thread of the value loop cost more than the attention itself).
+__device__ inline int32_t context_row(const DSparkBlockAttentionParams& p, int64_t pos) {
   const int64_t blk = pos / p.page_size;
   const int32_t page = blk < p.num_blocks ? p.block_table[blk] : -1;
   if (page < 0 || page >= p.num_pages) return -1;
-  return ((static_cast<int64_t>(page) * p.page_size + pos % p.page_size) * p.num_kv_heads + g) *
-         p.head_dim;
+  return static_cast<int32_t>(static_cast<int64_t>(page) * p.page_size + pos % p.page_size);
 }
 
 template <bool kBf16>
@@ -69,9 +69,11 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
   float* qs = smem;                      // [D]
   float* scores = qs + D;                // [max_keys]
   float* red = scores + max_keys(p);     // [kThreads]
+  auto* rows = reinterpret_cast<int32_t*>(red + kThreads);  // [n_ctx] context_row of key j
   const int64_t ld_v = p.ld_block_v > 0 ? p.ld_block_v : hkv * D;
 
   for (int64_t i = threadIdx.x; i < D; i += kThreads) qs[i] = load_q<kBf16>(p, (slot * H + n) * D + i);
+  for (int64_t j = threadIdx.x; j < n_ctx; j += kThreads) rows[j] = context_row(p, first + j);
   __syncthreads();
 
   // Scores: one warp per key, the lanes over the dimensions.
@@ -80,9 +82,10 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
     float dot = 0.0f;
     bool held = true;
     if (j < n_ctx) {
-      const int64_t off = context_offset(p, first + j, g);
-      held = off >= 0;
+      const int32_t row = rows[j];
+      held = row >= 0;
       if (held) {
+        const int64_t off = (static_cast<int64_t>(row) * hkv + g) * D;
         for (int64_t i = lane; i < D; i += 32) {
           const float kv = kBf16 ? bf16_to_f32(p.cache_k_bf16[off + i]) : p.cache_k[off + i];
           dot += qs[i] * kv;
@@ -118,12 +121,15 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
   const int64_t parts = kThreads / D;
   const int64_t d = threadIdx.x % D, part = threadIdx.x / D;
   float acc = 0.0f;
+  // Unrolled so several independent value loads are in flight per thread (the loop is
+  // latency-bound: one load per key and thread).
+#pragma unroll 4
   for (int64_t j = part; j < n_keys; j += parts) {
     const float w = scores[j];
     if (w == 0.0f) continue;
     float v;
     if (j < n_ctx) {
-      const int64_t off = context_offset(p, first + j, g);
+      const int64_t off = (static_cast<int64_t>(rows[j]) * hkv + g) * D;
       v = kBf16 ? bf16_to_f32(p.cache_v_bf16[off + d]) : p.cache_v[off + d];
     } else {
       const float raw = p.block_v[(j - n_ctx) * ld_v + g * D + d];
@@ -148,7 +154,10 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
 }  // namespace
 
 int64_t dspark_block_attention_smem_bytes(const DSparkBlockAttentionParams& p) {
-  return (p.head_dim + max_keys(p) + kThreads) * static_cast<int64_t>(sizeof(float));
+  // q, the scores, the reduction buffer (float32) and the context rows (int32; max_keys bounds
+  // the context keys too).
+  return (p.head_dim + max_keys(p) + kThreads) * static_cast<int64_t>(sizeof(float)) +
+         max_keys(p) * static_cast<int64_t>(sizeof(int32_t));
 }
 
 Status launch_dspark_block_attention(const DSparkBlockAttentionParams& p, CUstream_st* stream) {
@@ -162,6 +171,9 @@ Status launch_dspark_block_attention(const DSparkBlockAttentionParams& p, CUstre
                             " must divide 256");
   if (p.window < p.block || p.anchor_pos < 0 || p.page_size <= 0)
     return invalid_argument(who + "window below the block, a negative anchor position or page size");
+  if (p.num_pages > INT32_MAX / p.page_size)
+    return invalid_argument(who + std::to_string(p.num_pages) + " pages of " +
+                            std::to_string(p.page_size) + " positions: cache rows past int32");
   if (p.block_v == nullptr || (p.num_blocks > 0 && p.block_table == nullptr) ||
       (bf16 ? (p.block_k_bf16 == nullptr || p.cache_k_bf16 == nullptr ||
                p.cache_v_bf16 == nullptr || p.out_bf16 == nullptr)

@@ -13,10 +13,11 @@
 //    output bf16 (the o_proj GEMV's input).
 //
 // One CTA per (slot, query head): the scores of its keys in shared memory ((W - 1 + B) floats at
-// most), then the weighted sum of the values with every thread on one dimension of a part of the
-// keys. head_dim must divide 256 (32, 64, 128, 256). A context position whose page is -1 gets
-// no weight (the draft never asks for one: its cache holds the window). This header includes no
-// CUDA header.
+// most) with the cache rows of its context keys (looked up once per key, not per thread), then
+// the weighted sum of the values with every thread on one dimension of a part of the keys. The
+// cache must have fewer than 2^31 rows (pages · page_size). head_dim must divide 256 (32, 64,
+// 128, 256). A context position whose page is -1 gets no weight (the draft never asks for one:
+// its cache holds the window). This header includes no CUDA header.
 #pragma once
 
 #include <cstdint>

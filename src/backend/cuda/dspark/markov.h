@@ -28,4 +28,12 @@ struct DSparkMarkovParams {
 // invalid_argument ([cuda.dspark.markov]) on bad shapes or a prev outside [0, V).
 Status launch_dspark_markov(const DSparkMarkovParams& p, CUstream_st* stream);
 
+// The greedy pick of one slot on the device: *token = the index of the largest of logits[0, V),
+// the lowest such index on ties (std::max_element's choice, the host greedy picker's), so the
+// next slot's Markov correction can read it (prev_device) without a host round trip. NaNs are
+// never chosen (a row of NaNs gives 0). One CTA: a row is ~0.8 MB at V = 200064, a few
+// microseconds, next to the Markov GEMV's 100 MB table read.
+Status launch_dspark_argmax(const float* logits, int64_t vocab, int32_t* token,
+                            CUstream_st* stream);
+
 }  // namespace m3::cuda

@@ -1,5 +1,7 @@
 #include "model/minimax_m3/cuda/cuda_dspark_draft.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -11,6 +13,7 @@
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
 #include "backend/cuda/runtime/caching_allocator.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_memory.h"
 #include "core/dtype.h"
 #include "model/minimax_m3/cuda/gpu_weights.h"
@@ -71,6 +74,53 @@ class Scratch {
   std::vector<void*> ptrs_;
 };
 
+// CUDA events between a propose's phases (set_phase_timing): mark(phase) records the end of
+// `phase` on the stream; finish() waits for the last event and adds each interval to the phase
+// it ended. Off: every call is a no-op.
+class PhaseTimer {
+ public:
+  enum Phase { kUploadEmbed, kQkvRope, kAttention, kOMlp, kLmHead, kChain, kStart };
+  PhaseTimer() = default;
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  ~PhaseTimer() {
+    for (cudaEvent_t e : events_) static_cast<void>(cudaEventDestroy(e));
+  }
+  bool on = false;
+  Status start(CUstream_st* st) {
+    marks_.clear();
+    return mark(st, kStart);
+  }
+  Status mark(CUstream_st* st, Phase ended) {
+    if (!on) return Status::ok();
+    if (marks_.size() == events_.size()) {
+      cudaEvent_t e = nullptr;
+      M3_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[marks_.size()], st));
+    marks_.push_back(ended);
+    return Status::ok();
+  }
+  Status finish(CudaDSparkPhaseTimes* t) {
+    if (!on || marks_.empty()) return Status::ok();
+    M3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[marks_.size() - 1]));
+    *t = CudaDSparkPhaseTimes{};
+    double* of[] = {&t->upload_embed_ms, &t->qkv_rope_ms, &t->attention_ms,
+                    &t->o_mlp_ms,        &t->lm_head_ms,  &t->chain_ms};
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0.0f;
+      M3_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      if (marks_[i] != kStart) *of[marks_[i]] += ms;
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<Phase> marks_;
+};
+
 // Sequences holding context memory; shared with the states so a state may outlive the draft.
 struct ContextCount {
   int64_t live = 0;
@@ -112,6 +162,8 @@ struct CudaDSparkDraft::Impl {
   uint16_t *markov_w1 = nullptr, *markov_w2 = nullptr;
   std::vector<float> target_final_norm;  // host float32 (the final_norm_last convention)
   std::shared_ptr<ContextCount> contexts = std::make_shared<ContextCount>();
+  PhaseTimer timer;
+  CudaDSparkPhaseTimes phase_times;
 
   CUstream_st* st() const { return target->stream(); }
   float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
@@ -441,18 +493,30 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
 
 Status CudaDSparkDraft::propose(DraftState& state, int32_t anchor, const DraftTokenPicker& pick,
                                 std::vector<int32_t>* tokens) {
-  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, pick, false));
+  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, &pick, false));
+  *tokens = std::move(p.tokens);
+  return Status::ok();
+}
+
+Status CudaDSparkDraft::propose_greedy(DraftState& state, int32_t anchor,
+                                       std::vector<int32_t>* tokens) {
+  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, nullptr, false));
   *tokens = std::move(p.tokens);
   return Status::ok();
 }
 
 Result<CudaDSparkProposal> CudaDSparkDraft::propose_detail(DraftState& state, int32_t anchor,
                                                            const DraftTokenPicker& pick) {
-  return run_propose(state, anchor, pick, true);
+  return run_propose(state, anchor, &pick, true);
+}
+
+void CudaDSparkDraft::set_phase_timing(bool on) { impl_->timer.on = on; }
+const CudaDSparkPhaseTimes& CudaDSparkDraft::last_phase_times() const {
+  return impl_->phase_times;
 }
 
 Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32_t anchor,
-                                                        const DraftTokenPicker& pick,
+                                                        const DraftTokenPicker* pick,
                                                         bool base_logits) {
   Impl& im = *impl_;
   auto& s = static_cast<CudaState&>(state);
@@ -465,6 +529,8 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
   M3_RETURN_IF_ERROR(im.ensure_context(s));  // an empty context still needs its views
   Scratch sc(im.alloc.get());
+  PhaseTimer& timer = im.timer;
+  M3_RETURN_IF_ERROR(timer.start(im.st()));
   std::vector<int32_t> ids(static_cast<size_t>(b), static_cast<int32_t>(im.cfg.noise_token_id));
   ids[0] = anchor;
   std::vector<int32_t> pos(static_cast<size_t>(b));
@@ -503,6 +569,7 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
   };
   // Slot 0: the anchor, slots 1..B-1: the noise token, from the target's table.
   M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({im.tw->embed, ids_d, x, b, vocab, hd}, im.st()));
+  M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kUploadEmbed));
   const float scale = 1.0f / std::sqrt(static_cast<float>(P.head_dim));
   for (int64_t l = 0; l < P.layers; ++l) {
     const DraftLayer& L = im.layers[static_cast<size_t>(l)];
@@ -521,6 +588,7 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
     a.k_out = k16;
     a.max_blocks = 0;  // the block's K/V are transient: no cache write
     M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, im.st()));
+    M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kQkvRope));
     cuda::DSparkBlockAttentionParams ap;
     ap.q_bf16 = q16;
     ap.block_k_bf16 = k16;
@@ -541,6 +609,7 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
     ap.window = P.window;
     ap.scale = scale;
     M3_RETURN_IF_ERROR(cuda::launch_dspark_block_attention(ap, im.st()));
+    M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kAttention));
     M3_RETURN_IF_ERROR(im.linear(L.o, attn, b, delta, sc));
     M3_RETURN_IF_ERROR(norm(delta, L.post_norm));
     M3_RETURN_IF_ERROR(im.linear(L.gu, h, b, gate_up, sc));
@@ -549,9 +618,12 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
                                                     static_cast<float>(im.cfg.swiglu_limit), act,
                                                     im.st()));
     M3_RETURN_IF_ERROR(im.linear(L.down, act, b, delta, sc));
+    M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kOMlp));
   }
   M3_RETURN_IF_ERROR(norm(P.layers > 0 ? delta : nullptr, im.final_norm));
+  // All B slots' base logits in one pass over the lm_head (cuBLASLt at B > 1, see linear).
   M3_RETURN_IF_ERROR(im.linear(im.tw->lm_head, h, b, logits, sc));
+  M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kLmHead));
 
   CudaDSparkProposal out;
   if (base_logits) {
@@ -560,30 +632,52 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
                                                 out.base_logits.size() * 4, im.st()));
   }
   // Sequential Markov correction: slot k's bias is markov_w2 · markov_w1[prev], prev the anchor
-  // for slot 0 and the previous slot's draft after it; each slot's row goes to the picker.
+  // for slot 0 and the previous slot's draft after it.
+  cuda::DSparkMarkovParams mp;
+  mp.w1 = im.markov_w1;
+  mp.w2 = im.markov_w2;
+  mp.vocab = vocab;
+  mp.rank = P.rank;
+  if (pick == nullptr) {
+    // Greedy on the device: slot k's argmax lands in tokens_d[k], which slot k + 1's correction
+    // reads; the host waits once, for the B tokens.
+    M3_ASSIGN_OR_RETURN(int32_t* tokens_d, sc.get<int32_t>(b));
+    for (int64_t k = 0; k < b; ++k) {
+      mp.logits = logits + k * vocab;
+      mp.prev = anchor;
+      mp.prev_device = k == 0 ? nullptr : tokens_d + (k - 1);
+      M3_RETURN_IF_ERROR(cuda::launch_dspark_markov(mp, im.st()));
+      M3_RETURN_IF_ERROR(cuda::launch_dspark_argmax(mp.logits, vocab, tokens_d + k, im.st()));
+    }
+    out.tokens.resize(static_cast<size_t>(b));
+    M3_RETURN_IF_ERROR(cuda::copy_to_host_async(out.tokens.data(), tokens_d,
+                                                out.tokens.size() * 4, im.st()));
+    M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kChain));
+    M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
+    M3_RETURN_IF_ERROR(timer.finish(&im.phase_times));
+    return out;
+  }
+  // The host picker: each slot's corrected row goes to it before the next slot's correction.
   out.logits.resize(static_cast<size_t>(b * vocab));
   int32_t prev = anchor;
   for (int64_t k = 0; k < b; ++k) {
     float* row = logits + k * vocab;
-    cuda::DSparkMarkovParams mp;
     mp.logits = row;
-    mp.w1 = im.markov_w1;
-    mp.w2 = im.markov_w2;
     mp.prev = prev;
-    mp.vocab = vocab;
-    mp.rank = P.rank;
     M3_RETURN_IF_ERROR(cuda::launch_dspark_markov(mp, im.st()));
     float* host_row = out.logits.data() + k * vocab;
     M3_RETURN_IF_ERROR(
         cuda::copy_to_host_async(host_row, row, static_cast<size_t>(vocab) * 4, im.st()));
     M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
-    const int32_t tok = pick(std::span<const float>(host_row, static_cast<size_t>(vocab)), k);
+    const int32_t tok = (*pick)(std::span<const float>(host_row, static_cast<size_t>(vocab)), k);
     if (tok < 0 || tok >= vocab)
       return invalid_argument(kWho + "the picker returned token " + std::to_string(tok) +
                               " for slot " + std::to_string(k) + ", outside the vocabulary");
     out.tokens.push_back(tok);
     prev = tok;
   }
+  M3_RETURN_IF_ERROR(timer.mark(im.st(), PhaseTimer::kChain));
+  M3_RETURN_IF_ERROR(timer.finish(&im.phase_times));
   return out;
 }
 
