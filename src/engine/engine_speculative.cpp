@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_contexts.h"
+#include "sample/sampling_params.h"
 
 namespace m3 {
 
@@ -132,7 +133,15 @@ Status Engine::propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t
     return draw_from_mass(q, total, u);
   };
   std::vector<int32_t> tokens;
-  M3_RETURN_IF_ERROR(draft_->propose(*seq->draft, anchor, pick, &tokens));
+  // Greedy drafting (the draft params carry no logit processors, so it is the plain argmax) goes
+  // through propose_greedy, which a GPU draft runs without copying each slot's logits back; q_k
+  // is then one-hot at the drafted token, as sampling_distribution gives for greedy.
+  const bool greedy = req->draft_params.temperature < kGreedyTemperature;
+  if (greedy) {
+    M3_RETURN_IF_ERROR(draft_->propose_greedy(*seq->draft, anchor, &tokens));
+  } else {
+    M3_RETURN_IF_ERROR(draft_->propose(*seq->draft, anchor, pick, &tokens));
+  }
   if (static_cast<int32_t>(tokens.size()) < num_drafts) {
     return internal_error("[engine] the draft proposed " + std::to_string(tokens.size()) +
                           " tokens, " + std::to_string(num_drafts) + " wanted");
@@ -144,6 +153,13 @@ Status Engine::propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t
     }
   }
   tokens.resize(static_cast<size_t>(num_drafts));
+  if (greedy) {
+    for (int32_t k = 0; k < num_drafts; ++k) {
+      std::vector<double>& q = seq->proposal_q[static_cast<size_t>(k)];
+      q.assign(static_cast<size_t>(vocab_size_), 0.0);
+      q[static_cast<size_t>(tokens[k])] = 1.0;
+    }
+  }
   seq->proposal = std::move(tokens);
   seq->proposal_pos = anchor_pos;
   return Status::ok();

@@ -7,6 +7,7 @@
 // anchor is at position L and its own hidden states are not known yet.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +45,18 @@ class DraftModel {
   // `pick` (each slot's logits may depend on the previous slot's token).
   virtual Status propose(DraftState& state, int32_t anchor, const DraftTokenPicker& pick,
                          std::vector<int32_t>* tokens) = 0;
+  // propose with the greedy picker: each slot's token the argmax of its logits, the lowest id on
+  // ties (the sampler's greedy choice). A draft on a GPU overrides it to pick there without a
+  // host round trip per slot; this default runs propose with that picker on the host.
+  virtual Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) {
+    return propose(
+        state, anchor,
+        [](std::span<const float> logits, int64_t) {
+          return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                      logits.begin());
+        },
+        tokens);
+  }
 };
 
 }  // namespace m3

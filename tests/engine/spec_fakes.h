@@ -103,7 +103,14 @@ class FakeDraft : public DraftModel {
     return Status::ok();
   }
 
-  int64_t num_proposals = 0;
+  // Counts the greedy entry point, then runs the default (propose with a host argmax picker).
+  Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) override {
+    ++num_greedy_proposals;
+    return DraftModel::propose_greedy(state, anchor, tokens);
+  }
+
+  int64_t num_proposals = 0;        // every proposal (propose_greedy runs propose too)
+  int64_t num_greedy_proposals = 0;
   int64_t bad_context = 0;
 
  private:

@@ -102,7 +102,7 @@ class CudaDSparkDraft final : public DraftModel {
   // propose with the greedy picker (the argmax of each slot's corrected logits, the lowest index
   // on ties) chosen on the device: no host round trip per slot, one copy of the B tokens at the
   // end. The same tokens as propose with a host argmax picker.
-  Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens);
+  Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) override;
 
   // Phase timing of the following proposes (CUDA events; off by default).
   void set_phase_timing(bool on);
