@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,16 @@ class CudaDSparkDraft final : public DraftModel {
   // end. The same tokens as propose with a host argmax picker.
   Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) override;
 
+  // propose_greedy of several sequences in one draft forward: every row-wise step (the linears,
+  // the lm_head) runs once over all their blocks' rows, the attention per sequence, the Markov
+  // chain slot by slot for all of them; (*tokens)[i] is states[i]'s block. The same tokens as
+  // propose_greedy per sequence up to rounding (the GEMMs may pick other kernels at more rows).
+  // `logits` (optional, for tests): the corrected logits [n, B, V].
+  Status propose_greedy_batch(std::span<DraftState* const> states,
+                              std::span<const int32_t> anchors,
+                              std::vector<std::vector<int32_t>>* tokens,
+                              std::vector<float>* logits = nullptr);
+
   // Phase timing of the following proposes (CUDA events; off by default).
   void set_phase_timing(bool on);
   const CudaDSparkPhaseTimes& last_phase_times() const;
@@ -124,7 +135,11 @@ class CudaDSparkDraft final : public DraftModel {
   std::unique_ptr<Impl> impl_;
 };
 
-// Up to this many rows a draft linear is a split-K GEMV; above, PrefillGemm.
+// Up to this many rows a draft linear is a split-K GEMV; above, PrefillGemm, except in a
+// batched propose, which runs its MXFP8 linears in up to kDSparkBatchGemvPasses GEMV passes of
+// kDSparkGemvRows rows (reading the weights once a pass beats dequantising them all for a GEMM;
+// an estimate, not measured).
 constexpr int64_t kDSparkGemvRows = 16;
+constexpr int64_t kDSparkBatchGemvPasses = 4;
 
 }  // namespace m3::minimax_m3
