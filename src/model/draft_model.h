@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -56,6 +57,19 @@ class DraftModel {
                                       logits.begin());
         },
         tokens);
+  }
+  // propose_greedy for several sequences ((*tokens)[i] is states[i]'s block; each state once). A
+  // draft that runs them in one forward overrides it; this default proposes one after another.
+  virtual Status propose_greedy_batch(std::span<DraftState* const> states,
+                                      std::span<const int32_t> anchors,
+                                      std::vector<std::vector<int32_t>>* tokens) {
+    if (states.size() != anchors.size())
+      return invalid_argument("[draft] propose_greedy_batch: " + std::to_string(states.size()) +
+                              " states and " + std::to_string(anchors.size()) + " anchors");
+    tokens->assign(states.size(), {});
+    for (size_t i = 0; i < states.size(); ++i)
+      M3_RETURN_IF_ERROR(propose_greedy(*states[i], anchors[i], &(*tokens)[i]));
+    return Status::ok();
   }
 };
 

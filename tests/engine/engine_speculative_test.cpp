@@ -136,6 +136,8 @@ TEST(EngineSpeculative, GreedyOutputEqualsOrdinaryDecoding) {
         // Greedy requests draft through propose_greedy (a GPU draft's on-device argmax chain).
         EXPECT_GT(spec.draft->num_greedy_proposals, 0) << what;
         EXPECT_EQ(spec.draft->num_greedy_proposals, spec.draft->num_proposals) << what;
+        // Concurrent greedy sequences are proposed together (one batch per step).
+        EXPECT_GT(spec.draft->max_greedy_batch, 1) << what;
         const EngineStats s = spec.engine->stats();
         EXPECT_EQ(s.kv_pages_used, 0) << what;
         EXPECT_EQ(s.kv_pages_free + s.kv_pages_cached, pages) << what;
@@ -394,6 +396,7 @@ TEST(EngineSpeculative, BlockVerificationAcceptsAtLeastAsMuchAsTokenWise) {
     // Sampled requests draft through the engine's picker (the draft's q is their distribution).
     EXPECT_GT(spec.draft->num_proposals, 0);
     EXPECT_EQ(spec.draft->num_greedy_proposals, 0);
+    EXPECT_EQ(spec.draft->max_greedy_batch, 0);
     accepted[method] = spec.engine->stats().spec_accepted_tokens_total;
     drafted[method] = spec.engine->stats().spec_draft_tokens_total;
   }

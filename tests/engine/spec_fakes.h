@@ -109,8 +109,17 @@ class FakeDraft : public DraftModel {
     return DraftModel::propose_greedy(state, anchor, tokens);
   }
 
+  // Records the batch size, then runs the default (propose_greedy one state after another).
+  Status propose_greedy_batch(std::span<DraftState* const> states,
+                              std::span<const int32_t> anchors,
+                              std::vector<std::vector<int32_t>>* tokens) override {
+    max_greedy_batch = std::max<int64_t>(max_greedy_batch, static_cast<int64_t>(states.size()));
+    return DraftModel::propose_greedy_batch(states, anchors, tokens);
+  }
+
   int64_t num_proposals = 0;        // every proposal (propose_greedy runs propose too)
   int64_t num_greedy_proposals = 0;
+  int64_t max_greedy_batch = 0;  // the most sequences of one propose_greedy_batch
   int64_t bad_context = 0;
 
  private:

@@ -686,6 +686,12 @@ const CudaDSparkPhaseTimes& CudaDSparkDraft::last_phase_times() const {
 
 Status CudaDSparkDraft::propose_greedy_batch(std::span<DraftState* const> states,
                                              std::span<const int32_t> anchors,
+                                             std::vector<std::vector<int32_t>>* tokens) {
+  return propose_greedy_batch(states, anchors, tokens, nullptr);
+}
+
+Status CudaDSparkDraft::propose_greedy_batch(std::span<DraftState* const> states,
+                                             std::span<const int32_t> anchors,
                                              std::vector<std::vector<int32_t>>* tokens,
                                              std::vector<float>* logits) {
   Impl& im = *impl_;

@@ -109,11 +109,14 @@ class CudaDSparkDraft final : public DraftModel {
   // the lm_head) runs once over all their blocks' rows, the attention per sequence, the Markov
   // chain slot by slot for all of them; (*tokens)[i] is states[i]'s block. The same tokens as
   // propose_greedy per sequence up to rounding (the GEMMs may pick other kernels at more rows).
-  // `logits` (optional, for tests): the corrected logits [n, B, V].
+  Status propose_greedy_batch(std::span<DraftState* const> states,
+                              std::span<const int32_t> anchors,
+                              std::vector<std::vector<int32_t>>* tokens) override;
+  // The same, with the corrected logits [n, B, V] copied back too (tests).
   Status propose_greedy_batch(std::span<DraftState* const> states,
                               std::span<const int32_t> anchors,
                               std::vector<std::vector<int32_t>>* tokens,
-                              std::vector<float>* logits = nullptr);
+                              std::vector<float>* logits);
 
   // Phase timing of the following proposes (CUDA events; off by default).
   void set_phase_timing(bool on);
