@@ -14,7 +14,8 @@
 //    sequential Markov correction on the device (dspark/markov.h), one slot at a time: through
 //    propose, each corrected row copied to the host for the engine's picker; through
 //    propose_greedy, each slot's argmax taken on the device and read by the next slot's
-//    correction there, the B tokens copied back once;
+//    correction there, the B tokens copied back once; propose_greedy_batch does that for several
+//    sequences in one forward (all their n·B rows through each linear and the lm_head at once);
 //  * the context K/V in bf16 pages: each sequence's state takes plan().pages_per_sequence pages
 //    of every layer (one allocation from the draft's caching allocator) at its first use and
 //    gives them back when it goes; DSparkContextCache's bookkeeping without storage decides
