@@ -12,6 +12,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kMaxDimsPerLane = kThreads / 32;  // head_dim divides kThreads
 
 // Keys of the slot that sees the most context (slot 0): its window's context plus the block.
 __host__ __device__ inline int64_t max_keys(const DSparkBlockAttentionParams& p) {
@@ -76,8 +77,11 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
   for (int64_t j = threadIdx.x; j < n_ctx; j += kThreads) rows[j] = context_row(p, first + j);
   __syncthreads();
 
-  // Scores: one warp per key, the lanes over the dimensions.
+  // Scores: one warp per key, the lanes over the dimensions (D <= 256: at most 8 per lane, the
+  // loop unrolled so a key's loads are all in flight at once; the same sum order as a plain
+  // loop over i = lane, lane + 32, ...). Two keys per iteration for more loads in flight.
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll 2
   for (int64_t j = warp; j < n_keys; j += kWarps) {
     float dot = 0.0f;
     bool held = true;
@@ -86,16 +90,24 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
       held = row >= 0;
       if (held) {
         const int64_t off = (static_cast<int64_t>(row) * hkv + g) * D;
-        for (int64_t i = lane; i < D; i += 32) {
-          const float kv = kBf16 ? bf16_to_f32(p.cache_k_bf16[off + i]) : p.cache_k[off + i];
-          dot += qs[i] * kv;
+#pragma unroll
+        for (int e = 0; e < kMaxDimsPerLane; ++e) {
+          const int64_t i = lane + 32 * e;
+          if (i < D) {
+            const float kv = kBf16 ? bf16_to_f32(p.cache_k_bf16[off + i]) : p.cache_k[off + i];
+            dot += qs[i] * kv;
+          }
         }
       }
     } else {
       const int64_t off = ((j - n_ctx) * hkv + g) * D;
-      for (int64_t i = lane; i < D; i += 32) {
-        const float kv = kBf16 ? bf16_to_f32(p.block_k_bf16[off + i]) : p.block_k[off + i];
-        dot += qs[i] * kv;
+#pragma unroll
+      for (int e = 0; e < kMaxDimsPerLane; ++e) {
+        const int64_t i = lane + 32 * e;
+        if (i < D) {
+          const float kv = kBf16 ? bf16_to_f32(p.block_k_bf16[off + i]) : p.block_k[off + i];
+          dot += qs[i] * kv;
+        }
       }
     }
     for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
