@@ -28,6 +28,14 @@ struct CUstream_st;
 
 namespace m3::cuda {
 
+// One sequence of a batched launch (device memory, an array of num_seqs).
+struct DSparkBlockAttentionSeq {
+  const uint16_t* cache_k_bf16 = nullptr;  // [P, S, Hkv, D]
+  const uint16_t* cache_v_bf16 = nullptr;
+  const int32_t* block_table = nullptr;    // [num_blocks]
+  int64_t num_blocks = 0, anchor_pos = 0;
+};
+
 struct DSparkBlockAttentionParams {
   // Float32 variant.
   const float* q = nullptr;        // [B, H, D]
@@ -50,6 +58,12 @@ struct DSparkBlockAttentionParams {
   int64_t anchor_pos = 0;  // p: the context holds [0, p)
   int64_t block = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, window = 0;
   float scale = 1.0f;
+  // Batched, bf16 only: num_seqs sequences in one launch (grid z), sequence z's B slots at rows
+  // z·B .. z·B + B - 1 of q, block K / V and out, its cache, block table, block count and anchor
+  // position from seqs[z] (the fields above of those are then unused). Shared memory is sized
+  // for a full window.
+  const DSparkBlockAttentionSeq* seqs = nullptr;
+  int64_t num_seqs = 0;
 };
 
 // Shared memory of one CTA (the scores of its keys and the partial sums): what

@@ -265,8 +265,8 @@ struct CudaDSparkDraft::Impl {
 
   // The block forward of n sequences' blocks through the lm_head: [n·B, V] float32 logits in
   // scratch, sequence s's slots at rows s·B .. s·B + B - 1, before the Markov correction. Every
-  // row-wise step (norms, linears, q/k norm + RoPE, SwiGLU, the lm_head) runs once over all n·B
-  // rows; the block attention once per sequence (its own context pages, block table and anchor
+  // step runs once over all n·B rows: the norms, linears, q/k norm + RoPE, SwiGLU, the lm_head,
+  // and the block attention (batched: each sequence's own context pages, block table and anchor
   // position).
   Result<float*> block_logits(std::span<CudaState* const> states,
                               std::span<const int32_t> anchors, Scratch& sc) {
@@ -310,6 +310,29 @@ struct CudaDSparkDraft::Impl {
       M3_RETURN_IF_ERROR(
           cuda::copy_to_device_async(tables_d, tables.data(), tables.size() * 4, st()));
     }
+    // Several sequences: one attention launch per layer over all of them, each CTA reading its
+    // sequence's cache, table and anchor from seqs_d[l · n + s].
+    cuda::DSparkBlockAttentionSeq* seqs_d = nullptr;
+    std::vector<cuda::DSparkBlockAttentionSeq> seqs;  // the copy's source, kept to the end
+    if (n > 1) {
+      seqs.resize(static_cast<size_t>(P.layers * n));
+      for (int64_t l = 0; l < P.layers; ++l) {
+        for (int64_t s = 0; s < n; ++s) {
+          const CudaState& st_s = *states[static_cast<size_t>(s)];
+          cuda::DSparkBlockAttentionSeq& q = seqs[static_cast<size_t>(l * n + s)];
+          q.cache_k_bf16 = st_s.kv[static_cast<size_t>(l)].k;
+          q.cache_v_bf16 = st_s.kv[static_cast<size_t>(l)].v;
+          q.num_blocks = table_len[static_cast<size_t>(s)];
+          q.block_table = q.num_blocks > 0 ? tables_d + table_at[static_cast<size_t>(s)] : nullptr;
+          q.anchor_pos = st_s.pages->length();
+        }
+      }
+      const int64_t bytes = static_cast<int64_t>(seqs.size() * sizeof(cuda::DSparkBlockAttentionSeq));
+      M3_ASSIGN_OR_RETURN(uint8_t* raw, sc.get<uint8_t>(bytes));
+      seqs_d = reinterpret_cast<cuda::DSparkBlockAttentionSeq*>(raw);
+      M3_RETURN_IF_ERROR(
+          cuda::copy_to_device_async(seqs_d, seqs.data(), static_cast<size_t>(bytes), st()));
+    }
 
     auto norm = [&](const float* d, const uint16_t* w) {
       cuda::AddRmsNormParams np;
@@ -345,30 +368,33 @@ struct CudaDSparkDraft::Impl {
       a.max_blocks = 0;  // the block's K/V are transient: no cache write
       M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, st()));
       M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kQkvRope));
-      for (int64_t s = 0; s < n; ++s) {
-        const CudaState& st_s = *states[static_cast<size_t>(s)];
-        const int64_t nb = table_len[static_cast<size_t>(s)];
-        cuda::DSparkBlockAttentionParams ap;
-        ap.q_bf16 = q16 + s * b * P.q_rows;
-        ap.block_k_bf16 = k16 + s * b * P.kv_rows;
-        ap.block_v = qkv + s * b * P.qkv_rows + P.q_rows + P.kv_rows;
-        ap.ld_block_v = P.qkv_rows;
-        ap.cache_k_bf16 = st_s.kv[static_cast<size_t>(l)].k;
-        ap.cache_v_bf16 = st_s.kv[static_cast<size_t>(l)].v;
-        ap.out_bf16 = attn + s * b * P.q_rows;
-        ap.block_table = nb > 0 ? tables_d + table_at[static_cast<size_t>(s)] : nullptr;
+      cuda::DSparkBlockAttentionParams ap;
+      ap.q_bf16 = q16;
+      ap.block_k_bf16 = k16;
+      ap.block_v = qkv + P.q_rows + P.kv_rows;
+      ap.ld_block_v = P.qkv_rows;
+      ap.out_bf16 = attn;
+      ap.num_pages = P.pages_per_sequence;
+      ap.page_size = P.page_size;
+      ap.block = b;
+      ap.num_heads = P.heads;
+      ap.num_kv_heads = P.kv_heads;
+      ap.head_dim = P.head_dim;
+      ap.window = P.window;
+      ap.scale = scale;
+      if (n > 1) {
+        ap.seqs = seqs_d + l * n;
+        ap.num_seqs = n;
+      } else {
+        const CudaState& st0 = *states[0];
+        const int64_t nb = table_len[0];
+        ap.cache_k_bf16 = st0.kv[static_cast<size_t>(l)].k;
+        ap.cache_v_bf16 = st0.kv[static_cast<size_t>(l)].v;
+        ap.block_table = nb > 0 ? tables_d : nullptr;
         ap.num_blocks = nb;
-        ap.num_pages = P.pages_per_sequence;
-        ap.page_size = P.page_size;
-        ap.anchor_pos = st_s.pages->length();
-        ap.block = b;
-        ap.num_heads = P.heads;
-        ap.num_kv_heads = P.kv_heads;
-        ap.head_dim = P.head_dim;
-        ap.window = P.window;
-        ap.scale = scale;
-        M3_RETURN_IF_ERROR(cuda::launch_dspark_block_attention(ap, st()));
+        ap.anchor_pos = st0.pages->length();
       }
+      M3_RETURN_IF_ERROR(cuda::launch_dspark_block_attention(ap, st()));
       M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kAttention));
       M3_RETURN_IF_ERROR(linear_rows(L.o, attn, rows, delta, sc));
       M3_RETURN_IF_ERROR(norm(delta, L.post_norm));
