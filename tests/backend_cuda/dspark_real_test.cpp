@@ -4,7 +4,8 @@
 //  * the Markov correction kernel against a double-precision sum (several rows in one pass equal
 //    to one-row launches), the device argmax against
 //    std::max_element;
-//  * the bf16 block attention kernel against dspark::block_attention on the same (bf16) values;
+//  * the bf16 block attention kernel against dspark::block_attention on the same (bf16) values,
+//    its batched launch against one-sequence launches;
 //  * the whole draft (CudaDSparkDraft with MXFP8 linears: context in chunks past the window,
 //    propose) against DSparkDraft on the CPU backend with the same weights, and its device greedy
 //    chain (propose_greedy) against the host argmax picker;
@@ -244,6 +245,57 @@ TEST(DSparkCudaReal, Bf16BlockAttentionMatchesTheHostCode) {
     const double f32 = 2.0 * (4.0 * 128 * kU * scale * 128 * 5 + 2.0 * n * kU) * 5.0;
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(bf16_to_f32(got[i]), want[i], f32 + std::ldexp(std::fabs(want[i]), -8)) << anchor << " " << i;
+    // The batched launch (grid z over sequences, each with its own anchor from a device array):
+    // sequence 0 at this anchor, sequence 1 at half of it, on the same cache and (repeated)
+    // block rows; each bit for bit its own one-sequence launch.
+    {
+      auto twice = [](const auto& x) {
+        auto y = x;
+        y.insert(y.end(), x.begin(), x.end());
+        return y;
+      };
+      const int64_t half = anchor / 2;
+      cuda::DSparkBlockAttentionParams one = p;
+      uint16_t* out_half = to_gpu(be.get(), std::vector<uint16_t>(want.size(), 0));
+      one.out_bf16 = out_half;
+      one.anchor_pos = half;
+      ASSERT_TRUE(cuda::launch_dspark_block_attention(one, static_cast<CUstream_st*>(be->stream())).is_ok());
+      std::vector<uint16_t> got_half(want.size());
+      be->copy_to_host(got_half.data(), out_half, static_cast<int64_t>(got_half.size() * 2));
+      std::vector<cuda::DSparkBlockAttentionSeq> seqs(2);
+      for (int z = 0; z < 2; ++z) {
+        seqs[static_cast<size_t>(z)].cache_k_bf16 = p.cache_k_bf16;
+        seqs[static_cast<size_t>(z)].cache_v_bf16 = p.cache_v_bf16;
+        seqs[static_cast<size_t>(z)].block_table = p.block_table;
+        seqs[static_cast<size_t>(z)].num_blocks = blocks;
+        seqs[static_cast<size_t>(z)].anchor_pos = z == 0 ? anchor : half;
+      }
+      auto* seqs_d = static_cast<cuda::DSparkBlockAttentionSeq*>(
+          be->alloc(static_cast<int64_t>(seqs.size() * sizeof(seqs[0]))));
+      be->copy_to_device(seqs_d, seqs.data(), static_cast<int64_t>(seqs.size() * sizeof(seqs[0])));
+      cuda::DSparkBlockAttentionParams bp = p;
+      bp.q_bf16 = to_gpu(be.get(), twice(q));
+      bp.block_k_bf16 = to_gpu(be.get(), twice(bk));
+      bp.block_v = to_gpu(be.get(), twice(bv));
+      uint16_t* out2 = to_gpu(be.get(), std::vector<uint16_t>(2 * want.size(), 0));
+      bp.out_bf16 = out2;
+      bp.cache_k_bf16 = nullptr;  // from seqs
+      bp.cache_v_bf16 = nullptr;
+      bp.block_table = nullptr;
+      bp.seqs = seqs_d;
+      bp.num_seqs = 2;
+      ASSERT_TRUE(cuda::launch_dspark_block_attention(bp, static_cast<CUstream_st*>(be->stream())).is_ok());
+      std::vector<uint16_t> got2(2 * want.size());
+      be->copy_to_host(got2.data(), out2, static_cast<int64_t>(got2.size() * 2));
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got2[i], got[i]) << "batched sequence 0, anchor " << anchor << " " << i;
+        ASSERT_EQ(got2[want.size() + i], got_half[i]) << "batched sequence 1, anchor " << half << " " << i;
+      }
+      for (const void* ptr : {static_cast<const void*>(out_half), static_cast<const void*>(seqs_d),
+                              static_cast<const void*>(bp.q_bf16), static_cast<const void*>(bp.block_k_bf16),
+                              static_cast<const void*>(bp.block_v), static_cast<const void*>(out2)})
+        be->free(const_cast<void*>(ptr));
+    }
     for (const void* ptr : {static_cast<const void*>(p.q_bf16), static_cast<const void*>(p.block_k_bf16),
                             static_cast<const void*>(p.block_v), static_cast<const void*>(p.cache_k_bf16),
                             static_cast<const void*>(p.cache_v_bf16), static_cast<const void*>(out),
