@@ -107,8 +107,8 @@ class CudaDSparkDraft final : public DraftModel {
   Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) override;
 
   // propose_greedy of several sequences in one draft forward: every row-wise step (the linears,
-  // the lm_head) runs once over all their blocks' rows, the attention per sequence, the Markov
-  // chain slot by slot for all of them; (*tokens)[i] is states[i]'s block. The same tokens as
+  // the lm_head) runs once over all their blocks' rows, the attention in one launch over the
+  // sequences, the Markov chain slot by slot for all of them; (*tokens)[i] is states[i]'s block. The same tokens as
   // propose_greedy per sequence up to rounding (the GEMMs may pick other kernels at more rows).
   Status propose_greedy_batch(std::span<DraftState* const> states,
                               std::span<const int32_t> anchors,
