@@ -16,15 +16,16 @@
 //    with its phases on the GPU's timeline (CUDA events: upload + embedding, per-layer q|k|v +
 //    RoPE, block attention, o + MLP summed over the layers, lm_head, Markov chain + picks); and
 //    the batched propose (propose_greedy_batch: one draft forward for all B sequences' blocks),
-//    whose speed-ups are printed next to the serial ones (the engine still proposes serially).
+//    whose speed-ups are printed next to the serial ones (the engine batches greedy sequences
+//    this way; sampled ones are proposed one after another, with the host picker).
 // The target's times are measured on models of 3 and 8 layers (3 dense-MLP layers, then MoE)
 // and extrapolated to 60 (t3 + 57 (t8 - t3) / 5, as cuda_model_decode_bench does with its
 // largest model); the draft runs whole. With forced acceptance L (tokens committed per verify,
 // the engine's --speculative-simulate-accept-length) a round commits B·L tokens in
-//   verify_60(B) + B · (append(L) + propose)
-// and plain decode B tokens in decode_60(B). Printed: both tokens/s and the speed-up for L = 3,
-// 5, 7. The draft's proposals run one sequence after another (the engine's order), so the
-// draft's share grows with B. Not counted: the engine's host work (verification over the B·N
+//   verify_60(B) + B · (append(L) + propose)          (serial proposes)
+//   verify_60(B) + B · append(L) + propose_batch(B)   (batched, the engine's greedy order)
+// and plain decode B tokens in decode_60(B). Printed: the tokens/s and the speed-up of each for
+// L = 3, 5, 7. Not counted: the engine's host work (verification over the B·N
 // rows of logits, scheduling), the same kind of cost plain decoding has less of.
 //
 // Usage: cuda_dspark_bench [results.tsv (appended)|-]
@@ -231,8 +232,8 @@ int main(int argc, char** argv) {
   std::printf("\nM3.1-Flash, 60 layers extrapolated from 3 and 8 (t3 + 57 (t8 - t3) / 5), context "
               "%lld, verify %lld tokens per sequence\n",
               (long long)ctx, (long long)verify_tokens);
-  std::printf("spec: the draft proposes one sequence after another (the engine's order); "
-              "batched: one propose_greedy_batch per round\n");
+  std::printf("spec: one propose_greedy per sequence; batched: one propose_greedy_batch per "
+              "round (the engine's order for greedy requests)\n");
   std::printf("%-6s %-12s %-12s %-10s %-8s %-12s %-8s %-12s %-8s\n", "batch", "decode60 ms",
               "verify60 ms", "plain t/s", "accept", "spec t/s", "speedup", "batched t/s",
               "speedup");
