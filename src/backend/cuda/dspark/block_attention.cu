@@ -145,31 +145,52 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
   for (int64_t j = threadIdx.x; j < n_keys; j += kThreads) scores[j] /= sum;
   __syncthreads();
 
-  // Values: thread t owns dimension t % D of the keys j ≡ t / D (mod parts).
-  const int64_t parts = kThreads / D;
-  const int64_t d = threadIdx.x % D, part = threadIdx.x / D;
-  float acc = 0.0f;
-  // Unrolled so several independent value loads are in flight per thread (the loop is
-  // latency-bound: one load per key and thread).
-#pragma unroll 4
-  for (int64_t j = part; j < n_keys; j += parts) {
+  // Values: one warp per key as for the scores, lane on the dimensions lane + 32·e (a warp reads
+  // the key's whole row, coalesced, per iteration; a thread walks n_keys / 8 keys, not n_keys /
+  // (256 / D)); each warp's partial sums to shared memory, summed over the warps in a fixed
+  // order.
+  float* vpart = reinterpret_cast<float*>(rows + max_keys(p, anchor_pos));  // [kWarps, D]
+  float acc[kMaxDimsPerLane];
+#pragma unroll
+  for (int e = 0; e < kMaxDimsPerLane; ++e) acc[e] = 0.0f;
+#pragma unroll 2
+  for (int64_t j = warp; j < n_keys; j += kWarps) {
     const float w = scores[j];
-    if (w == 0.0f) continue;
-    float v;
+    if (w == 0.0f) continue;  // the same key for the whole warp
     if (j < n_ctx) {
       const int64_t off = (static_cast<int64_t>(rows[j]) * hkv + g) * D;
-      v = kBf16 ? bf16_to_f32(cache_v_bf16[off + d]) : p.cache_v[off + d];
+#pragma unroll
+      for (int e = 0; e < kMaxDimsPerLane; ++e) {
+        const int64_t i = lane + 32 * e;
+        if (i < D) {
+          const float v = kBf16 ? bf16_to_f32(cache_v_bf16[off + i]) : p.cache_v[off + i];
+          acc[e] += w * v;
+        }
+      }
     } else {
-      const float raw = p.block_v[(row0 + j - n_ctx) * ld_v + g * D + d];
-      v = kBf16 ? bf16_to_f32(f32_to_bf16(raw)) : raw;  // bf16: what a cache write would store
+      const float* vrow = p.block_v + (row0 + j - n_ctx) * ld_v + g * D;
+#pragma unroll
+      for (int e = 0; e < kMaxDimsPerLane; ++e) {
+        const int64_t i = lane + 32 * e;
+        if (i < D) {
+          const float raw = vrow[i];
+          // bf16: what a cache write would store.
+          const float v = kBf16 ? bf16_to_f32(f32_to_bf16(raw)) : raw;
+          acc[e] += w * v;
+        }
+      }
     }
-    acc += w * v;
   }
-  red[threadIdx.x] = acc;
+#pragma unroll
+  for (int e = 0; e < kMaxDimsPerLane; ++e) {
+    const int64_t i = lane + 32 * e;
+    if (i < D) vpart[warp * D + i] = acc[e];
+  }
   __syncthreads();
-  if (part == 0) {
+  if (threadIdx.x < D) {
+    const int64_t d = threadIdx.x;
     float o = 0.0f;
-    for (int64_t s = 0; s < parts; ++s) o += red[s * D + d];
+    for (int w = 0; w < kWarps; ++w) o += vpart[w * D + d];
     const int64_t at = ((row0 + slot) * H + n) * D + d;
     if constexpr (kBf16) {
       p.out_bf16[at] = f32_to_bf16(o);
@@ -182,9 +203,10 @@ __global__ void __launch_bounds__(kThreads) dspark_block_attention_kernel(
 }  // namespace
 
 int64_t dspark_block_attention_smem_bytes(const DSparkBlockAttentionParams& p) {
-  // q, the scores, the reduction buffer (float32) and the context rows (int32; max_keys bounds
-  // the context keys too).
-  return (p.head_dim + launch_max_keys(p) + kThreads) * static_cast<int64_t>(sizeof(float)) +
+  // q, the scores, the reduction buffer (float32), the context rows (int32; max_keys bounds
+  // the context keys too) and the warps' partial value sums (float32).
+  return (p.head_dim + launch_max_keys(p) + kThreads + kWarps * p.head_dim) *
+             static_cast<int64_t>(sizeof(float)) +
          launch_max_keys(p) * static_cast<int64_t>(sizeof(int32_t));
 }
 

@@ -14,7 +14,8 @@
 //
 // One CTA per (slot, query head): the scores of its keys in shared memory ((W - 1 + B) floats at
 // most) with the cache rows of its context keys (looked up once per key, not per thread), then
-// the weighted sum of the values with every thread on one dimension of a part of the keys. The
+// the weighted sum of the values with one warp per key as for the scores (lanes over the
+// dimensions), the 8 warps' partial sums added in a fixed order. The
 // cache must have fewer than 2^31 rows (pages · page_size). head_dim must divide 256 (32, 64,
 // 128, 256). A context position whose page is -1 gets no weight (the draft never asks for one:
 // its cache holds the window). This header includes no CUDA header.
