@@ -201,6 +201,9 @@ class Engine {
   void propose_drafts();
   Status propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t anchor,
                      int32_t num_drafts);
+  // Checks a proposal's tokens and makes it the sequence's (greedy: q one-hot at each token).
+  Status set_proposal(SeqCtx* seq, int64_t anchor_pos, int32_t num_drafts,
+                      std::vector<int32_t> tokens, bool greedy);
   // After the step: commits the captured hidden states of every computed position of a
   // speculative sequence, except verify slices (committed once accepted). Returns the requests
   // whose draft failed.

@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_contexts.h"
+#include "sample/sampling_params.h"
 
 namespace m3 {
 
@@ -82,6 +83,15 @@ RngKey Engine::spec_key(const ReqCtx& req, const SeqCtx& seq, uint64_t kind, uin
 
 void Engine::propose_drafts() {
   std::vector<std::pair<RequestId, Status>> failed;
+  // Greedy sequences that need a proposal get one propose_greedy_batch after the loop (a GPU
+  // draft runs their blocks in one forward).
+  struct Pending {
+    ReqCtx* req;
+    SeqCtx* seq;
+    int64_t pos;
+    int32_t anchor, num_drafts;
+  };
+  std::vector<Pending> greedy;
   for (auto& [id, owner] : seq_owner_) {
     ReqCtx* req = owner.first;
     SeqCtx* seq = owner.second;
@@ -100,6 +110,10 @@ void Engine::propose_drafts() {
     if (num_drafts <= 0) continue;
     const int64_t pos = st->num_computed_tokens;
     if (seq->proposal_pos != pos) {
+      if (req->draft_params.temperature < kGreedyTemperature) {
+        greedy.push_back({req, seq, pos, st->tokens.back(), num_drafts});
+        continue;
+      }
       Status s = propose_for(req, seq, pos, st->tokens.back(), num_drafts);
       if (!s.is_ok()) {
         failed.emplace_back(req->id, s);
@@ -107,6 +121,29 @@ void Engine::propose_drafts() {
       }
     }
     sched_->set_draft(seq->id, seq->proposal);
+  }
+  if (!greedy.empty()) {
+    std::vector<DraftState*> states;
+    std::vector<int32_t> anchors;
+    for (const Pending& g : greedy) {
+      states.push_back(g.seq->draft.get());
+      anchors.push_back(g.anchor);
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    const bool batched = draft_->propose_greedy_batch(states, anchors, &tokens).is_ok() &&
+                         tokens.size() == greedy.size();
+    for (size_t i = 0; i < greedy.size(); ++i) {
+      const Pending& g = greedy[i];
+      // A failed batch (e.g. one sequence's context found no memory) is retried one sequence at
+      // a time, so only the sequences that fail on their own fail.
+      Status s = batched ? set_proposal(g.seq, g.pos, g.num_drafts, std::move(tokens[i]), true)
+                         : propose_for(g.req, g.seq, g.pos, g.anchor, g.num_drafts);
+      if (!s.is_ok()) {
+        failed.emplace_back(g.req->id, s);
+        continue;
+      }
+      sched_->set_draft(g.seq->id, g.seq->proposal);
+    }
   }
   for (auto& [id, why] : failed) cancel_request(id, FinishReason::kError, why);
 }
@@ -132,7 +169,19 @@ Status Engine::propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t
     return draw_from_mass(q, total, u);
   };
   std::vector<int32_t> tokens;
-  M3_RETURN_IF_ERROR(draft_->propose(*seq->draft, anchor, pick, &tokens));
+  // Greedy drafting (the draft params carry no logit processors, so it is the plain argmax) goes
+  // through propose_greedy, which a GPU draft runs without copying each slot's logits back.
+  const bool greedy = req->draft_params.temperature < kGreedyTemperature;
+  if (greedy) {
+    M3_RETURN_IF_ERROR(draft_->propose_greedy(*seq->draft, anchor, &tokens));
+  } else {
+    M3_RETURN_IF_ERROR(draft_->propose(*seq->draft, anchor, pick, &tokens));
+  }
+  return set_proposal(seq, anchor_pos, num_drafts, std::move(tokens), greedy);
+}
+
+Status Engine::set_proposal(SeqCtx* seq, int64_t anchor_pos, int32_t num_drafts,
+                            std::vector<int32_t> tokens, bool greedy) {
   if (static_cast<int32_t>(tokens.size()) < num_drafts) {
     return internal_error("[engine] the draft proposed " + std::to_string(tokens.size()) +
                           " tokens, " + std::to_string(num_drafts) + " wanted");
@@ -144,6 +193,15 @@ Status Engine::propose_for(ReqCtx* req, SeqCtx* seq, int64_t anchor_pos, int32_t
     }
   }
   tokens.resize(static_cast<size_t>(num_drafts));
+  if (greedy) {
+    // q_k one-hot at the drafted token, as sampling_distribution gives for greedy.
+    seq->proposal_q.assign(static_cast<size_t>(num_drafts), {});
+    for (int32_t k = 0; k < num_drafts; ++k) {
+      std::vector<double>& q = seq->proposal_q[static_cast<size_t>(k)];
+      q.assign(static_cast<size_t>(vocab_size_), 0.0);
+      q[static_cast<size_t>(tokens[k])] = 1.0;
+    }
+  }
   seq->proposal = std::move(tokens);
   seq->proposal_pos = anchor_pos;
   return Status::ok();

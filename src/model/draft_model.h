@@ -7,10 +7,12 @@
 // anchor is at position L and its own hidden states are not known yet.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -44,6 +46,31 @@ class DraftModel {
   // `pick` (each slot's logits may depend on the previous slot's token).
   virtual Status propose(DraftState& state, int32_t anchor, const DraftTokenPicker& pick,
                          std::vector<int32_t>* tokens) = 0;
+  // propose with the greedy picker: each slot's token the argmax of its logits, the lowest id on
+  // ties (the sampler's greedy choice). A draft on a GPU overrides it to pick there without a
+  // host round trip per slot; this default runs propose with that picker on the host.
+  virtual Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) {
+    return propose(
+        state, anchor,
+        [](std::span<const float> logits, int64_t) {
+          return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                      logits.begin());
+        },
+        tokens);
+  }
+  // propose_greedy for several sequences ((*tokens)[i] is states[i]'s block; each state once). A
+  // draft that runs them in one forward overrides it; this default proposes one after another.
+  virtual Status propose_greedy_batch(std::span<DraftState* const> states,
+                                      std::span<const int32_t> anchors,
+                                      std::vector<std::vector<int32_t>>* tokens) {
+    if (states.size() != anchors.size())
+      return invalid_argument("[draft] propose_greedy_batch: " + std::to_string(states.size()) +
+                              " states and " + std::to_string(anchors.size()) + " anchors");
+    tokens->assign(states.size(), {});
+    for (size_t i = 0; i < states.size(); ++i)
+      M3_RETURN_IF_ERROR(propose_greedy(*states[i], anchors[i], &(*tokens)[i]));
+    return Status::ok();
+  }
 };
 
 }  // namespace m3

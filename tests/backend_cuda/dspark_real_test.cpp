@@ -1,10 +1,15 @@
 // The real-shape CUDA DSpark path against the float32 CPU reference, at the small real-shape
 // target of cuda_real_model_test (head_dim 128, hidden 1024, 3 layers):
 //  * CudaM3Model's hidden-state capture (ModelStep::capture_layers) against Model::forward's;
-//  * the Markov correction kernel against a double-precision sum;
-//  * the bf16 block attention kernel against dspark::block_attention on the same (bf16) values;
+//  * the Markov correction kernel against a double-precision sum (several rows in one pass equal
+//    to one-row launches), the device argmax against
+//    std::max_element;
+//  * the bf16 block attention kernel against dspark::block_attention on the same (bf16) values,
+//    its batched launch against one-sequence launches;
 //  * the whole draft (CudaDSparkDraft with MXFP8 linears: context in chunks past the window,
-//    propose) against DSparkDraft on the CPU backend with the same weights;
+//    propose) against DSparkDraft on the CPU backend with the same weights, and its device greedy
+//    chain (propose_greedy) against the host argmax picker;
+//  * the batched greedy propose (three sequences in one forward) against the CPU draft;
 //  * the limit on live contexts;
 //  * the engine over CudaM3ModelRunner with the GPU draft: speculative greedy requests complete,
 //    verify drafts, return every page, and repeat bit for bit.
@@ -14,6 +19,7 @@
 // row); argmaxes must agree where the CPU's margin exceeds twice that bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -103,12 +109,86 @@ TEST(DSparkCudaReal, MarkovCorrectionMatchesADoubleSum) {
       const double n = static_cast<double>(rank + 1);
       ASSERT_NEAR(got[static_cast<size_t>(i)], want, n * kU / (1 - n * kU) * mag) << i;
     }
+    // Three rows (three sequences' slots, previous tokens on the device, strided) in one pass:
+    // each row bit for bit the one-row launch's (the same per-row sum order).
+    {
+      const std::vector<int32_t> prevs = {7, -1, 1234, -1, 3000, -1};  // stride 2
+      const int64_t ld = v + 5;
+      std::vector<float> rows3(static_cast<size_t>(3 * ld), 0.0f);
+      for (int64_t r = 0; r < 3; ++r)
+        std::copy(base.begin(), base.end(), rows3.begin() + r * ld);
+      float* rows_d = to_gpu(be.get(), rows3);
+      int32_t* prevs_d = to_gpu(be.get(), prevs);
+      cuda::DSparkMarkovParams m = p;
+      m.logits = rows_d;
+      m.prev_device = prevs_d;
+      m.prev_stride = 2;
+      m.num_rows = 3;
+      m.ld_logits = ld;
+      ASSERT_TRUE(cuda::launch_dspark_markov(m, static_cast<CUstream_st*>(be->stream())).is_ok());
+      std::vector<float> got3(rows3.size());
+      be->copy_to_host(got3.data(), rows_d, static_cast<int64_t>(got3.size()) * 4);
+      for (int64_t r = 0; r < 3; ++r) {
+        float* one_d = to_gpu(be.get(), base);
+        cuda::DSparkMarkovParams o1 = p;
+        o1.logits = one_d;
+        o1.prev = prevs[static_cast<size_t>(2 * r)];
+        ASSERT_TRUE(cuda::launch_dspark_markov(o1, static_cast<CUstream_st*>(be->stream())).is_ok());
+        std::vector<float> one(static_cast<size_t>(v));
+        be->copy_to_host(one.data(), one_d, v * 4);
+        for (int64_t i = 0; i < v; ++i)
+          ASSERT_EQ(got3[static_cast<size_t>(r * ld + i)], one[static_cast<size_t>(i)]) << r << " " << i;
+        be->free(one_d);
+      }
+      m.num_rows = cuda::kDSparkMarkovMaxRows + 1;
+      EXPECT_EQ(cuda::launch_dspark_markov(m, nullptr).code(), StatusCode::kInvalidArgument);
+      be->free(rows_d);
+      be->free(prevs_d);
+    }
     p.prev = static_cast<int32_t>(v);
     EXPECT_EQ(cuda::launch_dspark_markov(p, nullptr).code(), StatusCode::kInvalidArgument);
     be->free(w1_d);
     be->free(w2_d);
     be->free(row_d);
   }
+}
+
+// The device greedy pick: std::max_element's index (the first of equal maxima) on rows with the
+// maximum at the start, the end, in the middle twice (a tie), after a NaN, and all equal.
+TEST(DSparkCudaReal, DeviceArgmaxIsTheFirstLargest) {
+  auto be = gpu();
+  ASSERT_NE(be, nullptr);
+  const int64_t v = 200064;  // the released vocabulary: every thread strides many times
+  auto* tok_d = static_cast<int32_t*>(be->alloc(4));
+  auto* stream = static_cast<CUstream_st*>(be->stream());
+  auto check = [&](const std::vector<float>& row, const char* what) {
+    float* row_d = to_gpu(be.get(), row);
+    ASSERT_TRUE(cuda::launch_dspark_argmax(row_d, v, tok_d, stream).is_ok());
+    int32_t got = -1;
+    be->copy_to_host(&got, tok_d, 4);
+    std::vector<float> clean = row;  // the device skips NaNs
+    for (float& x : clean) x = std::isnan(x) ? -INFINITY : x;
+    const auto want = std::max_element(clean.begin(), clean.end()) - clean.begin();
+    EXPECT_EQ(got, want) << what;
+    be->free(row_d);
+  };
+  const std::vector<float> row = real_model_fixture::normal(v, 21, 1.0f);
+  std::vector<float> r = row;
+  r[0] = 100.0f;
+  check(r, "max first");
+  r = row;
+  r[static_cast<size_t>(v - 1)] = 100.0f;
+  check(r, "max last");
+  r = row;
+  r[99999] = 100.0f;
+  r[150001] = 100.0f;
+  check(r, "tie");
+  r[5] = NAN;
+  check(r, "NaN before the max");
+  check(std::vector<float>(static_cast<size_t>(v), 0.5f), "all equal");
+  EXPECT_EQ(cuda::launch_dspark_argmax(nullptr, v, tok_d, stream).code(),
+            StatusCode::kInvalidArgument);
+  be->free(tok_d);
 }
 
 TEST(DSparkCudaReal, Bf16BlockAttentionMatchesTheHostCode) {
@@ -165,6 +245,57 @@ TEST(DSparkCudaReal, Bf16BlockAttentionMatchesTheHostCode) {
     const double f32 = 2.0 * (4.0 * 128 * kU * scale * 128 * 5 + 2.0 * n * kU) * 5.0;
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(bf16_to_f32(got[i]), want[i], f32 + std::ldexp(std::fabs(want[i]), -8)) << anchor << " " << i;
+    // The batched launch (grid z over sequences, each with its own anchor from a device array):
+    // sequence 0 at this anchor, sequence 1 at half of it, on the same cache and (repeated)
+    // block rows; each bit for bit its own one-sequence launch.
+    {
+      auto twice = [](const auto& x) {
+        auto y = x;
+        y.insert(y.end(), x.begin(), x.end());
+        return y;
+      };
+      const int64_t half = anchor / 2;
+      cuda::DSparkBlockAttentionParams one = p;
+      uint16_t* out_half = to_gpu(be.get(), std::vector<uint16_t>(want.size(), 0));
+      one.out_bf16 = out_half;
+      one.anchor_pos = half;
+      ASSERT_TRUE(cuda::launch_dspark_block_attention(one, static_cast<CUstream_st*>(be->stream())).is_ok());
+      std::vector<uint16_t> got_half(want.size());
+      be->copy_to_host(got_half.data(), out_half, static_cast<int64_t>(got_half.size() * 2));
+      std::vector<cuda::DSparkBlockAttentionSeq> seqs(2);
+      for (int z = 0; z < 2; ++z) {
+        seqs[static_cast<size_t>(z)].cache_k_bf16 = p.cache_k_bf16;
+        seqs[static_cast<size_t>(z)].cache_v_bf16 = p.cache_v_bf16;
+        seqs[static_cast<size_t>(z)].block_table = p.block_table;
+        seqs[static_cast<size_t>(z)].num_blocks = blocks;
+        seqs[static_cast<size_t>(z)].anchor_pos = z == 0 ? anchor : half;
+      }
+      auto* seqs_d = static_cast<cuda::DSparkBlockAttentionSeq*>(
+          be->alloc(static_cast<int64_t>(seqs.size() * sizeof(seqs[0]))));
+      be->copy_to_device(seqs_d, seqs.data(), static_cast<int64_t>(seqs.size() * sizeof(seqs[0])));
+      cuda::DSparkBlockAttentionParams bp = p;
+      bp.q_bf16 = to_gpu(be.get(), twice(q));
+      bp.block_k_bf16 = to_gpu(be.get(), twice(bk));
+      bp.block_v = to_gpu(be.get(), twice(bv));
+      uint16_t* out2 = to_gpu(be.get(), std::vector<uint16_t>(2 * want.size(), 0));
+      bp.out_bf16 = out2;
+      bp.cache_k_bf16 = nullptr;  // from seqs
+      bp.cache_v_bf16 = nullptr;
+      bp.block_table = nullptr;
+      bp.seqs = seqs_d;
+      bp.num_seqs = 2;
+      ASSERT_TRUE(cuda::launch_dspark_block_attention(bp, static_cast<CUstream_st*>(be->stream())).is_ok());
+      std::vector<uint16_t> got2(2 * want.size());
+      be->copy_to_host(got2.data(), out2, static_cast<int64_t>(got2.size() * 2));
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got2[i], got[i]) << "batched sequence 0, anchor " << anchor << " " << i;
+        ASSERT_EQ(got2[want.size() + i], got_half[i]) << "batched sequence 1, anchor " << half << " " << i;
+      }
+      for (const void* ptr : {static_cast<const void*>(out_half), static_cast<const void*>(seqs_d),
+                              static_cast<const void*>(bp.q_bf16), static_cast<const void*>(bp.block_k_bf16),
+                              static_cast<const void*>(bp.block_v), static_cast<const void*>(out2)})
+        be->free(const_cast<void*>(ptr));
+    }
     for (const void* ptr : {static_cast<const void*>(p.q_bf16), static_cast<const void*>(p.block_k_bf16),
                             static_cast<const void*>(p.block_v), static_cast<const void*>(p.cache_k_bf16),
                             static_cast<const void*>(p.cache_v_bf16), static_cast<const void*>(out),
@@ -284,7 +415,7 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
   auto cpu_draft = minimax_m3::dspark::DSparkDraft::load(dcfg, t.cfg, dsrc, "dummy", std::move(shared).value(), &t.cpu);
   ASSERT_TRUE(cpu_draft.is_ok()) << cpu_draft.status().to_string();
   CudaDSparkOptions o;
-  o.max_sequences = 2;
+  o.max_sequences = 3;
   auto gpu_draft = CudaDSparkDraft::load(dcfg, t.gpu_model.get(), &dsrc, "dummy", o);
   ASSERT_TRUE(gpu_draft.is_ok()) << gpu_draft.status().to_string();
   // MXFP8 linears + bf16 fc, norms and Markov tables: the plan's byte count.
@@ -325,15 +456,109 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
       corrected.report(what + " corrected logits");
       EXPECT_TRUE(base.ok()) << what;
       EXPECT_TRUE(corrected.ok()) << what;
+      // The device greedy chain (argmax on the GPU, fed to the next slot's correction there)
+      // against the host argmax picker on the same GPU forward: the same kernels on the same
+      // values, so the same tokens exactly (ties: the lowest index on both).
+      std::vector<int32_t> host_greedy, device_greedy;
+      ASSERT_TRUE((*gpu_draft)
+                      ->propose(*gs, anchor,
+                                [](std::span<const float> l, int64_t) {
+                                  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) -
+                                                              l.begin());
+                                },
+                                &host_greedy)
+                      .is_ok());
+      (*gpu_draft)->set_phase_timing(true);
+      const Status g = (*gpu_draft)->propose_greedy(*gs, anchor, &device_greedy);
+      (*gpu_draft)->set_phase_timing(false);
+      ASSERT_TRUE(g.is_ok()) << g.to_string();
+      EXPECT_EQ(device_greedy, host_greedy) << what;
+      ASSERT_EQ(device_greedy.size(), static_cast<size_t>(dcfg.block_size));
+      // Every phase ran and was timed on the stream.
+      const minimax_m3::CudaDSparkPhaseTimes& pt = (*gpu_draft)->last_phase_times();
+      EXPECT_GT(pt.attention_ms, 0.0) << what;
+      EXPECT_GT(pt.lm_head_ms, 0.0) << what;
+      EXPECT_GT(pt.chain_ms, 0.0) << what;
+      EXPECT_GE(pt.upload_embed_ms, 0.0) << what;
     }
   }
-  // At most two live contexts: a third sequence's first append is refused by name.
+  {
+    auto gs = (*gpu_draft)->new_state();
+    std::vector<int32_t> tokens;
+    const Status bad = (*gpu_draft)->propose_greedy(*gs, static_cast<int32_t>(v), &tokens);
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.to_string();
+    EXPECT_NE(bad.message().find("anchor token"), std::string::npos) << bad.message();
+  }
+  {
+    // propose_greedy_batch of three sequences at different context lengths (21 rows: two GEMV
+    // passes; the attention per sequence) against the CPU draft along the batch's own chains,
+    // each token the first argmax of its corrected row.
+    const std::vector<int64_t> lens = {5, 600, 900};
+    const std::vector<int32_t> anchors = {1, 777, 42};
+    std::vector<decltype((*cpu_draft)->new_cache())> ccs;
+    std::vector<std::unique_ptr<DraftState>> gss;
+    std::vector<DraftState*> ptrs;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const std::vector<float> f = real_model_fixture::normal(lens[i] * width, static_cast<uint32_t>(30 + i), 1.0f);
+      ccs.push_back((*cpu_draft)->new_cache());
+      gss.push_back((*gpu_draft)->new_state());
+      ptrs.push_back(gss.back().get());
+      ASSERT_TRUE((*cpu_draft)->append_context(f, lens[i], ccs.back().get()).is_ok());
+      ASSERT_TRUE((*gpu_draft)->append_features(*gss.back(), f, lens[i]).is_ok());
+    }
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<float> logits;
+    (*gpu_draft)->set_phase_timing(true);
+    const Status st = (*gpu_draft)->propose_greedy_batch(ptrs, anchors, &toks, &logits);
+    (*gpu_draft)->set_phase_timing(false);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_GT((*gpu_draft)->last_phase_times().attention_ms, 0.0);
+    ASSERT_EQ(toks.size(), lens.size());
+    const int64_t b = dcfg.block_size;
+    ASSERT_EQ(logits.size(), lens.size() * static_cast<size_t>(b * v));
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const std::string what = "batched draft sequence " + std::to_string(i);
+      ASSERT_EQ(toks[i].size(), static_cast<size_t>(b)) << what;
+      const float* got = logits.data() + i * static_cast<size_t>(b * v);
+      for (int64_t k = 0; k < b; ++k) {
+        const float* row = got + k * v;
+        EXPECT_EQ(toks[i][static_cast<size_t>(k)], std::max_element(row, row + v) - row) << what;
+      }
+      auto want = (*cpu_draft)->propose(anchors[i], *ccs[i], [&](std::span<const float>, int64_t k) {
+        return toks[i][static_cast<size_t>(k)];
+      });
+      ASSERT_TRUE(want.is_ok()) << what;
+      Compare corrected;
+      corrected.rel_bound = rel;
+      corrected.rows_of(got, want->logits.data(), b, v);
+      corrected.report(what + " corrected logits");
+      EXPECT_TRUE(corrected.ok()) << what;
+    }
+    // Agreement with one-at-a-time greedy proposes, printed (other GEMM kernels may round
+    // differently at 21 rows than at 7).
+    int64_t same = 0;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      std::vector<int32_t> one_at_a_time;
+      ASSERT_TRUE((*gpu_draft)->propose_greedy(*gss[i], anchors[i], &one_at_a_time).is_ok());
+      for (int64_t k = 0; k < b; ++k) same += one_at_a_time[static_cast<size_t>(k)] == toks[i][static_cast<size_t>(k)];
+    }
+    std::printf("[dspark_real] batched greedy tokens equal to one-at-a-time: %lld of %lld\n",
+                (long long)same, (long long)(b * static_cast<int64_t>(lens.size())));
+    // A state twice, or counts that differ, are refused.
+    std::vector<DraftState*> twice = {ptrs[0], ptrs[0]};
+    const std::vector<int32_t> two = {1, 2};
+    EXPECT_EQ((*gpu_draft)->propose_greedy_batch(twice, two, &toks).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ((*gpu_draft)->propose_greedy_batch(ptrs, two, &toks).code(),
+              StatusCode::kInvalidArgument);
+  }
+  // At most three live contexts: a fourth sequence's first append is refused by name.
   std::vector<std::unique_ptr<DraftState>> states;
   const std::vector<float> one = real_model_fixture::normal(width, 12, 1.0f);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     states.push_back((*gpu_draft)->new_state());
     const Status s = (*gpu_draft)->append_features(*states.back(), one, 1);
-    if (i < 2) {
+    if (i < 3) {
       EXPECT_TRUE(s.is_ok()) << s.to_string();
     } else {
       EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);

@@ -133,6 +133,11 @@ TEST(EngineSpeculative, GreedyOutputEqualsOrdinaryDecoding) {
         expect_same(got, want, what);
         EXPECT_EQ(spec.model->corrupt_reads, 0) << what;
         EXPECT_EQ(spec.draft->bad_context, 0) << what;
+        // Greedy requests draft through propose_greedy (a GPU draft's on-device argmax chain).
+        EXPECT_GT(spec.draft->num_greedy_proposals, 0) << what;
+        EXPECT_EQ(spec.draft->num_greedy_proposals, spec.draft->num_proposals) << what;
+        // Concurrent greedy sequences are proposed together (one batch per step).
+        EXPECT_GT(spec.draft->max_greedy_batch, 1) << what;
         const EngineStats s = spec.engine->stats();
         EXPECT_EQ(s.kv_pages_used, 0) << what;
         EXPECT_EQ(s.kv_pages_free + s.kv_pages_cached, pages) << what;
@@ -388,6 +393,10 @@ TEST(EngineSpeculative, BlockVerificationAcceptsAtLeastAsMuchAsTokenWise) {
       reqs[i].params.ignore_eos = true;
     }
     run_requests(*spec.engine, reqs);
+    // Sampled requests draft through the engine's picker (the draft's q is their distribution).
+    EXPECT_GT(spec.draft->num_proposals, 0);
+    EXPECT_EQ(spec.draft->num_greedy_proposals, 0);
+    EXPECT_EQ(spec.draft->max_greedy_batch, 0);
     accepted[method] = spec.engine->stats().spec_accepted_tokens_total;
     drafted[method] = spec.engine->stats().spec_draft_tokens_total;
   }

@@ -103,7 +103,23 @@ class FakeDraft : public DraftModel {
     return Status::ok();
   }
 
-  int64_t num_proposals = 0;
+  // Counts the greedy entry point, then runs the default (propose with a host argmax picker).
+  Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) override {
+    ++num_greedy_proposals;
+    return DraftModel::propose_greedy(state, anchor, tokens);
+  }
+
+  // Records the batch size, then runs the default (propose_greedy one state after another).
+  Status propose_greedy_batch(std::span<DraftState* const> states,
+                              std::span<const int32_t> anchors,
+                              std::vector<std::vector<int32_t>>* tokens) override {
+    max_greedy_batch = std::max<int64_t>(max_greedy_batch, static_cast<int64_t>(states.size()));
+    return DraftModel::propose_greedy_batch(states, anchors, tokens);
+  }
+
+  int64_t num_proposals = 0;        // every proposal (propose_greedy runs propose too)
+  int64_t num_greedy_proposals = 0;
+  int64_t max_greedy_batch = 0;  // the most sequences of one propose_greedy_batch
   int64_t bad_context = 0;
 
  private:

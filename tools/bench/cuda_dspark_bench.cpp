@@ -10,15 +10,22 @@
 //  * verify: forward() of B slices of N = block + 1 tokens with every row's logits back and the
 //    draft's hidden-state capture (B·N decode rows, what a speculative step runs);
 //  * draft: per sequence, appending L verified positions to the draft's context, one propose
-//    (greedy picker on the host, as the engine's) and the truncation back (so C stays fixed).
+//    and the truncation back (so C stays fixed). The propose is timed both ways: greedy on the
+//    device (propose_greedy: no host round trip per slot; the one the speed-ups use) and with a
+//    host argmax picker (propose: each slot's row copied back, as for a sampled request), each
+//    with its phases on the GPU's timeline (CUDA events: upload + embedding, per-layer q|k|v +
+//    RoPE, block attention, o + MLP summed over the layers, lm_head, Markov chain + picks); and
+//    the batched propose (propose_greedy_batch: one draft forward for all B sequences' blocks),
+//    whose speed-ups are printed next to the serial ones (the engine batches greedy sequences
+//    this way; sampled ones are proposed one after another, with the host picker).
 // The target's times are measured on models of 3 and 8 layers (3 dense-MLP layers, then MoE)
 // and extrapolated to 60 (t3 + 57 (t8 - t3) / 5, as cuda_model_decode_bench does with its
 // largest model); the draft runs whole. With forced acceptance L (tokens committed per verify,
 // the engine's --speculative-simulate-accept-length) a round commits B·L tokens in
-//   verify_60(B) + B · (append(L) + propose)
-// and plain decode B tokens in decode_60(B). Printed: both tokens/s and the speed-up for L = 3,
-// 5, 7. The draft's proposals run one sequence after another (the engine's order), so the
-// draft's share grows with B. Not counted: the engine's host work (verification over the B·N
+//   verify_60(B) + B · (append(L) + propose)          (serial proposes)
+//   verify_60(B) + B · append(L) + propose_batch(B)   (batched, the engine's greedy order)
+// and plain decode B tokens in decode_60(B). Printed: the tokens/s and the speed-up of each for
+// L = 3, 5, 7. Not counted: the engine's host work (verification over the B·N
 // rows of logits, scheduling), the same kind of cost plain decoding has less of.
 //
 // Usage: cuda_dspark_bench [results.tsv (appended)|-]
@@ -137,7 +144,7 @@ int main(int argc, char** argv) {
   // The draft next to a 3-layer target (it reads the embedding and lm_head only).
   auto target = load(3, pages);
   CudaDSparkOptions o;
-  o.max_sequences = 1;
+  o.max_sequences = 16;  // the largest batch, for the batched propose
   o.dummy_weights = true;
   o.resolve_against = &whole;
   auto dr = CudaDSparkDraft::load(dcfg, target.get(), nullptr, "dummy draft weights", o);
@@ -157,12 +164,52 @@ int main(int argc, char** argv) {
                                                               static_cast<size_t>(ctx * plan.feature_width)),
                               ctx),
         "draft context");
+  // The other sequences of the batched propose, each with the same context.
+  std::vector<std::unique_ptr<DraftState>> others;
+  std::vector<DraftState*> batch_states = {state.get()};
+  for (int64_t i = 1; i < batches.back(); ++i) {
+    others.push_back(draft.new_state());
+    batch_states.push_back(others.back().get());
+    check(draft.append_features(*others.back(),
+                                std::span<const float>(features.data(),
+                                                       static_cast<size_t>(ctx * plan.feature_width)),
+                                ctx),
+          "draft context");
+  }
   const DraftTokenPicker greedy = [](std::span<const float> logits, int64_t) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   };
   std::vector<int32_t> tokens;
-  const double propose_ms =
+  const double propose_host_ms =
       median_ms([&] { check(draft.propose(*state, 1234, greedy, &tokens), "propose"); });
+  const double propose_ms =
+      median_ms([&] { check(draft.propose_greedy(*state, 1234, &tokens), "propose_greedy"); });
+  // Phases of one more call of each (timing adds an event per phase, so kept out of the medians).
+  auto phases = [&](const char* what, const std::function<Status()>& call) {
+    draft.set_phase_timing(true);
+    check(call(), what);
+    draft.set_phase_timing(false);
+    const CudaDSparkPhaseTimes& t = draft.last_phase_times();
+    std::printf("  %-22s upload+embed %.3f, qkv+rope %.3f, attention %.3f, o+mlp %.3f, lm_head "
+                "%.3f, markov+pick %.3f; sum %.3f ms\n",
+                what, t.upload_embed_ms, t.qkv_rope_ms, t.attention_ms, t.o_mlp_ms, t.lm_head_ms,
+                t.chain_ms, t.total_ms());
+  };
+  std::printf("draft propose phases (GPU timeline, layers summed):\n");
+  phases("propose_greedy", [&] { return draft.propose_greedy(*state, 1234, &tokens); });
+  phases("propose (host picker)", [&] { return draft.propose(*state, 1234, greedy, &tokens); });
+  // One draft forward for a batch's blocks (propose_greedy_batch).
+  std::vector<std::vector<int32_t>> batch_tokens;
+  auto batch_call = [&](int64_t b) {
+    const std::vector<int32_t> anchors(static_cast<size_t>(b), 1234);
+    return draft.propose_greedy_batch(
+        std::span<DraftState* const>(batch_states.data(), static_cast<size_t>(b)), anchors,
+        &batch_tokens);
+  };
+  std::vector<double> batch_propose_ms;
+  for (int64_t b : batches)
+    batch_propose_ms.push_back(median_ms([&] { check(batch_call(b), "propose_greedy_batch"); }));
+  phases("batched, 16 sequences", [&] { return batch_call(batches.back()); });
   double append_ms[8] = {};
   for (int64_t L : {3, 5, 7}) {
     append_ms[L] = median_ms([&] {
@@ -174,16 +221,22 @@ int main(int argc, char** argv) {
       check(draft.truncate(*state, ctx), "truncate");
     });
   }
-  std::printf("draft per sequence: propose %.3f ms; append + truncate of 3 / 5 / 7 positions "
-              "%.3f / %.3f / %.3f ms\n",
-              propose_ms, append_ms[3], append_ms[5], append_ms[7]);
+  std::printf("draft per sequence: propose %.3f ms greedy on the device, %.3f ms with the host "
+              "picker; append + truncate of 3 / 5 / 7 positions %.3f / %.3f / %.3f ms\n",
+              propose_ms, propose_host_ms, append_ms[3], append_ms[5], append_ms[7]);
+  for (size_t i = 0; i < batches.size(); ++i)
+    std::printf("draft batched propose of %lld sequences: %.3f ms\n", (long long)batches[i],
+                batch_propose_ms[i]);
 
   FILE* tsv = tsv_path ? std::fopen(tsv_path, "a") : nullptr;
   std::printf("\nM3.1-Flash, 60 layers extrapolated from 3 and 8 (t3 + 57 (t8 - t3) / 5), context "
               "%lld, verify %lld tokens per sequence\n",
               (long long)ctx, (long long)verify_tokens);
-  std::printf("%-6s %-12s %-12s %-10s %-8s %-12s %-8s\n", "batch", "decode60 ms", "verify60 ms",
-              "plain t/s", "accept", "spec t/s", "speedup");
+  std::printf("spec: one propose_greedy per sequence; batched: one propose_greedy_batch per "
+              "round (the engine's order for greedy requests)\n");
+  std::printf("%-6s %-12s %-12s %-10s %-8s %-12s %-8s %-12s %-8s\n", "batch", "decode60 ms",
+              "verify60 ms", "plain t/s", "accept", "spec t/s", "speedup", "batched t/s",
+              "speedup");
   for (size_t i = 0; i < batches.size(); ++i) {
     const int64_t b = batches[i];
     const double dec60 = t3[i].decode_ms + 57.0 * (t8[i].decode_ms - t3[i].decode_ms) / 5.0;
@@ -192,12 +245,18 @@ int main(int argc, char** argv) {
     for (int64_t L : {3, 5, 7}) {
       const double round = ver60 + static_cast<double>(b) * (append_ms[L] + propose_ms);
       const double spec = 1e3 * static_cast<double>(b * L) / round;
-      std::printf("%-6lld %-12.3f %-12.3f %-10.1f %-8lld %-12.1f %-8.2f\n", (long long)b, dec60,
-                  ver60, plain, (long long)L, spec, spec / plain);
+      const double round_b =
+          ver60 + static_cast<double>(b) * append_ms[L] + batch_propose_ms[i];
+      const double spec_b = 1e3 * static_cast<double>(b * L) / round_b;
+      std::printf("%-6lld %-12.3f %-12.3f %-10.1f %-8lld %-12.1f %-8.2f %-12.1f %-8.2f\n",
+                  (long long)b, dec60, ver60, plain, (long long)L, spec, spec / plain, spec_b,
+                  spec_b / plain);
+      // Columns after the first nine: the batched propose's time and tokens/s.
       if (tsv)
-        std::fprintf(tsv, "dspark\t%lld\t%lld\t%lld\t%.4f\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\n",
+        std::fprintf(tsv,
+                     "dspark\t%lld\t%lld\t%lld\t%.4f\t%.4f\t%.4f\t%.4f\t%.2f\t%.2f\t%.4f\t%.2f\n",
                      (long long)b, (long long)ctx, (long long)L, dec60, ver60, propose_ms,
-                     append_ms[L], plain, spec);
+                     append_ms[L], plain, spec, batch_propose_ms[i], spec_b);
     }
   }
   if (tsv) std::fclose(tsv);

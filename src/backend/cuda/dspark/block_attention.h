@@ -13,10 +13,12 @@
 //    output bf16 (the o_proj GEMV's input).
 //
 // One CTA per (slot, query head): the scores of its keys in shared memory ((W - 1 + B) floats at
-// most), then the weighted sum of the values with every thread on one dimension of a part of the
-// keys. head_dim must divide 256 (32, 64, 128, 256). A context position whose page is -1 gets
-// no weight (the draft never asks for one: its cache holds the window). This header includes no
-// CUDA header.
+// most) with the cache rows of its context keys (looked up once per key, not per thread), then
+// the weighted sum of the values with one warp per key as for the scores (lanes over the
+// dimensions), the 8 warps' partial sums added in a fixed order. The
+// cache must have fewer than 2^31 rows (pages · page_size). head_dim must divide 256 (32, 64,
+// 128, 256). A context position whose page is -1 gets no weight (the draft never asks for one:
+// its cache holds the window). This header includes no CUDA header.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,14 @@
 struct CUstream_st;
 
 namespace m3::cuda {
+
+// One sequence of a batched launch (device memory, an array of num_seqs).
+struct DSparkBlockAttentionSeq {
+  const uint16_t* cache_k_bf16 = nullptr;  // [P, S, Hkv, D]
+  const uint16_t* cache_v_bf16 = nullptr;
+  const int32_t* block_table = nullptr;    // [num_blocks]
+  int64_t num_blocks = 0, anchor_pos = 0;
+};
 
 struct DSparkBlockAttentionParams {
   // Float32 variant.
@@ -49,6 +59,12 @@ struct DSparkBlockAttentionParams {
   int64_t anchor_pos = 0;  // p: the context holds [0, p)
   int64_t block = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, window = 0;
   float scale = 1.0f;
+  // Batched, bf16 only: num_seqs sequences in one launch (grid z), sequence z's B slots at rows
+  // z·B .. z·B + B - 1 of q, block K / V and out, its cache, block table, block count and anchor
+  // position from seqs[z] (the fields above of those are then unused). Shared memory is sized
+  // for a full window.
+  const DSparkBlockAttentionSeq* seqs = nullptr;
+  int64_t num_seqs = 0;
 };
 
 // Shared memory of one CTA (the scores of its keys and the partial sums): what

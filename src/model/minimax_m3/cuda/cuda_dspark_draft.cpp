@@ -1,5 +1,7 @@
 #include "model/minimax_m3/cuda/cuda_dspark_draft.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -11,6 +13,7 @@
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
 #include "backend/cuda/runtime/caching_allocator.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_memory.h"
 #include "core/dtype.h"
 #include "model/minimax_m3/cuda/gpu_weights.h"
@@ -71,6 +74,53 @@ class Scratch {
   std::vector<void*> ptrs_;
 };
 
+// CUDA events between a propose's phases (set_phase_timing): mark(phase) records the end of
+// `phase` on the stream; finish() waits for the last event and adds each interval to the phase
+// it ended. Off: every call is a no-op.
+class PhaseTimer {
+ public:
+  enum Phase { kUploadEmbed, kQkvRope, kAttention, kOMlp, kLmHead, kChain, kStart };
+  PhaseTimer() = default;
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  ~PhaseTimer() {
+    for (cudaEvent_t e : events_) static_cast<void>(cudaEventDestroy(e));
+  }
+  bool on = false;
+  Status start(CUstream_st* st) {
+    marks_.clear();
+    return mark(st, kStart);
+  }
+  Status mark(CUstream_st* st, Phase ended) {
+    if (!on) return Status::ok();
+    if (marks_.size() == events_.size()) {
+      cudaEvent_t e = nullptr;
+      M3_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[marks_.size()], st));
+    marks_.push_back(ended);
+    return Status::ok();
+  }
+  Status finish(CudaDSparkPhaseTimes* t) {
+    if (!on || marks_.empty()) return Status::ok();
+    M3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[marks_.size() - 1]));
+    *t = CudaDSparkPhaseTimes{};
+    double* of[] = {&t->upload_embed_ms, &t->qkv_rope_ms, &t->attention_ms,
+                    &t->o_mlp_ms,        &t->lm_head_ms,  &t->chain_ms};
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      float ms = 0.0f;
+      M3_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      if (marks_[i] != kStart) *of[marks_[i]] += ms;
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<Phase> marks_;
+};
+
 // Sequences holding context memory; shared with the states so a state may outlive the draft.
 struct ContextCount {
   int64_t live = 0;
@@ -112,6 +162,8 @@ struct CudaDSparkDraft::Impl {
   uint16_t *markov_w1 = nullptr, *markov_w2 = nullptr;
   std::vector<float> target_final_norm;  // host float32 (the final_norm_last convention)
   std::shared_ptr<ContextCount> contexts = std::make_shared<ContextCount>();
+  PhaseTimer timer;
+  CudaDSparkPhaseTimes phase_times;
 
   CUstream_st* st() const { return target->stream(); }
   float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
@@ -192,6 +244,201 @@ struct CudaDSparkDraft::Impl {
       c.num_kv_heads = plan.kv_heads;
       c.head_dim = plan.head_dim;
       s.kv.push_back(c);
+    }
+    return Status::ok();
+  }
+
+  // linear over `rows` rows of a batched propose: the quantised linears in passes of up to
+  // kDSparkGemvRows rows on the split-K GEMV (a pass over the weights each) up to
+  // kDSparkBatchGemvPasses passes, where dequantising them for PrefillGemm would cost more; bf16
+  // (the lm_head) and larger row counts as linear chooses (cuBLASLt, one pass).
+  Status linear_rows(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y, Scratch& sc) {
+    if (m.format == QuantFormat::kBf16 || rows <= kDSparkGemvRows ||
+        rows > kDSparkGemvRows * kDSparkBatchGemvPasses)
+      return linear(m, x, rows, y, sc);
+    for (int64_t r0 = 0; r0 < rows; r0 += kDSparkGemvRows) {
+      const int64_t r = std::min(kDSparkGemvRows, rows - r0);
+      M3_RETURN_IF_ERROR(linear(m, x + r0 * m.k, r, y + r0 * m.n, sc));
+    }
+    return Status::ok();
+  }
+
+  // The block forward of n sequences' blocks through the lm_head: [n·B, V] float32 logits in
+  // scratch, sequence s's slots at rows s·B .. s·B + B - 1, before the Markov correction. Every
+  // step runs once over all n·B rows: the norms, linears, q/k norm + RoPE, SwiGLU, the lm_head,
+  // and the block attention (batched: each sequence's own context pages, block table and anchor
+  // position).
+  Result<float*> block_logits(std::span<CudaState* const> states,
+                              std::span<const int32_t> anchors, Scratch& sc) {
+    const DSparkCudaPlan& P = plan;
+    const int64_t n = static_cast<int64_t>(states.size()), b = P.block, hd = P.hidden;
+    const int64_t vocab = P.vocab, rows = n * b;
+    std::vector<int32_t> ids(static_cast<size_t>(rows), static_cast<int32_t>(cfg.noise_token_id));
+    std::vector<int32_t> pos(static_cast<size_t>(rows)), tables;
+    std::vector<int64_t> table_at(static_cast<size_t>(n)), table_len(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) {
+      const int32_t anchor = anchors[static_cast<size_t>(s)];
+      if (anchor < 0 || anchor >= vocab)
+        return invalid_argument(kWho + "anchor token " + std::to_string(anchor) +
+                                " outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      CudaState& st_s = *states[static_cast<size_t>(s)];
+      M3_RETURN_IF_ERROR(ensure_context(st_s));  // an empty context still needs its views
+      const int64_t p = st_s.pages->length();
+      ids[static_cast<size_t>(s * b)] = anchor;
+      for (int64_t k = 0; k < b; ++k) pos[static_cast<size_t>(s * b + k)] = static_cast<int32_t>(p + k);
+      const std::vector<int32_t>& table = st_s.pages->block_table();
+      table_at[static_cast<size_t>(s)] = static_cast<int64_t>(tables.size());
+      table_len[static_cast<size_t>(s)] = static_cast<int64_t>(table.size());
+      tables.insert(tables.end(), table.begin(), table.end());
+    }
+    M3_ASSIGN_OR_RETURN(int32_t* ids_d, sc.get<int32_t>(rows));
+    M3_ASSIGN_OR_RETURN(int32_t* pos_d, sc.get<int32_t>(rows));
+    M3_ASSIGN_OR_RETURN(int32_t* tables_d, sc.get<int32_t>(static_cast<int64_t>(tables.size())));
+    M3_ASSIGN_OR_RETURN(float* x, sc.get<float>(rows * hd));
+    M3_ASSIGN_OR_RETURN(float* delta, sc.get<float>(rows * hd));
+    M3_ASSIGN_OR_RETURN(uint16_t* h, sc.get<uint16_t>(rows * hd));
+    M3_ASSIGN_OR_RETURN(float* qkv, sc.get<float>(rows * P.qkv_rows));
+    M3_ASSIGN_OR_RETURN(uint16_t* q16, sc.get<uint16_t>(rows * P.q_rows));
+    M3_ASSIGN_OR_RETURN(uint16_t* k16, sc.get<uint16_t>(rows * P.kv_rows));
+    M3_ASSIGN_OR_RETURN(uint16_t* attn, sc.get<uint16_t>(rows * P.q_rows));
+    M3_ASSIGN_OR_RETURN(float* gate_up, sc.get<float>(rows * 2 * P.inter));
+    M3_ASSIGN_OR_RETURN(uint16_t* act, sc.get<uint16_t>(rows * P.inter));
+    M3_ASSIGN_OR_RETURN(float* logits, sc.get<float>(rows * vocab));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(ids_d, ids.data(), ids.size() * 4, st()));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(pos_d, pos.data(), pos.size() * 4, st()));
+    if (!tables.empty()) {
+      M3_RETURN_IF_ERROR(
+          cuda::copy_to_device_async(tables_d, tables.data(), tables.size() * 4, st()));
+    }
+    // Several sequences: one attention launch per layer over all of them, each CTA reading its
+    // sequence's cache, table and anchor from seqs_d[l · n + s].
+    cuda::DSparkBlockAttentionSeq* seqs_d = nullptr;
+    std::vector<cuda::DSparkBlockAttentionSeq> seqs;  // the copy's source, kept to the end
+    if (n > 1) {
+      seqs.resize(static_cast<size_t>(P.layers * n));
+      for (int64_t l = 0; l < P.layers; ++l) {
+        for (int64_t s = 0; s < n; ++s) {
+          const CudaState& st_s = *states[static_cast<size_t>(s)];
+          cuda::DSparkBlockAttentionSeq& q = seqs[static_cast<size_t>(l * n + s)];
+          q.cache_k_bf16 = st_s.kv[static_cast<size_t>(l)].k;
+          q.cache_v_bf16 = st_s.kv[static_cast<size_t>(l)].v;
+          q.num_blocks = table_len[static_cast<size_t>(s)];
+          q.block_table = q.num_blocks > 0 ? tables_d + table_at[static_cast<size_t>(s)] : nullptr;
+          q.anchor_pos = st_s.pages->length();
+        }
+      }
+      const int64_t bytes = static_cast<int64_t>(seqs.size() * sizeof(cuda::DSparkBlockAttentionSeq));
+      M3_ASSIGN_OR_RETURN(uint8_t* raw, sc.get<uint8_t>(bytes));
+      seqs_d = reinterpret_cast<cuda::DSparkBlockAttentionSeq*>(raw);
+      M3_RETURN_IF_ERROR(
+          cuda::copy_to_device_async(seqs_d, seqs.data(), static_cast<size_t>(bytes), st()));
+    }
+
+    auto norm = [&](const float* d, const uint16_t* w) {
+      cuda::AddRmsNormParams np;
+      np.residual = x;
+      np.delta = d;
+      np.weight = w;
+      np.out = h;
+      np.t = rows;
+      np.hidden = hd;
+      np.eps = eps();
+      return cuda::launch_add_rms_norm(np, st());
+    };
+    // Slot 0: the anchor, slots 1..B-1: the noise token, from the target's table.
+    M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({tw->embed, ids_d, x, rows, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kUploadEmbed));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(P.head_dim));
+    for (int64_t l = 0; l < P.layers; ++l) {
+      const DraftLayer& L = layers[static_cast<size_t>(l)];
+      M3_RETURN_IF_ERROR(norm(l == 0 ? nullptr : delta, L.in_norm));
+      M3_RETURN_IF_ERROR(linear_rows(L.qkv, h, rows, qkv, sc));
+      // Every row carries its own position; the cache view is only a shape (no cache write).
+      cuda::AttentionInputsParams a = attention_inputs(L, *states[0], l);
+      a.partial = qkv;
+      a.ld = P.qkv_rows;
+      a.t = rows;
+      a.positions = pos_d;
+      a.off_q = 0;
+      a.off_k = P.q_rows;
+      a.off_v = P.q_rows + P.kv_rows;
+      a.num_q_heads = P.heads;
+      a.q_out = q16;
+      a.k_out = k16;
+      a.max_blocks = 0;  // the block's K/V are transient: no cache write
+      M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, st()));
+      M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kQkvRope));
+      cuda::DSparkBlockAttentionParams ap;
+      ap.q_bf16 = q16;
+      ap.block_k_bf16 = k16;
+      ap.block_v = qkv + P.q_rows + P.kv_rows;
+      ap.ld_block_v = P.qkv_rows;
+      ap.out_bf16 = attn;
+      ap.num_pages = P.pages_per_sequence;
+      ap.page_size = P.page_size;
+      ap.block = b;
+      ap.num_heads = P.heads;
+      ap.num_kv_heads = P.kv_heads;
+      ap.head_dim = P.head_dim;
+      ap.window = P.window;
+      ap.scale = scale;
+      if (n > 1) {
+        ap.seqs = seqs_d + l * n;
+        ap.num_seqs = n;
+      } else {
+        const CudaState& st0 = *states[0];
+        const int64_t nb = table_len[0];
+        ap.cache_k_bf16 = st0.kv[static_cast<size_t>(l)].k;
+        ap.cache_v_bf16 = st0.kv[static_cast<size_t>(l)].v;
+        ap.block_table = nb > 0 ? tables_d : nullptr;
+        ap.num_blocks = nb;
+        ap.anchor_pos = st0.pages->length();
+      }
+      M3_RETURN_IF_ERROR(cuda::launch_dspark_block_attention(ap, st()));
+      M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kAttention));
+      M3_RETURN_IF_ERROR(linear_rows(L.o, attn, rows, delta, sc));
+      M3_RETURN_IF_ERROR(norm(delta, L.post_norm));
+      M3_RETURN_IF_ERROR(linear_rows(L.gu, h, rows, gate_up, sc));
+      M3_RETURN_IF_ERROR(cuda::launch_swiglu_oai_bf16(gate_up, rows, P.inter,
+                                                      static_cast<float>(cfg.swiglu_alpha),
+                                                      static_cast<float>(cfg.swiglu_limit), act,
+                                                      st()));
+      M3_RETURN_IF_ERROR(linear_rows(L.down, act, rows, delta, sc));
+      M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kOMlp));
+    }
+    M3_RETURN_IF_ERROR(norm(P.layers > 0 ? delta : nullptr, final_norm));
+    // All rows' base logits in one pass over the lm_head (cuBLASLt above one row, see linear).
+    M3_RETURN_IF_ERROR(linear(tw->lm_head, h, rows, logits, sc));
+    M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kLmHead));
+    return logits;
+  }
+
+  // The greedy Markov chain on the device for n sequences' logits [n·B, V] (block_logits'
+  // layout), corrected in place: slot k of every sequence in one pass over markov_w2 (up to
+  // kDSparkMarkovMaxRows sequences a launch), prev the anchor (anchors_d[s]) for slot 0 and the
+  // sequence's previous argmax after it; tokens_d [n, B] gets every slot's argmax, which the next
+  // slot's correction reads there.
+  Status greedy_chain(float* logits, int64_t n, const int32_t* anchors_d, int32_t* tokens_d) {
+    const int64_t b = plan.block, vocab = plan.vocab;
+    // Rows per launch: the looked-up markov_w1 rows share 48 KB of shared memory.
+    const int64_t per = std::max<int64_t>(
+        1, std::min<int64_t>(cuda::kDSparkMarkovMaxRows, (48 * 1024 / 4) / plan.rank));
+    cuda::DSparkMarkovParams mp;
+    mp.w1 = markov_w1;
+    mp.w2 = markov_w2;
+    mp.vocab = vocab;
+    mp.rank = plan.rank;
+    mp.ld_logits = b * vocab;
+    for (int64_t k = 0; k < b; ++k) {
+      for (int64_t s0 = 0; s0 < n; s0 += per) {
+        mp.num_rows = std::min(per, n - s0);
+        mp.logits = logits + (s0 * b + k) * vocab;
+        mp.prev_device = k == 0 ? anchors_d + s0 : tokens_d + s0 * b + (k - 1);
+        mp.prev_stride = k == 0 ? 1 : b;
+        M3_RETURN_IF_ERROR(cuda::launch_dspark_markov(mp, st()));
+      }
+      M3_RETURN_IF_ERROR(
+          cuda::launch_dspark_argmax(logits + k * vocab, vocab, tokens_d + k, st(), n, b * vocab, b));
     }
     return Status::ok();
   }
@@ -441,149 +688,136 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
 
 Status CudaDSparkDraft::propose(DraftState& state, int32_t anchor, const DraftTokenPicker& pick,
                                 std::vector<int32_t>* tokens) {
-  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, pick, false));
+  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, &pick, false));
+  *tokens = std::move(p.tokens);
+  return Status::ok();
+}
+
+Status CudaDSparkDraft::propose_greedy(DraftState& state, int32_t anchor,
+                                       std::vector<int32_t>* tokens) {
+  M3_ASSIGN_OR_RETURN(CudaDSparkProposal p, run_propose(state, anchor, nullptr, false));
   *tokens = std::move(p.tokens);
   return Status::ok();
 }
 
 Result<CudaDSparkProposal> CudaDSparkDraft::propose_detail(DraftState& state, int32_t anchor,
                                                            const DraftTokenPicker& pick) {
-  return run_propose(state, anchor, pick, true);
+  return run_propose(state, anchor, &pick, true);
+}
+
+void CudaDSparkDraft::set_phase_timing(bool on) { impl_->timer.on = on; }
+const CudaDSparkPhaseTimes& CudaDSparkDraft::last_phase_times() const {
+  return impl_->phase_times;
+}
+
+Status CudaDSparkDraft::propose_greedy_batch(std::span<DraftState* const> states,
+                                             std::span<const int32_t> anchors,
+                                             std::vector<std::vector<int32_t>>* tokens) {
+  return propose_greedy_batch(states, anchors, tokens, nullptr);
+}
+
+Status CudaDSparkDraft::propose_greedy_batch(std::span<DraftState* const> states,
+                                             std::span<const int32_t> anchors,
+                                             std::vector<std::vector<int32_t>>* tokens,
+                                             std::vector<float>* logits) {
+  Impl& im = *impl_;
+  if (states.size() != anchors.size() || states.empty())
+    return invalid_argument(kWho + "propose_greedy_batch: " + std::to_string(states.size()) +
+                            " states and " + std::to_string(anchors.size()) +
+                            " anchors (one each, at least one)");
+  std::vector<CudaState*> cs;
+  for (DraftState* st : states) {
+    auto* c = static_cast<CudaState*>(st);
+    if (std::find(cs.begin(), cs.end(), c) != cs.end())
+      return invalid_argument(kWho + "propose_greedy_batch: a state is given twice");
+    cs.push_back(c);
+  }
+  const int64_t n = static_cast<int64_t>(cs.size()), b = im.plan.block, vocab = im.plan.vocab;
+  M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
+  Scratch sc(im.alloc.get());
+  M3_RETURN_IF_ERROR(im.timer.start(im.st()));
+  M3_ASSIGN_OR_RETURN(float* rows, im.block_logits(cs, anchors, sc));
+  M3_ASSIGN_OR_RETURN(int32_t* anchors_d, sc.get<int32_t>(n));
+  M3_ASSIGN_OR_RETURN(int32_t* tokens_d, sc.get<int32_t>(n * b));
+  M3_RETURN_IF_ERROR(
+      cuda::copy_to_device_async(anchors_d, anchors.data(), anchors.size() * 4, im.st()));
+  M3_RETURN_IF_ERROR(im.greedy_chain(rows, n, anchors_d, tokens_d));
+  std::vector<int32_t> flat(static_cast<size_t>(n * b));
+  M3_RETURN_IF_ERROR(cuda::copy_to_host_async(flat.data(), tokens_d, flat.size() * 4, im.st()));
+  if (logits != nullptr) {
+    logits->resize(static_cast<size_t>(n * b * vocab));
+    M3_RETURN_IF_ERROR(
+        cuda::copy_to_host_async(logits->data(), rows, logits->size() * 4, im.st()));
+  }
+  M3_RETURN_IF_ERROR(im.timer.mark(im.st(), PhaseTimer::kChain));
+  M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
+  M3_RETURN_IF_ERROR(im.timer.finish(&im.phase_times));
+  tokens->assign(static_cast<size_t>(n), {});
+  for (int64_t s = 0; s < n; ++s)
+    (*tokens)[static_cast<size_t>(s)].assign(flat.begin() + s * b, flat.begin() + (s + 1) * b);
+  return Status::ok();
 }
 
 Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32_t anchor,
-                                                        const DraftTokenPicker& pick,
+                                                        const DraftTokenPicker* pick,
                                                         bool base_logits) {
   Impl& im = *impl_;
-  auto& s = static_cast<CudaState&>(state);
-  const DSparkCudaPlan& P = im.plan;
-  const int64_t b = P.block, hd = P.hidden, vocab = P.vocab;
-  if (anchor < 0 || anchor >= vocab)
-    return invalid_argument(kWho + "anchor token " + std::to_string(anchor) +
-                            " outside the vocabulary [0, " + std::to_string(vocab) + ")");
-  const int64_t p = s.pages->length();
+  auto* s = static_cast<CudaState*>(&state);
+  const int64_t b = im.plan.block, vocab = im.plan.vocab;
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
-  M3_RETURN_IF_ERROR(im.ensure_context(s));  // an empty context still needs its views
   Scratch sc(im.alloc.get());
-  std::vector<int32_t> ids(static_cast<size_t>(b), static_cast<int32_t>(im.cfg.noise_token_id));
-  ids[0] = anchor;
-  std::vector<int32_t> pos(static_cast<size_t>(b));
-  for (int64_t k = 0; k < b; ++k) pos[static_cast<size_t>(k)] = static_cast<int32_t>(p + k);
-  const std::vector<int32_t>& table = s.pages->block_table();
-  const int64_t nb = static_cast<int64_t>(table.size());
-  M3_ASSIGN_OR_RETURN(int32_t* ids_d, sc.get<int32_t>(b));
-  M3_ASSIGN_OR_RETURN(int32_t* pos_d, sc.get<int32_t>(b));
-  M3_ASSIGN_OR_RETURN(int32_t* table_d, sc.get<int32_t>(nb));
-  M3_ASSIGN_OR_RETURN(float* x, sc.get<float>(b * hd));
-  M3_ASSIGN_OR_RETURN(float* delta, sc.get<float>(b * hd));
-  M3_ASSIGN_OR_RETURN(uint16_t* h, sc.get<uint16_t>(b * hd));
-  M3_ASSIGN_OR_RETURN(float* qkv, sc.get<float>(b * P.qkv_rows));
-  M3_ASSIGN_OR_RETURN(uint16_t* q16, sc.get<uint16_t>(b * P.q_rows));
-  M3_ASSIGN_OR_RETURN(uint16_t* k16, sc.get<uint16_t>(b * P.kv_rows));
-  M3_ASSIGN_OR_RETURN(uint16_t* attn, sc.get<uint16_t>(b * P.q_rows));
-  M3_ASSIGN_OR_RETURN(float* gate_up, sc.get<float>(b * 2 * P.inter));
-  M3_ASSIGN_OR_RETURN(uint16_t* act, sc.get<uint16_t>(b * P.inter));
-  M3_ASSIGN_OR_RETURN(float* logits, sc.get<float>(b * vocab));
-  M3_RETURN_IF_ERROR(cuda::copy_to_device_async(ids_d, ids.data(), ids.size() * 4, im.st()));
-  M3_RETURN_IF_ERROR(cuda::copy_to_device_async(pos_d, pos.data(), pos.size() * 4, im.st()));
-  if (nb > 0) {
-    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(table_d, table.data(), table.size() * 4, im.st()));
-  }
-
-  auto norm = [&](const float* d, const uint16_t* w) {
-    cuda::AddRmsNormParams np;
-    np.residual = x;
-    np.delta = d;
-    np.weight = w;
-    np.out = h;
-    np.t = b;
-    np.hidden = hd;
-    np.eps = im.eps();
-    return cuda::launch_add_rms_norm(np, im.st());
-  };
-  // Slot 0: the anchor, slots 1..B-1: the noise token, from the target's table.
-  M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({im.tw->embed, ids_d, x, b, vocab, hd}, im.st()));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(P.head_dim));
-  for (int64_t l = 0; l < P.layers; ++l) {
-    const DraftLayer& L = im.layers[static_cast<size_t>(l)];
-    M3_RETURN_IF_ERROR(norm(l == 0 ? nullptr : delta, L.in_norm));
-    M3_RETURN_IF_ERROR(im.linear(L.qkv, h, b, qkv, sc));
-    cuda::AttentionInputsParams a = im.attention_inputs(L, s, l);
-    a.partial = qkv;
-    a.ld = P.qkv_rows;
-    a.t = b;
-    a.positions = pos_d;
-    a.off_q = 0;
-    a.off_k = P.q_rows;
-    a.off_v = P.q_rows + P.kv_rows;
-    a.num_q_heads = P.heads;
-    a.q_out = q16;
-    a.k_out = k16;
-    a.max_blocks = 0;  // the block's K/V are transient: no cache write
-    M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, im.st()));
-    cuda::DSparkBlockAttentionParams ap;
-    ap.q_bf16 = q16;
-    ap.block_k_bf16 = k16;
-    ap.block_v = qkv + P.q_rows + P.kv_rows;
-    ap.ld_block_v = P.qkv_rows;
-    ap.cache_k_bf16 = s.kv[static_cast<size_t>(l)].k;
-    ap.cache_v_bf16 = s.kv[static_cast<size_t>(l)].v;
-    ap.out_bf16 = attn;
-    ap.block_table = nb > 0 ? table_d : nullptr;
-    ap.num_blocks = nb;
-    ap.num_pages = P.pages_per_sequence;
-    ap.page_size = P.page_size;
-    ap.anchor_pos = p;
-    ap.block = b;
-    ap.num_heads = P.heads;
-    ap.num_kv_heads = P.kv_heads;
-    ap.head_dim = P.head_dim;
-    ap.window = P.window;
-    ap.scale = scale;
-    M3_RETURN_IF_ERROR(cuda::launch_dspark_block_attention(ap, im.st()));
-    M3_RETURN_IF_ERROR(im.linear(L.o, attn, b, delta, sc));
-    M3_RETURN_IF_ERROR(norm(delta, L.post_norm));
-    M3_RETURN_IF_ERROR(im.linear(L.gu, h, b, gate_up, sc));
-    M3_RETURN_IF_ERROR(cuda::launch_swiglu_oai_bf16(gate_up, b, P.inter,
-                                                    static_cast<float>(im.cfg.swiglu_alpha),
-                                                    static_cast<float>(im.cfg.swiglu_limit), act,
-                                                    im.st()));
-    M3_RETURN_IF_ERROR(im.linear(L.down, act, b, delta, sc));
-  }
-  M3_RETURN_IF_ERROR(norm(P.layers > 0 ? delta : nullptr, im.final_norm));
-  M3_RETURN_IF_ERROR(im.linear(im.tw->lm_head, h, b, logits, sc));
-
+  M3_RETURN_IF_ERROR(im.timer.start(im.st()));
+  M3_ASSIGN_OR_RETURN(float* logits, im.block_logits(std::span<CudaState* const>(&s, 1),
+                                                     std::span<const int32_t>(&anchor, 1), sc));
   CudaDSparkProposal out;
   if (base_logits) {
     out.base_logits.resize(static_cast<size_t>(b * vocab));
     M3_RETURN_IF_ERROR(cuda::copy_to_host_async(out.base_logits.data(), logits,
                                                 out.base_logits.size() * 4, im.st()));
   }
-  // Sequential Markov correction: slot k's bias is markov_w2 · markov_w1[prev], prev the anchor
-  // for slot 0 and the previous slot's draft after it; each slot's row goes to the picker.
+  if (pick == nullptr) {
+    // Greedy on the device: slot k's argmax lands in tokens_d[k], which slot k + 1's correction
+    // reads; the host waits once, for the B tokens.
+    M3_ASSIGN_OR_RETURN(int32_t* anchor_d, sc.get<int32_t>(1));
+    M3_ASSIGN_OR_RETURN(int32_t* tokens_d, sc.get<int32_t>(b));
+    M3_RETURN_IF_ERROR(cuda::copy_to_device_async(anchor_d, &anchor, 4, im.st()));
+    M3_RETURN_IF_ERROR(im.greedy_chain(logits, 1, anchor_d, tokens_d));
+    out.tokens.resize(static_cast<size_t>(b));
+    M3_RETURN_IF_ERROR(cuda::copy_to_host_async(out.tokens.data(), tokens_d,
+                                                out.tokens.size() * 4, im.st()));
+    M3_RETURN_IF_ERROR(im.timer.mark(im.st(), PhaseTimer::kChain));
+    M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
+    M3_RETURN_IF_ERROR(im.timer.finish(&im.phase_times));
+    return out;
+  }
+  // The host picker: slot k's bias is markov_w2 · markov_w1[prev], prev the anchor for slot 0
+  // and the previous slot's pick after it; each corrected row goes to the picker before the next
+  // slot's correction.
+  cuda::DSparkMarkovParams mp;
+  mp.w1 = im.markov_w1;
+  mp.w2 = im.markov_w2;
+  mp.vocab = vocab;
+  mp.rank = im.plan.rank;
   out.logits.resize(static_cast<size_t>(b * vocab));
   int32_t prev = anchor;
   for (int64_t k = 0; k < b; ++k) {
     float* row = logits + k * vocab;
-    cuda::DSparkMarkovParams mp;
     mp.logits = row;
-    mp.w1 = im.markov_w1;
-    mp.w2 = im.markov_w2;
     mp.prev = prev;
-    mp.vocab = vocab;
-    mp.rank = P.rank;
     M3_RETURN_IF_ERROR(cuda::launch_dspark_markov(mp, im.st()));
     float* host_row = out.logits.data() + k * vocab;
     M3_RETURN_IF_ERROR(
         cuda::copy_to_host_async(host_row, row, static_cast<size_t>(vocab) * 4, im.st()));
     M3_RETURN_IF_ERROR(cuda::synchronize_stream(im.st()));
-    const int32_t tok = pick(std::span<const float>(host_row, static_cast<size_t>(vocab)), k);
+    const int32_t tok = (*pick)(std::span<const float>(host_row, static_cast<size_t>(vocab)), k);
     if (tok < 0 || tok >= vocab)
       return invalid_argument(kWho + "the picker returned token " + std::to_string(tok) +
                               " for slot " + std::to_string(k) + ", outside the vocabulary");
     out.tokens.push_back(tok);
     prev = tok;
   }
+  M3_RETURN_IF_ERROR(im.timer.mark(im.st(), PhaseTimer::kChain));
+  M3_RETURN_IF_ERROR(im.timer.finish(&im.phase_times));
   return out;
 }
 

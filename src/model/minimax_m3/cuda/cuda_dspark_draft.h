@@ -11,8 +11,11 @@
 //  * propose: the B-row block through the layers with the MXFP8 split-K GEMVs (quant_gemv.h, one
 //    pass over the weights for all B rows; the bf16 lm_head through cuBLASLt), the fused q/k norm + RoPE, the windowed bidirectional block attention
 //    (dspark/block_attention.h, bf16 variant), SwiGLU-OAI, the target's lm_head, then the
-//    sequential Markov correction on the device (dspark/markov.h), one slot at a time, each
-//    corrected row copied to the host for the engine's picker;
+//    sequential Markov correction on the device (dspark/markov.h), one slot at a time: through
+//    propose, each corrected row copied to the host for the engine's picker; through
+//    propose_greedy, each slot's argmax taken on the device and read by the next slot's
+//    correction there, the B tokens copied back once; propose_greedy_batch does that for several
+//    sequences in one forward (all their n·B rows through each linear and the lm_head at once);
 //  * the context K/V in bf16 pages: each sequence's state takes plan().pages_per_sequence pages
 //    of every layer (one allocation from the draft's caching allocator) at its first use and
 //    gives them back when it goes; DSparkContextCache's bookkeeping without storage decides
@@ -25,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,6 +63,21 @@ struct CudaDSparkProposal {
   std::vector<float> logits, base_logits;
 };
 
+// Time of a propose's phases on the GPU's timeline (CUDA events between them), summed over the
+// layers, for benchmarks: filled by every propose after set_phase_timing(true). The chain of the
+// host-picker path includes its per-slot copies, synchronisations and the picker's host time.
+struct CudaDSparkPhaseTimes {
+  double upload_embed_ms = 0;  // ids, positions and block table to the device; the embedding
+  double qkv_rope_ms = 0;      // input norm, the q|k|v GEMV, q/k norm + RoPE
+  double attention_ms = 0;     // the block attention
+  double o_mlp_ms = 0;         // o_proj, post norm, gate|up, SwiGLU, down
+  double lm_head_ms = 0;       // final norm and the lm_head over the B slots (one GEMM)
+  double chain_ms = 0;         // the Markov corrections and the slots' picks
+  double total_ms() const {
+    return upload_embed_ms + qkv_rope_ms + attention_ms + o_mlp_ms + lm_head_ms + chain_ms;
+  }
+};
+
 class CudaDSparkDraft final : public DraftModel {
  public:
   // `cfg` is resolved against the target's config and checked by plan_dspark_cuda. `src` holds
@@ -82,6 +101,27 @@ class CudaDSparkDraft final : public DraftModel {
   // propose with its logits (the base logits are copied back only here).
   Result<CudaDSparkProposal> propose_detail(DraftState& state, int32_t anchor,
                                             const DraftTokenPicker& pick);
+  // propose with the greedy picker (the argmax of each slot's corrected logits, the lowest index
+  // on ties) chosen on the device: no host round trip per slot, one copy of the B tokens at the
+  // end. The same tokens as propose with a host argmax picker.
+  Status propose_greedy(DraftState& state, int32_t anchor, std::vector<int32_t>* tokens) override;
+
+  // propose_greedy of several sequences in one draft forward: every row-wise step (the linears,
+  // the lm_head) runs once over all their blocks' rows, the attention in one launch over the
+  // sequences, the Markov chain slot by slot for all of them; (*tokens)[i] is states[i]'s block. The same tokens as
+  // propose_greedy per sequence up to rounding (the GEMMs may pick other kernels at more rows).
+  Status propose_greedy_batch(std::span<DraftState* const> states,
+                              std::span<const int32_t> anchors,
+                              std::vector<std::vector<int32_t>>* tokens) override;
+  // The same, with the corrected logits [n, B, V] copied back too (tests).
+  Status propose_greedy_batch(std::span<DraftState* const> states,
+                              std::span<const int32_t> anchors,
+                              std::vector<std::vector<int32_t>>* tokens,
+                              std::vector<float>* logits);
+
+  // Phase timing of the following proposes (CUDA events; off by default).
+  void set_phase_timing(bool on);
+  const CudaDSparkPhaseTimes& last_phase_times() const;
   // Commits already fused features [n, feature_width] (build_context_features' layout).
   Status append_features(DraftState& state, std::span<const float> features, int64_t n);
 
@@ -93,12 +133,17 @@ class CudaDSparkDraft final : public DraftModel {
 
  private:
   CudaDSparkDraft() = default;
+  // pick null: the device greedy chain (propose_greedy).
   Result<CudaDSparkProposal> run_propose(DraftState& state, int32_t anchor,
-                                         const DraftTokenPicker& pick, bool base_logits);
+                                         const DraftTokenPicker* pick, bool base_logits);
   std::unique_ptr<Impl> impl_;
 };
 
-// Up to this many rows a draft linear is a split-K GEMV; above, PrefillGemm.
+// Up to this many rows a draft linear is a split-K GEMV; above, PrefillGemm, except in a
+// batched propose, which runs its MXFP8 linears in up to kDSparkBatchGemvPasses GEMV passes of
+// kDSparkGemvRows rows (reading the weights once a pass beats dequantising them all for a GEMM;
+// an estimate, not measured).
 constexpr int64_t kDSparkGemvRows = 16;
+constexpr int64_t kDSparkBatchGemvPasses = 4;
 
 }  // namespace m3::minimax_m3

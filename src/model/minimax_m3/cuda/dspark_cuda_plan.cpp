@@ -13,9 +13,10 @@ int64_t mxfp8_bytes(int64_t n, int64_t k) { return n * k + n * (k / 32); }
 int64_t bf16_bytes(int64_t n) { return 2 * n; }
 
 // Shared memory of one block attention CTA (backend/cuda/dspark/block_attention.cu): head_dim +
-// (W - 1 + B) scores + 256 partial sums, float32.
+// (W - 1 + B) scores + 256 reduction slots + 8 warps' partial value sums of head_dim, float32,
+// and the (W - 1 + B) keys' cache rows, int32.
 int64_t attention_smem_bytes(int64_t head_dim, int64_t window, int64_t block) {
-  return 4 * (head_dim + window - 1 + block + 256);
+  return 4 * (head_dim + window - 1 + block + 256 + 8 * head_dim) + 4 * (window - 1 + block);
 }
 
 }  // namespace
