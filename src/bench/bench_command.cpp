@@ -14,6 +14,7 @@
 
 #include "bench/mixed_itl.h"
 #include "bench/report.h"
+#include "bench/spec_metrics.h"
 #include "bench/stats.h"
 
 namespace m3::bench {
@@ -362,6 +363,13 @@ int run_bench_command(const std::vector<std::string>& args) {
       std::fprintf(stderr, "[bench] warm-up request failed: %s\n", w->results[0].error.c_str());
     }
   }
+  // The server's speculative counters around the timed run (not an error when it has none).
+  const auto spec_counters = [&f] {
+    Result<std::string> text =
+        http_get(f.run.endpoint, f.run.endpoint.path_prefix + "/metrics", f.run.api_key);
+    return text ? parse_spec_counters(*text) : SpecCounters{};
+  };
+  const SpecCounters spec_before = spec_counters();
   Result<RunOutput> out = run_benchmark(f.run, *workload);
   if (!out) {
     std::fprintf(stderr, "m3serve bench: %s\n", out.status().message().c_str());
@@ -380,6 +388,7 @@ int run_bench_command(const std::vector<std::string>& args) {
     desc.mixed_streams = f.workload.mixed_streams;
     desc.mixed = split_itl_by_load(out->results, static_cast<size_t>(f.workload.mixed_streams));
   }
+  desc.spec = spec_between(spec_before, spec_counters());
   desc.request_rate = f.run.request_rate;
   desc.max_concurrency = f.run.max_concurrency;
   desc.num_prompts = f.workload.num_prompts;

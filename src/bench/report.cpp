@@ -94,6 +94,14 @@ std::string format_table(const RunDescription& run, const Aggregate& a) {
     latency_rows(out, "ITL loaded", run.mixed.loaded_ms, true);
     row(out, "P99 ITL loaded / idle:", fmt("%.2f", run.mixed.p99_ratio));
   }
+  if (run.spec.present) {
+    rule(out, "Speculative Decoding", '-');
+    row(out, "Verify steps:", std::to_string(run.spec.verify_steps));
+    row(out, "Mean accepted length:", fmt("%.2f", run.spec.mean_accept_length));
+    row(out, "Draft tokens accepted / drafted:",
+        std::to_string(run.spec.accepted_tokens) + " / " + std::to_string(run.spec.draft_tokens));
+    row(out, "Draft acceptance rate:", fmt("%.3f", run.spec.acceptance_rate));
+  }
   out += std::string(50, '=') + "\n";
   return out;
 }
@@ -145,6 +153,14 @@ nlohmann::ordered_json to_json(const RunDescription& run, const Aggregate& a,
     put_summary(j, "itl_idle", run.mixed.idle_ms);
     put_summary(j, "itl_loaded", run.mixed.loaded_ms);
     j["p99_itl_loaded_over_idle"] = run.mixed.p99_ratio;
+  }
+  if (run.spec.present) {
+    // SGLang's name for the mean (accept_length in its bench_serving output), and the counts.
+    j["accept_length"] = run.spec.mean_accept_length;
+    j["spec_verify_steps"] = run.spec.verify_steps;
+    j["spec_draft_tokens"] = run.spec.draft_tokens;
+    j["spec_accepted_tokens"] = run.spec.accepted_tokens;
+    j["spec_acceptance_rate"] = run.spec.acceptance_rate;
   }
   // Distinct failures with how often each happened (a dead server repeats one message N times).
   std::map<std::pair<int, std::string>, int> counts;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bench/mixed_itl.h"
+#include "bench/spec_metrics.h"
 #include "bench/stats.h"
 
 namespace m3::bench {
@@ -26,6 +27,7 @@ struct RunDescription {
   int warmup_requests = 0;
   int mixed_streams = 0;  // --dataset mixed: the streams (then `mixed` is filled in)
   MixedItl mixed;
+  SpecSummary spec;  // from the server's /metrics around the run; absent without a draft
 };
 
 std::string format_table(const RunDescription& run, const Aggregate& a);

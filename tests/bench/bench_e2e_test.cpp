@@ -45,7 +45,7 @@ std::string listening_port(const std::string& log) {
 
 class Server {
  public:
-  bool start(std::string* why) {
+  bool start(std::string* why, const std::vector<std::string>& extra_args = {}) {
     int fds[2];
     if (pipe(fds) != 0) return false;
     posix_spawn_file_actions_t actions;
@@ -53,6 +53,7 @@ class Server {
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
     std::vector<std::string> args = {M3SERVE_BIN, "serve", "--host", "127.0.0.1", "--port", "0"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -180,6 +181,9 @@ TEST_F(bench_e2e, CompletionsAtConcurrency4) {
   EXPECT_EQ(j["request_rate"], "inf");
   EXPECT_EQ(j["total_output_tokens"], 16 * 8);  // ignore_eos: exactly max_tokens each
   EXPECT_EQ(j["total_input_tokens"], 16 * 32);  // the server's usage of 32 random ids each
+  // No draft: no speculative section.
+  EXPECT_FALSE(j.contains("accept_length")) << j.dump();
+  EXPECT_EQ(r.output.find("Speculative Decoding"), std::string::npos) << r.output;
   const double duration = j["duration"];
   EXPECT_GT(duration, 0.0);
   EXPECT_NEAR(j["request_throughput"].get<double>(), 16 / duration, 1e-6 * 16 / duration);
@@ -242,6 +246,36 @@ std::string dead_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return std::to_string(ntohs(addr.sin_port));
+}
+
+// With m3-tiny's DSpark draft the report gains the acceptance the server's metrics saw during
+// the run (the warm-up excluded), and the JSON its counts.
+TEST(bench_e2e_dspark, ReportsTheAcceptanceOfTheRun) {
+  Server server;
+  std::string why;
+  ASSERT_TRUE(server.start(&why, {"--speculative-algorithm", "DSPARK"})) << why;
+  const BenchRun r = run_bench("--port " + server.port() +
+                               " --backend openai-chat --num-prompts 4 --max-concurrency 2"
+                               " --random-input-len 16 --random-output-len 24");
+  server.stop();
+  ASSERT_EQ(r.exit_code, 0) << r.output << "\nserver log:\n" << server.log();
+  const json& j = r.result;
+  EXPECT_NE(r.output.find("Speculative Decoding"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Mean accepted length:"), std::string::npos) << r.output;
+  ASSERT_TRUE(j.contains("accept_length")) << j.dump();
+  const int64_t steps = j["spec_verify_steps"], drafted = j["spec_draft_tokens"];
+  const int64_t accepted = j["spec_accepted_tokens"];
+  const double mean = j["accept_length"];
+  // 4 requests of 24 tokens: every committed token after a request's first comes from a verify
+  // step (ignore_eos), at most 8 per step (block 7 + the target's token).
+  EXPECT_GT(steps, 0);
+  EXPECT_LE(steps, 4 * 23);
+  EXPECT_GE(mean, 1.0);
+  EXPECT_LE(mean, 8.0);
+  EXPECT_GE(accepted, 0);
+  EXPECT_LE(accepted, drafted);
+  EXPECT_NEAR(j["spec_acceptance_rate"].get<double>(),
+              drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0, 1e-12);
 }
 
 TEST(bench_e2e_dead, RequestsToADeadPortFailCleanly) {

@@ -2,10 +2,9 @@
 # The MiniMax-M3.1-Flash deployment guide end to end on the CPU: the bundled m3-tiny is laid out
 # in a temporary Hugging Face cache as MiniMaxAI/MiniMax-M3.1-Flash (blobs, a snapshot of
 # symlinks, refs/main), and `m3serve serve` starts with the guide's quickstart command line (--tp 4:
-# four CPU ranks), with --speculative-algorithm DSPARK left out: m3-tiny ships no dspark/ draft
-# (serving_e2e_dspark serves with a random one; tests/app/serve_flags_test.cpp loads a model
-# directory's dspark/ folder). Then the guide's
-# requests, as curl sends them, with the guide's model name:
+# four CPU ranks) as written, --speculative-algorithm DSPARK included: the snapshot's dspark/ folder
+# (m3-tiny's trained draft) is the draft, on rank 0. Then the guide's requests, as curl sends them,
+# with the guide's model name:
 #   (a) a plain text chat            -> 200 with choices[0].message
 #   (b) the same, thinking disabled  -> 200, no reasoning_content in the message
 #   (c) reasoning_effort low         -> 200
@@ -39,19 +38,23 @@ fail() {
 COMMIT=4f1c2e0d9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e
 REPO=$WORK/hub/models--MiniMaxAI--MiniMax-M3.1-Flash
 mkdir -p "$REPO/blobs" "$REPO/snapshots/$COMMIT" "$REPO/refs"
-for f in "$ROOT"/models/m3-tiny/*; do
-  name=$(basename "$f")
-  blob=$(sha256sum "$f" | cut -c1-64)
-  cp "$f" "$REPO/blobs/$blob"
-  ln -s "../../blobs/$blob" "$REPO/snapshots/$COMMIT/$name"
+(cd "$ROOT/models/m3-tiny" && find . -type f | sed 's|^\./||') | while read -r name; do
+  blob=$(sha256sum "$ROOT/models/m3-tiny/$name" | cut -c1-64)
+  cp "$ROOT/models/m3-tiny/$name" "$REPO/blobs/$blob"
+  # A file in a subfolder (dspark/) links up one more level, as the hub writes it.
+  up=$(printf '%s' "$name" | sed 's|[^/]*/|../|g; s|[^/]*$||')
+  mkdir -p "$(dirname "$REPO/snapshots/$COMMIT/$name")"
+  ln -s "../../${up}blobs/$blob" "$REPO/snapshots/$COMMIT/$name"
 done
+[ -f "$REPO/snapshots/$COMMIT/dspark/config.json" ] || fail "m3-tiny has no dspark/ draft to serve with"
 printf '%s' "$COMMIT" >"$REPO/refs/main"
 
 # The guide's quickstart, on the CPU; a short context keeps its requests (no max_tokens) quick.
 HF_HUB_CACHE=$WORK/hub HF_HUB_OFFLINE=1 "$BIN" serve --trust-remote-code \
   --model-path "$MODEL" --revision "${COMMIT:0:12}" \
   --reasoning-parser minimax-m3 --tool-call-parser minimax-m3 --tp 4 \
-  --moe-runner-backend flashinfer_trtllm_routed --speculative-use-block-verification \
+  --moe-runner-backend flashinfer_trtllm_routed --speculative-algorithm DSPARK \
+  --speculative-use-block-verification \
   --cuda-graph-backend-prefill breakable --chunked-prefill-size 32768 --max-running-requests 128 \
   --cuda-graph-max-bs-decode 128 --mem-fraction-static 0.8 --tokenizer-worker-num 8 \
   --host 127.0.0.1 --port 0 --context-length 512 >"$LOG" 2>&1 &
@@ -73,7 +76,7 @@ done
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] || fail "the model did not load"
 grep -q "model $MODEL at revision $COMMIT" "$LOG" || fail "the startup log does not name the revision"
 for flag in --trust-remote-code --moe-runner-backend --cuda-graph-backend-prefill \
-            --cuda-graph-max-bs-decode --speculative-use-block-verification; do
+            --cuda-graph-max-bs-decode; do
   grep -q "note: $flag" "$LOG" || fail "no startup note for the inert flag $flag"
 done
 # The startup report: weights, layout, KV cache sized by the guide's --mem-fraction-static (on the
@@ -81,7 +84,7 @@ done
 # the draft and the ready line with the served name.
 for line in "m3serve: weights: .* per rank" "m3serve: layout: 4 CPU ranks in this process over Gloo (tp 4" \
             "KV cache: kv dtype float32 .*, --mem-fraction-static 0.8 of .* per device, capped at what 128 running requests of 512 tokens can hold); context length 512" \
-            "m3serve: draft: none" "m3serve: ready: serving '$MODEL' on http://127.0.0.1:$PORT"; do
+            "m3serve: draft: the checkpoint's dspark/ draft" "m3serve: ready: serving '$MODEL' on http://127.0.0.1:$PORT"; do
   grep -q -- "$line" "$LOG" || fail "no startup report line matching: $line"
 done
 echo "ok the guide's quickstart: ready, revision $COMMIT, a note for each inert flag, the report"
@@ -159,3 +162,9 @@ echo "ok (d) image input: 400 $(node -e "const e=JSON.parse(require('fs').readFi
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] || fail "/health after the requests"
 kill -0 "$SERVER_PID" 2>/dev/null || fail "the server died"
 echo "ok health 200 after the guide's requests"
+# The draft drafted: the speculative counters moved.
+curl -s "$BASE/metrics" >"$WORK/metrics"
+drafted=$(sed -n 's/^m3serve:spec_draft_tokens_total{[^}]*} \([0-9.e+]*\).*/\1/p' "$WORK/metrics" | head -n1)
+accepted=$(sed -n 's/^m3serve:spec_accepted_tokens_total{[^}]*} \([0-9.e+]*\).*/\1/p' "$WORK/metrics" | head -n1)
+node -e "process.exit(Number('$drafted') > 0 ? 0 : 1)" || fail "no drafted tokens in /metrics ('$drafted')"
+echo "ok DSPARK: $drafted tokens drafted, $accepted accepted"

@@ -41,7 +41,7 @@ for chunk in ${CHUNKS:-8192 2048}; do
       --mixed-streams "${STREAMS:-8}" --random-input-len 128 \
       --random-output-len "${OUTPUT_LEN:-3000}" --mixed-prompt-len "${PROMPT_LEN:-8192}" \
       --mixed-prompt-output-len 16 --num-prompts "${PROMPTS:-4}" --request-rate 0.5 \
-      --mixed-delay 3 --random-vocab-size 200000 --disable-progress \
+      --mixed-delay 3 --random-vocab-size 4032 --disable-progress \
       --output-file "$OUT/mixed-$chunk.json" >>"$LOG" 2>&1
     r=$?
     echo "bench rc=$r" >>"$LOG"

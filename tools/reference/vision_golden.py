@@ -299,7 +299,10 @@ def model_golden(hf, device, out, per_image, model_images, summary):
             hidden = tower(pv.to(device), g).last_hidden_state.reshape(-1, vc["hidden_size"])
             feats = proj(hidden)
             via_api = model.get_image_features(pv.to(device), g)
-            api = torch.cat(list(via_api.pooler_output), 0)
+            pooled = getattr(via_api, "pooler_output", via_api)
+            # One tensor for all images in some transformers versions, a tuple per image in others.
+            api = pooled if torch.is_tensor(pooled) else torch.cat(list(pooled), 0)
+            api = api.reshape(-1, feats.shape[-1])
         d_api = float((api - feats).abs().max())
         if d_api > 0:
             log(f"get_image_features differs from tower+projector by {d_api:.3g} for {name}")
@@ -386,6 +389,37 @@ def hash_weight(shape, tensor_no, kind, seed, device):
     return v.reshape(shape)
 
 
+def module_state_dict(module, ours):
+    """Our checkpoint names -> the module's parameter names. from_pretrained renames checkpoint
+    keys (patch_embedding -> proj, no encoder. level, ...); loading a module directly skips that,
+    so the same renames are applied here, and what is left is paired by shape when that is unique."""
+    want = {k: tuple(v.shape) for k, v in module.state_dict().items() if "inv_freq" not in k}
+
+    def norm(k):
+        k = k.replace("encoder.layers.", "layers.").replace("patch_embedding", "proj")
+        return k.replace("pre_layrnorm", "pre_layernorm")
+
+    out, left = {}, {}
+    for k, v in ours.items():
+        for cand in (k, norm(k), norm(k).replace("pre_layernorm", "pre_layrnorm")):
+            if cand in want and cand not in out and want[cand] == tuple(v.shape):
+                out[cand] = v
+                break
+        else:
+            left[k] = v
+    free = {k: s for k, s in want.items() if k not in out}
+    for k, v in list(left.items()):
+        same = [m for m, s in free.items() if s == tuple(v.shape) and m.split(".")[-1] == k.split(".")[-1]]
+        if len(same) == 1:
+            log(f"real-shape weights: {k} -> {same[0]} (by shape)")
+            out[same[0]] = v
+            free.pop(same[0])
+            left.pop(k)
+    if left or free:
+        raise RuntimeError(f"real-shape weights did not map: ours {sorted(left)} module {sorted(free)}")
+    return out
+
+
 def real_shape_golden(hf, device, out, per_image, smoke, summary):
     mod = sys.modules.get(hf.model_cls.__module__)
     VC = find(hf.mod, "MiniMaxM3VLVisionConfig")
@@ -409,7 +443,7 @@ def real_shape_golden(hf, device, out, per_image, smoke, summary):
     tower = VM(vcfg).to(device).float().eval()
     projector = PJ(full).to(device).float().eval()
     V = "vision_tower.vision_model."
-    tsd = {k[len(V):]: v for k, v in sd.items() if k.startswith(V)}
+    tsd = module_state_dict(tower, {k[len(V):]: v for k, v in sd.items() if k.startswith(V)})
     miss = tower.load_state_dict(tsd, strict=False)
     pmap = {"multi_modal_projector.linear_1": "linear_1", "multi_modal_projector.linear_2": "linear_2",
             "patch_merge_mlp.linear_1": "merge_linear_1", "patch_merge_mlp.linear_2": "merge_linear_2"}

@@ -18,7 +18,8 @@
 //                              values) and gtool_none (no offered tool fits: a plain answer, no call);
 //   eval_vision.jsonl          task vision (held-out images as PNG data URLs, held-out phrasings: the answer
 //                              names the right colour / shape / corner / count and no other); server only.
-// Options: --limit N (first N of each task), --out results.json, --concurrency K, --max-tokens N.
+// Options: --limit N (first N of each task), --out results.json, --concurrency K, --max-tokens N,
+//   --temperature T (server backend; default 0: the accuracies are greedy ones).
 // Prints a summary table and exits non-zero when an accuracy is below --min (default 0.9).
 import fs from "node:fs";
 import path from "node:path";
@@ -33,11 +34,12 @@ function parseArgs(argv) {
   const a = { backend: "server", url: "http://127.0.0.1:8000/v1", model: "m3-tiny", limit: 0,
               modelPath: path.join(ROOT, "models/m3-tiny"), bin: path.join(ROOT, "build/bin/m3serve"),
               ids: path.join(ROOT, "tests/fixtures/m3_tiny/eval_prompt_ids.json"),
-              set: path.join(HERE, "eval_set.jsonl"), concurrency: 2, maxTokens: 256, min: 0.9 };
+              set: path.join(HERE, "eval_set.jsonl"), concurrency: 2, maxTokens: 256, min: 0.9,
+              temperature: 0 };
   for (let i = 2; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, "").replace(/-([a-z])/g, (_, c) => c.toUpperCase());
     const v = argv[++i];
-    a[k] = ["limit", "concurrency", "maxTokens", "min"].includes(k) ? Number(v) : v;
+    a[k] = ["limit", "concurrency", "maxTokens", "min", "temperature"].includes(k) ? Number(v) : v;
   }
   return a;
 }
@@ -184,7 +186,7 @@ export function score(item, result) {
 
 // ---------------------------------------------------------------- backends
 async function runServer(item, a) {
-  const body = { model: a.model, messages: item.messages, temperature: 0, max_tokens: a.maxTokens };
+  const body = { model: a.model, messages: item.messages, temperature: a.temperature, max_tokens: a.maxTokens };
   if (item.tools) body.tools = item.tools;
   if (item.kwargs.thinking_mode) {
     body.thinking = { type: item.kwargs.thinking_mode };
