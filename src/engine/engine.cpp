@@ -185,11 +185,6 @@ Status Engine::check_prompt_embeddings(const GenerateRequest& r) const {
     return Status(StatusCode::kUnimplemented,
                   "this model runner does not take input embeddings (image features)");
   }
-  if (draft_ != nullptr) {
-    return Status(StatusCode::kUnimplemented,
-                  "image input with speculative decoding is not available: the draft would "
-                  "need the image features too");
-  }
   const int64_t prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
   int64_t end_of_previous = 0;
   for (size_t i = 0; i < r.prompt_embeddings.size(); ++i) {

@@ -176,10 +176,10 @@ class Engine {
   int32_t vocab_size() const { return vocab_size_; }
   int32_t hidden_size() const { return hidden_size_; }
   // Whether submit() accepts GenerateRequest::prompt_embeddings: the runner takes input
-  // embeddings and no speculative draft is attached.
-  bool takes_prompt_embeddings() const {
-    return runner_->features().input_embeddings && draft_ == nullptr;
-  }
+  // embeddings. A speculative draft needs nothing more: its context is the target's captured
+  // hidden states, which carry the injected rows' information, and its anchors are committed
+  // tokens, never embedding rows.
+  bool takes_prompt_embeddings() const { return runner_->features().input_embeddings; }
   // Read-only access for tests (only between step() calls, or with the thread stopped).
   const Scheduler& scheduler() const { return *sched_; }
 

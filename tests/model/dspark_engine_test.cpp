@@ -195,6 +195,51 @@ TEST(DSparkEngine, GreedyEqualsOrdinaryDecodingOnTheBundledModel) {
   }
 }
 
+// Image features (rows injected in place of prompt embeddings) with a draft: the draft's context
+// is the target's captured hidden states, so the request decodes as without a draft, and an
+// oracle draft is still accepted in full.
+TEST(DSparkEngine, PromptEmbeddingsGreedyEqualsOrdinaryDecoding) {
+  GenerateRequest r = greedy_request(48);
+  TinyTarget plain(nullptr, false);
+  const int64_t hidden = plain.cfg.hidden_size;
+  auto values = std::make_shared<std::vector<float>>(size_t(8 * hidden));
+  uint64_t x = 0x2545f4914f6cdd1dull;
+  for (float& v : *values) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = (float((x >> 40) & 0xffff) / 65535.0f - 0.5f) * 0.2f;
+  }
+  PromptEmbeddings e;
+  e.token_offset = 6;
+  e.num_tokens = 8;
+  e.values = values;
+  e.content_hash = 0x1234;
+  r.prompt_embeddings.push_back(e);
+
+  const Outcome want = plain.run(r);
+  ASSERT_TRUE(want.done && want.error.is_ok()) << want.error.to_string();
+  TinyTarget text_only(nullptr, false);
+  const Outcome without = text_only.run(greedy_request(48));
+  ASSERT_TRUE(without.done && without.error.is_ok());
+  EXPECT_NE(want.tokens, without.tokens) << "the injected rows changed nothing";
+  std::vector<int32_t> sequence = r.prompt_tokens;
+  sequence.insert(sequence.end(), want.tokens[0].begin(), want.tokens[0].end());
+  for (bool oracle : {false, true}) {
+    TinyTarget spec(oracle ? &sequence : nullptr);
+    const Outcome got = spec.run(r);
+    const std::string what = oracle ? "oracle" : "random";
+    ASSERT_TRUE(got.done && got.error.is_ok()) << what << ": " << got.error.to_string();
+    EXPECT_EQ(got.tokens, want.tokens) << what;
+    for (size_t t = 0; t < got.detail[0].size() && t < want.detail[0].size(); ++t) {
+      EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << what << " token " << t;
+    }
+    EXPECT_GT(got.usage.spec_draft_tokens, 0) << what;
+    if (oracle) {
+      EXPECT_EQ(got.usage.spec_accepted_tokens, got.usage.spec_draft_tokens) << what;
+    }
+    EXPECT_EQ(spec.engine->stats().kv_pages_used, 0) << what;
+  }
+}
+
 TEST(DSparkEngine, VerifiedKvEqualsAFreshPrefill) {
   // A random draft: every verify writes rejected drafts' K/V past the committed length, which the
   // next verify overwrites.

@@ -3,8 +3,8 @@
 //    tower, tools/train_tiny can train one): an image request is a 400 vision_not_available;
 //  * m3-tiny's language model plus a tiny random vision tower (config.json's vision_config and a
 //    vision shard, in a temporary directory): a chat request with an image generates tokens, the
-//    prompt holds the image's placeholder tokens, and the prefix cache reuses KV for the same
-//    image and never for another image.
+//    prompt holds the image's placeholder tokens, the prefix cache reuses KV for the same image
+//    and never for another image, and with m3-tiny's DSpark draft the greedy answer is the same.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -43,10 +43,13 @@ struct Served {
   ~Served() { srv->stop(); }
 };
 
-app::EngineStack make_stack(const fs::path& dir) {
+app::EngineStack make_stack(const fs::path& dir, bool speculative = false) {
   app::EngineStackOptions o;
   o.num_threads = 2;
   o.kv_cache_bytes = int64_t{32} << 20;
+  // m3-tiny's DSpark draft (the language model is m3-tiny's, whatever folder it is served from).
+  o.speculative = speculative;
+  if (speculative) o.draft_model_path = (kModel / "dspark").string();
   auto s = app::make_engine_stack(dir.string(), o);
   EXPECT_TRUE(s.is_ok()) << s.status().to_string();
   return std::move(s).value();
@@ -171,6 +174,26 @@ TEST_F(TinyVisionModel, ImageRequestGeneratesTokens) {
   const int delta = u["prompt_tokens"].get<int>() -
                     json::parse(without.body)["usage"]["prompt_tokens"].get<int>();
   EXPECT_EQ(delta, 12 + 2);
+}
+
+// With the DSpark draft the image request is served too (the draft's context is the target's
+// hidden states, which carry the image), and greedy output is the plain server's.
+TEST_F(TinyVisionModel, ImageRequestWithTheDraftEqualsWithout) {
+  Served spec(make_stack(*dir_, true));
+  ASSERT_TRUE(spec.stack.backend->vision().has_value());
+  const std::string png = server::testing::encode_png(112, 84, 3, server::testing::pattern_rgb(112, 84));
+  json body = image_chat(png, "Describe the picture.");
+  body["max_tokens"] = 40;
+  body["temperature"] = 0;
+  const Response plain = post(served_->srv->port(), body);
+  const Response drafted = post(spec.srv->port(), body);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  ASSERT_EQ(drafted.status, 200) << drafted.body;
+  const json p = json::parse(plain.body), d = json::parse(drafted.body);
+  EXPECT_EQ(d["choices"][0]["message"], p["choices"][0]["message"]);
+  EXPECT_EQ(d["usage"]["completion_tokens"], p["usage"]["completion_tokens"]);
+  ASSERT_TRUE(d["usage"].contains("m3serve_spec")) << d["usage"].dump();
+  EXPECT_GT(d["usage"]["m3serve_spec"]["spec_verify_ct"].get<int>(), 0);
 }
 
 TEST_F(TinyVisionModel, PrefixCacheKeysOnTheImageContent) {
