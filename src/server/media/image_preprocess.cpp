@@ -43,6 +43,13 @@ std::variant<ResizedSize, ApiError> smart_resize(int64_t height, int64_t width, 
     h = int64_t(std::ceil(double(height) * beta / double(factor))) * factor;
     w = int64_t(std::ceil(double(width) * beta / double(factor))) * factor;
   }
+  // Unreachable with min_pixels >= 1 (a side rounded to 0 leaves the area below it), but a zero
+  // side must never reach the resize.
+  if (h < factor || w < factor) {
+    return bad_request("The image cannot be resized to at least one " + std::to_string(factor) +
+                           "-pixel block per side with min_pixels " + std::to_string(min_pixels) + ".",
+                       param, "invalid_image");
+  }
   return ResizedSize{h, w};
 }
 
