@@ -54,9 +54,10 @@ TEST(ImagePreprocess, GridsAndTokenCountsFollowSmartResize) {
        54, 540},  // 560 x 756
       {"300x800 gray png (portrait)", encode_png(300, 800, 1, gray), 58, 22, 319},  // 812 x 308
       {"42x70 (ties round to even)", encode_png(42, 70, 3, rgb(42, 70)), 4, 4, 4},
-      // The 1-pixel side is lifted to one factor (28) first, so the area (28 x 196) passes
-      // min_pixels and the width keeps its own rounding (transformers' smart_resize).
-      {"200x1 (aspect ratio 200 is allowed)", encode_png(200, 1, 3, rgb(200, 1)), 2, 14, 7},
+      // The 1-pixel side rounds to 0, so the area is below min_pixels and both sides are scaled
+      // by sqrt(3136 / 200): (ceil(3.96 / 28), ceil(791.9 / 28)) * 28 = (28, 812), as
+      // transformers' smart_resize gives (tests/fixtures/vision_golden: 8 x 600 -> 28 x 504).
+      {"200x1 (aspect ratio 200 is allowed)", encode_png(200, 1, 3, rgb(200, 1)), 2, 58, 29},
       // EXIF orientation 6 turns the 40x30 landscape into a 30x40 portrait: (h, w) = (84, 56).
       {"40x30 jpeg, exif rotated", encode_jpeg(40, 30, rgb(40, 30), 6), 6, 4, 6},
       {"40x30 jpeg", encode_jpeg(40, 30, rgb(40, 30)), 4, 6, 6},

@@ -50,7 +50,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // max_pixels that is floor(side / beta / 28) · 28 with beta = sqrt(side² / max_pixels).
 int64_t resized_side(const VisionConfig& c, int64_t side) {
   const int64_t f = c.patch_size * c.spatial_merge_size;
-  int64_t s = std::max<int64_t>(f, int64_t(std::nearbyint(double(side) / double(f))) * f);
+  int64_t s = int64_t(std::nearbyint(double(side) / double(f))) * f;  // may be 0
   if (s * s > c.max_pixels) {
     const double beta = std::sqrt(double(side) * double(side) / double(c.max_pixels));
     s = std::max<int64_t>(f, int64_t(std::floor(double(side) / beta / double(f))) * f);

@@ -15,7 +15,9 @@ this script too):
      summary statistics and a few rows of the tower and projector outputs.
 
 Conventions as make_golden.py: float32 reference, eager attention, TF32 off, weights exactly
-representable in the stored dtype. Usage:
+representable in the stored dtype. The vision RoPE is the model's three-axis one: where the
+installed transformers has another (5.17.0's 2-axis (t, h) form), it is patched before any tower
+is built (ensure_three_axis_vision_rope; manifest.json's summary.vision_rope says which). Usage:
   python3 tools/reference/vision_golden.py --out DIR [--device cuda|cpu] [--smoke]
 """
 
@@ -234,6 +236,68 @@ def run_processor(hf_mod, out, names, files, log_rows):
             "image_mean": mean, "image_std": std, "images": entries}
     mg.write_json(out / "processor.json", proc)
     return per_image, facts
+
+
+# ----------------------------------------------------------------------------------------------
+# The vision tower's 3-D RoPE
+# ----------------------------------------------------------------------------------------------
+
+class ThreeAxisVisionRotary(torch.nn.Module):
+    """The MiniMax-M3 vision RoPE as the released checkpoint was trained with it (transformers
+    <= 5.16, SGLang, vLLM, llama.cpp; m3serve's vision_tower.cpp): per axis (t, h, w) axis_dim =
+    2 * ((head_dim // 3) // 2) dims (26 of 80), inv_freq_j = theta^(-2j / axis_dim); the angles
+    [t f ; h f ; w f] duplicated, so the first 3 * axis_dim head dims rotate (rotate_half) and the
+    rest pass through. No buffers (HF's own test: rotary.state_dict() == {})."""
+
+    def __init__(self, config):
+        super().__init__()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.axis_dim = 2 * ((head_dim // 3) // 2)
+        rp = getattr(config, "rope_parameters", None) or {}
+        self.theta = float(rp.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+    def forward(self, x, position_ids):
+        with torch.autocast(device_type=x.device.type if x.device.type != "mps" else "cpu", enabled=False):
+            inv = 1.0 / (self.theta ** (torch.arange(0, self.axis_dim, 2, dtype=torch.float32,
+                                                     device=x.device) / self.axis_dim))
+            ang = position_ids.to(device=x.device, dtype=torch.float32)[..., None] * inv  # [N, 3, F]
+            ang = ang.flatten(1)
+            ang = torch.cat([ang, ang], dim=-1)
+        return ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+
+
+def ensure_three_axis_vision_rope(hf, summary):
+    """transformers 5.17.0's MiniMaxM3VLVisionRotaryEmbedding is the Qwen2.5-VL 2-axis one (20
+    frequencies of theta^(-2j/40) per axis, all 80 dims rotated) applied to the first two columns
+    of the (t, h, w) position ids, so the width is dropped (a regression of transformers PR
+    #48105; the fixture made with it matched a numpy model of exactly that to 2e-6). Probe the
+    installed class on a 2x4x4 grid and, when it is not the three-axis ladder, replace it in the
+    modeling module (before any model is built) with ThreeAxisVisionRotary. The manifest says
+    which; the C++ golden test requires 'three-axis'."""
+    modeling = sys.modules.get(hf.model_cls.__module__)
+    installed = getattr(modeling, "MiniMaxM3VLVisionRotaryEmbedding", None)
+    VC = find(hf.mod, "MiniMaxM3VLVisionConfig")
+    cfg = VC(hidden_size=160, num_attention_heads=2, spatial_merge_size=2,
+             rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
+    t, h, w, m = 2, 4, 4, 2
+    tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+    blk = lambda a: a.reshape(t, h // m, m, w // m, m).permute(0, 1, 3, 2, 4).reshape(-1)
+    pos = torch.stack([blk(tt), blk(hh), blk(ww)], dim=-1)  # merge-window order, as the tower
+    want_cos, want_sin = ThreeAxisVisionRotary(cfg)(torch.empty(pos.shape[0], 160), pos)
+    verdict = "three-axis (installed)"
+    try:
+        cos, sin = installed(cfg)(torch.empty(pos.shape[0], 160), pos)
+        same = cos.shape == want_cos.shape and torch.allclose(cos.float(), want_cos, atol=1e-6) \
+            and torch.allclose(sin.float(), want_sin, atol=1e-6)
+        detail = f"cos shape {tuple(cos.shape)}"
+    except Exception as e:  # pragma: no cover - depends on the installed version
+        same, detail = False, repr(e)
+    if not same:
+        modeling.MiniMaxM3VLVisionRotaryEmbedding = ThreeAxisVisionRotary
+        verdict = (f"three-axis (patched: transformers {hf.version}'s MiniMaxM3VLVisionRotaryEmbedding "
+                   f"is not the three-axis ladder, {detail})")
+    log("vision rope:", verdict)
+    summary["vision_rope"] = verdict
 
 
 # ----------------------------------------------------------------------------------------------
@@ -517,6 +581,7 @@ def main():
     summary, rows, ok = {"smoke": args.smoke}, [], True
     steps = [("processor", None), ("model", None), ("real_shape", None)]
     per_image = {}
+    ensure_three_axis_vision_rope(hf, summary)  # before any vision tower is built
     for step, _ in steps:
         t = time.time()
         try:

@@ -28,11 +28,12 @@ std::variant<ResizedSize, ApiError> smart_resize(int64_t height, int64_t width, 
                            " is above 200, which the image processor refuses.",
                        param, "invalid_image");
   }
-  // At least one factor per side before the area checks, as transformers' smart_resize does: a
-  // side under factor / 2 would otherwise round to 0 and send the image through the min_pixels
-  // branch, which scales both sides (an 8 x 600 image becomes 28 x 504, not HF's 28 x 588).
-  int64_t h = std::max(factor, round_half_even(double(height) / double(factor)) * factor);
-  int64_t w = std::max(factor, round_half_even(double(width) / double(factor)) * factor);
+  // Each side rounded to a multiple of factor with no lower bound, as transformers' smart_resize
+  // does: a side under factor / 2 rounds to 0, the area is then below min_pixels and that branch
+  // scales both sides up (transformers 5.17, tests/fixtures/vision_golden: an 8 x 600 image
+  // becomes 28 x 504, grid 2 x 36).
+  int64_t h = round_half_even(double(height) / double(factor)) * factor;
+  int64_t w = round_half_even(double(width) / double(factor)) * factor;
   if (h * w > max_pixels) {
     const double beta = std::sqrt(double(height * width) / double(max_pixels));
     h = std::max<int64_t>(factor, int64_t(std::floor(double(height) / beta / double(factor))) * factor);
@@ -41,6 +42,13 @@ std::variant<ResizedSize, ApiError> smart_resize(int64_t height, int64_t width, 
     const double beta = std::sqrt(double(min_pixels) / double(height * width));
     h = int64_t(std::ceil(double(height) * beta / double(factor))) * factor;
     w = int64_t(std::ceil(double(width) * beta / double(factor))) * factor;
+  }
+  // Unreachable with min_pixels >= 1 (a side rounded to 0 leaves the area below it), but a zero
+  // side must never reach the resize.
+  if (h < factor || w < factor) {
+    return bad_request("The image cannot be resized to at least one " + std::to_string(factor) +
+                           "-pixel block per side with min_pixels " + std::to_string(min_pixels) + ".",
+                       param, "invalid_image");
   }
   return ResizedSize{h, w};
 }
