@@ -199,6 +199,40 @@ TEST(MemoryPlan, FlashOnH200s) {
               0.01);
 }
 
+// A 1,048,576-token context (a config whose max_position_embeddings allows it): one request is
+// 8,192 KV pages of 128 tokens, 1,048,576 x 138,240 bytes in bf16 on one device (beyond int32;
+// the plan's arithmetic is int64). Four and eight 141 GB devices hold it with bf16 and fp8 KV;
+// two do not, and an explicit --context-length 1048576 there is an error naming the pages.
+TEST(MemoryPlan, FlashAtOneMillionTokens) {
+  constexpr int32_t kMillion = 1'048'576;
+  const MiniMaxM3Config c = flash();
+  EXPECT_EQ(int64_t{kMillion} / 128 * kv_bytes_per_page_for_dtype(c, 1, KvCacheDtype::kBF16),
+            int64_t{kMillion} * 138'240);
+  EXPECT_EQ(kv_pool_summary(KvCacheDtype::kBF16, 138'240 * 128, 128, kMillion),
+            "kv dtype bf16 (138240 bytes per token), 1048576 tokens fit");
+  for (double kv : {2.0, 1.0}) {
+    SCOPED_TRACE(kv == 2 ? "bf16 KV" : "fp8 KV");
+    for (int gpus : {4, 8}) {
+      MemoryPlanInput in = flash_input(gpus, kv, 0.85);
+      in.max_context_length = kMillion;
+      in.context_length = kMillion;
+      auto p = plan_memory(in);
+      ASSERT_TRUE(p.is_ok()) << gpus << ": " << p.status().to_string();
+      EXPECT_EQ(p->context_length, kMillion) << gpus;
+      EXPECT_GE(p->pages, 8'192) << gpus;
+      EXPECT_GE(p->kv_cache_bytes, int64_t{8'192} * in.kv_bytes_per_page) << gpus;
+      EXPECT_TRUE(p->warnings.empty()) << gpus;
+    }
+    MemoryPlanInput two = flash_input(2, kv, 0.9);
+    two.max_context_length = kMillion;
+    two.context_length = kMillion;
+    auto e = plan_memory(two);
+    ASSERT_FALSE(e.is_ok());
+    EXPECT_NE(e.status().message().find("1048576 needs 8192 pages"), std::string::npos)
+        << e.status().message();
+  }
+}
+
 TEST(MemoryPlan, WorkingMemoryBeyondTheRestIsReserved) {
   MemoryPlanInput in;
   in.device_name = "GPU";
