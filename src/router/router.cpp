@@ -121,7 +121,9 @@ void Router::handle_health(Responder& responder) const {
 }
 
 void Router::handle(Request&& req, std::shared_ptr<Responder> responder) {
-  if (req.path == "/health" || req.path == "/health_generate") {
+  // /health is the router's own (any healthy worker), open like a worker's; /health_generate
+  // runs a generation, so it goes to a worker behind the key like any route (as on a worker).
+  if (req.path == "/health") {
     handle_health(*responder);
     return;
   }

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
-import { serverBin, script, metrics, metricValue, startServer, waitFor } from './helpers.mjs';
+import { serverBin, script, metrics, metricValue, startServer, waitFor, serverOnly } from './helpers.mjs';
 
 const M = '{model_name="m3-tiny"';
 
@@ -49,7 +49,7 @@ function probe(port, ms, sockets) {
   });
 }
 
-test('past --max-connections (derived from ulimit -n 128) every connection is answered', async () => {
+test('past --max-connections (derived from ulimit -n 128) every connection is answered', { skip: serverOnly }, async () => {
   const srv = await startLimited(128, ['--keep-alive-timeout', '30']);
   const sockets = [];
   try {
@@ -73,7 +73,7 @@ test('past --max-connections (derived from ulimit -n 128) every connection is an
   assert.equal((await srv.exited).code, 0, srv.log());
 });
 
-test('out of descriptors, the accept loop backs off instead of spinning, then recovers', async () => {
+test('out of descriptors, the accept loop backs off instead of spinning, then recovers', { skip: serverOnly }, async () => {
   // A cap above what 128 descriptors allow: accept() itself fails with EMFILE.
   const srv = await startLimited(128, ['--max-connections', '100000', '--keep-alive-timeout', '30']);
   const sockets = [];
@@ -99,12 +99,12 @@ test('out of descriptors, the accept loop backs off instead of spinning, then re
   assert.equal((await srv.exited).code, 0, srv.log());
 });
 
-test('draining keeps answering: /health 503 and new work 503 on new connections', async () => {
+test('draining keeps answering: /health 503 and new work 503 on new connections', { skip: serverOnly }, async () => {
   const srv = await startServer([]);
   const inflight = srv.client.chat.completions.create({
     model: 'm3-tiny', messages: [{ role: 'user', content: script('y'.repeat(60), { stepMs: 20 }) }],
   });
-  await waitFor(async () => metricValue(await metrics(srv.url), `m3serve:num_requests_running${M}`) === 1);
+  await waitFor(async () => metricValue(await metrics(srv.serverUrl), `m3serve:num_requests_running${M}`) === 1);
   srv.proc.kill('SIGTERM');
   await new Promise((r) => setTimeout(r, 100));
   const health = await fetch(`${srv.url}/health`);
@@ -120,7 +120,7 @@ test('draining keeps answering: /health 503 and new work 503 on new connections'
   assert.equal((await srv.exited).code, 0, srv.log());
 });
 
-test('a second signal stops at once; in-flight streams end cleanly', async () => {
+test('a second signal stops at once; in-flight streams end cleanly', { skip: serverOnly }, async () => {
   const srv = await startServer([]);
   const stream = await srv.client.chat.completions.create({
     model: 'm3-tiny', stream: true,

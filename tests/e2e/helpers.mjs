@@ -12,7 +12,50 @@ export const serverBin =
 
 export const NS = ']<]minimax[>[';
 
-// Starts a server; resolves with {port, url, proc, client, stop()} once it listens.
+// M3SERVE_E2E_VIA_ROUTER=1 runs the suite through `m3serve router`: startServer puts a router
+// (one worker: the server) in front, and `url`, `port` and `client` are the router's, while
+// `serverUrl` (its /metrics, the server's own counters), `proc`, `log` and `exited` stay the
+// server's. Tests of the server process itself (signals, sockets, the loading window) run
+// directly only; they say so with `serverOnly`.
+export const viaRouter = process.env.M3SERVE_E2E_VIA_ROUTER === '1';
+export const serverOnly = viaRouter && 'checks the server process itself (run without the router)';
+
+// Starts `m3serve router` in front of `workerUrl`; resolves with {port, url, proc, stop()}.
+async function startRouter(workerUrl, apiKey) {
+  const args = ['router', '--host', '127.0.0.1', '--port', '0', '--worker-urls', workerUrl,
+                '--health-check-interval-secs', '0.05'];
+  if (apiKey) args.push('--api-key', apiKey);
+  const proc = spawn(serverBin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`router did not start:\n${log}`)), 15000);
+    proc.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/on http:\/\/[^:]+:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    proc.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`router exited with ${code}:\n${log}`));
+    });
+  });
+  return {
+    port,
+    url: `http://127.0.0.1:${port}`,
+    log: () => log,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      return exited;
+    },
+  };
+}
+
+// Starts a server (behind a router with M3SERVE_E2E_VIA_ROUTER=1); resolves with {port, url,
+// serverUrl, proc, client, stop()} once it listens.
 export async function startServer(extraArgs = [], { apiKey } = {}) {
   const args = ['serve', '--fake-backend', '--host', '127.0.0.1', '--port', '0', ...extraArgs];
   if (apiKey) args.push('--api-key', apiKey);
@@ -34,17 +77,23 @@ export async function startServer(extraArgs = [], { apiKey } = {}) {
     });
   });
   proc.stderr.on('data', (d) => (log += d.toString()));
-  const url = `http://127.0.0.1:${port}`;
-  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: apiKey ?? 'unused', maxRetries: 0 });
+  const serverUrl = `http://127.0.0.1:${port}`;
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  const router = viaRouter ? await startRouter(serverUrl, apiKey) : null;
+  // A test that ends the server itself (a signal) ends its router with it.
+  if (router) exited.then(() => router.stop());
+  const url = router ? router.url : serverUrl;
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: apiKey ?? 'unused', maxRetries: 0 });
   return {
-    port,
+    port: router ? router.port : port,
     url,
+    serverUrl,
     proc,
     client,
     exited,
-    log: () => log,
+    log: () => (router ? `${log}\n--- router ---\n${router.log()}` : log),
     async stop() {
+      if (router) await router.stop();
       if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
       return exited;
     },

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import net from 'node:net';
-import { startServer, script, metrics, metricValue, waitFor } from './helpers.mjs';
+import { startServer, script, metrics, metricValue, waitFor, serverOnly, viaRouter } from './helpers.mjs';
 
 const M = '{model_name="m3-tiny"';
 
@@ -71,7 +71,7 @@ test('--api-key covers every route but /health, /metrics included', async () => 
   }
 });
 
-test('/health is 503 until loaded; /health_generate; /metrics names', async () => {
+test('/health is 503 until loaded; /health_generate; /metrics names', { skip: serverOnly }, async () => {
   // The server listens at once and loads the model in the background (1.5 s here).
   const srv = await startServer(['--fake-load-ms', '1500']);
   try {
@@ -86,7 +86,7 @@ test('/health is 503 until loaded; /health_generate; /metrics names', async () =
     assert.ok(await waitFor(async () => (await fetch(`${srv.url}/health`)).status === 200, 5000));
     assert.equal((await fetch(`${srv.url}/health_generate`)).status, 200);
     await srv.client.chat.completions.create({ model: 'm3-tiny', messages: [{ role: 'user', content: script('abc', { tps: 1 }) }] });
-    const text = await metrics(srv.url);
+    const text = await metrics(srv.serverUrl);
     for (const name of ['m3serve:num_requests_running', 'm3serve:num_requests_waiting',
       'm3serve:kv_pages_used', 'm3serve:kv_pages_cached', 'm3serve:kv_pages_total',
       'm3serve:prefix_cache_hit_tokens_total']) {
@@ -119,7 +119,7 @@ test('oversized bodies get 413', async () => {
 test('a client that disconnects has its request cancelled (streaming and not)', async () => {
   const srv = await startServer([]);
   try {
-    const aborted = async () => metricValue(await metrics(srv.url), `m3serve:request_success_total${M},finished_reason="abort"}`);
+    const aborted = async () => metricValue(await metrics(srv.serverUrl), `m3serve:request_success_total${M},finished_reason="abort"}`);
     // Streaming, through the openai client with an AbortController.
     const ctrl = new AbortController();
     const stream = await srv.client.chat.completions.create({
@@ -139,10 +139,10 @@ test('a client that disconnects has its request cancelled (streaming and not)', 
     const sock = net.connect(srv.port, '127.0.0.1');
     await new Promise((r) => sock.on('connect', r));
     sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
-    assert.ok(await waitFor(async () => metricValue(await metrics(srv.url), `m3serve:num_requests_running${M}`) === 1));
+    assert.ok(await waitFor(async () => metricValue(await metrics(srv.serverUrl), `m3serve:num_requests_running${M}`) === 1));
     sock.destroy();
     assert.ok(await waitFor(async () => (await aborted()) === 2), 'non-streaming request cancelled');
-    assert.ok(await waitFor(async () => metricValue(await metrics(srv.url), `m3serve:num_requests_running${M}`) === 0));
+    assert.ok(await waitFor(async () => metricValue(await metrics(srv.serverUrl), `m3serve:num_requests_running${M}`) === 0));
   } finally {
     await srv.stop();
   }
@@ -160,7 +160,7 @@ test('1,000 concurrent streaming connections', async () => {
     // The gauge is read on a connection of its own (not fetch's pool, where 1,000 streams queue it)
     // in one sequential loop, so a slow read on a loaded machine cannot miss the whole run.
     const readOpen = () => new Promise((resolve) => {
-      const req = http.get(`${srv.url}/metrics`, { agent: false }, (res) => {
+      const req = http.get(`${srv.serverUrl}/metrics`, { agent: false }, (res) => {
         let text = '';
         res.setEncoding('utf8');
         res.on('data', (c) => { text += c; });
@@ -193,7 +193,9 @@ test('1,000 concurrent streaming connections', async () => {
     }
     // 51 steps of 40 ms each: about 2 s if the requests really ran together (2,000 s serially).
     assert.ok(elapsed < 30, `took ${elapsed}s`);
-    assert.ok(peak >= 500, `peak open connections ${peak}`);
+    // Directly, the server holds them all at once. Through the router the server sees the
+    // streams as fast as the router opens its upstream connections, so only their outcome counts.
+    if (!viaRouter) assert.ok(peak >= 500, `peak open connections ${peak}`);
   } finally {
     await srv.stop();
   }
@@ -204,7 +206,7 @@ test('SIGTERM drains in-flight requests, refuses new ones, then exits 0', async 
   const inflight = srv.client.chat.completions.create({
     model: 'm3-tiny', messages: [{ role: 'user', content: script('x'.repeat(60), { stepMs: 20 }) }],
   });
-  await waitFor(async () => metricValue(await metrics(srv.url), `m3serve:num_requests_running${M}`) === 1);
+  await waitFor(async () => metricValue(await metrics(srv.serverUrl), `m3serve:num_requests_running${M}`) === 1);
   srv.proc.kill('SIGTERM');
   await new Promise((r) => setTimeout(r, 100));
   // New work is refused while draining (503, or the listener is already closed).

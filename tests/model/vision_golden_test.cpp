@@ -101,7 +101,7 @@ std::vector<float> hf_values(const Processor& p, const json& e) {
   return v;
 }
 
-const json* find_image(const Processor& p, const std::string& name) {
+[[maybe_unused]] const json* find_image(const Processor& p, const std::string& name) {
   for (const json& e : p.meta["images"])
     if (e["name"] == name) return &e;
   return nullptr;
@@ -160,6 +160,11 @@ TEST(VisionGolden, ProcessorMatchesTransformers) {
       for (size_t i = 0; i < fv.size(); ++i) bad += fv[i] != hf[i];
       EXPECT_EQ(bad, 0) << name << ": pixel_levels.u8 does not reproduce pixel_values.f32";
     }
+    // Step 2 showed our resize is PIL's to the byte; transformers resizes with torchvision's
+    // float bicubic instead, and the fixture records how far that lands from PIL for this image
+    // (at most one level, except on strong upscales such as thin_600x8's 3.5x, two). Ours may
+    // differ from the processor's by that much, never more.
+    const double allowed = std::max(1.0, e["hf_vs_pil_level_diff_max"].get<double>());
     const int per_channel = p.patch_values / 3;
     int64_t off_by_one = 0;
     double worst = 0;
@@ -171,19 +176,24 @@ TEST(VisionGolden, ProcessorMatchesTransformers) {
       off_by_one += dl > 0;
       const double tol = dl / double(p.s[c]) + 1e-6;
       worst = std::max(worst, std::fabs(double(ours.values[i]) - hf[i]) / tol);
-      if (dl > 1) {
-        ADD_FAILURE() << name << ": value " << i << " is " << dl << " levels from the processor's";
+      if (dl > allowed) {
+        ADD_FAILURE() << name << ": value " << i << " is " << dl
+                      << " levels from the processor's (HF vs PIL: " << allowed << ")";
         break;
       }
     }
     EXPECT_LE(worst, 1.0) << name;
-    std::printf("%-16s grid %dx%d: %lld of %zu values one level from the processor's "
+    std::printf("%-16s grid %dx%d: %lld of %zu values off the processor's (at most %g levels) "
                 "(HF vs PIL in the fixture: %lld)\n",
                 name.c_str(), ours.grid_h, ours.grid_w, static_cast<long long>(off_by_one),
-                hf.size(), static_cast<long long>(e["hf_vs_pil_level_diff_count"].get<int64_t>()));
+                hf.size(), allowed, static_cast<long long>(e["hf_vs_pil_level_diff_count"].get<int64_t>()));
   }
 }
 
+// The model part of the fixture (tower, projector and logits of a small model) is compiled in
+// when its files are there at configure time (M3_VISION_GOLDEN_MODEL); the processor part above
+// needs only the processor's files.
+#ifdef M3_VISION_GOLDEN_MODEL
 void expect_rows_close(std::span<const float> ours, std::span<const float> ref, int64_t width,
                        double rel, const std::string& what) {
   ASSERT_EQ(ours.size(), ref.size()) << what;
@@ -316,6 +326,8 @@ TEST(VisionGolden, TowerProjectorAndLogitsMatchTransformers) {
                Ht, "logits from the reference's image features");
   check_logits(mdir, ex, logits_b, features, Ht, "logits");
 }
+
+#endif  // M3_VISION_GOLDEN_MODEL
 
 }  // namespace
 }  // namespace m3
