@@ -627,6 +627,8 @@ TEST(ServeFlags, DSparkDraftFromTheModelDirectorysDsparkFolder) {
   fs::remove_all(dir);
   fs::create_directories(dir / "dspark");
   for (const auto& e : fs::directory_iterator(tiny)) {
+    // The model's own draft (m3-tiny ships one) is replaced by the one-layer draft below.
+    if (e.path().filename() == "dspark") continue;
     fs::create_symlink(e.path(), dir / e.path().filename());
   }
   {
