@@ -20,16 +20,14 @@ export const NS = ']<]minimax[>[';
 export const viaRouter = process.env.M3SERVE_E2E_VIA_ROUTER === '1';
 export const serverOnly = viaRouter && 'checks the server process itself (run without the router)';
 
-// Starts `m3serve router` in front of `workerUrl`; resolves with {port, url, proc, stop()}.
-async function startRouter(workerUrl, apiKey) {
-  const args = ['router', '--host', '127.0.0.1', '--port', '0', '--worker-urls', workerUrl,
-                '--health-check-interval-secs', '0.05'];
-  if (apiKey) args.push('--api-key', apiKey);
+// Spawns `m3serve args...`; resolves with {proc, port, exited, log()} once its stderr names the
+// address it listens on.
+async function spawnListening(args, what) {
   const proc = spawn(serverBin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
   const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`router did not start:\n${log}`)), 15000);
+    const timer = setTimeout(() => reject(new Error(`${what} did not start:\n${log}`)), 15000);
     proc.stderr.on('data', (d) => {
       log += d.toString();
       const m = log.match(/on http:\/\/[^:]+:(\d+)/);
@@ -40,62 +38,46 @@ async function startRouter(workerUrl, apiKey) {
     });
     proc.on('exit', (code) => {
       clearTimeout(timer);
-      reject(new Error(`router exited with ${code}:\n${log}`));
+      reject(new Error(`${what} exited with ${code}:\n${log}`));
     });
   });
-  return {
-    port,
-    url: `http://127.0.0.1:${port}`,
-    log: () => log,
-    async stop() {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-      return exited;
-    },
-  };
+  return { proc, port, exited, log: () => log };
 }
+
+const stopProcess = async ({ proc, exited }) => {
+  if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+  return exited;
+};
 
 // Starts a server (behind a router with M3SERVE_E2E_VIA_ROUTER=1); resolves with {port, url,
 // serverUrl, proc, client, stop()} once it listens.
 export async function startServer(extraArgs = [], { apiKey } = {}) {
   const args = ['serve', '--fake-backend', '--host', '127.0.0.1', '--port', '0', ...extraArgs];
   if (apiKey) args.push('--api-key', apiKey);
-  const proc = spawn(serverBin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  const port = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 15000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/on http:\/\/[^:]+:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(Number(m[1]));
-      }
-    });
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${log}`));
-    });
-  });
-  proc.stderr.on('data', (d) => (log += d.toString()));
-  const serverUrl = `http://127.0.0.1:${port}`;
-  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
-  const router = viaRouter ? await startRouter(serverUrl, apiKey) : null;
-  // A test that ends the server itself (a signal) ends its router with it.
-  if (router) exited.then(() => router.stop());
-  const url = router ? router.url : serverUrl;
+  const server = await spawnListening(args, 'server');
+  const serverUrl = `http://127.0.0.1:${server.port}`;
+  let router = null;
+  if (viaRouter) {
+    const rargs = ['router', '--host', '127.0.0.1', '--port', '0', '--worker-urls', serverUrl,
+                   '--health-check-interval-secs', '0.05'];
+    if (apiKey) rargs.push('--api-key', apiKey);
+    router = await spawnListening(rargs, 'router');
+    // A test that ends the server itself (a signal) ends its router with it.
+    server.exited.then(() => stopProcess(router));
+  }
+  const url = `http://127.0.0.1:${(router ?? server).port}`;
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: apiKey ?? 'unused', maxRetries: 0 });
   return {
-    port: router ? router.port : port,
+    port: (router ?? server).port,
     url,
     serverUrl,
-    proc,
+    proc: server.proc,
     client,
-    exited,
-    log: () => (router ? `${log}\n--- router ---\n${router.log()}` : log),
+    exited: server.exited,
+    log: () => (router ? `${server.log()}\n--- router ---\n${router.log()}` : server.log()),
     async stop() {
-      if (router) await router.stop();
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-      return exited;
+      if (router) await stopProcess(router);
+      return stopProcess(server);
     },
   };
 }

@@ -166,6 +166,17 @@ GenerateRequest greedy_request(int32_t max_tokens) {
   return r;
 }
 
+// `got` (decoded with a draft) is `want` (decoded without) token for token and logprob for
+// logprob, and the draft drafted.
+void expect_same_decoding(const Outcome& got, const Outcome& want, const std::string& what) {
+  ASSERT_TRUE(got.done && got.error.is_ok()) << what << ": " << got.error.to_string();
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  for (size_t t = 0; t < got.detail[0].size() && t < want.detail[0].size(); ++t) {
+    EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << what << " token " << t;
+  }
+  EXPECT_GT(got.usage.spec_draft_tokens, 0) << what;
+}
+
 TEST(DSparkEngine, GreedyEqualsOrdinaryDecodingOnTheBundledModel) {
   for (int32_t max_tokens : {32, 256}) {
     const GenerateRequest r = greedy_request(max_tokens);
@@ -179,12 +190,7 @@ TEST(DSparkEngine, GreedyEqualsOrdinaryDecodingOnTheBundledModel) {
       TinyTarget spec(oracle ? &sequence : nullptr);
       const Outcome got = spec.run(r);
       const std::string what = std::to_string(max_tokens) + (oracle ? " oracle" : " random");
-      ASSERT_TRUE(got.done && got.error.is_ok()) << what << ": " << got.error.to_string();
-      EXPECT_EQ(got.tokens, want.tokens) << what;
-      for (size_t t = 0; t < got.detail[0].size() && t < want.detail[0].size(); ++t) {
-        EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << what << " token " << t;
-      }
-      EXPECT_GT(got.usage.spec_draft_tokens, 0) << what;
+      ASSERT_NO_FATAL_FAILURE(expect_same_decoding(got, want, what));
       if (oracle) {
         EXPECT_EQ(got.usage.spec_accepted_tokens, got.usage.spec_draft_tokens) << what;
       } else {
@@ -227,12 +233,7 @@ TEST(DSparkEngine, PromptEmbeddingsGreedyEqualsOrdinaryDecoding) {
     TinyTarget spec(oracle ? &sequence : nullptr);
     const Outcome got = spec.run(r);
     const std::string what = oracle ? "oracle" : "random";
-    ASSERT_TRUE(got.done && got.error.is_ok()) << what << ": " << got.error.to_string();
-    EXPECT_EQ(got.tokens, want.tokens) << what;
-    for (size_t t = 0; t < got.detail[0].size() && t < want.detail[0].size(); ++t) {
-      EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << what << " token " << t;
-    }
-    EXPECT_GT(got.usage.spec_draft_tokens, 0) << what;
+    ASSERT_NO_FATAL_FAILURE(expect_same_decoding(got, want, what));
     if (oracle) {
       EXPECT_EQ(got.usage.spec_accepted_tokens, got.usage.spec_draft_tokens) << what;
     }
