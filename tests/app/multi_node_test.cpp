@@ -92,9 +92,14 @@ TEST(MultiNode, AttentionGroupsJoinAcrossNodes) {
   for (int k = 0; k < kNodes; ++k) nodes.emplace_back(internal_error("not run"));
   {
     std::vector<std::thread> threads;
+    // Four nodes' ranks and two groups' rendezvous on a loaded 2-core CI machine once took over
+    // the 10 s the other tests allow (every collective then timed out): a minute here.
     for (int k = 0; k < kNodes; ++k)
-      threads.emplace_back(
-          [&, k] { nodes[static_cast<size_t>(k)] = join_nodes(layout(kNodes, k, addr), 4, 2); });
+      threads.emplace_back([&, k] {
+        NodeLayout n = layout(kNodes, k, addr);
+        n.dist_timeout = std::chrono::seconds(60);
+        nodes[static_cast<size_t>(k)] = join_nodes(n, 4, 2);
+      });
     for (std::thread& t : threads) t.join();
   }
   std::vector<comm::Communicator*> world, attn;
