@@ -25,6 +25,23 @@ Result<Event> Event::create() {
   return e;
 }
 
+Result<Event> Event::create_timed() {
+  Event e;
+  M3_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e.e_));
+  return e;
+}
+
+Status Event::synchronize() const {
+  M3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e_));
+  return Status::ok();
+}
+
+Result<float> Event::elapsed_ms(const Event& from, const Event& to) {
+  float ms = 0.0f;
+  M3_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, from.e_, to.e_));
+  return ms;
+}
+
 Status Event::record(CUstream_st* stream) {
   M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(e_, stream));
   return Status::ok();

@@ -13,7 +13,8 @@ struct CUgraphExec_st;
 
 namespace m3::cuda {
 
-// An owned event without timing (the cheapest kind; used to order streams).
+// An owned event, without timing (the cheapest kind; used to order streams) unless made with
+// create_timed.
 class Event {
  public:
   Event() = default;
@@ -24,10 +25,16 @@ class Event {
   Event& operator=(Event&& o) noexcept;
 
   static Result<Event> create();
+  // An event that also keeps the time it is reached, for elapsed_ms (phase timing in benches).
+  static Result<Event> create_timed();
   // Marks the point `stream` has reached (works under graph capture: it becomes an edge).
   Status record(CUstream_st* stream);
   // Work queued on `stream` after this call waits for the recorded point.
   Status make_wait(CUstream_st* stream) const;
+  // Blocks the host until the recorded point is reached.
+  Status synchronize() const;
+  // Milliseconds between two reached timed events.
+  static Result<float> elapsed_ms(const Event& from, const Event& to);
 
  private:
   CUevent_st* e_ = nullptr;

@@ -1,7 +1,5 @@
 #include "model/minimax_m3/cuda/cuda_dspark_draft.h"
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -13,8 +11,8 @@
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/rope/attention_inputs.h"
 #include "backend/cuda/runtime/caching_allocator.h"
-#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/device_memory.h"
+#include "backend/cuda/runtime/graph.h"
 #include "core/dtype.h"
 #include "model/minimax_m3/cuda/gpu_weights.h"
 #include "model/minimax_m3/dspark/dspark_kv_cache.h"
@@ -83,9 +81,7 @@ class PhaseTimer {
   PhaseTimer() = default;
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;
-  ~PhaseTimer() {
-    for (cudaEvent_t e : events_) static_cast<void>(cudaEventDestroy(e));
-  }
+  ~PhaseTimer() = default;
   bool on = false;
   Status start(CUstream_st* st) {
     marks_.clear();
@@ -94,30 +90,28 @@ class PhaseTimer {
   Status mark(CUstream_st* st, Phase ended) {
     if (!on) return Status::ok();
     if (marks_.size() == events_.size()) {
-      cudaEvent_t e = nullptr;
-      M3_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-      events_.push_back(e);
+      M3_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::create_timed());
+      events_.push_back(std::move(e));
     }
-    M3_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[marks_.size()], st));
+    M3_RETURN_IF_ERROR(events_[marks_.size()].record(st));
     marks_.push_back(ended);
     return Status::ok();
   }
   Status finish(CudaDSparkPhaseTimes* t) {
     if (!on || marks_.empty()) return Status::ok();
-    M3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[marks_.size() - 1]));
+    M3_RETURN_IF_ERROR(events_[marks_.size() - 1].synchronize());
     *t = CudaDSparkPhaseTimes{};
     double* of[] = {&t->upload_embed_ms, &t->qkv_rope_ms, &t->attention_ms,
                     &t->o_mlp_ms,        &t->lm_head_ms,  &t->chain_ms};
     for (size_t i = 1; i < marks_.size(); ++i) {
-      float ms = 0.0f;
-      M3_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      M3_ASSIGN_OR_RETURN(const float ms, cuda::Event::elapsed_ms(events_[i - 1], events_[i]));
       if (marks_[i] != kStart) *of[marks_[i]] += ms;
     }
     return Status::ok();
   }
 
  private:
-  std::vector<cudaEvent_t> events_;
+  std::vector<cuda::Event> events_;
   std::vector<Phase> marks_;
 };
 
