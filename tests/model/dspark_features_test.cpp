@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "dspark_reference.h"
+#include "tiny_dspark.h"
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/dspark/dspark_draft.h"
 #include "model/minimax_m3/dspark/dspark_dummy_weights.h"
@@ -111,24 +112,7 @@ TEST(DSparkFeatures, BothCaptureConventions) {
   EXPECT_NE(no_norm.status().message().find("final norm"), std::string::npos);
 }
 
-// The draft shape planned for the bundled model (hidden 256, 8 / 2 heads of 32, RoPE on 16 dims
-// at 1e4, FFN 1024, window 512, block 7, noise 4090, target layers 1..5, Markov rank 64).
-DSparkConfig m3_tiny_draft_config() {
-  DSparkConfig c;
-  c.num_hidden_layers = 2;
-  c.hidden_size = 256;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.vocab_size = 4096;
-  c.intermediate_size = 1024;
-  c.sliding_window = 512;
-  c.noise_token_id = 4090;
-  c.target_layer_ids = {1, 2, 3, 4, 5};
-  c.markov_rank = 64;
-  c.source = "m3-tiny draft config";
-  return c;  // RoPE left unset: taken from the target
-}
+using testing::m3_tiny_draft_config;
 
 TEST(DSparkFeatures, DummyDraftOnTheBundledModel) {
   const std::string dir = std::string(M3_REPO_ROOT) + "/models/m3-tiny";

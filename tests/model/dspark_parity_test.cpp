@@ -41,6 +41,7 @@
 #include "model/minimax_m3/dspark/dspark_dummy_weights.h"
 #include "model/minimax_m3/dspark/target_features.h"
 #include "model/minimax_m3/model.h"
+#include "tiny_dspark.h"
 
 namespace m3 {
 namespace {
@@ -217,18 +218,7 @@ std::string join(const std::vector<std::string>& v) {
 // A random draft at m3-tiny's shape written as the trainer writes one: config.json and
 // model.safetensors with every tensor BF16 under the released prefix.
 void write_random_draft(const std::string& dir, uint64_t seed) {
-  DSparkConfig c;
-  c.num_hidden_layers = 2;
-  c.hidden_size = 256;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.vocab_size = 4096;
-  c.intermediate_size = 1024;
-  c.sliding_window = 512;
-  c.noise_token_id = 4090;
-  c.target_layer_ids = {1, 2, 3, 4, 5};
-  c.markov_rank = 64;
+  const DSparkConfig c = testing::m3_tiny_draft_config();
   const std::string prefix = "language_model.model.dspark.";
   minimax_m3::dspark::DummyDSparkWeightSource src(c, seed, prefix);
   const int64_t h = c.hidden_size, d = c.head_dim, r = c.markov_rank, v = c.vocab_size,

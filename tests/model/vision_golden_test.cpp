@@ -101,12 +101,6 @@ std::vector<float> hf_values(const Processor& p, const json& e) {
   return v;
 }
 
-[[maybe_unused]] const json* find_image(const Processor& p, const std::string& name) {
-  for (const json& e : p.meta["images"])
-    if (e["name"] == name) return &e;
-  return nullptr;
-}
-
 TEST(VisionGolden, ProcessorMatchesTransformers) {
   Processor p;
   ASSERT_NO_FATAL_FAILURE(load_processor(&p));
@@ -194,6 +188,12 @@ TEST(VisionGolden, ProcessorMatchesTransformers) {
 // when its files are there at configure time (M3_VISION_GOLDEN_MODEL); the processor part above
 // needs only the processor's files.
 #ifdef M3_VISION_GOLDEN_MODEL
+const json* find_image(const Processor& p, const std::string& name) {
+  for (const json& e : p.meta["images"])
+    if (e["name"] == name) return &e;
+  return nullptr;
+}
+
 void expect_rows_close(std::span<const float> ours, std::span<const float> ref, int64_t width,
                        double rel, const std::string& what) {
   ASSERT_EQ(ours.size(), ref.size()) << what;
