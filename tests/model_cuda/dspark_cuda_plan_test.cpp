@@ -1,10 +1,11 @@
 // The real-shape CUDA DSpark draft's host plan (model/minimax_m3/cuda/dspark_cuda_plan.h): the
-// released draft's shapes and byte counts worked out by hand, the refusals naming their field,
-// and the page bookkeeping the GPU draft reuses (DSparkContextCache without storage) against the
-// storage-backed cache.
+// released draft's shapes and byte counts worked out by hand, the block attention's split layout,
+// the refusals naming their field, and the page bookkeeping the GPU draft reuses
+// (DSparkContextCache without storage) against the storage-backed cache.
 #include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/dspark/block_attention.h"
 #include "model/minimax_m3/cuda/dspark_cuda_plan.h"
 #include "model/minimax_m3/dspark/dspark_kv_cache.h"
 
@@ -41,6 +42,54 @@ TEST(DSparkCudaPlan, TheReleasedDraftByHand) {
   EXPECT_EQ(p->append_scratch_bytes(2) - p->append_scratch_bytes(1), p->append_scratch_bytes(1));
 }
 
+// The block attention's split layout (backend/cuda/dspark/block_attention.h), host code: the
+// released shape fills about one wave of an H100/H200 with one sequence, and the layout (so each
+// sequence's rounding) does not depend on the anchor or on how many sequences share a launch.
+TEST(DSparkCudaPlan, BlockAttentionSplits) {
+  cuda::DSparkBlockAttentionParams a;
+  a.block = 7;
+  a.num_heads = 64;
+  a.num_kv_heads = 4;
+  a.head_dim = 128;
+  a.window = 4096;
+  cuda::DSparkAttentionSplits s = cuda::dspark_attention_splits(a);
+  EXPECT_EQ(s.rows, 7 * 16);
+  EXPECT_EQ(s.chunks, 1);
+  EXPECT_EQ(s.keys_per_split, 128);
+  EXPECT_EQ(s.splits, 33);  // 4095 + 7 keys in 128-key splits
+  EXPECT_EQ(s.partial_floats, 128 * 130);
+  const int64_t one = cuda::dspark_block_attention_workspace_floats(a);
+  EXPECT_EQ(one, 4 * 33 * 128 * 130);
+  cuda::DSparkBlockAttentionParams moved = a;
+  moved.anchor_pos = 123456;
+  EXPECT_EQ(cuda::dspark_block_attention_workspace_floats(moved), one);
+  cuda::DSparkBlockAttentionSeq seq;
+  cuda::DSparkBlockAttentionParams batched = a;
+  batched.seqs = &seq;
+  batched.num_seqs = 16;
+  EXPECT_EQ(cuda::dspark_attention_splits(batched).splits, s.splits);
+  EXPECT_EQ(cuda::dspark_block_attention_workspace_floats(batched), 16 * one);
+  // 32 query heads per KV head: 224 rows in two CTAs; head_dim 256: 64 rows per CTA.
+  cuda::DSparkBlockAttentionParams wide = a;
+  wide.num_kv_heads = 2;
+  EXPECT_EQ(cuda::dspark_attention_splits(wide).chunks, 2);
+  wide.head_dim = 256;
+  EXPECT_EQ(cuda::dspark_attention_splits(wide).chunks, 4);
+  EXPECT_EQ(cuda::dspark_attention_splits(wide).partial_floats, 64 * 258);
+  // A short window: one tile per split.
+  cuda::DSparkBlockAttentionParams small = a;
+  small.window = 512;
+  EXPECT_EQ(cuda::dspark_attention_splits(small).keys_per_split, 64);
+  EXPECT_EQ(cuda::dspark_attention_splits(small).splits, 9);
+  cuda::DSparkBlockAttentionParams bad = a;
+  bad.num_kv_heads = 3;
+  EXPECT_EQ(cuda::dspark_block_attention_workspace_floats(bad), 0);
+  // The propose scratch counts the attention's partials.
+  auto p = plan_dspark_cuda(released());
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_GT(p->propose_scratch_bytes, 7 * 200064LL * 4 + 4 * one);
+}
+
 TEST(DSparkCudaPlan, RefusalsNameTheField) {
   struct Case {
     void (*edit)(DSparkConfig&);
@@ -52,7 +101,7 @@ TEST(DSparkCudaPlan, RefusalsNameTheField) {
                         Case{[](DSparkConfig& c) { c.hidden_size = 6000; }, "hidden_size"},
                         Case{[](DSparkConfig& c) { c.intermediate_size = 1000; },
                              "dspark_ffn_hidden_size"},
-                        Case{[](DSparkConfig& c) { c.sliding_window = 100000; },
+                        Case{[](DSparkConfig& c) { c.sliding_window = int64_t{1} << 29; },
                              "sliding_window"}}) {
     DSparkConfig c = released();
     k.edit(c);

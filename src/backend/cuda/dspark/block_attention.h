@@ -12,17 +12,21 @@
 //    the float32 projection output rounded to bf16 when read (what a cache write would store), the
 //    output bf16 (the o_proj GEMV's input).
 //
-// One CTA per (slot, query head): the scores of its keys in shared memory ((W - 1 + B) floats at
-// most) with the cache rows of its context keys (looked up once per key, not per thread), then
-// the weighted sum of the values with one warp per key as for the scores (lanes over the
-// dimensions), the 8 warps' partial sums added in a fixed order. The
-// cache must have fewer than 2^31 rows (pages · page_size). head_dim must divide 256 (32, 64,
-// 128, 256). A context position whose page is -1 gets no weight (the draft never asks for one:
-// its cache holds the window). This header includes no CUDA header.
+// Split over the keys (flash-decoding): one CTA per (sequence, KV head, split of the keys) takes
+// all B x (H / Hkv) query rows of that KV head (up to 128 per CTA), so each K/V element is read
+// once from memory, not once per query head and slot. Keys go through shared memory in tiles of
+// 64 (float32), scores and value sums on the CUDA cores with an online softmax per row; each
+// split's unnormalised sums go to a workspace that a second kernel merges in split order. The
+// splits depend on the shapes and the window only, so a sequence's output is the same alone or
+// batched. head_dim is 16, 32, 64, 128 or 256; the cache must be 16-byte aligned and have fewer
+// than 2^31 rows (pages · page_size). A context position whose page is -1 gets no weight (the
+// draft never asks for one: its cache holds the window). This header includes no CUDA header.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "core/dtype.h"  // M3_HOST_DEVICE
 #include "core/status.h"
 
 struct CUstream_st;
@@ -61,15 +65,60 @@ struct DSparkBlockAttentionParams {
   float scale = 1.0f;
   // Batched, bf16 only: num_seqs sequences in one launch (grid z), sequence z's B slots at rows
   // z·B .. z·B + B - 1 of q, block K / V and out, its cache, block table, block count and anchor
-  // position from seqs[z] (the fields above of those are then unused). Shared memory is sized
-  // for a full window.
+  // position from seqs[z] (the fields above of those are then unused).
   const DSparkBlockAttentionSeq* seqs = nullptr;
   int64_t num_seqs = 0;
+  // Device scratch of dspark_block_attention_workspace_floats(*this) floats.
+  float* workspace = nullptr;
 };
 
-// Shared memory of one CTA (the scores of its keys and the partial sums): what
-// launch_dspark_block_attention asks for, so callers can check it against the device's limit.
-int64_t dspark_block_attention_smem_bytes(const DSparkBlockAttentionParams& p);
+constexpr int kDSparkAttentionTileKeys = 64;     // keys per shared-memory tile
+constexpr int kDSparkAttentionTargetCtas = 256;  // CTAs of one sequence at a full window
+
+// Query rows (slot x head of one KV group) per CTA: 128, or 64 at head_dim 256 (shared memory).
+M3_HOST_DEVICE constexpr int dspark_attention_rows_per_cta(int64_t head_dim) {
+  return head_dim > 128 ? 64 : 128;
+}
+
+// How a launch divides its work: a function of the shapes and the window only (not of the
+// anchor positions or the number of sequences), so a sequence's output does not depend on what
+// it is batched with.
+struct DSparkAttentionSplits {
+  int64_t rows = 0;            // B x (H / Hkv) query rows per KV head
+  int64_t chunks = 0;          // CTAs over those rows
+  int64_t keys_per_split = 0;  // a multiple of the tile
+  int64_t splits = 0;          // enough for the largest key count, window - 1 + B
+  int64_t partial_floats = 0;  // one split's partial sums: [rows_per_cta][D + 2]
+};
+
+// About kDSparkAttentionTargetCtas CTAs for one sequence at a full window: at the released
+// draft's shape (4 KV heads, window 4096, head_dim 128: one CTA per SM by shared memory) 33
+// splits of 2 tiles, 132 CTAs, one wave on an H100 or H200. Shapes must be positive.
+inline DSparkAttentionSplits dspark_attention_splits(const DSparkBlockAttentionParams& p) {
+  DSparkAttentionSplits l;
+  l.rows = p.block * (p.num_heads / p.num_kv_heads);
+  const int64_t per_cta = dspark_attention_rows_per_cta(p.head_dim);
+  l.chunks = (l.rows + per_cta - 1) / per_cta;
+  const int64_t tile = kDSparkAttentionTileKeys;
+  const int64_t tiles = (p.window - 1 + p.block + tile - 1) / tile;
+  const int64_t tiles_per_split = std::max<int64_t>(
+      1, (tiles * p.num_kv_heads * l.chunks + kDSparkAttentionTargetCtas - 1) / kDSparkAttentionTargetCtas);
+  l.keys_per_split = tiles_per_split * tile;
+  l.splits = (tiles + tiles_per_split - 1) / tiles_per_split;
+  l.partial_floats = per_cta * (p.head_dim + 2);
+  return l;
+}
+
+// The workspace a launch with these shapes, window and number of sequences needs (the splits'
+// partial sums); 0 for shapes the launch refuses.
+inline int64_t dspark_block_attention_workspace_floats(const DSparkBlockAttentionParams& p) {
+  if (p.num_kv_heads <= 0 || p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0 ||
+      p.block <= 0 || p.window < p.block || p.head_dim <= 0)
+    return 0;
+  const DSparkAttentionSplits l = dspark_attention_splits(p);
+  const int64_t seqs = p.seqs != nullptr ? std::max<int64_t>(p.num_seqs, 1) : 1;
+  return seqs * p.num_kv_heads * l.chunks * l.splits * l.partial_floats;
+}
 
 // Checks the shapes (invalid_argument naming [cuda.dspark.block_attention]) and launches.
 Status launch_dspark_block_attention(const DSparkBlockAttentionParams& p, CUstream_st* stream);

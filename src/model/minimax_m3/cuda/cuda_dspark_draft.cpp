@@ -342,7 +342,20 @@ struct CudaDSparkDraft::Impl {
     // Slot 0: the anchor, slots 1..B-1: the noise token, from the target's table.
     M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({tw->embed, ids_d, x, rows, vocab, hd}, st()));
     M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kUploadEmbed));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(P.head_dim));
+    // The block attention's shapes, the same in every layer, and its workspace (split partials).
+    cuda::DSparkBlockAttentionParams shape;
+    shape.num_pages = P.pages_per_sequence;
+    shape.page_size = P.page_size;
+    shape.block = b;
+    shape.num_heads = P.heads;
+    shape.num_kv_heads = P.kv_heads;
+    shape.head_dim = P.head_dim;
+    shape.window = P.window;
+    shape.scale = 1.0f / std::sqrt(static_cast<float>(P.head_dim));
+    shape.seqs = seqs_d;  // null for one sequence
+    shape.num_seqs = n > 1 ? n : 0;
+    M3_ASSIGN_OR_RETURN(shape.workspace,
+                        sc.get<float>(cuda::dspark_block_attention_workspace_floats(shape)));
     for (int64_t l = 0; l < P.layers; ++l) {
       const DraftLayer& L = layers[static_cast<size_t>(l)];
       M3_RETURN_IF_ERROR(norm(l == 0 ? nullptr : delta, L.in_norm));
@@ -362,23 +375,14 @@ struct CudaDSparkDraft::Impl {
       a.max_blocks = 0;  // the block's K/V are transient: no cache write
       M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(a, st()));
       M3_RETURN_IF_ERROR(timer.mark(st(), PhaseTimer::kQkvRope));
-      cuda::DSparkBlockAttentionParams ap;
+      cuda::DSparkBlockAttentionParams ap = shape;
       ap.q_bf16 = q16;
       ap.block_k_bf16 = k16;
       ap.block_v = qkv + P.q_rows + P.kv_rows;
       ap.ld_block_v = P.qkv_rows;
       ap.out_bf16 = attn;
-      ap.num_pages = P.pages_per_sequence;
-      ap.page_size = P.page_size;
-      ap.block = b;
-      ap.num_heads = P.heads;
-      ap.num_kv_heads = P.kv_heads;
-      ap.head_dim = P.head_dim;
-      ap.window = P.window;
-      ap.scale = scale;
       if (n > 1) {
         ap.seqs = seqs_d + l * n;
-        ap.num_seqs = n;
       } else {
         const CudaState& st0 = *states[0];
         const int64_t nb = table_len[0];

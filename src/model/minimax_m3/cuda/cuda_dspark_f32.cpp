@@ -1,5 +1,7 @@
 #include "model/minimax_m3/cuda/cuda_dspark_f32.h"
 
+#include <string>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dspark/block_attention.h"
 
@@ -25,7 +27,17 @@ dspark::BlockAttentionFn cuda_dspark_block_attention_f32(CudaBackend* backend) {
     p.head_dim = a.cache.head_dim;
     p.window = a.window;
     p.scale = a.scale;
-    return cuda::launch_dspark_block_attention(p, static_cast<CUstream_st*>(backend->stream()));
+    // The split partials, from the backend's caching allocator: freed after the launch, the
+    // memory is only handed out again for work later on the same stream.
+    const int64_t floats = cuda::dspark_block_attention_workspace_floats(p);
+    p.workspace = floats > 0 ? static_cast<float*>(backend->alloc(floats * 4)) : nullptr;
+    if (floats > 0 && p.workspace == nullptr)
+      return Status(StatusCode::kResourceExhausted,
+                    "[cuda.dspark.block_attention] no device memory for " +
+                        std::to_string(floats * 4) + " bytes of workspace");
+    Status s = cuda::launch_dspark_block_attention(p, static_cast<CUstream_st*>(backend->stream()));
+    if (p.workspace != nullptr) backend->free(p.workspace);
+    return s;
   };
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/dspark/block_attention.h"
+
 namespace m3::minimax_m3 {
 namespace {
 
@@ -11,13 +13,6 @@ const std::string kWho = "[model.minimax_m3.cuda.dspark] ";
 // MXFP8 [n, k]: a byte per value and an E8M0 scale per 32.
 int64_t mxfp8_bytes(int64_t n, int64_t k) { return n * k + n * (k / 32); }
 int64_t bf16_bytes(int64_t n) { return 2 * n; }
-
-// Shared memory of one block attention CTA (backend/cuda/dspark/block_attention.cu): head_dim +
-// (W - 1 + B) scores + 256 reduction slots + 8 warps' partial value sums of head_dim, float32,
-// and the (W - 1 + B) keys' cache rows, int32.
-int64_t attention_smem_bytes(int64_t head_dim, int64_t window, int64_t block) {
-  return 4 * (head_dim + window - 1 + block + 256 + 8 * head_dim) + 4 * (window - 1 + block);
-}
 
 }  // namespace
 
@@ -45,9 +40,9 @@ Result<DSparkCudaPlan> plan_dspark_cuda(const dspark::DSparkConfig& c, int64_t p
     return refuse("dspark_ffn_hidden_size " + std::to_string(c.intermediate_size) +
                   ": the MXFP8 GEMVs need multiples of 32");
   if (c.markov_rank <= 0) return refuse("dspark_markov_rank must be positive");
-  if (attention_smem_bytes(c.head_dim, c.sliding_window, c.block_size) > 227 * 1024)
-    return refuse("sliding_window " + std::to_string(c.sliding_window) +
-                  ": one attention CTA's scores exceed an SM's 227 KB of shared memory");
+  // The block attention keeps positions in int32.
+  if (c.sliding_window > (int64_t{1} << 28))
+    return refuse("sliding_window " + std::to_string(c.sliding_window) + ": above 2^28 positions");
   if (page_size <= 0) return invalid_argument(kWho + "page size must be positive");
 
   DSparkCudaPlan p;
@@ -85,6 +80,13 @@ Result<DSparkCudaPlan> plan_dspark_cuda(const dspark::DSparkConfig& c, int64_t p
                             + b * 2 * p.inter * 4 + b * p.inter * 2  // gate|up, activations
                             + b * p.vocab * 4                 // logits
                             + slices * b * widest * 4;        // split-K partials (bound)
+  cuda::DSparkBlockAttentionParams attention;
+  attention.block = b;
+  attention.num_heads = p.heads;
+  attention.num_kv_heads = p.kv_heads;
+  attention.head_dim = p.head_dim;
+  attention.window = p.window;
+  p.propose_scratch_bytes += 4 * cuda::dspark_block_attention_workspace_floats(attention);
   return p;
 }
 

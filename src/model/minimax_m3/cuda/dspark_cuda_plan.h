@@ -25,7 +25,7 @@ struct DSparkCudaPlan {
   // embedding table and lm_head are shared, not counted.
   int64_t weight_bytes = 0;
   // A propose step's device scratch (B rows of every activation, the [B, V] float32 logits, the
-  // split-K partials of the widest GEMV).
+  // split-K partials of the widest GEMV and the block attention's split partials).
   int64_t propose_scratch_bytes = 0;
 
   // Device scratch of appending `tokens` context positions in one call (features in float32 and
