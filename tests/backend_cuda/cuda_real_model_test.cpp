@@ -34,7 +34,7 @@
 // exceeds twice the bound (then no pair of errors within the bound can swap them).
 //
 // Cases: (a) prefill of a 600-token prompt (5 blocks), all-token logits, prefill attention
-// variants (1, 1) and (0, 0); (b) chunked prefill of several sequences, then a mixed batch (one
+// variants (1, 1) and (0, 0); (b) chunked prefill of several sequences, then mixed batches (one
 // prefill chunk + decode rows of two other sequences); (c) 20 greedy decode steps (teacher-forced
 // with the CPU's argmax) at batch 1 and batch 5, with CUDA graphs on and off: the graph output
 // must be bitwise equal to the eager output.
@@ -242,6 +242,33 @@ void mixed_case(Harness& h, const std::string& what) {
   c2.report("(b) step 2: prefill chunk + 2 decode rows" + what);
   EXPECT_TRUE(c2.ok());
   EXPECT_EQ((*g)->stats().general_steps, 2);
+  // Step 3: a's last chunk of 12 tokens + decode rows of b, c: 14 rows fit the decode buffers
+  // (max_batch 16), so the chunk's tokens run as decode rows (small_steps_on_decode_path).
+  const int32_t tb2 = last_argmax(cpu.logits[0], v), tc2 = last_argmax(cpu.logits[2], v);
+  ASSERT_NO_FATAL_FAILURE(
+      h.step({&b, &a, &c}, {{tb2}, random_tokens(12, v, 25), {tc2}}, true, {g->get()}, &cpu, &gpu));
+  Compare c3{h.rel_bound()};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
+    c3.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
+               static_cast<int64_t>(cpu.logits[i].size()) / v, v);
+  }
+  c3.report("(b) step 3: 12-token chunk + 2 decode rows, decode path" + what);
+  EXPECT_TRUE(c3.ok());
+  // Step 4: the same with only each sequence's last row of logits (a chunk's row 4 of 5).
+  const int32_t tb3 = last_argmax(cpu.logits[0], v), tc3 = last_argmax(cpu.logits[2], v);
+  ASSERT_NO_FATAL_FAILURE(
+      h.step({&b, &a, &c}, {{tb3}, random_tokens(5, v, 26), {tc3}}, false, {g->get()}, &cpu, &gpu));
+  Compare c4{h.rel_bound()};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
+    ASSERT_EQ(cpu.logits[i].size(), static_cast<size_t>(v));
+    c4.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(), 1, v);
+  }
+  c4.report("(b) step 4: 5-token chunk + 2 decode rows, last rows" + what);
+  EXPECT_TRUE(c4.ok());
+  EXPECT_EQ((*g)->stats().general_steps, 2);
+  EXPECT_EQ((*g)->stats().decode_steps, 2);
 }
 
 TEST(CudaRealModel, MixedBatch) {

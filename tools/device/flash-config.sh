@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
 # Writes a model directory for `--load-format dummy` at MiniMax-M3.1-Flash's text shapes (the
 # values of MiniMaxM3Config's defaults, docs/memory.md) with LAYERS decoder layers (3 dense, the
-# rest MoE), and the bundled model's tokenizer and template. The tokenizer knows 4,096 of the
-# 200,064 ids: benchmarks send token ids and count tokens, not text.
+# rest MoE), and the bundled model's tokenizer and template, its BPE vocabulary filled up to the
+# 200,064 ids with made-up ASCII pieces: the random tokens dummy weights generate then all decode
+# to text, so streamed chunks (and the ITL a benchmark measures between them) come one per token.
 #   tools/device/flash-config.sh DIR [LAYERS=60]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:?usage: flash-config.sh DIR [LAYERS]}
 LAYERS=${2:-60}
 mkdir -p "$DIR"
-cp models/m3-tiny/{tokenizer.json,tokenizer_config.json,chat_template.jinja,generation_config.json} "$DIR/"
+cp models/m3-tiny/{tokenizer_config.json,chat_template.jinja,generation_config.json} "$DIR/"
+python3 - "$DIR/tokenizer.json" <<'PY'
+import json, sys
+t = json.load(open("models/m3-tiny/tokenizer.json"))
+vocab = t["model"]["vocab"]
+taken = set(vocab) | {a["content"] for a in t["added_tokens"]}
+used = set(vocab.values()) | {a["id"] for a in t["added_tokens"]}
+for i in range(200064):
+    if i in used:
+        continue
+    piece, n = "zq", i
+    while True:  # base-26 letters: bytes the byte-level decoder maps to themselves
+        piece += chr(ord("a") + n % 26)
+        n //= 26
+        if n == 0:
+            break
+    assert piece not in taken, piece
+    vocab[piece] = i
+json.dump(t, open(sys.argv[1], "w"), ensure_ascii=False)
+PY
 python3 - "$DIR/config.json" "$LAYERS" <<'PY'
 import json, sys
 c = json.load(open("models/m3-tiny/config.json"))

@@ -1437,16 +1437,18 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   }
   if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3.cuda.forward] batch too large");
 
-  // A draft's steps (capture_layers set) run their short slices (verify blocks, decode tokens)
-  // on the decode path too: every token is a row with its own position and block table, all
-  // rows' K / V / index keys are written before any row attends, and each row attends causally
-  // up to its own position with its own indexer top-k, so a slice's rows see each other exactly
-  // as in a prefill chunk. Other steps keep multi-token slices on the general path.
+  // Multi-token slices on the decode path: every token is a row with its own position and block
+  // table, all rows' K / V / index keys are written before any row attends, and each row attends
+  // causally up to its own position with its own indexer top-k, so a slice's rows see each other
+  // exactly as in a prefill chunk. A draft's steps (capture_layers set) run their short slices
+  // (verify blocks, decode tokens) there; with kernels.small_steps_on_decode_path every step
+  // whose rows fit the decode buffers does (prefill chunks beside decode rows, short prompts).
   bool short_slices = true;
   for (const Impl::Seq& s : seqs) short_slices &= s.n <= kMaxDecodeSliceRows;
   const bool capturing = !capture_layers.empty();
-  const bool decode = (capturing ? short_slices : n_dec == t_all) && t_all <= im.dec_rows &&
-                      mb <= im.dec_mb_cap;
+  const bool slices_ok = im.opt.kernels.small_steps_on_decode_path ||
+                         (capturing ? short_slices : n_dec == t_all);
+  const bool decode = slices_ok && t_all <= im.dec_rows && mb <= im.dec_mb_cap;
   if (decode) {
     out->hidden.clear();
     // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
@@ -1464,6 +1466,8 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       n_logit_seqs += batch[s.index].logits_rows.empty() ? 0 : 1;
     }
     const bool copy_logits = n_sample < n_logit_seqs;
+    // Each sequence's logits rows come back as one range (from its first to its last wanted
+    // row), not all rows of the step: a prefill chunk wants at most its last row.
     // One staging area: [ids rows][positions rows][tables rows x width] int32, the sampling knobs
     // and sampled tokens of the t_all real rows, then their logits (the padding rows' are never
     // read).
@@ -1553,8 +1557,17 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       M3_RETURN_IF_ERROR(cuda::copy_to_host_async(tokens, im.dec.sampled, t_all * 4, st));
     }
     float* logits = reinterpret_cast<float*>(host + head_bytes);
-    if (copy_logits)
-      M3_RETURN_IF_ERROR(cuda::copy_to_host_async(logits, im.dec.logits, logit_bytes, st));
+    if (copy_logits) {
+      for (const Impl::Seq& s : seqs) {
+        const SequenceInput& in = batch[s.index];
+        if (sampled_here(in) || in.logits_rows.empty()) continue;
+        const auto [lo, hi] = std::minmax_element(in.logits_rows.begin(), in.logits_rows.end());
+        const int64_t first = s.offset + *lo, count = *hi - *lo + 1;
+        M3_RETURN_IF_ERROR(cuda::copy_to_host_async(
+            logits + first * im.vocab, im.dec.logits + first * im.vocab,
+            static_cast<size_t>(count * im.vocab) * 4, st));
+      }
+    }
     M3_RETURN_IF_ERROR(im.finish_step());
     out->logits.resize(batch.size());
     out->tokens.assign(n_sample > 0 ? batch.size() : 0, -1);

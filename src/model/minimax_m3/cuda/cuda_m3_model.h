@@ -5,14 +5,15 @@
 // semantics (model.h): decode rows and prefill chunks of several sequences in one batch.
 //
 // Two paths per step:
-//  * decode (every sequence has one token and there are at most max_batch of them): the streaming
-//    GEMVs (quant_gemv.h), indexer_decode + sparse_decode, grouped expert GEMVs. Rows are padded
+//  * decode (at most max_batch rows; every sequence one token, unless
+//    CudaM3Kernels::small_steps_on_decode_path lets a prefill chunk's tokens be rows too): the
+//    streaming GEMVs (quant_gemv.h), indexer_decode + sparse_decode, grouped expert GEMVs. Rows are padded
 //    to a batch bucket (1, 2, 4, ..., 128) and the block tables to a power-of-two width; padding
 //    rows have block-table -1 (no KV write, no attention) and position 0. All buffers are made at
 //    load, so the step allocates nothing, and with graphs on it is captured into a CUDA graph per
 //    (batch bucket, table width) on its first use (that step runs eagerly) and replayed after.
 //    Graph replay and the eager launches are the same kernels on the same buffers: bitwise equal.
-//  * general (any prefill chunk): linears through PrefillGemm on all tokens of the step
+//  * general (larger steps with a prefill chunk): linears through PrefillGemm on all tokens of the step
 //    (dequantise to bf16 + cuBLASLt; routed experts grouped by expert), decode rows of the step
 //    through indexer_decode + sparse_decode, each prefill chunk through launch_prefill_attention.
 //    Scratch comes from a caching allocator.
@@ -94,6 +95,12 @@ struct CudaM3Kernels {
   // tokens on an H200 (27.3 against 33.6 ms for one layer's routed experts at 8K), the same
   // per-element check against the CPU (prefill_gemm_test).
   bool grouped_expert_wgmma = true;
+  // Steps whose rows fit the decode buffers (max_batch) run on the decode path whatever their
+  // slices, so a prefill chunk's tokens are decode rows there (the grouped expert GEMVs read each
+  // touched expert's weights once per 16 rows); off, only one-token rows and a draft's short
+  // slices do, and any prefill chunk takes the general path (the grouped expert GEMM, whose NVFP4
+  // decode made a step of a few hundred tokens cost ~13 ms per MoE layer on an H200).
+  bool small_steps_on_decode_path = true;
   // Decode sampling: kMultiCta (each row over many CTAs), instead of kOneCtaPerRow: with top-k
   // 40 and top-p 0.95, 44 us instead of 609 us at batch 1 on an H200 (about 5 us slower for
   // greedy rows and 0.1 ms for top-p without top-k, where both kernels take ~1.4 ms).
