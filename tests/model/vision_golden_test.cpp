@@ -18,11 +18,13 @@
 //    row's scale (max(1, max|ref|));
 //  * logits: the text goldens' 5e-5 of the row scale (golden_fixture.h), argmax where the
 //    reference margin exceeds twice that; checked twice, with the reference's own projector
-//    outputs as the image features (the text side alone) and with ours (the whole path).
+//    outputs as the image features (the text side alone) and with ours (the whole path);
+//  * the real vision shapes with hashed weights: see the last test.
 // The reference's vision RoPE must be the three-axis one (manifest.json's summary.vision_rope):
 // transformers 5.17.0's is not (see the test below), and vision_golden.py patches it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -30,6 +32,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "golden_fixture.h"
 #include "loader/checkpoint.h"
+#include "loader/weight_source.h"
 #include "loader/vision_config.h"
 #include "model/minimax_m3/model_dir.h"
 #include "model/minimax_m3/vision_tower.h"
@@ -325,6 +328,146 @@ TEST(VisionGolden, TowerProjectorAndLogitsMatchTransformers) {
   check_logits(mdir, ex, logits_b, view<float>(proj_b, 0, int64_t(features.size()), "projector.f32"),
                Ht, "logits from the reference's image features");
   check_logits(mdir, ex, logits_b, features, Ht, "logits");
+}
+
+// The real vision shapes (32 layers, hidden 1280, projector 6144) with weights from
+// vision_golden.py's counter hash (hash_weight: exactly representable float32 values, no weights
+// in the fixture), on one image; real_shape.json holds transformers' tower and projector outputs
+// in part (rows, columns, sums). The same float32 dots as above through 32 layers instead of 2:
+// |Δ| <= ~sqrt(K) 2^-24 relative per dot (K <= 5120: 4.3e-6), growing at most linearly over the
+// ~6 ops in series per layer (~200 in all, 8.6e-4), so the bound is 1e-3 of the output's largest
+// magnitude; the sums of |values| to 1e-4 relative.
+uint32_t golden_hash(uint64_t idx, uint32_t tensor_no, uint32_t seed) {
+  uint32_t x = static_cast<uint32_t>(idx * 0x9E3779B1ull + (uint64_t{tensor_no} + 1) * 0x85EBCA77ull + seed);
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// vision_golden.py's hash_weight for the tensors of real_shape.json's weight_order, generated
+// when the loader asks for one.
+class HashedVisionWeights final : public WeightSource {
+ public:
+  HashedVisionWeights(std::vector<std::string> order, uint32_t seed)
+      : order_(std::move(order)), seed_(seed) {}
+  bool has(const std::string& name) const override { return index(name) >= 0; }
+  Result<WeightFormat> format(const std::string& name) const override {
+    if (!has(name)) return not_found(name);
+    return WeightFormat::kF32;
+  }
+  std::vector<std::string> names() const override { return order_; }
+  Result<HostTensorF32> load_f32(const std::string& name,
+                                 const std::vector<int64_t>& shape) const override {
+    const int64_t no = index(name);
+    if (no < 0) return not_found(name);
+    HostTensorF32 t;
+    t.shape = shape;
+    t.data.resize(size_t(t.numel()));
+    const bool ln_weight = shape.size() == 1 && name.ends_with(".weight") &&
+                           (name.find("layer_norm") != std::string::npos ||
+                            name.find("layrnorm") != std::string::npos);
+    double step = 0;  // linear weights: 2^(-23 - e), 2^-e the power of two nearest sqrt(3 / fan_in)
+    if (shape.size() >= 2) {
+      int64_t fan_in = 1;
+      for (size_t i = 1; i < shape.size(); ++i) fan_in *= shape[i];
+      // Python's round(): half to even, as nearbyint in the default rounding mode.
+      const double e = std::nearbyint(-std::log2(std::sqrt(3.0 / double(fan_in))));
+      step = std::ldexp(1.0, int(-23 - e));
+    }
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const uint32_t h = golden_hash(i, uint32_t(no), seed_);
+      if (ln_weight) {
+        t.data[i] = float(1.0 + (double(h >> 20) - 2048.0) * std::ldexp(1.0, -14));
+      } else if (shape.size() == 1) {
+        t.data[i] = float((double(h >> 8) - double(1 << 23)) * std::ldexp(1.0, -27));
+      } else {
+        t.data[i] = float((double(h >> 8) - double(1 << 23)) * step);
+      }
+    }
+    return t;
+  }
+
+ private:
+  int64_t index(const std::string& name) const {
+    for (size_t i = 0; i < order_.size(); ++i)
+      if (order_[i] == name) return int64_t(i);
+    return -1;
+  }
+  std::vector<std::string> order_;
+  uint32_t seed_;
+};
+
+void expect_close_to(std::span<const float> ours, const json& ref, double bound,
+                     const std::string& what) {
+  ASSERT_EQ(ours.size(), ref.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const double d = std::fabs(double(ours[i]) - ref[i].get<double>());
+    EXPECT_LE(d, bound) << what << " [" << i << "]: ours " << ours[i] << " ref " << ref[i];
+    worst = std::max(worst, d / bound);
+  }
+  std::printf("%s: worst |ours - ref| is %.3f of the bound\n", what.c_str(), worst);
+}
+
+// Rows, columns and sums of `out` ([rows, width]) against real_shape.json's `stats`.
+void expect_stats(const std::vector<float>& out, int64_t width, const json& stats,
+                  const std::string& what) {
+  const int64_t rows = int64_t(out.size()) / width;
+  ASSERT_EQ(stats["shape"][0].get<int64_t>(), rows) << what;
+  ASSERT_EQ(stats["shape"][1].get<int64_t>(), width) << what;
+  const double bound = 1e-3 * stats["max_abs"].get<double>();
+  const std::span<const float> all(out);
+  expect_close_to(all.subspan(0, 16), stats["row0_first16"], bound, what + " row 0");
+  expect_close_to(all.subspan(size_t((rows - 1) * width), 16), stats["row_last_first16"], bound,
+                  what + " last row");
+  std::vector<float> col0(static_cast<size_t>(rows));
+  double sum_abs = 0;
+  for (int64_t r = 0; r < rows; ++r) col0[size_t(r)] = out[size_t(r * width)];
+  for (float v : out) sum_abs += std::fabs(double(v));
+  expect_close_to(col0, stats["col0"], bound, what + " column 0");
+  const double want = stats["sum_abs"].get<double>();
+  EXPECT_NEAR(sum_abs, want, 1e-4 * want) << what << ": sum of |values|";
+}
+
+TEST(VisionGolden, RealShapesWithHashedWeightsMatchTransformers) {
+  Processor p;
+  ASSERT_NO_FATAL_FAILURE(load_processor(&p));
+  std::string text;
+  ASSERT_NO_FATAL_FAILURE(read_file(fixture_dir() / "real_shape.json", &text));
+  const json rs = json::parse(text);
+  ASSERT_FALSE(rs["smoke"].get<bool>()) << "real_shape.json is from a --smoke run (2 layers)";
+  VisionConfig c;
+  const json& vd = rs["vision_config"];
+  c.hidden_size = vd["hidden_size"];
+  c.intermediate_size = vd["intermediate_size"];
+  c.num_hidden_layers = vd["num_hidden_layers"];
+  c.num_attention_heads = vd["num_attention_heads"];
+  c.patch_size = vd["patch_size"];
+  c.temporal_patch_size = vd["temporal_patch_size"];
+  c.spatial_merge_size = vd["spatial_merge_size"];
+  c.num_channels = vd["num_channels"];
+  c.layer_norm_eps = vd["layer_norm_eps"];
+  c.projector_hidden_size = vd["projector_hidden_size"];
+  c.text_hidden_size = rs["text_hidden_size"];
+  HashedVisionWeights src(rs["weight_order"].get<std::vector<std::string>>(),
+                          rs["weight_seed"].get<uint32_t>());
+  auto vw = load_vision_weights(src, c);
+  ASSERT_TRUE(vw.is_ok()) << vw.status().to_string();
+  CpuBackend backend(2);
+  VisionTower tower(c, std::move(*vw), &backend);
+  const json* e = find_image(p, rs["image"].get<std::string>());
+  ASSERT_NE(e, nullptr) << rs["image"] << " is not in processor.json";
+  const std::vector<float> pixels = hf_values(p, *e);
+  const auto& g = rs["grid_thw"];
+  auto st = tower.encode_stages(pixels, g[0], g[1], g[2]);
+  ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+  expect_stats(st->tower, c.hidden_size, rs["tower"], "real-shape tower");
+  expect_stats(st->output, c.text_hidden_size, rs["projector"], "real-shape projector");
+  const double bound = 1e-3 * rs["projector"]["max_abs"].get<double>();
+  expect_close_to(std::span<const float>(st->output).subspan(0, size_t(c.text_hidden_size)),
+                  rs["projector_row0"], bound, "real-shape projector row 0");
 }
 
 #endif  // M3_VISION_GOLDEN_MODEL
