@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 #include <filesystem>
@@ -13,10 +14,12 @@
 #include "model/minimax_m3/expert_placement.h"
 #if defined(M3_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/runtime/device_memory.h"
 #include "backend/cuda/runtime/stream.h"
 #include "model/minimax_m3/cuda/cuda_dspark_draft.h"
 #include "model/minimax_m3/cuda/cuda_dspark_f32.h"
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
+#include "model/minimax_m3/cuda/cuda_vision_tower.h"
 #endif
 
 namespace m3::app {
@@ -176,6 +179,34 @@ Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
   (void)dummy_weights;
   (void)max_sequences;
   return Status(StatusCode::kUnimplemented, flag + ": this m3serve has no CUDA backend");
+#endif
+}
+
+Result<ImageEncoder> make_cuda_image_encoder(const VisionConfig& config,
+                                             const VisionWeights& weights) {
+#if defined(M3_HAVE_CUDA)
+  // The tower is not thread-safe and the request threads call it: one image at a time. The
+  // current device is per thread, so every call selects GPU 0 (the model's first rank).
+  struct Shared {
+    std::mutex mu;
+    std::unique_ptr<CudaVisionTower> tower;
+  };
+  auto shared = std::make_shared<Shared>();
+  M3_RETURN_IF_ERROR(cuda::set_current_device(0));
+  M3_ASSIGN_OR_RETURN(shared->tower, CudaVisionTower::create(config, weights));
+  return ImageEncoder([shared](std::span<const float> patches, int32_t grid_t, int32_t grid_h,
+                               int32_t grid_w) -> Result<std::vector<float>> {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    M3_RETURN_IF_ERROR(cuda::set_current_device(0));
+    const CudaVisionImage image{patches, VisionImageGrid{grid_t, grid_h, grid_w}};
+    M3_ASSIGN_OR_RETURN(std::vector<std::vector<float>> out,
+                        shared->tower->encode(std::span<const CudaVisionImage>(&image, 1)));
+    return std::move(out[0]);
+  });
+#else
+  (void)config;
+  (void)weights;
+  return unimplemented("the vision tower on the GPU needs a build with CUDA");
 #endif
 }
 

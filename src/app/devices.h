@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,7 +16,9 @@
 #include "model/draft_model.h"
 #include "model/model.h"
 #include "loader/model_config.h"
+#include "loader/vision_config.h"
 #include "loader/weight_source.h"
+#include "model/minimax_m3/vision_tower.h"
 
 namespace m3::app {
 
@@ -51,6 +55,17 @@ Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
                                                            const std::string& draft_dir,
                                                            bool dummy_weights,
                                                            int64_t max_sequences);
+
+// Image features of one image: [outputs, text hidden] from its patches ([t·h·w, patch values]
+// in merge-window order) and grid; callable from any thread.
+using ImageEncoder = std::function<Result<std::vector<float>>(
+    std::span<const float> patches, int32_t grid_t, int32_t grid_h, int32_t grid_w)>;
+
+// The vision tower and projector on GPU 0 (model/minimax_m3/cuda/cuda_vision_tower.h: bf16
+// weights uploaded now, one image at a time under a lock); unimplemented without CUDA, and the
+// upload's error (resource_exhausted when the KV pool left too little memory).
+Result<ImageEncoder> make_cuda_image_encoder(const VisionConfig& config,
+                                             const VisionWeights& weights);
 
 // The DSpark draft's block attention for a draft on `backend`: empty on the CPU backend (the
 // host code), the float32 kernel on the CUDA backend (model/minimax_m3/cuda/cuda_dspark_f32.h).

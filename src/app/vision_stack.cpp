@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <span>
 #include <thread>
 
+#include "app/devices.h"
 #include "backend/cpu/cpu_backend.h"
 #include "loader/checkpoint.h"
 #include "loader/vision_config.h"
@@ -68,27 +70,40 @@ Status attach_vision(const std::string& model_path, const EngineStackOptions& op
                             std::to_string(text_hidden));
   }
   M3_ASSIGN_OR_RETURN(VisionWeights weights, load_vision_weights(*checkpoint, *config));
-  auto loaded = std::make_shared<LoadedVisionTower>();
-  const int threads = options.num_threads > 0
-                          ? options.num_threads
-                          : int(std::max(1u, std::thread::hardware_concurrency()));
-  loaded->cpu = std::make_unique<CpuBackend>(threads);
-  loaded->tower = std::make_unique<VisionTower>(*config, std::move(weights), loaded->cpu.get());
+  // On the GPU beside a model on --device cuda (the float32 CPU tower would take minutes per
+  // image at the real shapes), else on the CPU with its own threads.
+  ImageEncoder encode;
+  std::string where;
+  if (options.device == "cuda") {
+    M3_ASSIGN_OR_RETURN(encode, make_cuda_image_encoder(*config, weights));
+    where = "on GPU 0 (bf16 weights, float32 accumulation)";
+  } else {
+    auto loaded = std::make_shared<LoadedVisionTower>();
+    const int threads = options.num_threads > 0
+                            ? options.num_threads
+                            : int(std::max(1u, std::thread::hardware_concurrency()));
+    loaded->cpu = std::make_unique<CpuBackend>(threads);
+    loaded->tower = std::make_unique<VisionTower>(*config, std::move(weights), loaded->cpu.get());
+    encode = [loaded](std::span<const float> patches, int32_t t, int32_t h, int32_t w) {
+      return loaded->tower->encode(patches, t, h, w);
+    };
+    where = "on the CPU in float32";
+  }
   const int64_t patch_values = config->patch_values();
   backend.enable_vision(
       preprocess_config(*config),
-      [loaded, patch_values](const server::BackendImage& img) -> Result<std::vector<float>> {
+      [encode, patch_values](const server::BackendImage& img) -> Result<std::vector<float>> {
         if (img.patch_values != patch_values) {
           return invalid_argument("[vision] an image of " + std::to_string(img.patch_values) +
                                   " values per patch; the tower takes " +
                                   std::to_string(patch_values));
         }
-        return loaded->tower->encode(img.pixel_values, img.grid_t, img.grid_h, img.grid_w);
+        return encode(img.pixel_values, img.grid_t, img.grid_h, img.grid_w);
       });
   report.push_back("vision: " + std::to_string(config->num_hidden_layers) +
-                   "-layer tower (hidden " + std::to_string(config->hidden_size) +
-                   ") on the CPU in float32; images of " + std::to_string(config->min_pixels) +
-                   ".." + std::to_string(config->max_pixels) + " pixels");
+                   "-layer tower (hidden " + std::to_string(config->hidden_size) + ") " + where +
+                   "; images of " + std::to_string(config->min_pixels) + ".." +
+                   std::to_string(config->max_pixels) + " pixels");
   return Status::ok();
 }
 

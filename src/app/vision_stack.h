@@ -1,5 +1,6 @@
 // Image input for a served model: when config.json has a vision_config and the checkpoint holds
-// the vision tower's weights, loads the tower (CPU, float32) and lets the backend take images.
+// the vision tower's weights, loads the tower (on GPU 0 beside a model on --device cuda, else on
+// the CPU in float32) and lets the backend take images.
 // Otherwise images keep getting 400 vision_not_available, and the startup report says why.
 #pragma once
 

@@ -118,10 +118,15 @@ class Harness {
 
   // One step: tokens[i] appended to seqs[i] (all logits rows when all_rows, else the last), on
   // the CPU and on every GPU model; outputs per model.
+  // `embeddings`, when given: each sequence's input embeddings (replacing those tokens'
+  // embeddings on both models).
   void step(std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& tokens, bool all_rows,
             std::vector<CudaM3Model*> gpus, ForwardOutput* cpu_out,
-            std::vector<ForwardOutput>* gpu_out) {
-    const std::vector<SequenceInput> in = real_model_fixture::step_inputs(seqs, tokens, all_rows);
+            std::vector<ForwardOutput>* gpu_out,
+            const std::vector<std::vector<InputEmbedding>>* embeddings = nullptr) {
+    std::vector<SequenceInput> in = real_model_fixture::step_inputs(seqs, tokens, all_rows);
+    if (embeddings != nullptr)
+      for (size_t i = 0; i < in.size(); ++i) in[i].embeddings = (*embeddings)[i];
     Status s = cpu_model_->forward(in, cpu_cache_.get(), cpu_out);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
     gpu_out->assign(gpus.size(), {});
@@ -273,6 +278,64 @@ void mixed_case(Harness& h, const std::string& what) {
 
 TEST(CudaRealModel, MixedBatch) {
   mixed_case(harness(), "");
+}
+
+// Input embeddings (image features at placeholder tokens) replace their tokens' embeddings on
+// both paths: a 40-token chunk beside a decode row (general path: 41 rows > max_batch 16) and a
+// 10-token chunk beside it (decode path), each with embeddings at the first, middle and last
+// tokens, against the CPU model given the same embeddings.
+TEST(CudaRealModel, InputEmbeddingsOnBothPaths) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto g = h.gpu_model(true);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const int64_t v = h.cfg().vocab_size, hd = h.cfg().hidden_size;
+  Seq a = h.new_seq(100), b = h.new_seq(100);
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> gpu;
+  ASSERT_NO_FATAL_FAILURE(
+      h.step({&b}, {random_tokens(20, v, 31)}, false, {g->get()}, &cpu, &gpu));
+  std::vector<std::vector<float>> values;
+  for (uint32_t k = 0; k < 6; ++k) values.push_back(real_model_fixture::normal(hd, 40 + k, 1.0f));
+  struct Case {
+    int64_t chunk;
+    const char* what;
+    int64_t general_steps;
+  };
+  int64_t decode_steps = 0;
+  for (const Case c : {Case{40, "general path", 2}, Case{10, "decode path", 2}}) {
+    const int32_t next_b = last_argmax(cpu.logits[0], v);
+    const int32_t n = static_cast<int32_t>(c.chunk);
+    const size_t base = c.chunk == 40 ? 0 : 3;
+    std::vector<std::vector<InputEmbedding>> emb(2);
+    emb[1] = {{0, values[base]}, {n / 2, values[base + 1]}, {n - 1, values[base + 2]}};
+    ASSERT_NO_FATAL_FAILURE(h.step({&b, &a}, {{next_b}, random_tokens(c.chunk, v, 32 + uint32_t(c.chunk))},
+                                   true, {g->get()}, &cpu, &gpu, &emb));
+    Compare cmp{h.rel_bound()};
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
+      cmp.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
+                  static_cast<int64_t>(cpu.logits[i].size()) / v, v);
+    }
+    cmp.report(std::string("input embeddings, ") + c.what);
+    EXPECT_TRUE(cmp.ok());
+    if (c.chunk == 10) ++decode_steps;
+    EXPECT_EQ((*g)->stats().general_steps, c.general_steps) << c.what;
+    EXPECT_EQ((*g)->stats().decode_steps, decode_steps) << c.what;
+  }
+  // An embedding of the wrong width or for a token outside the slice is refused.
+  std::vector<float> short_values(static_cast<size_t>(hd - 1), 0.0f);
+  const std::vector<int32_t> bad_tokens = {1, 2}, bad_table = h.new_seq(2).table;
+  std::vector<SequenceInput> bad(1);
+  bad[0].tokens = bad_tokens;
+  bad[0].start_pos = 0;
+  bad[0].block_table = bad_table;
+  bad[0].embeddings = {{0, short_values}};
+  ForwardOutput out;
+  EXPECT_EQ((*g)->forward(bad, &out).code(), StatusCode::kInvalidArgument);
+  bad[0].embeddings = {{2, values[0]}};
+  EXPECT_EQ((*g)->forward(bad, &out).code(), StatusCode::kInvalidArgument);
 }
 
 // (c) Greedy decode (teacher-forced by the CPU's argmax) at batch 1 and 5: CUDA graphs against

@@ -176,6 +176,18 @@ struct CudaM3Model::Impl {
   };
   std::vector<DecodeCapture> dec_captures;
   int64_t dec_capture = -1;
+  // This step's input embeddings (SequenceInput::embeddings): (row of the step, hidden-size
+  // floats in host memory the caller keeps through forward()). They replace the rows' token
+  // embeddings in the residual stream right after the gather, on either path; a decode step
+  // with any runs eagerly (a graph replays fixed copies).
+  std::vector<std::pair<int64_t, const float*>> inject;
+
+  Status inject_embeddings(float* residual) {
+    for (const auto& [row, values] : inject)
+      M3_RETURN_IF_ERROR(cuda::copy_to_device_async(residual + row * hd, values,
+                                                    static_cast<size_t>(hd) * 4, st()));
+    return Status::ok();
+  }
   CudaM3Stats stats;
   // Tensor parallelism (CudaTensorParallel): the ranks' all-reduces, and a device word for
   // agreeing on the KV pool's size.
@@ -778,6 +790,7 @@ struct CudaM3Model::Impl {
   Status decode_step(int64_t rows, int64_t mb) {
     const Bufs& b = dec;
     M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(inject_embeddings(b.residual));
     const int64_t layers = cfg.num_hidden_layers;
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
@@ -799,7 +812,7 @@ struct CudaM3Model::Impl {
 
   // Runs decode_step eagerly or through the graph of (rows, mb), capturing it on first use.
   Status run_decode(int64_t rows, int64_t mb) {
-    if (!opt.use_graphs) return decode_step(rows, mb);
+    if (!opt.use_graphs || !inject.empty()) return decode_step(rows, mb);
     const auto key = std::make_tuple(rows, mb, dec_capture + 1);
     auto it = graphs.find(key);
     if (it != graphs.end()) {
@@ -879,6 +892,7 @@ struct CudaM3Model::Impl {
     };
 
     M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(inject_embeddings(b.residual));
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
       const DevLayer& L = w.layers[static_cast<size_t>(l)];
       M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
@@ -1430,12 +1444,28 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     for (int32_t r : in.logits_rows)
       if (r < 0 || r >= static_cast<int32_t>(n))
         return invalid_argument(who + "logits row " + std::to_string(r) + " out of range");
+    for (const InputEmbedding& e : in.embeddings) {
+      if (e.token_index < 0 || e.token_index >= static_cast<int32_t>(n))
+        return invalid_argument(who + "input embedding for token " +
+                                std::to_string(e.token_index) + " out of range");
+      if (static_cast<int64_t>(e.values.size()) != im.hd)
+        return invalid_argument(who + "input embedding of " + std::to_string(e.values.size()) +
+                                " values; the hidden size is " + std::to_string(im.hd));
+    }
     seqs.push_back({s, t_all, n, need});
     t_all += n;
     if (n == 1) ++n_dec;
     mb = std::max(mb, need);
   }
   if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3.cuda.forward] batch too large");
+  // The step's input embeddings by row, cleared however forward() returns.
+  struct InjectScope {
+    Impl& im;
+    ~InjectScope() { im.inject.clear(); }
+  } inject_scope{im};
+  for (const Impl::Seq& s : seqs)
+    for (const InputEmbedding& e : batch[s.index].embeddings)
+      im.inject.emplace_back(s.offset + e.token_index, e.values.data());
 
   // Multi-token slices on the decode path: every token is a row with its own position and block
   // table, all rows' K / V / index keys are written before any row attends, and each row attends

@@ -2,7 +2,8 @@
 // formats (MXFP8 / NVFP4 / BF16, see gpu_weights.h), a bf16 paged KV cache per layer in the
 // scheduler's page layout (cuda::KvCacheBf16View, page = sparse block = 128 tokens), bf16
 // activations and a float32 residual stream. forward() has exactly minimax_m3::Model::forward's
-// semantics (model.h): decode rows and prefill chunks of several sequences in one batch.
+// semantics (model.h): decode rows and prefill chunks of several sequences in one batch, input
+// embeddings (image features) replacing their tokens' embeddings.
 //
 // Two paths per step:
 //  * decode (at most max_batch rows; every sequence one token, unless

@@ -238,13 +238,6 @@ Status CudaM3ModelRunner::health() const { return broken_; }
 
 Status CudaM3ModelRunner::forward(const ModelStep& step, ModelOutput& out) {
   if (!broken_.is_ok()) return broken_;
-  for (const ModelSlice& s : step.slices) {
-    if (!s.embeddings.empty()) {
-      return Status(StatusCode::kUnimplemented,
-                    "[model.minimax_m3.cuda.runner] input embeddings are not available on the "
-                    "CUDA path");
-    }
-  }
   if (models_.size() == 1) return models_[0]->forward(step.slices, &out, step.capture_layers);
   // Every rank runs the step; the other ranks' outputs are empty (no head).
   std::vector<ModelOutput> others(models_.size());

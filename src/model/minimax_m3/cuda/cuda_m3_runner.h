@@ -73,7 +73,7 @@ class CudaM3ModelRunner final : public ModelRunner {
   // Decode rows the engine offers are sampled on the GPU after the head (only their token ids
   // are copied back); other rows, and the rows of a prefill step, return their logits.
   bool samples_on_device() const override { return true; }
-  ModelFeatures features() const override { return {false, true}; }
+  ModelFeatures features() const override { return {true, true}; }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
   // How the ranks all-reduce, for the startup report ("NCCL", or the one-shot path and its limit).
