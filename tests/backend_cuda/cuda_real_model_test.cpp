@@ -210,6 +210,21 @@ TEST(CudaRealModel, PrefillAllTokenLogits) {
   prefill_case(harness(), "");
 }
 
+// Every sequence's logits rows of a step, GPU against CPU, reported under `label`.
+bool compare_step(const Harness& h, const ForwardOutput& cpu, const ForwardOutput& gpu,
+                  size_t seqs, const std::string& label) {
+  const int64_t v = h.cfg().vocab_size;
+  Compare c{h.rel_bound()};
+  for (size_t i = 0; i < seqs; ++i) {
+    EXPECT_EQ(gpu.logits[i].size(), cpu.logits[i].size()) << label << " sequence " << i;
+    if (gpu.logits[i].size() != cpu.logits[i].size()) return false;
+    c.rows_of(gpu.logits[i].data(), cpu.logits[i].data(),
+              static_cast<int64_t>(cpu.logits[i].size()) / v, v);
+  }
+  c.report(label);
+  return c.ok();
+}
+
 // (b) Several prefill chunks in one step, then one prefill chunk + decode rows of two others.
 void mixed_case(Harness& h, const std::string& what) {
   ASSERT_TRUE(h.ready());
@@ -225,53 +240,28 @@ void mixed_case(Harness& h, const std::string& what) {
       h.step({&a, &b, &c},
              {random_tokens(300, v, 21), random_tokens(250, v, 22), random_tokens(150, v, 23)},
              true, {g->get()}, &cpu, &gpu));
-  Compare c1{h.rel_bound()};
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
-    c1.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
-               static_cast<int64_t>(cpu.logits[i].size()) / v, v);
-  }
-  c1.report("(b) step 1: three prefill chunks" + what);
-  EXPECT_TRUE(c1.ok());
+  EXPECT_TRUE(compare_step(h, cpu, gpu[0], 3, "(b) step 1: three prefill chunks" + what));
   // Step 2: a's second chunk (chunked prefill over the cached first chunk) + decode rows of b, c
   // (their next tokens: the CPU's greedy choice).
   const int32_t tb = last_argmax(cpu.logits[1], v), tc = last_argmax(cpu.logits[2], v);
   ASSERT_NO_FATAL_FAILURE(
       h.step({&b, &a, &c}, {{tb}, random_tokens(220, v, 24), {tc}}, true, {g->get()}, &cpu, &gpu));
-  Compare c2{h.rel_bound()};
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
-    c2.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
-               static_cast<int64_t>(cpu.logits[i].size()) / v, v);
-  }
-  c2.report("(b) step 2: prefill chunk + 2 decode rows" + what);
-  EXPECT_TRUE(c2.ok());
+  EXPECT_TRUE(compare_step(h, cpu, gpu[0], 3, "(b) step 2: prefill chunk + 2 decode rows" + what));
   EXPECT_EQ((*g)->stats().general_steps, 2);
   // Step 3: a's last chunk of 12 tokens + decode rows of b, c: 14 rows fit the decode buffers
   // (max_batch 16), so the chunk's tokens run as decode rows (small_steps_on_decode_path).
   const int32_t tb2 = last_argmax(cpu.logits[0], v), tc2 = last_argmax(cpu.logits[2], v);
   ASSERT_NO_FATAL_FAILURE(
       h.step({&b, &a, &c}, {{tb2}, random_tokens(12, v, 25), {tc2}}, true, {g->get()}, &cpu, &gpu));
-  Compare c3{h.rel_bound()};
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
-    c3.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
-               static_cast<int64_t>(cpu.logits[i].size()) / v, v);
-  }
-  c3.report("(b) step 3: 12-token chunk + 2 decode rows, decode path" + what);
-  EXPECT_TRUE(c3.ok());
+  EXPECT_TRUE(compare_step(h, cpu, gpu[0], 3,
+                           "(b) step 3: 12-token chunk + 2 decode rows, decode path" + what));
   // Step 4: the same with only each sequence's last row of logits (a chunk's row 4 of 5).
   const int32_t tb3 = last_argmax(cpu.logits[0], v), tc3 = last_argmax(cpu.logits[2], v);
   ASSERT_NO_FATAL_FAILURE(
       h.step({&b, &a, &c}, {{tb3}, random_tokens(5, v, 26), {tc3}}, false, {g->get()}, &cpu, &gpu));
-  Compare c4{h.rel_bound()};
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
-    ASSERT_EQ(cpu.logits[i].size(), static_cast<size_t>(v));
-    c4.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(), 1, v);
-  }
-  c4.report("(b) step 4: 5-token chunk + 2 decode rows, last rows" + what);
-  EXPECT_TRUE(c4.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cpu.logits[i].size(), static_cast<size_t>(v));
+  EXPECT_TRUE(compare_step(h, cpu, gpu[0], 3,
+                           "(b) step 4: 5-token chunk + 2 decode rows, last rows" + what));
   EXPECT_EQ((*g)->stats().general_steps, 2);
   EXPECT_EQ((*g)->stats().decode_steps, 2);
 }
@@ -310,16 +300,10 @@ TEST(CudaRealModel, InputEmbeddingsOnBothPaths) {
     const size_t base = c.chunk == 40 ? 0 : 3;
     std::vector<std::vector<InputEmbedding>> emb(2);
     emb[1] = {{0, values[base]}, {n / 2, values[base + 1]}, {n - 1, values[base + 2]}};
-    ASSERT_NO_FATAL_FAILURE(h.step({&b, &a}, {{next_b}, random_tokens(c.chunk, v, 32 + uint32_t(c.chunk))},
+    ASSERT_NO_FATAL_FAILURE(h.step({&b, &a},
+                                   {{next_b}, random_tokens(c.chunk, v, 32 + uint32_t(c.chunk))},
                                    true, {g->get()}, &cpu, &gpu, &emb));
-    Compare cmp{h.rel_bound()};
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_EQ(gpu[0].logits[i].size(), cpu.logits[i].size());
-      cmp.rows_of(gpu[0].logits[i].data(), cpu.logits[i].data(),
-                  static_cast<int64_t>(cpu.logits[i].size()) / v, v);
-    }
-    cmp.report(std::string("input embeddings, ") + c.what);
-    EXPECT_TRUE(cmp.ok());
+    EXPECT_TRUE(compare_step(h, cpu, gpu[0], 2, std::string("input embeddings, ") + c.what));
     if (c.chunk == 10) ++decode_steps;
     EXPECT_EQ((*g)->stats().general_steps, c.general_steps) << c.what;
     EXPECT_EQ((*g)->stats().decode_steps, decode_steps) << c.what;

@@ -48,6 +48,19 @@ __device__ inline float widen(T x) {
   }
 }
 
+// N (a multiple of 4) consecutive floats of shared memory, 16-byte aligned, in float4 loads.
+template <int N>
+__device__ inline void load_rows(const float* from, float* to) {
+#pragma unroll
+  for (int i = 0; i < N; i += 4) {
+    const float4 x = *reinterpret_cast<const float4*>(from + i);
+    to[i] = x.x;
+    to[i + 1] = x.y;
+    to[i + 2] = x.z;
+    to[i + 3] = x.w;
+  }
+}
+
 // One CTA: rows_per_cta query rows of KV head g (row r = slot x G + h for query head g x G + h)
 // against one split of the keys, tile by tile in shared memory: scores on the CUDA cores (each
 // K element read once from memory and kRows times from shared memory), an online softmax per row
@@ -194,14 +207,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(DSparkBlockAttentionPar
 #pragma unroll 4
       for (int d = 0; d < D; ++d) {
         float qv[kRowsPerThread];
-#pragma unroll
-        for (int r4 = 0; r4 < kRowsPerThread; r4 += 4) {
-          const float4 x = *reinterpret_cast<const float4*>(qt + d * kLdQ + ty * kRowsPerThread + r4);
-          qv[r4] = x.x;
-          qv[r4 + 1] = x.y;
-          qv[r4 + 2] = x.z;
-          qv[r4 + 3] = x.w;
-        }
+        load_rows<kRowsPerThread>(qt + d * kLdQ + ty * kRowsPerThread, qv);
         float kv[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) kv[i] = ks[(tx + 16 * i) * kLdK + d];
@@ -253,14 +259,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(DSparkBlockAttentionPar
 #pragma unroll 2
     for (int k = 0; k < kTileKeys; ++k) {
       float w[kRowsPerThread];
-#pragma unroll
-      for (int r4 = 0; r4 < kRowsPerThread; r4 += 4) {
-        const float4 x = *reinterpret_cast<const float4*>(pt + k * kLdP + ty * kRowsPerThread + r4);
-        w[r4] = x.x;
-        w[r4 + 1] = x.y;
-        w[r4 + 2] = x.z;
-        w[r4 + 3] = x.w;
-      }
+      load_rows<kRowsPerThread>(pt + k * kLdP + ty * kRowsPerThread, w);
       float v[kDimsPerThread];
 #pragma unroll
       for (int j = 0; j < kDimsPerThread; ++j) v[j] = vs[k * kLdK + tx + 16 * j];
