@@ -135,11 +135,13 @@ Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
                                                            int64_t max_sequences) {
   const std::string flag = "--speculative-draft-model-path '" + draft_dir + "'";
 #if defined(M3_HAVE_CUDA)
+  // With GPU ranks (--tp, --ep) the draft runs beside rank 0: on its GPU and stream, with its
+  // embedding table and lm_head (every rank holds them whole), its features rank 0's captured
+  // residual stream (the same on every rank after the all-reduces).
   auto* cuda_runner = dynamic_cast<CudaM3ModelRunner*>(&runner);
-  if (cuda_runner == nullptr || cuda_runner->num_ranks() != 1)
+  if (cuda_runner == nullptr)
     return Status(StatusCode::kUnimplemented,
-                  "--speculative-algorithm DSPARK: the GPU draft runs next to a one-GPU target "
-                  "(--tp 1) only");
+                  "--speculative-algorithm DSPARK: the GPU draft needs the real-shape CUDA runner");
   namespace fs = std::filesystem;
   const bool has_config = !draft_dir.empty() && fs::exists(fs::path(draft_dir) / "config.json");
   minimax_m3::dspark::DSparkConfig cfg;

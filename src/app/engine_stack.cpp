@@ -191,13 +191,11 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   if (!f.speculative_algorithm.empty()) {
     // The draft runs unsplit next to the target: on the float32 CPU path (on rank 0 when the
     // target is split over this process's CPU ranks with --tp / --ep), the float32 CUDA backend,
-    // or one GPU on the real-shape kernels (cuda_dspark_draft.h).
+    // or on the real-shape kernels beside the target's (first) GPU (cuda_dspark_draft.h).
     const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
     if (f.dp > 1 || f.enable_dp_attention || f.nnodes > 1)
       return not_yet(spec + " with --dp/--enable-dp-attention/--nnodes",
                      "speculative decoding over attention data-parallel groups or nodes");
-    if (f.device == "cuda" && (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel))
-      return not_yet(spec + " with --tp/--ep on --device cuda", "a GPU draft beside GPU ranks");
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
     o.draft_dummy_weights = f.speculative_draft_load_format == "dummy";

@@ -202,16 +202,21 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
-  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels), DSPARK with it on the CPU
-  // ranks (the draft on rank 0).
+  // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels), DSPARK with it (the draft
+  // beside rank 0).
   auto accepted = options_from_config(f->config);
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->tensor_parallel, 4);
   EXPECT_TRUE(accepted->speculative);
   EXPECT_TRUE(accepted->speculative_options.method == VerifyMethod::kBlock);
+  // And on GPU ranks (the draft beside rank 0).
+  auto on_gpus = parse_serve_flags({"--speculative-algorithm", "DSPARK", "--device", "cuda", "--tp", "2"});
+  ASSERT_TRUE(on_gpus.is_ok());
+  auto gpu_ranks = options_from_config(on_gpus->config);
+  ASSERT_TRUE(gpu_ranks.is_ok()) << gpu_ranks.status().message();
+  EXPECT_TRUE(gpu_ranks->speculative);
+  EXPECT_EQ(gpu_ranks->tensor_parallel, 2);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--speculative-algorithm", "DSPARK", "--device", "cuda", "--tp", "2"},
-            "--speculative-algorithm DSPARK with --tp/--ep on --device cuda"},
            {{"--dp", "2"}, "--dp 2"},
            {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
             "--kv-cache-dtype fp8_e4m3 with --device cuda"},

@@ -11,7 +11,8 @@
 //    chain (propose_greedy) against the host argmax picker;
 //  * the batched greedy propose (three sequences in one forward) against the CPU draft;
 //  * the limit on live contexts;
-//  * the engine over CudaM3ModelRunner with the GPU draft: speculative greedy requests complete,
+//  * the engine over CudaM3ModelRunner with the GPU draft, on one rank and on two tensor-parallel
+//    ranks sharing the GPU through the host: speculative greedy requests complete,
 //    verify drafts, return every page, and repeat bit for bit.
 // Error model (cuda_real_model_test's): the GPU path rounds activations to bf16 (relative 2^-9)
 // at about ten places per layer, each perturbing the next normalised layer's output by at most
@@ -25,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/comm/gloo_communicator.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dspark/block_attention.h"
@@ -38,6 +40,7 @@
 #include "model/minimax_m3/dspark/dspark_engine_draft.h"
 #include "engine/engine_test_util.h"
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
+#include "host_staged_communicator.h"
 #include "real_model_fixture.h"
 
 namespace m3 {
@@ -615,48 +618,73 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
 // count round differently (bf16 activations), so the tokens are compared with plain decoding
 // only as a printed agreement; what is asserted is that the run completes, verifies drafts,
 // returns every page and is reproducible.
-TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraft) {
+// Greedy decoding of a 300-token prompt for 40 tokens through the engine over
+// CudaM3ModelRunner, with or without the GPU draft (dummy weights, 4 draft tokens), on one rank
+// or on two tensor-parallel ranks sharing GPU 0 through the host (graphs off).
+testing::Outcome engine_outcome(bool speculative, int ranks) {
   const MiniMaxM3Config cfg = real_model_fixture::test_config();
   real_model_fixture::TestSource src(cfg);
-  auto run = [&](bool speculative) -> testing::Outcome {
-    minimax_m3::CudaM3Options o;
-    o.max_batch = 8;
-    auto r = CudaM3ModelRunner::create(cfg, src, int64_t{64} << 20, o);
-    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-    if (!r.is_ok()) return {};
-    CudaM3ModelRunner* runner = r->get();
-    EngineConfig c;
-    c.scheduler.page_size = 128;
-    c.scheduler.chunked_prefill_size = 256;
-    auto e = Engine::create(std::move(c), std::move(r).value());
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    std::unique_ptr<Engine> engine = std::move(e).value();
-    if (speculative) {
-      CudaDSparkOptions d;
-      d.max_sequences = 4;
-      d.dummy_weights = true;
-      auto draft = CudaDSparkDraft::load(minimax_m3::dspark::default_dspark_config_for(cfg),
-                                         &runner->model(), nullptr, "dummy", d);
-      EXPECT_TRUE(draft.is_ok()) << draft.status().to_string();
-      SpeculativeOptions so;
-      so.num_draft_tokens = 4;
-      const Status st = engine->enable_speculative(std::move(draft).value(), so);
-      EXPECT_TRUE(st.is_ok()) << st.to_string();
-    }
-    GenerateRequest req;
-    req.prompt_tokens = real_model_fixture::random_tokens(300, cfg.vocab_size, 9);
-    req.params.temperature = 0.0f;
-    req.params.max_tokens = 40;
-    req.params.ignore_eos = true;
-    auto h = engine->submit(req);
-    EXPECT_TRUE(h.is_ok()) << h.status().to_string();
-    std::vector<RequestHandle> hs;
-    hs.push_back(std::move(h).value());
-    testing::Outcome out = testing::run_all(*engine, hs, {1})[0];
-    EXPECT_EQ(engine->stats().kv_pages_used, 0);
-    return out;
-  };
-  const testing::Outcome plain = run(false), spec = run(true), again = run(true);
+  minimax_m3::CudaM3Options o;
+  o.max_batch = 8;
+  CudaRanks rk;
+  if (ranks > 1) {
+    o.use_graphs = false;  // the host-staged collectives cannot be captured
+    rk.ranks = ranks;
+    rk.devices.assign(static_cast<size_t>(ranks), 0);
+    auto hosts = comm::create_local_gloo_group(ranks);
+    EXPECT_TRUE(hosts.is_ok()) << hosts.status().to_string();
+    if (!hosts.is_ok()) return {};
+    auto shared = std::make_shared<std::vector<std::unique_ptr<comm::Communicator>>>(
+        std::move(hosts).value());
+    rk.make_communicator = [shared](int r, int device, CUstream_st* stream)
+        -> Result<std::unique_ptr<comm::Communicator>> {
+      return std::unique_ptr<comm::Communicator>(std::make_unique<testing::HostStagedCommunicator>(
+          std::move((*shared)[static_cast<size_t>(r)]), device, stream));
+    };
+  }
+  auto r = CudaM3ModelRunner::create(cfg, src, int64_t{64} << 20, o, std::move(rk));
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  if (!r.is_ok()) return {};
+  CudaM3ModelRunner* runner = r->get();
+  EXPECT_EQ(runner->num_ranks(), ranks);
+  EngineConfig c;
+  c.scheduler.page_size = 128;
+  c.scheduler.chunked_prefill_size = 256;
+  auto e = Engine::create(std::move(c), std::move(r).value());
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  std::unique_ptr<Engine> engine = std::move(e).value();
+  if (speculative) {
+    CudaDSparkOptions d;
+    d.max_sequences = 4;
+    d.dummy_weights = true;
+    // Next to rank 0 (its GPU, stream, embedding table and lm_head, which every rank holds
+    // whole); its features are rank 0's captured residual stream, the same on every rank.
+    auto draft = CudaDSparkDraft::load(minimax_m3::dspark::default_dspark_config_for(cfg),
+                                       &runner->model(), nullptr, "dummy", d);
+    EXPECT_TRUE(draft.is_ok()) << draft.status().to_string();
+    SpeculativeOptions so;
+    so.num_draft_tokens = 4;
+    const Status st = engine->enable_speculative(std::move(draft).value(), so);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+  GenerateRequest req;
+  req.prompt_tokens = real_model_fixture::random_tokens(300, cfg.vocab_size, 9);
+  req.params.temperature = 0.0f;
+  req.params.max_tokens = 40;
+  req.params.ignore_eos = true;
+  auto h = engine->submit(req);
+  EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+  std::vector<RequestHandle> hs;
+  hs.push_back(std::move(h).value());
+  testing::Outcome out = testing::run_all(*engine, hs, {1})[0];
+  EXPECT_EQ(engine->stats().kv_pages_used, 0);
+  return out;
+}
+
+void expect_speculative_decoding(int ranks) {
+  const testing::Outcome plain = engine_outcome(false, ranks), spec = engine_outcome(true, ranks),
+                         again = engine_outcome(true, ranks);
+  ASSERT_TRUE(plain.done && plain.error.is_ok()) << plain.error.to_string();
   ASSERT_TRUE(spec.done && spec.error.is_ok()) << spec.error.to_string();
   ASSERT_TRUE(again.done && again.error.is_ok()) << again.error.to_string();
   ASSERT_EQ(spec.tokens[0].size(), 40u);
@@ -666,8 +694,18 @@ TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraft) {
   while (same < plain.tokens[0].size() && same < spec.tokens[0].size() &&
          plain.tokens[0][same] == spec.tokens[0][same])
     ++same;
-  std::printf("[dspark_real] speculative greedy equals plain decoding for the first %zu of 40 "
-              "tokens (decode path vs verify path; rounding may split a near-tie)\n", same);
+  std::printf("[dspark_real] %d rank(s): speculative greedy equals plain decoding for the first "
+              "%zu of 40 tokens (decode path vs verify path; rounding may split a near-tie)\n",
+              ranks, same);
+}
+
+TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraft) {
+  expect_speculative_decoding(1);
+}
+
+// --device cuda --tp 2 with --speculative-algorithm DSPARK: the draft beside rank 0.
+TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraftOverTwoRanks) {
+  expect_speculative_decoding(2);
 }
 
 }  // namespace
