@@ -170,8 +170,8 @@ Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
   if (!d.is_ok()) return Status(d.status().code(), flag + ": " + d.status().message());
   std::fprintf(stderr,
                "m3serve: DSpark draft on the GPU: %lld weight bytes; %lld context bytes per "
-               "speculative sequence (at most %lld), taken at its first step and outside the "
-               "KV memory plan\n",
+               "speculative sequence (at most %lld), taken at its first step; the memory plan "
+               "kept them out of the KV pool\n",
                static_cast<long long>((*d)->weight_bytes()),
                static_cast<long long>((*d)->plan().kv_bytes_per_sequence),
                static_cast<long long>(o.max_sequences));

@@ -20,7 +20,9 @@
 #include "model/minimax_m3/dspark/dspark_engine_draft.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3/cuda/dspark_cuda_plan.h"
 #include "model/minimax_m3/cuda/fit_check.h"
+#include "model/minimax_m3/vision_tower.h"
 #include "sample/sampling_params.h"
 #include "serving/engine_detokenizer.h"
 
@@ -245,6 +247,17 @@ minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& mode
   return o;
 }
 
+// The real-shape GPU draft's device memory (dspark_cuda_plan.h): its weights, a context per
+// running request and a propose's scratch; 0 for a draft it does not take.
+int64_t gpu_draft_bytes(minimax_m3::dspark::DSparkConfig draft, const MiniMaxM3Config& target,
+                        int32_t max_running) {
+  if (!draft.resolve_with_target(target).is_ok()) return 0;
+  auto plan = minimax_m3::plan_dspark_cuda(draft);
+  if (!plan.is_ok()) return 0;
+  return plan->weight_bytes + int64_t{max_running} * plan->kv_bytes_per_sequence +
+         plan->propose_scratch_bytes;
+}
+
 // `target`: the whole model's config; `first_rank`: the model whose embedding, lm_head and
 // final norm the draft reads (the only one at --tp 1, rank 0's over ranks), on `backend` (the CPU
 // backend, or the float32 CUDA backend with its block-attention kernel).
@@ -460,8 +473,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   const bool measure = real_shape && options.kv_cache_bytes <= 0;
   // The draft on the float32 path (--speculative-algorithm): its weights and a context cache per
   // running sequence are static memory; the target features kept with every KV page (for
-  // prefix-cache hits) grow the page. The real-shape GPU draft is not planned yet
-  // (docs/dspark.md, What is left).
+  // prefix-cache hits) grow the page. (The real-shape GPU draft: gpu_side_bytes below.)
   const int64_t target_bytes_per_page = mem.kv_bytes_per_page;
   std::optional<DraftMemoryShape> draft_memory;
   int64_t draft_static_bytes = 0, draft_feature_page_bytes = 0;
@@ -478,6 +490,32 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     mem.weight_bytes += draft_static_bytes;
     mem.kv_bytes_per_page += draft_feature_page_bytes;
   }
+  // On the real-shape path, static memory beside the pool on the first GPU, counted like the
+  // weights on every GPU (the plan is per device): the GPU draft (its weights, a context per
+  // running request and a propose's scratch, dspark_cuda_plan.h) and the vision tower, which
+  // serving puts on the GPU next to --device cuda. Shapes a GPU draft does not take count
+  // nothing here; loading it fails later, naming the field.
+  int64_t gpu_side_bytes = 0;
+  std::string gpu_side_what;
+  if (real_shape && options.speculative) {
+    M3_ASSIGN_OR_RETURN(minimax_m3::dspark::DSparkConfig dcfg,
+                        minimax_m3::dspark::resolve_dspark_config(
+                            draft_load_options(model_path, options), loaded.config));
+    if (const int64_t b = gpu_draft_bytes(dcfg, loaded.config, max_running); b > 0) {
+      gpu_side_bytes += b;
+      gpu_side_what += "the DSpark draft " + format_bytes(b);
+    }
+  }
+  if (real_shape && !options.dummy_weights && !model_path.empty()) {
+    M3_ASSIGN_OR_RETURN(std::optional<VisionConfig> vision, load_vision_config(model_path));
+    if (vision && find_vision_prefix(*loaded.weights).is_ok()) {
+      const int64_t b = vision_tower_gpu_bytes(*vision);
+      gpu_side_bytes += b;
+      gpu_side_what += std::string(gpu_side_what.empty() ? "" : ", ") + "the vision tower " +
+                       format_bytes(b);
+    }
+  }
+  mem.weight_bytes += gpu_side_bytes;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<DraftModel> draft;  // --speculative-algorithm
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
@@ -504,21 +542,23 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                    static_cast<long long>(profile_tokens));
       MemoryPlanInput measured = mem;
       measured.device_memory_bytes = m.total_bytes;
-      measured.weight_bytes = m.weight_bytes;
+      measured.weight_bytes = m.weight_bytes + gpu_side_bytes;
       measured.activation_bytes = m.working_bytes + std::max<int64_t>(0, beyond);
       measured.free_bytes_limit =
-          std::max<int64_t>(1, m.free_bytes - std::max<int64_t>(0, beyond) -
+          std::max<int64_t>(1, m.free_bytes - std::max<int64_t>(0, beyond) - gpu_side_bytes -
                                    kv_headroom_bytes(m.total_bytes));
       M3_ASSIGN_OR_RETURN(plan, plan_memory(measured));
       plan.sized_by += "; working memory " + format_bytes(m.working_bytes) +
                        " measured by a profile step of " + std::to_string(profile_tokens) +
                        " tokens";
       if (beyond > 0) plan.sized_by += " + " + format_bytes(beyond) + " estimated beyond it";
+      if (gpu_side_bytes > 0) plan.sized_by += "; kept for " + gpu_side_what;
       return plan.kv_cache_bytes;
     };
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else {
     M3_ASSIGN_OR_RETURN(plan, plan_memory(mem));
+    if (gpu_side_bytes > 0) plan.sized_by += "; kept for " + gpu_side_what;
   }
   for (const std::string& w : plan.warnings) std::fprintf(stderr, "m3serve: warning: %s\n", w.c_str());
   const int32_t context_length = plan.context_length;

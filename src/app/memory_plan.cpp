@@ -150,6 +150,16 @@ int64_t draft_feature_bytes_per_kv_page(const DraftMemoryShape& d, int32_t page_
   return d.num_target_layers * d.hidden * page_size * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t vision_tower_gpu_bytes(const VisionConfig& v) {
+  const int64_t h = v.hidden_size, i = v.intermediate_size, pj = v.projector_hidden_size;
+  const int64_t ht = v.text_hidden_size, merge = v.spatial_merge_size * v.spatial_merge_size;
+  const int64_t matrices = h * v.patch_values() +
+                           v.num_hidden_layers * (4 * h * h + 2 * h * i) +
+                           pj * h + ht * pj + pj * ht * merge + ht * pj;
+  const int64_t vectors = 2 * h + v.num_hidden_layers * (4 * h + 4 * h + i + h) + 2 * pj + 2 * ht;
+  return 2 * matrices + 4 * vectors;
+}
+
 Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   if (in.page_size <= 0 || in.kv_bytes_per_page <= 0) {
     return invalid_argument("[memory plan] the model reports no KV layout (page of " +

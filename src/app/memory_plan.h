@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "loader/model_config.h"
+#include "loader/vision_config.h"
 #include "quant/kv_quant.h"
 
 namespace m3::app {
@@ -77,6 +78,11 @@ int64_t draft_context_bytes_per_sequence(const DraftMemoryShape& d);
 // The captured target hidden states kept with one KV page of `page_size` tokens so that
 // speculative requests can be served from the prefix cache (engine/draft_feature_store.h).
 int64_t draft_feature_bytes_per_kv_page(const DraftMemoryShape& d, int32_t page_size);
+
+// The vision tower and projector as CudaVisionTower holds them on the GPU: bf16 matrices (the
+// patch embedding, q|k|v, o and the MLP of every layer, the projector and the merge MLP) and
+// float32 norms and biases. MiniMax-M3's tower: 1.73 GB.
+int64_t vision_tower_gpu_bytes(const VisionConfig& v);
 
 struct MemoryPlanInput {
   std::string device_name;          // "cuda" or "cpu", for the messages

@@ -531,5 +531,18 @@ TEST(MemoryPlan, TheDraftShrinksTheKvPool) {
       << "the pool is what is left after the draft, in pages that carry the features";
 }
 
+// MiniMax-M3's vision tower as CudaVisionTower holds it: 865.0 M bf16 matrix elements (1,280 x
+// 1,176 patch embedding; 32 layers of q, k, v, o 1,280 x 1,280 and the MLP 2 x 1,280 x 5,120;
+// projector 6,144 x 1,280 and 6,144 x 6,144; merge MLP 6,144 x 24,576 and 6,144 x 6,144) and
+// 0.42 M float32 norms and biases.
+TEST(MemoryPlan, VisionTowerOnTheGpu) {
+  VisionConfig v;  // the M3 defaults
+  const int64_t matrices = 1280LL * 1176 + 32 * (4 * 1280LL * 1280 + 2 * 1280LL * 5120) +
+                           6144LL * 1280 + 6144LL * 6144 + 6144LL * 24576 + 6144LL * 6144;
+  const int64_t vectors = 2 * 1280 + 32 * (9 * 1280 + 5120) + 4 * 6144;
+  EXPECT_EQ(vision_tower_gpu_bytes(v), 2 * matrices + 4 * vectors);
+  EXPECT_NEAR(double(vision_tower_gpu_bytes(v)), 1.73e9, 0.01e9);
+}
+
 }  // namespace
 }  // namespace m3::app

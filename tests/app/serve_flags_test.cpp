@@ -10,6 +10,9 @@
 #include "app/engine_stack.h"
 #include "app/memory_plan.h"
 #include "app/serve_flags.h"
+#include "model/minimax_m3/cuda/dspark_cuda_plan.h"
+#include "model/minimax_m3/dspark/dspark_engine_draft.h"
+#include "model/minimax_m3/dummy_weights.h"
 
 namespace m3::app {
 namespace {
@@ -520,6 +523,48 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
       << tp8.status().message();
   EXPECT_NE(tp8.status().message().find("num_attention_heads"), std::string::npos);
   EXPECT_EQ(calls, 2);
+}
+
+// On the real-shape path the KV pool leaves room for the GPU draft beside it (its MXFP8 weights,
+// a context per running request and a propose's scratch, dspark_cuda_plan.h): planned from the
+// same measured memory, the pool with --speculative-algorithm is smaller by those bytes.
+TEST(ServeFlags, TheGpuDraftIsKeptOutOfTheKvPool) {
+  auto planned_pool = [](bool speculative) -> int64_t {
+    EngineStackOptions o;
+    o.device = "cuda";
+    o.dummy_weights = true;  // the built-in MiniMax-M3.1-Flash config, a dummy draft
+    o.num_layers = 2;
+    o.mem_fraction_static = 0.8;
+    o.max_running_requests = 4;
+    o.speculative = speculative;
+    o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
+      return Status(StatusCode::kInternal, "unused");
+    };
+    int64_t pool_bytes = -1;
+    o.make_cuda_runner = [&](const MiniMaxM3Config&, const WeightSource&,
+                             const CudaKvPoolRequest& pool) -> Result<std::unique_ptr<ModelRunner>> {
+      auto b = pool.plan_pool_bytes(MeasuredMemory{80'000'000'000, 10'000'000'000,
+                                                   2'000'000'000, 60'000'000'000});
+      EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+      pool_bytes = b.is_ok() ? *b : -1;
+      return Status(StatusCode::kUnavailable, "stop here");
+    };
+    auto e = make_engine("", o);
+    EXPECT_FALSE(e.is_ok());
+    return pool_bytes;
+  };
+  const int64_t plain = planned_pool(false), with_draft = planned_pool(true);
+  ASSERT_GT(plain, 0);
+  ASSERT_GT(with_draft, 0);
+  const MiniMaxM3Config target = minimax_m3::builtin_m3_flash_config(2);
+  minimax_m3::dspark::DSparkConfig draft = minimax_m3::dspark::default_dspark_config_for(target);
+  ASSERT_TRUE(draft.resolve_with_target(target).is_ok());
+  auto dp = minimax_m3::plan_dspark_cuda(draft);
+  ASSERT_TRUE(dp.is_ok()) << dp.status().to_string();
+  const int64_t kept = dp->weight_bytes + 4 * dp->kv_bytes_per_sequence + dp->propose_scratch_bytes;
+  // The pool is whole pages: within one page of the draft's bytes.
+  const int64_t page = 2 * 128 * (2 * 4 * 128 + 128) * 2;
+  EXPECT_NEAR(double(plain - with_draft), double(kept), double(page));
 }
 
 // --device cuda --ep N reaches the real-shape runner's factory with the expert-parallel ranks
