@@ -16,6 +16,9 @@
 # benchmarks (with the image time-to-first-token benchmark);
 # 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs);
 # 'dspark' the DSpark draft's GPU tests (docs/dspark.md, "CUDA").
+# A call carries the repository and the bundle, 64 MiB in all: bundle the part's targets only,
+# e.g. `tools/device/bundle.sh dspark_f32_test dspark_real_test cuda_dspark_bench m3serve` for
+# 'dspark'; a test missing from the bundle is listed as NOT BUNDLED in the table.
 set -uo pipefail
 PART=${1:-all}
 case "$PART" in all | tests | bench | decode | prefill | prefill-bench | parallel | dspark) ;;
@@ -42,6 +45,11 @@ if [ -x "$B/m3serve" ]; then "$B/m3serve" version >>"$LOG" 2>&1; else note "m3se
 
 run_test() {  # name limit [gtest filter]
   local t=$1 limit=$2 filter=${3:-} t0=$SECONDS
+  if [ ! -x "$B/$t" ]; then  # a bundle of some targets only (bundle.sh TARGET...): said, not run
+    SUMMARY+=("$(printf '%-26s NOT BUNDLED' "$t${filter:+ [$filter]}")")
+    note "test $t: not in this bundle"
+    return
+  fi
   local start
   start=$(wc -l 2>/dev/null <"$OUT/tests.log" || echo 0)
   echo "== $t${filter:+ [$filter]}" >>"$OUT/tests.log"
