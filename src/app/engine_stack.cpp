@@ -117,9 +117,12 @@ Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
                        "the CUDA runner has no KV page copier (pinned host memory and a copy "
                        "stream); the host and disk tiers run on --device cpu");
   }
-  if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1) {
-    return unsupported("--tp/--ep/--dp/--nnodes",
-                       "every rank's KV pool would need its own host tier, filled in lock step");
+  // Over CPU ranks of this process a page is every rank's shard (PagedKvCacheCopier); attention
+  // groups have a pool each and other nodes' ranks are out of reach.
+  if (f.dp > 1 || f.enable_dp_attention || f.nnodes > 1) {
+    return unsupported("--dp/--enable-dp-attention/--nnodes",
+                       "each attention group's pool (or another node's ranks) would need its own "
+                       "host tier");
   }
   if (!f.speculative_algorithm.empty()) {
     return unsupported("--speculative-algorithm " + f.speculative_algorithm,
@@ -719,9 +722,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     KvPageCopier* copier = runner->kv_page_copier();
     if (copier == nullptr) {
       return Status(StatusCode::kUnimplemented,
-                    "--enable-hierarchical-cache: this model runner (the CUDA path, or ranks) "
-                    "cannot copy KV pages to host memory yet; the tiers run on --device cpu at "
-                    "--tp 1");
+                    "--enable-hierarchical-cache: this model runner (the CUDA path) cannot copy "
+                    "KV pages to host memory yet; the tiers run on --device cpu");
     }
     const int64_t page_bytes = copier->page_bytes();
     const int64_t host_pages =
@@ -746,8 +748,10 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     hicache.host_pages = static_cast<int32_t>(host_pages);
     hicache.policy = options.hicache_policy;
     hicache.disk_dir = options.hicache_disk_dir;
+    // A page's bytes are the ranks' shards one after another: the layout is part of the key.
     hicache.model_identity =
-        kv_identity(model_path, options.dummy_weights, loaded.config, page_size, page_bytes);
+        kv_identity(model_path, options.dummy_weights, loaded.config, page_size, page_bytes) +
+        (tp > 1 ? "|tp=" + std::to_string(tp) : "");
     report.push_back(
         "HiCache: host tier " + std::to_string(host_pages) + " pages of " +
         std::to_string(page_size) + " tokens = " + std::to_string(host_pages * page_size) +

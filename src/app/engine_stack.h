@@ -103,7 +103,7 @@ struct EngineStackOptions {
   // directory's config.json, else the default for the target) next to real target weights.
   bool draft_dummy_weights = false;
   SpeculativeOptions speculative_options;
-  // --enable-hierarchical-cache (docs/kv-cache.md; the float32 CPU path at --tp 1): the host
+  // --enable-hierarchical-cache (docs/kv-cache.md; the float32 CPU path, one process): the host
   // tier holds hicache_host_bytes (--hicache-size, > 0) or hicache_ratio x the device pool's
   // pages; hicache_disk_dir non-empty adds the disk tier.
   bool hicache = false;

@@ -226,7 +226,8 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
            {{"--kv-cache-dtype", "fp4_e2m1", "--tp", "2"}, "--kv-cache-dtype fp4_e2m1 with --tp"},
            {{"--enable-hierarchical-cache", "--device", "cuda"},
             "--enable-hierarchical-cache with --device cuda"},
-           {{"--enable-hierarchical-cache", "--tp", "2"}, "--enable-hierarchical-cache with --tp"},
+           {{"--enable-hierarchical-cache", "--tp", "2", "--dp", "2", "--enable-dp-attention"},
+            "--enable-hierarchical-cache with --dp"},
            {{"--enable-hierarchical-cache", "--kv-cache-dtype", "fp8_e4m3"},
             "--enable-hierarchical-cache with --kv-cache-dtype fp8_e4m3"}}) {
     auto g = parse_serve_flags(flags);
@@ -257,6 +258,13 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_EQ(ro->hicache_host_bytes, 0);
     EXPECT_EQ(ro->hicache_ratio, 3.0);
     EXPECT_EQ(ro->hicache_policy, HiCacheWritePolicy::kWriteThrough);
+    // Over CPU ranks of one process (a page is every rank's shard).
+    auto tp = parse_serve_flags({"--enable-hierarchical-cache", "--tp", "2", "--ep", "2"});
+    ASSERT_TRUE(tp.is_ok());
+    auto tpo = options_from_config(tp->config);
+    ASSERT_TRUE(tpo.is_ok()) << tpo.status().message();
+    EXPECT_TRUE(tpo->hicache);
+    EXPECT_EQ(tpo->tensor_parallel, 2);
     EXPECT_FALSE(parse_serve_flags({"--hicache-write-policy", "write_through_selective"}).is_ok());
     EXPECT_FALSE(parse_serve_flags({"--hicache-storage-backend", "mooncake"}).is_ok());
     for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{

@@ -14,11 +14,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_test_util.h"
 #include "model/minimax_m3/cpu_model_runner.h"
 #include "model/minimax_m3/model_dir.h"
+#include "model/minimax_m3/tensor_parallel_runner.h"
 
 namespace m3 {
 namespace {
@@ -32,23 +34,32 @@ struct TinyServer {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<WeightSource> weights;
 
-  // device_pages: the KV pool; host_pages 0 = no HiCache; prefix false = no prefix cache.
+  // device_pages: the KV pool; host_pages 0 = no HiCache; prefix false = no prefix cache;
+  // ranks > 1: tensor-parallel CPU ranks (TensorParallelCpuRunner, a page every rank's shard).
   TinyServer(int32_t device_pages, int32_t host_pages, bool prefix,
              HiCacheWritePolicy policy = HiCacheWritePolicy::kWriteThrough,
-             const std::string& disk_dir = "") {
+             const std::string& disk_dir = "", int ranks = 1) {
     auto backend = std::make_unique<CpuBackend>(2);
     auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
     EXPECT_TRUE(loaded.is_ok()) << loaded.status().to_string();
     const int32_t page_size = static_cast<int32_t>(loaded->config.index_block_size);
     weights = std::move(loaded->weights);
-    auto r = MiniMaxM3ModelRunner::create_with_pages(std::move(backend), std::move(loaded->model),
-                                                     device_pages);
-    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    std::unique_ptr<ModelRunner> runner;
+    if (ranks > 1) {
+      auto r = TensorParallelCpuRunner::create(loaded->config, *weights, ranks, 1, 1, device_pages);
+      EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+      runner = std::move(r).value();
+    } else {
+      auto r = MiniMaxM3ModelRunner::create_with_pages(std::move(backend),
+                                                       std::move(loaded->model), device_pages);
+      EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+      runner = std::move(r).value();
+    }
     EngineConfig c;
     c.scheduler.page_size = page_size;
     c.scheduler.chunked_prefill_size = 256;
     c.scheduler.enable_prefix_cache = prefix;
-    auto e = Engine::create(std::move(c), std::move(r).value());
+    auto e = Engine::create(std::move(c), std::move(runner));
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
     engine = std::move(e).value();
     if (host_pages > 0) {
@@ -116,10 +127,12 @@ struct Conversation {
   std::vector<Outcome> want;
 };
 
-const Conversation& reference_conversation() {
-  static const Conversation c = [] {
+const Conversation& reference_conversation(int ranks = 1) {
+  static std::map<int, Conversation> made;
+  if (auto it = made.find(ranks); it != made.end()) return it->second;
+  const Conversation& c = made[ranks] = [ranks] {
     Conversation c;
-    TinyServer fresh(kDevicePages, 0, false);
+    TinyServer fresh(kDevicePages, 0, false, HiCacheWritePolicy::kWriteThrough, "", ranks);
     std::vector<int32_t> conv = words(1, 40);
     for (int32_t turn = 0; turn < kTurns; ++turn) {
       c.prompts.push_back(conv);
@@ -134,9 +147,9 @@ const Conversation& reference_conversation() {
   return c;
 }
 
-void serve_conversation(HiCacheWritePolicy policy, int32_t turns) {
-  const Conversation& ref = reference_conversation();
-  TinyServer tiered(kDevicePages, 48, true, policy);
+void serve_conversation(HiCacheWritePolicy policy, int32_t turns, int ranks = 1) {
+  const Conversation& ref = reference_conversation(ranks);
+  TinyServer tiered(kDevicePages, 48, true, policy, "", ranks);
   uint64_t last_prefix_hits = 0, last_host_hits = 0;
   for (int32_t turn = 0; turn < turns; ++turn) {
     const std::string what =
@@ -171,6 +184,12 @@ TEST(HiCacheEngine, EvictedConversationIsServedFromHostBitwiseWriteThrough) {
 
 TEST(HiCacheEngine, EvictedConversationIsServedFromHostBitwiseWriteBack) {
   serve_conversation(HiCacheWritePolicy::kWriteBack, 8);
+}
+
+// --tp 2 on CPU ranks: a host page is both ranks' shards; the same bitwise check against an
+// engine of the same two ranks without a prefix cache.
+TEST(HiCacheEngine, EvictedConversationIsServedFromHostOverTwoCpuRanks) {
+  serve_conversation(HiCacheWritePolicy::kWriteThrough, 8, 2);
 }
 
 TEST(HiCacheEngine, DiskTierSurvivesARestart) {

@@ -5,6 +5,7 @@
 
 #include "backend/comm/gloo_communicator.h"
 #include "loader/checkpoint.h"
+#include "model/minimax_m3/paged_kv_copier.h"
 #include "model/minimax_m3/tensor_parallel.h"
 #include "model/step_wire.h"
 
@@ -112,6 +113,13 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     r->bytes_read_.push_back(reads.total());
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
                                                          num_pages);
+  }
+  // HiCache's page copies: every rank's shard of a page, when this process holds every rank
+  // of the one attention group (its pages are the same ids on every rank).
+  if (!r->distributed_ && dp == 1) {
+    std::vector<minimax_m3::PagedKvCache*> shards;
+    for (Rank& k : r->ranks_) shards.push_back(k.cache.get());
+    r->copier_ = std::make_unique<minimax_m3::PagedKvCacheCopier>(std::move(shards));
   }
   r->receive_status_.assign(r->ranks_.size(), Status::ok());
   for (size_t i = 0; i < r->ranks_.size(); ++i) {

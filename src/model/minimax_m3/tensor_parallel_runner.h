@@ -37,6 +37,7 @@
 
 #include "backend/comm/communicator.h"
 #include "backend/cpu/cpu_backend.h"
+#include "kv/kv_page_copier.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/minimax_m3/kv_cache.h"
@@ -107,6 +108,9 @@ class TensorParallelCpuRunner final : public ModelRunner {
   Backend* first_rank_backend() const { return ranks_[0].backend.get(); }
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
+  // HiCache's page copies over every rank's shard (PagedKvCacheCopier); null with attention
+  // data-parallel groups or ranks in other processes, whose pages this process cannot copy.
+  KvPageCopier* kv_page_copier() override { return copier_.get(); }
 
  private:
   struct Rank {
@@ -138,6 +142,7 @@ class TensorParallelCpuRunner final : public ModelRunner {
   int32_t dp_ = 1;
   std::vector<Rank> ranks_;
   std::vector<uint64_t> bytes_read_;  // per local rank
+  std::unique_ptr<KvPageCopier> copier_;
   int first_rank_ = 0;
   bool distributed_ = false;
   std::chrono::milliseconds idle_wait_{0};
