@@ -114,8 +114,8 @@ Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
   };
   if (f.device == "cuda") {
     return unsupported("--device cuda",
-                       "the CUDA runner has no KV page copier (pinned host memory and a copy "
-                       "stream); the host and disk tiers run on --device cpu");
+                       "the CUDA runner's page copier (pinned host memory, a copy stream) has not "
+                       "passed its GPU check yet; the host and disk tiers run on --device cpu");
   }
   // Over CPU ranks of this process a page is every rank's shard (PagedKvCacheCopier); attention
   // groups have a pool each and other nodes' ranks are out of reach.

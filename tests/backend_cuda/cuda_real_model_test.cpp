@@ -63,6 +63,7 @@
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
 #include "../model/single_sequence.h"
+#include "model/minimax_m3/cuda/cuda_kv_page_copier.h"
 #include "model/minimax_m3/cuda/cuda_m3_model.h"
 #include "quant/mxfp8.h"
 #include "quant/nvfp4.h"
@@ -268,6 +269,67 @@ void mixed_case(Harness& h, const std::string& what) {
 
 TEST(CudaRealModel, MixedBatch) {
   mixed_case(harness(), "");
+}
+
+// HiCache's CUDA page copier (cuda_kv_page_copier.h): a prefilled sequence's pages saved to
+// pinned host memory and loaded into other page ids come back byte for byte (saved again and
+// compared), and a decode step over the copies gives bitwise the logits of one over the
+// originals (the same kernels on the same bytes).
+TEST(CudaRealModel, KvPagesRoundTripThroughPinnedHost) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto g = h.gpu_model(true);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const int64_t v = h.cfg().vocab_size;
+  Seq a = h.new_seq(301), b = h.new_seq(301);
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> gpu;
+  ASSERT_NO_FATAL_FAILURE(h.step({&a}, {random_tokens(300, v, 51)}, false, {g->get()}, &cpu, &gpu));
+  auto copier = minimax_m3::CudaKvPageCopier::create({g->get()});
+  ASSERT_TRUE(copier.is_ok()) << copier.status().to_string();
+  KvPageCopier& c = **copier;
+  EXPECT_EQ(c.page_bytes(), CudaM3Model::kv_bytes_per_page(h.cfg()));
+  const size_t pages = 3;  // positions 0..299
+  ASSERT_GE(a.table.size(), pages);
+  auto arena = c.allocate_host_arena(static_cast<int64_t>(2 * pages) * c.page_bytes());
+  ASSERT_NE(arena, nullptr);
+  std::vector<PageCopy> save_a, load_b, save_b;
+  for (size_t i = 0; i < pages; ++i) {
+    std::byte* first = arena->data() + static_cast<int64_t>(i) * c.page_bytes();
+    std::byte* second = arena->data() + static_cast<int64_t>(pages + i) * c.page_bytes();
+    save_a.push_back({a.table[i], first});
+    load_b.push_back({b.table[i], first});
+    save_b.push_back({b.table[i], second});
+  }
+  ASSERT_TRUE(c.save(save_a).is_ok());
+  ASSERT_TRUE(c.wait().is_ok());
+  ASSERT_TRUE(c.load(load_b).is_ok());
+  ASSERT_TRUE(c.save(save_b).is_ok());
+  ASSERT_TRUE(c.wait().is_ok());
+  EXPECT_EQ(std::memcmp(arena->data(), arena->data() + static_cast<int64_t>(pages) * c.page_bytes(),
+                        static_cast<size_t>(static_cast<int64_t>(pages) * c.page_bytes())),
+            0)
+      << "the pages came back changed";
+  b.cached = a.cached;
+  const int32_t next = last_argmax(gpu[0].logits[0], v);
+  auto decode = [&](const Seq& s) {
+    std::vector<SequenceInput> in(1);
+    const std::vector<int32_t> token = {next};
+    in[0].tokens = token;
+    in[0].start_pos = s.cached;
+    in[0].block_table = s.table;
+    in[0].logits_rows = {0};
+    ForwardOutput out;
+    Status st = (*g)->forward(in, &out);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    return out.logits.empty() ? std::vector<float>{} : out.logits[0];
+  };
+  const std::vector<float> from_a = decode(a), from_b = decode(b);
+  ASSERT_EQ(from_a.size(), static_cast<size_t>(v));
+  EXPECT_EQ(from_a, from_b) << "a decode step over the copied pages differs";
+  const std::vector<PageCopy> outside = {{static_cast<PageId>((*g)->num_kv_pages()), arena->data()}};
+  EXPECT_EQ(c.save(outside).code(), StatusCode::kInternal);
 }
 
 // Input embeddings (image features at placeholder tokens) replace their tokens' embeddings on

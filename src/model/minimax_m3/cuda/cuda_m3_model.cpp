@@ -1391,6 +1391,21 @@ const DevWeights& CudaM3Model::dev_weights() const { return impl_->w; }
 CUstream_st* CudaM3Model::stream() const { return impl_->st(); }
 int CudaM3Model::device() const { return impl_->opt.device; }
 
+std::vector<std::pair<void*, int64_t>> CudaM3Model::kv_page_runs(int64_t page) const {
+  std::vector<std::pair<void*, int64_t>> runs;
+  for (const cuda::KvCacheBf16View& v : impl_->kv) {
+    // [pages, page_size, heads, dim] bf16: a page is one contiguous run of each tensor.
+    const int64_t kv = v.page_size * v.num_kv_heads * v.head_dim;
+    runs.emplace_back(v.k + page * kv, kv * 2);
+    runs.emplace_back(v.v + page * kv, kv * 2);
+    if (v.idx_k != nullptr) {
+      const int64_t ix = v.page_size * v.index_head_dim;
+      runs.emplace_back(v.idx_k + page * ix, ix * 2);
+    }
+  }
+  return runs;
+}
+
 const MiniMaxM3Config& CudaM3Model::config() const {
   return impl_->cfg;
 }

@@ -30,6 +30,8 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 
 struct CUstream_st;
 
@@ -217,6 +219,11 @@ class CudaM3Model {
   const DevWeights& dev_weights() const;
   CUstream_st* stream() const;
   int device() const;
+
+  // Where KV page `page` (0 .. num_kv_pages() - 1) lives: one contiguous (device pointer, bytes)
+  // run per layer and tensor, K, V and the sparse layers' index keys, in layer order. What a page
+  // copy moves (cuda_kv_page_copier.h); the runs add up to kv_bytes_per_page at this rank's shape.
+  std::vector<std::pair<void*, int64_t>> kv_page_runs(int64_t page) const;
 
   struct Impl;
 

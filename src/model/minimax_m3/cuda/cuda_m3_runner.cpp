@@ -85,6 +85,17 @@ CudaM3ModelRunner::CudaM3ModelRunner(std::unique_ptr<minimax_m3::CudaM3Model> mo
 }
 CudaM3ModelRunner::~CudaM3ModelRunner() = default;
 
+KvPageCopier* CudaM3ModelRunner::kv_page_copier() {
+  if (copier_ == nullptr) {
+    std::vector<minimax_m3::CudaM3Model*> ranks;
+    for (auto& m : models_) ranks.push_back(m.get());
+    auto c = minimax_m3::CudaKvPageCopier::create(std::move(ranks));
+    if (!c.is_ok()) return nullptr;
+    copier_ = std::move(c).value();
+  }
+  return copier_.get();
+}
+
 Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
     const MiniMaxM3Config& cfg, const WeightSource& src, const minimax_m3::CudaM3Options& options,
     CudaRanks ranks) {

@@ -21,6 +21,7 @@
 
 #include "backend/comm/communicator.h"
 #include "model/model.h"
+#include "model/minimax_m3/cuda/cuda_kv_page_copier.h"
 #include "model/minimax_m3/cuda/cuda_m3_model.h"
 
 struct CUstream_st;
@@ -74,6 +75,9 @@ class CudaM3ModelRunner final : public ModelRunner {
   // are copied back); other rows, and the rows of a prefill step, return their logits.
   bool samples_on_device() const override { return true; }
   ModelFeatures features() const override { return {true, true}; }
+  // HiCache's page copies over every rank's shard (cuda_kv_page_copier.h), made on first use;
+  // null when a copy stream or event cannot be made.
+  KvPageCopier* kv_page_copier() override;
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
   // How the ranks all-reduce, for the startup report ("NCCL", or the one-shot path and its limit).
@@ -93,6 +97,7 @@ class CudaM3ModelRunner final : public ModelRunner {
                                                          CudaRanks ranks);
 
   std::vector<std::unique_ptr<minimax_m3::CudaM3Model>> models_;
+  std::unique_ptr<minimax_m3::CudaKvPageCopier> copier_;  // made by kv_page_copier()
   std::unique_ptr<RankThreads> threads_;  // ranks 1.. (none without tensor parallelism)
   Status broken_;                          // the error that made the group unusable
   std::string all_reduce_path_ = "none (one GPU)";

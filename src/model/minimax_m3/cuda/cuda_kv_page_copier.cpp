@@ -1,0 +1,114 @@
+#include "model/minimax_m3/cuda/cuda_kv_page_copier.h"
+
+#include <string>
+#include <utility>
+
+#include "backend/cuda/runtime/device_memory.h"
+#include "backend/cuda/runtime/graph.h"
+#include "backend/cuda/runtime/stream.h"
+
+namespace m3::minimax_m3 {
+
+struct CudaKvPageCopier::Rank {
+  CudaM3Model* model = nullptr;
+  cuda::Stream copy;
+  cuda::Event compute_done;  // the compute stream's point a save's copies wait for
+  cuda::Event loaded;        // the copy stream's point the compute stream waits for after a load
+  int64_t bytes = 0;         // this rank's shard of a page
+};
+
+namespace {
+
+// The host tier in page-locked memory (full-speed, asynchronous copies).
+class PinnedPageArena final : public HostPageArena {
+ public:
+  explicit PinnedPageArena(std::unique_ptr<cuda::PinnedHostBlock> block) : block_(std::move(block)) {}
+  std::byte* data() override { return static_cast<std::byte*>(block_->data()); }
+  int64_t size() const override { return static_cast<int64_t>(block_->size()); }
+
+ private:
+  std::unique_ptr<cuda::PinnedHostBlock> block_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CudaKvPageCopier>> CudaKvPageCopier::create(std::vector<CudaM3Model*> ranks) {
+  if (ranks.empty()) return invalid_argument("[cuda_kv_page_copier] no ranks");
+  std::unique_ptr<CudaKvPageCopier> c(new CudaKvPageCopier());
+  for (CudaM3Model* m : ranks) {
+    if (m->num_kv_pages() != ranks.front()->num_kv_pages())
+      return invalid_argument("[cuda_kv_page_copier] the ranks' KV pools differ in pages");
+    auto r = std::make_unique<Rank>();
+    r->model = m;
+    M3_RETURN_IF_ERROR(cuda::set_current_device(m->device()));
+    M3_ASSIGN_OR_RETURN(r->copy, cuda::Stream::create());
+    M3_ASSIGN_OR_RETURN(r->compute_done, cuda::Event::create());
+    M3_ASSIGN_OR_RETURN(r->loaded, cuda::Event::create());
+    for (const auto& run : m->kv_page_runs(0)) r->bytes += run.second;
+    c->page_bytes_ += r->bytes;
+    c->ranks_.push_back(std::move(r));
+  }
+  return c;
+}
+
+CudaKvPageCopier::~CudaKvPageCopier() {
+  // Copies still queued read or write host memory the cache is about to free.
+  (void)wait();
+}
+
+std::unique_ptr<HostPageArena> CudaKvPageCopier::allocate_host_arena(int64_t bytes) {
+  if (!cuda::set_current_device(ranks_.front()->model->device()).is_ok()) return nullptr;
+  auto block = cuda::PinnedHostBlock::allocate(static_cast<size_t>(bytes));
+  if (!block.is_ok()) return nullptr;  // the caller names the size in its error
+  return std::make_unique<PinnedPageArena>(std::move(block).value());
+}
+
+Status CudaKvPageCopier::check(const PageCopy& c, const char* op) const {
+  const int64_t pages = ranks_.front()->model->num_kv_pages();
+  if (c.device_page < 0 || c.device_page >= pages || c.host == nullptr) {
+    return internal_error(std::string("[cuda_kv_page_copier.") + op + "] page " +
+                          std::to_string(c.device_page) + " of " + std::to_string(pages) +
+                          (c.host == nullptr ? ", null host memory" : ""));
+  }
+  return Status::ok();
+}
+
+Status CudaKvPageCopier::save(std::span<const PageCopy> copies) { return copy(copies, true); }
+Status CudaKvPageCopier::load(std::span<const PageCopy> copies) { return copy(copies, false); }
+
+Status CudaKvPageCopier::copy(std::span<const PageCopy> copies, bool to_host) {
+  for (const PageCopy& c : copies) M3_RETURN_IF_ERROR(check(c, to_host ? "save" : "load"));
+  int64_t offset = 0;
+  for (const std::unique_ptr<Rank>& r : ranks_) {
+    M3_RETURN_IF_ERROR(cuda::set_current_device(r->model->device()));
+    // After the compute work queued so far: the forward that wrote a saved page, or the last
+    // reads of a page a load overwrites.
+    M3_RETURN_IF_ERROR(r->compute_done.record(r->model->stream()));
+    M3_RETURN_IF_ERROR(r->compute_done.make_wait(r->copy.get()));
+    for (const PageCopy& c : copies) {
+      std::byte* at = c.host + offset;
+      for (const auto& [device, bytes] : r->model->kv_page_runs(c.device_page)) {
+        M3_RETURN_IF_ERROR(to_host ? cuda::copy_to_host_async(at, device, size_t(bytes), r->copy.get())
+                                   : cuda::copy_to_device_async(device, at, size_t(bytes),
+                                                                r->copy.get()));
+        at += bytes;
+      }
+    }
+    if (!to_host) {  // the next forward reads the loaded pages
+      M3_RETURN_IF_ERROR(r->loaded.record(r->copy.get()));
+      M3_RETURN_IF_ERROR(r->loaded.make_wait(r->model->stream()));
+    }
+    offset += r->bytes;
+  }
+  return Status::ok();
+}
+
+Status CudaKvPageCopier::wait() {
+  for (const std::unique_ptr<Rank>& r : ranks_) {
+    M3_RETURN_IF_ERROR(cuda::set_current_device(r->model->device()));
+    M3_RETURN_IF_ERROR(r->copy.synchronize());
+  }
+  return Status::ok();
+}
+
+}  // namespace m3::minimax_m3
