@@ -722,8 +722,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     KvPageCopier* copier = runner->kv_page_copier();
     if (copier == nullptr) {
       return Status(StatusCode::kUnimplemented,
-                    "--enable-hierarchical-cache: this model runner (the CUDA path) cannot copy "
-                    "KV pages to host memory yet; the tiers run on --device cpu");
+                    "--enable-hierarchical-cache: this model runner cannot copy KV pages to host "
+                    "memory (no page copier could be made for it)");
     }
     const int64_t page_bytes = copier->page_bytes();
     const int64_t host_pages =

@@ -8,7 +8,6 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "dspark_reference.h"
-#include "tiny_dspark.h"
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/dspark/dspark_draft.h"
 #include "model/minimax_m3/dspark/dspark_dummy_weights.h"

@@ -41,7 +41,7 @@
 #include "model/minimax_m3/dspark/dspark_dummy_weights.h"
 #include "model/minimax_m3/dspark/target_features.h"
 #include "model/minimax_m3/model.h"
-#include "tiny_dspark.h"
+#include "dspark_reference.h"
 
 namespace m3 {
 namespace {

@@ -377,7 +377,7 @@ Status launch_dspark_block_attention(const DSparkBlockAttentionParams& p, CUstre
     return invalid_argument(who + std::to_string(p.num_pages) + " pages of " +
                             std::to_string(p.page_size) + " positions: cache rows past int32");
   // Positions are int32 in the kernel (the window's first position and the block's last).
-  if (p.window > INT32_MAX / 4 || p.anchor_pos > INT32_MAX / 2)
+  if (p.window > kDSparkAttentionMaxWindow || p.anchor_pos > INT32_MAX / 2)
     return invalid_argument(who + "anchor position " + std::to_string(p.anchor_pos) +
                             " or window " + std::to_string(p.window) + " past int32 positions");
   const bool batched = p.seqs != nullptr;

@@ -73,6 +73,9 @@ struct DSparkBlockAttentionParams {
 };
 
 constexpr int kDSparkAttentionTileKeys = 64;     // keys per shared-memory tile
+// The largest window: the kernel keeps positions in int32 (a window's first position, the
+// block's last, anchors up to 2^30).
+constexpr int64_t kDSparkAttentionMaxWindow = int64_t{1} << 28;
 constexpr int kDSparkAttentionTargetCtas = 256;  // CTAs of one sequence at a full window
 
 // Query rows (slot x head of one KV group) per CTA: 128, or 64 at head_dim 256 (shared memory).

@@ -25,23 +25,6 @@ Result<void*> DeviceArena::alloc_bytes(size_t bytes, const std::string& what) {
   return p;
 }
 
-PinnedHostBlock::~PinnedHostBlock() {
-  if (data_ != nullptr) cudaFreeHost(data_);
-}
-
-Result<std::unique_ptr<PinnedHostBlock>> PinnedHostBlock::allocate(size_t bytes) {
-  auto b = std::make_unique<PinnedHostBlock>();
-  const cudaError_t e = cudaMallocHost(&b->data_, bytes);
-  if (e != cudaSuccess) {
-    b->data_ = nullptr;
-    return Status(StatusCode::kResourceExhausted,
-                  "[cuda.pinned_host] cudaMallocHost of " + std::to_string(bytes) +
-                      " bytes failed: " + cudaGetErrorString(e));
-  }
-  b->bytes_ = bytes;
-  return b;
-}
-
 PinnedHostBuffer::~PinnedHostBuffer() {
   if (data_ != nullptr) cudaFreeHost(data_);
 }

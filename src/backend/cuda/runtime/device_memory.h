@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,23 +52,6 @@ class PinnedHostBuffer {
   // At least `bytes` bytes. Growing frees the old buffer after `in_use_by` finishes (the copies
   // queued on it may still read or write it).
   Result<uint8_t*> reserve(size_t bytes, CUstream_st* in_use_by);
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// One fixed block of page-locked host memory (a host tier of KV pages, kv/kv_page_copier.h).
-class PinnedHostBlock {
- public:
-  PinnedHostBlock() = default;
-  ~PinnedHostBlock();
-  PinnedHostBlock(const PinnedHostBlock&) = delete;
-  PinnedHostBlock& operator=(const PinnedHostBlock&) = delete;
-  // resource_exhausted naming the size when the driver has no page-locked memory for it.
-  static Result<std::unique_ptr<PinnedHostBlock>> allocate(size_t bytes);
-  void* data() const { return data_; }
-  size_t size() const { return bytes_; }
 
  private:
   void* data_ = nullptr;

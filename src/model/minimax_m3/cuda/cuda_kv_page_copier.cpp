@@ -19,15 +19,22 @@ struct CudaKvPageCopier::Rank {
 
 namespace {
 
-// The host tier in page-locked memory (full-speed, asynchronous copies).
+// The host tier in page-locked memory (full-speed, asynchronous copies), reserved once.
 class PinnedPageArena final : public HostPageArena {
  public:
-  explicit PinnedPageArena(std::unique_ptr<cuda::PinnedHostBlock> block) : block_(std::move(block)) {}
-  std::byte* data() override { return static_cast<std::byte*>(block_->data()); }
-  int64_t size() const override { return static_cast<int64_t>(block_->size()); }
+  std::byte* data() override { return data_; }
+  int64_t size() const override { return size_; }
+  Status reserve(int64_t bytes) {
+    M3_ASSIGN_OR_RETURN(uint8_t* p, buffer_.reserve(static_cast<size_t>(bytes), nullptr));
+    data_ = reinterpret_cast<std::byte*>(p);
+    size_ = bytes;
+    return Status::ok();
+  }
 
  private:
-  std::unique_ptr<cuda::PinnedHostBlock> block_;
+  cuda::PinnedHostBuffer buffer_;
+  std::byte* data_ = nullptr;
+  int64_t size_ = 0;
 };
 
 }  // namespace
@@ -58,9 +65,9 @@ CudaKvPageCopier::~CudaKvPageCopier() {
 
 std::unique_ptr<HostPageArena> CudaKvPageCopier::allocate_host_arena(int64_t bytes) {
   if (!cuda::set_current_device(ranks_.front()->model->device()).is_ok()) return nullptr;
-  auto block = cuda::PinnedHostBlock::allocate(static_cast<size_t>(bytes));
-  if (!block.is_ok()) return nullptr;  // the caller names the size in its error
-  return std::make_unique<PinnedPageArena>(std::move(block).value());
+  auto arena = std::make_unique<PinnedPageArena>();
+  if (!arena->reserve(bytes).is_ok()) return nullptr;  // the caller names the size in its error
+  return arena;
 }
 
 Status CudaKvPageCopier::check(const PageCopy& c, const char* op) const {

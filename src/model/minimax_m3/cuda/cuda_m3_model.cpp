@@ -1511,8 +1511,6 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
       n_logit_seqs += batch[s.index].logits_rows.empty() ? 0 : 1;
     }
     const bool copy_logits = n_sample < n_logit_seqs;
-    // Each sequence's logits rows come back as one range (from its first to its last wanted
-    // row), not all rows of the step: a prefill chunk wants at most its last row.
     // One staging area: [ids rows][positions rows][tables rows x width] int32, the sampling knobs
     // and sampled tokens of the t_all real rows, then their logits (the padding rows' are never
     // read).
@@ -1603,6 +1601,8 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     }
     float* logits = reinterpret_cast<float*>(host + head_bytes);
     if (copy_logits) {
+      // Each sequence's logits rows come back as one range (from its first to its last wanted
+      // row), not all rows of the step: a prefill chunk wants at most its last row.
       for (const Impl::Seq& s : seqs) {
         const SequenceInput& in = batch[s.index];
         if (sampled_here(in) || in.logits_rows.empty()) continue;

@@ -102,7 +102,7 @@ struct CudaM3Kernels {
   // slices, so a prefill chunk's tokens are decode rows there (the grouped expert GEMVs read each
   // touched expert's weights once per 16 rows); off, only one-token rows and a draft's short
   // slices do, and any prefill chunk takes the general path (the grouped expert GEMM, whose NVFP4
-  // decode made a step of a few hundred tokens cost ~13 ms per MoE layer on an H200).
+  // decode made 512 tokens cost 13.2 ms per MoE layer with mma.sync on an H200).
   bool small_steps_on_decode_path = true;
   // Decode sampling: kMultiCta (each row over many CTAs), instead of kOneCtaPerRow: with top-k
   // 40 and top-p 0.95, 44 us instead of 609 us at batch 1 on an H200 (about 5 us slower for

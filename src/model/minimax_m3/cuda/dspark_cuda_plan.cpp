@@ -40,8 +40,7 @@ Result<DSparkCudaPlan> plan_dspark_cuda(const dspark::DSparkConfig& c, int64_t p
     return refuse("dspark_ffn_hidden_size " + std::to_string(c.intermediate_size) +
                   ": the MXFP8 GEMVs need multiples of 32");
   if (c.markov_rank <= 0) return refuse("dspark_markov_rank must be positive");
-  // The block attention keeps positions in int32.
-  if (c.sliding_window > (int64_t{1} << 28))
+  if (c.sliding_window > cuda::kDSparkAttentionMaxWindow)
     return refuse("sliding_window " + std::to_string(c.sliding_window) + ": above 2^28 positions");
   if (page_size <= 0) return invalid_argument(kWho + "page size must be positive");
 
