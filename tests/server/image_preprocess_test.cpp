@@ -1,5 +1,5 @@
 // Pre-processing as Hugging Face's Qwen2VLImageProcessor: smart_resize grids and image-token
-// counts, PIL's bicubic resize arithmetic, rescale/normalise and the patch layout.
+// counts, torchvision's uint8 bicubic resize arithmetic, rescale/normalise and the patch layout.
 //
 // Expected grids come from the documented smart_resize formula evaluated in Python (round() is
 // half-to-even). Pixel-exact goldens from transformers + PIL itself are pending (no Python
@@ -11,7 +11,7 @@
 
 #include "image_fixtures.h"
 #include "server/media/image_preprocess.h"
-#include "server/media/pil_resize.h"
+#include "server/media/bicubic_resize.h"
 
 namespace m3::server {
 namespace {
@@ -99,19 +99,20 @@ TEST(ImagePreprocess, ExtremeAspectRatioIsA400) {
   }
 }
 
-// PIL's arithmetic, derived by hand for a 2x1 -> 4x1 upscale of [0, 255] (scale 0.5, support 2):
-// output 0: taps at source 0, 1 with kernel(0.25) = 0.8671875, kernel(1.25) = -0.0703125,
-//   normalised 1.0882, -0.0882 -> 255 * -0.0882 < 0 -> clipped to 0;
+// torchvision's uint8 arithmetic, derived by hand for a 2x1 -> 4x1 upscale of [0, 255] (scale 0.5,
+// support 2): output 0: taps at source 0, 1 with kernel(0.25) = 0.8671875, kernel(1.25) =
+//   -0.0703125, normalised 1.0882, -0.0882 -> 255 * -0.0882 < 0 -> clamped to 0;
 // output 1: kernel(-0.25) = 0.8671875, kernel(0.75) = 0.2265625, normalised weight of 255 is
-//   0.2071429 -> fixed point int(0.5 + 0.2071429 * 2^22) = 868815; (255 * 868815 + 2^21) >> 22
+//   0.2071429. The largest weight, 1.0882, leaves 14 fraction bits in int16 (1.0882 * 2^15 does
+//   not fit), so the weight is int(0.5 + 0.2071429 * 2^14) = 3394 and (255 * 3394 + 2^13) >> 14
 //   = 53; outputs 2, 3 mirror them: 202, 255.
-TEST(PilResize, HandDerivedUpscale) {
-  EXPECT_DOUBLE_EQ(pil_bicubic_kernel(0.25), 0.8671875);
-  EXPECT_DOUBLE_EQ(pil_bicubic_kernel(1.25), -0.0703125);
-  EXPECT_DOUBLE_EQ(pil_bicubic_kernel(0.75), 0.2265625);
-  EXPECT_EQ(pil_bicubic_kernel(2.0), 0.0);
+TEST(BicubicResize, HandDerivedUpscale) {
+  EXPECT_DOUBLE_EQ(keys_bicubic_kernel(0.25), 0.8671875);
+  EXPECT_DOUBLE_EQ(keys_bicubic_kernel(1.25), -0.0703125);
+  EXPECT_DOUBLE_EQ(keys_bicubic_kernel(0.75), 0.2265625);
+  EXPECT_EQ(keys_bicubic_kernel(2.0), 0.0);
   RgbImage in{2, 1, {0, 0, 0, 255, 255, 255}};
-  RgbImage out = resize_bicubic_like_pil(in, 4, 1);
+  RgbImage out = resize_bicubic(in, 4, 1);
   ASSERT_EQ(out.width, 4);
   const uint8_t want[4] = {0, 53, 202, 255};
   for (int x = 0; x < 4; ++x) {
@@ -119,13 +120,13 @@ TEST(PilResize, HandDerivedUpscale) {
   }
   // A 2x downscale of a pair averages it (support 4 covers both, equal weights), rounding half up.
   RgbImage pair{2, 1, {10, 11, 0, 20, 20, 255}};
-  RgbImage one = resize_bicubic_like_pil(pair, 1, 1);
+  RgbImage one = resize_bicubic(pair, 1, 1);
   EXPECT_EQ(one.pixels, (std::vector<uint8_t>{15, 16, 128}));
   // Same size: untouched; constant images stay constant through both passes.
-  EXPECT_EQ(resize_bicubic_like_pil(pair, 2, 1).pixels, pair.pixels);
+  EXPECT_EQ(resize_bicubic(pair, 2, 1).pixels, pair.pixels);
   RgbImage flat{50, 31, std::vector<uint8_t>(50 * 31 * 3, 201)};
   for (auto [w, h] : {std::pair{17, 90}, std::pair{112, 28}, std::pair{3, 3}}) {
-    RgbImage r = resize_bicubic_like_pil(flat, w, h);
+    RgbImage r = resize_bicubic(flat, w, h);
     for (uint8_t v : r.pixels) ASSERT_EQ(v, 201);
   }
 }
@@ -140,8 +141,8 @@ std::vector<double> reference_resize(const RgbImage& in, int ow, int oh, double*
       const int lo = std::max(0, int(center - sup + 0.5));
       const int hi = std::min(in_size, int(center + sup + 0.5));
       double sum = 0;
-      for (int k = lo; k < hi; ++k) sum += pil_bicubic_kernel((k - center + 0.5) / fs);
-      for (int k = lo; k < hi; ++k) t[size_t(i)].push_back({k, pil_bicubic_kernel((k - center + 0.5) / fs) / sum});
+      for (int k = lo; k < hi; ++k) sum += keys_bicubic_kernel((k - center + 0.5) / fs);
+      for (int k = lo; k < hi; ++k) t[size_t(i)].push_back({k, keys_bicubic_kernel((k - center + 0.5) / fs) / sum});
     }
   };
   std::vector<std::vector<std::pair<int, double>>> th, tv;
@@ -171,11 +172,13 @@ std::vector<double> reference_resize(const RgbImage& in, int ow, int oh, double*
   return out;
 }
 
-TEST(PilResize, WithinRoundingOfTheExactConvolution) {
+TEST(BicubicResize, WithinRoundingOfTheExactConvolution) {
   // A smooth image in 64..192: bicubic overshoot stays inside 0..255, so nothing clips and the only
-  // differences from the exact convolution are PIL's roundings: the 8-bit intermediate (<= 0.5,
-  // carried through the vertical weights, sum|w| = S), the final rounding (<= 0.5) and the 22-bit
-  // weights (< 255 * taps * 2^-22 per pass, under 0.01 here). Bound: 0.5 * S + 0.5 + 0.02.
+  // differences from the exact convolution are the roundings: the 8-bit intermediate (<= 0.5,
+  // carried through the vertical weights, sum|w| = S), the final rounding (<= 0.5) and the int16
+  // weights (<= 255 * taps * 2^-(bits + 1) per pass: 0.03 for an upscale's 4 taps at 14 bits; a
+  // downscale's many taps are small and get 16-17 bits; carried through S on the second pass).
+  // Bound: 0.5 * S + 0.5 + 0.1.
   const int W = 97, H = 61;
   RgbImage img{W, H, std::vector<uint8_t>(size_t(W) * H * 3)};
   for (int y = 0; y < H; ++y)
@@ -186,8 +189,8 @@ TEST(PilResize, WithinRoundingOfTheExactConvolution) {
   for (auto [ow, oh] : {std::pair{56, 28}, std::pair{224, 140}, std::pair{84, 112}, std::pair{30, 61}}) {
     double S = 0;
     std::vector<double> ref = reference_resize(img, ow, oh, &S);
-    RgbImage got = resize_bicubic_like_pil(img, ow, oh);
-    const double bound = 0.5 * S + 0.5 + 0.02;
+    RgbImage got = resize_bicubic(img, ow, oh);
+    const double bound = 0.5 * S + 0.5 + 0.1;
     double worst = 0;
     for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got.pixels[i] - ref[i]));
     EXPECT_LE(worst, bound) << ow << "x" << oh;
@@ -217,8 +220,9 @@ TEST(ImagePreprocess, NormalisationAndPatchLayout) {
               for (int py = 0; py < 14; py += 5)
                 for (int px = 0; px < 14; px += 3) {
                   const uint8_t v = img.pixels[(size_t(y0 + py) * 56 + x0 + px) * 3 + c];
-                  const float x = float(double(v) * (1.0 / 255.0));
-                  const float want = (x - kM3.mean[size_t(c)]) / kM3.std[size_t(c)];
+                  // The processor's fused rescale + normalise, in float32.
+                  const float want = (float(v) - kM3.mean[size_t(c)] * 255.0f) /
+                                     (kM3.std[size_t(c)] * 255.0f);
                   const size_t at = size_t(patch) * 1176 + ((size_t(c) * 2 + t) * 14 + py) * 14 + px;
                   ASSERT_EQ(p.values[at], want) << patch << " " << c << " " << t;
                 }

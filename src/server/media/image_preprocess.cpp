@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "server/media/pil_resize.h"
+#include "server/media/bicubic_resize.h"
 
 namespace m3::server {
 
@@ -70,17 +70,16 @@ std::variant<PixelPatches, ApiError> preprocess_image(const RgbImage& image,
                            param);
   if (auto* e = std::get_if<ApiError>(&size)) return *e;
   const ResizedSize rs = std::get<ResizedSize>(size);
-  const RgbImage resized = resize_bicubic_like_pil(image, int32_t(rs.width), int32_t(rs.height));
+  const RgbImage resized = resize_bicubic(image, int32_t(rs.width), int32_t(rs.height));
 
-  // Rescale (double, then float32) and normalise in float32, channel by channel.
+  // Rescale and normalise fused as the processor does it: (x - 255 mean) / (255 std), with
+  // 255 mean and 255 std formed in float32 and the expression evaluated in float32.
   const int H = resized.height, W = resized.width;
   std::vector<float> plane(size_t(3) * H * W);  // [c, y, x]
-  const double rescale = 1.0 / 255.0;
   for (int c = 0; c < 3; ++c) {
-    const float m = config.mean[size_t(c)], s = config.std[size_t(c)];
+    const float m = config.mean[size_t(c)] * 255.0f, s = config.std[size_t(c)] * 255.0f;
     for (size_t i = 0; i < size_t(H) * W; ++i) {
-      const float x = float(double(resized.pixels[i * 3 + size_t(c)]) * rescale);
-      plane[size_t(c) * H * W + i] = (x - m) / s;
+      plane[size_t(c) * H * W + i] = (float(resized.pixels[i * 3 + size_t(c)]) - m) / s;
     }
   }
 

@@ -2,9 +2,9 @@
 // MiniMax-M3 processor uses it; docs/vision.md):
 //  1. smart_resize: both sides to multiples of factor = patch_size * merge_size (28), the area
 //     within [min_pixels, max_pixels], the aspect ratio kept; an aspect ratio above 200 is refused;
-//  2. bicubic resize exactly as PIL does (pil_resize.h) on the 8-bit image;
-//  3. rescale by 1/255 (in double, stored as float32) and normalise ((x - mean) / std in float32,
-//     as numpy does with float32 arrays);
+//  2. antialiased bicubic resize of the 8-bit image exactly as torchvision does it on a uint8
+//     tensor (bicubic_resize.h), the processor's default backend;
+//  3. rescale and normalise fused, as the processor does: (x - 255 mean) / (255 std) in float32;
 //  4. the single frame repeated to temporal_patch_size, cut into patches of
 //     channels * temporal_patch_size * patch_size^2 values ((c, t, y, x) order, the Conv3d
 //     weight's), the patches in merge-window order (t, h/m, w/m, m, m).
