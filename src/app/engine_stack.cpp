@@ -112,10 +112,11 @@ Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
     return Status(StatusCode::kUnimplemented,
                   "--enable-hierarchical-cache with " + what + " is not supported yet: " + why);
   };
-  if (f.device == "cuda") {
-    return unsupported("--device cuda",
-                       "the CUDA runner's page copier (pinned host memory, a copy stream) has not "
-                       "passed its GPU check yet; the host and disk tiers run on --device cpu");
+  // The GPU copier moves every rank's shard too, but it has run on one GPU only.
+  if (f.device == "cuda" && (f.tp > 1 || f.ep > 1)) {
+    return unsupported("--device cuda --tp/--ep",
+                       "the GPU page copier over several GPUs' shards has not run on several GPUs "
+                       "yet (tools/device/serve-hicache.sh with SERVE_ARGS=\"--tp 2\")");
   }
   // Over CPU ranks of this process a page is every rank's shard (PagedKvCacheCopier); attention
   // groups have a pool each and other nodes' ranks are out of reach.
@@ -129,7 +130,8 @@ Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
                        "the draft's target features kept per KV page do not follow pages into "
                        "the host and disk tiers yet");
   }
-  if (f.kv_cache_dtype != "auto") {
+  // On the GPU, bf16 is the KV cache's own dtype (auto).
+  if (f.kv_cache_dtype != "auto" && !(f.device == "cuda" && f.kv_cache_dtype == "bf16")) {
     return unsupported("--kv-cache-dtype " + f.kv_cache_dtype,
                        "the tiers copy the float32 KV pages of the CPU reference; bf16 and "
                        "quantised pages (with their per-page scales) are not copied yet");

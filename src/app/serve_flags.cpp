@@ -308,7 +308,7 @@ const std::vector<Flag>& flags() {
          return note(f, "--block-size", v, "KV pages are the model's sparse-attention blocks");
        }},
       {"--enable-hierarchical-cache", false, G::kMemory,
-       "host-memory (and disk) KV tier behind the prefix cache (CPU device, --tp 1)", "",
+       "host-memory (and disk) KV tier behind the prefix cache (CPU or GPU; one attention group on one node)", "",
        [](ServeConfig& f, const std::string&) {
          f.enable_hierarchical_cache = true;
          return Status::ok();

@@ -224,8 +224,8 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
            {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
             "--kv-cache-dtype fp8_e4m3 with --device cuda"},
            {{"--kv-cache-dtype", "fp4_e2m1", "--tp", "2"}, "--kv-cache-dtype fp4_e2m1 with --tp"},
-           {{"--enable-hierarchical-cache", "--device", "cuda"},
-            "--enable-hierarchical-cache with --device cuda"},
+           {{"--enable-hierarchical-cache", "--device", "cuda", "--tp", "2"},
+            "--enable-hierarchical-cache with --device cuda --tp/--ep"},
            {{"--enable-hierarchical-cache", "--tp", "2", "--dp", "2", "--enable-dp-attention"},
             "--enable-hierarchical-cache with --dp"},
            {{"--enable-hierarchical-cache", "--kv-cache-dtype", "fp8_e4m3"},
@@ -258,6 +258,15 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_EQ(ro->hicache_host_bytes, 0);
     EXPECT_EQ(ro->hicache_ratio, 3.0);
     EXPECT_EQ(ro->hicache_policy, HiCacheWritePolicy::kWriteThrough);
+    // On the GPU (the CUDA runner's page copier), bf16 being the GPU's own KV dtype.
+    for (const char* dtype : {"auto", "bf16"}) {
+      auto g = parse_serve_flags({"--enable-hierarchical-cache", "--device", "cuda",
+                                  "--kv-cache-dtype", dtype});
+      ASSERT_TRUE(g.is_ok());
+      auto go = options_from_config(g->config);
+      ASSERT_TRUE(go.is_ok()) << dtype << ": " << go.status().message();
+      EXPECT_TRUE(go->hicache);
+    }
     // Over CPU ranks of one process (a page is every rank's shard).
     auto tp = parse_serve_flags({"--enable-hierarchical-cache", "--tp", "2", "--ep", "2"});
     ASSERT_TRUE(tp.is_ok());

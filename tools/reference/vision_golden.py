@@ -105,10 +105,13 @@ def make_image(name, mode, w, h, seed):
     base = np.stack([
         127 + 120 * np.sin(x / max(w, 1) * 6.3 + 0.5),
         127 + 120 * np.cos(y / max(h, 1) * 5.1),
-        127 + 120 * np.sin(r / 3.0),
+        127 + 120 * np.sin(r / (3.0 if w * h < 4_000_000 else 60.0)),
     ], axis=-1)
-    # Noise gives the bicubic taps texture; the large images get little, so their files stay small.
-    base += g.normal(0, 18 if w * h <= 250_000 else 2, base.shape)
+    # Noise gives the bicubic taps texture; the large images get little or none, so their files
+    # stay small (the camera-sized one is smooth: its resize is a 5x average anyway).
+    n = w * h
+    if n < 4_000_000:
+        base += g.normal(0, 18 if n <= 250_000 else 2, base.shape)
     rgb = np.clip(np.rint(base), 0, 255).astype(np.uint8)
     img = Image.fromarray(rgb, "RGB")
     if mode == "RGBA":
@@ -137,7 +140,7 @@ def write_images(out, names):
             continue
         if fmt == "jpeg":
             fn = f"{name}.jpg"
-            img.save(idir / fn, "JPEG", quality=90 if w * h <= 250_000 else 80)
+            img.save(idir / fn, "JPEG", quality=90 if w * h <= 250_000 else 80 if w * h < 4_000_000 else 70)
         elif fmt.startswith("jpeg_exif"):
             fn = f"{name}.jpg"
             exif = Image.Exif()
