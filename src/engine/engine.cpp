@@ -543,8 +543,9 @@ bool Engine::run_step() {
     }
     if (capture) step.capture_layers = draft_capture_layers_;
     // Pages loaded back from the host or disk tier at admission must be complete before the
-    // forward reads them, and pages saved on eviction before their ids are written again.
-    if (const HiCache* hc = sched_->hicache()) st = hc->copier->wait();
+    // forward reads them, and pages saved on eviction before their ids are written again; a GPU
+    // copier orders that on the GPU, and other saves run on beside the forward.
+    if (const HiCache* hc = sched_->hicache()) st = hc->copier->order_before_forward();
     if (st.is_ok()) st = runner_->forward(step, model_out);
     if (st.is_ok()) st = gather_step_logits(plan, step, model_out, vocab_size_, out);
     // Before the prompt logits are read: a row the runner sampled without being offered it has

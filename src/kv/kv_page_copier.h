@@ -7,11 +7,14 @@
 // Shaped for an asynchronous GPU implementation: host memory comes from the copier
 // (allocate_host_arena, so a GPU copier can hand out pinned memory), save() and load() only
 // enqueue (a GPU copier issues them on its own copy stream), and wait() is the one point where
-// they must have completed. The callers keep to that contract:
-//   - the engine calls wait() before every forward, so a loaded page is complete before attention
-//     reads it and a saved page's device copy is not overwritten by a reused page id before the
-//     save has read it (a GPU copier may later replace the blocking wait with an event the compute
-//     stream waits on);
+// the host sees them completed. The callers keep to that contract:
+//   - the engine calls order_before_forward() before every forward: a loaded page must be
+//     complete before attention reads it, and a released page's save must have read it before a
+//     forward writes that page id again. A GPU copier makes its compute stream wait for exactly
+//     those copies (the host does not block, and saves of pages still cached run on beside the
+//     forward); the default blocks on every copy (wait());
+//   - the cache calls release() for a page it gives back to the device pool (evicted), before
+//     the pool can hand the id out again;
 //   - the cache calls wait() before it reads host bytes a save() wrote (writing them to disk) and
 //     before it overwrites host bytes a load() may still be reading.
 //   - save() is called only for pages whose K/V a completed forward wrote (they are in the radix
@@ -59,6 +62,11 @@ class KvPageCopier {
   virtual Status load(std::span<const PageCopy> copies) = 0;
   // Blocks until every copy enqueued so far has completed.
   virtual Status wait() = 0;
+  // The cache gives `page` back to the device pool: a save still reading it must be complete
+  // before the next forward (order_before_forward) may write the id again.
+  virtual void release(PageId page) { (void)page; }
+  // Before a forward: the loads enqueued so far and the saves of released pages come first.
+  virtual Status order_before_forward() { return wait(); }
 };
 
 // Plain heap memory: what a CPU copier hands out.

@@ -63,6 +63,7 @@ bool RadixPrefixIndex::device_evictable(const Node* n) const {
 }
 
 void RadixPrefixIndex::release_device(Node* n) {
+  if (hicache_) hicache_->copier->release(n->page);  // a save may still be reading it
   pool_->set_cached(n->page, false);
   pool_->decref(n->page);
   n->page = -1;

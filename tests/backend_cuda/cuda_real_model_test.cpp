@@ -328,6 +328,19 @@ TEST(CudaRealModel, KvPagesRoundTripThroughPinnedHost) {
   const std::vector<float> from_a = decode(a), from_b = decode(b);
   ASSERT_EQ(from_a.size(), static_cast<size_t>(v));
   EXPECT_EQ(from_a, from_b) << "a decode step over the copied pages differs";
+  // A released page's save reads the page before the next forward writes it: a's page 2 (as b's
+  // page 2 is now: both decoded position 300) saved, released, then a decode at position 301
+  // writes it; the saved bytes must be b's page's.
+  ASSERT_TRUE(c.save({{PageCopy{a.table[2], arena->data()}}}).is_ok());
+  c.release(a.table[2]);
+  ASSERT_TRUE(c.order_before_forward().is_ok());
+  Seq a_next = a;
+  a_next.cached = a.cached + 1;
+  EXPECT_EQ(decode(a_next).size(), static_cast<size_t>(v));
+  ASSERT_TRUE(c.save({{PageCopy{b.table[2], arena->data() + c.page_bytes()}}}).is_ok());
+  ASSERT_TRUE(c.wait().is_ok());
+  EXPECT_EQ(std::memcmp(arena->data(), arena->data() + c.page_bytes(), size_t(c.page_bytes())), 0)
+      << "a released page's save read what the next forward wrote";
   const std::vector<PageCopy> outside = {{static_cast<PageId>((*g)->num_kv_pages()), arena->data()}};
   EXPECT_EQ(c.save(outside).code(), StatusCode::kInternal);
 }

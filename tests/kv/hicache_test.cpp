@@ -22,6 +22,12 @@ namespace fs = std::filesystem;
 constexpr int32_t P = 4;
 constexpr int64_t kPageBytes = 64;
 
+// With `lazy`, saves behave as a GPU copier's do: queued in order, each reading the device page
+// when it runs, not when it is queued. A queued save runs at wait(), before a load (one copy
+// stream, in order), and at order_before_forward() up to the last save of a released page (the
+// compute stream waits for that one, hence for every earlier one) and, at random, a few more. A
+// forward that wrote a page whose save had not run would leave other bytes in the host tier,
+// which the byte checks of a later hit catch.
 class FakeCopier final : public KvPageCopier {
  public:
   explicit FakeCopier(int32_t num_pages)
@@ -31,19 +37,52 @@ class FakeCopier final : public KvPageCopier {
     return std::make_unique<HeapPageArena>(bytes);
   }
   Status save(std::span<const PageCopy> copies) override {
-    for (const PageCopy& c : copies) std::memcpy(c.host, device.at(c.device_page).data(), kPageBytes);
+    for (const PageCopy& c : copies) queued.push_back({c, false});
     saves += copies.size();
+    if (!lazy) run(queued.size());
     return Status::ok();
   }
   Status load(std::span<const PageCopy> copies) override {
+    run(queued.size());
     for (const PageCopy& c : copies) std::memcpy(device.at(c.device_page).data(), c.host, kPageBytes);
     loads += copies.size();
     return Status::ok();
   }
-  Status wait() override { return Status::ok(); }
+  Status wait() override {
+    run(queued.size());
+    return Status::ok();
+  }
+  void release(PageId page) override {
+    for (Queued& q : queued) q.released = q.released || q.copy.device_page == page;
+    ++releases;
+  }
+  Status order_before_forward() override {
+    size_t n = 0;
+    for (size_t i = 0; i < queued.size(); ++i) {
+      if (queued[i].released) n = i + 1;
+    }
+    run(std::min(queued.size(), n + rng() % 3));
+    return Status::ok();
+  }
 
   std::vector<std::vector<std::byte>> device;
-  size_t saves = 0, loads = 0;
+  size_t saves = 0, loads = 0, releases = 0;
+  bool lazy = false;
+
+ private:
+  struct Queued {
+    PageCopy copy;
+    bool released;
+  };
+  // Runs the first n queued saves.
+  void run(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(queued[i].copy.host, device.at(queued[i].copy.device_page).data(), kPageBytes);
+    }
+    queued.erase(queued.begin(), queued.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  std::vector<Queued> queued;
+  std::mt19937 rng{99};
 };
 
 // The bytes a page holding tokens [0, (i + 1) * P) of `t` must have.
@@ -89,6 +128,8 @@ struct Tiers {
     if (pool.num_free() < need) index.evict(need - pool.num_free());
     std::vector<PageId> fresh;
     EXPECT_TRUE(pool.alloc(need, &fresh)) << "the device pool cannot hold one request";
+    // The forward that computes the fresh pages, ordered after the copies it must follow.
+    EXPECT_TRUE(copier.order_before_forward().is_ok());
     for (int32_t i = 0; i < need; ++i) {
       copier.device[static_cast<size_t>(fresh[i])] = page_bytes_for(t, hit + i);
     }
@@ -248,11 +289,17 @@ TEST(HiCache, BadDiskDirectoryIsAClearError) {
 
 // Random turns of many conversations over tiny pools: invariants after every turn, every cached
 // byte checked, and all accounting back to the baseline at the end.
+// With the lazy copier too: saves that run late, as on a GPU, still leave the right bytes.
 TEST(HiCache, RandomConversationsLeakNothing) {
   const fs::path dir = temp_dir("fuzz");
+  for (bool lazy : {false, true})
   for (HiCacheWritePolicy policy : {HiCacheWritePolicy::kWriteBack, HiCacheWritePolicy::kWriteThrough}) {
     for (bool disk : {false, true}) {
+      SCOPED_TRACE(std::string(lazy ? "lazy" : "eager") + " copier, " +
+                   (policy == HiCacheWritePolicy::kWriteBack ? "write_back" : "write_through") +
+                   (disk ? ", disk" : ""));
       Tiers t(8, 6, policy, disk ? dir.string() : "");
+      t.copier.lazy = lazy;
       std::mt19937 rng(1234);
       std::vector<std::vector<int32_t>> convs(50);
       int32_t hits = 0;
@@ -267,6 +314,7 @@ TEST(HiCache, RandomConversationsLeakNothing) {
         ASSERT_EQ(t.index.check_invariants(), "") << "turn " << turn;
       }
       EXPECT_GT(hits, 0);
+      EXPECT_GT(t.copier.releases, 0u);
       EXPECT_GT(t.index.hicache()->counters.host_hit_tokens, 0u);
       if (disk) {
         EXPECT_GT(t.index.hicache()->counters.disk_hit_tokens, 0u);

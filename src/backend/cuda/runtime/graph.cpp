@@ -36,6 +36,13 @@ Status Event::synchronize() const {
   return Status::ok();
 }
 
+Result<bool> Event::reached() const {
+  const cudaError_t e = cudaEventQuery(e_);
+  if (e == cudaErrorNotReady) return false;  // not an error (and not kept as the last one)
+  M3_CUDA_RETURN_IF_ERROR(e);
+  return true;
+}
+
 Result<float> Event::elapsed_ms(const Event& from, const Event& to) {
   float ms = 0.0f;
   M3_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, from.e_, to.e_));

@@ -33,6 +33,8 @@ class Event {
   Status make_wait(CUstream_st* stream) const;
   // Blocks the host until the recorded point is reached.
   Status synchronize() const;
+  // Whether the recorded point has been reached, without blocking.
+  Result<bool> reached() const;
   // Milliseconds between two reached timed events.
   static Result<float> elapsed_ms(const Event& from, const Event& to);
 

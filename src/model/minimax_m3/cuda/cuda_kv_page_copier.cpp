@@ -17,6 +17,13 @@ struct CudaKvPageCopier::Rank {
   int64_t bytes = 0;         // this rank's shard of a page
 };
 
+// One save(): its pages, and an event on each rank's copy stream after its copies.
+struct CudaKvPageCopier::SaveBatch {
+  std::vector<PageId> pages;
+  std::vector<cuda::Event> done;  // per rank
+  bool released = false;          // one of its pages went back to the pool: a forward waits
+};
+
 namespace {
 
 // The host tier in page-locked memory (full-speed, asynchronous copies), reserved once.
@@ -80,7 +87,47 @@ Status CudaKvPageCopier::check(const PageCopy& c, const char* op) const {
   return Status::ok();
 }
 
-Status CudaKvPageCopier::save(std::span<const PageCopy> copies) { return copy(copies, true); }
+Status CudaKvPageCopier::save(std::span<const PageCopy> copies) {
+  M3_RETURN_IF_ERROR(copy(copies, true));
+  SaveBatch batch;
+  for (const PageCopy& c : copies) batch.pages.push_back(c.device_page);
+  for (const std::unique_ptr<Rank>& r : ranks_) {
+    M3_RETURN_IF_ERROR(cuda::set_current_device(r->model->device()));
+    M3_ASSIGN_OR_RETURN(cuda::Event e, cuda::Event::create());
+    M3_RETURN_IF_ERROR(e.record(r->copy.get()));
+    batch.done.push_back(std::move(e));
+  }
+  saves_.push_back(std::move(batch));
+  return Status::ok();
+}
+
+void CudaKvPageCopier::release(PageId page) {
+  for (SaveBatch& b : saves_) {
+    for (PageId p : b.pages) b.released = b.released || p == page;
+  }
+}
+
+Status CudaKvPageCopier::order_before_forward() {
+  // Loads already made the compute streams wait. Of the saves: those reached are forgotten;
+  // a released page's save becomes a wait of every compute stream (then it is forgotten too:
+  // everything queued later on those streams comes after it); the rest run on.
+  for (auto it = saves_.begin(); it != saves_.end();) {
+    bool reached = true;
+    for (size_t i = 0; i < ranks_.size() && reached; ++i) {
+      M3_RETURN_IF_ERROR(cuda::set_current_device(ranks_[i]->model->device()));
+      M3_ASSIGN_OR_RETURN(reached, it->done[i].reached());
+    }
+    if (!reached && it->released) {
+      for (size_t i = 0; i < ranks_.size(); ++i) {
+        M3_RETURN_IF_ERROR(cuda::set_current_device(ranks_[i]->model->device()));
+        M3_RETURN_IF_ERROR(it->done[i].make_wait(ranks_[i]->model->stream()));
+      }
+      reached = true;
+    }
+    it = reached ? saves_.erase(it) : std::next(it);
+  }
+  return Status::ok();
+}
 Status CudaKvPageCopier::load(std::span<const PageCopy> copies) { return copy(copies, false); }
 
 Status CudaKvPageCopier::copy(std::span<const PageCopy> copies, bool to_host) {
@@ -115,6 +162,7 @@ Status CudaKvPageCopier::wait() {
     M3_RETURN_IF_ERROR(cuda::set_current_device(r->model->device()));
     M3_RETURN_IF_ERROR(r->copy.synchronize());
   }
+  saves_.clear();
   return Status::ok();
 }
 

@@ -6,11 +6,16 @@
 //    that wrote the pages), then queues the device-to-host copies;
 //  * load() queues the host-to-device copies and makes the compute stream wait for them, so the
 //    next forward reads complete pages even before wait();
+//  * a save's pages are remembered with an event on each copy stream until it is reached;
+//    release() marks the save of a page the cache gives back to the pool, and
+//    order_before_forward() makes the compute streams wait (on the GPU) for those saves only:
+//    the host does not block, and saves of pages that stay cached overlap the forward;
 //  * wait() blocks until every queued copy has finished.
 // Plain host code over the CUDA runtime wrappers (backend/cuda/runtime); no CUDA header.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -32,8 +37,11 @@ class CudaKvPageCopier final : public KvPageCopier {
   Status save(std::span<const PageCopy> copies) override;
   Status load(std::span<const PageCopy> copies) override;
   Status wait() override;
+  void release(PageId page) override;
+  Status order_before_forward() override;
 
   struct Rank;
+  struct SaveBatch;
 
  private:
   CudaKvPageCopier() = default;
@@ -43,6 +51,7 @@ class CudaKvPageCopier final : public KvPageCopier {
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   int64_t page_bytes_ = 0;
+  std::deque<SaveBatch> saves_;  // queued saves not yet known to be complete, oldest first
 };
 
 }  // namespace m3::minimax_m3
