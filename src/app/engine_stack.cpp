@@ -226,6 +226,8 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   o.expert_parallel = f.ep;
   o.enable_expert_parallel = f.enable_expert_parallel;
   o.custom_all_reduce = !f.disable_custom_all_reduce;
+  o.decode_max_rows = f.cuda_graph_max_bs;
+  o.decode_max_rows_flag = f.cuda_graph_max_bs_flag;
   o.dp_attention = f.enable_dp_attention ? f.dp : 1;
   M3_ASSIGN_OR_RETURN(o.load_balance, parse_load_balance_method(f.load_balance_method));
   o.dummy_weights = f.load_format == "dummy";
@@ -380,6 +382,10 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
                    fit.message().c_str());
   }
+  if (options.decode_max_rows > 0 && !real_shape)
+    std::fprintf(stderr, "m3serve: note: %s %d: it sizes the real-shape CUDA kernels' decode "
+                 "path, which this model does not run on; it changes nothing\n",
+                 options.decode_max_rows_flag.c_str(), options.decode_max_rows);
   std::unique_ptr<Backend> backend;
   minimax_m3::LoadedModel loaded;
   ReadCounter whole_model_reads;  // one CPU rank: the checkpoint bytes its load read
@@ -538,6 +544,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.expert_parallel = ep;
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
+    pool.max_decode_rows = options.decode_max_rows;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
       std::fprintf(stderr,
                    "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working, "
@@ -590,6 +597,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.expert_parallel = ep;
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
+    pool.max_decode_rows = options.decode_max_rows;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else if (multi_node) {
     M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));

@@ -81,6 +81,9 @@ struct EngineStackOptions {
   // GPU ranks: the decode step's small all-reduces through the one-shot all-reduce over peer
   // memory (false: --disable-custom-all-reduce, NCCL for all).
   bool custom_all_reduce = true;
+  // --cuda-graph-max-bs: the real-shape kernels' decode-path rows per step (0: their default).
+  int32_t decode_max_rows = 0;
+  std::string decode_max_rows_flag;  // its spelling on the command line
   // --enable-dp-attention --dp D: attention data-parallel groups over the --tp ranks (D divides
   // tp; check_dp_attention). 1: none.
   int32_t dp_attention = 1;

@@ -33,6 +33,7 @@ struct CudaKvPoolRequest {
   int expert_parallel = 1;
   std::chrono::seconds dist_timeout{300};
   bool custom_all_reduce = true;  // small all-reduces over peer memory (CudaRanks)
+  int64_t max_decode_rows = 0;    // --cuda-graph-max-bs; 0: CudaM3Options' default
 };
 
 }  // namespace m3::app

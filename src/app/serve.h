@@ -30,6 +30,10 @@ struct ServeConfig {
   std::string load_balance_method = "round_robin";  // --load-balance-method (validated)
   bool enable_expert_parallel = false;
   bool disable_custom_all_reduce = false;  // GPU ranks: NCCL for every all-reduce
+  // --cuda-graph-max-bs (-decode): rows of a decode step on the real-shape kernels' decode path
+  // (captured as CUDA graphs); 0: the default.
+  int32_t cuda_graph_max_bs = 0;
+  std::string cuda_graph_max_bs_flag;  // the spelling given, for the startup note
   // --nnodes, --node-rank, --dist-init-addr, --dist-timeout (app/multi_node.h).
   int32_t nnodes = 1;
   int32_t node_rank = 0;

@@ -261,14 +261,25 @@ const std::vector<Flag>& flags() {
          return note(f, "--cuda-graph-backend-prefill", v,
                      "prefill runs without CUDA graphs (decode steps are captured)");
        }},
-      {"--cuda-graph-max-bs-decode", true, G::kParallel,
-       "accepted; decode graphs are captured per batch bucket up to 128 rows", "64",
+      {"--cuda-graph-max-bs", true, G::kParallel,
+       "GPU: the most rows a step runs on the decode path (GEMV kernels, captured as CUDA graphs "
+       "per power-of-two batch bucket); larger steps take the prefill path (default 256)",
+       "256",
        [](ServeConfig& f, const std::string& v) {
-         auto r = to_int("--cuda-graph-max-bs-decode", v, 1, 1 << 20);
+         auto r = to_int("--cuda-graph-max-bs", v, 1, 1024);
          if (!r.is_ok()) return r.status();
-         return note(f, "--cuda-graph-max-bs-decode", v,
-                     "decode steps are captured as CUDA graphs per batch bucket, up to 128 rows "
-                     "per step; the limit is not configurable");
+         f.cuda_graph_max_bs = static_cast<int32_t>(*r);
+         f.cuda_graph_max_bs_flag = "--cuda-graph-max-bs";
+         return Status::ok();
+       }},
+      {"--cuda-graph-max-bs-decode", true, G::kParallel, "the same as --cuda-graph-max-bs",
+       "256",
+       [](ServeConfig& f, const std::string& v) {
+         auto r = to_int("--cuda-graph-max-bs-decode", v, 1, 1024);
+         if (!r.is_ok()) return r.status();
+         f.cuda_graph_max_bs = static_cast<int32_t>(*r);
+         f.cuda_graph_max_bs_flag = "--cuda-graph-max-bs-decode";
+         return Status::ok();
        }},
       // ---- memory
       {"--mem-fraction-static", true, G::kMemory,

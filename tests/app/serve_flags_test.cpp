@@ -152,6 +152,7 @@ std::string summary(const ServeConfig& c) {
   add(c.nnodes); add(c.node_rank); s += c.dist_init_addr + "|"; add(c.dist_timeout_s);
   s += c.load_balance_method + "|";
   add(c.disable_custom_all_reduce);
+  add(c.cuda_graph_max_bs);
   s += c.speculative_draft_model_path + "|" + c.speculative_draft_load_format + "|";
   add(c.speculative_num_draft_tokens);
   add(c.speculative_simulate_accept_length);
@@ -199,17 +200,20 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   ASSERT_TRUE(f.is_ok()) << f.status().message();
   EXPECT_EQ(f->config.server.served_model_names.front(), "MiniMaxAI/MiniMax-M3.1-Flash");
   for (const char* inert : {"--trust-remote-code", "--moe-runner-backend",
-                            "--cuda-graph-backend-prefill", "--cuda-graph-max-bs-decode"}) {
+                            "--cuda-graph-backend-prefill"}) {
     bool noted = false;
     for (const std::string& n : f->config.notices) noted |= n.rfind(inert, 0) == 0;
     EXPECT_TRUE(noted) << inert;
   }
   EXPECT_EQ(f->config.mem_fraction_static, 0.8) << "plans the KV pool (memory_plan.h)";
+  EXPECT_EQ(f->config.cuda_graph_max_bs, 128) << "the real-shape kernels' decode-path rows";
   // --tp 4 runs (CPU ranks, or GPU ranks on the real-shape kernels), DSPARK with it (the draft
   // beside rank 0).
   auto accepted = options_from_config(f->config);
   ASSERT_TRUE(accepted.is_ok()) << accepted.status().message();
   EXPECT_EQ(accepted->tensor_parallel, 4);
+  EXPECT_EQ(accepted->decode_max_rows, 128);
+  EXPECT_EQ(accepted->decode_max_rows_flag, "--cuda-graph-max-bs-decode");
   EXPECT_TRUE(accepted->speculative);
   EXPECT_TRUE(accepted->speculative_options.method == VerifyMethod::kBlock);
   // And on GPU ranks (the draft beside rank 0).

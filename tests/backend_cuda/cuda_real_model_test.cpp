@@ -103,10 +103,11 @@ class Harness {
   }
 
   Result<std::unique_ptr<CudaM3Model>> gpu_model(bool graphs,
-                                                 minimax_m3::CudaM3Tuning tuning = {}) {
+                                                 minimax_m3::CudaM3Tuning tuning = {},
+                                                 int64_t max_batch = 16) {
     CudaM3Options o;
     o.num_kv_pages = kPages;
-    o.max_batch = 16;
+    o.max_batch = max_batch;
     o.use_graphs = graphs;
     o.tuning = tuning;
     return CudaM3Model::load(cfg_, src_, o);
@@ -480,6 +481,38 @@ TEST(CudaRealModel, DecodeBatch1GraphsOnAndOff) {
 
 TEST(CudaRealModel, DecodeBatch5GraphsOnAndOff) {
   decode_case(harness(), "", 5, {120, 250, 375, 500, 60}, 20);
+}
+
+// The decode path at its widest bucket, 256 rows (--cuda-graph-max-bs 256): a 200-token chunk and
+// two decode rows run as 202 rows padded to 256 (small_steps_on_decode_path), every row's logits
+// against the CPU model, with graphs on (captured on first use, then replayed on a second step of
+// the same bucket).
+TEST(CudaRealModel, DecodePathAt256Rows) {
+  Harness& h = harness();
+  ASSERT_TRUE(h.ready());
+  h.reset_pages();
+  auto g = h.gpu_model(true, {}, 256);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const int64_t v = h.cfg().vocab_size;
+  Seq a = h.new_seq(500), b = h.new_seq(300), c = h.new_seq(300);
+  ForwardOutput cpu;
+  std::vector<ForwardOutput> gpu;
+  ASSERT_NO_FATAL_FAILURE(h.step({&b, &c}, {random_tokens(140, v, 61), random_tokens(260, v, 62)},
+                                 false, {g->get()}, &cpu, &gpu));
+  EXPECT_TRUE(compare_step(h, cpu, gpu[0], 2, "256 rows: two prompts"));
+  for (int k = 0; k < 2; ++k) {
+    const int32_t tb = last_argmax(cpu.logits[0], v), tc = last_argmax(cpu.logits[1], v);
+    const uint32_t seed = 63 + static_cast<uint32_t>(k);
+    ASSERT_NO_FATAL_FAILURE(h.step({&b, &c, &a}, {{tb}, {tc}, random_tokens(200, v, seed)}, true,
+                                   {g->get()}, &cpu, &gpu));
+    EXPECT_TRUE(compare_step(h, cpu, gpu[0], 3,
+                             "256 rows: a 200-token chunk + 2 decode rows, step " +
+                                 std::to_string(k + 1)));
+  }
+  const minimax_m3::CudaM3Stats st = (*g)->stats();
+  EXPECT_EQ(st.general_steps, 1) << "the 400-token first step only";
+  EXPECT_EQ(st.decode_steps, 2);
+  EXPECT_GE(st.graph_replays, 1);
 }
 
 // Short contexts (at most 2 blocks of 128, top-k 3): no indexer, every block, against the CPU

@@ -102,12 +102,13 @@ serves "vLLM flags" --enable-expert-parallel --block-size -- \
   --host 127.0.0.1 --port 0
 
 # The HiCache variant serves (the guide's --hicache-size 64 is more host memory than a test
-# machine has: 1 GB here) and reports its host tier; on GPUs it is refused by name.
+# machine has: 1 GB here) and reports its host tier; on GPU ranks (--device cuda --tp 8) it is
+# refused by name.
 M=(--model-path "$WORK/models/MiniMax-M3.1-Flash")
 serves "HiCache" -- "${COMMON[@]}" "${M[@]}" --enable-hierarchical-cache --hicache-size 1
 grep -q "HiCache: host tier" "$WORK/log" || fail "HiCache: no host tier in the startup report"
-refused "HiCache on GPUs" 2 "--enable-hierarchical-cache with --device cuda" -- "${COMMON[@]}" \
-  "${M[@]}" --device cuda --enable-hierarchical-cache --hicache-size 64
+refused "HiCache on GPU ranks" 2 "--enable-hierarchical-cache with --device cuda --tp/--ep" -- \
+  "${COMMON[@]}" "${M[@]}" --device cuda --tp 8 --enable-hierarchical-cache --hicache-size 64
 # fp8 KV serves on one CPU rank and says so; on the recipe's eight ranks it is refused by name.
 serves "fp8 KV" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3 --context-length 1024
 grep -q "KV cache: kv dtype fp8_e4m3 (.* bytes per token), [0-9]* tokens fit" "$WORK/log" ||

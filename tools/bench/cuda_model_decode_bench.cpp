@@ -25,6 +25,8 @@
 // B, context C tokens); M3_BENCH_NORM_CLUSTER_ROWS=N and M3_BENCH_FUSED_ROUTER_ROWS=N set
 // CudaM3Tuning's cluster_norm_max_rows and fused_router_max_rows;
 // M3_BENCH_LAYERS=L loads one model of L layers (the per-layer split is then not printed);
+// M3_BENCH_MAX_BATCH=N sets CudaM3Options::max_batch (the decode path's rows; a batch above it
+// takes the prefill path), for an A/B of the two paths at one batch;
 // M3_BENCH_BIG_LAYERS=L (9..60, or 0 for none) the model the MoE layer's time is taken from.
 // M3_BENCH_MODEL=m3 runs MiniMax-M3's layer mix instead (builtin_m3_config: layers 0-2 full
 // attention, so the "dense" layer time is a full-attention dense-MLP layer's, and the bytes count
@@ -116,7 +118,7 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool may_fail =
   DummyWeightSource src(cfg);
   CudaM3Options o;
   o.num_kv_pages = pages;
-  o.max_batch = 128;
+  if (const char* e = std::getenv("M3_BENCH_MAX_BATCH")) o.max_batch = std::atoll(e);
   o.gpu_dummy_weights = true;
   o.tuning = tuning();
   auto m = CudaM3Model::load(cfg, src, o);
@@ -195,8 +197,8 @@ int main(int argc, char** argv) {
     configs.clear();
     for (const char* q = only; *q != '\0';) {
       long long b = 0, c = 0;
-      if (std::sscanf(q, "%lld,%lld", &b, &c) != 2 || b < 1 || b > 128 || c < 128 || c % 128) {
-        std::fprintf(stderr, "M3_BENCH_ONLY=B,C[;B,C...]: batch 1..128, context a multiple of 128\n");
+      if (std::sscanf(q, "%lld,%lld", &b, &c) != 2 || b < 1 || b > 1024 || c < 128 || c % 128) {
+        std::fprintf(stderr, "M3_BENCH_ONLY=B,C[;B,C...]: batch 1..1024, context a multiple of 128\n");
         return 2;
       }
       configs.push_back({b, c});
@@ -229,9 +231,26 @@ int main(int argc, char** argv) {
       return 2;
     }
     auto model = load(layers, pages);
-    for (const Config& c : configs)
-      std::printf("B=%lld ctx=%lld, %lld layers: %.3f ms per step\n", (long long)c.batch,
-                  (long long)c.ctx, (long long)layers, step_ms(model.get(), c, 15));
+    const MiniMaxM3Config fl = bench_config(layers);
+    for (const Config& c : configs) {
+      const double ms = step_ms(model.get(), c, 15);
+      // The bytes of the header comment's rule for these layers (every layer sparse, as in
+      // M3.1-Flash; the first three dense-MLP).
+      const double touched =
+          c.batch == 1 ? double(k) : e * (1 - std::pow(1 - double(k) / e, double(c.batch)));
+      const int64_t ctx_blocks = (c.ctx + 127) / 128;
+      const bool all_fit = ctx_blocks <= fl.index_topk_blocks;
+      const double kv = double(c.batch) *
+                        (double(std::min<int64_t>(fl.index_topk_blocks, ctx_blocks)) * 128.0 *
+                             hkv * d * 2 * 2 +
+                         (all_fit ? 0.0 : c.ctx * fl.index_head_dim * 2.0));
+      double bytes = head;
+      for (int64_t l = 0; l < layers; ++l)
+        bytes += attn_w + kv + (l < 3 ? dense_mlp : shared + router + touched * expert);
+      std::printf("B=%lld ctx=%lld, %lld layers: %.3f ms per step, %.2f GB read: %.0f GB/s\n",
+                  (long long)c.batch, (long long)c.ctx, (long long)layers, ms, bytes / 1e9,
+                  bytes / (ms * 1e-3) / 1e9);
+    }
     return 0;
   }
   int64_t big = big_layers(pages);

@@ -7,7 +7,8 @@
 # tools/device/bundle.sh, carry [".device/cuda.tar.xz"]); builds nothing.
 # Files back in $OUT: serve-tp-bench.log (everything), server.log, bench-*.json.
 # Environment: TP (default: every GPU), EXTRA (more serve flags, e.g. --disable-custom-all-reduce),
-# CONCURRENCY ("1 4 16 64"), WORKLOADS ("1024:1024 8192:1024"), PROMPTS_PER_CONC (4).
+# CONCURRENCY ("1 4 16 64"), WORKLOADS ("1024:1024 8192:1024"), PROMPTS_PER_CONC (4), LAYERS (60;
+# fewer, e.g. 8, fit one GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?OUT must be set}"
@@ -18,7 +19,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 TP=${TP:-$GPUS}
 PORT=30188
 M=$(mktemp -d)
-tools/device/flash-config.sh "$M" 60
+tools/device/flash-config.sh "$M" "${LAYERS:-60}"
 t0=$(date +%s.%N)
 "$B/m3serve" serve --model-path "$M" --load-format dummy --device cuda --tp "$TP" --port "$PORT" \
   ${EXTRA:-} >"$OUT/server.log" 2>&1 &

@@ -9,7 +9,7 @@
 //  * decode (at most max_batch rows; every sequence one token, unless
 //    CudaM3Kernels::small_steps_on_decode_path lets a prefill chunk's tokens be rows too): the
 //    streaming GEMVs (quant_gemv.h), indexer_decode + sparse_decode, grouped expert GEMVs. Rows are padded
-//    to a batch bucket (1, 2, 4, ..., 128) and the block tables to a power-of-two width; padding
+//    to a batch bucket (1, 2, 4, ..., max_batch) and the block tables to a power-of-two width; padding
 //    rows have block-table -1 (no KV write, no attention) and position 0. All buffers are made at
 //    load, so the step allocates nothing, and with graphs on it is captured into a CUDA graph per
 //    (batch bucket, table width) on its first use (that step runs eagerly) and replayed after.
@@ -157,7 +157,9 @@ struct CudaM3Options {
   // is load()'s error.
   std::function<Result<int64_t>(const CudaMemoryProfile&)> kv_pages_after_profile;
   int64_t profile_tokens = 8192;
-  int64_t max_batch = 128;   // decode rows per step on the GEMV path (larger batches: general)
+  // Decode rows per step on the GEMV path (larger steps: general); --cuda-graph-max-bs. At 256
+  // rows the decode path is ~8x the general path's speed (docs/performance.md).
+  int64_t max_batch = 256;
   int device = 0;
   // Decode steps captured into a CUDA graph per (batch bucket, table width) on first use and
   // replayed (bitwise the eager launches); off: every step launched eagerly.
