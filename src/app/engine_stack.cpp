@@ -79,11 +79,6 @@ Result<KvCacheDtype> resolve_kv_cache_dtype(const ServeConfig& f) {
                   flag + " with --device cuda: the GPU kernels read a bf16 KV cache only; a "
                          "quantised KV cache runs on the CPU (--device cpu) so far");
   }
-  if (f.tp > 1 || f.ep > 1 || f.enable_expert_parallel || f.dp > 1 || f.nnodes > 1) {
-    return Status(StatusCode::kUnimplemented,
-                  flag + " with --tp/--ep/--dp/--nnodes: the CPU ranks keep a float32 KV cache; "
-                         "a bf16 or quantised KV cache runs at --tp 1 only so far");
-  }
   return d;
 }
 
@@ -469,7 +464,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       real_shape ? minimax_m3::real_shape_kv_bytes_per_page(
                        tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp) : loaded.config)
       // With dp a rank holds its attention group's pool: the KV heads split over tp / dp ranks.
-      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp) / tp * local_ranks
+      : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp,
+                                                           options.kv_cache_dtype) /
+                       tp * local_ranks
                  : MiniMaxM3ModelRunner::bytes_per_page(backend.get(), loaded.config,
                                                         options.kv_cache_dtype);
   mem.page_size = page_size;
@@ -606,7 +603,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> ranks,
                         TensorParallelCpuRunner::create_distributed(
                             loaded.config, *loaded.weights, std::move(joined.ranks), ep,
-                            threads_per_rank, static_cast<int32_t>(plan.pages), dp));
+                            threads_per_rank, static_cast<int32_t>(plan.pages), dp,
+                            options.kv_cache_dtype));
     bytes_read = ranks->weight_bytes_read();
     runner = std::move(ranks);
   } else if (tp > 1) {
@@ -614,7 +612,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> ranks,
                         TensorParallelCpuRunner::create(loaded.config, *loaded.weights, tp, ep,
                                                         threads_per_rank,
-                                                        static_cast<int32_t>(plan.pages), dp));
+                                                        static_cast<int32_t>(plan.pages), dp,
+                                                        options.kv_cache_dtype));
     bytes_read = ranks->weight_bytes_read();
     if (options.speculative) {
       M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
@@ -834,7 +833,7 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   M3_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelCpuRunner> runner,
                       TensorParallelCpuRunner::create_distributed(
                           cfg, *weights, std::move(joined.ranks), ep,
-                          std::max(1, cores / local_ranks), pages, dp));
+                          std::max(1, cores / local_ranks), pages, dp, options.kv_cache_dtype));
   std::string read;
   if (const uint64_t stored = checkpoint_stored_bytes(*weights); stored > 0)
     read = "; " + weights_read_summary(runner->first_rank(), runner->weight_bytes_read(), stored);

@@ -299,7 +299,7 @@ const std::vector<Flag>& flags() {
        "must hold one request of the context length",
        "1048576", INT_FLAG(kv_cache_bytes, 1, INT64_MAX)},
       {"--kv-cache-dtype", true, G::kMemory, "KV cache storage: auto (default: float32 on the CPU, bf16 on the GPU), bf16, fp8_e4m3 or "
-       "fp4_e2m1 (NVFP4); the last three on the CPU at --tp 1, refused on the GPU so far",
+       "fp4_e2m1 (NVFP4); the last three on the CPU (also over CPU ranks), refused on the GPU so far",
        "fp8_e4m3",
        [](ServeConfig& f, const std::string& v) {
          return set_choice(f.kv_cache_dtype, "--kv-cache-dtype", v,

@@ -227,7 +227,6 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
            {{"--dp", "2"}, "--dp 2"},
            {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
             "--kv-cache-dtype fp8_e4m3 with --device cuda"},
-           {{"--kv-cache-dtype", "fp4_e2m1", "--tp", "2"}, "--kv-cache-dtype fp4_e2m1 with --tp"},
            {{"--enable-hierarchical-cache", "--device", "cuda", "--tp", "2"},
             "--enable-hierarchical-cache with --device cuda --tp/--ep"},
            {{"--enable-hierarchical-cache", "--tp", "2", "--dp", "2", "--enable-dp-attention"},
@@ -304,13 +303,17 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     ASSERT_TRUE(o.is_ok()) << o.status().message();
     EXPECT_TRUE(o->speculative);
   }
-  // --kv-cache-dtype takes effect on the CPU at --tp 1; auto and bf16 keep the GPU's own bf16.
+  // --kv-cache-dtype takes effect on the CPU, over CPU ranks too; auto and bf16 keep the GPU's
+  // own bf16.
   for (auto [flags, want] : std::vector<std::pair<std::vector<std::string>, KvCacheDtype>>{
            {{}, KvCacheDtype::kFloat32},
            {{"--kv-cache-dtype", "auto"}, KvCacheDtype::kFloat32},
            {{"--kv-cache-dtype", "bf16"}, KvCacheDtype::kBF16},
            {{"--kv-cache-dtype", "fp8_e4m3"}, KvCacheDtype::kFp8E4M3},
            {{"--kv-cache-dtype", "fp4_e2m1", "--device", "cpu"}, KvCacheDtype::kFp4E2M1},
+           {{"--kv-cache-dtype", "fp8_e4m3", "--tp", "4", "--ep", "2"}, KvCacheDtype::kFp8E4M3},
+           {{"--kv-cache-dtype", "bf16", "--tp", "2", "--enable-dp-attention", "--dp", "2"},
+            KvCacheDtype::kBF16},
            {{"--kv-cache-dtype", "bf16", "--device", "cuda"}, KvCacheDtype::kFloat32}}) {
     auto g = parse_serve_flags(flags);
     ASSERT_TRUE(g.is_ok());

@@ -3,8 +3,8 @@
 # variant (HF_HUB_OFFLINE=1, a local folder, no --revision) and vLLM's spellings reach "ready"
 # with /health 200 and a note for each flag that changes nothing here; the HiCache and H200
 # variants' --tp 8 and --ep 8 serve on eight CPU ranks; their flags whose features are not built
-# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3 over ranks, the host KV tier on GPUs)
-# are refused at startup naming the flag (fp8 KV on one CPU rank serves); the HiCache variant
+# yet (--dp 2 with DP attention, --kv-cache-dtype fp8_e4m3 on GPUs, the host KV tier on GPU ranks)
+# are refused at startup naming the flag (fp8 KV on CPU ranks serves); the HiCache variant
 # serves with its host tier on the CPU; and a
 # --context-length beyond the model's maximum fails naming both numbers.
 # Usage: deployment_guide_variants.sh <m3serve binary>
@@ -109,12 +109,17 @@ serves "HiCache" -- "${COMMON[@]}" "${M[@]}" --enable-hierarchical-cache --hicac
 grep -q "HiCache: host tier" "$WORK/log" || fail "HiCache: no host tier in the startup report"
 refused "HiCache on GPU ranks" 2 "--enable-hierarchical-cache with --device cuda --tp/--ep" -- \
   "${COMMON[@]}" "${M[@]}" --device cuda --tp 8 --enable-hierarchical-cache --hicache-size 64
-# fp8 KV serves on one CPU rank and says so; on the recipe's eight ranks it is refused by name.
+# fp8 KV serves on one CPU rank and on the recipe's eight, and says so; on GPUs it is refused by
+# name.
 serves "fp8 KV" -- "${COMMON[@]}" "${M[@]}" --kv-cache-dtype fp8_e4m3 --context-length 1024
 grep -q "KV cache: kv dtype fp8_e4m3 (.* bytes per token), [0-9]* tokens fit" "$WORK/log" ||
   fail "fp8 KV: the startup report does not name the KV dtype"
-refused "fp8 KV on ranks" 2 "--kv-cache-dtype fp8_e4m3 with --tp" -- "${COMMON[@]}" "${M[@]}" \
-  --tp 8 --kv-cache-dtype fp8_e4m3
+serves "fp8 KV on ranks" -- "${COMMON[@]}" "${M[@]}" --tp 8 --kv-cache-dtype fp8_e4m3 \
+  --context-length 1024
+grep -q "KV cache: kv dtype fp8_e4m3 (.* bytes per token), [0-9]* tokens fit" "$WORK/log" ||
+  fail "fp8 KV on ranks: the startup report does not name the KV dtype"
+refused "fp8 KV on GPUs" 2 "--kv-cache-dtype fp8_e4m3 with --device cuda" -- "${COMMON[@]}" \
+  "${M[@]}" --device cuda --kv-cache-dtype fp8_e4m3
 refused "DP attention" 2 "--dp 2" -- "${COMMON[@]}" "${M[@]}" --tp 1 --enable-dp-attention --dp 2
 refused "H200 context" 1 "--context-length 140000 exceeds the model's max_position_embeddings 4096" \
   -- "${COMMON[@]}" "${M[@]}" --context-length 140000

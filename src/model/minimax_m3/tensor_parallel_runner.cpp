@@ -11,26 +11,27 @@
 
 namespace m3 {
 
-int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int ranks, int dp) {
+int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int ranks, int dp,
+                                                KvCacheDtype kv_dtype) {
   // Every rank holds the same number of KV heads (replicated past their count).
   CpuBackend probe_backend(1);
   minimax_m3::PagedKvCache probe(&probe_backend, minimax_m3::rank_config(cfg, 0, ranks, 1, dp),
-                                 1);
+                                 1, kv_dtype);
   return probe.bytes_per_page() * ranks;
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create(
     const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
-    int32_t num_pages, int dp) {
+    int32_t num_pages, int dp, KvCacheDtype kv_dtype) {
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks, ep, dp));
   LocalRanks local;
   M3_ASSIGN_OR_RETURN(local.comms, comm::create_local_gloo_group(ranks));
-  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp);
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp, kv_dtype);
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create_distributed(
     const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-    int threads_per_rank, int32_t num_pages, int dp) {
+    int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype) {
   if (local.comms.empty()) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] no local ranks");
   }
@@ -56,12 +57,12 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create
                               std::to_string(attn_tp));
     }
   }
-  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp);
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp, kv_dtype);
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-    int threads_per_rank, int32_t num_pages, int dp) {
+    int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype) {
   if (num_pages <= 0) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] KV cache of " +
                             std::to_string(num_pages) + " pages");
@@ -112,11 +113,11 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     }
     r->bytes_read_.push_back(reads.total());
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
-                                                         num_pages);
+                                                         num_pages, kv_dtype);
   }
   // HiCache's page copies: every rank's shard of a page, when this process holds every rank
   // of the one attention group (its pages are the same ids on every rank).
-  if (!r->distributed_ && dp == 1) {
+  if (!r->distributed_ && dp == 1 && kv_dtype == KvCacheDtype::kFloat32) {
     std::vector<minimax_m3::PagedKvCache*> shards;
     for (Rank& k : r->ranks_) shards.push_back(k.cache.get());
     r->copier_ = std::make_unique<minimax_m3::PagedKvCacheCopier>(std::move(shards));

@@ -67,17 +67,18 @@ class TensorParallelCpuRunner final : public ModelRunner {
   // threads_per_rank threads, with KV caches of `num_pages` pages (every rank holds every page,
   // for its KV heads). ep > 1 places the routed experts over ep of the ranks (tensor_parallel.h).
   // dp > 1 splits the ranks into dp attention groups (see above; every group has num_pages
-  // pages); it must divide ranks, with the heads split over ranks / dp.
-  static Result<std::unique_ptr<TensorParallelCpuRunner>> create(const MiniMaxM3Config& cfg,
-                                                                 const WeightSource& src,
-                                                                 int ranks, int ep,
-                                                                 int threads_per_rank,
-                                                                 int32_t num_pages, int dp = 1);
+  // pages); it must divide ranks, with the heads split over ranks / dp. kv_dtype: the caches'
+  // storage (--kv-cache-dtype; a page-head's scale is per KV head, so a rank's heads quantise as
+  // the unsharded model's do).
+  static Result<std::unique_ptr<TensorParallelCpuRunner>> create(
+      const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
+      int32_t num_pages, int dp = 1, KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
   // This process's share of a group over several processes (see above). With dp > 1 and groups of
   // more than one rank, local.attn_comms must hold every local rank's group communicator.
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create_distributed(
       const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-      int threads_per_rank, int32_t num_pages, int dp = 1);
+      int threads_per_rank, int32_t num_pages, int dp = 1,
+      KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
   ~TensorParallelCpuRunner() override;
 
   // A process without rank 0: runs the steps node 0 broadcasts until it shuts down (ok) or the
@@ -86,7 +87,8 @@ class TensorParallelCpuRunner final : public ModelRunner {
 
   // Bytes one KV page id takes on every rank together (with dp groups: that page of every group,
   // each rank holding its share of its group's).
-  static int64_t bytes_per_page(const MiniMaxM3Config& cfg, int ranks, int dp = 1);
+  static int64_t bytes_per_page(const MiniMaxM3Config& cfg, int ranks, int dp = 1,
+                                KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
 
   int32_t vocab_size() const override;
   int32_t hidden_size() const override;
@@ -109,7 +111,8 @@ class TensorParallelCpuRunner final : public ModelRunner {
   Status forward(const ModelStep& step, ModelOutput& out) override;
   Status health() const override;
   // HiCache's page copies over every rank's shard (PagedKvCacheCopier); null with attention
-  // data-parallel groups or ranks in other processes, whose pages this process cannot copy.
+  // data-parallel groups or ranks in other processes, whose pages this process cannot copy, and
+  // with a quantised KV cache (the tiers copy float32 pages).
   KvPageCopier* kv_page_copier() override { return copier_.get(); }
 
  private:
@@ -123,11 +126,9 @@ class TensorParallelCpuRunner final : public ModelRunner {
     Status status;
   };
   TensorParallelCpuRunner() = default;
-  static Result<std::unique_ptr<TensorParallelCpuRunner>> make(const MiniMaxM3Config& cfg,
-                                                               const WeightSource& src,
-                                                               LocalRanks local, int ep,
-                                                               int threads_per_rank,
-                                                               int32_t num_pages, int dp);
+  static Result<std::unique_ptr<TensorParallelCpuRunner>> make(
+      const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
+      int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype);
   void worker(size_t r);
   // Distributed: a rank other than the group's rank 0 receives and runs steps until stopped.
   Status receive_steps(size_t r);
