@@ -157,6 +157,30 @@ StepBytes step_bytes(const MiniMaxM3Config& f) {
   return b;
 }
 
+// Bytes one decode step of config c reads through model f's layers (the header comment's rule):
+// every layer's attention weights and selected K/V (and index keys where the indexer runs; a
+// full_attention layer its whole K/V context), its dense MLP or its MoE layer's shared expert,
+// router and touched routed experts, and the lm_head.
+double step_read_bytes(const MiniMaxM3Config& f, const Config& c) {
+  const StepBytes sb = step_bytes(f);
+  const double k = double(f.num_experts_per_tok), e = double(f.num_local_experts);
+  const double touched = c.batch == 1 ? k : e * (1 - std::pow(1 - k / e, double(c.batch)));
+  const double hkv = double(f.num_key_value_heads), d = double(f.head_dim);
+  // Selected blocks (all of them where they fit the selection: no index keys are read then).
+  const int64_t ctx_blocks = (c.ctx + 127) / 128;
+  const bool all_fit = ctx_blocks <= f.index_topk_blocks;
+  const double kv = double(c.batch) *
+                    (double(std::min<int64_t>(f.index_topk_blocks, ctx_blocks)) * 128.0 * hkv * d * 2 * 2 +
+                     (all_fit ? 0.0 : c.ctx * f.index_head_dim * 2.0));
+  const double kv_full = double(c.batch) * double(c.ctx) * hkv * d * 2 * 2;
+  double bytes = sb.head;
+  for (int64_t l = 0; l < f.num_hidden_layers; ++l) {
+    bytes += f.is_sparse_layer(l) ? sb.attn_w + kv : sb.attn_w_full + kv_full;
+    bytes += f.is_moe_layer(l) ? sb.shared + sb.router + touched * sb.expert : sb.dense_mlp;
+  }
+  return bytes;
+}
+
 // The largest model of up to 24 layers whose weights and KV pages fit the free device memory
 // (0: none larger than 8), or M3_BENCH_BIG_LAYERS.
 int64_t big_layers(int64_t pages) {
@@ -209,11 +233,6 @@ int main(int argc, char** argv) {
   int64_t pages = 0;
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
   const MiniMaxM3Config f = bench_config(60);
-  const int64_t d = f.head_dim, hkv = f.num_key_value_heads, e = f.num_local_experts,
-                k = f.num_experts_per_tok;
-  const StepBytes sb = step_bytes(f);
-  const double attn_w = sb.attn_w, dense_mlp = sb.dense_mlp, shared = sb.shared,
-               router = sb.router, expert = sb.expert, head = sb.head;
 
   std::printf("decode through CudaM3Model::forward, %s shapes, GPU dummy weights, cluster "
               "norms up to %lld rows, fused router up to %lld rows; median of 15 steps (host + "
@@ -234,19 +253,7 @@ int main(int argc, char** argv) {
     const MiniMaxM3Config fl = bench_config(layers);
     for (const Config& c : configs) {
       const double ms = step_ms(model.get(), c, 15);
-      // The bytes of the header comment's rule for these layers (every layer sparse, as in
-      // M3.1-Flash; the first three dense-MLP).
-      const double touched =
-          c.batch == 1 ? double(k) : e * (1 - std::pow(1 - double(k) / e, double(c.batch)));
-      const int64_t ctx_blocks = (c.ctx + 127) / 128;
-      const bool all_fit = ctx_blocks <= fl.index_topk_blocks;
-      const double kv = double(c.batch) *
-                        (double(std::min<int64_t>(fl.index_topk_blocks, ctx_blocks)) * 128.0 *
-                             hkv * d * 2 * 2 +
-                         (all_fit ? 0.0 : c.ctx * fl.index_head_dim * 2.0));
-      double bytes = head;
-      for (int64_t l = 0; l < layers; ++l)
-        bytes += attn_w + kv + (l < 3 ? dense_mlp : shared + router + touched * expert);
+      const double bytes = step_read_bytes(fl, c);
       std::printf("B=%lld ctx=%lld, %lld layers: %.3f ms per step, %.2f GB read: %.0f GB/s\n",
                   (long long)c.batch, (long long)c.ctx, (long long)layers, ms, bytes / 1e9,
                   bytes / (ms * 1e-3) / 1e9);
@@ -276,17 +283,7 @@ int main(int argc, char** argv) {
                  moe_layer = (t_big - t[i][1]) / double((big > 0 ? big : 8) - 3);
     const double rest = t[i][0] - dense_layer;
     const double step60 = 3 * dense_layer + 57 * moe_layer + rest;
-    const double touched = c.batch == 1 ? double(k) : e * (1 - std::pow(1 - double(k) / e, double(c.batch)));
-    // Selected blocks (all of them where they fit the selection: no index keys are read then).
-    const int64_t ctx_blocks = (c.ctx + 127) / 128;
-    const bool all_fit = ctx_blocks <= f.index_topk_blocks;
-    const double kv = double(c.batch) * (double(std::min<int64_t>(f.index_topk_blocks, ctx_blocks)) * 128.0 * hkv * d * 2 * 2 +
-                                         (all_fit ? 0.0 : c.ctx * f.index_head_dim * 2.0));
-    // A full_attention layer reads its whole K / V context and no index keys.
-    const double kv_full = double(c.batch) * double(c.ctx) * hkv * d * 2 * 2;
-    double bytes60 = 3 * dense_mlp + 57 * (shared + router + touched * expert) + head;
-    for (int64_t l = 0; l < 60; ++l)
-      bytes60 += f.is_sparse_layer(l) ? attn_w + kv : sb.attn_w_full + kv_full;
+    const double bytes60 = step_read_bytes(f, c);
     const double frac = bytes60 / (step60 * 1e-3) / kHbm;
     char name[48];
     std::snprintf(name, sizeof name, "B=%lld ctx=%lldK", (long long)c.batch, (long long)(c.ctx / 1024));

@@ -128,6 +128,7 @@ Status CudaKvPageCopier::order_before_forward() {
   }
   return Status::ok();
 }
+
 Status CudaKvPageCopier::load(std::span<const PageCopy> copies) { return copy(copies, false); }
 
 Status CudaKvPageCopier::copy(std::span<const PageCopy> copies, bool to_host) {
