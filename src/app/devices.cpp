@@ -86,6 +86,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   ranks.timeout = pool.dist_timeout;
   if (!pool.custom_all_reduce) ranks.one_shot_max_bytes = 0;
   if (pool.max_decode_rows > 0) o.max_batch = pool.max_decode_rows;
+  o.kv_cache_dtype = pool.kv_cache_dtype;
   std::unique_ptr<CudaM3ModelRunner> r;
   if (pool.kv_cache_bytes > 0) {
     M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, pool.kv_cache_bytes, o, ranks));

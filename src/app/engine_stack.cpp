@@ -73,16 +73,18 @@ Result<KvCacheDtype> resolve_kv_cache_dtype(const ServeConfig& f) {
   if (f.kv_cache_dtype == "auto" || (cuda && f.kv_cache_dtype == "bf16")) {
     return KvCacheDtype::kFloat32;
   }
-  M3_ASSIGN_OR_RETURN(KvCacheDtype d, parse_kv_cache_dtype(f.kv_cache_dtype));
-  if (cuda) {
-    return Status(StatusCode::kUnimplemented,
-                  flag + " with --device cuda: the GPU kernels read a bf16 KV cache only; a "
-                         "quantised KV cache runs on the CPU (--device cpu) so far");
-  }
-  return d;
+  // fp8_e4m3 / fp4_e2m1: every path stores them (the real-shape kernels, the float32 backends).
+  return parse_kv_cache_dtype(f.kv_cache_dtype);
 }
 
 namespace {
+
+// A real-shape KV page of one rank at `rc`'s shapes: what it stores and a quantised pool's bf16
+// staging share (CudaM3Model::kv_bytes_per_page, which this host-only file cannot call).
+int64_t real_shape_page_bytes(const MiniMaxM3Config& rc, KvCacheDtype dtype) {
+  return minimax_m3::real_shape_kv_bytes_per_page(rc, dtype) +
+         minimax_m3::real_shape_kv_stage_bytes_per_page(rc, dtype);
+}
 
 std::string fmt_ratio(double r) {
   char buf[32];
@@ -124,12 +126,6 @@ Status hicache_options(const ServeConfig& f, EngineStackOptions* o) {
     return unsupported("--speculative-algorithm " + f.speculative_algorithm,
                        "the draft's target features kept per KV page do not follow pages into "
                        "the host and disk tiers yet");
-  }
-  // On the GPU, bf16 is the KV cache's own dtype (auto).
-  if (f.kv_cache_dtype != "auto" && !(f.device == "cuda" && f.kv_cache_dtype == "bf16")) {
-    return unsupported("--kv-cache-dtype " + f.kv_cache_dtype,
-                       "the tiers copy the float32 KV pages of the CPU reference; bf16 and "
-                       "quantised pages (with their per-page scales) are not copied yet");
   }
   if (!f.hicache_storage_backend.empty() && f.hicache_storage_dir.empty()) {
     return invalid_argument("--hicache-storage-backend file needs --hicache-storage-dir DIR");
@@ -377,6 +373,10 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
       std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
                    fit.message().c_str());
   }
+  // The real-shape kernels' own storage: bf16 for auto (float32 is the float32 paths' auto).
+  const KvCacheDtype real_shape_kv_dtype = options.kv_cache_dtype == KvCacheDtype::kFloat32
+                                               ? KvCacheDtype::kBF16
+                                               : options.kv_cache_dtype;
   if (options.decode_max_rows > 0 && !real_shape)
     std::fprintf(stderr, "m3serve: note: %s %d: it sizes the real-shape CUDA kernels' decode "
                  "path, which this model does not run on; it changes nothing\n",
@@ -461,8 +461,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.activation_bytes = activation_bytes_per_device(
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
-      real_shape ? minimax_m3::real_shape_kv_bytes_per_page(
-                       tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp) : loaded.config)
+      real_shape ? real_shape_page_bytes(tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp)
+                                                : loaded.config,
+                                         real_shape_kv_dtype)
       // With dp a rank holds its attention group's pool: the KV heads split over tp / dp ranks.
       : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp,
                                                            options.kv_cache_dtype) /
@@ -542,6 +543,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
     pool.max_decode_rows = options.decode_max_rows;
+    pool.kv_cache_dtype = real_shape_kv_dtype;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
       std::fprintf(stderr,
                    "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working, "
@@ -595,6 +597,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     pool.dist_timeout = nodes.dist_timeout;
     pool.custom_all_reduce = options.custom_all_reduce;
     pool.max_decode_rows = options.decode_max_rows;
+    pool.kv_cache_dtype = real_shape_kv_dtype;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else if (multi_node) {
     M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));
@@ -681,7 +684,7 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   if (const uint64_t stored = checkpoint_stored_bytes(*loaded.weights); stored > 0 && !real_shape)
     report.push_back(weights_read_summary(multi_node ? nodes.node_rank * local_ranks : 0,
                                           bytes_read, stored));
-  const KvCacheDtype kv_dtype = real_shape ? KvCacheDtype::kBF16 : options.kv_cache_dtype;
+  const KvCacheDtype kv_dtype = real_shape ? real_shape_kv_dtype : options.kv_cache_dtype;
   report.push_back("KV cache: " +
                    kv_pool_summary(kv_dtype, mem.kv_bytes_per_page, page_size, plan.max_tokens) +
                    "; " + std::to_string(plan.pages) + " pages of " + std::to_string(page_size) +
@@ -757,10 +760,11 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     hicache.host_pages = static_cast<int32_t>(host_pages);
     hicache.policy = options.hicache_policy;
     hicache.disk_dir = options.hicache_disk_dir;
-    // A page's bytes are the ranks' shards one after another: the layout is part of the key.
+    // A page's bytes are the ranks' shards one after another in the KV dtype: the layout and the
+    // dtype are part of the key.
     hicache.model_identity =
         kv_identity(model_path, options.dummy_weights, loaded.config, page_size, page_bytes) +
-        (tp > 1 ? "|tp=" + std::to_string(tp) : "");
+        (tp > 1 ? "|tp=" + std::to_string(tp) : "") + "|kv=" + kv_cache_dtype_name(kv_dtype);
     report.push_back(
         "HiCache: host tier " + std::to_string(host_pages) + " pages of " +
         std::to_string(page_size) + " tokens = " + std::to_string(host_pages * page_size) +

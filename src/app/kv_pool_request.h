@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "core/status.h"
+#include "quant/kv_quant.h"
 
 namespace m3::app {
 
@@ -34,6 +35,8 @@ struct CudaKvPoolRequest {
   std::chrono::seconds dist_timeout{300};
   bool custom_all_reduce = true;  // small all-reduces over peer memory (CudaRanks)
   int64_t max_decode_rows = 0;    // --cuda-graph-max-bs; 0: CudaM3Options' default
+  // --kv-cache-dtype: kBF16 (auto), kFp8E4M3 or kFp4E2M1.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBF16;
 };
 
 }  // namespace m3::app

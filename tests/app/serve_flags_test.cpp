@@ -225,14 +225,10 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
   EXPECT_EQ(gpu_ranks->tensor_parallel, 2);
   for (auto [flags, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--dp", "2"}, "--dp 2"},
-           {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"},
-            "--kv-cache-dtype fp8_e4m3 with --device cuda"},
            {{"--enable-hierarchical-cache", "--device", "cuda", "--tp", "2"},
             "--enable-hierarchical-cache with --device cuda --tp/--ep"},
            {{"--enable-hierarchical-cache", "--tp", "2", "--dp", "2", "--enable-dp-attention"},
-            "--enable-hierarchical-cache with --dp"},
-           {{"--enable-hierarchical-cache", "--kv-cache-dtype", "fp8_e4m3"},
-            "--enable-hierarchical-cache with --kv-cache-dtype fp8_e4m3"}}) {
+            "--enable-hierarchical-cache with --dp"}}) {
     auto g = parse_serve_flags(flags);
     ASSERT_TRUE(g.is_ok());
     auto o = options_from_config(g->config);
@@ -261,15 +257,17 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     EXPECT_EQ(ro->hicache_host_bytes, 0);
     EXPECT_EQ(ro->hicache_ratio, 3.0);
     EXPECT_EQ(ro->hicache_policy, HiCacheWritePolicy::kWriteThrough);
-    // On the GPU (the CUDA runner's page copier), bf16 being the GPU's own KV dtype.
-    for (const char* dtype : {"auto", "bf16"}) {
-      auto g = parse_serve_flags({"--enable-hierarchical-cache", "--device", "cuda",
-                                  "--kv-cache-dtype", dtype});
-      ASSERT_TRUE(g.is_ok());
-      auto go = options_from_config(g->config);
-      ASSERT_TRUE(go.is_ok()) << dtype << ": " << go.status().message();
-      EXPECT_TRUE(go->hicache);
-    }
+    // On the GPU (the CUDA runner's page copier) and the CPU, over every KV dtype (a quantised
+    // page moves with its scales).
+    for (const char* device : {"cuda", "cpu"})
+      for (const char* dtype : {"auto", "bf16", "fp8_e4m3", "fp4_e2m1"}) {
+        auto g = parse_serve_flags({"--enable-hierarchical-cache", "--device", device,
+                                    "--kv-cache-dtype", dtype});
+        ASSERT_TRUE(g.is_ok());
+        auto go = options_from_config(g->config);
+        ASSERT_TRUE(go.is_ok()) << device << " " << dtype << ": " << go.status().message();
+        EXPECT_TRUE(go->hicache);
+      }
     // Over CPU ranks of one process (a page is every rank's shard).
     auto tp = parse_serve_flags({"--enable-hierarchical-cache", "--tp", "2", "--ep", "2"});
     ASSERT_TRUE(tp.is_ok());
@@ -303,8 +301,8 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
     ASSERT_TRUE(o.is_ok()) << o.status().message();
     EXPECT_TRUE(o->speculative);
   }
-  // --kv-cache-dtype takes effect on the CPU, over CPU ranks too; auto and bf16 keep the GPU's
-  // own bf16.
+  // --kv-cache-dtype takes effect on the CPU, over CPU ranks and on the GPU; auto and bf16 keep
+  // the GPU's own bf16 (the real-shape kernels' auto; float32 on the float32 backend).
   for (auto [flags, want] : std::vector<std::pair<std::vector<std::string>, KvCacheDtype>>{
            {{}, KvCacheDtype::kFloat32},
            {{"--kv-cache-dtype", "auto"}, KvCacheDtype::kFloat32},
@@ -314,7 +312,9 @@ TEST(ServeFlags, TheGuidesQuickstartIsUnderstood) {
            {{"--kv-cache-dtype", "fp8_e4m3", "--tp", "4", "--ep", "2"}, KvCacheDtype::kFp8E4M3},
            {{"--kv-cache-dtype", "bf16", "--tp", "2", "--enable-dp-attention", "--dp", "2"},
             KvCacheDtype::kBF16},
-           {{"--kv-cache-dtype", "bf16", "--device", "cuda"}, KvCacheDtype::kFloat32}}) {
+           {{"--kv-cache-dtype", "bf16", "--device", "cuda"}, KvCacheDtype::kFloat32},
+           {{"--kv-cache-dtype", "fp8_e4m3", "--device", "cuda"}, KvCacheDtype::kFp8E4M3},
+           {{"--kv-cache-dtype", "fp4_e2m1", "--device", "cuda"}, KvCacheDtype::kFp4E2M1}}) {
     auto g = parse_serve_flags(flags);
     ASSERT_TRUE(g.is_ok());
     auto o = options_from_config(g->config);

@@ -126,7 +126,7 @@ struct DevCase {
         iq(Dev<uint16_t>::poisoned(std::max<int64_t>(1, c.t * c.l.hix * kD))),
         k(Dev<uint16_t>::poisoned(c.t * c.l.hkv * kD)),
         ik(Dev<uint16_t>::poisoned(c.t * kD)) {}
-  cuda::KvCacheBf16View view(const Case& c) {
+  cuda::KvCacheView view(const Case& c) {
     return {ck.ptr(), cv.ptr(), c.l.hix > 0 ? cik.ptr() : nullptr, c.pages, kPage, c.l.hkv, kD,
             kD};
   }
@@ -404,7 +404,8 @@ TEST(AttentionInputs, IndexerChainUnderPdlEqualsSerialLaunches) {
     auto opart = Dev<float>::poisoned(t * hq * top_k * 4 * kD);
     auto ml = Dev<float>::poisoned(t * hq * top_k * 4 * 2);
     auto attn = Dev<uint16_t>::poisoned(t * hq * kD);
-    const cuda::KvCacheBf16View view{dck.ptr(), dcv.ptr(), dcik.ptr(), pages, kPage, hkv, kD, kD};
+    const cuda::KvCacheView view =
+        cuda::bf16_kv_view(dck.ptr(), dcv.ptr(), dcik.ptr(), pages, kPage, hkv, kD, kD);
     cuda::AttentionInputsParams ap;
     ap.partial = dpart.ptr();
     ap.ld = l.ld;

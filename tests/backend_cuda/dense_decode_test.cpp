@@ -48,7 +48,8 @@ TEST(DenseDecode, EveryBlockMatchesDoubleAttention) {
   bf16_randn(B * H * D, 83, 1.0f, &qf, &qb);
   Dev<uint16_t> dk(kb), dv(vb), dq(qb);
   Dev<int32_t> dtab(tables), dpos(pos);
-  const cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 128};
+  const cuda::KvCacheView cv =
+      cuda::bf16_kv_view(dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 128);
   const float scale = 1.0f / std::sqrt(float(D));
 
   // The reference per (row, head): every key 0 .. pos of the row.

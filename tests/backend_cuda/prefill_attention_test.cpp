@@ -69,7 +69,7 @@ TEST_P(PrefillAttention, MatchesCpu) {
   cuda::PrefillAttentionParams p;
   p.q = dq.ptr();
   p.iq = diq.ptr();
-  p.cache = {dk.ptr(), dv.ptr(), dik.ptr(), pages, S, Hkv, D, Dix};
+  p.cache = cuda::bf16_kv_view(dk.ptr(), dv.ptr(), dik.ptr(), pages, S, Hkv, D, Dix);
   p.positions = dpos.ptr();
   p.block_table = dtab.ptr();
   p.t = c.t;
@@ -268,7 +268,8 @@ TEST(PrefillIndexerFused, BlockScoresMatchGemmAndCpu) {
     for (int64_t i = 0; i < Dix; ++i) ikb[(table[j / S] * S + j % S) * Dix + i] = 0x7FC0;
   Dev<uint16_t> dik(ikb), diq(iqb), dummy(std::vector<uint16_t>(8));
   Dev<int32_t> dtab(table), dpos(pos);
-  const cuda::KvCacheBf16View cache{dummy.ptr(), dummy.ptr(), dik.ptr(), pages, S, 4, 128, Dix};
+  const cuda::KvCacheView cache =
+      cuda::bf16_kv_view(dummy.ptr(), dummy.ptr(), dik.ptr(), pages, S, 4, 128, Dix);
   auto dfused = Dev<float>::poisoned(T * Hix * nb);
   Status st = cuda::launch_index_block_scores_fused(diq.ptr(), cache, dpos.ptr(), dtab.ptr(), T,
                                                     Hix, nb, dfused.ptr(), stream());

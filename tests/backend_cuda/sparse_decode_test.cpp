@@ -64,7 +64,7 @@ TEST(SparseDecode, IndexerAndAttentionMatchCpu) {
     Dev<int32_t> dtab(tables), dpos(pos);
     Dev<float> scores(std::vector<float>(B * Hix * max_blocks));
     auto dsel = Dev<int32_t>::poisoned(B * Hix * top_k);
-    cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), dik.ptr(), pages, S, Hkv, D, Dix};
+    cuda::KvCacheView cv = cuda::bf16_kv_view(dk.ptr(), dv.ptr(), dik.ptr(), pages, S, Hkv, D, Dix);
     cuda::IndexerDecodeParams ip;
     ip.iq = diq.ptr();
     ip.cache = cv;
@@ -247,7 +247,8 @@ TEST(SparseDecode, IndexerHeadCountsAndRankLanesMatchCpu) {
   bf16_randn(pages * S * Dix, 71, 1.0f, &ikf, &ikb);
   Dev<uint16_t> dik(ikb);
   Dev<int32_t> dtab(tables), dpos(pos);
-  const cuda::KvCacheBf16View cv{nullptr, nullptr, dik.ptr(), pages, S, 1, 128, Dix};
+  const cuda::KvCacheView cv =
+      cuda::bf16_kv_view(nullptr, nullptr, dik.ptr(), pages, S, 1, 128, Dix);
   const KvLayerView hv{nullptr, nullptr, ikf.data(), pages, S, 1, 128, Dix};
   for (int64_t Hix : {3, 8}) {
     std::vector<float> iqf;
@@ -378,7 +379,7 @@ TEST(SparseDecode, WideSelectionsAndCombineChunksMatchCpu) {
   bf16_randn(B * H * D, 69, 1.0f, &qf, &qb);
   Dev<uint16_t> dk(kb), dv(vb), dq(qb);
   Dev<int32_t> dtab(tables), dpos(pos), dsel(sel);
-  cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0};
+  cuda::KvCacheView cv = cuda::bf16_kv_view(dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0);
   const float scale = 1.0f / std::sqrt(float(D));
   KvLayerView hv{kf.data(), vf.data(), nullptr, pages, S, Hkv, D, 0};
   std::vector<float> want(B * H * D);
@@ -483,7 +484,7 @@ TEST(SparseDecode, EveryBlockWithoutSelectionEqualsTheAscendingSelection) {
   bf16_randn(B * H * D, 73, 1.0f, &qf, &qb);
   Dev<uint16_t> dk(kb), dv(vb), dq(qb);
   Dev<int32_t> dtab(tables), dpos(pos), dsel(sel);
-  cuda::KvCacheBf16View cv{dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0};
+  cuda::KvCacheView cv = cuda::bf16_kv_view(dk.ptr(), dv.ptr(), nullptr, pages, S, Hkv, D, 0);
   for (const auto& [splits, mma] : kSplitConfigs) {
     Dev<float> opart(std::vector<float>(B * H * top_k * splits * D)),
         ml(std::vector<float>(B * H * top_k * splits * 2));
@@ -739,7 +740,7 @@ TEST(KvWriteBf16, ExactAtThePage) {
   Dev<float> dv(v);
   Dev<int32_t> dpos(pos), dtab(tables);
   cuda::KvWriteBf16Params p;
-  p.cache = {ck.ptr(), cv.ptr(), cik.ptr(), pages, S, hkv, d, dix};
+  p.cache = cuda::bf16_kv_view(ck.ptr(), cv.ptr(), cik.ptr(), pages, S, hkv, d, dix);
   p.k = dk.ptr();
   p.v = dv.ptr();
   p.ld_v = ld_v;

@@ -1,4 +1,4 @@
-// HiCache end to end on the bundled m3-tiny (float32 CPU, temperature 0): a 20-turn conversation
+// HiCache end to end on the bundled m3-tiny (CPU, temperature 0): a 20-turn conversation
 // whose prefix a long unrelated request pushes out of a device pool of a few pages is served from
 // the host tier (prefix-cache and HiCache hit counters rise every turn), and every turn's tokens
 // and logprobs are bitwise those of an engine without any prefix cache. The disk tier survives
@@ -8,7 +8,8 @@
 // Why bitwise: the copies move K, V and index-key bytes unchanged, and on the CPU backend a
 // token's logits do not depend on whether its prefix was computed in this request or read from
 // the cache (the prefix-cache invariance cpu_model_runner_test checks), so any difference is a
-// wrong or stale page.
+// wrong or stale page. Over an fp8 or fp4 cache, whose pages depend on the steps that wrote them,
+// the reference is an engine that keeps every page on the device instead.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -35,10 +36,12 @@ struct TinyServer {
   std::unique_ptr<WeightSource> weights;
 
   // device_pages: the KV pool; host_pages 0 = no HiCache; prefix false = no prefix cache;
-  // ranks > 1: tensor-parallel CPU ranks (TensorParallelCpuRunner, a page every rank's shard).
+  // ranks > 1: tensor-parallel CPU ranks (TensorParallelCpuRunner, a page every rank's shard);
+  // kv: the cache's storage (--kv-cache-dtype).
   TinyServer(int32_t device_pages, int32_t host_pages, bool prefix,
              HiCacheWritePolicy policy = HiCacheWritePolicy::kWriteThrough,
-             const std::string& disk_dir = "", int ranks = 1) {
+             const std::string& disk_dir = "", int ranks = 1,
+             KvCacheDtype kv = KvCacheDtype::kFloat32) {
     auto backend = std::make_unique<CpuBackend>(2);
     auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
     EXPECT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -46,12 +49,13 @@ struct TinyServer {
     weights = std::move(loaded->weights);
     std::unique_ptr<ModelRunner> runner;
     if (ranks > 1) {
-      auto r = TensorParallelCpuRunner::create(loaded->config, *weights, ranks, 1, 1, device_pages);
+      auto r = TensorParallelCpuRunner::create(loaded->config, *weights, ranks, 1, 1, device_pages,
+                                               1, kv);
       EXPECT_TRUE(r.is_ok()) << r.status().to_string();
       runner = std::move(r).value();
     } else {
       auto r = MiniMaxM3ModelRunner::create_with_pages(std::move(backend),
-                                                       std::move(loaded->model), device_pages);
+                                                       std::move(loaded->model), device_pages, kv);
       EXPECT_TRUE(r.is_ok()) << r.status().to_string();
       runner = std::move(r).value();
     }
@@ -127,12 +131,18 @@ struct Conversation {
   std::vector<Outcome> want;
 };
 
-const Conversation& reference_conversation(int ranks = 1) {
-  static std::map<int, Conversation> made;
-  if (auto it = made.find(ranks); it != made.end()) return it->second;
-  const Conversation& c = made[ranks] = [ranks] {
+// A quantised cache is not prefix-invariant (a page's codes depend on the steps that wrote it),
+// so its reference is an engine with the prefix cache and a pool that never evicts: the tiers
+// must give exactly what keeping the pages on the device gives.
+const Conversation& reference_conversation(int ranks = 1,
+                                           KvCacheDtype kv = KvCacheDtype::kFloat32) {
+  static std::map<std::pair<int, KvCacheDtype>, Conversation> made;
+  if (auto it = made.find({ranks, kv}); it != made.end()) return it->second;
+  const Conversation& c = made[{ranks, kv}] = [ranks, kv] {
     Conversation c;
-    TinyServer fresh(kDevicePages, 0, false, HiCacheWritePolicy::kWriteThrough, "", ranks);
+    const bool quantised = kv != KvCacheDtype::kFloat32;
+    TinyServer fresh(quantised ? 64 : kDevicePages, 0, quantised,
+                     HiCacheWritePolicy::kWriteThrough, "", ranks, kv);
     std::vector<int32_t> conv = words(1, 40);
     for (int32_t turn = 0; turn < kTurns; ++turn) {
       c.prompts.push_back(conv);
@@ -147,9 +157,10 @@ const Conversation& reference_conversation(int ranks = 1) {
   return c;
 }
 
-void serve_conversation(HiCacheWritePolicy policy, int32_t turns, int ranks = 1) {
-  const Conversation& ref = reference_conversation(ranks);
-  TinyServer tiered(kDevicePages, 48, true, policy, "", ranks);
+void serve_conversation(HiCacheWritePolicy policy, int32_t turns, int ranks = 1,
+                        KvCacheDtype kv = KvCacheDtype::kFloat32) {
+  const Conversation& ref = reference_conversation(ranks, kv);
+  TinyServer tiered(kDevicePages, 48, true, policy, "", ranks, kv);
   uint64_t last_prefix_hits = 0, last_host_hits = 0;
   for (int32_t turn = 0; turn < turns; ++turn) {
     const std::string what =
@@ -190,6 +201,15 @@ TEST(HiCacheEngine, EvictedConversationIsServedFromHostBitwiseWriteBack) {
 // engine of the same two ranks without a prefix cache.
 TEST(HiCacheEngine, EvictedConversationIsServedFromHostOverTwoCpuRanks) {
   serve_conversation(HiCacheWritePolicy::kWriteThrough, 8, 2);
+}
+
+// Quantised caches: a page moves with its codes, block scales and page-head scales.
+TEST(HiCacheEngine, EvictedConversationIsServedFromHostWithAnFp8Cache) {
+  serve_conversation(HiCacheWritePolicy::kWriteThrough, 8, 1, KvCacheDtype::kFp8E4M3);
+}
+
+TEST(HiCacheEngine, EvictedConversationIsServedFromHostWithAnFp4CacheOverTwoCpuRanks) {
+  serve_conversation(HiCacheWritePolicy::kWriteBack, 6, 2, KvCacheDtype::kFp4E2M1);
 }
 
 TEST(HiCacheEngine, DiskTierSurvivesARestart) {

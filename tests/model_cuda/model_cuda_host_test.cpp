@@ -255,6 +255,28 @@ TEST(RealShapeFit, AcceptsFullAttentionLayers) {
   const int64_t kv = 2 * 4 * 128, ix = 128;
   EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(flash), 128 * 60 * (kv + ix) * 2);
   EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(m3), 128 * (60 * kv + 57 * ix) * 2);
+  // Quantised (--kv-cache-dtype): fp8 one byte per element and a float32 scale per page and head
+  // (K and V: 4 heads, the index keys one); fp4 half a byte, an E4M3 scale per 16 elements and
+  // the same page-head scales. Both add one layer's bf16 pages, the prefill kernels' staging.
+  using minimax_m3::real_shape_kv_stage_bytes_per_page;
+  const int64_t scales = (2 * 4 + 1) * 4;  // bytes of page-head scales per sparse layer
+  EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(flash, KvCacheDtype::kFp8E4M3),
+            60 * (128 * (kv + ix) + scales));
+  EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(flash, KvCacheDtype::kFp4E2M1),
+            60 * (128 * (kv + ix) / 2 + 128 * (kv + ix) / 16 + scales));
+  EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(m3, KvCacheDtype::kFp8E4M3),
+            128 * (60 * kv + 57 * ix) + 60 * 8 * 4 + 57 * 4);
+  EXPECT_EQ(real_shape_kv_stage_bytes_per_page(flash, KvCacheDtype::kBF16), 0);
+  EXPECT_EQ(real_shape_kv_stage_bytes_per_page(flash, KvCacheDtype::kFp8E4M3), 128 * (kv + ix) * 2);
+  // Per token with the staging share, M3.1-Flash on one GPU: bf16 138,240 bytes, fp8 71,441
+  // (1.94x the tokens), fp4 41,201 (3.36x).
+  auto per_token = [&](KvCacheDtype d) {
+    return double(minimax_m3::real_shape_kv_bytes_per_page(flash, d) +
+                  real_shape_kv_stage_bytes_per_page(flash, d)) / 128.0;
+  };
+  EXPECT_DOUBLE_EQ(per_token(KvCacheDtype::kBF16), 138240.0);
+  EXPECT_NEAR(per_token(KvCacheDtype::kFp8E4M3), 71441.0, 1.0);
+  EXPECT_NEAR(per_token(KvCacheDtype::kFp4E2M1), 41201.0, 1.0);
   for (int tp : {2, 4})
     for (int r = 0; r < tp; ++r)
       EXPECT_TRUE(check_real_shape_fit(minimax_m3::rank_config(m3, r, tp)).is_ok())

@@ -456,7 +456,7 @@ struct AttentionProblem {
     int32_t* dpos = alloc<int32_t>(batch);
     CHECK_CUDA(cudaMemcpy(dtab, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dpos, pos.data(), 4 * batch, cudaMemcpyHostToDevice));
-    const KvCacheBf16View cv{k, v, ik, pages, S, Hkv, D, Dix};
+    const KvCacheView cv = bf16_kv_view(k, v, ik, pages, S, Hkv, D, Dix);
     ip.iq = iq;
     ip.cache = cv;
     ip.positions = dpos;

@@ -81,7 +81,7 @@ QuantMatrix make(QuantFormat f, int64_t n, int64_t k, int64_t g = 1) {
 struct Layer {
   uint16_t *in_norm, *post_norm, *q_norm, *k_norm, *iq_norm, *ik_norm;
   QuantMatrix qkv, o, shared_gu, shared_d, router, experts_gu, experts_d;
-  KvCacheBf16View cache;
+  KvCacheView cache;
 };
 
 // Scratch for one batch size.

@@ -28,6 +28,8 @@
 // M3_BENCH_MAX_BATCH=N sets CudaM3Options::max_batch (the decode path's rows; a batch above it
 // takes the prefill path), for an A/B of the two paths at one batch;
 // M3_BENCH_BIG_LAYERS=L (9..60, or 0 for none) the model the MoE layer's time is taken from.
+// M3_BENCH_KV_DTYPE=fp8_e4m3|fp4_e2m1 stores the KV cache quantised (--kv-cache-dtype; the bytes
+// count its codes and scales).
 // M3_BENCH_MODEL=m3 runs MiniMax-M3's layer mix instead (builtin_m3_config: layers 0-2 full
 // attention, so the "dense" layer time is a full-attention dense-MLP layer's, and the bytes count
 // their whole K / V context and no index keys); M3_BENCH_MODEL=flash (the default) M3.1-Flash's.
@@ -55,6 +57,8 @@ constexpr double kHbm = 4.8e12;
 
 // M3_BENCH_MODEL: MiniMax-M3's layer types (layers 0-2 full attention) instead of M3.1-Flash's.
 bool g_m3 = false;
+// M3_BENCH_KV_DTYPE: the KV cache's storage.
+KvCacheDtype g_kv = KvCacheDtype::kBF16;
 
 MiniMaxM3Config bench_config(int64_t layers) {
   return g_m3 ? builtin_m3_config(layers) : builtin_m3_flash_config(layers);
@@ -121,6 +125,7 @@ std::unique_ptr<CudaM3Model> load(int64_t layers, int64_t pages, bool may_fail =
   if (const char* e = std::getenv("M3_BENCH_MAX_BATCH")) o.max_batch = std::atoll(e);
   o.gpu_dummy_weights = true;
   o.tuning = tuning();
+  o.kv_cache_dtype = g_kv;
   auto m = CudaM3Model::load(cfg, src, o);
   if (!m.is_ok()) {
     std::fprintf(stderr, "load %lld layers: %s\n", (long long)layers, m.status().to_string().c_str());
@@ -166,13 +171,17 @@ double step_read_bytes(const MiniMaxM3Config& f, const Config& c) {
   const double k = double(f.num_experts_per_tok), e = double(f.num_local_experts);
   const double touched = c.batch == 1 ? k : e * (1 - std::pow(1 - k / e, double(c.batch)));
   const double hkv = double(f.num_key_value_heads), d = double(f.head_dim);
+  // Stored bytes per K / V and index-key element (codes and scales; 2 for bf16).
+  const double eb = kv_bytes_per_element(g_kv, 128, f.head_dim);
+  const double eb_ix = kv_bytes_per_element(g_kv, 128, f.index_head_dim);
   // Selected blocks (all of them where they fit the selection: no index keys are read then).
   const int64_t ctx_blocks = (c.ctx + 127) / 128;
   const bool all_fit = ctx_blocks <= f.index_topk_blocks;
   const double kv = double(c.batch) *
-                    (double(std::min<int64_t>(f.index_topk_blocks, ctx_blocks)) * 128.0 * hkv * d * 2 * 2 +
-                     (all_fit ? 0.0 : c.ctx * f.index_head_dim * 2.0));
-  const double kv_full = double(c.batch) * double(c.ctx) * hkv * d * 2 * 2;
+                    (double(std::min<int64_t>(f.index_topk_blocks, ctx_blocks)) * 128.0 * hkv *
+                         d * 2 * eb +
+                     (all_fit ? 0.0 : c.ctx * f.index_head_dim * eb_ix));
+  const double kv_full = double(c.batch) * double(c.ctx) * hkv * d * 2 * eb;
   double bytes = sb.head;
   for (int64_t l = 0; l < f.num_hidden_layers; ++l) {
     bytes += f.is_sparse_layer(l) ? sb.attn_w + kv : sb.attn_w_full + kv_full;
@@ -194,7 +203,7 @@ int64_t big_layers(int64_t pages) {
   const StepBytes sb = step_bytes(f);
   // Every expert of a MoE layer is resident (not only the touched ones).
   const double layer = sb.attn_w + sb.shared + sb.router + f.num_local_experts * sb.expert +
-                       double(pages) * double(CudaM3Model::kv_bytes_per_page(f)) / 60.0;
+                       double(pages) * double(CudaM3Model::kv_bytes_per_page(f, 1, 1, g_kv)) / 60.0;
   // Embedding and lm_head (bf16), the decode buffers and a margin.
   const double fixed = 2.0 * sb.head + 6e9;
   const int64_t fit = static_cast<int64_t>((double(free_b) - fixed) / layer);
@@ -207,6 +216,14 @@ int64_t big_layers(int64_t pages) {
 int main(int argc, char** argv) {
   std::FILE* tsv = argc > 1 && std::string(argv[1]) != "-" ? std::fopen(argv[1], "a") : nullptr;
   const CudaM3Tuning tn = tuning();
+  if (const char* k = std::getenv("M3_BENCH_KV_DTYPE")) {
+    auto d = parse_kv_cache_dtype(k);
+    if (!d.is_ok()) {
+      std::fprintf(stderr, "M3_BENCH_KV_DTYPE: %s\n", d.status().to_string().c_str());
+      return 2;
+    }
+    g_kv = *d;
+  }
   if (const char* m = std::getenv("M3_BENCH_MODEL")) {
     const std::string model = m;
     if (model != "m3" && model != "flash") {
@@ -234,10 +251,11 @@ int main(int argc, char** argv) {
   for (const Config& c : configs) pages = std::max(pages, c.batch * c.ctx / 128);
   const MiniMaxM3Config f = bench_config(60);
 
-  std::printf("decode through CudaM3Model::forward, %s shapes, GPU dummy weights, cluster "
-              "norms up to %lld rows, fused router up to %lld rows; median of 15 steps (host + "
-              "graph + %s to host)\n",
+  std::printf("decode through CudaM3Model::forward, %s shapes, GPU dummy weights, KV %s, "
+              "cluster norms up to %lld rows, fused router up to %lld rows; median of 15 steps "
+              "(host + graph + %s to host)\n",
               g_m3 ? "MiniMax-M3 (layers 0-2 full attention)" : "M3.1-Flash",
+              kv_cache_dtype_name(g_kv),
               (long long)tn.cluster_norm_max_rows, (long long)tn.fused_router_max_rows,
               std::getenv("M3_BENCH_SAMPLE") && std::atoi(std::getenv("M3_BENCH_SAMPLE")) != 0
                   ? "GPU-sampled token ids"

@@ -60,40 +60,50 @@ KvLayerView PagedKvCache::layer(int64_t i) {
   return v;
 }
 
-void PagedKvCache::save_page(int64_t page, std::byte* host) {
-  M3_CHECK(page >= 0 && page < num_pages_, "[kv_cache.save_page] page " + std::to_string(page));
-  M3_CHECK(dtype_ == KvCacheDtype::kFloat32,
-           "[kv_cache.save_page] only a float32 cache's pages are copied (HiCache refuses other dtypes)");
+// A page of every layer's K, V and index keys, in layer order: float32 values, or a quantised
+// tensor's codes, fp4 block scales and page-head scales (the bytes alloc_quant counts per page).
+template <typename CopyFn>
+void PagedKvCache::for_each_page_run(int64_t page, CopyFn&& copy) {
   const int64_t kv = page_size_ * num_kv_heads_ * head_dim_;
   const int64_t ix = page_size_ * index_head_dim_;
+  auto quant = [&](QuantTensor& t, int64_t heads, int64_t dim) {
+    const int64_t rows = page_size_ * heads;
+    const int64_t code = rows * kv_row_code_bytes(dtype_, dim);
+    const int64_t block = rows * kv_row_block_scale_bytes(dtype_, dim);
+    copy(static_cast<void*>(t.codes.data() + page * code), code);
+    if (block > 0) copy(static_cast<void*>(t.block_scales.data() + page * block), block);
+    if (kv_has_page_scale(dtype_))
+      copy(static_cast<void*>(t.page_scales.data() + page * heads),
+           heads * int64_t(sizeof(float)));
+  };
   for (Layer& l : layers_) {
-    backend_->copy_to_host(host, l.k.data() + page * kv, kv * int64_t(sizeof(float)));
-    host += kv * int64_t(sizeof(float));
-    backend_->copy_to_host(host, l.v.data() + page * kv, kv * int64_t(sizeof(float)));
-    host += kv * int64_t(sizeof(float));
-    if (!l.idx_k.empty()) {
-      backend_->copy_to_host(host, l.idx_k.data() + page * ix, ix * int64_t(sizeof(float)));
-      host += ix * int64_t(sizeof(float));
+    if (dtype_ == KvCacheDtype::kFloat32) {
+      copy(static_cast<void*>(l.k.data() + page * kv), kv * int64_t(sizeof(float)));
+      copy(static_cast<void*>(l.v.data() + page * kv), kv * int64_t(sizeof(float)));
+      if (!l.idx_k.empty())
+        copy(static_cast<void*>(l.idx_k.data() + page * ix), ix * int64_t(sizeof(float)));
+    } else {
+      quant(l.kq, num_kv_heads_, head_dim_);
+      quant(l.vq, num_kv_heads_, head_dim_);
+      if (!l.iq.codes.empty()) quant(l.iq, 1, index_head_dim_);
     }
   }
 }
 
+void PagedKvCache::save_page(int64_t page, std::byte* host) {
+  M3_CHECK(page >= 0 && page < num_pages_, "[kv_cache.save_page] page " + std::to_string(page));
+  for_each_page_run(page, [&](void* device, int64_t bytes) {
+    backend_->copy_to_host(host, device, bytes);
+    host += bytes;
+  });
+}
+
 void PagedKvCache::load_page(int64_t page, const std::byte* host) {
   M3_CHECK(page >= 0 && page < num_pages_, "[kv_cache.load_page] page " + std::to_string(page));
-  M3_CHECK(dtype_ == KvCacheDtype::kFloat32,
-           "[kv_cache.load_page] only a float32 cache's pages are copied (HiCache refuses other dtypes)");
-  const int64_t kv = page_size_ * num_kv_heads_ * head_dim_;
-  const int64_t ix = page_size_ * index_head_dim_;
-  for (Layer& l : layers_) {
-    backend_->copy_to_device(l.k.data() + page * kv, host, kv * int64_t(sizeof(float)));
-    host += kv * int64_t(sizeof(float));
-    backend_->copy_to_device(l.v.data() + page * kv, host, kv * int64_t(sizeof(float)));
-    host += kv * int64_t(sizeof(float));
-    if (!l.idx_k.empty()) {
-      backend_->copy_to_device(l.idx_k.data() + page * ix, host, ix * int64_t(sizeof(float)));
-      host += ix * int64_t(sizeof(float));
-    }
-  }
+  for_each_page_run(page, [&](void* device, int64_t bytes) {
+    backend_->copy_to_device(device, host, bytes);
+    host += bytes;
+  });
 }
 
 }  // namespace m3::minimax_m3

@@ -34,8 +34,9 @@ class PagedKvCache {
   int64_t bytes_per_page() const { return bytes_per_page_; }
   KvLayerView layer(int64_t i);
 
-  // One page of every layer (K, V, then the index keys on sparse layers, layer by layer) to or
-  // from bytes_per_page() bytes of host memory, through the backend's copies.
+  // One page of every layer (K, V, then the index keys on sparse layers, layer by layer; a
+  // quantised tensor as its codes, block scales and page-head scales) to or from bytes_per_page()
+  // bytes of host memory, through the backend's copies.
   void save_page(int64_t page, std::byte* host);
   void load_page(int64_t page, const std::byte* host);
 
@@ -54,6 +55,9 @@ class PagedKvCache {
   };
   // Allocates one quantised tensor of `heads` x `dim` per token; returns its bytes per page.
   int64_t alloc_quant(Backend* backend, QuantTensor* t, int64_t heads, int64_t dim);
+  // copy(device pointer, bytes) for each contiguous run of page `page`, in save_page's order.
+  template <typename CopyFn>
+  void for_each_page_run(int64_t page, CopyFn&& copy);
 
   Backend* backend_;
   KvCacheDtype dtype_;

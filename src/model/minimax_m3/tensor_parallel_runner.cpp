@@ -115,9 +115,9 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     k.cache = std::make_unique<minimax_m3::PagedKvCache>(k.backend.get(), k.model->config(),
                                                          num_pages, kv_dtype);
   }
-  // HiCache's page copies: every rank's shard of a page, when this process holds every rank
-  // of the one attention group (its pages are the same ids on every rank).
-  if (!r->distributed_ && dp == 1 && kv_dtype == KvCacheDtype::kFloat32) {
+  // HiCache's page copies: every rank's shard of a page (in any KV dtype), when this process
+  // holds every rank of the one attention group (its pages are the same ids on every rank).
+  if (!r->distributed_ && dp == 1) {
     std::vector<minimax_m3::PagedKvCache*> shards;
     for (Rank& k : r->ranks_) shards.push_back(k.cache.get());
     r->copier_ = std::make_unique<minimax_m3::PagedKvCacheCopier>(std::move(shards));

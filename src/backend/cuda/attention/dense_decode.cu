@@ -4,12 +4,15 @@
 // before the first store), thread s scores key s for all 16 heads, and the block's maxima update
 // the running maxima; the P·V accumulators (thread (lane, warp) owns dims 4·lane .. 4·lane+3 of
 // heads 4·warp .. 4·warp+3) are rescaled by exp(m_old - m_new) before the block's keys are added.
+// A quantised cache (fp8_e4m3 / fp4_e2m1) is dequantised on load into the same bf16 tiles, exactly
+// (kv/kv_load.cuh): the output is the bf16 kernel's on a bf16 cache of the dequantised values.
 #include "backend/cuda/attention/dense_decode.h"
 
 #include <algorithm>
 #include <string>
 
 #include "backend/cuda/attention/decode_combine.cuh"
+#include "backend/cuda/kv/kv_load.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/dynamic_smem.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
@@ -35,13 +38,16 @@ struct Smem {
 __device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
+// DT: the cache's dtype (kBF16, or fp8_e4m3 / fp4_e2m1 through kv_fetch8 / kv_dequant8_bf16).
+template <KvCacheDtype DT>
 __global__ void __launch_bounds__(kThreads) dense_decode_split_kernel(DenseDecodeParams p,
                                                                       int64_t splits) {
+  constexpr bool kQuant = DT != KvCacheDtype::kBF16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int64_t split = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
   const int64_t pos = p.positions[b];  // a step input: read before the wait
   pdl_wait();
@@ -75,23 +81,46 @@ __global__ void __launch_bounds__(kThreads) dense_decode_split_kernel(DenseDecod
     if (page < 0 || page >= c.num_pages) continue;  // uniform over the CTA
     const int64_t key0 = blk * kS;
     __syncthreads();  // the previous block's K / V / pt reads are done (and q, m, l are set)
-    const uint4* kg = reinterpret_cast<const uint4*>(c.k + (page * kS * hkv + g) * kD);
-    const uint4* vg = reinterpret_cast<const uint4*>(c.v + (page * kS * hkv + g) * kD);
+    if constexpr (!kQuant) {
+      const uint4* kg = reinterpret_cast<const uint4*>(c.k + (page * kS * hkv + g) * kD);
+      const uint4* vg = reinterpret_cast<const uint4*>(c.v + (page * kS * hkv + g) * kD);
 #pragma unroll
-    for (int j0 = 0; j0 < kPieces; j0 += kBatch) {
-      uint4 kr[kBatch], vr[kBatch];
+      for (int j0 = 0; j0 < kPieces; j0 += kBatch) {
+        uint4 kr[kBatch], vr[kBatch];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
-        kr[j] = __ldg(kg + s * row_stride + piece);
-        // V rows past the position are zeroed: an unwritten page tail may hold NaN patterns.
-        vr[j] = key0 + s <= pos ? __ldg(vg + s * row_stride + piece) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < kBatch; ++j) {
+          const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+          kr[j] = __ldg(kg + s * row_stride + piece);
+          // V rows past the position are zeroed: an unwritten page tail may hold NaN patterns.
+          vr[j] = key0 + s <= pos ? __ldg(vg + s * row_stride + piece) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+          *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kr[j];
+          *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vr[j];
+        }
+      }
+    } else {
+      // All 16 K and 16 V fetches of the thread (a quarter or half of the bf16 bytes) in flight
+      // before the first dequantisation.
+      const float kscale = kv_page_scale(c.kq, page, hkv, g);
+      const float vscale = kv_page_scale(c.vq, page, hkv, g);
+      KvRaw8 kraw[kPieces], vraw[kPieces];
+#pragma unroll
+      for (int j = 0; j < kPieces; ++j) {
+        const int i = tid + j * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+        const int64_t r = (page * kS + s) * hkv + g;
+        kraw[j] = kv_fetch8<DT>(c.kq, r, kD, piece * 8);
+        vraw[j] = key0 + s <= pos ? kv_fetch8<DT>(c.vq, r, kD, piece * 8) : KvRaw8{};
       }
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
-        *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kr[j];
-        *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vr[j];
+      for (int j = 0; j < kPieces; ++j) {
+        const int i = tid + j * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+        *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kv_dequant8_bf16<DT>(kraw[j], kscale);
+        // V rows past the position are zeroed, as above.
+        *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) =
+            key0 + s <= pos ? kv_dequant8_bf16<DT>(vraw[j], vscale) : make_uint4(0, 0, 0, 0);
       }
     }
     __syncthreads();
@@ -207,6 +236,16 @@ __global__ void __launch_bounds__(kThreads) dense_decode_combine_kernel(DenseDec
       [o, lane](int64_t i) { return o[i * (kD / 4) + lane]; }, p.out + bh * kD);
 }
 
+template <KvCacheDtype DT>
+Status launch_split(const DenseDecodeParams& p, dim3 grid, int64_t splits, CUstream_st* stream) {
+  constexpr int kSmem = static_cast<int>(sizeof(Smem));
+  constexpr auto kernel = dense_decode_split_kernel<DT>;
+  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<kernel>(kSmem));
+  M3_CUDA_RETURN_IF_ERROR(
+      launch_kernel(p.pdl, kernel, grid, dim3(kThreads), kSmem, stream, p, splits));
+  return Status::ok();
+}
+
 int sm_count() {
   static const int sms = [] {
     int dev = 0, n = 0;
@@ -232,7 +271,7 @@ int64_t dense_decode_splits(int64_t batch, int64_t num_kv_heads, int64_t max_blo
 
 Status launch_dense_decode(const DenseDecodeParams& p, CUstream_st* stream) {
   if (p.batch == 0) return Status::ok();
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   if (c.head_dim != kD || c.page_size != kS || c.num_kv_heads * kGroup != p.num_heads ||
       p.batch > 65535 || c.num_kv_heads > 65535 || p.max_blocks < 1 || p.max_splits < 1 ||
       p.max_splits > 65535)
@@ -250,14 +289,24 @@ Status launch_dense_decode(const DenseDecodeParams& p, CUstream_st* stream) {
       misaligned(p.o_partial, 16) || misaligned(p.ml_partial, 8))
     return invalid_argument("[cuda.dense_decode] q, cache.k, cache.v and o_partial must be "
                             "16-byte aligned, ml_partial 8-byte aligned (16-byte loads)");
+  if (c.quantised()) {
+    if (const char* why = kv_quant_view_problem(c, true, false))
+      return invalid_argument(std::string("[cuda.dense_decode] ") + why);
+  }
   const int64_t splits = dense_decode_splits(p.batch, c.num_kv_heads, p.max_blocks, p.max_splits);
-  constexpr int kSmem = static_cast<int>(sizeof(Smem));
-  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<dense_decode_split_kernel>(kSmem));
-  M3_CUDA_RETURN_IF_ERROR(launch_kernel(
-      p.pdl, dense_decode_split_kernel,
-      dim3(static_cast<unsigned>(splits), static_cast<unsigned>(c.num_kv_heads),
-           static_cast<unsigned>(p.batch)),
-      dim3(kThreads), kSmem, stream, p, splits));
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(c.num_kv_heads),
+                  static_cast<unsigned>(p.batch));
+  switch (c.dtype) {
+    case KvCacheDtype::kFp8E4M3:
+      M3_RETURN_IF_ERROR(launch_split<KvCacheDtype::kFp8E4M3>(p, grid, splits, stream));
+      break;
+    case KvCacheDtype::kFp4E2M1:
+      M3_RETURN_IF_ERROR(launch_split<KvCacheDtype::kFp4E2M1>(p, grid, splits, stream));
+      break;
+    default:
+      M3_RETURN_IF_ERROR(launch_split<KvCacheDtype::kBF16>(p, grid, splits, stream));
+      break;
+  }
   M3_CUDA_RETURN_IF_ERROR(launch_kernel(true, dense_decode_combine_kernel,
                                         dim3(static_cast<unsigned>(p.batch * p.num_heads)),
                                         dim3(kThreads), 0, stream, p, splits));

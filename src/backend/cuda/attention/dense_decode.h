@@ -8,7 +8,9 @@
 // captured for a (batch, table width) replays the same launches.
 //
 // Same cache layout and numerics as sparse_decode.h's float32-FMA split kernel (scores and P·V as
-// fmaf sequences, d then key ascending). This header includes no CUDA header.
+// fmaf sequences, d then key ascending), and like it reads a bf16 or a quantised cache (fp8_e4m3 /
+// fp4_e2m1 dequantised exactly on load into the same bf16 tiles: the output is, bit for bit, the
+// one on a bf16 cache of the dequantised values). This header includes no CUDA header.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,8 @@ namespace m3::cuda {
 
 struct DenseDecodeParams {
   const uint16_t* q = nullptr;            // [B, H, D] bf16 queries (normed + roped)
-  KvCacheBf16View cache;                  // k, v hold every position <= positions[b]; idx_k unused
+  KvCacheView cache;                      // K and V hold every position <= positions[b] (k, v or
+                                          // kq, vq); the index keys unused
   const int32_t* positions = nullptr;     // [B]
   const int32_t* block_tables = nullptr;  // [B, max_blocks] page ids, -1 = none
   int64_t batch = 0, num_heads = 0, max_blocks = 0;
@@ -42,9 +45,11 @@ struct DenseDecodeParams {
 int64_t dense_decode_splits(int64_t batch, int64_t num_kv_heads, int64_t max_blocks,
                             int64_t max_splits);
 
-// Requires D == 128, S == 128, H / Hkv == 16, max_splits >= 1 (checked). Row b attends the keys
-// of positions 0 .. positions[b] through its block table (a -1 page contributes nothing; a row
-// with no key outputs zeros: the padding rows of a decode batch).
+// Requires D == 128, S == 128, H / Hkv == 16, max_splits >= 1, and q, cache.k, cache.v,
+// o_partial 16-byte aligned (a quantised cache: K and V codes 8-byte aligned, with their scales),
+// ml_partial 8-byte aligned (checked). Row b attends the keys of positions 0 .. positions[b]
+// through its block table (a -1 page contributes nothing; a row with no key outputs zeros: the
+// padding rows of a decode batch).
 Status launch_dense_decode(const DenseDecodeParams& p, CUstream_st* stream);
 
 }  // namespace m3::cuda

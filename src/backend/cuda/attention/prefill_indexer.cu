@@ -60,7 +60,7 @@ __global__ void index_maxpool_kernel(const float* __restrict__ scores, int64_t l
 
 }  // namespace
 
-Status launch_gather_index_keys(const KvCacheBf16View& cache, const int32_t* block_table,
+Status launch_gather_index_keys(const KvCacheView& cache, const int32_t* block_table,
                                 int64_t num_blocks, uint16_t* out, CUstream_st* stream) {
   if (num_blocks == 0) return Status::ok();
   if (cache.index_head_dim != kDix || cache.page_size != kS || cache.idx_k == nullptr ||

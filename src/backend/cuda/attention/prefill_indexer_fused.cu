@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) index_block_scores_fused_kernel(
 
 }  // namespace
 
-Status launch_index_block_scores_fused(const uint16_t* iq, const KvCacheBf16View& cache,
+Status launch_index_block_scores_fused(const uint16_t* iq, const KvCacheView& cache,
                                        const int32_t* positions, const int32_t* block_table,
                                        int64_t t, int64_t hix, int64_t nb, float* block_scores,
                                        CUstream_st* stream) {

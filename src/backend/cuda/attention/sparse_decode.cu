@@ -1,8 +1,9 @@
-// Block-sparse paged decode attention (bf16 cache, float32 math), split over the selected blocks:
-// one CTA per (selected block, KV group, sequence) — or per quarter / half of a block's keys for
-// small batches (key splits) — loads its K and V rows of the group once into shared memory and
-// serves all 16 query heads of the group (scores, softmax statistics and the unnormalised P·V);
-// a combine kernel merges the partial states per head, launched as a programmatic dependent.
+// Block-sparse paged decode attention (bf16 or quantised cache, float32 math), split over the
+// selected blocks: one CTA per (selected block, KV group, sequence) — or per quarter / half of a
+// block's keys for small batches (key splits) — loads its K and V rows of the group once into
+// shared memory and serves all 16 query heads of the group (scores, softmax statistics and the
+// unnormalised P·V); a combine kernel merges the partial states per head, launched as a
+// programmatic dependent.
 //
 // Latency, not bandwidth, bounds this at batch 1-8 (1-8 MB per call), so the kernel is written
 // for a short critical path: the queries are fetched before the selection / block-table chain,
@@ -14,12 +15,17 @@
 // for it the launcher runs the tensor-core split kernel instead, one CTA per selected block at
 // every batch (sparse_decode_mma.cu: 2.0-2.5x faster at batch 8-128, and at batch 1 faster than
 // this kernel with 4 key splits; H200).
+//
+// Both kernels read a quantised cache (fp8_e4m3 / fp4_e2m1) by dequantising each 8-element piece
+// on load into the same bf16 shared-memory tiles (kv/kv_load.cuh; exact), so they compute what
+// they compute on a bf16 cache holding the dequantised values.
 #include "backend/cuda/attention/sparse_decode.h"
 
 #include <string>
 
 #include "backend/cuda/attention/decode_combine.cuh"
 #include "backend/cuda/attention/sparse_decode_mma.h"
+#include "backend/cuda/kv/kv_load.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/dynamic_smem.cuh"
 #include "backend/cuda/runtime/pdl.cuh"
@@ -50,8 +56,10 @@ struct Smem {
 __device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
-template <int SPLITS>
+// DT: the cache's dtype (kBF16, or fp8_e4m3 / fp4_e2m1 through kv_fetch8 / kv_dequant8_bf16).
+template <int SPLITS, KvCacheDtype DT>
 __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDecodeParams p) {
+  constexpr bool kQuant = DT != KvCacheDtype::kBF16;
   constexpr int kKeys = kS / SPLITS;
   constexpr int kHeadsPerThread = kGroup * kKeys / kThreads;  // scores: 4, 8 or 16 heads
   constexpr int kWarpsPerHeads = kKeys / 32;  // warps sharing one head set in the scores
@@ -62,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
   const int slot = blockIdx.x / SPLITS, part = blockIdx.x % SPLITS, g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
   // The position is an input of the step (no kernel writes it): read before the wait for the
   // previous kernel (launched with p.pdl; a no-op without). The group's 16 queries (4 KB, two
@@ -101,27 +109,50 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_split_kernel(SparseDec
     }
     return;
   }
-  // This part's K and V rows of group g (256 B each, 16-byte pieces), kBatch loads of each in
-  // flight per thread before any store.
-  const uint4* kg = reinterpret_cast<const uint4*>(c.k + ((page * kS + part * kKeys) * hkv + g) * kD);
-  const uint4* vg = reinterpret_cast<const uint4*>(c.v + ((page * kS + part * kKeys) * hkv + g) * kD);
-  const int64_t row_stride = hkv * kD / 8;  // uint4 per token row
+  if constexpr (!kQuant) {
+    // This part's K and V rows of group g (256 B each, 16-byte pieces), kBatch loads of each in
+    // flight per thread before any store.
+    const int64_t first = (page * kS + part * kKeys) * hkv + g;  // the part's first row
+    const uint4* kg = reinterpret_cast<const uint4*>(c.k + first * kD);
+    const uint4* vg = reinterpret_cast<const uint4*>(c.v + first * kD);
+    const int64_t row_stride = hkv * kD / 8;  // uint4 per token row
 #pragma unroll
-  for (int j0 = 0; j0 < kPieces; j0 += kBatch) {
-    uint4 kr[kBatch], vr[kBatch];
+    for (int j0 = 0; j0 < kPieces; j0 += kBatch) {
+      uint4 kr[kBatch], vr[kBatch];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
-      kr[j] = __ldg(kg + s * row_stride + piece);
-      // V rows past the query's position are zeroed: a page's unwritten tail may hold NaN bit
-      // patterns, and their weight 0 would still give 0 · NaN = NaN.
-      vr[j] = key0 + s <= pos ? __ldg(vg + s * row_stride + piece) : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+        kr[j] = __ldg(kg + s * row_stride + piece);
+        // V rows past the query's position are zeroed: a page's unwritten tail may hold NaN bit
+        // patterns, and their weight 0 would still give 0 · NaN = NaN.
+        vr[j] = key0 + s <= pos ? __ldg(vg + s * row_stride + piece) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+        *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kr[j];
+        *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vr[j];
+      }
+    }
+  } else {
+    // All of the thread's K and V fetches (a quarter or half of the bf16 bytes) in flight before
+    // the first dequantisation; V rows past the position zeroed as above.
+    const float kscale = kv_page_scale(c.kq, page, hkv, g);
+    const float vscale = kv_page_scale(c.vq, page, hkv, g);
+    KvRaw8 kraw[kPieces], vraw[kPieces];
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j) {
+      const int i = tid + j * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+      const int64_t r = (page * kS + part * kKeys + s) * hkv + g;
+      kraw[j] = kv_fetch8<DT>(c.kq, r, kD, piece * 8);
+      vraw[j] = key0 + s <= pos ? kv_fetch8<DT>(c.vq, r, kD, piece * 8) : KvRaw8{};
     }
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = tid + (j0 + j) * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
-      *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kr[j];
-      *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) = vr[j];
+    for (int j = 0; j < kPieces; ++j) {
+      const int i = tid + j * kThreads, s = i / (kD / 8), piece = i % (kD / 8);
+      *reinterpret_cast<uint4*>(&sm.k[s][piece * 4]) = kv_dequant8_bf16<DT>(kraw[j], kscale);
+      *reinterpret_cast<uint4*>(&sm.v[s][piece * 4]) =
+          key0 + s <= pos ? kv_dequant8_bf16<DT>(vraw[j], vscale) : make_uint4(0, 0, 0, 0);
     }
   }
 #pragma unroll
@@ -237,13 +268,25 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_combine_kernel(SparseD
       [o, lane](int64_t i) { return o[i * (kD / 4) + lane]; }, p.out + bh * kD);
 }
 
+template <int SPLITS, KvCacheDtype DT>
+Status launch_split_dtype(const SparseDecodeParams& p, dim3 grid, CUstream_st* stream) {
+  constexpr int kSmem = static_cast<int>(sizeof(Smem<SPLITS>));
+  constexpr auto kernel = sparse_decode_split_kernel<SPLITS, DT>;
+  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<kernel>(kSmem));
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, kernel, grid, dim3(kThreads), kSmem, stream, p));
+  return Status::ok();
+}
+
 template <int SPLITS>
 Status launch_split(const SparseDecodeParams& p, dim3 grid, CUstream_st* stream) {
-  constexpr int kSmem = static_cast<int>(sizeof(Smem<SPLITS>));
-  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<sparse_decode_split_kernel<SPLITS>>(kSmem));
-  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, sparse_decode_split_kernel<SPLITS>, grid,
-                                        dim3(kThreads), kSmem, stream, p));
-  return Status::ok();
+  switch (p.cache.dtype) {
+    case KvCacheDtype::kFp8E4M3:
+      return launch_split_dtype<SPLITS, KvCacheDtype::kFp8E4M3>(p, grid, stream);
+    case KvCacheDtype::kFp4E2M1:
+      return launch_split_dtype<SPLITS, KvCacheDtype::kFp4E2M1>(p, grid, stream);
+    default:
+      return launch_split_dtype<SPLITS, KvCacheDtype::kBF16>(p, grid, stream);
+  }
 }
 
 int sm_count() {
@@ -270,7 +313,7 @@ bool sparse_decode_clusters(const SparseDecodeParams& p) {
 
 Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
   if (p.batch == 0) return Status::ok();
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   if (c.head_dim != kD || c.page_size != kS || c.num_kv_heads * kGroup != p.num_heads ||
       p.top_k <= 0 || p.top_k > 65535 || p.batch > 65535)
     return invalid_argument("[cuda.sparse_decode] needs D = 128, page 128, 16 query heads per KV "
@@ -290,6 +333,10 @@ Status launch_sparse_decode(const SparseDecodeParams& p, CUstream_st* stream) {
       misaligned(p.o_partial, 16) || misaligned(p.ml_partial, 8))
     return invalid_argument("[cuda.sparse_decode] q, cache.k, cache.v and o_partial must be "
                             "16-byte aligned, ml_partial 8-byte aligned (16-byte loads)");
+  if (c.quantised()) {
+    if (const char* why = kv_quant_view_problem(c, true, false))
+      return invalid_argument(std::string("[cuda.sparse_decode] ") + why);
+  }
   // With mma, one CTA per selected block on the tensor cores at every batch: at batch 1 (64
   // CTAs) it takes 6.5-6.9 us with its combine against 8.8-9.0 us for 4 key splits on FMAs (256
   // CTAs, 4x the partial states to combine; H200, graph-timed, 1K-32K). Without: key splits up

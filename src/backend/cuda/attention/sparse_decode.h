@@ -1,32 +1,69 @@
 // Block-sparse paged attention and the lightning indexer for decode at the real MiniMax-M3 shapes
-// (bf16 cache and activations, float32 arithmetic). Parameter structs in the FlashMLA style: the
+// (bf16 activations, float32 arithmetic). Parameter structs in the FlashMLA style: the
 // shape of every pointer in a comment, -1 as the "empty" sentinel in block tables and
 // selections. This header includes no CUDA header.
 //
 // Cache layout of one layer (page = sparse block = 128 tokens; page ids are the scheduler's):
-//   k, v   [P, S, Hkv, D] bf16 (after k_norm + RoPE)   idx_k [P, S, Dix] bf16 (after norm + RoPE)
+//   k, v   [P, S, Hkv, D] (after k_norm + RoPE)   idx_k [P, S, Dix] (after norm + RoPE)
+// in bf16, or quantised (--kv-cache-dtype fp8_e4m3 / fp4_e2m1: quant/kv_quant.h's codes with a
+// float32 scale per page and head, and for fp4 an E4M3 scale per 16 elements of a row).
+// The kernels read a quantised cache directly: each 8-element piece is dequantised on load into
+// the bf16 shared-memory tiles the bf16 cache fills (kv/kv_load.cuh), exactly, so their results
+// are, bit for bit, those on a bf16 cache holding the dequantised values.
 #pragma once
 
 #include <cstdint>
 
 #include "core/status.h"
+#include "quant/kv_quant.h"
 
 struct CUstream_st;
 
 namespace m3::cuda {
 
-struct KvCacheBf16View {
+// The bf16 pointers and the shape come first, so that {k, v, idx_k, P, S, Hkv, D, Dix} still
+// initialises a bf16 view.
+struct KvCacheView {
+  // bf16 (null when quantised):
   uint16_t* k = nullptr;      // [P, S, Hkv, D] bf16
   uint16_t* v = nullptr;      // [P, S, Hkv, D] bf16
   uint16_t* idx_k = nullptr;  // [P, S, Dix] bf16; nullptr on layers without an indexer
   int64_t num_pages = 0, page_size = 0, num_kv_heads = 0, head_dim = 0, index_head_dim = 0;
+  KvCacheDtype dtype = KvCacheDtype::kBF16;  // kBF16, kFp8E4M3 or kFp4E2M1
+  // fp8_e4m3 / fp4_e2m1 (quant/kv_quant.h's KvQuantStore: codes [P, S, heads, row bytes], page
+  // scales [P, heads], fp4 block scales [P, S, heads, D / 16]); the index keys have one head and
+  // iq.codes is null on layers without an indexer.
+  KvQuantStore kq = {}, vq = {}, iq = {};
+
+  M3_HOST_DEVICE bool quantised() const { return dtype != KvCacheDtype::kBF16; }
+  // Whether the layer caches index keys, in either storage.
+  M3_HOST_DEVICE bool has_index_keys() const {
+    return quantised() ? iq.codes != nullptr : idx_k != nullptr;
+  }
 };
+
+// A bf16 view of [P, S, Hkv, D] K and V and [P, S, Dix] index keys (nullptr: none).
+inline KvCacheView bf16_kv_view(uint16_t* k, uint16_t* v, uint16_t* idx_k, int64_t num_pages,
+                                int64_t page_size, int64_t num_kv_heads, int64_t head_dim,
+                                int64_t index_head_dim) {
+  KvCacheView c;
+  c.k = k;
+  c.v = v;
+  c.idx_k = idx_k;
+  c.num_pages = num_pages;
+  c.page_size = page_size;
+  c.num_kv_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.index_head_dim = index_head_dim;
+  return c;
+}
 
 // One query token per sequence (decode). Sequence b's query sits at positions[b]; its block
 // table row maps logical block j to a page (-1 past the sequence's end).
 struct IndexerDecodeParams {
   const uint16_t* iq = nullptr;          // [B, Hix, Dix] bf16 index queries (normed + roped)
-  KvCacheBf16View cache;                 // idx_k holds every position <= positions[b]
+  KvCacheView cache;                     // the index keys (idx_k or iq) hold every position
+                                         // <= positions[b]
   const int32_t* positions = nullptr;    // [B]
   const int32_t* block_tables = nullptr; // [B, max_blocks] page ids, -1 = none
   int64_t batch = 0, num_index_heads = 0, max_blocks = 0;
@@ -45,7 +82,9 @@ struct IndexerDecodeParams {
                                          // loaded before the wait (the caller guarantees they
                                          // were written before the previous kernel started, as
                                          // in decode, one row per sequence); the position's own
-                                         // row after it. Same results
+                                         // row after it. Same results. Ignored for a quantised
+                                         // cache: writing the position's row may raise the page
+                                         // scale and re-encode the page's earlier rows
   bool skip_topk = false;                // the scoring only: the clustered split attention selects
                                          // from block_scores (SparseDecodeParams::block_scores)
   bool spread_rank = true;               // the top-k's rank count of a row over several CTAs
@@ -55,13 +94,13 @@ struct IndexerDecodeParams {
                                          // (ties: lower id), -1 = empty slot
 };
 
-// Requires Dix == 128 and S == 128 (the real shapes), iq and cache.idx_k 16-byte aligned
-// (checked).
+// Requires Dix == 128 and S == 128 (the real shapes), iq and a bf16 cache's idx_k 16-byte
+// aligned, a quantised cache's index-key codes 8-byte aligned with their scales (checked).
 Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream);
 
 struct SparseDecodeParams {
   const uint16_t* q = nullptr;           // [B, H, D] bf16 queries (normed + roped)
-  KvCacheBf16View cache;
+  KvCacheView cache;
   const int32_t* positions = nullptr;    // [B]
   const int32_t* block_tables = nullptr; // [B, max_blocks]
   const int32_t* selected = nullptr;     // [B, Hkv, top_k] block ids, -1 = empty (from the indexer);
@@ -114,8 +153,9 @@ struct SparseDecodeParams {
   uint16_t* out = nullptr;               // [B, H, D] bf16 output
 };
 
-// Requires D == 128, S == 128, H / Hkv == 16, and q, cache.k, cache.v, o_partial 16-byte aligned,
-// ml_partial 8-byte aligned, max_blocks <= top_k without a selection (checked). Duplicate selected
+// Requires D == 128, S == 128, H / Hkv == 16, and q, cache.k, cache.v, o_partial 16-byte aligned
+// (a quantised cache: K and V codes 8-byte aligned, with their scales), ml_partial 8-byte
+// aligned, max_blocks <= top_k without a selection (checked). Duplicate selected
 // ids count once; ids past the query's block are skipped; a row with no allowed key outputs
 // zeros. The identity selection (selected == nullptr) gives bit for bit the output of the
 // selection 0, 1, ..., top_k - 1.

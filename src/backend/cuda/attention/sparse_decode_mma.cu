@@ -18,6 +18,12 @@
 // by at most 2^-8 relatively (what sparse_prefill_mma.cu does; the tests add 2^-7·Σ w|v - o|).
 // The 4 warps' O fragments are added in warp order through shared memory (deterministic).
 // Fragment layouts: mma_bf16.cuh.
+//
+// A quantised cache (fp8_e4m3 / fp4_e2m1) fills the same bf16 tiles: each lane fetches its K and
+// V pieces into registers at once, dequantises the K pieces (exact: kv/kv_load.cuh) into sm.k
+// before the scores and the V pieces into sm.v after them (their loads in flight under the
+// scores, as the cp.async group of V is), so the output is the bf16 kernel's on a bf16 cache
+// holding the dequantised values.
 #include "backend/cuda/attention/sparse_decode_mma.h"
 
 #include <cuda_bf16.h>
@@ -25,6 +31,7 @@
 #include "backend/cuda/attention/decode_combine.cuh"
 #include "backend/cuda/attention/mma_bf16.cuh"
 #include "backend/cuda/indexer/block_rank.cuh"
+#include "backend/cuda/kv/kv_load.cuh"
 #include "backend/cuda/runtime/cluster.cuh"
 #include "backend/cuda/runtime/cp_async.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -133,9 +140,11 @@ __device__ __forceinline__ void merge_in_cluster(const SparseDecodeParams& p, SM
 // cluster; CTA s pushes its partial state of head h into CTA h's shared memory (distributed
 // shared memory) instead of global memory, and after one cluster barrier CTA h merges head h
 // with the combine kernel's code (decode_combine.cuh): the same bits, without the combine's
-// launch and its round trip through memory.
-template <bool CLUSTER>
+// launch and its round trip through memory. DT: the cache's dtype (kBF16 by cp.async; fp8_e4m3 /
+// fp4_e2m1 by register fetches and kv_dequant8_bf16).
+template <bool CLUSTER, KvCacheDtype DT>
 __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecodeParams p) {
+  constexpr bool kQuant = DT != KvCacheDtype::kBF16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem<CLUSTER>& sm = *reinterpret_cast<Smem<CLUSTER>*>(smem_raw);
   // Phase 0 of the cluster barrier: this CTA has started, so its shared memory may be written
@@ -146,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gi = lane >> 2, ci = lane & 3;
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
   const int64_t pos = p.positions[b];  // an input of the step: read before the wait
   pdl_wait();
@@ -203,26 +212,52 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
 
   // This warp's 32 K rows, then its 32 V rows (V rows past the position zero-filled: a page's
   // unwritten tail may hold NaN bit patterns, and 0 · NaN = NaN).
-  const int64_t row_stride = hkv * kD;  // bf16 per token row of the page
-  const uint16_t* kg = c.k + (page * kS * hkv + g) * kD;
-  const uint16_t* vg = c.v + (page * kS * hkv + g) * kD;
   const int kw0 = warp * kWarpKeys;
+  constexpr int kLanePieces = kWarpKeys * (kD / 8) / 32;  // 16 of K, 16 of V
+  [[maybe_unused]] KvRaw8 vraw[kLanePieces];  // quantised: the V pieces until after the scores
+  [[maybe_unused]] float vscale = 0.0f;
+  if constexpr (kQuant) {
+    const float kscale = kv_page_scale(c.kq, page, hkv, g);
+    vscale = kv_page_scale(c.vq, page, hkv, g);
+    KvRaw8 kraw[kLanePieces];
 #pragma unroll
-  for (int j = 0; j < kWarpKeys * (kD / 8) / 32; ++j) {
-    const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
-    cp_async16(smem_u32(&sm.k[s][piece * 8]), kg + s * row_stride + piece * 8, 16);
-  }
-  cp_async_commit();
+    for (int j = 0; j < kLanePieces; ++j) {
+      const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+      kraw[j] = kv_fetch8<DT>(c.kq, (page * kS + s) * hkv + g, kD, piece * 8);
+    }
 #pragma unroll
-  for (int j = 0; j < kWarpKeys * (kD / 8) / 32; ++j) {
-    const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
-    const bool in = key0 + s <= pos;
-    cp_async16(smem_u32(&sm.v[s][piece * 8]), vg + (in ? s * row_stride + piece * 8 : 0),
-               in ? 16 : 0);
+    for (int j = 0; j < kLanePieces; ++j) {
+      const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+      vraw[j] = key0 + s <= pos ? kv_fetch8<DT>(c.vq, (page * kS + s) * hkv + g, kD, piece * 8)
+                                : KvRaw8{};
+    }
+#pragma unroll
+    for (int j = 0; j < kLanePieces; ++j) {
+      const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+      *reinterpret_cast<uint4*>(&sm.k[s][piece * 8]) = kv_dequant8_bf16<DT>(kraw[j], kscale);
+    }
+    __syncwarp();  // every lane's K pieces stored
+  } else {
+    const int64_t row_stride = hkv * kD;  // bf16 per token row of the page
+    const uint16_t* kg = c.k + (page * kS * hkv + g) * kD;
+    const uint16_t* vg = c.v + (page * kS * hkv + g) * kD;
+#pragma unroll
+    for (int j = 0; j < kLanePieces; ++j) {
+      const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+      cp_async16(smem_u32(&sm.k[s][piece * 8]), kg + s * row_stride + piece * 8, 16);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int j = 0; j < kLanePieces; ++j) {
+      const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+      const bool in = key0 + s <= pos;
+      cp_async16(smem_u32(&sm.v[s][piece * 8]), vg + (in ? s * row_stride + piece * 8 : 0),
+                 in ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this lane's K copies landed
+    __syncwarp();        // ... and every lane's
   }
-  cp_async_commit();
-  cp_async_wait<1>();  // this lane's K copies landed
-  __syncwarp();        // ... and every lane's
 
   // S = Q·K^T for the warp's 4 key tiles: one ldmatrix.x4 gives b0, b1 of two dim steps.
   float sacc[4][4];
@@ -288,7 +323,16 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   if (ci == 0) sm.red_l[warp][gi] = l[0], sm.red_l[warp][gi + 8] = l[1];
 
   // O = P·V over the warp's 32 keys: one ldmatrix.x4.trans gives b0, b1 of two dim tiles.
-  cp_async_wait<0>();
+  if constexpr (kQuant) {
+#pragma unroll
+    for (int j = 0; j < kLanePieces; ++j) {
+      const int i = lane + 32 * j, s = kw0 + i / (kD / 8), piece = i % (kD / 8);
+      *reinterpret_cast<uint4*>(&sm.v[s][piece * 8]) =
+          key0 + s <= pos ? kv_dequant8_bf16<DT>(vraw[j], vscale) : make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    cp_async_wait<0>();
+  }
   __syncwarp();
   float oacc[16][4];
 #pragma unroll
@@ -351,24 +395,24 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_mma_kernel(SparseDecod
   if constexpr (CLUSTER) merge_in_cluster(p, sm, b, g, slot);
 }
 
-}  // namespace
-
-Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream) {
+template <KvCacheDtype DT>
+Status launch_split(const SparseDecodeParams& p, CUstream_st* stream) {
   constexpr int kSmem = static_cast<int>(sizeof(Smem<false>));
-  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<sparse_decode_mma_kernel<false>>(kSmem));
+  constexpr auto kernel = sparse_decode_mma_kernel<false, DT>;
+  M3_CUDA_RETURN_IF_ERROR(allow_dynamic_smem_once<kernel>(kSmem));
   const dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.batch));
-  M3_CUDA_RETURN_IF_ERROR(launch_kernel(p.pdl, sparse_decode_mma_kernel<false>, grid,
-                                        dim3(kThreads), kSmem, stream, p));
+  M3_CUDA_RETURN_IF_ERROR(
+      launch_kernel(p.pdl, kernel, grid, dim3(kThreads), kSmem, stream, p));
   return Status::ok();
 }
 
-bool sparse_decode_mma_cluster_fits(const SparseDecodeParams& p) {
-  if (p.top_k != kGroup) return false;
-  // Once per process: the 16-CTA cluster (non-portable size) must be schedulable.
+// Once per process and dtype: whether the 16-CTA cluster (non-portable size) is schedulable.
+template <KvCacheDtype DT>
+bool cluster_schedulable() {
   static const bool schedulable = [] {
     constexpr int kSmem = static_cast<int>(sizeof(Smem<true>));
-    auto* kernel = sparse_decode_mma_kernel<true>;
+    auto* kernel = sparse_decode_mma_kernel<true, DT>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
             cudaSuccess ||
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
@@ -396,13 +440,43 @@ bool sparse_decode_mma_cluster_fits(const SparseDecodeParams& p) {
   return schedulable;
 }
 
-Status launch_sparse_decode_mma_cluster(const SparseDecodeParams& p, CUstream_st* stream) {
+template <KvCacheDtype DT>
+Status launch_cluster(const SparseDecodeParams& p, CUstream_st* stream) {
   constexpr int kSmem = static_cast<int>(sizeof(Smem<true>));
   const dim3 grid(static_cast<unsigned>(p.top_k), static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.batch));
-  M3_CUDA_RETURN_IF_ERROR(launch_cluster_kernel(p.pdl, sparse_decode_mma_kernel<true>, grid,
-                                                dim3(kThreads), kSmem, kGroup, stream, p));
+  constexpr auto kernel = sparse_decode_mma_kernel<true, DT>;
+  M3_CUDA_RETURN_IF_ERROR(launch_cluster_kernel(p.pdl, kernel, grid, dim3(kThreads), kSmem,
+                                                kGroup, stream, p));
   return Status::ok();
+}
+
+}  // namespace
+
+// The launcher (sparse_decode.cu) has checked the cache: bf16, fp8_e4m3 or fp4_e2m1.
+Status launch_sparse_decode_mma(const SparseDecodeParams& p, CUstream_st* stream) {
+  switch (p.cache.dtype) {
+    case KvCacheDtype::kFp8E4M3: return launch_split<KvCacheDtype::kFp8E4M3>(p, stream);
+    case KvCacheDtype::kFp4E2M1: return launch_split<KvCacheDtype::kFp4E2M1>(p, stream);
+    default: return launch_split<KvCacheDtype::kBF16>(p, stream);
+  }
+}
+
+bool sparse_decode_mma_cluster_fits(const SparseDecodeParams& p) {
+  if (p.top_k != kGroup) return false;
+  switch (p.cache.dtype) {
+    case KvCacheDtype::kFp8E4M3: return cluster_schedulable<KvCacheDtype::kFp8E4M3>();
+    case KvCacheDtype::kFp4E2M1: return cluster_schedulable<KvCacheDtype::kFp4E2M1>();
+    default: return cluster_schedulable<KvCacheDtype::kBF16>();
+  }
+}
+
+Status launch_sparse_decode_mma_cluster(const SparseDecodeParams& p, CUstream_st* stream) {
+  switch (p.cache.dtype) {
+    case KvCacheDtype::kFp8E4M3: return launch_cluster<KvCacheDtype::kFp8E4M3>(p, stream);
+    case KvCacheDtype::kFp4E2M1: return launch_cluster<KvCacheDtype::kFp4E2M1>(p, stream);
+    default: return launch_cluster<KvCacheDtype::kBF16>(p, stream);
+  }
 }
 
 }  // namespace m3::cuda

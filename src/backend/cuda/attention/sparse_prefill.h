@@ -61,7 +61,7 @@ enum class PrefillIndexerKernel : int {
 struct PrefillAttentionParams {
   const uint16_t* q = nullptr;           // [T, H, D] bf16 (normed + roped)
   const uint16_t* iq = nullptr;          // [T, Hix, Dix] bf16 (normed + roped); unused if dense
-  KvCacheBf16View cache;
+  KvCacheView cache;
   const int32_t* positions = nullptr;    // [T] (device), the chunk's positions
   const int32_t* block_table = nullptr;  // [num_blocks] (device) the sequence's pages
   int64_t t = 0, num_heads = 0, num_index_heads = 0, num_blocks = 0;
@@ -99,14 +99,14 @@ Status launch_prefill_attention_tiled(const PrefillAttentionParams& p, const int
 // semantics of launch_index_maxpool over blocks 0..nb-1 (max of <iq[r], idx_k[j]> over the keys
 // j <= positions[t] of block blk; -inf past b_q(t) or for a missing page). Needs Dix = 128,
 // page 128, iq and cache.idx_k 16-byte aligned.
-Status launch_index_block_scores_fused(const uint16_t* iq, const KvCacheBf16View& cache,
+Status launch_index_block_scores_fused(const uint16_t* iq, const KvCacheView& cache,
                                        const int32_t* positions, const int32_t* block_table,
                                        int64_t t, int64_t hix, int64_t nb, float* block_scores,
                                        CUstream_st* stream);
 
 // prefill_indexer.cu: out[blk] = the 128 x 128 index keys of page block_table[blk] (zeros for
 // a missing page), and block scores from token scores (see that file).
-Status launch_gather_index_keys(const KvCacheBf16View& cache, const int32_t* block_table,
+Status launch_gather_index_keys(const KvCacheView& cache, const int32_t* block_table,
                                 int64_t num_blocks, uint16_t* out, CUstream_st* stream);
 Status launch_index_maxpool(const float* scores, int64_t ld, int64_t blocks_computed,
                             const int32_t* positions, const int32_t* block_table,

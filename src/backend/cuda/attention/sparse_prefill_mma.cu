@@ -39,7 +39,7 @@ __device__ __forceinline__ float bf16_round(float x) {
 
 struct MmaParams {
   const uint16_t* q;           // [T, H, D]
-  KvCacheBf16View cache;
+  KvCacheView cache;
   const int32_t* positions;    // [T]
   const int32_t* block_table;  // [num_blocks]
   const int32_t* selected;     // [T, Hkv, top_k] (sparse) or nullptr (dense: blocks 0..b_q)
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_mma_kernel(MmaP
   const int64_t t = int64_t{blockIdx.x} * kWarps + warp;
   const int64_t grp = blockIdx.y;
   if (t >= p.t) return;
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
   const int64_t pos = p.positions[t];
   const int64_t qb = pos / kS;
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attention_mma_kernel(MmaP
 Status launch_prefill_attention_mma(const PrefillAttentionParams& p, const int32_t* selected,
                                     int64_t top_k, CUstream_st* stream) {
   if (p.t == 0) return Status::ok();
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   if (c.head_dim != kD || c.page_size != kS || c.num_kv_heads * kGroup != p.num_heads)
     return invalid_argument("[cuda.prefill_attention_mma] needs D = 128, page 128 and 16 query "
                             "heads per KV head; got D " + std::to_string(c.head_dim) +

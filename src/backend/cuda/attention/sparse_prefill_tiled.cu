@@ -211,7 +211,7 @@ struct GlobalFrags {
 
 struct TiledParams {
   const uint16_t* q;           // [T, H, D]
-  KvCacheBf16View cache;
+  KvCacheView cache;
   const int32_t* positions;    // [T]
   const int32_t* block_table;  // [num_blocks]
   const int32_t* selected;     // [T, Hkv, top_k] (sparse) or nullptr (dense: blocks 0..b_q)
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(Ti
   // The last tiles first: the longest (most causal blocks) start in the first wave.
   const int64_t t0 = int64_t{gridDim.x - 1 - blockIdx.x} * kTile, t = t0 + warp;
   const int64_t grp = blockIdx.y;
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   const int64_t hkv = c.num_kv_heads;
   const bool dense = p.selected == nullptr;
 
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_tiled_kernel(Ti
 Status launch_prefill_attention_tiled(const PrefillAttentionParams& p, const int32_t* selected,
                                       int64_t top_k, CUstream_st* stream) {
   if (p.t == 0) return Status::ok();
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   if (c.head_dim != kD || c.page_size != kS || c.num_kv_heads * kGroup != p.num_heads)
     return invalid_argument("[cuda.prefill_attention_tiled] needs D = 128, page 128 and 16 "
                             "query heads per KV head; got D " + std::to_string(c.head_dim) +

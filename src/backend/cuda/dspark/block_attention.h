@@ -8,7 +8,7 @@
 // Two storage variants with one kernel body:
 //  * float32 (the CudaBackend's float32 draft): q, block K/V, the cache (KvLayerView layout
 //    [P, S, Hkv, D]) and the output in float32;
-//  * bf16 (the real-shape draft): q, block K and the cache in bf16 (KvCacheBf16View), block V as
+//  * bf16 (the real-shape draft): q, block K and the cache in bf16 (KvCacheView), block V as
 //    the float32 projection output rounded to bf16 when read (what a cache write would store), the
 //    output bf16 (the o_proj GEMV's input).
 //

@@ -1,7 +1,9 @@
-// Lightning indexer for decode (bf16 index-key cache, float32 scores): one CTA per (block,
-// sequence) loads the page's 128 index keys once and scores them against the Hix query heads,
-// max-pooling to one score per (head, block); then one to 16 CTAs per (sequence, head) force the
-// local and init blocks and pick the top_k blocks (descending score, ties to the lower id).
+// Lightning indexer for decode (bf16 or quantised index-key cache, float32 scores): one CTA per
+// (block, sequence) loads the page's 128 index keys once and scores them against the Hix query
+// heads, max-pooling to one score per (head, block); then one to 16 CTAs per (sequence, head)
+// force the local and init blocks and pick the top_k blocks (descending score, ties to the lower
+// id). A quantised cache (fp8_e4m3 / fp4_e2m1) is dequantised on load into the same bf16 tile,
+// exactly (kv/kv_load.cuh), so the scores are those of a bf16 cache holding the dequantised keys.
 //
 // At batch 1-8 both kernels are latency-bound (32-2048 small CTAs): the score kernel issues the
 // query and all key loads before it needs them (with keys_before_wait, the keys of earlier
@@ -10,9 +12,11 @@
 // launched as a programmatic dependent of the score kernel (its launch overlaps the scoring's
 // tail).
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/indexer/block_rank.cuh"
+#include "backend/cuda/kv/kv_load.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/pdl.cuh"
 #include "backend/cuda/runtime/reduce.cuh"
@@ -36,9 +40,11 @@ __device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xF
 // the first num_index_heads used). All 16 of a thread's 16-byte key loads are issued before the
 // first shared-memory store (one memory latency, not one per unrolled group), and the dot
 // products read shared memory in 16-byte pieces; each score is the same fmaf sequence over d
-// ascending as before.
-template <int HMAX>
+// ascending as before. DT: the cache's dtype (kBF16, or fp8_e4m3 / fp4_e2m1 read through
+// kv_fetch8 / kv_dequant8_bf16 into the same tile).
+template <int HMAX, KvCacheDtype DT>
 __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodeParams p) {
+  constexpr bool kQuant = DT != KvCacheDtype::kBF16;
   __shared__ __align__(16) uint32_t ks[kS][kPitch];
   __shared__ __align__(16) float qs[HMAX][kDix];
   __shared__ float red[HMAX][kThreads / 32];
@@ -55,16 +61,20 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
   const int32_t entry = p.block_tables[row + blk];
   const int64_t page = blk <= pos / kS ? entry : -1;
   const bool has_page = page >= 0 && page < p.cache.num_pages;
-  // Thread tid loads pieces tid + j·kThreads: key row 8j + tid / 16, 16 bytes each.
+  // Thread tid loads pieces tid + j·kThreads: key row 8j + tid / 16, 8 elements each.
   constexpr int kPieces = kS * kDix / 8 / kThreads;  // 16
-  const uint4* src = reinterpret_cast<const uint4*>(p.cache.idx_k + (has_page ? page : 0) * kS * kDix);
+  const uint4* src =
+      kQuant ? nullptr
+             : reinterpret_cast<const uint4*>(p.cache.idx_k + (has_page ? page : 0) * kS * kDix);
   uint4 kr[kPieces];
   // keys_before_wait: every key before the row's position was written before the previous kernel
   // started (decode: earlier steps), so the page's keys go out before the wait, except the
   // position's own row, which the previous kernel (the attention inputs) writes: those 16 pieces
   // are loaded again after the wait, through L2 (no L1 line of that row was read before it).
-  const int own_row = blk == pos / kS ? static_cast<int>(pos % kS) : -1;
-  if (p.keys_before_wait && has_page) {
+  // Not for a quantised cache: writing the position's row may raise the page scale and re-encode
+  // the page's earlier rows.
+  [[maybe_unused]] const int own_row = blk == pos / kS ? static_cast<int>(pos % kS) : -1;
+  if (!kQuant && p.keys_before_wait && has_page) {
 #pragma unroll
     for (int j = 0; j < kPieces; ++j) kr[j] = __ldg(src + tid + j * kThreads);
   }
@@ -76,7 +86,18 @@ __global__ void __launch_bounds__(kThreads) indexer_score_kernel(IndexerDecodePa
     if (tid < hix) out[tid * p.max_blocks] = -INFINITY;
     return;
   }
-  if (!p.keys_before_wait) {
+  if constexpr (kQuant) {
+    // Every fetch of the thread (and the page scale) in flight before the first dequantisation.
+    const float scale = kv_page_scale(p.cache.iq, page, 1, 0);
+    KvRaw8 raw[kPieces];
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j) {
+      const int i = tid + j * kThreads;
+      raw[j] = kv_fetch8<DT>(p.cache.iq, page * kS + i / (kDix / 8), kDix, (i % (kDix / 8)) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < kPieces; ++j) kr[j] = kv_dequant8_bf16<DT>(raw[j], scale);
+  } else if (!p.keys_before_wait) {
 #pragma unroll
     for (int j = 0; j < kPieces; ++j) kr[j] = __ldg(src + tid + j * kThreads);
   } else if (own_row >= 0) {
@@ -218,23 +239,44 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerDecod
   }
 }
 
+template <KvCacheDtype DT>
+Status launch_scores(const IndexerDecodeParams& p, CUstream_st* stream) {
+  dim3 grid(static_cast<unsigned>(p.max_blocks), static_cast<unsigned>(p.batch));
+  M3_CUDA_RETURN_IF_ERROR(launch_kernel(
+      p.pdl, p.num_index_heads <= 4 ? indexer_score_kernel<4, DT> : indexer_score_kernel<8, DT>,
+      grid, dim3(kThreads), 0, stream, p));
+  return Status::ok();
+}
+
 }  // namespace
 
 Status launch_indexer_decode(const IndexerDecodeParams& p, CUstream_st* stream) {
   if (p.batch == 0) return Status::ok();
-  if (p.cache.index_head_dim != kDix || p.cache.page_size != kS || p.num_index_heads <= 0 ||
-      p.num_index_heads > kMaxHix || p.cache.idx_k == nullptr || p.max_blocks <= 0)
+  const KvCacheView& c = p.cache;
+  if (c.index_head_dim != kDix || c.page_size != kS || p.num_index_heads <= 0 ||
+      p.num_index_heads > kMaxHix || !c.has_index_keys() || p.max_blocks <= 0)
     return invalid_argument("[cuda.indexer_decode] needs Dix = 128, page 128, 1..8 index heads "
                             "and an index-key cache");
-  if (!p.scores_ready && ((reinterpret_cast<uintptr_t>(p.iq) | reinterpret_cast<uintptr_t>(
-                              p.cache.idx_k)) & 15) != 0)
-    return invalid_argument("[cuda.indexer_decode] iq and cache.idx_k must be 16-byte aligned "
-                            "(16-byte loads)");
   if (!p.scores_ready) {
-    dim3 grid(static_cast<unsigned>(p.max_blocks), static_cast<unsigned>(p.batch));
-    M3_CUDA_RETURN_IF_ERROR(launch_kernel(
-        p.pdl, p.num_index_heads <= 4 ? indexer_score_kernel<4> : indexer_score_kernel<8>, grid,
-        dim3(kThreads), 0, stream, p));
+    if (((reinterpret_cast<uintptr_t>(p.iq) |
+          reinterpret_cast<uintptr_t>(c.quantised() ? nullptr : c.idx_k)) & 15) != 0)
+      return invalid_argument("[cuda.indexer_decode] iq and a bf16 cache's idx_k must be 16-byte "
+                              "aligned (16-byte loads)");
+    if (c.quantised()) {
+      if (const char* why = kv_quant_view_problem(c, false, true))
+        return invalid_argument(std::string("[cuda.indexer_decode] ") + why);
+    }
+    switch (c.dtype) {
+      case KvCacheDtype::kFp8E4M3:
+        M3_RETURN_IF_ERROR(launch_scores<KvCacheDtype::kFp8E4M3>(p, stream));
+        break;
+      case KvCacheDtype::kFp4E2M1:
+        M3_RETURN_IF_ERROR(launch_scores<KvCacheDtype::kFp4E2M1>(p, stream));
+        break;
+      default:
+        M3_RETURN_IF_ERROR(launch_scores<KvCacheDtype::kBF16>(p, stream));
+        break;
+    }
   }
   if (p.skip_topk) return Status::ok();  // the clustered split attention selects
   // After the score kernel, a programmatic dependent launch (its launch and CTA start overlap

@@ -13,7 +13,7 @@ namespace m3::cuda {
 // Slot (page · S + pos mod S) of position `pos` of row b, whose block table is
 // block_tables[b · max_blocks ...]; -1 where nothing is written: pos < 0, pos / S >= max_blocks,
 // or a page outside [0, num_pages) (-1 = no page).
-__device__ __forceinline__ int64_t kv_cache_slot(const KvCacheBf16View& c,
+__device__ __forceinline__ int64_t kv_cache_slot(const KvCacheView& c,
                                                  const int32_t* block_tables, int64_t max_blocks,
                                                  int64_t b, int64_t pos) {
   const int64_t blk = pos / c.page_size;

@@ -9,7 +9,7 @@ namespace {
 
 // One block per sequence.
 __global__ void kv_write_bf16_kernel(KvWriteBf16Params p) {
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   const int64_t b = blockIdx.x;
   const int64_t slot = kv_cache_slot(c, p.block_tables, p.max_blocks, b, p.positions[b]);
   if (slot < 0) return;

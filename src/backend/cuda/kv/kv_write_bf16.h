@@ -12,7 +12,7 @@
 namespace m3::cuda {
 
 struct KvWriteBf16Params {
-  KvCacheBf16View cache;
+  KvCacheView cache;
   const uint16_t* k = nullptr;        // [B, Hkv, D] bf16
   const float* v = nullptr;           // [B, Hkv·D] float32, token stride ld_v
   int64_t ld_v = 0;                   // 0 = Hkv·D

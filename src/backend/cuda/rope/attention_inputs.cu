@@ -62,10 +62,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   // position -> table -> slot chain runs before the wait, under the GEMV this kernel follows, so
   // that after it only the projection's loads are on the critical path.
   const int32_t pos = p.positions[tok];
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   // Cache rows written by this warp's head kind (K, V: Hkv·D per slot; index key: Dix).
+  // A quantised cache is written afterwards from k_out / v_out / ik_out
+  // (launch_kv_append_quantised): a page-head's rows are encoded under one scale, in order.
   int64_t slot = -1;
-  if (sg == kSegK || sg == kSegV || (sg == kSegIk && c.idx_k != nullptr))
+  if (!c.quantised() && (sg == kSegK || sg == kSegV || (sg == kSegIk && c.idx_k != nullptr)))
     slot = kv_cache_slot(c, p.block_tables, p.max_blocks, tok, pos);
   // The norm weight's factors and the rotation's sin / cos (a weight load and a double-precision
   // sincos per dim) depend only on the layer and the position: computed under the GEMV too, not
@@ -88,10 +90,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_inputs_kernel(Args a) {
   float v[4];
   load_head(p.partial + tok * p.ld + a.seg_off[sg] + h * kD + lane, p.num_slices, p.t * p.ld, v);
   if (sg == kSegV) {
-    if (slot < 0) return;
-    uint16_t* dst = c.v + slot * (c.num_kv_heads * kD) + h * kD + lane;
+    uint16_t* dst[2] = {slot < 0 ? nullptr : c.v + slot * (c.num_kv_heads * kD) + h * kD + lane,
+                        p.v_out == nullptr ? nullptr
+                                           : p.v_out + (tok * p.num_kv_heads + h) * kD + lane};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) dst[32 * j] = f32_to_bf16(v[j]);
+    for (int i = 0; i < 2; ++i) {
+      if (dst[i] == nullptr) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[i][32 * j] = f32_to_bf16(v[j]);
+    }
     return;
   }
   uint16_t o[4];
@@ -154,7 +161,7 @@ Status launch_attention_inputs(const AttentionInputsParams& p, CUstream_st* stre
       return bad(std::string(s.name) + " segment [" + std::to_string(s.off) + ", " +
                  std::to_string(s.off + s.len) + ") outside the row of ld = " +
                  std::to_string(p.ld));
-  const KvCacheBf16View& c = p.cache;
+  const KvCacheView& c = p.cache;
   if (c.num_kv_heads != p.num_kv_heads || c.head_dim != p.head_dim)
     return bad("cache has " + std::to_string(c.num_kv_heads) + " x " + std::to_string(c.head_dim) +
                " KV heads, the projection " + std::to_string(p.num_kv_heads) + " x " +
@@ -166,9 +173,13 @@ Status launch_attention_inputs(const AttentionInputsParams& p, CUstream_st* stre
   if (p.max_blocks < 0) return bad("negative max_blocks");
   if (p.t == 0) return Status::ok();
   if (p.partial == nullptr || p.positions == nullptr || p.q_out == nullptr || p.q_norm == nullptr ||
-      p.k_norm == nullptr || c.k == nullptr || c.v == nullptr ||
+      p.k_norm == nullptr || (!c.quantised() && (c.k == nullptr || c.v == nullptr)) ||
       (p.max_blocks > 0 && p.block_tables == nullptr))
     return bad("null partial, positions, q_out, q/k norm weight, cache K/V or block_tables");
+  if (c.quantised() && (p.k_out == nullptr || p.v_out == nullptr ||
+                        (indexer && c.has_index_keys() && p.ik_out == nullptr)))
+    return bad("a quantised cache needs k_out, v_out and (with index keys) ik_out: its rows are "
+               "appended from them by launch_kv_append_quantised");
   if (indexer && (p.iq_out == nullptr || p.iq_norm == nullptr || p.ik_norm == nullptr))
     return bad("null iq_out or index q/k norm weight");
 

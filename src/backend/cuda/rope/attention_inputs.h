@@ -61,8 +61,12 @@ struct AttentionInputsParams {
   uint16_t* iq_out = nullptr;       // [T, Hix, Dix] bf16
   uint16_t* k_out = nullptr;        // optional [T, Hkv, D] bf16 (every token, page or not)
   uint16_t* ik_out = nullptr;       // optional [T, Dix] bf16
-  KvCacheBf16View cache;            // num_kv_heads / head_dim must match; idx_k nullptr = the
-                                    // index key is not cached (as kv_write_bf16)
+  uint16_t* v_out = nullptr;        // optional [T, Hkv, D] bf16
+  // num_kv_heads / head_dim must match; idx_k nullptr = the index key is not cached (as
+  // kv_write_bf16). A quantised cache (fp8_e4m3 / fp4_e2m1) is not written here: k_out, v_out
+  // and (on a layer with index keys) ik_out are then required, and the caller appends them with
+  // launch_kv_append_quantised (kv/kv_quant_cache.h).
+  KvCacheView cache;
   const int32_t* block_tables = nullptr;  // [T, max_blocks] page ids, -1 = none
   int64_t max_blocks = 0;
   // Programmatic dependent launch (runtime/pdl.cuh): the kernel may start under the GEMV's tail

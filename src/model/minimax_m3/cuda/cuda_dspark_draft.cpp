@@ -128,7 +128,7 @@ struct CudaState final : DraftState {
   std::shared_ptr<cuda::CachingAllocator> alloc;
   std::shared_ptr<ContextCount> count;
   void* mem = nullptr;
-  std::vector<cuda::KvCacheBf16View> kv;  // per layer
+  std::vector<cuda::KvCacheView> kv;  // per layer
   ~CudaState() override {
     if (mem != nullptr) {
       alloc->free(mem);
@@ -230,7 +230,7 @@ struct CudaDSparkDraft::Impl {
     ++contexts->live;
     auto* base = static_cast<uint16_t*>(s.mem);
     for (int64_t l = 0; l < plan.layers; ++l) {
-      cuda::KvCacheBf16View c;
+      cuda::KvCacheView c;
       c.k = base + (2 * l) * per;
       c.v = base + (2 * l + 1) * per;
       c.num_pages = plan.pages_per_sequence;

@@ -10,15 +10,26 @@ int CudaM3Model::device() const { return impl_->opt.device; }
 
 std::vector<std::pair<void*, int64_t>> CudaM3Model::kv_page_runs(int64_t page) const {
   std::vector<std::pair<void*, int64_t>> runs;
-  for (const cuda::KvCacheBf16View& v : impl_->kv) {
-    // [pages, page_size, heads, dim] bf16: a page is one contiguous run of each tensor.
-    const int64_t kv = v.page_size * v.num_kv_heads * v.head_dim;
-    runs.emplace_back(v.k + page * kv, kv * 2);
-    runs.emplace_back(v.v + page * kv, kv * 2);
-    if (v.idx_k != nullptr) {
-      const int64_t ix = v.page_size * v.index_head_dim;
-      runs.emplace_back(v.idx_k + page * ix, ix * 2);
+  // [pages, page_size, heads, dim]: a page is one contiguous run of each tensor (and of its
+  // scales, [pages, heads] and [pages, page_size, heads, dim / 16]).
+  auto tensor = [&](const cuda::KvCacheView& v, uint16_t* bf16, const KvQuantStore& q,
+                    int64_t heads, int64_t dim) {
+    const int64_t elems = v.page_size * heads * dim;
+    if (!v.quantised()) {
+      runs.emplace_back(bf16 + page * elems, elems * 2);
+      return;
     }
+    const int64_t rows = v.page_size * heads;
+    const int64_t code = kv_row_code_bytes(v.dtype, dim);
+    const int64_t bs = kv_row_block_scale_bytes(v.dtype, dim);
+    runs.emplace_back(q.codes + page * rows * code, rows * code);
+    if (bs > 0) runs.emplace_back(q.block_scales + page * rows * bs, rows * bs);
+    runs.emplace_back(q.page_scales + page * heads, heads * 4);
+  };
+  for (const cuda::KvCacheView& v : impl_->kv) {
+    tensor(v, v.k, v.kq, v.num_kv_heads, v.head_dim);
+    tensor(v, v.v, v.vq, v.num_kv_heads, v.head_dim);
+    if (v.has_index_keys()) tensor(v, v.idx_k, v.iq, 1, v.index_head_dim);
   }
   return runs;
 }

@@ -1,6 +1,6 @@
 // The MiniMax-M3 text model on the real-shape CUDA kernels: weights in their storage
 // formats (MXFP8 / NVFP4 / BF16, see gpu_weights.h), a bf16 paged KV cache per layer in the
-// scheduler's page layout (cuda::KvCacheBf16View, page = sparse block = 128 tokens), bf16
+// scheduler's page layout (cuda::KvCacheView, page = sparse block = 128 tokens), bf16
 // activations and a float32 residual stream. forward() has exactly minimax_m3::Model::forward's
 // semantics (model.h): decode rows and prefill chunks of several sequences in one batch, input
 // embeddings (image features) replacing their tokens' embeddings.
@@ -44,6 +44,7 @@ class OneShotAllReduce;
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
 #include "model/minimax_m3/model.h"
+#include "quant/kv_quant.h"
 
 namespace m3::minimax_m3 {
 
@@ -157,6 +158,10 @@ struct CudaM3Options {
   // is load()'s error.
   std::function<Result<int64_t>(const CudaMemoryProfile&)> kv_pages_after_profile;
   int64_t profile_tokens = 8192;
+  // The KV cache's storage (--kv-cache-dtype): bf16, or fp8_e4m3 / fp4_e2m1 (quant/kv_quant.h),
+  // which the decode kernels read directly and the prefill kernels through a bf16 staging copy of
+  // one layer's pages (kv_bytes_per_page counts it).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBF16;
   // Decode rows per step on the GEMV path (larger steps: general); --cuda-graph-max-bs. At 256
   // rows the decode path is ~8x the general path's speed (docs/performance.md).
   int64_t max_batch = 256;
@@ -197,10 +202,12 @@ class CudaM3Model {
   CudaM3Model(const CudaM3Model&) = delete;
   CudaM3Model& operator=(const CudaM3Model&) = delete;
 
-  // Bytes of one KV page over all layers (bf16 K, V and the sparse layers' index keys) on one
-  // rank of `tp_ranks` (`ep`: the layout's expert-parallel ranks; the page does not depend on it,
-  // but the layout must be valid).
-  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1, int ep = 1);
+  // Bytes of one KV page over all layers (K, V and the sparse layers' index keys in `dtype`, and
+  // a quantised pool's bf16 staging share, real_shape_kv_stage_bytes_per_page) on one rank of
+  // `tp_ranks` (`ep`: the layout's expert-parallel ranks; the page does not depend on it, but the
+  // layout must be valid).
+  static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1, int ep = 1,
+                                   KvCacheDtype dtype = KvCacheDtype::kBF16);
 
   const MiniMaxM3Config& config() const;
   int64_t num_kv_pages() const;
@@ -223,8 +230,9 @@ class CudaM3Model {
   int device() const;
 
   // Where KV page `page` (0 .. num_kv_pages() - 1) lives: one contiguous (device pointer, bytes)
-  // run per layer and tensor, K, V and the sparse layers' index keys, in layer order. What a page
-  // copy moves (cuda_kv_page_copier.h); the runs add up to kv_bytes_per_page at this rank's shape.
+  // run per layer and tensor, K, V and the sparse layers' index keys, in layer order (quantised:
+  // each tensor's codes, fp4 block scales and page-head scales). What a page copy moves
+  // (cuda_kv_page_copier.h); the runs add up to real_shape_kv_bytes_per_page at this rank's shape.
   std::vector<std::pair<void*, int64_t>> kv_page_runs(int64_t page) const;
 
   struct Impl;

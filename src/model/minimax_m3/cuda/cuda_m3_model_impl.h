@@ -18,6 +18,7 @@
 #include "backend/cuda/attention/dense_decode.h"
 #include "backend/cuda/attention/sparse_decode.h"
 #include "backend/cuda/attention/sparse_decode_mma.h"
+#include "backend/cuda/kv/kv_quant_cache.h"
 #include "backend/cuda/attention/sparse_prefill.h"
 #include "backend/cuda/comm/one_shot_all_reduce.h"
 #include "backend/cuda/f32_ops.h"
@@ -90,6 +91,9 @@ struct Bufs {
   // hidden states and the attention output with their inverse factors; SwiGLU activations x 2^8.
   uint16_t *h16 = nullptr, *attn16 = nullptr, *act16 = nullptr, *act_s16 = nullptr;
   float *h_inv = nullptr, *attn_inv = nullptr;
+  // A quantised KV cache: the step's new K, V and index-key rows (bf16), appended to their pages
+  // by launch_kv_append_quantised after the attention inputs.
+  uint16_t *kv_k_rows = nullptr, *kv_v_rows = nullptr, *kv_ik_rows = nullptr;
   uint32_t* route_counter = nullptr;  // launch_moe_route's arrival counter (zero between launches)
   cuda::SampleRowParams* sample_rows = nullptr;  // decode: per-row sampling knobs (device)
   int32_t* sampled = nullptr;                    // decode: the sampled token per row
@@ -171,7 +175,8 @@ struct CudaM3Model::Impl {
   std::unique_ptr<cuda::CachingAllocator> alloc;
   std::unique_ptr<cuda::PrefillGemm> gemm;
   DevWeights w;
-  std::vector<cuda::KvCacheBf16View> kv;
+  std::vector<cuda::KvCacheView> kv;
+  cuda::KvCacheView kv_stage;  // a quantised pool's bf16 staging (alloc_kv); else empty
   Bufs dec;  // decode buffers, max_batch rows
   int64_t dec_rows = 0, dec_mb_cap = 0;
   // Decode graphs by (batch bucket, table width, capture set + 1; 0 without capture).
@@ -485,7 +490,21 @@ struct CudaM3Model::Impl {
     p.block_tables = b.tables;
     p.max_blocks = mb;
     p.pdl = true;
-    return cuda::launch_attention_inputs(p, st());
+    if (!p.cache.quantised()) return cuda::launch_attention_inputs(p, st());
+    p.k_out = b.kv_k_rows;
+    p.v_out = b.kv_v_rows;
+    p.ik_out = L.sparse ? b.kv_ik_rows : nullptr;
+    M3_RETURN_IF_ERROR(cuda::launch_attention_inputs(p, st()));
+    cuda::KvAppendQuantisedParams ap;
+    ap.cache = p.cache;
+    ap.k = p.k_out;
+    ap.v = p.v_out;
+    ap.idx_k = p.ik_out;
+    ap.positions = b.positions;
+    ap.block_tables = b.tables;
+    ap.t = rows;
+    ap.max_blocks = mb;
+    return cuda::launch_kv_append_quantised(ap, st());
   }
 
   // Whether one-token rows with block tables of width mb attend every block without the indexer:
@@ -499,7 +518,7 @@ struct CudaM3Model::Impl {
     if (!w.layers[static_cast<size_t>(layer)].sparse) {
       return dense_decode_attention(b, layer, rows, mb);  // full_attention: every block
     }
-    const cuda::KvCacheBf16View& cache = kv[static_cast<size_t>(layer)];
+    const cuda::KvCacheView& cache = kv[static_cast<size_t>(layer)];
     const bool every_block = every_block_fits(mb);
     cuda::IndexerDecodeParams ip;
     ip.iq = b.iq;
@@ -869,6 +888,11 @@ struct CudaM3Model::Impl {
     M3_ASSIGN_OR_RETURN(b.q, sc.get<uint16_t>(t * nh * d));
     M3_ASSIGN_OR_RETURN(b.iq, sc.get<uint16_t>(t * hix * dix));
     M3_ASSIGN_OR_RETURN(b.attn, sc.get<uint16_t>(t * nh * d));
+    if (opt.kv_cache_dtype != KvCacheDtype::kBF16) {
+      M3_ASSIGN_OR_RETURN(b.kv_k_rows, sc.get<uint16_t>(t * hkv * d));
+      M3_ASSIGN_OR_RETURN(b.kv_v_rows, sc.get<uint16_t>(t * hkv * d));
+      M3_ASSIGN_OR_RETURN(b.kv_ik_rows, sc.get<uint16_t>(t * dix));
+    }
     M3_ASSIGN_OR_RETURN(b.router_logits, sc.get<float>(t * ne));
     M3_ASSIGN_OR_RETURN(b.topk_ids, sc.get<int32_t>(t * kk));
     M3_ASSIGN_OR_RETURN(b.topk_w, sc.get<float>(t * kk));
@@ -917,6 +941,14 @@ struct CudaM3Model::Impl {
         ap.q = b.q + s.offset * nh * d;
         ap.iq = b.iq + s.offset * hix * dix;
         ap.cache = kv[static_cast<size_t>(l)];
+        if (ap.cache.quantised()) {
+          // The prefill kernels read bf16: the chunk's pages, dequantised exactly (the indexer
+          // and attention over them equal what they would compute reading the codes).
+          M3_RETURN_IF_ERROR(cuda::launch_kv_dequantise_pages(ap.cache, kv_stage,
+                                                              b.tables + s.offset * mb, s.need,
+                                                              st()));
+          ap.cache = kv_stage;
+        }
         ap.positions = b.positions + s.offset;
         ap.block_table = b.tables + s.offset * mb;
         ap.t = s.n;
@@ -1035,7 +1067,7 @@ struct CudaM3Model::Impl {
   }
 
   Status alloc_decode_buffers();
-  Result<std::vector<cuda::KvCacheBf16View>> alloc_kv(cuda::DeviceArena& a, int64_t pages) const;
+  Status alloc_kv(cuda::DeviceArena& a, int64_t pages);
   Status repack_nvfp4();
   Status repack_mxfp8();
 };

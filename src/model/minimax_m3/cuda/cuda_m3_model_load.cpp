@@ -71,6 +71,11 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.q, a.alloc<uint16_t>(r * nh * d, what));
   M3_ASSIGN_OR_RETURN(b.iq, a.alloc<uint16_t>(r * hix * dix, what));
   M3_ASSIGN_OR_RETURN(b.attn, a.alloc<uint16_t>(r * nh * d, what));
+  if (opt.kv_cache_dtype != KvCacheDtype::kBF16) {
+    M3_ASSIGN_OR_RETURN(b.kv_k_rows, a.alloc<uint16_t>(r * hkv * d, what));
+    M3_ASSIGN_OR_RETURN(b.kv_v_rows, a.alloc<uint16_t>(r * hkv * d, what));
+    M3_ASSIGN_OR_RETURN(b.kv_ik_rows, a.alloc<uint16_t>(r * dix, what));
+  }
   M3_ASSIGN_OR_RETURN(b.router_logits, a.alloc<float>(r * ne, what));
   M3_ASSIGN_OR_RETURN(b.topk_ids, a.alloc<int32_t>(r * kk, what));
   M3_ASSIGN_OR_RETURN(b.topk_w, a.alloc<float>(r * kk, what));
@@ -146,27 +151,63 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   return Status::ok();
 }
 
-// Per layer K, V [P, 128, Hkv, D] and, on sparse layers, index keys [P, 128, Dix], bf16, zeroed
-// (a full_attention layer's view has idx_k nullptr: attention_inputs writes no index key there).
-Result<std::vector<cuda::KvCacheBf16View>> CudaM3Model::Impl::alloc_kv(cuda::DeviceArena& a,
-                                                                       int64_t pages) const {
-  std::vector<cuda::KvCacheBf16View> out;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    cuda::KvCacheBf16View v;
-    const std::string what = "KV cache of layer " + std::to_string(l);
-    M3_ASSIGN_OR_RETURN(v.k, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
-    M3_ASSIGN_OR_RETURN(v.v, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
-    if (cfg.is_sparse_layer(l)) {
-      M3_ASSIGN_OR_RETURN(v.idx_k, a.alloc<uint16_t>(pages * kPage * dix, what));
-    }
+// Per layer K, V [P, 128, Hkv, D] and, on sparse layers, index keys [P, 128, Dix], zeroed (a
+// full_attention layer's view has no index keys: attention_inputs writes none there), in
+// opt.kv_cache_dtype. A quantised pool also gets `kv_stage`: one layer's pages in bf16, where a
+// prefill chunk's pages are dequantised for the prefill kernels (launch_kv_dequantise_pages).
+Status CudaM3Model::Impl::alloc_kv(cuda::DeviceArena& a, int64_t pages) {
+  const KvCacheDtype dt = opt.kv_cache_dtype;
+  kv.clear();
+  kv_stage = cuda::KvCacheView{};
+  auto shape = [&](cuda::KvCacheView& v) {
     v.num_pages = pages;
     v.page_size = kPage;
     v.num_kv_heads = hkv;
     v.head_dim = d;
     v.index_head_dim = dix;
-    out.push_back(v);
+  };
+  auto quant_store = [&](KvQuantStore& q, int64_t heads, int64_t dim,
+                         const std::string& what) -> Status {
+    const int64_t rows = pages * kPage * heads;
+    M3_ASSIGN_OR_RETURN(q.codes, a.alloc<uint8_t>(rows * kv_row_code_bytes(dt, dim), what));
+    M3_ASSIGN_OR_RETURN(q.page_scales, a.alloc<float>(pages * heads, what));
+    if (kv_row_block_scale_bytes(dt, dim) > 0) {
+      M3_ASSIGN_OR_RETURN(q.block_scales,
+                          a.alloc<uint8_t>(rows * kv_row_block_scale_bytes(dt, dim), what));
+    }
+    return Status::ok();
+  };
+  bool any_sparse = false;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    cuda::KvCacheView v;
+    v.dtype = dt;
+    const std::string what = "KV cache of layer " + std::to_string(l);
+    const bool sparse = cfg.is_sparse_layer(l);
+    any_sparse |= sparse;
+    if (dt == KvCacheDtype::kBF16) {
+      M3_ASSIGN_OR_RETURN(v.k, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
+      M3_ASSIGN_OR_RETURN(v.v, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
+      if (sparse) {
+        M3_ASSIGN_OR_RETURN(v.idx_k, a.alloc<uint16_t>(pages * kPage * dix, what));
+      }
+    } else {
+      M3_RETURN_IF_ERROR(quant_store(v.kq, hkv, d, what));
+      M3_RETURN_IF_ERROR(quant_store(v.vq, hkv, d, what));
+      if (sparse) M3_RETURN_IF_ERROR(quant_store(v.iq, 1, dix, what));
+    }
+    shape(v);
+    kv.push_back(v);
   }
-  return out;
+  if (dt != KvCacheDtype::kBF16) {
+    const std::string what = "bf16 staging of the quantised KV cache";
+    M3_ASSIGN_OR_RETURN(kv_stage.k, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
+    M3_ASSIGN_OR_RETURN(kv_stage.v, a.alloc<uint16_t>(pages * kPage * hkv * d, what));
+    if (any_sparse) {
+      M3_ASSIGN_OR_RETURN(kv_stage.idx_k, a.alloc<uint16_t>(pages * kPage * dix, what));
+    }
+    shape(kv_stage);
+  }
+  return Status::ok();
 }
 
 // The profile step: one prefill chunk of profile_tokens tokens on temporary pages (their own
@@ -181,7 +222,7 @@ Status CudaM3Model::profile_and_size_kv() {
   int64_t temp_bytes = 0;
   {
     cuda::DeviceArena temp;
-    M3_ASSIGN_OR_RETURN(im.kv, im.alloc_kv(temp, temp_pages));
+    M3_RETURN_IF_ERROR(im.alloc_kv(temp, temp_pages));
     temp_bytes = temp.bytes();
     im.opt.num_kv_pages = temp_pages;
     std::vector<int32_t> ids(static_cast<size_t>(tokens), 0), table(static_cast<size_t>(temp_pages));
@@ -193,6 +234,7 @@ Status CudaM3Model::profile_and_size_kv() {
     ForwardOutput out;
     const Status run = forward(std::span<const SequenceInput>(&in, 1), &out);
     im.kv.clear();
+    im.kv_stage = cuda::KvCacheView{};
     im.opt.num_kv_pages = 0;
     if (!run.is_ok()) {
       return Status(run.code(), "[model.minimax_m3.cuda] the profile step of " +
@@ -223,16 +265,19 @@ Status CudaM3Model::profile_and_size_kv() {
     return invalid_argument("[model.minimax_m3.cuda] the KV pool planned after the profile step "
                             "has " + std::to_string(pages) + " pages, outside [1, 2^30]");
   const int64_t before = im.arena.bytes();
-  M3_ASSIGN_OR_RETURN(im.kv, im.alloc_kv(im.arena, pages));
+  M3_RETURN_IF_ERROR(im.alloc_kv(im.arena, pages));
   im.stats.kv_bytes = im.arena.bytes() - before;
   im.opt.num_kv_pages = pages;
   return Status::ok();
 }
 
-int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, int ep) {
-  if (tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok())
-    return real_shape_kv_bytes_per_page(c);
-  return real_shape_kv_bytes_per_page(rank_config(c, 0, tp_ranks, ep));
+int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, int ep,
+                                       KvCacheDtype dtype) {
+  const MiniMaxM3Config& rc =
+      tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok()
+          ? c
+          : rank_config(c, 0, tp_ranks, ep);
+  return real_shape_kv_bytes_per_page(rc, dtype) + real_shape_kv_stage_bytes_per_page(rc, dtype);
 }
 
 Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& whole,
@@ -338,7 +383,7 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.stats.quantised_matrices = im.w.quantised_matrices;
 
   if (!profile) {
-    M3_ASSIGN_OR_RETURN(im.kv, im.alloc_kv(im.arena, options.num_kv_pages));
+    M3_RETURN_IF_ERROR(im.alloc_kv(im.arena, options.num_kv_pages));
     im.stats.kv_bytes = im.arena.bytes() - im.stats.weight_bytes;
   }
   // Decode buffers: max_batch rows; block tables up to the cache size (at most 1M tokens). Before

@@ -206,7 +206,8 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create(
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks, ranks.ep));
   M3_ASSIGN_OR_RETURN(int32_t pages,
                       kv_pages_for_budget(kv_cache_bytes, minimax_m3::CudaM3Model::kv_bytes_per_page(
-                                                              cfg, ranks.ranks, ranks.ep)));
+                                                              cfg, ranks.ranks, ranks.ep,
+                                                              options.kv_cache_dtype)));
   options.num_kv_pages = pages;
   options.kv_pages_after_profile = nullptr;
   return load(cfg, src, options, std::move(ranks));
@@ -219,7 +220,8 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::create_profiled(
   M3_RETURN_IF_ERROR(minimax_m3::check_real_shape_fit(cfg));
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks.ranks, ranks.ep));
   const int64_t page_bytes =
-      minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks, ranks.ep);
+      minimax_m3::CudaM3Model::kv_bytes_per_page(cfg, ranks.ranks, ranks.ep,
+                                                 options.kv_cache_dtype);
   options.num_kv_pages = 0;
   options.kv_pages_after_profile =
       [pool_bytes = std::move(pool_bytes),

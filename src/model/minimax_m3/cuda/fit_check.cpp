@@ -70,13 +70,25 @@ Status check_real_shape_fit(const MiniMaxM3Config& c) {
   return Status::ok();
 }
 
-int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c) {
-  // bf16 K and V of every layer, and the index keys of the sparse layers.
-  int64_t per_token = 0;
+int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype) {
+  // A [128, heads, dim] tensor of one page: its codes, fp4's block scales, the page-head scales.
+  auto tensor = [&](int64_t heads, int64_t dim) {
+    if (dtype == KvCacheDtype::kBF16) return 128 * heads * dim * 2;
+    return 128 * heads * (kv_row_code_bytes(dtype, dim) + kv_row_block_scale_bytes(dtype, dim)) +
+           heads * 4;
+  };
+  int64_t bytes = 0;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    per_token +=
-        2 * c.num_key_value_heads * c.head_dim + (c.is_sparse_layer(i) ? c.index_head_dim : 0);
-  return 128 * per_token * 2;
+    bytes += 2 * tensor(c.num_key_value_heads, c.head_dim) +
+             (c.is_sparse_layer(i) ? tensor(1, c.index_head_dim) : 0);
+  return bytes;
+}
+
+int64_t real_shape_kv_stage_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype) {
+  if (dtype == KvCacheDtype::kBF16) return 0;
+  bool any_sparse = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) any_sparse |= c.is_sparse_layer(i);
+  return 128 * (2 * c.num_key_value_heads * c.head_dim + (any_sparse ? c.index_head_dim : 0)) * 2;
 }
 
 }  // namespace m3::minimax_m3

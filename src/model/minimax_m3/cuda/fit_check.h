@@ -4,6 +4,7 @@
 
 #include "core/status.h"
 #include "loader/model_config.h"
+#include "quant/kv_quant.h"
 
 namespace m3::minimax_m3 {
 
@@ -18,8 +19,14 @@ namespace m3::minimax_m3 {
 //  * MoE: num_local_experts in [1, 512], num_experts_per_tok in [1, min(16, experts)].
 Status check_real_shape_fit(const MiniMaxM3Config& c);
 
-// Bytes of one KV page of the real-shape path over all layers: bf16 K and V [128, Hkv, D] per
-// layer and index keys [128, Dix] per sparse layer (a full_attention layer caches none).
-int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c);
+// Bytes of one KV page of the real-shape path over all layers as stored in `dtype` (kBF16,
+// kFp8E4M3 or kFp4E2M1): K and V [128, Hkv, D] per layer and index keys [128, Dix] per sparse
+// layer (a full_attention layer caches none); quantised, with their page-head and block scales.
+int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c,
+                                     KvCacheDtype dtype = KvCacheDtype::kBF16);
+
+// What a quantised pool adds per page: one layer's bf16 K, V and index keys, the staging copy the
+// prefill kernels read (0 for bf16).
+int64_t real_shape_kv_stage_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype);
 
 }  // namespace m3::minimax_m3
