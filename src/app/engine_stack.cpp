@@ -177,10 +177,6 @@ std::string kv_identity(const std::string& model_path, bool dummy_weights,
 
 Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   EngineStackOptions o;
-  // Features that are not built yet are refused, naming the flag, rather than ignored.
-  auto not_yet = [](const std::string& flag, const std::string& what) {
-    return Status(StatusCode::kUnimplemented, flag + ": " + what + " is not supported yet");
-  };
   {
     M3_ASSIGN_OR_RETURN(const RankLayout layout,
                         resolve_rank_layout(f.tp, f.ep, f.enable_expert_parallel));
@@ -188,12 +184,10 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   }
   if (!f.speculative_algorithm.empty()) {
     // The draft runs unsplit next to the target: on the float32 CPU path (on rank 0 when the
-    // target is split over this process's CPU ranks with --tp / --ep), the float32 CUDA backend,
-    // or on the real-shape kernels beside the target's (first) GPU (cuda_dspark_draft.h).
-    const std::string spec = "--speculative-algorithm " + f.speculative_algorithm;
-    if (f.dp > 1 || f.enable_dp_attention || f.nnodes > 1)
-      return not_yet(spec + " with --dp/--enable-dp-attention/--nnodes",
-                     "speculative decoding over attention data-parallel groups or nodes");
+    // target is split over CPU ranks with --tp / --ep / --dp, here or over --nnodes: the engine's
+    // node holds rank 0, which returns every attention group's captured hidden states), the
+    // float32 CUDA backend, or on the real-shape kernels beside the target's (first) GPU
+    // (cuda_dspark_draft.h).
     o.speculative = true;
     o.draft_model_path = f.speculative_draft_model_path;
     o.draft_dummy_weights = f.speculative_draft_load_format == "dummy";
@@ -609,6 +603,11 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                             threads_per_rank, static_cast<int32_t>(plan.pages), dp,
                             options.kv_cache_dtype));
     bytes_read = ranks->weight_bytes_read();
+    if (options.speculative) {
+      M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
+                                            ranks->first_rank_model(),
+                                            ranks->first_rank_backend()));
+    }
     runner = std::move(ranks);
   } else if (tp > 1) {
     // With --dp, plan.pages is each attention group's pool.

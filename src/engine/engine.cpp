@@ -553,7 +553,7 @@ bool Engine::run_step() {
     if (st.is_ok()) st = check_step_output(plan, sampling, out);
     if (st.is_ok()) keep_prompt_logits(plan, step, model_out, prompt_rows);
     if (st.is_ok() && capture) draft_failed = feed_draft_context(plan, model_out);
-    if (st.is_ok() && draft_features_) invalidate_unrecorded_pages(plan);
+    if (st.is_ok() && !draft_features_.empty()) invalidate_unrecorded_pages(plan);
   } catch (const std::exception& e) {
     st = internal_error(std::string("[engine] model forward threw: ") + e.what());
   }

@@ -131,13 +131,16 @@ class Engine {
 
   // Turns on speculative decoding for every later request (except those asking for prompt logits),
   // before start(). Fails (invalid argument) for options the draft or the runner cannot honour:
-  // the runner must capture hidden states (ModelFeatures::hidden_capture) and must not be spread
-  // over attention data-parallel groups.
+  // the runner must capture hidden states (ModelFeatures::hidden_capture; with attention
+  // data-parallel groups, every group's, in slice order).
   Status enable_speculative(std::unique_ptr<DraftModel> draft, SpeculativeOptions options);
   bool speculative() const { return draft_ != nullptr; }
-  // Tests: the per-page draft features behind prefix-cache hits of speculative requests (null
-  // without a draft or without a prefix cache).
-  const DraftFeatureStore* draft_feature_store() const { return draft_features_.get(); }
+  // Tests: the per-page draft features behind prefix-cache hits of speculative requests, of
+  // attention group `dp_group`'s pool (null without a draft or without a prefix cache).
+  const DraftFeatureStore* draft_feature_store(int32_t dp_group = 0) const {
+    return draft_features_.empty() ? nullptr
+                                   : draft_features_[static_cast<size_t>(dp_group)].get();
+  }
 
   // Turns on the host (and disk) tiers behind the prefix cache (--enable-hierarchical-cache;
   // kv/hicache.h), before start() and before any request. Fails (invalid argument) when the
@@ -249,8 +252,12 @@ class Engine {
   SpeculativeOptions spec_;
   std::vector<int32_t> draft_capture_layers_;
   // The draft's inputs of every page written by a speculative sequence, so that speculative
-  // requests can be served from the prefix cache (null without a prefix cache).
-  std::unique_ptr<DraftFeatureStore> draft_features_;
+  // requests can be served from the prefix cache: one store per attention group, whose pool's
+  // page ids it is indexed by (empty without a prefix cache).
+  std::vector<std::unique_ptr<DraftFeatureStore>> draft_features_;
+  DraftFeatureStore& features_of(const SequenceState& st) {
+    return *draft_features_[static_cast<size_t>(st.dp_group)];
+  }
   std::vector<uint64_t> spec_accept_length_counts_;
   uint64_t spec_draft_tokens_total_ = 0;
   uint64_t spec_accepted_tokens_total_ = 0;

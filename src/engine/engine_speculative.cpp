@@ -45,18 +45,16 @@ Status Engine::enable_speculative(std::unique_ptr<DraftModel> draft, Speculative
     return invalid_argument(
         "--speculative-algorithm: this model runner does not return hidden states for a draft");
   }
-  if (runner_->dp_groups() > 1) {
-    return Status(StatusCode::kUnimplemented,
-                  "--speculative-algorithm with --enable-dp-attention is not supported yet");
-  }
   draft_capture_layers_ = draft->capture_layers();
   if (draft_capture_layers_.empty()) return invalid_argument("[engine] the draft reads no layers");
   draft_ = std::move(draft);
   spec_ = options;
   if (config_.scheduler.enable_prefix_cache) {
-    draft_features_ = std::make_unique<DraftFeatureStore>(
-        static_cast<int32_t>(draft_capture_layers_.size()), runner_->hidden_size(),
-        config_.scheduler.page_size, sched_->pool().num_pages());
+    for (int32_t g = 0; g < sched_->num_dp_groups(); ++g) {
+      draft_features_.push_back(std::make_unique<DraftFeatureStore>(
+          static_cast<int32_t>(draft_capture_layers_.size()), runner_->hidden_size(),
+          config_.scheduler.page_size, sched_->pool(g).num_pages()));
+    }
     // A speculative sequence uses the cached pages whose draft features are kept; the target
     // computes the rest again (and so captures their features).
     sched_->set_prefix_match_limit(
@@ -65,10 +63,11 @@ Status Engine::enable_speculative(std::unique_ptr<DraftModel> draft, Speculative
           if (owner == seq_owner_.end() || !owner->second.first->speculative) {
             return static_cast<int32_t>(matched.size());
           }
-          return draft_features_->covered_prefix(matched);
+          return features_of(seq).covered_prefix(matched);
         });
-    sched_->set_page_dedup_hook([this](PageId kept, PageId dropped, int32_t index) {
-      draft_features_->adopt(kept, dropped, index);
+    sched_->set_page_dedup_hook([this](int32_t dp_group, PageId kept, PageId dropped,
+                                       int32_t index) {
+      draft_features_[static_cast<size_t>(dp_group)]->adopt(kept, dropped, index);
     });
   }
   spec_accept_length_counts_.assign(static_cast<size_t>(options.num_draft_tokens) + 1, 0);
@@ -222,13 +221,13 @@ Status Engine::rebuild_draft_context(SeqCtx* seq, int64_t pos) {
   // scheduler matched only pages the store covers), in whole pages from position 0.
   const SequenceState* st = sched_->find(seq->id);
   const int64_t P = config_.scheduler.page_size;
-  if (!draft_features_ || !st || pos % P != 0 ||
-      draft_features_->covered_prefix(st->pages) < pos / P) {
+  if (draft_features_.empty() || !st || pos % P != 0 ||
+      features_of(*st).covered_prefix(st->pages) < pos / P) {
     return internal_error("[engine] the draft's context ends at " + std::to_string(have) +
                           "; the step computed position " + std::to_string(pos) +
                           " and the draft features of the positions between are not kept");
   }
-  const std::vector<float> all = draft_features_->read(st->pages, pos / P);
+  const std::vector<float> all = features_of(*st).read(st->pages, pos / P);
   // [L, pos, hd] -> [L, pos - have, hd]
   const size_t L = draft_capture_layers_.size();
   const size_t hd = static_cast<size_t>(runner_->hidden_size());
@@ -259,9 +258,9 @@ Status Engine::append_draft_context(SeqCtx* seq, const ModelOutput& out, size_t 
                           std::to_string(first_token + num_tokens) + " needed");
   }
   // The committed positions' features go with their pages, for later prefix-cache hits.
-  if (draft_features_) {
+  if (!draft_features_.empty()) {
     if (const SequenceState* st = sched_->find(seq->id)) {
-      draft_features_->write(st->pages, pos, num_tokens, h, static_cast<int64_t>(T), first_token);
+      features_of(*st).write(st->pages, pos, num_tokens, h, static_cast<int64_t>(T), first_token);
     }
   }
   M3_RETURN_IF_ERROR(rebuild_draft_context(seq, pos));
@@ -280,7 +279,7 @@ void Engine::invalidate_unrecorded_pages(const StepPlan& plan) {
     auto owner = seq_owner_.find(s.seq_id);
     if (owner != seq_owner_.end() && owner->second.first->speculative) continue;
     if (const SequenceState* st = sched_->find(s.seq_id)) {
-      draft_features_->invalidate(st->pages, s.start_pos, s.num_tokens());
+      features_of(*st).invalidate(st->pages, s.start_pos, s.num_tokens());
     }
   }
 }

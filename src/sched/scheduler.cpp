@@ -386,7 +386,7 @@ void Scheduler::index_full_pages(Seq* seq) {
   for (int32_t i = seq->num_indexed_pages; i < num_full; ++i) {
     if (canonical[i] == seq->pages[i]) continue;
     // Another sequence indexed the same tokens first: share its page, free our duplicate.
-    if (page_dedup_hook_) page_dedup_hook_(canonical[i], seq->pages[i], i);
+    if (page_dedup_hook_) page_dedup_hook_(seq->dp_group, canonical[i], seq->pages[i], i);
     g.pool->incref(canonical[i]);
     g.pool->decref(seq->pages[i]);
     seq->pages[i] = canonical[i];

@@ -198,8 +198,10 @@ class Scheduler {
   void set_prefix_match_limit(PrefixMatchLimit limit) { prefix_match_limit_ = std::move(limit); }
   // Called when a sequence's newly full page duplicates one another sequence indexed first:
   // `kept` (the indexed page) replaces `dropped` (the sequence's, released next) as the
-  // sequence's `index`-th page. The engine moves the draft features it kept for `dropped`.
-  using PageDedupHook = std::function<void(PageId kept, PageId dropped, int32_t index)>;
+  // sequence's `index`-th page, both in attention group `dp_group`'s pool. The engine moves the
+  // draft features it kept for `dropped`.
+  using PageDedupHook =
+      std::function<void(int32_t dp_group, PageId kept, PageId dropped, int32_t index)>;
   void set_page_dedup_hook(PageDedupHook hook) { page_dedup_hook_ = std::move(hook); }
   // Drops every cached page no live sequence holds, in every group (tests; "flush cache" admin
   // endpoint later). With HiCache the pages move to the lower tiers instead.

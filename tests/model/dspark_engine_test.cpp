@@ -380,15 +380,19 @@ TEST(DSparkEngine, PagesWithoutDraftFeaturesAreRecomputed) {
   EXPECT_EQ(ordinary.run(r).tokens, got.tokens);
 }
 
-// --tp 2 on CPU ranks: the draft runs unsplit on rank 0 (its embedding, lm_head and final norm),
-// fed by the hidden states the sharded target captures; verification runs through the sharded
-// target. Greedy output and logprobs equal ordinary decoding on the same two ranks.
-TEST(DSparkEngine, TensorParallelGreedyEqualsOrdinaryDecodingOnTheSameRanks) {
+// Over CPU ranks: the draft runs unsplit on rank 0 (its embedding, lm_head and final norm), fed
+// by the hidden states the sharded target captures; verification runs through the sharded
+// target. With attention data parallelism (--enable-dp-attention --dp 2) the requests are spread
+// over the groups, each group's first rank sends its captured states to rank 0, and the draft
+// features kept for prefix-cache hits are per group's pool. Greedy output and logprobs equal
+// ordinary decoding on the same ranks, request by request (two ranks sum in one order either
+// way, so a token's logits do not depend on the step's other rows).
+void ranks_case(int dp, int requests) {
   auto backend = std::make_unique<CpuBackend>(1);
   auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   auto make = [&](bool speculative) {
-    auto r = TensorParallelCpuRunner::create(loaded->config, *loaded->weights, 2, 1, 1, 64);
+    auto r = TensorParallelCpuRunner::create(loaded->config, *loaded->weights, 2, 1, 1, 64, dp);
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
     TensorParallelCpuRunner* ranks = r->get();
     EngineConfig c;
@@ -411,32 +415,58 @@ TEST(DSparkEngine, TensorParallelGreedyEqualsOrdinaryDecodingOnTheSameRanks) {
     return engine;
   };
   const int32_t P = static_cast<int32_t>(loaded->config.index_block_size);
-  const GenerateRequest r = long_greedy_request(P, 1, 32);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < requests; ++i) {
+    GenerateRequest r = long_greedy_request(P, 1, 32);
+    for (int32_t& t : r.prompt_tokens) t = (t + 97 * i) % 4000;  // a different prompt each
+    reqs.push_back(r);
+  }
   auto run = [&](Engine& engine) {
-    auto h = engine.submit(r);
-    EXPECT_TRUE(h.is_ok()) << h.status().to_string();
     std::vector<RequestHandle> hs;
-    hs.push_back(std::move(h).value());
-    return testing::run_all(engine, hs, {1})[0];
+    for (const GenerateRequest& r : reqs) {
+      auto h = engine.submit(r);
+      EXPECT_TRUE(h.is_ok()) << h.status().to_string();
+      hs.push_back(std::move(h).value());
+    }
+    return testing::run_all(engine, hs, std::vector<int32_t>(reqs.size(), 1));
   };
   std::unique_ptr<Engine> plain = make(false);
   std::unique_ptr<Engine> spec = make(true);
-  const Outcome want = run(*plain);
-  const Outcome got = run(*spec);
-  ASSERT_TRUE(want.done && want.error.is_ok()) << want.error.to_string();
-  ASSERT_TRUE(got.done && got.error.is_ok()) << got.error.to_string();
-  ASSERT_EQ(want.tokens[0].size(), 32u);
-  EXPECT_EQ(got.tokens, want.tokens);
-  ASSERT_EQ(got.detail[0].size(), want.detail[0].size());
-  for (size_t t = 0; t < got.detail[0].size(); ++t) {
-    EXPECT_EQ(got.detail[0][t].logprob, want.detail[0][t].logprob) << "token " << t;
+  ASSERT_EQ(spec->scheduler().num_dp_groups(), dp);
+  const std::vector<Outcome> want = run(*plain);
+  const std::vector<Outcome> got = run(*spec);
+  for (int i = 0; i < requests; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    ASSERT_TRUE(want[i].done && want[i].error.is_ok()) << want[i].error.to_string();
+    ASSERT_TRUE(got[i].done && got[i].error.is_ok()) << got[i].error.to_string();
+    ASSERT_EQ(want[i].tokens[0].size(), 32u);
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    ASSERT_EQ(got[i].detail[0].size(), want[i].detail[0].size());
+    for (size_t t = 0; t < got[i].detail[0].size(); ++t) {
+      EXPECT_EQ(got[i].detail[0][t].logprob, want[i].detail[0][t].logprob) << "token " << t;
+    }
+    EXPECT_GT(got[i].usage.spec_verify_steps, 0);
   }
-  EXPECT_GT(got.usage.spec_verify_steps, 0);
-  // And served again from the prefix cache, over the ranks too.
-  const Outcome warm = run(*spec);
-  EXPECT_EQ(warm.usage.cached_tokens, P);
-  EXPECT_EQ(warm.tokens, want.tokens);
+  for (int g = 0; g < dp; ++g) {  // every group served speculative requests and kept features
+    ASSERT_NE(spec->draft_feature_store(g), nullptr);
+    EXPECT_GT(spec->draft_feature_store(g)->num_allocated(), 0) << "group " << g;
+  }
+  // And served again from the prefix cache, over the ranks too (round robin puts request i in
+  // group i % dp again: each group's cache holds its own requests' prefixes).
+  const std::vector<Outcome> warm = run(*spec);
+  for (int i = 0; i < requests; ++i) {
+    EXPECT_EQ(warm[i].usage.cached_tokens, P) << "request " << i;
+    EXPECT_EQ(warm[i].tokens, want[i].tokens) << "request " << i;
+  }
   EXPECT_EQ(spec->stats().kv_pages_used, 0);
+}
+
+TEST(DSparkEngine, TensorParallelGreedyEqualsOrdinaryDecodingOnTheSameRanks) {
+  ranks_case(1, 1);
+}
+
+TEST(DSparkEngine, AttentionDataParallelGreedyEqualsOrdinaryDecodingOnTheSameRanks) {
+  ranks_case(2, 4);
 }
 
 TEST(DSparkEngine, MissingDraftDirectoryIsAClearError) {

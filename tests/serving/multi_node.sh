@@ -14,8 +14,10 @@
 # rendezvous; the MoE layers over all four ranks): two requests at once, one per group, each give
 # one process's greedy text, and node 1 killed mid-stream still gives an error event, 503s and a
 # non-zero exit within --dist-timeout. The other failure paths do not depend on --dp and run only
-# without it.
-# Usage: multi_node.sh <m3serve binary> [dp]
+# without it. With "dspark", the same --dp 2 nodes serve with --speculative-algorithm DSPARK (the
+# bundled draft on node 0 beside rank 0, fed with both groups' captured hidden states): both
+# groups' greedy text equals one process's without a draft, and the draft proposed tokens.
+# Usage: multi_node.sh <m3serve binary> [dp|dspark]
 set -euo pipefail
 
 BIN=${1:-${M3SERVE_BIN:-build/bin/m3serve}}
@@ -35,7 +37,8 @@ fail() {
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 TIMEOUT=10
 COMMON=(--device cpu --tp 4 --nnodes 2 --dist-timeout "$TIMEOUT")
-[ "$MODE" = dp ] && COMMON+=(--enable-dp-attention --dp 2)
+[ "$MODE" != tp ] && COMMON+=(--enable-dp-attention --dp 2)
+[ "$MODE" = dspark ] && COMMON+=(--speculative-algorithm DSPARK)
 
 # start_nodes TAG: node 0 on $PORT, node 1; waits for /health 200.
 start_nodes() {
@@ -83,7 +86,7 @@ start_solo() {  # one process, no ranks: the reference
 
 # ---- 1. Serve, and equal one process's greedy text.
 start_nodes serve
-if [ "$MODE" = dp ]; then
+if [ "$MODE" != tp ]; then
   # Two requests at once: round_robin places the first on group 0 (node 0's ranks) and the second
   # on group 1 (node 1's), so steps carry both groups' slices. 40 tokens fill a 32-token page,
   # which each group's prefix cache then holds.
@@ -112,6 +115,13 @@ if [ "$MODE" = dp ]; then
   grep -q "node 1 of 2: ready: .*checkpoint read: .* by rank 2 (.*by rank 3 (" \
     "$WORK/serve-node1.log" || fail "node 1 does not report its ranks' checkpoint reads"
   echo "ok: two nodes serve --dp 2, both groups' greedy text equals one process's"
+  if [ "$MODE" = dspark ]; then
+    drafted=$(echo "$metrics" | sed -n 's/^m3serve:spec_draft_tokens_total{[^}]*} \([0-9.e+]*\)$/\1/p')
+    awk -v n="${drafted:-0}" 'BEGIN { exit !(n > 0) }' ||
+      fail "DSPARK over two nodes drafted no token: $(echo "$metrics" | grep spec_)"
+    echo "ok: DSPARK over two nodes with --dp 2 drafted $drafted tokens, losslessly"
+    exit 0
+  fi
 else
   got=$(complete "$PORT" "The capital of France is")
   start_solo
