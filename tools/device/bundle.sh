@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD_DIR:-build-cuda}
 DEST=.device/cuda
-ALL_BINS=(cuda_ops_test cuda_composite_ops_test kv_dtype_ops_test quant_gemv_test quant_gemv_mma_test sparse_decode_test dense_decode_test cuda_model_test
+ALL_BINS=(cuda_ops_test cuda_composite_ops_test kv_dtype_ops_test kv_quant_cache_test
+      kv_quant_decode_test cuda_real_model_kv_quant_test quant_gemv_test quant_gemv_mma_test sparse_decode_test dense_decode_test cuda_model_test
       cuda_decode_bench cuda_decode_step_bench
       prefill_gemm_test prefill_attention_test cuda_prefill_bench cuda_golden_test
       cuda_model_decode_bench cuda_sync_bench

@@ -139,10 +139,13 @@ fi
 if want tests; then
   run_test cuda_composite_ops_test 40
   run_test kv_dtype_ops_test 40  # --kv-cache-dtype: quantised KV write, indexer, attention
+  run_test kv_quant_cache_test 40  # the real-shape path's quantised appends and staging pages
+  run_test kv_quant_decode_test 60  # its decode kernels over codes = over dequantised bf16
   run_test cuda_model_test 40
 fi
 want tests parallel && run_test nccl_communicator_test 120  # one rank per GPU; the watchdog needs two
 want tests decode && run_test cuda_real_model_test 240  # M3.1-Flash's layers, then M3's mix
+want tests decode && run_test cuda_real_model_kv_quant_test 120  # the same over fp8 / fp4 KV
 want tests parallel && run_test one_shot_all_reduce_test 120  # and the fused all-reduce + norm
 want tests parallel && run_test cuda_tensor_parallel_test 420  # --tp 2 and --ep 2 (CPU ranks beside)
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
