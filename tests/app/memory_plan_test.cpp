@@ -11,6 +11,7 @@
 
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/cuda/fit_check.h"
+#include "model/minimax_m3/tensor_parallel.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/weights.h"
 #include "backend/cpu/cpu_backend.h"
@@ -197,6 +198,42 @@ TEST(MemoryPlan, FlashOnH200s) {
   ASSERT_TRUE(bf16.is_ok() && fp8.is_ok());
   EXPECT_NEAR(static_cast<double>(fp8->max_tokens) / static_cast<double>(bf16->max_tokens), 1.5,
               0.01);
+}
+
+// The real-shape GPU kernels' pages by --kv-cache-dtype (fit_check.h: K, V and the index keys all
+// in the dtype, with their scales, and for a quantised pool one layer's bf16 staging pages), per
+// rank at --tp N: the tokens a pool of H200s holds, as docs/memory.md's table gives them.
+TEST(MemoryPlan, FlashOnH200sByGpuKvDtype) {
+  const MiniMaxM3Config c = flash();
+  for (int gpus : {2, 4, 8}) {
+    const MiniMaxM3Config rc = minimax_m3::rank_config(c, 0, gpus);
+    int64_t bf16_tokens = 0;
+    for (KvCacheDtype d : {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3, KvCacheDtype::kFp4E2M1}) {
+      MemoryPlanInput in = flash_input(gpus, 2, gpus == 2 ? 0.9 : 0.85);
+      const int64_t page = minimax_m3::real_shape_kv_bytes_per_page(rc, d) +
+                           minimax_m3::real_shape_kv_stage_bytes_per_page(rc, d);
+      if (d == KvCacheDtype::kBF16) {
+        EXPECT_EQ(page, in.kv_bytes_per_page) << gpus;
+      }
+      in.kv_bytes_per_page = page;
+      auto p = plan_memory(in);
+      ASSERT_TRUE(p.is_ok()) << gpus << " " << kv_cache_dtype_name(d) << ": "
+                             << p.status().to_string();
+      std::printf("[ %-40s ] %d x 141 GB, %s KV on the GPU kernels: %.1f bytes per token, %lld "
+                  "pages, %lld tokens\n",
+                  "memory plan M3.1-Flash", gpus, kv_cache_dtype_name(d), double(page) / 128,
+                  (long long)p->pages, (long long)p->max_tokens);
+      if (d == KvCacheDtype::kBF16) {
+        bf16_tokens = p->max_tokens;
+        continue;
+      }
+      // The pool is the same bytes: the tokens scale with the page's size (to one page).
+      const double ratio =
+          double(page) / double(minimax_m3::real_shape_kv_bytes_per_page(rc, KvCacheDtype::kBF16));
+      EXPECT_NEAR(double(p->max_tokens), double(bf16_tokens) / ratio, 128.0 / ratio + 128.0);
+      EXPECT_GT(p->max_tokens, bf16_tokens * (d == KvCacheDtype::kFp8E4M3 ? 19 : 33) / 10);
+    }
+  }
 }
 
 // A 1,048,576-token context (a config whose max_position_embeddings allows it): one request is
