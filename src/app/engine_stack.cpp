@@ -79,13 +79,6 @@ Result<KvCacheDtype> resolve_kv_cache_dtype(const ServeConfig& f) {
 
 namespace {
 
-// A real-shape KV page of one rank at `rc`'s shapes: what it stores and a quantised pool's bf16
-// staging share (CudaM3Model::kv_bytes_per_page, which this host-only file cannot call).
-int64_t real_shape_page_bytes(const MiniMaxM3Config& rc, KvCacheDtype dtype) {
-  return minimax_m3::real_shape_kv_bytes_per_page(rc, dtype) +
-         minimax_m3::real_shape_kv_stage_bytes_per_page(rc, dtype);
-}
-
 std::string fmt_ratio(double r) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", r);
@@ -455,9 +448,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.activation_bytes = activation_bytes_per_device(
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
-      real_shape ? real_shape_page_bytes(tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp)
-                                                : loaded.config,
-                                         real_shape_kv_dtype)
+      real_shape ? minimax_m3::real_shape_kv_pool_bytes_per_page(
+                       tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp) : loaded.config,
+                       real_shape_kv_dtype)
       // With dp a rank holds its attention group's pool: the KV heads split over tp / dp ranks.
       : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp,
                                                            options.kv_cache_dtype) /

@@ -210,8 +210,7 @@ TEST(MemoryPlan, FlashOnH200sByGpuKvDtype) {
     int64_t bf16_tokens = 0;
     for (KvCacheDtype d : {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3, KvCacheDtype::kFp4E2M1}) {
       MemoryPlanInput in = flash_input(gpus, 2, gpus == 2 ? 0.9 : 0.85);
-      const int64_t page = minimax_m3::real_shape_kv_bytes_per_page(rc, d) +
-                           minimax_m3::real_shape_kv_stage_bytes_per_page(rc, d);
+      const int64_t page = minimax_m3::real_shape_kv_pool_bytes_per_page(rc, d);
       if (d == KvCacheDtype::kBF16) {
         EXPECT_EQ(page, in.kv_bytes_per_page) << gpus;
       }

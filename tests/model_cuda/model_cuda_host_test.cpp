@@ -267,12 +267,12 @@ TEST(RealShapeFit, AcceptsFullAttentionLayers) {
   EXPECT_EQ(minimax_m3::real_shape_kv_bytes_per_page(m3, KvCacheDtype::kFp8E4M3),
             128 * (60 * kv + 57 * ix) + 60 * 8 * 4 + 57 * 4);
   EXPECT_EQ(real_shape_kv_stage_bytes_per_page(flash, KvCacheDtype::kBF16), 0);
-  EXPECT_EQ(real_shape_kv_stage_bytes_per_page(flash, KvCacheDtype::kFp8E4M3), 128 * (kv + ix) * 2);
+  EXPECT_EQ(real_shape_kv_stage_bytes_per_page(flash, KvCacheDtype::kFp8E4M3),
+            128 * (kv + ix) * 2);
   // Per token with the staging share, M3.1-Flash on one GPU: bf16 138,240 bytes, fp8 71,441
   // (1.94x the tokens), fp4 41,201 (3.36x).
   auto per_token = [&](KvCacheDtype d) {
-    return double(minimax_m3::real_shape_kv_bytes_per_page(flash, d) +
-                  real_shape_kv_stage_bytes_per_page(flash, d)) / 128.0;
+    return double(minimax_m3::real_shape_kv_pool_bytes_per_page(flash, d)) / 128.0;
   };
   EXPECT_DOUBLE_EQ(per_token(KvCacheDtype::kBF16), 138240.0);
   EXPECT_NEAR(per_token(KvCacheDtype::kFp8E4M3), 71441.0, 1.0);

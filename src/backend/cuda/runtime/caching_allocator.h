@@ -11,10 +11,12 @@
 // requests). When cudaMalloc fails, every cached block is released and the call retried once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/status.h"
 
@@ -51,6 +53,29 @@ class CachingAllocator {
   std::multimap<int64_t, void*> free_;           // size -> block
   std::unordered_map<void*, int64_t> in_use_;    // block -> size
   AllocatorStats stats_;
+};
+
+// Scratch for one step or call: blocks from `a`, all returned (stream-ordered, as above) when it
+// goes out of scope.
+class ScopedScratch {
+ public:
+  explicit ScopedScratch(CachingAllocator* a) : a_(a) {}
+  ~ScopedScratch() {
+    for (void* p : ptrs_) a_->free(p);
+  }
+  ScopedScratch(const ScopedScratch&) = delete;
+  ScopedScratch& operator=(const ScopedScratch&) = delete;
+  // `count` elements (at least one), uninitialised.
+  template <typename T>
+  Result<T*> get(int64_t count) {
+    M3_ASSIGN_OR_RETURN(void* p, a_->allocate(std::max<int64_t>(count, 1) * sizeof(T)));
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  CachingAllocator* a_;
+  std::vector<void*> ptrs_;
 };
 
 }  // namespace m3::cuda

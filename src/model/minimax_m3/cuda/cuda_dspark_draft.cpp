@@ -51,27 +51,6 @@ DevMatrix row_view(const DevMatrix& m, int64_t row0, int64_t rows) {
   return v;
 }
 
-// Per-call device scratch from the caching allocator, returned at scope exit.
-class Scratch {
- public:
-  explicit Scratch(cuda::CachingAllocator* a) : a_(a) {}
-  ~Scratch() {
-    for (void* p : ptrs_) a_->free(p);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  Result<T*> get(int64_t count) {
-    M3_ASSIGN_OR_RETURN(void* p, a_->allocate(std::max<int64_t>(count, 1) * sizeof(T)));
-    ptrs_.push_back(p);
-    return static_cast<T*>(p);
-  }
-
- private:
-  cuda::CachingAllocator* a_;
-  std::vector<void*> ptrs_;
-};
-
 // CUDA events between a propose's phases (set_phase_timing): mark(phase) records the end of
 // `phase` on the stream; finish() waits for the last event and adds each interval to the phase
 // it ended. Off: every call is a no-op.
@@ -166,7 +145,8 @@ struct CudaDSparkDraft::Impl {
   // on the split-K GEMV (one pass over the weights for all rows); bf16 (fc, the lm_head) on it at
   // one row only, since kBf16SplitK takes 4 rows per pass over the weights (the lm_head at 7 rows
   // would read its 2.5 GB twice), and cuBLASLt reads them once, as the target's head does.
-  Status linear(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y, Scratch& sc) {
+  Status linear(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y,
+                cuda::ScopedScratch& sc) {
     const bool gemv_fits = rows <= kDSparkGemvRows && m.groups == 1 &&
                            m.layout == cuda::WeightLayout::kRowMajor &&
                            (m.format == QuantFormat::kBf16 ? rows == 1 && m.k % 256 == 0
@@ -246,7 +226,8 @@ struct CudaDSparkDraft::Impl {
   // kDSparkGemvRows rows on the split-K GEMV (a pass over the weights each) up to
   // kDSparkBatchGemvPasses passes, where dequantising them for PrefillGemm would cost more; bf16
   // (the lm_head) and larger row counts as linear chooses (cuBLASLt, one pass).
-  Status linear_rows(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y, Scratch& sc) {
+  Status linear_rows(const DevMatrix& m, const uint16_t* x, int64_t rows, float* y,
+                     cuda::ScopedScratch& sc) {
     if (m.format == QuantFormat::kBf16 || rows <= kDSparkGemvRows ||
         rows > kDSparkGemvRows * kDSparkBatchGemvPasses)
       return linear(m, x, rows, y, sc);
@@ -263,7 +244,7 @@ struct CudaDSparkDraft::Impl {
   // and the block attention (batched: each sequence's own context pages, block table and anchor
   // position).
   Result<float*> block_logits(std::span<CudaState* const> states,
-                              std::span<const int32_t> anchors, Scratch& sc) {
+                              std::span<const int32_t> anchors, cuda::ScopedScratch& sc) {
     const DSparkCudaPlan& P = plan;
     const int64_t n = static_cast<int64_t>(states.size()), b = P.block, hd = P.hidden;
     const int64_t vocab = P.vocab, rows = n * b;
@@ -626,7 +607,7 @@ Status CudaDSparkDraft::append_features(DraftState& state, std::span<const float
   const int64_t first = std::max(start, pages.first_needed_position(end));
   const int64_t m = end - first;
   if (m > 0) {
-    Scratch sc(im.alloc.get());
+    cuda::ScopedScratch sc(im.alloc.get());
     const std::vector<int32_t>& table = s.pages->block_table();
     const int64_t nb = static_cast<int64_t>(table.size());
     std::vector<int32_t> pos(static_cast<size_t>(m)), tables(static_cast<size_t>(m * nb));
@@ -732,7 +713,7 @@ Status CudaDSparkDraft::propose_greedy_batch(std::span<DraftState* const> states
   }
   const int64_t n = static_cast<int64_t>(cs.size()), b = im.plan.block, vocab = im.plan.vocab;
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
-  Scratch sc(im.alloc.get());
+  cuda::ScopedScratch sc(im.alloc.get());
   M3_RETURN_IF_ERROR(im.timer.start(im.st()));
   M3_ASSIGN_OR_RETURN(float* rows, im.block_logits(cs, anchors, sc));
   M3_ASSIGN_OR_RETURN(int32_t* anchors_d, sc.get<int32_t>(n));
@@ -763,7 +744,7 @@ Result<CudaDSparkProposal> CudaDSparkDraft::run_propose(DraftState& state, int32
   auto* s = static_cast<CudaState*>(&state);
   const int64_t b = im.plan.block, vocab = im.plan.vocab;
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.target->device()));
-  Scratch sc(im.alloc.get());
+  cuda::ScopedScratch sc(im.alloc.get());
   M3_RETURN_IF_ERROR(im.timer.start(im.st()));
   M3_ASSIGN_OR_RETURN(float* logits, im.block_logits(std::span<CudaState* const>(&s, 1),
                                                      std::span<const int32_t>(&anchor, 1), sc));

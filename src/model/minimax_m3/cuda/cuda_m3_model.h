@@ -203,7 +203,7 @@ class CudaM3Model {
   CudaM3Model& operator=(const CudaM3Model&) = delete;
 
   // Bytes of one KV page over all layers (K, V and the sparse layers' index keys in `dtype`, and
-  // a quantised pool's bf16 staging share, real_shape_kv_stage_bytes_per_page) on one rank of
+  // a quantised pool's bf16 staging share: real_shape_kv_pool_bytes_per_page) on one rank of
   // `tp_ranks` (`ep`: the layout's expert-parallel ranks; the page does not depend on it, but the
   // layout must be valid).
   static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1, int ep = 1,

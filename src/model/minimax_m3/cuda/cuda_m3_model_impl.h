@@ -108,27 +108,6 @@ struct Bufs {
   int64_t partial_side_elems = 0;
 };
 
-// Per-step device scratch from the caching allocator, returned (stream-ordered) at scope exit.
-class StepScratch {
- public:
-  explicit StepScratch(cuda::CachingAllocator* a) : a_(a) {}
-  ~StepScratch() {
-    for (void* p : ptrs_) a_->free(p);
-  }
-  StepScratch(const StepScratch&) = delete;
-  StepScratch& operator=(const StepScratch&) = delete;
-  template <typename T>
-  Result<T*> get(int64_t count) {
-    M3_ASSIGN_OR_RETURN(void* p, a_->allocate(std::max<int64_t>(count, 1) * sizeof(T)));
-    ptrs_.push_back(p);
-    return static_cast<T*>(p);
-  }
-
- private:
-  cuda::CachingAllocator* a_;
-  std::vector<void*> ptrs_;
-};
-
 // A GEMV input: bf16 rows and, for the tensor-core kernels, the same rows as f16 with their
 // inverse per-row factors (or one constant factor).
 struct GemvIn {
@@ -875,7 +854,7 @@ struct CudaM3Model::Impl {
                       int64_t t_all, int64_t n_dec, int64_t mb, const std::vector<int32_t>& ids,
                       const std::vector<int32_t>& pos, const std::vector<int32_t>& tabs,
                       std::span<const int32_t> capture_layers, ForwardOutput* out) {
-    StepScratch sc(alloc.get());
+    cuda::ScopedScratch sc(alloc.get());
     Bufs b;
     const int64_t t = t_all;
     M3_ASSIGN_OR_RETURN(b.ids, sc.get<int32_t>(t));

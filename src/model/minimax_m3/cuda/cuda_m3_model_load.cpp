@@ -277,7 +277,7 @@ int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, i
       tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok()
           ? c
           : rank_config(c, 0, tp_ranks, ep);
-  return real_shape_kv_bytes_per_page(rc, dtype) + real_shape_kv_stage_bytes_per_page(rc, dtype);
+  return real_shape_kv_pool_bytes_per_page(rc, dtype);
 }
 
 Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& whole,

@@ -84,6 +84,10 @@ int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtyp
   return bytes;
 }
 
+int64_t real_shape_kv_pool_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype) {
+  return real_shape_kv_bytes_per_page(c, dtype) + real_shape_kv_stage_bytes_per_page(c, dtype);
+}
+
 int64_t real_shape_kv_stage_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype) {
   if (dtype == KvCacheDtype::kBF16) return 0;
   bool any_sparse = false;

@@ -29,4 +29,7 @@ int64_t real_shape_kv_bytes_per_page(const MiniMaxM3Config& c,
 // prefill kernels read (0 for bf16).
 int64_t real_shape_kv_stage_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype);
 
+// What one page of the pool costs: the two above together (the KV pool is planned with it).
+int64_t real_shape_kv_pool_bytes_per_page(const MiniMaxM3Config& c, KvCacheDtype dtype);
+
 }  // namespace m3::minimax_m3
