@@ -66,14 +66,14 @@ Status check_dp_attention(const RankLayout& layout, int dp, bool enable_dp_atten
 }
 
 Result<KvCacheDtype> resolve_kv_cache_dtype(const ServeConfig& f) {
-  const std::string flag = "--kv-cache-dtype " + f.kv_cache_dtype;
   const bool cuda = f.device == "cuda";
   // auto: the device's own KV dtype, float32 on the CPU reference (its activations' dtype) and bf16
   // on the GPU kernels (the checkpoint's torch_dtype); bf16 is what the GPU stores anyway.
   if (f.kv_cache_dtype == "auto" || (cuda && f.kv_cache_dtype == "bf16")) {
     return KvCacheDtype::kFloat32;
   }
-  // fp8_e4m3 / fp4_e2m1: every path stores them (the real-shape kernels, the float32 backends).
+  // bf16 on the CPU, fp8_e4m3 / fp4_e2m1 anywhere: every path stores them (the real-shape
+  // kernels, the float32 backends).
   return parse_kv_cache_dtype(f.kv_cache_dtype);
 }
 
