@@ -18,9 +18,11 @@
 //    the batched propose (propose_greedy_batch: one draft forward for all B sequences' blocks),
 //    whose speed-ups are printed next to the serial ones (the engine batches greedy sequences
 //    this way; sampled ones are proposed one after another, with the host picker).
-// The target's times are measured on models of 3 and 8 layers (3 dense-MLP layers, then MoE)
-// and extrapolated to 60 (t3 + 57 (t8 - t3) / 5, as cuda_model_decode_bench does with its
-// largest model); the draft runs whole. With forced acceptance L (tokens committed per verify,
+// The target's times are measured on models of 3 and L layers (3 dense-MLP layers, then MoE;
+// L = M3_BENCH_LAYERS, default 8, at most 60: the largest slice that fits, since the longer the
+// slice the less the extrapolation amplifies timing noise) and extrapolated to 60
+// (t3 + 57 (tL - t3) / (L - 3), as cuda_model_decode_bench does with its largest model); the
+// draft runs whole. With forced acceptance L (tokens committed per verify,
 // the engine's --speculative-simulate-accept-length) a round commits B·L tokens in
 //   verify_60(B) + B · (append(L) + propose)          (serial proposes)
 //   verify_60(B) + B · append(L) + propose_batch(B)   (batched, the engine's greedy order)
@@ -129,16 +131,19 @@ int main(int argc, char** argv) {
   const int64_t block = dcfg.block_size, verify_tokens = block + 1;
   const int64_t pages = 16 * ((ctx + verify_tokens + 127) / 128 + 1);
 
-  // Target: 3 and 8 layers (the capture asks for the draft's count of layers, clipped to the
+  const int64_t big = std::getenv("M3_BENCH_LAYERS")
+                          ? std::clamp<int64_t>(std::atoll(std::getenv("M3_BENCH_LAYERS")), 4, 60)
+                          : 8;
+  // Target: 3 and `big` layers (the capture asks for the draft's count of layers, clipped to the
   // slice).
-  TargetTimes t3[3], t8[3];
-  for (int64_t layers : {3, 8}) {
+  TargetTimes t3[3], tbig[3];
+  for (int64_t layers : {int64_t{3}, big}) {
     auto model = load(layers, pages);
     std::vector<int32_t> capture;
     for (size_t i = 0; i < dcfg.target_layer_ids.size(); ++i)
       capture.push_back(static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(i), layers - 1)));
     for (size_t i = 0; i < batches.size(); ++i)
-      (layers == 3 ? t3 : t8)[i] = time_target(model.get(), batches[i], ctx, verify_tokens, capture);
+      (layers == 3 ? t3 : tbig)[i] = time_target(model.get(), batches[i], ctx, verify_tokens, capture);
   }
 
   // The draft next to a 3-layer target (it reads the embedding and lm_head only).
@@ -229,9 +234,10 @@ int main(int argc, char** argv) {
                 batch_propose_ms[i]);
 
   FILE* tsv = tsv_path ? std::fopen(tsv_path, "a") : nullptr;
-  std::printf("\nM3.1-Flash, 60 layers extrapolated from 3 and 8 (t3 + 57 (t8 - t3) / 5), context "
-              "%lld, verify %lld tokens per sequence\n",
-              (long long)ctx, (long long)verify_tokens);
+  std::printf("\nM3.1-Flash, 60 layers extrapolated from 3 and %lld (t3 + 57 (t%lld - t3) / %lld), "
+              "context %lld, verify %lld tokens per sequence\n",
+              (long long)big, (long long)big, (long long)(big - 3), (long long)ctx,
+              (long long)verify_tokens);
   std::printf("spec: one propose_greedy per sequence; batched: one propose_greedy_batch per "
               "round (the engine's order for greedy requests)\n");
   std::printf("%-6s %-12s %-12s %-10s %-8s %-12s %-8s %-12s %-8s\n", "batch", "decode60 ms",
@@ -239,8 +245,9 @@ int main(int argc, char** argv) {
               "speedup");
   for (size_t i = 0; i < batches.size(); ++i) {
     const int64_t b = batches[i];
-    const double dec60 = t3[i].decode_ms + 57.0 * (t8[i].decode_ms - t3[i].decode_ms) / 5.0;
-    const double ver60 = t3[i].verify_ms + 57.0 * (t8[i].verify_ms - t3[i].verify_ms) / 5.0;
+    const double span = static_cast<double>(big - 3);
+    const double dec60 = t3[i].decode_ms + 57.0 * (tbig[i].decode_ms - t3[i].decode_ms) / span;
+    const double ver60 = t3[i].verify_ms + 57.0 * (tbig[i].verify_ms - t3[i].verify_ms) / span;
     const double plain = 1e3 * static_cast<double>(b) / dec60;
     for (int64_t L : {3, 5, 7}) {
       const double round = ver60 + static_cast<double>(b) * (append_ms[L] + propose_ms);
