@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "app/multi_node.h"
 #include "backend/cpu/cpu_backend.h"
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/dspark/dspark_engine_draft.h"
@@ -83,15 +84,46 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   CudaRanks ranks;
   ranks.ranks = pool.tensor_parallel;
   ranks.ep = pool.expert_parallel;
+  ranks.dp = pool.dp_attention;
   ranks.timeout = pool.dist_timeout;
   if (!pool.custom_all_reduce) ranks.one_shot_max_bytes = 0;
   if (pool.max_decode_rows > 0) o.max_batch = pool.max_decode_rows;
   o.kv_cache_dtype = pool.kv_cache_dtype;
+  int64_t kv_cache_bytes = pool.kv_cache_bytes, profile_tokens = pool.profile_tokens;
+  if (pool.nodes) {
+    // --nnodes: this node's GPUs are ranks first .. of the group. Every GPU of every node sizes
+    // its pool as node 0's do (the profile step runs the model's collectives on all of them):
+    // node 0 publishes its sizing, the others take it.
+    const JoinedGpuNodes& nodes = *pool.nodes;
+    M3_ASSIGN_OR_RETURN(const GpuPoolShare agreed,
+                        nodes.share_pool(GpuPoolShare{pool.kv_cache_bytes, pool.profile_tokens}));
+    if (nodes.node_rank != 0 && pool.kv_cache_bytes > 0 &&
+        pool.kv_cache_bytes != agreed.kv_cache_bytes) {
+      const std::string node0 =
+          agreed.kv_cache_bytes > 0 ? "--kv-cache-bytes " + std::to_string(agreed.kv_cache_bytes)
+                                    : "a profile step, then the fewest pages any GPU holds";
+      std::fprintf(stderr, "m3serve: note: node %d: --kv-cache-bytes %lld changes nothing here: "
+                   "every GPU sizes its KV pool as node 0's do (%s)\n", nodes.node_rank,
+                   static_cast<long long>(pool.kv_cache_bytes), node0.c_str());
+    }
+    kv_cache_bytes = agreed.kv_cache_bytes;
+    profile_tokens = agreed.profile_tokens;
+    auto share = std::make_shared<CudaNodeShare>();
+    share->first = nodes.ranks.first;
+    share->count = nodes.ranks.count;
+    share->share_unique_id = nodes.share_unique_id;
+    share->steps = nodes.steps;
+    share->idle_wait = nodes.idle_wait;
+    share->keepalive = pool.nodes;
+    ranks.nodes = std::move(share);
+  }
   std::unique_ptr<CudaM3ModelRunner> r;
-  if (pool.kv_cache_bytes > 0) {
-    M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, pool.kv_cache_bytes, o, ranks));
+  if (kv_cache_bytes > 0) {
+    M3_ASSIGN_OR_RETURN(r, CudaM3ModelRunner::create(cfg, src, kv_cache_bytes, o, ranks));
   } else {
-    o.profile_tokens = pool.profile_tokens;
+    if (!pool.plan_pool_bytes)
+      return internal_error("[app.devices] a profiled KV pool needs its planner");
+    o.profile_tokens = profile_tokens;
     auto plan = pool.plan_pool_bytes;
     M3_ASSIGN_OR_RETURN(
         r, CudaM3ModelRunner::create_profiled(
@@ -105,12 +137,17 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   if (pool.tensor_parallel > 1) {
     // What each GPU holds, as loaded (the windows of the checkpoint it read, in their formats),
     // and under --ep the routed experts it holds.
+    // This node's GPUs only, by their rank in the group.
     std::string per_gpu;
-    for (int rank = 0; rank < pool.tensor_parallel; ++rank) {
-      const minimax_m3::CudaM3Stats st = r->rank_model(rank).stats();
-      per_gpu += (rank == 0 ? "" : ", ") + std::to_string(rank) + ": " +
+    for (int i = 0; i < r->local_ranks(); ++i) {
+      const int rank = r->first_rank() + i;
+      const minimax_m3::CudaM3Stats st = r->rank_model(i).stats();
+      per_gpu += (i == 0 ? "" : ", ") + std::to_string(rank) + ": " +
                  std::to_string(st.weight_bytes) + " weight + " + std::to_string(st.kv_bytes) +
                  " KV bytes";
+      if (pool.dp_attention > 1)
+        per_gpu += " in DP group " +
+                   std::to_string(rank / (pool.tensor_parallel / pool.dp_attention));
       if (pool.expert_parallel > 1) {
         const minimax_m3::ExpertPlacement place = minimax_m3::place_experts(
             cfg, rank, pool.tensor_parallel, pool.expert_parallel);
@@ -118,11 +155,19 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
                    std::to_string(place.begin + place.count - 1) + ")";
       }
     }
-    const std::string ep = pool.expert_parallel > 1
-                               ? " --ep " + std::to_string(pool.expert_parallel)
-                               : std::string();
-    std::fprintf(stderr, "m3serve: --tp %d%s on GPUs (%s); all-reduce %s\n",
-                 pool.tensor_parallel, ep.c_str(), per_gpu.c_str(), r->all_reduce_path().c_str());
+    const std::string flags = (pool.expert_parallel > 1
+                                ? " --ep " + std::to_string(pool.expert_parallel)
+                                : std::string()) +
+                           (pool.dp_attention > 1
+                                ? " --enable-dp-attention --dp " + std::to_string(pool.dp_attention)
+                                : std::string());
+    const std::string node =
+        pool.nodes ? "node " + std::to_string(pool.nodes->node_rank) + " of " +
+                         std::to_string(pool.nodes->nnodes) + ": "
+                   : std::string();
+    std::fprintf(stderr, "m3serve: --tp %d%s on GPUs (%s%s); all-reduce %s\n",
+                 pool.tensor_parallel, flags.c_str(), node.c_str(), per_gpu.c_str(),
+                 r->all_reduce_path().c_str());
   }
   return std::unique_ptr<ModelRunner>(std::move(r));
 #else

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "app/devices.h"
+#include "app/gpu_nodes.h"
 #include "app/memory_plan.h"
 #include "app/startup_report.h"
 #include "app/vision_stack.h"
@@ -221,6 +222,23 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
 
 namespace {
 
+// What each GPU of --tp (--ep, --dp) holds, for the startup report's layout line.
+std::string gpu_layout_summary(const MiniMaxM3Config& c, int tp, int ep, int dp) {
+  const int attn = tp / dp;
+  std::string heads = "each GPU holds 1/" + std::to_string(attn) + " of " +
+                      (dp > 1 ? "its group's" : "the") + " attention heads";
+  std::string ffn =
+      ep > 1 ? std::to_string(c.num_local_experts / ep) + " of the " +
+                   std::to_string(c.num_local_experts) + " routed experts" +
+                   (tp > ep ? " at 1/" + std::to_string(tp / ep) + " of their width" : "")
+             : "1/" + std::to_string(tp) + " of every expert";
+  if (dp == 1) return heads + " and " + ffn;
+  return std::to_string(dp) + " attention groups of " + std::to_string(attn) +
+         " GPUs, each with its own requests and KV pool; " + heads + ", and " + ffn +
+         " (the feed-forward blocks run on every group's tokens over all " + std::to_string(tp) +
+         " GPUs)";
+}
+
 // --speculative-algorithm DSPARK: the draft for the float32 runner's target (<model>/dspark
 // unless --speculative-draft-model-path names another directory).
 minimax_m3::dspark::DSparkLoadOptions draft_load_options(const std::string& model_path,
@@ -318,21 +336,13 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   const NodeLayout& nodes = options.nodes;
   M3_RETURN_IF_ERROR(check_node_layout(nodes, tp));
   const bool multi_node = nodes.nnodes > 1;
-  if (multi_node && (tp == 1 || options.device == "cuda")) {
+  if (multi_node && tp == 1) {
     return Status(StatusCode::kUnimplemented,
                   "--nnodes " + std::to_string(nodes.nnodes) +
-                      (tp == 1 ? ": give --tp (the ranks spread over the nodes)"
-                               : ": nodes of GPU ranks are not supported yet; CPU ranks are "
-                                 "(--device cpu)"));
+                      ": give --tp (the ranks spread over the nodes)");
   }
   const int local_ranks = tp / nodes.nnodes;  // this process's ranks
   const bool gpu_ranks = tp > 1 && options.device == "cuda";
-  if (dp > 1 && options.device == "cuda") {
-    return Status(StatusCode::kUnimplemented,
-                  "--enable-dp-attention --dp " + std::to_string(dp) +
-                      ": data-parallel attention on GPUs is not supported yet; CPU ranks serve "
-                      "it (--device cpu, in one process or over several nodes)");
-  }
   if (!options.custom_all_reduce && !gpu_ranks)
     std::fprintf(stderr, "m3serve: note: --disable-custom-all-reduce: no GPU ranks here (--tp %d "
                  "--device %s); it changes nothing\n", tp, options.device.c_str());
@@ -345,25 +355,19 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   bool real_shape = false;
   if (options.device == "cuda" && options.make_cuda_runner) {
     M3_ASSIGN_OR_RETURN(MiniMaxM3Config c, model_config(model_path, options));
-    Status fit = minimax_m3::check_real_shape_fit(c);
-    if (fit.is_ok() && gpu_ranks) {
-      fit = minimax_m3::check_tensor_parallel(c, tp, ep);
-      for (int r = 0; r < tp && fit.is_ok(); ++r)
-        fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(c, r, tp, ep));
+    if (gpu_ranks) {
+      M3_RETURN_IF_ERROR(check_gpu_ranks_fit(c, tp, ep, dp));
+      real_shape = true;
+    } else {
+      const Status fit = minimax_m3::check_real_shape_fit(c);
+      real_shape = fit.is_ok();
+      if (!real_shape)
+        std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
+                     fit.message().c_str());
     }
-    real_shape = fit.is_ok();
-    if (!real_shape && gpu_ranks)
-      return Status(fit.code(), "--tp " + std::to_string(tp) +
-                                    (ep > 1 ? " --ep " + std::to_string(ep) : std::string()) +
-                                    " --device cuda: " + fit.message());
-    if (!real_shape)
-      std::fprintf(stderr, "m3serve: --device cuda: %s; using the float32 CUDA backend\n",
-                   fit.message().c_str());
   }
   // The real-shape kernels' own storage: bf16 for auto (float32 is the float32 paths' auto).
-  const KvCacheDtype real_shape_kv_dtype = options.kv_cache_dtype == KvCacheDtype::kFloat32
-                                               ? KvCacheDtype::kBF16
-                                               : options.kv_cache_dtype;
+  const KvCacheDtype real_shape_kv_dtype = real_shape_kv_cache_dtype(options.kv_cache_dtype);
   if (options.decode_max_rows > 0 && !real_shape)
     std::fprintf(stderr, "m3serve: note: %s %d: it sizes the real-shape CUDA kernels' decode "
                  "path, which this model does not run on; it changes nothing\n",
@@ -438,7 +442,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.kv_cache_bytes = options.kv_cache_bytes;
   // This process's CPU ranks share this machine's memory: the plan counts them as one device.
   // GPU ranks have a device each: the plan is per GPU.
-  const int64_t weight_bytes_per_rank = weight_bytes_per_device(loaded.config, storage, tp, ep);
+  const int64_t weight_bytes_per_rank =
+      weight_bytes_per_device(loaded.config, storage, tp, ep, dp);
   mem.weight_bytes = weight_bytes_per_rank * (gpu_ranks ? 1 : local_ranks);
   const int32_t max_running =
       options.max_running_requests > 0 ? options.max_running_requests : kDefaultMaxRunning;
@@ -448,10 +453,11 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   mem.activation_bytes = activation_bytes_per_device(
       loaded.config, storage, 1, std::max(chunk, max_running), max_running);
   mem.kv_bytes_per_page =
-      real_shape ? minimax_m3::real_shape_kv_pool_bytes_per_page(
-                       tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp) : loaded.config,
-                       real_shape_kv_dtype)
       // With dp a rank holds its attention group's pool: the KV heads split over tp / dp ranks.
+      real_shape ? minimax_m3::real_shape_kv_pool_bytes_per_page(
+                       tp > 1 ? minimax_m3::rank_config(loaded.config, 0, tp, 1, dp)
+                              : loaded.config,
+                       real_shape_kv_dtype)
       : tp > 1   ? TensorParallelCpuRunner::bytes_per_page(loaded.config, tp, dp,
                                                            options.kv_cache_dtype) /
                        tp * local_ranks
@@ -515,6 +521,13 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<DraftModel> draft;  // --speculative-algorithm
   std::function<std::string()> nodes_gone;  // multi-node: who left, after a failure
+  // GPU ranks over several nodes: this node's GPUs join the others through the rendezvous before
+  // they load (the NCCL group forms as they do; the factory shares the pool's sizing).
+  std::shared_ptr<JoinedGpuNodes> gpu_nodes;
+  if (multi_node && gpu_ranks) {
+    M3_ASSIGN_OR_RETURN(gpu_nodes, join_gpu_nodes(nodes, tp, dp));
+    nodes_gone = gpu_nodes->nodes_gone;
+  }
   MemoryPlan plan;
   if (measure) {
     // The largest step: a whole chunk with every running request's decode token riding along.
@@ -523,14 +536,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
     const int64_t beyond =
         activation_bytes_per_device(loaded.config, storage, 1, step_tokens, max_running) -
         activation_bytes_per_device(loaded.config, storage, 1, profile_tokens, max_running);
-    CudaKvPoolRequest pool;
+    CudaKvPoolRequest pool = gpu_pool_request(options, tp, ep, dp, gpu_nodes);
     pool.profile_tokens = profile_tokens;
-    pool.tensor_parallel = tp;
-    pool.expert_parallel = ep;
-    pool.dist_timeout = nodes.dist_timeout;
-    pool.custom_all_reduce = options.custom_all_reduce;
-    pool.max_decode_rows = options.decode_max_rows;
-    pool.kv_cache_dtype = real_shape_kv_dtype;
     pool.plan_pool_bytes = [&](const MeasuredMemory& m) -> Result<int64_t> {
       std::fprintf(stderr,
                    "m3serve: memory profile: %lld bytes in all, %lld of weights, %lld working, "
@@ -577,14 +584,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   if (runner) {
     // made by the profile step above
   } else if (real_shape) {
-    CudaKvPoolRequest pool;
+    CudaKvPoolRequest pool = gpu_pool_request(options, tp, ep, dp, gpu_nodes);
     pool.kv_cache_bytes = kv_cache_bytes;
-    pool.tensor_parallel = tp;
-    pool.expert_parallel = ep;
-    pool.dist_timeout = nodes.dist_timeout;
-    pool.custom_all_reduce = options.custom_all_reduce;
-    pool.max_decode_rows = options.decode_max_rows;
-    pool.kv_cache_dtype = real_shape_kv_dtype;
     M3_ASSIGN_OR_RETURN(runner, options.make_cuda_runner(loaded.config, *loaded.weights, pool));
   } else if (multi_node) {
     M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));
@@ -652,11 +653,20 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                    " on the " + mem.device_name +
                    (real_shape ? " in those formats (real-shape CUDA kernels)"
                                : " as float32 (the reference path)"));
-  report.push_back(gpu_ranks ? "layout: " + std::to_string(tp) +
+  report.push_back(gpu_ranks && multi_node
+                   ? "layout: " + std::to_string(local_ranks) + " of " + std::to_string(tp) +
+                         " GPUs (ranks " + std::to_string(nodes.node_rank * local_ranks) + ".." +
+                         std::to_string((nodes.node_rank + 1) * local_ranks - 1) + ") on node " +
+                         std::to_string(nodes.node_rank) + " of " +
+                         std::to_string(nodes.nnodes) + " over NCCL (tp " + std::to_string(tp) +
+                         ", dp " + std::to_string(dp) + ", ep " + std::to_string(ep) + ")" +
+                         (dp > 1 ? ": " + gpu_layout_summary(loaded.config, tp, ep, dp)
+                                 : std::string())
+                   : gpu_ranks ? "layout: " + std::to_string(tp) +
                                   " GPUs (0.." + std::to_string(tp - 1) +
                                   ") in this process over NCCL (tp " + std::to_string(tp) +
-                                  ", dp 1, ep 1): each GPU holds 1/" + std::to_string(tp) +
-                                  " of the heads and of every expert"
+                                  ", dp " + std::to_string(dp) + ", ep " + std::to_string(ep) +
+                                  "): " + gpu_layout_summary(loaded.config, tp, ep, dp)
                    : tp > 1 ? "layout: " +
                                (multi_node ? std::to_string(local_ranks) + " of " +
                                                  std::to_string(tp) + " CPU ranks on node " +
@@ -792,6 +802,34 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   return out;
 }
 
+Status check_gpu_ranks_fit(const MiniMaxM3Config& cfg, int tp, int ep, int dp) {
+  Status fit = minimax_m3::check_real_shape_fit(cfg);
+  // Under --dp a rank's heads are its attention group's share (tp / dp ranks).
+  if (fit.is_ok()) fit = minimax_m3::check_tensor_parallel(cfg, tp, ep, dp);
+  for (int r = 0; r < tp && fit.is_ok(); ++r)
+    fit = minimax_m3::check_real_shape_fit(minimax_m3::rank_config(cfg, r, tp, ep, dp));
+  if (fit.is_ok()) return fit;
+  return Status(fit.code(), "--tp " + std::to_string(tp) +
+                                (ep > 1 ? " --ep " + std::to_string(ep) : std::string()) +
+                                (dp > 1 ? " --enable-dp-attention --dp " + std::to_string(dp)
+                                        : std::string()) +
+                                " --device cuda: " + fit.message());
+}
+
+CudaKvPoolRequest gpu_pool_request(const EngineStackOptions& options, int tp, int ep, int dp,
+                                   std::shared_ptr<JoinedGpuNodes> nodes) {
+  CudaKvPoolRequest pool;
+  pool.tensor_parallel = tp;
+  pool.expert_parallel = ep;
+  pool.dp_attention = dp;
+  pool.dist_timeout = options.nodes.dist_timeout;
+  pool.custom_all_reduce = options.custom_all_reduce;
+  pool.max_decode_rows = options.decode_max_rows;
+  pool.kv_cache_dtype = real_shape_kv_cache_dtype(options.kv_cache_dtype);
+  pool.nodes = std::move(nodes);
+  return pool;
+}
+
 Result<int> run_follower_node(const std::string& model_path, const EngineStackOptions& options) {
   const NodeLayout& nodes = options.nodes;
   M3_ASSIGN_OR_RETURN(const RankLayout layout,
@@ -802,11 +840,6 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   if (nodes.node_rank == 0) return internal_error("[app] run_follower_node on node 0");
   const int dp = std::max(1, options.dp_attention);
   M3_RETURN_IF_ERROR(check_dp_attention(layout, dp, true));
-  if (options.device == "cuda") {
-    return Status(StatusCode::kUnimplemented,
-                  "--nnodes: nodes of GPU ranks are not supported yet; CPU ranks are (--device "
-                  "cpu)");
-  }
   if (!(options.dummy_weights && model_path.empty()) && !fs::is_directory(model_path)) {
     return Status(StatusCode::kNotFound, "model directory '" + model_path + "' does not exist");
   }
@@ -822,6 +855,7 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   std::fprintf(stderr, "m3serve: node %d of %d: joining the group at %s (ranks %d..%d of %d)\n",
                nodes.node_rank, nodes.nnodes, nodes.dist_init_addr.c_str(),
                nodes.node_rank * local_ranks, (nodes.node_rank + 1) * local_ranks - 1, tp);
+  if (options.device == "cuda") return follow_on_gpus(cfg, *weights, options, tp, ep, dp);
   M3_ASSIGN_OR_RETURN(JoinedRanks joined, join_nodes(nodes, tp, dp));
   M3_ASSIGN_OR_RETURN(const int32_t pages, joined.share_kv_pages(0));
   const int cores = options.num_threads > 0 ? options.num_threads
@@ -836,18 +870,7 @@ Result<int> run_follower_node(const std::string& model_path, const EngineStackOp
   std::fprintf(stderr, "m3serve: node %d of %d: ready: %d KV pages%s; following node 0\n",
                nodes.node_rank, nodes.nnodes, pages, read.c_str());
   std::fflush(stderr);
-  const Status s = runner->follow();
-  if (s.is_ok()) {
-    std::fprintf(stderr, "m3serve: node %d of %d: node 0 shut down; exiting\n", nodes.node_rank,
-                 nodes.nnodes);
-    return 0;
-  }
-  const std::string who = joined.nodes_gone();
-  std::fprintf(stderr, "m3serve: fatal: node %d of %d: %s%s; exiting\n", nodes.node_rank,
-               nodes.nnodes, who.empty() ? "" : (who + ": ").c_str(), s.message().c_str());
-  std::fflush(stderr);
-  // Ranks of a broken group may still wait on peers that never answer: do not unwind them.
-  std::_Exit(1);
+  return end_following(nodes, runner->follow(), joined.nodes_gone);
 }
 
 Result<EngineStack> make_engine_stack(const std::string& model_path,

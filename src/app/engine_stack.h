@@ -72,8 +72,8 @@ struct EngineStackOptions {
   std::function<Result<int64_t>()> cuda_memory_bytes;
   int32_t num_threads = 0;                      // CPU threads for the model; 0: all cores
   // --tp: tensor-parallel ranks. On the CPU, ranks of this process over Gloo, sharing
-  // num_threads; on the GPU (real-shape kernels only), GPUs 0 .. tp-1 of this process over NCCL
-  // (expert parallelism, attention data parallelism and several nodes are CPU-only so far).
+  // num_threads; on the GPU (real-shape kernels only), GPUs 0 .. tp-1 of this process over NCCL,
+  // or with nodes (`nodes`) GPUs 0 .. tp/nnodes - 1 of each node's process (app/gpu_nodes.h).
   int32_t tensor_parallel = 1;
   // --ep: expert-parallel ranks among them (resolve_rank_layout); --enable-expert-parallel: all.
   int32_t expert_parallel = 1;
@@ -131,14 +131,29 @@ Result<RankLayout> resolve_rank_layout(int tp, int ep, bool enable_expert_parall
 // D attention groups of tp / D ranks each must divide --tp (invalid argument naming both).
 Status check_dp_attention(const RankLayout& layout, int dp, bool enable_dp_attention);
 
+// GPU ranks (--device cuda with --tp > 1): whether the real-shape kernels take `cfg` and every
+// rank's share of it under --tp / --ep / --dp (rank_config), the error naming those flags.
+Status check_gpu_ranks_fit(const MiniMaxM3Config& cfg, int tp, int ep, int dp);
+// The real-shape CUDA runner's request for GPU ranks, from the flags every node shares: the layout,
+// --dist-timeout, --disable-custom-all-reduce, --cuda-graph-max-bs and --kv-cache-dtype, with
+// `nodes` when the ranks span several nodes. The pool's sizing is the caller's.
+CudaKvPoolRequest gpu_pool_request(const EngineStackOptions& options, int tp, int ep, int dp,
+                                   std::shared_ptr<JoinedGpuNodes> nodes);
+
 // A node other than node 0 (--node-rank K > 0): loads its ranks' part of the model, joins the
 // group and runs the steps node 0 sends until node 0 shuts down (0) or the group breaks (1, with
-// a line naming the cause). Errors before the group is joined are returned.
+// a line naming the cause). Errors before the group is joined are returned. CPU ranks here; GPU
+// ranks (--device cuda, through options.make_cuda_runner) in app/gpu_nodes.h.
 Result<int> run_follower_node(const std::string& model_path, const EngineStackOptions& options);
 
 // The engine options of `m3serve serve`'s config. Unsupported values (tp > 1, speculative
 // decoding) are errors naming the flag.
 Result<EngineStackOptions> options_from_config(const ServeConfig& config);
+// The real-shape CUDA kernels' KV storage for a resolved --kv-cache-dtype: bf16 for auto (float32,
+// the float32 paths' own), else the dtype itself.
+inline KvCacheDtype real_shape_kv_cache_dtype(KvCacheDtype resolved) {
+  return resolved == KvCacheDtype::kFloat32 ? KvCacheDtype::kBF16 : resolved;
+}
 // --kv-cache-dtype and --device / the rank flags to the KV cache's storage: auto (and bf16 on the
 // GPU) keep the device's own; bf16, fp8_e4m3 and fp4_e2m1 run on the single-rank CPU path and are
 // refused (unimplemented, naming the flag) with --device cuda or ranks.

@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "core/status.h"
 #include "quant/kv_quant.h"
 
 namespace m3::app {
+
+struct JoinedGpuNodes;  // app/multi_node.h
 
 // A device's memory after the weights were loaded and a profile step ran (bytes): all of it, the
 // weights, everything else in use (the working memory the KV pool must leave room for), and what
@@ -32,11 +35,20 @@ struct CudaKvPoolRequest {
   // --ep: the expert-parallel ranks among them (divides tensor_parallel): each GPU holds only its
   // block of whole routed experts (model/minimax_m3/cuda/cuda_m3_model.h, CudaTensorParallel).
   int expert_parallel = 1;
+  // --enable-dp-attention --dp: attention groups of tensor_parallel / dp_attention GPUs (divides
+  // it), each with its own pool of the planned pages (a GPU's page is its group's share of the KV
+  // heads; CudaRanks::dp).
+  int dp_attention = 1;
   std::chrono::seconds dist_timeout{300};
   bool custom_all_reduce = true;  // small all-reduces over peer memory (CudaRanks)
   int64_t max_decode_rows = 0;    // --cuda-graph-max-bs; 0: CudaM3Options' default
   // --kv-cache-dtype: kBF16 (auto), kFp8E4M3 or kFp4E2M1.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kBF16;
+  // --nnodes: this node's share of the ranks (its GPUs are ranks nodes->ranks.first ..), joined
+  // through the rendezvous; null: every rank in this process. The factory sizes the pool as node
+  // 0 does (JoinedGpuNodes::share_pool: node 0 publishes kv_cache_bytes / profile_tokens, the
+  // others take them), so every GPU runs the same profile step.
+  std::shared_ptr<JoinedGpuNodes> nodes;
 };
 
 }  // namespace m3::app

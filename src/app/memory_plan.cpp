@@ -35,17 +35,19 @@ std::string fraction_text(double f) {
 }  // namespace
 
 int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage, int ranks,
-                                int ep) {
+                                int ep, int dp) {
   ranks = std::max(1, ranks);
   ep = std::clamp(ep, 1, ranks);
+  dp = std::clamp(dp, 1, ranks);
+  const int attn_ranks = std::max(1, ranks / dp);  // a rank's attention group
   const bool f32 = storage == WeightStorage::kFloat32;
   auto dense = [&](double n, double k) { return f32 ? 4.0 * n * k : mxfp8(n, k); };
   auto expert = [&](double n, double k) { return f32 ? 4.0 * n * k : nvfp4(n, k); };
   auto plain = [&](double n, double k) { return f32 ? 4.0 * n * k : bf16(n, k); };
   const double h = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
-  const double q_heads = heads_per_rank(c.num_attention_heads, ranks);
-  const double kv_heads = heads_per_rank(c.num_key_value_heads, ranks);
-  const double ix_heads = heads_per_rank(c.index_n_heads, ranks);
+  const double q_heads = heads_per_rank(c.num_attention_heads, attn_ranks);
+  const double kv_heads = heads_per_rank(c.num_key_value_heads, attn_ranks);
+  const double ix_heads = heads_per_rank(c.index_n_heads, attn_ranks);
   double total = 0;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     total += dense(q_heads * d, h) + 2 * dense(kv_heads * d, h) + dense(h, q_heads * d);

@@ -31,9 +31,10 @@ enum class WeightStorage {
 // vocabulary rows of the embedding and head are split on the GPU path and whole on every rank of
 // the float32 path. Checkpoint formats: MXFP8 1 + 1/32 bytes per element (E4M3 codes and an E8M0
 // scale per 32), NVFP4 0.5 + 1/16 (E2M1 codes and an E4M3 scale per 16) and a global scale per
-// tensor, BF16 2.
+// tensor, BF16 2. With attention data parallelism over `dp` groups (dividing ranks) a rank holds
+// its group's share of the attention heads: they split over ranks / dp ranks, the rest as above.
 int64_t weight_bytes_per_device(const MiniMaxM3Config& cfg, WeightStorage storage, int ranks,
-                                int ep = 1);
+                                int ep = 1, int dp = 1);
 
 // Bytes of one KV page (page_size tokens, every layer) on one of `ranks` devices: K and V of the
 // rank's KV heads in `kv_element_bytes` (2 bf16, 1 fp8, 4 the float32 path), the index keys of

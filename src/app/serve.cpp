@@ -87,6 +87,7 @@ int run_follower(const ServeConfig& config) {
   auto model = resolve_model_path(path, config.revision);
   if (!model.is_ok()) return fail(model.status());
   options->device = resolve_device(options->device);
+  options->make_cuda_runner = make_cuda_model_runner;  // GPU ranks (--device cuda)
   auto rc = run_follower_node(model->dir, *options);
   if (!rc.is_ok()) return fail(rc.status());
   return *rc;

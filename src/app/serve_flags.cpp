@@ -240,7 +240,7 @@ const std::vector<Flag>& flags() {
          return Status::ok();
        }},
       {"--nnodes", true, G::kParallel,
-       "processes (nodes) the --tp ranks are spread over; node 0 serves HTTP; CPU ranks only",
+       "processes (nodes) the --tp ranks are spread over; node 0 serves HTTP; CPU or GPU ranks",
        "2", INT_FLAG(nnodes, 1, 64)},
       {"--node-rank", true, G::kParallel,
        "this process's node, 0 .. --nnodes - 1 (nodes other than 0 serve no HTTP)", "1",

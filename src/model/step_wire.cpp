@@ -111,8 +111,9 @@ Result<WireStep> decode_step(const char* data, size_t size) {
   M3_RETURN_IF_ERROR(r.get_array(&out.step.capture_layers, "the captured layers"));
   uint64_t slices = 0;
   M3_RETURN_IF_ERROR(r.get(&slices, "the slice count"));
-  // Each slice takes at least 41 bytes; a count beyond that is corrupt, not a reason to allocate.
-  if (slices > r.left() / 41) {
+  // Each slice takes at least 45 bytes (five counts and start_pos of 8, dp_group of 4, the
+  // sampling flag); a count beyond that is corrupt, not a reason to allocate.
+  if (slices > r.left() / 45) {
     return invalid_argument("[model.step_wire] " + std::to_string(slices) +
                             " slices cannot fit in the " + std::to_string(r.left()) +
                             " bytes left");

@@ -8,6 +8,7 @@
 #include "model/minimax_m3/kv_cache.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/cuda/fit_check.h"
@@ -452,16 +453,21 @@ TEST(MemoryPlan, Float32WeightsPerRankAreWhatTheLoaderHolds) {
     std::vector<std::string> names() const override { return inner.names(); }
   };
   const int64_t experts = cfg->num_local_experts;
-  for (auto [tp, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {4, 1}, {2, 2}, {4, 4},
-                                                        {4, 2}, {8, 8}}) {
+  // (tp, ep, dp): under --dp a rank holds its attention group's (tp / dp ranks') heads.
+  for (auto [tp, ep, dp] : std::vector<std::tuple<int, int, int>>{
+           {1, 1, 1}, {2, 1, 1}, {4, 1, 1}, {2, 2, 1}, {4, 4, 1}, {4, 2, 1}, {8, 8, 1},
+           {2, 1, 2}, {4, 1, 2}, {4, 2, 2}}) {
     for (int rank : {0, tp - 1}) {
-      SCOPED_TRACE("tp " + std::to_string(tp) + " ep " + std::to_string(ep) + " rank " +
-                   std::to_string(rank));
+      SCOPED_TRACE("tp " + std::to_string(tp) + " ep " + std::to_string(ep) + " dp " +
+                   std::to_string(dp) + " rank " + std::to_string(rank));
       CpuBackend backend(1);
       Recording src(**ckpt);
-      auto w = minimax_m3::load_weights(src, *cfg, &backend, {rank, tp, nullptr, ep});
+      minimax_m3::ParallelLayout layout{rank, tp, nullptr, ep};
+      layout.dp = dp;
+      auto w = minimax_m3::load_weights(src, *cfg, &backend, layout);
       ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-      EXPECT_EQ(loaded_bytes(*w), weight_bytes_per_device(*cfg, WeightStorage::kFloat32, tp, ep));
+      EXPECT_EQ(loaded_bytes(*w),
+                weight_bytes_per_device(*cfg, WeightStorage::kFloat32, tp, ep, dp));
       const int64_t begin = rank / (tp / ep) * (experts / ep), end = begin + experts / ep;
       for (const std::string& n : src.read) {
         const size_t at = n.find(".experts.");

@@ -1,6 +1,8 @@
 // The multi-node flags' checks (app/multi_node.h) and "nodes" joining in one process: each error
 // names the flag, joined ranks form one group that carries a collective and the KV page count,
-// and with --dp each rank also joins its attention group, which may span nodes.
+// and with --dp each rank also joins its attention group, which may span nodes. GPU ranks' nodes
+// (join_gpu_nodes) hand out the NCCL unique id (a made-up one here) and the pool's sizing through
+// the rendezvous, within --dist-timeout, and carry the steps over their step group.
 #include "app/multi_node.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 #include <thread>
 
 #include "backend/comm/tcp_store.h"
+#include "model/step_channel.h"
 
 namespace m3::app {
 namespace {
@@ -78,6 +81,128 @@ TEST(MultiNode, TwoNodesJoinOneGroupAndShareThePageCount) {
   ASSERT_TRUE(published.is_ok() && read.is_ok());
   EXPECT_EQ(*read, 1234);
   EXPECT_EQ(node0->nodes_gone(), "");
+}
+
+// A free loopback address for a rendezvous.
+std::string free_addr() {
+  auto probe = comm::TcpStoreServer::start("127.0.0.1", 0);
+  EXPECT_TRUE(probe.is_ok());
+  return "127.0.0.1:" + std::to_string((*probe)->port());
+}
+
+TEST(MultiNode, RanksAreNumberedNodeByNode) {
+  auto eq = [](NodeRanks r, int first, int count) {
+    EXPECT_EQ(r.first, first);
+    EXPECT_EQ(r.count, count);
+  };
+  eq(node_ranks(2, 2, 0), 0, 1);
+  eq(node_ranks(2, 2, 1), 1, 1);
+  eq(node_ranks(4, 2, 1), 2, 2);
+  eq(node_ranks(8, 4, 3), 6, 2);
+  eq(node_ranks(16, 2, 1), 8, 8);
+}
+
+// Two nodes of GPU ranks (--tp 4, two GPUs each): node 0 publishes the NCCL unique id and the
+// pool's sizing, node 1 reads them; steps go from node 0 to node 1 over the nodes' step group,
+// then the stop. A node that dies is named by the other's nodes_gone().
+TEST(MultiNode, GpuNodesShareTheUniqueIdThePoolAndTheSteps) {
+  const std::string addr = free_addr();
+  Result<std::shared_ptr<JoinedGpuNodes>> node0 = internal_error("not run"),
+                                          node1 = internal_error("not run");
+  std::thread t0([&] { node0 = join_gpu_nodes(layout(2, 0, addr), 4); });
+  std::thread t1([&] { node1 = join_gpu_nodes(layout(2, 1, addr), 4); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(node0.is_ok()) << node0.status().to_string();
+  ASSERT_TRUE(node1.is_ok()) << node1.status().to_string();
+  JoinedGpuNodes& n0 = **node0;
+  JoinedGpuNodes& n1 = **node1;
+  EXPECT_EQ(n0.ranks.first, 0);
+  EXPECT_EQ(n0.ranks.count, 2);
+  EXPECT_EQ(n1.ranks.first, 2);
+  EXPECT_EQ(n1.ranks.count, 2);
+  ASSERT_NE(n0.steps, nullptr);
+  EXPECT_EQ(n0.steps->rank(), 0);
+  EXPECT_EQ(n1.steps->rank(), 1);
+  EXPECT_EQ(n1.steps->size(), 2);
+
+  // A made-up 128-byte id (ncclUniqueId's size), as the GPU runner of rank 0 would pass it.
+  std::vector<char> id(128);
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 7 + 3);
+  auto published = n0.share_unique_id(id);
+  ASSERT_TRUE(published.is_ok()) << published.status().to_string();
+  EXPECT_EQ(*published, id);
+  auto fetched = n1.share_unique_id({});
+  ASSERT_TRUE(fetched.is_ok()) << fetched.status().to_string();
+  EXPECT_EQ(*fetched, id);
+
+  auto pool0 = n0.share_pool(GpuPoolShare{0, 4096});
+  ASSERT_TRUE(pool0.is_ok());
+  auto pool1 = n1.share_pool(GpuPoolShare{123, 0});  // node 1's own flags do not count
+  ASSERT_TRUE(pool1.is_ok()) << pool1.status().to_string();
+  EXPECT_EQ(pool1->kv_cache_bytes, 0);
+  EXPECT_EQ(pool1->profile_tokens, 4096);
+
+  // A step, then the stop, as CudaM3ModelRunner sends them.
+  const std::vector<int32_t> tokens = {5, 6, 7}, table = {3};
+  ModelStep step;
+  step.slices.resize(1);
+  step.slices[0].tokens = tokens;
+  step.slices[0].start_pos = 9;
+  step.slices[0].block_table = table;
+  step.slices[0].logits_rows = {2};
+  std::thread sender([&] {
+    EXPECT_TRUE(send_step(*n0.steps, &step).is_ok());
+    EXPECT_TRUE(send_step(*n0.steps, nullptr).is_ok());
+  });
+  auto got = receive_step(*n1.steps, n1.idle_wait);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  ASSERT_TRUE(got->has_value());
+  const ModelStep& st = (**got).step;
+  ASSERT_EQ(st.slices.size(), 1u);
+  EXPECT_EQ(std::vector<int32_t>(st.slices[0].tokens.begin(), st.slices[0].tokens.end()), tokens);
+  EXPECT_EQ(st.slices[0].start_pos, 9);
+  EXPECT_EQ(st.slices[0].logits_rows, std::vector<int32_t>{2});
+  auto stop = receive_step(*n1.steps, n1.idle_wait);
+  ASSERT_TRUE(stop.is_ok()) << stop.status().to_string();
+  EXPECT_FALSE(stop->has_value());
+  sender.join();
+
+  EXPECT_EQ(n0.nodes_gone(), "");
+  node1 = internal_error("node 1 is gone");  // its connections close, as when it is killed
+  EXPECT_EQ(n0.nodes_gone(), "node 1 (ranks 2..3) left the rendezvous");
+}
+
+// A node whose node 0 never publishes the unique id gives up after --dist-timeout, naming the
+// address and what it waited for.
+TEST(MultiNode, GpuNodesWaitForTheUniqueIdWithinTheTimeout) {
+  const std::string addr = free_addr();
+  NodeLayout l0 = layout(2, 0, addr), l1 = layout(2, 1, addr);
+  l0.dist_timeout = l1.dist_timeout = std::chrono::seconds(1);
+  Result<std::shared_ptr<JoinedGpuNodes>> node0 = internal_error("not run"),
+                                          node1 = internal_error("not run");
+  std::thread t0([&] { node0 = join_gpu_nodes(l0, 2); });
+  node1 = join_gpu_nodes(l1, 2);
+  t0.join();
+  ASSERT_TRUE(node0.is_ok()) << node0.status().to_string();
+  ASSERT_TRUE(node1.is_ok()) << node1.status().to_string();
+  const auto t = std::chrono::steady_clock::now();
+  auto id = (*node1)->share_unique_id({});
+  const auto waited = std::chrono::steady_clock::now() - t;
+  ASSERT_FALSE(id.is_ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kUnavailable);
+  for (const std::string& named : {std::string("node 1: no NCCL unique id from node 0"),
+                                   "--dist-init-addr " + addr, std::string("--dist-timeout 1 s")})
+    EXPECT_NE(id.status().message().find(named), std::string::npos) << id.status().message();
+  EXPECT_GE(waited, std::chrono::milliseconds(900));
+  EXPECT_LT(waited, std::chrono::seconds(10));
+  // Without node 0 at all, joining fails after the timeout naming the address.
+  NodeLayout alone = layout(2, 1, free_addr());
+  alone.dist_timeout = std::chrono::seconds(1);
+  auto lonely = join_gpu_nodes(alone, 2);
+  ASSERT_FALSE(lonely.is_ok());
+  EXPECT_NE(lonely.status().message().find(alone.dist_init_addr), std::string::npos)
+      << lonely.status().message();
 }
 
 // --tp 4 --dp 2 over four one-rank nodes: the attention groups {0, 1} and {2, 3} each span two

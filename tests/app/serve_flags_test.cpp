@@ -471,19 +471,136 @@ TEST(ServeFlags, DataParallelAttentionEngine) {
   auto bad = make_engine(std::string(M3_REPO_ROOT) + "/models/m3-tiny", o);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
-  // On GPU ranks it is not built: refused before anything loads, naming --dp.
-  o.dp_attention = 2;
+  // On GPU ranks too (GpuDataParallelAttentionReachesTheCudaRunner), the same check first,
+  // before anything loads.
   o.device = "cuda";
   o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
     return internal_error("no backend in this test");
   };
   auto gpu = make_engine(std::string(M3_REPO_ROOT) + "/models/m3-tiny", o);
   ASSERT_FALSE(gpu.is_ok());
-  EXPECT_EQ(gpu.status().code(), StatusCode::kUnimplemented) << gpu.status().message();
-  EXPECT_NE(gpu.status().message().find("--enable-dp-attention --dp 2"), std::string::npos)
+  EXPECT_EQ(gpu.status().code(), StatusCode::kInvalidArgument) << gpu.status().message();
+  EXPECT_NE(gpu.status().message().find("--dp 3 must divide --tp 4"), std::string::npos)
       << gpu.status().message();
-  EXPECT_NE(gpu.status().message().find("on GPUs is not supported yet"), std::string::npos)
-      << gpu.status().message();
+}
+
+// A stand-in for the CUDA runner with attention groups: make_engine builds the engine over it.
+class FakeGpuRanks final : public ModelRunner {
+ public:
+  FakeGpuRanks(int ranks, int dp, int32_t pages) : ranks_(ranks), dp_(dp), pages_(pages) {}
+  int32_t vocab_size() const override { return 200064; }
+  int32_t hidden_size() const override { return 6144; }
+  int32_t num_kv_pages() const override { return pages_; }
+  int32_t page_size() const override { return 128; }
+  int32_t num_ranks() const override { return ranks_; }
+  int32_t dp_groups() const override { return dp_; }
+  Status forward(const ModelStep&, ModelOutput&) override {
+    return internal_error("not run in this test");
+  }
+
+ private:
+  int ranks_, dp_;
+  int32_t pages_;
+};
+
+// --device cuda --tp T --enable-dp-attention --dp D reaches the real-shape runner's factory with
+// the groups and a GPU's page of its group's pool (the KV heads split T/D ways, not T), and the
+// engine is built with D groups over the runner's pools; the report names the layout. A GPU's heads
+// are its group's share: under --tp 8 --dp 2 it holds 16 query heads over one KV head (its group
+// of 4's share), the sparse kernels' shape, where --tp 8 alone gives it 8 and is refused. (The
+// two layers of the built-in config here are dense; M3.1-Flash's MoE layers, 3072 / 8 = 384 wide
+// at --tp 8, do not fit the kernels whatever --dp.)
+TEST(ServeFlags, GpuDataParallelAttentionReachesTheCudaRunner) {
+  EngineStackOptions o;
+  o.device = "cuda";
+  o.dummy_weights = true;  // the built-in MiniMax-M3.1-Flash config (64 query, 4 KV heads)
+  o.num_layers = 2;
+  o.tensor_parallel = 4;
+  o.dp_attention = 2;
+  // A GPU of a group of 2: 2 of the 4 KV heads, as under --tp 2.
+  const int64_t group_of_2_page = 2 * 128 * (2 * 2 * 128 + 128) * 2;
+  o.kv_cache_bytes = 10 * group_of_2_page;
+  o.make_backend = [](const std::string&, int) -> Result<std::unique_ptr<Backend>> {
+    return Status(StatusCode::kInternal, "the float32 backend is not used by GPU ranks");
+  };
+  CudaKvPoolRequest seen;
+  int calls = 0;
+  bool build = false;
+  o.make_cuda_runner = [&](const MiniMaxM3Config& cfg, const WeightSource&,
+                           const CudaKvPoolRequest& pool) -> Result<std::unique_ptr<ModelRunner>> {
+    seen = pool;
+    ++calls;
+    EXPECT_EQ(cfg.num_attention_heads, 64) << "the factory gets the whole model's config";
+    if (!build) return Status(StatusCode::kUnavailable, "stop here");
+    return std::unique_ptr<ModelRunner>(std::make_unique<FakeGpuRanks>(
+        pool.tensor_parallel, pool.dp_attention,
+        static_cast<int32_t>(pool.kv_cache_bytes / group_of_2_page)));
+  };
+  auto tp4 = make_engine("", o);
+  ASSERT_FALSE(tp4.is_ok());
+  EXPECT_EQ(tp4.status().message(), "stop here");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.tensor_parallel, 4);
+  EXPECT_EQ(seen.dp_attention, 2);
+  EXPECT_EQ(seen.expert_parallel, 1);
+  EXPECT_EQ(seen.kv_cache_bytes, 10 * group_of_2_page);
+  // From the flags, as m3serve serve parses them.
+  auto flags = parse_serve_flags(
+      {"--device", "cuda", "--tp", "4", "--enable-dp-attention", "--dp", "2"});
+  ASSERT_TRUE(flags.is_ok()) << flags.status().message();
+  auto from_flags = options_from_config(flags->config);
+  ASSERT_TRUE(from_flags.is_ok()) << from_flags.status().message();
+  EXPECT_EQ(from_flags->device, "cuda");
+  EXPECT_EQ(from_flags->tensor_parallel, 4);
+  EXPECT_EQ(from_flags->dp_attention, 2);
+  // The engine over the runner: two groups, each with the runner's pages.
+  build = true;
+  auto e = make_engine("", o);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_EQ(e->engine->scheduler().num_dp_groups(), 2);
+  bool layout = false, per_group = false;
+  for (const std::string& line : e->report) {
+    layout |= line.find("(tp 4, dp 2, ep 1)") != std::string::npos &&
+              line.find("2 attention groups of 2 GPUs") != std::string::npos;
+    // 10 pages: the bytes given over a GPU's page of its group's pool.
+    per_group |= line.find("per DP group (2 groups)") != std::string::npos &&
+                 line.find("; 10 pages of 128 tokens") != std::string::npos;
+  }
+  EXPECT_TRUE(layout);
+  EXPECT_TRUE(per_group);
+  build = false;
+  // --tp 8 --dp 2: groups of 4, one KV head per GPU (16 query heads on it): the kernels' shape.
+  o.tensor_parallel = 8;
+  o.dp_attention = 1;  // --tp 8 alone: 8 query heads per KV head, refused naming the field
+  auto tp8_alone = make_engine("", o);
+  ASSERT_FALSE(tp8_alone.is_ok());
+  EXPECT_NE(tp8_alone.status().message().find("num_attention_heads"), std::string::npos)
+      << tp8_alone.status().message();
+  EXPECT_EQ(calls, 2);
+  o.dp_attention = 2;
+  o.kv_cache_bytes = 10 * (2 * 128 * (2 * 1 * 128 + 128) * 2);
+  auto tp8 = make_engine("", o);
+  ASSERT_FALSE(tp8.is_ok());
+  EXPECT_EQ(tp8.status().message(), "stop here");
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(seen.tensor_parallel, 8);
+  EXPECT_EQ(seen.dp_attention, 2);
+  EXPECT_EQ(seen.kv_cache_bytes, 10 * (2 * 128 * (2 * 1 * 128 + 128) * 2));
+  // --tp 2 --dp 2: groups of one GPU, each with all the heads (a whole page per GPU).
+  o.tensor_parallel = 2;
+  o.kv_cache_bytes = 10 * (2 * 128 * (2 * 4 * 128 + 128) * 2);
+  ASSERT_FALSE(make_engine("", o).is_ok());
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(seen.tensor_parallel, 2);
+  EXPECT_EQ(seen.dp_attention, 2);
+  // A --dp that does not divide --tp is refused by name, the factory not called.
+  o.tensor_parallel = 4;
+  o.dp_attention = 3;
+  auto bad = make_engine("", o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("--dp 3"), std::string::npos) << bad.status().message();
+  EXPECT_EQ(calls, 4);
 }
 
 // --device cuda --tp N reaches the real-shape runner's factory with the ranks, the per-rank KV
@@ -643,14 +760,19 @@ TEST(ServeFlags, GpuExpertParallelReachesTheCudaRunner) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().message();
   EXPECT_NE(bad.status().message().find("--ep 3"), std::string::npos) << bad.status().message();
   EXPECT_EQ(calls, 3);
-  // Data-parallel attention stays CPU-only, also with --ep.
+  // With data-parallel attention (--tp 4 --ep 2 --dp 2): the groups and the experts both reach
+  // it, a GPU's page its group of 2's share (2 KV heads).
   o.expert_parallel = 2;
   o.dp_attention = 2;
+  o.kv_cache_bytes = 10 * rank_page_bytes;
   auto dp = make_engine("", o);
   ASSERT_FALSE(dp.is_ok());
-  EXPECT_EQ(dp.status().code(), StatusCode::kUnimplemented) << dp.status().message();
-  EXPECT_NE(dp.status().message().find("--dp 2"), std::string::npos) << dp.status().message();
-  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(dp.status().message(), "stop here");
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(seen.tensor_parallel, 4);
+  EXPECT_EQ(seen.expert_parallel, 2);
+  EXPECT_EQ(seen.dp_attention, 2);
+  EXPECT_EQ(seen.kv_cache_bytes, 10 * rank_page_bytes);
 }
 
 TEST(ServeFlags, RankLayoutFollowsSglang) {

@@ -34,6 +34,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/comm/gloo_communicator.h"
@@ -112,6 +113,7 @@ class TpHarness {
   }
 
   const MiniMaxM3Config& cfg() const { return cfg_; }
+  const TestSource& src() const { return src_; }
   double rel_bound() const { return real_model_fixture::rel_bound(cfg_); }
   bool ready() const { return cpu_model_ != nullptr && whole_ != nullptr; }
 
@@ -256,7 +258,8 @@ void run_case(std::vector<CudaM3ModelRunner*> runners, const std::string& name,
                                    1, v);
         }
       }
-    // Two runners: graph replays against eager launches, bitwise.
+    // Two runners (graph replays and eager launches, or ranks in one process and over two
+    // "nodes"): bitwise.
     if (gpu.size() == 3)
       for (size_t i = 0; i < 3; ++i)
         if (std::memcmp(gpu[1].logits[i].data(), gpu[2].logits[i].data(), v * sizeof(float)) != 0)
@@ -272,7 +275,8 @@ void run_case(std::vector<CudaM3ModelRunner*> runners, const std::string& name,
       EXPECT_TRUE(x.ok());
     }
   if (gpu.size() == 3) {
-    std::printf("[cuda_tensor_parallel] %s graphs vs eager: %lld of 48 rows differ bitwise\n",
+    std::printf("[cuda_tensor_parallel] %s second runner vs first: %lld of 48 rows differ "
+                "bitwise\n",
                 name.c_str(), static_cast<long long>(bitwise_bad));
     EXPECT_EQ(bitwise_bad, 0);
   }
@@ -295,6 +299,80 @@ TEST(CudaTensorParallel, TwoRanksOnOneGpuMatchTheCpuAndTheUnshardedModel) {
   std::printf("[cuda_tensor_parallel] rank weights %.1f MB + %.1f MB (KV %.1f MB each)\n",
               s0.weight_bytes / 1e6, s1.weight_bytes / 1e6, s0.kv_bytes / 1e6);
   run_case({r->get()}, "[host-staged]");
+}
+
+// --tp 2 over two "nodes" (CudaRanks::nodes, what --nnodes 2 builds): here two runners of one
+// rank each in this process on one GPU, their all-reduces staged through the host (NCCL refuses
+// two ranks on one GPU). Node 0's runner sends every step over a Gloo step group before running
+// it; node 1's follows on its own thread. Rank 0's outputs match the CPU and the unsharded model
+// as the in-process runner's do, and equal them bitwise (same kernels, same sums); node 0's
+// runner going away sends the stop, which ends node 1's follow() with ok.
+TEST(CudaTensorParallel, TwoNodesOnOneGpuFollowNodeZeroBitwise) {
+  ASSERT_GE(gpu_count(), 1) << "no GPU";
+  TpHarness& h = harness();
+  ASSERT_TRUE(h.ready());
+  auto world = comm::create_local_gloo_group(2);
+  ASSERT_TRUE(world.is_ok()) << world.status().to_string();
+  auto steps = comm::create_local_gloo_group(2);
+  ASSERT_TRUE(steps.is_ok()) << steps.status().to_string();
+  auto hosts = std::make_shared<std::vector<std::unique_ptr<comm::Communicator>>>(
+      std::move(world).value());
+  std::vector<Result<std::unique_ptr<CudaM3ModelRunner>>> nodes;
+  for (int k = 0; k < 2; ++k) nodes.emplace_back(internal_error("not loaded"));
+  {
+    std::vector<std::thread> loading;
+    for (int k = 0; k < 2; ++k) {
+      auto share = std::make_shared<CudaNodeShare>();
+      share->first = k;
+      share->count = 1;
+      share->steps = std::shared_ptr<comm::Communicator>(std::move((*steps)[static_cast<size_t>(k)]));
+      loading.emplace_back([&h, &nodes, hosts, share, k] {
+        CudaM3Options o;
+        o.max_batch = 16;
+        o.use_graphs = false;
+        CudaRanks ranks;
+        ranks.ranks = 2;
+        ranks.devices = {0};
+        ranks.nodes = share;
+        ranks.make_communicator = [hosts](int r, int device, CUstream_st* stream)
+            -> Result<std::unique_ptr<comm::Communicator>> {
+          return std::unique_ptr<comm::Communicator>(std::make_unique<testing::HostStagedCommunicator>(
+              std::move((*hosts)[static_cast<size_t>(r)]), device, stream));
+        };
+        nodes[static_cast<size_t>(k)] = CudaM3ModelRunner::create(
+            h.cfg(), h.src(), kPages * CudaM3Model::kv_bytes_per_page(h.cfg(), 2, 1), o,
+            std::move(ranks));
+      });
+    }
+    for (std::thread& t : loading) t.join();
+  }
+  for (auto& n : nodes) ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  CudaM3ModelRunner& node0 = **nodes[0];
+  CudaM3ModelRunner& node1 = **nodes[1];
+  EXPECT_EQ(node0.num_ranks(), 2);
+  EXPECT_EQ(node1.num_ranks(), 2);
+  EXPECT_EQ(node0.first_rank(), 0);
+  EXPECT_EQ(node1.first_rank(), 1);
+  EXPECT_EQ(node1.local_ranks(), 1);
+  EXPECT_EQ(node1.rank_model(0).config().num_attention_heads, h.cfg().num_attention_heads / 2);
+  EXPECT_NE(node0.all_reduce_path().find("the caller's communicator"), std::string::npos);
+  {
+    ModelOutput none;
+    EXPECT_EQ(node1.forward(ModelStep{}, none).code(), StatusCode::kInternal)
+        << "only node 0 runs the engine's steps";
+    EXPECT_EQ(node0.follow().code(), StatusCode::kInternal) << "node 0 follows no one";
+  }
+  Status followed = internal_error("not run");
+  std::thread follower([&] { followed = node1.follow(); });
+  auto in_process = h.runner(/*nccl=*/false, /*graphs=*/false);
+  if (in_process.is_ok()) {
+    run_case({in_process->get(), &node0}, "[host-staged, one process vs two nodes]");
+  } else {
+    ADD_FAILURE() << in_process.status().to_string();
+  }
+  nodes[0] = internal_error("node 0 stopped");  // its runner sends the stop
+  follower.join();
+  EXPECT_TRUE(followed.is_ok()) << followed.to_string();
 }
 
 TEST(CudaTensorParallelNccl, TwoGpusWithGraphsMatchEagerBitwise) {

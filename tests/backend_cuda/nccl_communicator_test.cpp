@@ -139,5 +139,31 @@ TEST(NcclCommunicator, WatchdogAbortsACollectiveARankNeverJoins) {
               s.message().c_str());
 }
 
+// A group whose other rank never joins (a node that died after the unique id was handed out):
+// joining fails within the timeout instead of blocking in ncclCommInitRank for ever. One GPU is
+// enough, since only rank 0 of the two ever joins.
+TEST(NcclCommunicator, JoiningAGroupARankNeverJoinsTimesOut) {
+  if (gpus() == 0) GTEST_SKIP() << "no GPU";
+  auto id = make_nccl_unique_id();
+  ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+  cudaSetDevice(0);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  NcclOptions o;
+  o.timeout = std::chrono::milliseconds(2000);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = create_nccl_communicator(0, 2, 0, *id, stream, o);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("never joined"), std::string::npos)
+      << c.status().to_string();
+  EXPECT_GE(seconds, 1.9);
+  EXPECT_LT(seconds, 10.0);
+  std::printf("[ %-40s ] gave up after %.1f s: %s\n", "nccl join timeout", seconds,
+              c.status().message().c_str());
+}
+
 }  // namespace
 }  // namespace m3::comm

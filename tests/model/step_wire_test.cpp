@@ -61,6 +61,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
     EXPECT_EQ(a.sample.has_value(), b.sample.has_value());
     ASSERT_EQ(a.embeddings.size(), b.embeddings.size());
   }
+  EXPECT_EQ(s.slices[1].dp_group, 3);
   const ModelSlice& a = s.slices[0];
   EXPECT_EQ(a.embeddings[0].token_index, 2);
   EXPECT_EQ(std::vector<float>(a.embeddings[0].values.begin(), a.embeddings[0].values.end()),
@@ -83,6 +84,22 @@ TEST(StepWire, EmptyStepRoundTrips) {
   Result<WireStep> got = decode_step(bytes.data(), bytes.size());
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_TRUE(got->step.slices.empty());
+}
+
+// The smallest slice (no tokens, table, rows, sampling or embeddings) is 45 bytes, the bound
+// decode_step checks a slice count against; its attention group still travels (a follower's GPUs
+// run attention only on their group's slices).
+TEST(StepWire, SmallestSliceKeepsItsGroup) {
+  ModelStep st;
+  st.slices.resize(2);
+  st.slices[1].dp_group = 5;
+  const std::vector<char> bytes = encode_step(st);
+  EXPECT_EQ(bytes.size(), 4 + 4 + 8 + 8 + 2 * 45u) << "magic, version, layers, count, slices";
+  Result<WireStep> got = decode_step(bytes.data(), bytes.size());
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  ASSERT_EQ(got->step.slices.size(), 2u);
+  EXPECT_EQ(got->step.slices[0].dp_group, 0);
+  EXPECT_EQ(got->step.slices[1].dp_group, 5);
 }
 
 TEST(StepWire, EveryTruncationIsAnErrorNotACrash) {

@@ -18,6 +18,7 @@ ALL_BINS=(cuda_ops_test cuda_composite_ops_test kv_dtype_ops_test kv_quant_cache
       cuda_model_decode_bench cuda_sync_bench
       sampling_test sampling_bench cuda_real_model_test moe_route_test attention_inputs_test embed_bf16_test
       fp8_mma_probe stream_pattern_probe nccl_communicator_test cuda_tensor_parallel_test
+      cuda_dp_attention_test
       one_shot_all_reduce_test cuda_tp_bench dspark_f32_test
       dspark_real_test cuda_dspark_bench cuda_vision_tower_test cuda_vision_ttft_bench)
 WANT_M3SERVE=yes TRACE=yes

@@ -14,7 +14,8 @@
 # decode path's tests (GEMV, attention/indexer, sampling, real-shape model) and benchmarks only;
 # 'prefill' the prefill kernels', the vision tower's and sampling's tests, 'prefill-bench' their
 # benchmarks (with the image time-to-first-token benchmark);
-# 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs);
+# 'parallel' the GPU ranks' tests (--tp 2 on one GPU through the host; NCCL where 2+ GPUs; with
+# m3serve bundled and 2+ GPUs, serve-multi-node.sh: two processes as two nodes);
 # 'dspark' the DSpark draft's GPU tests (docs/dspark.md, "CUDA").
 # A call carries the repository and the bundle, 64 MiB in all: bundle the part's targets only,
 # e.g. `tools/device/bundle.sh dspark_f32_test dspark_real_test cuda_dspark_bench m3serve` for
@@ -148,6 +149,22 @@ want tests decode && run_test cuda_real_model_test 240  # M3.1-Flash's layers, t
 want tests decode && run_test cuda_real_model_kv_quant_test 120  # the same over fp8 / fp4 KV
 want tests parallel && run_test one_shot_all_reduce_test 120  # and the fused all-reduce + norm
 want tests parallel && run_test cuda_tensor_parallel_test 420  # --tp 2 and --ep 2 (CPU ranks beside)
+# GPU ranks over two nodes: two m3serve processes on loopback, one GPU each (--tp 2 --nnodes 2):
+# a completion equal to one process's, then node 1 killed mid-stream (503s, node 0's non-zero
+# exit within --dist-timeout), node 0 killed, a clean stop. Only in the parallel part, where 2+
+# GPUs are; its files stay in a folder of its own (the 8-file budget), its log joins run-all.log.
+if [ "$PART" = parallel ] && [ -x "$B/m3serve" ]; then
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    t0=$SECONDS
+    MN_OUT=$(mktemp -d)
+    OUT=$MN_OUT BIN_DIR=$B timeout 540 tools/device/serve-multi-node.sh >/dev/null 2>&1
+    SUMMARY+=("$(printf '%-26s rc=%-3s %4ss' 'serve --nnodes 2 (GPUs)' "$?" "$((SECONDS - t0))")")
+    cat "$MN_OUT/serve-multi-node.log" >>"$LOG" 2>/dev/null
+  else
+    SUMMARY+=("$(printf '%-26s SKIPPED (one GPU)' 'serve --nnodes 2 (GPUs)')")
+  fi
+fi
+want tests parallel && run_test cuda_dp_attention_test 420  # --tp 2/4 --dp 2 against the CPU ranks
 # Prefill: tensor-core GEMMs (dequantise + cuBLASLt) and chunk attention against the
 # CPU ops, then prefill tokens/s at 8K and 32K, appended to bench.log with its TSV (the file
 # count stays within 8).

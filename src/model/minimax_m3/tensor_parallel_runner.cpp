@@ -7,7 +7,7 @@
 #include "loader/checkpoint.h"
 #include "model/minimax_m3/paged_kv_copier.h"
 #include "model/minimax_m3/tensor_parallel.h"
-#include "model/step_wire.h"
+#include "model/step_channel.h"
 
 namespace m3 {
 
@@ -137,7 +137,7 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
 TensorParallelCpuRunner::~TensorParallelCpuRunner() {
   if (distributed_) {
     // Rank 0 tells every rank to stop; the others' loops end when it does (or the group breaks).
-    if (first_rank_ == 0 && health().is_ok()) (void)send_step(nullptr);
+    if (first_rank_ == 0 && health().is_ok()) (void)send_step(*ranks_[0].comm, nullptr);
     if (!health().is_ok()) {
       // A broken group may leave a rank waiting on a peer that never answers: the process is
       // exiting (Engine failure), so do not wait for it.
@@ -162,16 +162,6 @@ void TensorParallelCpuRunner::record_failure(const Status& s) {
 Status TensorParallelCpuRunner::health() const {
   std::lock_guard<std::mutex> lock(failure_mu_);
   return failure_;
-}
-
-Status TensorParallelCpuRunner::send_step(const ModelStep* step) {
-  comm::Communicator& c = *ranks_[0].comm;
-  std::vector<char> bytes;
-  if (step) bytes = encode_step(*step);
-  int64_t n = step ? static_cast<int64_t>(bytes.size()) : -1;
-  M3_RETURN_IF_ERROR(c.broadcast(&n, 1, comm::DataType::kI64, 0));
-  if (n > 0) M3_RETURN_IF_ERROR(c.broadcast(bytes.data(), n, comm::DataType::kU8, 0));
-  return Status::ok();
 }
 
 Status TensorParallelCpuRunner::gather_group_outputs(size_t r, const ModelStep& step,
@@ -249,27 +239,18 @@ Status TensorParallelCpuRunner::gather_group_outputs(size_t r, const ModelStep& 
 
 Status TensorParallelCpuRunner::receive_steps(size_t r) {
   Rank& k = ranks_[r];
-  std::vector<char> bytes;
   for (;;) {
-    int64_t n = 0;
-    Status s = k.comm->broadcast_wait(&n, 1, comm::DataType::kI64, 0, idle_wait_);
-    if (s.is_ok() && n < 0) return Status::ok();  // node 0 shut down
-    if (s.is_ok()) {
-      bytes.resize(static_cast<size_t>(n));
-      s = k.comm->broadcast(bytes.data(), n, comm::DataType::kU8, 0);
-    }
-    if (!s.is_ok()) {
-      record_failure(s);
-      return s;
-    }
-    Result<WireStep> step = decode_step(bytes.data(), bytes.size());
+    // Every rank receives the step over the world group (step_channel.h).
+    Result<std::optional<WireStep>> step = receive_step(*k.comm, idle_wait_);
     if (!step.is_ok()) {
       record_failure(step.status());
       return step.status();
     }
+    if (!step->has_value()) return Status::ok();  // node 0 shut down
+    const ModelStep& st = (*step)->step;
     ModelOutput out;
-    s = k.model->forward(step->step.slices, k.cache.get(), &out, step->step.capture_layers);
-    if (s.is_ok() && dp_ > 1) s = gather_group_outputs(r, step->step, out);
+    Status s = k.model->forward(st.slices, k.cache.get(), &out, st.capture_layers);
+    if (s.is_ok() && dp_ > 1) s = gather_group_outputs(r, st, out);
     // A bad input fails every rank alike (rank 0 reports it); a collective failure breaks the
     // group.
     if (s.code() == StatusCode::kUnavailable) {
@@ -316,7 +297,7 @@ Status TensorParallelCpuRunner::forward(const ModelStep& step, ModelOutput& out)
                             "without rank 0 (it follows node 0)");
     }
     M3_RETURN_IF_ERROR(health());
-    Status s = send_step(&step);
+    Status s = send_step(*ranks_[0].comm, &step);
     if (s.is_ok()) {
       Rank& first = ranks_[0];
       s = first.model->forward(step.slices, first.cache.get(), &out, step.capture_layers);

@@ -43,6 +43,7 @@
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
 #include "model/model.h"
+#include "model/step_channel.h"
 
 namespace m3 {
 
@@ -61,7 +62,7 @@ struct LocalRanks {
   std::shared_ptr<void> keepalive;  // the rendezvous the communicators were made through
 };
 
-class TensorParallelCpuRunner final : public ModelRunner {
+class TensorParallelCpuRunner final : public ModelRunner, public StepFollower {
  public:
   // Loads rank r's part of `cfg` / `src` for r in [0, ranks) onto CPU backends of
   // threads_per_rank threads, with KV caches of `num_pages` pages (every rank holds every page,
@@ -83,7 +84,7 @@ class TensorParallelCpuRunner final : public ModelRunner {
 
   // A process without rank 0: runs the steps node 0 broadcasts until it shuts down (ok) or the
   // group breaks (the first rank's error).
-  Status follow();
+  Status follow() override;
 
   // Bytes one KV page id takes on every rank together (with dp groups: that page of every group,
   // each rank holding its share of its group's).
@@ -132,8 +133,6 @@ class TensorParallelCpuRunner final : public ModelRunner {
   void worker(size_t r);
   // Distributed: a rank other than the group's rank 0 receives and runs steps until stopped.
   Status receive_steps(size_t r);
-  // Distributed: rank 0 sends the step (or, with nullptr, the stop) to every other rank.
-  Status send_step(const ModelStep* step);
   // Distributed with dp > 1: every rank's part of the all-to-all that brings each group's outputs
   // from the group's first rank to rank 0 (whose `out` then holds every slice's).
   Status gather_group_outputs(size_t r, const ModelStep& step, ModelOutput& out);

@@ -3,7 +3,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -202,11 +205,50 @@ Result<std::unique_ptr<Communicator>> create_nccl_communicator(int rank, int siz
   }
   ncclUniqueId nid;
   std::memcpy(nid.internal, id.bytes.data(), sizeof(nid.internal));
+  // ncclCommInitRank blocks until every rank of the group has joined, with no timeout of its own:
+  // a rank that dies after the unique id was handed out (another node's process, say) would hang
+  // this one for ever. So the join runs on a thread of its own and is given options.timeout
+  // (--dist-timeout). A join abandoned here that completes later aborts its communicator.
+  struct Join {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false, abandoned = false;
+    ncclComm_t comm = nullptr;
+    ncclResult_t result = ncclSuccess;
+  };
+  auto join = std::make_shared<Join>();
+  std::thread([join, nid, size, rank, device] {
+    cudaSetDevice(device);
+    ncclComm_t c = nullptr;
+    const ncclResult_t r = ncclCommInitRank(&c, size, nid, rank);
+    std::lock_guard<std::mutex> lock(join->m);
+    if (join->abandoned) {
+      if (r == ncclSuccess) ncclCommAbort(c);
+      return;
+    }
+    join->comm = c;
+    join->result = r;
+    join->done = true;
+    join->cv.notify_all();
+  }).detach();
   ncclComm_t comm = nullptr;
-  if (ncclResult_t r = ncclCommInitRank(&comm, size, nid, rank); r != ncclSuccess) {
-    return Status(StatusCode::kUnavailable, "[comm.nccl] rank " + std::to_string(rank) + " of " +
-                                                std::to_string(size) + " could not join: " +
-                                                ncclGetErrorString(r));
+  {
+    std::unique_lock<std::mutex> lock(join->m);
+    if (!join->cv.wait_for(lock, options.timeout, [&] { return join->done; })) {
+      join->abandoned = true;
+      return Status(StatusCode::kUnavailable,
+                    "[comm.nccl] rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                        ": the group was not complete within " +
+                        std::to_string(options.timeout.count()) +
+                        " ms (--dist-timeout): a rank never joined");
+    }
+    if (join->result != ncclSuccess) {
+      return Status(StatusCode::kUnavailable, "[comm.nccl] rank " + std::to_string(rank) +
+                                                  " of " + std::to_string(size) +
+                                                  " could not join: " +
+                                                  ncclGetErrorString(join->result));
+    }
+    comm = join->comm;
   }
   cudaEvent_t done = nullptr;
   if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {

@@ -56,17 +56,17 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
                               std::to_string(im.cfg.num_hidden_layers - 1) + ")");
   // The engine calls from its own thread; the current device is per thread.
   M3_RETURN_IF_ERROR(cuda::set_current_device(im.opt.device));
-  // ---- Validate (the messages of Model::forward) and order: one-token rows first.
-  std::vector<Impl::Seq> seqs;
-  std::vector<size_t> order;
-  for (int pass = 0; pass < 2; ++pass)
-    for (size_t s = 0; s < batch.size(); ++s)
-      if ((batch[s].tokens.size() == 1) == (pass == 0)) order.push_back(s);
+  // ---- Validate (the messages of Model::forward), then lay out the rows (step_rows.h): one-token
+  // rows first, under --dp group by group. Every rank validates every slice, so a bad one fails
+  // all ranks before the first collective.
   int64_t t_all = 0, n_dec = 0, mb = 1;
-  for (size_t s : order) {
+  for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceInput& in = batch[s];
     const std::string who = "[model.minimax_m3.cuda.forward] sequence " + std::to_string(s) + ": ";
     if (in.tokens.empty()) return invalid_argument(who + "no tokens");
+    if (in.dp_group < 0 || in.dp_group >= im.dp)
+      return invalid_argument(who + "dp_group " + std::to_string(in.dp_group) + " outside [0, " +
+                              std::to_string(im.dp) + ") (--dp " + std::to_string(im.dp) + ")");
     if (in.start_pos < 0) return invalid_argument(who + "negative start_pos");
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t end = in.start_pos + n;
@@ -95,20 +95,11 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
         return invalid_argument(who + "input embedding of " + std::to_string(e.values.size()) +
                                 " values; the hidden size is " + std::to_string(im.hd));
     }
-    seqs.push_back({s, t_all, n, need});
     t_all += n;
     if (n == 1) ++n_dec;
     mb = std::max(mb, need);
   }
   if (t_all > INT32_MAX) return invalid_argument("[model.minimax_m3.cuda.forward] batch too large");
-  // The step's input embeddings by row, cleared however forward() returns.
-  struct InjectScope {
-    Impl& im;
-    ~InjectScope() { im.inject.clear(); }
-  } inject_scope{im};
-  for (const Impl::Seq& s : seqs)
-    for (const InputEmbedding& e : batch[s.index].embeddings)
-      im.inject.emplace_back(s.offset + e.token_index, e.values.data());
 
   // Multi-token slices on the decode path: every token is a row with its own position and block
   // table, all rows' K / V / index keys are written before any row attends, and each row attends
@@ -117,15 +108,44 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
   // (verify blocks, decode tokens) there; with kernels.small_steps_on_decode_path every step
   // whose rows fit the decode buffers does (prefill chunks beside decode rows, short prompts).
   bool short_slices = true;
-  for (const Impl::Seq& s : seqs) short_slices &= s.n <= kMaxDecodeSliceRows;
+  for (const SequenceInput& in : batch)
+    short_slices &= static_cast<int64_t>(in.tokens.size()) <= kMaxDecodeSliceRows;
   const bool capturing = !capture_layers.empty();
   const bool slices_ok = im.opt.kernels.small_steps_on_decode_path ||
                          (capturing ? short_slices : n_dec == t_all);
-  const bool decode = slices_ok && t_all <= im.dec_rows && mb <= im.dec_mb_cap;
+  // The decode path pads each group's rows to the batch bucket of the largest group's (all rows
+  // without --dp), within the decode buffers; the general path packs them.
+  const StepRows packed = plan_step_rows(batch, im.dp);
+  const int64_t stride = decode_group_stride(packed.max_group, im.dp, im.dec_rows);
+  const bool decode = slices_ok && stride > 0 && mb <= im.dec_mb_cap;
+  const StepRows plan = decode ? plan_step_rows(batch, im.dp, stride) : packed;
+  std::vector<Impl::Seq> seqs;
+  for (const StepRowSlice& r : plan.slices) {
+    const SequenceInput& in = batch[r.index];
+    const int64_t need = (in.start_pos + r.tokens + kPage - 1) / kPage;
+    seqs.push_back({r.index, r.offset, r.tokens, need, r.group});
+  }
+  // This rank's attention rows (Impl::att_first): its group's under --dp.
+  const size_t g = static_cast<size_t>(im.dp_group);
+  im.att_first = im.dp_attention() ? plan.group_first[g] : 0;
+  im.att_rows = im.dp_attention() ? (decode ? stride : plan.group_tokens[g]) : plan.rows;
+  im.att_decode = im.dp_attention() ? plan.group_decode[g] : n_dec;
+  // The step's input embeddings by row, cleared however forward() returns.
+  struct InjectScope {
+    Impl& im;
+    ~InjectScope() { im.inject.clear(); }
+  } inject_scope{im};
+  for (const Impl::Seq& s : seqs)
+    for (const InputEmbedding& e : batch[s.index].embeddings)
+      im.inject.emplace_back(s.offset + e.token_index, e.values.data());
   if (decode) {
     out->hidden.clear();
-    // Pad to the batch bucket and a power-of-two table width (both bounded by the buffers).
-    const int64_t rows = std::min(next_pow2(t_all), im.dec_rows);
+    // Padded to the batch bucket (per group under --dp) and a power-of-two table width (both
+    // bounded by the buffers). `span`: the rows up to the last real one (t_all without --dp; under
+    // --dp the groups' padding rows lie in between).
+    const int64_t rows = plan.rows;
+    int64_t span = 0;
+    for (const Impl::Seq& s : seqs) span = std::max(span, s.offset + s.n);
     const int64_t width = std::min(next_pow2(mb), im.dec_mb_cap);
     // Rows the caller lets the model sample (SequenceInput::sample): sampled on the GPU after the
     // head (backend/cuda/sampling/sample.h, the CPU sampler's semantics), so only their token ids
@@ -140,13 +160,13 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     }
     const bool copy_logits = n_sample < n_logit_seqs;
     // One staging area: [ids rows][positions rows][tables rows x width] int32, the sampling knobs
-    // and sampled tokens of the t_all real rows, then their logits (the padding rows' are never
+    // and sampled tokens of the span rows, then their logits (the padding rows' are never
     // read).
     const size_t in_bytes = static_cast<size_t>(rows * (2 + width)) * 4;
-    const size_t knob_bytes = n_sample > 0 ? static_cast<size_t>(t_all) * sizeof(cuda::SampleRowParams) : 0;
-    const size_t token_bytes = static_cast<size_t>((t_all + 3) / 4 * 4) * 4;  // keeps 16-byte alignment
+    const size_t knob_bytes = n_sample > 0 ? static_cast<size_t>(span) * sizeof(cuda::SampleRowParams) : 0;
+    const size_t token_bytes = static_cast<size_t>((span + 3) / 4 * 4) * 4;  // keeps 16-byte alignment
     const size_t head_bytes = in_bytes + knob_bytes + token_bytes;
-    const size_t logit_bytes = copy_logits ? static_cast<size_t>(t_all * im.vocab) * 4 : 0;
+    const size_t logit_bytes = copy_logits ? static_cast<size_t>(span * im.vocab) * 4 : 0;
     M3_ASSIGN_OR_RETURN(uint8_t * host, im.host_stage.reserve(head_bytes + logit_bytes, im.st()));
     int32_t* ids = reinterpret_cast<int32_t*>(host);
     int32_t* pos = ids + rows;
@@ -170,7 +190,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     auto* knobs = reinterpret_cast<cuda::SampleRowParams*>(host + in_bytes);
     auto* tokens = reinterpret_cast<int32_t*>(host + in_bytes + knob_bytes);
     if (n_sample > 0) {
-      for (int64_t r = 0; r < t_all; ++r) knobs[r] = cuda::SampleRowParams{0.0f, 0, 1.0f, 0.0f, 0, 0, 0};
+      for (int64_t r = 0; r < span; ++r) knobs[r] = cuda::SampleRowParams{0.0f, 0, 1.0f, 0.0f, 0, 0, 0};
       for (const Impl::Seq& s : seqs) {
         const SequenceInput& in = batch[s.index];
         if (!sampled_here(in)) continue;
@@ -211,7 +231,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
     if (n_sample > 0) {
       cuda::SampleParams sp;
       sp.logits = im.dec.logits;
-      sp.batch = t_all;
+      sp.batch = span;
       sp.vocab = im.vocab;
       sp.ld = im.vocab;
       sp.rows = im.dec.sample_rows;
@@ -225,7 +245,7 @@ Status CudaM3Model::forward(std::span<const SequenceInput> batch, ForwardOutput*
                                                     : cuda::SampleKernel::kOneCtaPerRow;
       sp.multi = im.dec.sample_multi;
       M3_RETURN_IF_ERROR(cuda::launch_sample(sp, st));
-      M3_RETURN_IF_ERROR(cuda::copy_to_host_async(tokens, im.dec.sampled, t_all * 4, st));
+      M3_RETURN_IF_ERROR(cuda::copy_to_host_async(tokens, im.dec.sampled, span * 4, st));
     }
     float* logits = reinterpret_cast<float*>(host + head_bytes);
     if (copy_logits) {

@@ -132,10 +132,27 @@ struct CudaM3Kernels {
 // the step (attention is all-reduced), routes all of them over all experts, runs only its own
 // experts (the other experts' slots are skipped on the device, no host sync) and the all-reduce
 // after the combine adds the other ranks' experts: no all-to-all (docs/parallel.md says why).
+//
+// Attention data parallelism (--enable-dp-attention --dp D, D divides ranks; tensor_parallel.h):
+// the rank is in group g = rank / (ranks/D), holds rank_slices(..., dp)'s heads (its group's
+// ranks/D-way split) and a KV pool of its group's pages, and runs attention on the step's slices
+// of group g only; the feed-forward blocks stay split over all ranks and run on every group's
+// rows. Every rank holds the residual stream of every group's rows (step_rows.h lays them out,
+// group by group), so the layer's two collectives stay two all-reduces over all ranks:
+//  * attention: each rank writes its o_proj partial sum into its group's rows of a zeroed
+//    [rows, hidden] delta; the all-reduce over all ranks sums each group's partials (the
+//    all-reduce within the group) and hands every rank the other groups' rows at once (the
+//    gather of the groups' rows before the feed-forward block): SGLang's dp_gather_partial;
+//  * feed-forward: the partial sums of all rows, all-reduced as under --tp; each rank then holds
+//    every group's layer output, its own group's rows among them.
+// The decode path pads every group to the same bucket of rows (the largest group's), so the
+// messages, the one-shot fused norms and the CUDA graphs keep fixed shapes. Rank 0 holds every
+// group's final rows, so it computes the head and samples for all of them, as under --tp.
 struct CudaTensorParallel {
   int rank = 0;
   int ranks = 1;
   int ep = 1;
+  int dp = 1;
   // Called once by load() with the model's compute stream, on which the collectives must queue
   // (NCCL: comm/nccl_communicator.h; they then order with the kernels around them and are
   // captured into the decode graphs). Required when ranks > 1.
@@ -206,8 +223,9 @@ class CudaM3Model {
   // a quantised pool's bf16 staging share: real_shape_kv_pool_bytes_per_page) on one rank of
   // `tp_ranks` (`ep`: the layout's expert-parallel ranks; the page does not depend on it, but the
   // layout must be valid).
+  // With `dp` attention groups a rank's page is its group's (the KV heads split ranks/dp-way).
   static int64_t kv_bytes_per_page(const MiniMaxM3Config& cfg, int tp_ranks = 1, int ep = 1,
-                                   KvCacheDtype dtype = KvCacheDtype::kBF16);
+                                   KvCacheDtype dtype = KvCacheDtype::kBF16, int dp = 1);
 
   const MiniMaxM3Config& config() const;
   int64_t num_kv_pages() const;
@@ -219,6 +237,9 @@ class CudaM3Model {
   // that captures (a draft's) runs every slice of up to 16 tokens as decode rows, one per token
   // (a verify block on the GEMVs, graphs keyed by the capture set too), and takes the general
   // path when a slice is longer. Errors in the inputs are invalid_argument before anything runs.
+  // Under --dp (CudaTensorParallel::dp) every rank takes the whole batch: it runs attention (and
+  // writes its pool) for its group's slices (SequenceInput::dp_group) and everything else for all
+  // of them, and rank 0 returns every slice's outputs, as Model::forward's ranks do between them.
   Status forward(std::span<const SequenceInput> batch, ForwardOutput* out,
                  std::span<const int32_t> capture_layers = {});
 

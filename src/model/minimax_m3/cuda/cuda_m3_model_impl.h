@@ -42,6 +42,7 @@
 #include "backend/cuda/embed/embed_bf16.h"
 #include "model/minimax_m3/cuda/fit_check.h"
 #include "model/minimax_m3/cuda/gpu_weights.h"
+#include "model/minimax_m3/cuda/step_rows.h"
 #include "model/minimax_m3/tensor_parallel.h"
 
 namespace m3::minimax_m3 {
@@ -202,6 +203,14 @@ struct CudaM3Model::Impl {
   // only the local ones, and the all-reduce after the combine adds the other ranks' experts.
   int64_t expert_base = 0, local_experts = 0;
   bool expert_parallel() const { return local_experts != ne; }
+  // Attention data parallelism (CudaTensorParallel::dp): `dp` groups, this rank's `dp_group`.
+  // The running step's attention rows: this rank's group's, [att_first, att_first + att_rows)
+  // of the step's rows (step_rows.h), its first att_decode one-token rows; without --dp all rows.
+  // Set by forward() before the step runs; a decode graph bakes them in, and its key (the rows,
+  // dp x the group stride) fixes them.
+  int dp = 1, dp_group = 0;
+  int64_t att_first = 0, att_rows = 0, att_decode = 0;
+  bool dp_attention() const { return dp > 1; }
   int64_t max_mlp = 0;  // max(dense_inter, shared_inter)
   // Partial attention states per (decode row, head) in Bufs::o_part / ml: the sparse split's
   // top_k selected blocks x kKeySplits, and the dense layers' context splits (as many).
@@ -246,6 +255,30 @@ struct CudaM3Model::Impl {
   Status finish_step() {
     if (tp()) M3_RETURN_IF_ERROR(comm->synchronize());
     return stream.synchronize();
+  }
+
+  // ---- Attention data parallelism.
+
+  // The buffers as this rank's attention sees them: the positions, block tables and normed
+  // hidden states (with their f16 form) from its group's first row; the attention's own scratch
+  // (q|k|v, q, index q, the output, partial states) from its start. `mb`: the tables' width.
+  Bufs attention_view(const Bufs& b, int64_t mb) const {
+    if (att_first == 0) return b;
+    Bufs a = b;
+    a.positions = b.positions + att_first;
+    a.tables = b.tables + att_first * mb;
+    a.h = b.h + att_first * hd;
+    if (b.h16 != nullptr) a.h16 = b.h16 + att_first * hd;
+    if (b.h_inv != nullptr) a.h_inv = b.h_inv + att_first;
+    return a;
+  }
+  // Under --dp, before o_proj stores this rank's partial sum in its group's rows of b.delta: the
+  // other groups' rows must add nothing to the all-reduce (it gathers them from their ranks).
+  Status zero_other_groups(const Bufs& b, int64_t rows) {
+    if (!dp_attention()) return Status::ok();
+    M3_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(b.delta, 0, static_cast<size_t>(rows * hd) * sizeof(float), st()));
+    return Status::ok();
   }
 
   // ---- Kernel helpers (every launch's Status is checked).
@@ -592,27 +625,35 @@ struct CudaM3Model::Impl {
     M3_RETURN_IF_ERROR(add_norm(b, *pending, L.in_norm, rows, true, true));
     // The residual now holds the previous layer's output.
     if (layer > 0) M3_RETURN_IF_ERROR(capture_decode_rows(b, layer - 1, rows));
+    // Attention on this rank's rows: all of them, or under --dp its group's `ar` rows (padding
+    // included) seen through `a` (attention_view); their o_proj sums land in the group's rows of
+    // b.delta, the other groups' rows zeroed (zero_other_groups, before the q|k|v GEMV so that the
+    // memset does not sit between the attention and the o_proj it lets launch early).
+    const int64_t ar = dp_attention() ? att_rows : rows;
+    const Bufs a = attention_view(b, mb);
+    const GemvIn ah_in{a.h, hd, a.h16, a.h_inv};
+    M3_RETURN_IF_ERROR(zero_other_groups(b, rows));
     // The projection's partial sums (or, on the tensor cores, its output) go straight into the fused
     // split-K sum + QK norm/RoPE + KV-cache write.
     int64_t slices = 1;
-    const float* proj = b.qkv;
-    if (h_in.f16 != nullptr && tensor_core(L.qkv, rows)) {
-      M3_RETURN_IF_ERROR(gemv(L.qkv, h_in, rows, store_to(b.qkv, L.qkv.n), b));
+    const float* proj = a.qkv;
+    if (ah_in.f16 != nullptr && tensor_core(L.qkv, ar)) {
+      M3_RETURN_IF_ERROR(gemv(L.qkv, ah_in, ar, store_to(a.qkv, L.qkv.n), a));
     } else {
-      M3_RETURN_IF_ERROR(gemv_partials(L.qkv, h_in, rows, b, &slices));
-      proj = b.partial;
+      M3_RETURN_IF_ERROR(gemv_partials(L.qkv, ah_in, ar, a, &slices));
+      proj = a.partial;
     }
-    M3_RETURN_IF_ERROR(attention_inputs(b, layer, proj, slices, rows, mb));
-    M3_RETURN_IF_ERROR(decode_attention(b, layer, rows, mb));
+    M3_RETURN_IF_ERROR(attention_inputs(a, layer, proj, slices, ar, mb));
+    M3_RETURN_IF_ERROR(decode_attention(a, layer, ar, mb));
     // The attention output's f16 form for a tensor-core o_proj; kMmaDirect converts one row
     // itself (no launch).
-    const bool o_f16 = tensor_core(L.o, rows) && !(direct(L.o) && rows == 1);
+    const bool o_f16 = tensor_core(L.o, ar) && !(direct(L.o) && ar == 1);
     if (o_f16)
       M3_RETURN_IF_ERROR(cuda::launch_x_to_f16(
-          {b.attn, nh * d, rows, nh * d, b.attn16, nh * d, b.attn_inv}, st()));
-    const GemvIn o_in{b.attn, nh * d, o_f16 ? b.attn16 : nullptr, b.attn_inv};
+          {a.attn, nh * d, ar, nh * d, a.attn16, nh * d, a.attn_inv}, st()));
+    const GemvIn o_in{a.attn, nh * d, o_f16 ? a.attn16 : nullptr, a.attn_inv};
     if (tp()) {
-      M3_RETURN_IF_ERROR(gemv(L.o, o_in, rows, store_to(b.delta, hd), b));
+      M3_RETURN_IF_ERROR(gemv(L.o, o_in, ar, store_to(b.delta + att_first * hd, hd), a));
       M3_RETURN_IF_ERROR(reduce_delta(b, rows, pending));
     } else {
       M3_RETURN_IF_ERROR(gemv_to_delta(L.o, o_in, rows, b, pending));
@@ -848,6 +889,7 @@ struct CudaM3Model::Impl {
     size_t index;       // in the caller's batch
     int64_t offset, n;  // token rows [offset, offset + n) in step order
     int64_t need;       // blocks covering start_pos + n positions
+    int32_t group = 0;  // its attention group (ModelSlice::dp_group)
   };
 
   Status general_step(std::span<const SequenceInput> batch, const std::vector<Seq>& seqs,
@@ -909,46 +951,7 @@ struct CudaM3Model::Impl {
       const DevLayer& L = w.layers[static_cast<size_t>(l)];
       M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
           {b.residual, l == 0 ? nullptr : b.delta, L.in_norm, b.h, t, hd, eps}, st()));
-      M3_RETURN_IF_ERROR(plinear(L.qkv, b.h, hd, t, b.qkv, L.qkv.n));
-      M3_RETURN_IF_ERROR(attention_inputs(b, l, b.qkv, 1, t, mb));
-      // Decode rows (first n_dec rows) with the batched decode kernels.
-      M3_RETURN_IF_ERROR(decode_attention(b, l, n_dec, mb));
-      // Each prefill chunk over its own block table (the row of its first token).
-      for (const Seq& s : seqs) {
-        if (s.offset < n_dec) continue;
-        cuda::PrefillAttentionParams ap;
-        ap.q = b.q + s.offset * nh * d;
-        ap.iq = b.iq + s.offset * hix * dix;
-        ap.cache = kv[static_cast<size_t>(l)];
-        if (ap.cache.quantised()) {
-          // The prefill kernels read bf16: the chunk's pages, dequantised exactly (the indexer
-          // and attention over them equal what they would compute reading the codes).
-          M3_RETURN_IF_ERROR(cuda::launch_kv_dequantise_pages(ap.cache, kv_stage,
-                                                              b.tables + s.offset * mb, s.need,
-                                                              st()));
-          ap.cache = kv_stage;
-        }
-        ap.positions = b.positions + s.offset;
-        ap.block_table = b.tables + s.offset * mb;
-        ap.t = s.n;
-        ap.num_heads = nh;
-        ap.num_index_heads = hix;
-        ap.num_blocks = s.need;
-        ap.top_k = top_k;
-        ap.local_blocks = cfg.index_local_blocks;
-        ap.init_blocks = cfg.index_init_blocks;
-        ap.dense = !L.sparse;  // full_attention: every causal block, no indexer
-        ap.scale = scale;
-        ap.out = b.attn + s.offset * nh * d;
-        const bool tiled = opt.kernels.tiled_prefill_attention;  // CudaM3Kernels
-        ap.kernel = tiled ? cuda::PrefillAttentionKernel::kTiled
-                          : cuda::PrefillAttentionKernel::kTensorCore;
-        ap.indexer = tiled ? cuda::PrefillIndexerKernel::kFusedMaxPool
-                           : cuda::PrefillIndexerKernel::kGemmScores;
-        ap.gemm = gemm.get();
-        M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
-      }
-      M3_RETURN_IF_ERROR(plinear(L.o, b.attn, nh * d, t, b.delta, hd));
+      M3_RETURN_IF_ERROR(general_attention(b, seqs, l, t, mb));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
       M3_RETURN_IF_ERROR(
           cuda::launch_add_rms_norm({b.residual, b.delta, L.post_norm, b.h, t, hd, eps}, st()));
@@ -1034,6 +1037,62 @@ struct CudaM3Model::Impl {
       r0 += n;
     }
     return finish_step();
+  }
+
+  // One layer's attention on the general path: q|k|v, the decode rows' and each prefill chunk's
+  // attention and o_proj, into b.delta [t, hd] (a partial sum with ranks). Under --dp only this
+  // rank's group's att_rows rows from att_first (a = attention_view: their positions, tables and
+  // normed rows; q, index q and the output from the scratch's start), stored in the group's rows
+  // of b.delta with the other groups' rows zeroed; a group without rows in the step leaves all
+  // of b.delta zero.
+  Status general_attention(const Bufs& b, const std::vector<Seq>& seqs, int64_t l, int64_t t,
+                           int64_t mb) {
+    const DevLayer& L = w.layers[static_cast<size_t>(l)];
+    const Bufs a = attention_view(b, mb);
+    const int64_t ar = dp_attention() ? att_rows : t;
+    M3_RETURN_IF_ERROR(zero_other_groups(b, t));
+    if (ar == 0) return Status::ok();
+    M3_RETURN_IF_ERROR(plinear(L.qkv, a.h, hd, ar, a.qkv, L.qkv.n));
+    M3_RETURN_IF_ERROR(attention_inputs(a, l, a.qkv, 1, ar, mb));
+    // Decode rows (the first att_decode of the rank's rows) with the batched decode kernels.
+    M3_RETURN_IF_ERROR(decode_attention(a, l, att_decode, mb));
+    // Each prefill chunk over its own block table (the row of its first token).
+    for (const Seq& s : seqs) {
+      if (s.group != dp_group || s.offset - att_first < att_decode) continue;
+      const int64_t own = s.offset - att_first;  // its first row among the rank's rows
+      cuda::PrefillAttentionParams ap;
+      ap.q = a.q + own * nh * d;
+      ap.iq = a.iq + own * hix * dix;
+      ap.cache = kv[static_cast<size_t>(l)];
+      if (ap.cache.quantised()) {
+        // The prefill kernels read bf16: the chunk's pages, dequantised exactly (the indexer
+        // and attention over them equal what they would compute reading the codes).
+        M3_RETURN_IF_ERROR(cuda::launch_kv_dequantise_pages(ap.cache, kv_stage,
+                                                            a.tables + own * mb, s.need,
+                                                            st()));
+        ap.cache = kv_stage;
+      }
+      ap.positions = a.positions + own;
+      ap.block_table = a.tables + own * mb;
+      ap.t = s.n;
+      ap.num_heads = nh;
+      ap.num_index_heads = hix;
+      ap.num_blocks = s.need;
+      ap.top_k = top_k;
+      ap.local_blocks = cfg.index_local_blocks;
+      ap.init_blocks = cfg.index_init_blocks;
+      ap.dense = !L.sparse;  // full_attention: every causal block, no indexer
+      ap.scale = scale;
+      ap.out = a.attn + own * nh * d;
+      const bool tiled = opt.kernels.tiled_prefill_attention;  // CudaM3Kernels
+      ap.kernel = tiled ? cuda::PrefillAttentionKernel::kTiled
+                        : cuda::PrefillAttentionKernel::kTensorCore;
+      ap.indexer = tiled ? cuda::PrefillIndexerKernel::kFusedMaxPool
+                         : cuda::PrefillIndexerKernel::kGemmScores;
+      ap.gemm = gemm.get();
+      M3_RETURN_IF_ERROR(cuda::launch_prefill_attention(ap, alloc.get(), st()));
+    }
+    return plinear(L.o, a.attn, nh * d, ar, b.delta + att_first * hd, hd);
   }
 
   // Dense SwiGLU-OAI MLP on t rows of b.h through PrefillGemm: gate|up -> act -> down.

@@ -218,21 +218,30 @@ Status CudaM3Model::Impl::alloc_kv(cuda::DeviceArena& a, int64_t pages) {
 Status CudaM3Model::profile_and_size_kv() {
   Impl& im = *impl_;
   const int64_t tokens = im.opt.profile_tokens;
-  const int64_t temp_pages = (tokens + kPage - 1) / kPage;
+  // Under --dp the step's tokens are split over the groups, one slice each (the scheduler splits
+  // the chunked-prefill budget so): every rank runs the feed-forward blocks on all of them and
+  // attention on its group's share, over that many pages of its own pool.
+  const int64_t per_group = (tokens + im.dp - 1) / im.dp;
+  const int64_t temp_pages = (per_group + kPage - 1) / kPage;
   int64_t temp_bytes = 0;
   {
     cuda::DeviceArena temp;
     M3_RETURN_IF_ERROR(im.alloc_kv(temp, temp_pages));
     temp_bytes = temp.bytes();
     im.opt.num_kv_pages = temp_pages;
-    std::vector<int32_t> ids(static_cast<size_t>(tokens), 0), table(static_cast<size_t>(temp_pages));
+    std::vector<int32_t> ids(static_cast<size_t>(per_group), 0),
+        table(static_cast<size_t>(temp_pages));
     for (int64_t p = 0; p < temp_pages; ++p) table[static_cast<size_t>(p)] = static_cast<int32_t>(p);
-    SequenceInput in;
-    in.tokens = ids;
-    in.block_table = table;
-    in.logits_rows = {static_cast<int32_t>(tokens - 1)};
+    std::vector<SequenceInput> in(static_cast<size_t>(im.dp));
+    for (int g = 0; g < im.dp; ++g) {
+      SequenceInput& s = in[static_cast<size_t>(g)];
+      s.tokens = ids;
+      s.block_table = table;
+      s.logits_rows = {static_cast<int32_t>(per_group - 1)};
+      s.dp_group = g;
+    }
     ForwardOutput out;
-    const Status run = forward(std::span<const SequenceInput>(&in, 1), &out);
+    const Status run = forward(in, &out);
     im.kv.clear();
     im.kv_stage = cuda::KvCacheView{};
     im.opt.num_kv_pages = 0;
@@ -252,7 +261,8 @@ Status CudaM3Model::profile_and_size_kv() {
   M3_ASSIGN_OR_RETURN(int64_t pages, im.opt.kv_pages_after_profile(im.stats.profile));
   if (im.tp()) {
     // Every rank holds the same pages (the scheduler's page ids index each rank's share of
-    // them): the smallest pool any rank's memory allows, as the maximum of the negated counts.
+    // them; under --dp every group's pool has as many): the smallest pool any rank's memory
+    // allows, as the maximum of the negated counts.
     const int64_t negated = -pages;
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(im.agree, &negated, sizeof(negated), im.st()));
     M3_RETURN_IF_ERROR(im.comm->all_reduce(im.agree, 1, comm::DataType::kI64, comm::ReduceOp::kMax));
@@ -272,11 +282,11 @@ Status CudaM3Model::profile_and_size_kv() {
 }
 
 int64_t CudaM3Model::kv_bytes_per_page(const MiniMaxM3Config& c, int tp_ranks, int ep,
-                                       KvCacheDtype dtype) {
+                                       KvCacheDtype dtype, int dp) {
   const MiniMaxM3Config& rc =
-      tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep).is_ok()
+      tp_ranks <= 1 || !check_tensor_parallel(c, tp_ranks, ep, dp).is_ok()
           ? c
-          : rank_config(c, 0, tp_ranks, ep);
+          : rank_config(c, 0, tp_ranks, ep, dp);
   return real_shape_kv_pool_bytes_per_page(rc, dtype);
 }
 
@@ -293,10 +303,14 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   if (tp.ep < 1 || tp.ranks % tp.ep != 0)
     return invalid_argument("[model.minimax_m3.cuda] --ep " + std::to_string(tp.ep) +
                             " must divide --tp " + std::to_string(tp.ranks));
-  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks, tp.ep));
+  if (tp.dp < 1 || tp.ranks % tp.dp != 0)
+    return invalid_argument("[model.minimax_m3.cuda] --dp " + std::to_string(tp.dp) +
+                            " must divide --tp " + std::to_string(tp.ranks));
+  M3_RETURN_IF_ERROR(check_tensor_parallel(whole, tp.ranks, tp.ep, tp.dp));
   // The rank's shapes: the kernels' limits apply to them (16 query heads per KV head, for one).
-  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks, tp.ep);
-  const RankSlices slices = rank_slices(whole, tp.rank, tp.ranks, tp.ep);
+  // Under --dp the heads are the rank's share of its attention group's.
+  const MiniMaxM3Config cfg = rank_config(whole, tp.rank, tp.ranks, tp.ep, tp.dp);
+  const RankSlices slices = rank_slices(whole, tp.rank, tp.ranks, tp.ep, tp.dp);
   M3_RETURN_IF_ERROR(check_real_shape_fit(cfg));
   const bool profile = options.num_kv_pages == 0 && options.kv_pages_after_profile;
   if (!profile && (options.num_kv_pages <= 0 || options.num_kv_pages > (int64_t{1} << 30)))
@@ -350,6 +364,8 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   im.limit = static_cast<float>(c.swiglu_limit);
   im.scale = 1.0f / std::sqrt(static_cast<float>(im.d));
   im.routed_scale = static_cast<float>(c.routed_scaling_factor);
+  im.dp = tp.dp;
+  im.dp_group = tp.rank / (tp.ranks / tp.dp);
 
   // The main stream at the device's greatest priority and the side stream (the shared expert) at
   // its least, so that the block scheduler places the critical path's CTAs (router, routed
