@@ -5,7 +5,10 @@
 # EVAL_BATCH (default 150), M3TINY_NO_FAST=1 (train with the transformers classes, the old slow path),
 # EXTRA_ARGS (more train.py arguments), INIT_FROM (continue from this m3-tiny folder, e.g. models/m3-tiny),
 # VISION=1 (the vision-and-tools round: train.py --vision, image questions and generated tools in the
-# corpus, a vision tower trained with the text model, held-out image and tool-schema evaluations).
+# corpus, a vision tower trained with the text model, held-out image and tool-schema evaluations; every
+# training batch is drawn fresh by data workers (fresh_data.py), N_TRAIN then only sizes the small fixed
+# corpus used for checks, capped at 20000), FRESH=0 (with VISION=1: the fixed corpus of N_TRAIN
+# conversations instead, as before fresh_data.py).
 # $OUT receives train.log, last_run.json and m3tiny.tar.gz (split into m3tiny.tar.gz.part-* when over
 # 15 MiB). Unpack at the repository root:
 #   cat m3tiny.tar.gz* | tar -xzf -       (gives models/m3-tiny/ and tests/fixtures/m3_tiny/)
@@ -25,11 +28,12 @@ for a in "$@"; do
   esac
 done
 WORK="$(mktemp -d)"
-echo "repo $(pwd) work $WORK out $OUT smoke $SMOKE vision ${VISION:-0}"
+echo "repo $(pwd) work $WORK out $OUT smoke $SMOKE vision ${VISION:-0} fresh ${FRESH:-1}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>&1 | head -3
 
 ROUND_ARGS=()
 [ "${VISION:-0}" = 1 ] && ROUND_ARGS+=(--vision)
+[ "${VISION:-0}" = 1 ] && [ "${FRESH:-1}" = 0 ] && ROUND_ARGS+=(--no-fresh)
 if [ "$SMOKE" = 1 ]; then
   LOG="$OUT/smoke.log"
   ROUND_ARGS+=(--eval-limit 4 --golden-limit 1 --golden-new-tokens 8 --eval-max-new 48)

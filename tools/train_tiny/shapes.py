@@ -51,7 +51,12 @@ KINDS = list(PHRASINGS)
 
 def layout(seed):
     """The scene for a seed: [(quadrant, colour, shape, cx, cy, r)], in quadrant order."""
-    rng = random.Random("shapes:%d" % seed)
+    return layout_from(random.Random("shapes:%d" % seed))
+
+
+def layout_from(rng):
+    """The scene drawn from a random.Random (layout(seed) is layout_from of the seed's stream; the
+    fresh training scenes of fresh_vision.py draw from a worker's stream)."""
     n = rng.randint(1, 4)
     quads = sorted(rng.sample(range(4), n))
     colours = rng.sample(sorted(COLOURS), n)
@@ -78,6 +83,17 @@ def _inside(kind, dx, dy, r):
     if dy < -r or dy > r:
         return False
     return abs(dx) <= (dy + r) / 2.0
+
+
+NOISE_CELL, NOISE_LEVELS, NOISE_BASE = 2, 48, (90, 160)
+
+
+def noise_params(seed):
+    """(base grey, cell bytes) of a seed's background, the values pixels(seed) draws: pixel
+    (y, x) is base + cells[(y // 2) * (SIZE // 2) + x // 2] % 48 - 24 before the shapes."""
+    rng = random.Random("noise:%d" % seed)
+    base = rng.randint(*NOISE_BASE)
+    return base, rng.randbytes((SIZE // NOISE_CELL) * (SIZE // NOISE_CELL))
 
 
 def pixels(seed):

@@ -76,7 +76,17 @@ ap.add_argument("--vision-lr-scale", type=float, default=3.0, help="the vision t
 ap.add_argument("--vision", action="store_true",
                 help="the vision-and-tools round: image questions and generated tools join the corpus "
                      "(multimodal_corpus.py), a vision tower trains with the text model (vision_model.py)")
+ap.add_argument("--no-fresh", dest="fresh", action="store_false",
+                help="--vision: train on the fixed corpus of --n-train conversations (multimodal_corpus.py) "
+                     "instead of fresh batches drawn by data workers at every step (fresh_data.py)")
+ap.add_argument("--data-workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) - 2)),
+                help="fresh-data worker processes")
+ap.add_argument("--static-n", type=int, default=20000,
+                help="with fresh data: conversations of the fixed corpus (tokenizer, checks, fallback)")
+ap.add_argument("--share-image", type=float, default=None, help="fresh data: share of image questions")
+ap.add_argument("--share-gtool", type=float, default=None, help="fresh data: share of generated tool schemas")
 args = ap.parse_args()
+args.fresh = args.fresh and args.vision
 
 # Model shape. Weights in bf16 stay ~30 MB; sequences up to 1024 tokens (= 32 blocks of 32, the
 # top-k) are exact dense attention, so a random (untrained, non-differentiable) indexer is harmless.
@@ -132,7 +142,11 @@ if args.init_from:  # the tokenizer is known before the corpus: made-up values u
     _vocab_tok = Tokenizer.from_file(os.path.join(args.init_from, "tokenizer.json"))
     corpus.set_copy_pieces([_vocab_tok.decode([i]).strip() for i in range(_vocab_tok.get_vocab_size())])
     log("copy pieces from the tokenizer: %d" % len(corpus.COPY_PIECES))
-samples = (multimodal_corpus.training_corpus if args.vision else corpus.training_corpus)(args.n_train, args.seed)
+N_STATIC = min(args.n_train, args.static_n) if args.fresh else args.n_train
+if N_STATIC < args.n_train:
+    log("fresh data: the fixed corpus has %d conversations (tokenizer, checks, fallback); training draws new "
+        "batches at every step" % N_STATIC)
+samples = (multimodal_corpus.training_corpus if args.vision else corpus.training_corpus)(N_STATIC, args.seed)
 if args.workers > 1:
     import multiprocessing as mp
 
@@ -231,6 +245,40 @@ if tok.decode(ex.ids, skip_special_tokens=False) != texts[0]:
     warn("decode(encode(x)) != x for the example conversation")
 tok.save(os.path.join(args.out_model, "tokenizer.json"))
 step_done("tokenizer", bpe=BPE_SIZE, vocab=VOCAB)
+
+# ------------------------------------------------------------------------------------------------
+# 2b. Fresh data (--vision): data workers start now (forked before the tokenizer's thread pool is
+#     used and before the model exists) and fill their queues while the model is built and checked.
+#     The self-check (nothing generated is held out; the renderer is shapes.py's) runs alongside.
+# ------------------------------------------------------------------------------------------------
+STREAM, FRESH_CHECK = None, {}
+if args.fresh:
+    import threading  # noqa: E402
+
+    import fresh_data  # noqa: E402
+
+    _shares = (fresh_data.SHARE_IMAGE if args.share_image is None else args.share_image,
+               fresh_data.SHARE_GTOOL if args.share_gtool is None else args.share_gtool)
+    STREAM_CFG = {"tokenizer": tok.to_str(), "seed": args.seed, "batch_tokens": args.batch_tokens,
+                  "max_len": args.max_len, "eos": EOS, "image_id": SID["]<]image[>["], "shares": _shares,
+                  "pool_batches": 16}
+    try:
+        STREAM = fresh_data.Stream(torch, STREAM_CFG, args.data_workers, DEV, log=log)
+        log("fresh data: %d workers, shares image %.2f generated tools %.2f (the rest the text mix)" % (
+            args.data_workers, _shares[0], _shares[1]))
+    except Exception as e:  # noqa: BLE001
+        warn("fresh data stream failed to start (%r): training on the fixed corpus" % e)
+        traceback.print_exc()
+        STREAM = None
+
+    def _fresh_check():
+        try:
+            FRESH_CHECK["result"] = fresh_data.check(n_samples=3000, n_images=300, n_extra=0, regen_eval=False, log=log)
+        except BaseException as e:  # noqa: BLE001
+            FRESH_CHECK["error"] = repr(e)[:2000]
+
+    FRESH_CHECK_THREAD = threading.Thread(target=_fresh_check, daemon=True)
+    FRESH_CHECK_THREAD.start()
 
 # ------------------------------------------------------------------------------------------------
 # 3. Encode: each conversation as segments (context / trained), so labels need no offsets. The
@@ -747,6 +795,7 @@ def run_training(use_fast, seconds):
         balance = [(m.gate.e_score_correction_bias, m) for m in FAST.moe_blocks()]
         _set_exact_fp32(False)  # TF32 for the fp32 router matmul; bf16 autocast elsewhere
     net.train()
+    fresh = use_fast and STREAM is not None
     t_train = time.time()
     step, epoch, tokens_seen = 0, 0, 0
     perm = []
@@ -755,19 +804,28 @@ def run_training(use_fast, seconds):
         el = time.time() - t_train
         if el >= seconds:
             break
-        if not perm:
+        if not perm and not fresh:
             perm = list(range(len(batches)))
             random.Random(args.seed + epoch).shuffle(perm)
             epoch += 1
-        bi = perm.pop()
-        if bi not in batch_cache:  # built once, kept on the device for the later epochs
-            x, y = make_batch(batches[bi])
-            rows = [k for i in batches[bi] for k in IMG_OF.get(i, [])]
-            fi = (y.reshape(-1) != -100).nonzero().squeeze(1)
-            batch_cache[bi] = (x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True), int(fi.numel()),
-                               fi.to(DEV, non_blocking=True), y.reshape(-1)[fi].to(DEV, non_blocking=True))
-            batch_cache[bi] += (torch.tensor(rows, device=DEV) if rows and VIS is not None else None,)
-        x, y, n_targets, flat_idx, y_sel, img_rows = batch_cache[bi]
+        if fresh:  # a new batch from the data workers; its images rendered on the device
+            try:
+                x, y, n_targets, flat_idx, y_sel, img_u8 = STREAM.next()
+            except Exception as e:  # noqa: BLE001
+                warn("fresh data failed (%r): the rest of the training uses the fixed corpus" % e)
+                fresh = False
+                continue
+        else:
+            bi = perm.pop()
+            if bi not in batch_cache:  # built once, kept on the device for the later epochs
+                x, y = make_batch(batches[bi])
+                rows = [k for i in batches[bi] for k in IMG_OF.get(i, [])]
+                fi = (y.reshape(-1) != -100).nonzero().squeeze(1)
+                batch_cache[bi] = (x.to(DEV, non_blocking=True), y.to(DEV, non_blocking=True), int(fi.numel()),
+                                   fi.to(DEV, non_blocking=True), y.reshape(-1)[fi].to(DEV, non_blocking=True))
+                batch_cache[bi] += (torch.tensor(rows, device=DEV) if rows and VIS is not None else None,)
+            x, y, n_targets, flat_idx, y_sel, img_rows = batch_cache[bi]
+            img_u8 = None if img_rows is None else IMG_U8[img_rows]
         frac = min(1.0, el / seconds)
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
@@ -776,8 +834,8 @@ def run_training(use_fast, seconds):
             if use_fast:
                 if step == 1 and os.environ.get("M3TINY_TEST_FAST_FAIL") == "1":
                     raise RuntimeError("M3TINY_TEST_FAST_FAIL: simulated failure of the fast path")
-                loss = FAST.loss(x, y, flat_idx, y_sel, img=None if img_rows is None else (
-                    IMAGE_ID, VIS(IMG_U8[img_rows]), None))
+                loss = FAST.loss(x, y, flat_idx, y_sel, img=None if img_u8 is None or VIS is None else (
+                    IMAGE_ID, VIS(img_u8), None))
             else:
                 logits = forward(model, x).logits
         if not use_fast:
@@ -811,12 +869,20 @@ def run_training(use_fast, seconds):
             loss_curve.append({"step": step, "t": round(time.time() - t_train, 1), "loss": round(lv, 4), "lr": lr,
                                "fast": use_fast})
             el2 = time.time() - t_train
-            log("step %5d ep %d loss %.4f (ema %.4f) lr %.2e gnorm %.2f  seq %dx%d  trained tok %.1fM  "
-                "(%.0fk trained tok/s, %.0fk tok/s incl. context)  max expert load/mean %.2f" % (
-                    step, epoch, lv, ema, lr, gn.item(), x.shape[0], x.shape[1], tokens_seen / 1e6,
-                    tokens_seen / el2 / 1e3, tokens_seen / el2 / 1e3 / TRAINED_FRAC, imb))
-    log("training done (%s): %d steps, %d epochs (partial), %.1f s, %.1fM trained tokens" % (
-        "fast model" if use_fast else "reference classes", step, epoch, time.time() - t_train, tokens_seen / 1e6))
+            tfrac = TRAINED_FRAC
+            if fresh:
+                tfrac = max(1e-6, STREAM.stats["trained"] / max(1, STREAM.stats["tokens"]))
+            log("step %5d %s loss %.4f (ema %.4f) lr %.2e gnorm %.2f  seq %dx%d  trained tok %.1fM  "
+                "(%.0fk trained tok/s, %.0fk tok/s incl. context)  max expert load/mean %.2f%s" % (
+                    step, "fresh" if fresh else "ep %d" % epoch, lv, ema, lr, gn.item(), x.shape[0], x.shape[1],
+                    tokens_seen / 1e6, tokens_seen / el2 / 1e3, tokens_seen / el2 / 1e3 / tfrac, imb,
+                    "  images %d, data wait %.1f s" % (STREAM.stats["images"], STREAM.wait_s) if fresh else ""))
+    log("training done (%s): %d steps, %s, %.1f s, %.1fM trained tokens" % (
+        "fast model" if use_fast else "reference classes", step,
+        "fresh batches" if fresh else "%d epochs (partial)" % epoch, time.time() - t_train, tokens_seen / 1e6))
+    if use_fast and STREAM is not None:
+        REPORT["fresh_data"] = dict(STREAM.summary(), steps=step, steps_per_s=round(step / max(1e-9, time.time() - t_train), 2))
+        log("fresh data: %s" % json.dumps(REPORT["fresh_data"]))
     return step, epoch, tokens_seen
 
 
@@ -871,6 +937,20 @@ def choose_moe_path():
 
 
 TRAINED_FRAC = max(1e-6, sum(sum(lab[i]) for i in keep) / max(1, sum(len(ids[i]) for i in keep)))
+if args.fresh:
+    FRESH_CHECK_THREAD.join()
+    REPORT["fresh_check"] = FRESH_CHECK
+    if "error" in FRESH_CHECK:
+        if STREAM is not None:
+            STREAM.close()
+        raise SystemExit("fresh-data self-check failed (the generators touch the held-out set or the renderer "
+                         "differs from shapes.py): %s" % FRESH_CHECK["error"])
+    log("fresh-data self-check: OK (%s)" % json.dumps({k: v for k, v in FRESH_CHECK["result"].items()
+                                                        if k in ("renderer_exact", "mix_counts",
+                                                                 "distinct_generated_tool_names")}))
+    if STREAM is not None and FAST is None:
+        STREAM.close()
+        STREAM = None
 loss_curve = []
 t_all = time.time()
 trained_with = "reference"
@@ -890,12 +970,18 @@ if FAST is not None:
         except Exception as e2:  # noqa: BLE001
             warn("could not copy the fast model's weights (%r): the reference training starts from its init" % e2)
         FAST = None
+        if STREAM is not None:
+            STREAM.close()
+            STREAM = None
         if VIS is not None:
             warn("the vision tower trains only with the fast model: none is saved")
             VIS = None
         batch_cache.clear()
         if DEV == "cuda":
             torch.cuda.empty_cache()
+if STREAM is not None:
+    STREAM.close()
+    STREAM = None
 if FAST is None:
     step, epoch, tokens_seen = run_training(False, max(30.0, args.train_seconds - (time.time() - t_all)))
 model.eval()
