@@ -13,11 +13,8 @@
 //
 // On one GPU (always) every runner has its ranks on GPU 0:
 //  * host-staged: every collective staged through the host over an in-process Gloo group
-//    (host_staged_communicator.h), launches eager;
-//  * one-shot, graphs and eager: the small float32 sums (the decode step's) through the one-shot
-//    all-reduce of ranks sharing the GPU (one_shot_all_reduce.h, graph-capturable), larger ones
-//    through the host. Decode steps run through CUDA graphs in one runner and eagerly in the
-//    other: their logits must be equal bit for bit.
+//    (host_staged_communicator.h), launches eager (not the one-shot all-reduce: see
+//    one_gpu_case);
 //  * two nodes (--nnodes 2, CudaRanks::nodes): --tp 2 --dp 2 as two runners of one rank (one
 //    group) each, node 1 following node 0's steps over a Gloo step group, host-staged; bit for
 //    bit the in-process host-staged runner's on the decode steps.
@@ -35,8 +32,6 @@
 #include <vector>
 
 #include "backend/comm/gloo_communicator.h"
-#include "backend/cuda/comm/one_shot_all_reduce.h"
-#include "backend/cuda/comm/one_shot_communicator.h"
 #include "host_staged_communicator.h"
 #include "model/minimax_m3/cuda/cuda_m3_model.h"
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
@@ -65,7 +60,7 @@ int gpu_count() {
   return n;
 }
 
-enum class Comm { kHostStaged, kOneShot, kNccl };
+enum class Comm { kHostStaged, kNccl };
 
 class DpHarness {
  public:
@@ -75,7 +70,7 @@ class DpHarness {
   const WeightSource& src() const { return src_; }
   double rel_bound() const { return real_model_fixture::rel_bound(cfg_); }
 
-  // --tp tp --dp dp on GPU 0 (host-staged or one-shot) or on GPUs 0 .. tp-1 over NCCL.
+  // --tp tp --dp dp on GPU 0 (host-staged) or on GPUs 0 .. tp-1 over NCCL.
   Result<std::unique_ptr<CudaM3ModelRunner>> runner(int tp, int dp, Comm comm, bool graphs) {
     CudaM3Options o;
     o.max_batch = 16;
@@ -90,18 +85,10 @@ class DpHarness {
                           comm::create_local_gloo_group(tp));
       auto shared = std::make_shared<std::vector<std::unique_ptr<comm::Communicator>>>(
           std::move(hosts));
-      std::shared_ptr<cuda::OneShotAllReduce> one_shot;
-      if (comm == Comm::kOneShot) {
-        cuda::OneShotOptions so;
-        so.timeout = std::chrono::seconds(60);  // a rank that never arrives fails, not hangs
-        M3_ASSIGN_OR_RETURN(one_shot, cuda::OneShotAllReduce::create(ranks.devices, so));
-      }
-      ranks.make_communicator = [shared, one_shot](int r, int device, CUstream_st* stream)
+      ranks.make_communicator = [shared](int r, int device, CUstream_st* stream)
           -> Result<std::unique_ptr<comm::Communicator>> {
-        std::unique_ptr<comm::Communicator> c = std::make_unique<testing::HostStagedCommunicator>(
-            std::move((*shared)[static_cast<size_t>(r)]), device, stream);
-        if (one_shot == nullptr) return c;
-        return comm::with_one_shot_all_reduce(std::move(c), one_shot, stream);
+        return std::unique_ptr<comm::Communicator>(std::make_unique<testing::HostStagedCommunicator>(
+            std::move((*shared)[static_cast<size_t>(r)]), device, stream));
       };
     }
     const int64_t page_bytes =
@@ -302,13 +289,14 @@ void check_layout(CudaM3ModelRunner& r, int tp, int dp) {
   }
 }
 
-// `one_shot`: also run the one-shot all-reduce (eager and with CUDA graphs, bitwise against each
-// other) beside the host-staged collectives. Only where two ranks share the GPU: with four ranks on
-// one GPU, the ranks of a group with no rows in a step reach the one-shot all-reduce at once and
-// spin there on SMs that the other group's attention kernels need, which stalls the step until
-// the all-reduce times out (seen on an H100 with --tp 4 --dp 2). Ranks on GPUs of their own
-// (CudaDpAttentionNccl below, and serving) cannot starve each other that way.
-void one_gpu_case(int tp, int dp, bool one_shot) {
+// All ranks on one GPU, their collectives staged through the host. Not the one-shot all-reduce:
+// under --dp the groups' work differs within a step, and the ranks that reach the one-shot
+// all-reduce first spin there on SMs that the other ranks' kernels need, which stalled steps until
+// the all-reduce's timeout on an H100 (--tp 4 --dp 2 with a group empty; --tp 2 --dp 2 with one
+// group prefilling while the other decoded, in one run of two). Ranks on GPUs of their own cannot
+// starve each other that way: CUDA graphs and the one-shot path under --dp are checked there
+// (CudaDpAttentionNccl below).
+void one_gpu_case(int tp, int dp) {
   DpHarness& h = harness();
   for (int r = 0; r < tp; ++r) {
     const Status fit = minimax_m3::check_real_shape_fit(
@@ -318,38 +306,22 @@ void one_gpu_case(int tp, int dp, bool one_shot) {
   auto staged = h.runner(tp, dp, Comm::kHostStaged, /*graphs=*/false);
   ASSERT_TRUE(staged.is_ok()) << staged.status().to_string();
   check_layout(**staged, tp, dp);
-  if (!one_shot) {
-    std::vector<RunnerCase> runners = {{"[host-staged]", staged->get(), {}, {}}};
-    run_case(tp, dp, runners, {});
-    return;
-  }
-  auto graphs = h.runner(tp, dp, Comm::kOneShot, /*graphs=*/true);
-  ASSERT_TRUE(graphs.is_ok()) << graphs.status().to_string();
-  auto eager = h.runner(tp, dp, Comm::kOneShot, /*graphs=*/false);
-  ASSERT_TRUE(eager.is_ok()) << eager.status().to_string();
-  check_layout(**graphs, tp, dp);
-  std::vector<RunnerCase> runners = {{"[host-staged]", staged->get(), {}, {}},
-                                     {"[one-shot graphs]", graphs->get(), {}, {}},
-                                     {"[one-shot eager]", eager->get(), {}, {}}};
-  run_case(tp, dp, runners, {{1, 2}});
-  for (int rank = 0; rank < tp; ++rank) {
-    EXPECT_GE((*graphs)->rank_model(rank).stats().graph_replays, 1) << rank;
-    EXPECT_EQ((*eager)->rank_model(rank).stats().graph_replays, 0) << rank;
-  }
+  std::vector<RunnerCase> runners = {{"[host-staged]", staged->get(), {}, {}}};
+  run_case(tp, dp, runners, {});
 }
 
 // --tp 2 --dp 2: two groups of one rank (each with all the heads; no attention all-reduce inside
 // a group), the feed-forward blocks split over both.
 TEST(CudaDpAttention, TwoGroupsOfOneRankOnOneGpuMatchTheCpuRanks) {
   ASSERT_GE(gpu_count(), 1) << "no GPU";
-  one_gpu_case(2, 2, /*one_shot=*/true);
+  one_gpu_case(2, 2);
 }
 
 // --tp 4 --dp 2: two groups of two ranks (16 query heads over one KV head each), the feed-forward
 // blocks split over all four.
 TEST(CudaDpAttention, TwoGroupsOfTwoRanksOnOneGpuMatchTheCpuRanks) {
   ASSERT_GE(gpu_count(), 1) << "no GPU";
-  one_gpu_case(4, 2, /*one_shot=*/false);
+  one_gpu_case(4, 2);
 }
 
 // A slice naming a group outside [0, --dp) fails the step on every rank before anything runs;
