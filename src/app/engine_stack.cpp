@@ -595,7 +595,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                         TensorParallelCpuRunner::create_distributed(
                             loaded.config, *loaded.weights, std::move(joined.ranks), ep,
                             threads_per_rank, static_cast<int32_t>(plan.pages), dp,
-                            options.kv_cache_dtype));
+                            options.kv_cache_dtype, /*whole_lm_head_on_rank0=*/
+                            options.speculative));
     bytes_read = ranks->weight_bytes_read();
     if (options.speculative) {
       M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,
@@ -609,7 +610,9 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
                         TensorParallelCpuRunner::create(loaded.config, *loaded.weights, tp, ep,
                                                         threads_per_rank,
                                                         static_cast<int32_t>(plan.pages), dp,
-                                                        options.kv_cache_dtype));
+                                                        options.kv_cache_dtype,
+                                                        // The draft's logits need the whole head.
+                                                        options.speculative));
     bytes_read = ranks->weight_bytes_read();
     if (options.speculative) {
       M3_ASSIGN_OR_RETURN(draft, load_draft(model_path, options, loaded.config,

@@ -70,10 +70,15 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage,
     const double shared = static_cast<double>(c.shared_intermediate_size * c.n_shared_experts);
     if (shared > 0) total += 3 * dense(shared / ranks, h);
   }
-  // The GPU path splits the vocabulary rows (as SGLang); the float32 reference path keeps the
-  // embedding and the LM head whole on every rank.
-  const double vocab_rows = static_cast<double>(c.vocab_size) / (f32 ? 1 : ranks);
-  total += plain(vocab_rows, h) * (c.tie_word_embeddings ? 1 : 2) + plain(1, h);
+  // The GPU path splits the vocabulary rows of both (as SGLang); the float32 path keeps the
+  // embedding whole on every rank and splits the LM head's rows (tensor_parallel.h; rank 0 with
+  // a DSpark draft holds the whole head, not counted here).
+  const double vocab = static_cast<double>(c.vocab_size);
+  if (f32) {
+    total += plain(vocab, h) + (c.tie_word_embeddings ? 0 : plain(vocab / ranks, h)) + plain(1, h);
+  } else {
+    total += plain(vocab / ranks, h) * (c.tie_word_embeddings ? 1 : 2) + plain(1, h);
+  }
   return static_cast<int64_t>(std::ceil(total));
 }
 

@@ -28,8 +28,8 @@ enum class WeightStorage {
 // columns are split over the ranks (K/V and index heads are replicated where there are fewer
 // heads than ranks); each rank holds E/ep routed experts, each with 1/(ranks/ep) of its
 // intermediate columns; norms, the router and the index key projection are replicated. The
-// vocabulary rows of the embedding and head are split on the GPU path and whole on every rank of
-// the float32 path. Checkpoint formats: MXFP8 1 + 1/32 bytes per element (E4M3 codes and an E8M0
+// vocabulary rows of the embedding and head are split on the GPU path; the float32 path splits the
+// head's and keeps the embedding whole. Checkpoint formats: MXFP8 1 + 1/32 bytes per element (E4M3 codes and an E8M0
 // scale per 32), NVFP4 0.5 + 1/16 (E2M1 codes and an E4M3 scale per 16) and a global scale per
 // tensor, BF16 2. With attention data parallelism over `dp` groups (dividing ranks) a rank holds
 // its group's share of the attention heads: they split over ranks / dp ranks, the rest as above.

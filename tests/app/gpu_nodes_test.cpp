@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <thread>
 
 #include "backend/comm/tcp_store.h"
@@ -32,10 +33,11 @@ class FakeFollower final : public ModelRunner, public StepFollower {
     return internal_error("a follower runs no engine step");
   }
   Status follow() override {
-    ++follows;
+    ++*follows;
     return Status::ok();
   }
-  int follows = 0;
+  // Outlives the runner, which follow_on_gpus destroys before it returns.
+  std::shared_ptr<int> follows = std::make_shared<int>(0);
 };
 
 EngineStackOptions gpu_node(int node_rank, const std::string& addr) {
@@ -61,7 +63,7 @@ EngineStackOptions gpu_node(int node_rank, const std::string& addr) {
 // node 0's factory stops there, node 1's returns a FakeFollower. What each factory was asked for.
 struct TwoNodes {
   CudaKvPoolRequest seen0, seen1;
-  FakeFollower* follower = nullptr;
+  std::shared_ptr<int> follows;  // the fake follower's follow() calls
   Result<LoadedEngine> node0 = internal_error("not run");
   Result<int> node1 = internal_error("not run");
 };
@@ -77,7 +79,7 @@ void meet(EngineStackOptions o0, EngineStackOptions o1, TwoNodes* out) {
     out->seen1 = pool;
     EXPECT_EQ(cfg.num_attention_heads, 64) << "the factory gets the whole model's config";
     auto f = std::make_unique<FakeFollower>();
-    out->follower = f.get();
+    out->follows = f->follows;
     return std::unique_ptr<ModelRunner>(std::move(f));
   };
   std::thread t0([&] { out->node0 = make_engine("", o0); });
@@ -88,8 +90,8 @@ void meet(EngineStackOptions o0, EngineStackOptions o1, TwoNodes* out) {
   EXPECT_EQ(out->node0.status().message(), "stop here");
   ASSERT_TRUE(out->node1.is_ok()) << out->node1.status().to_string();
   EXPECT_EQ(*out->node1, 0) << "node 0 'shut down' (the fake follower's follow() returned ok)";
-  ASSERT_NE(out->follower, nullptr);
-  EXPECT_EQ(out->follower->follows, 1);
+  ASSERT_NE(out->follows, nullptr);
+  EXPECT_EQ(*out->follows, 1);
   for (const CudaKvPoolRequest* p : {&out->seen0, &out->seen1}) {
     ASSERT_NE(p->nodes, nullptr);
     ASSERT_NE(p->nodes->steps, nullptr);

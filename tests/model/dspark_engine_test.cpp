@@ -392,7 +392,10 @@ void ranks_case(int dp, int requests) {
   auto loaded = minimax_m3::load_model_dir(kTinyDir, backend.get());
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   auto make = [&](bool speculative) {
-    auto r = TensorParallelCpuRunner::create(loaded->config, *loaded->weights, 2, 1, 1, 64, dp);
+    // The draft reads the whole lm_head on rank 0 (the other rank holds its vocabulary slice);
+    // the plain run splits it over both ranks.
+    auto r = TensorParallelCpuRunner::create(loaded->config, *loaded->weights, 2, 1, 1, 64, dp,
+                                             KvCacheDtype::kFloat32, speculative);
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
     TensorParallelCpuRunner* ranks = r->get();
     EngineConfig c;

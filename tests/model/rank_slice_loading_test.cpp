@@ -71,7 +71,14 @@ Expected expected_reads(const Checkpoint& ck, const MiniMaxM3Config& c, const We
   const int64_t hd = c.hidden_size, d = c.head_dim, dix = c.index_head_dim;
   whole(n.model_prefix + "embed_tokens.weight");
   whole(n.model_prefix + "norm.weight");
-  whole(n.lm_head.empty() ? n.model_prefix + "embed_tokens.weight" : n.lm_head);
+  // The LM head: the rank's vocabulary rows (all of them at one rank). Tied to the embedding, the
+  // rows are read a second time from the embedding's tensor (not in this file's models).
+  if (n.lm_head.empty()) {
+    e.bytes[n.model_prefix + "embed_tokens.weight"] +=
+        static_cast<uint64_t>(rs.vocab_count * hd) * esize(n.model_prefix + "embed_tokens.weight");
+  } else {
+    part(n.lm_head, rs.vocab_count, hd, Sharing::kPartitioned);
+  }
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = n.layer(i), a = p + "self_attn.", m = p + "block_sparse_moe.";
     whole(p + "input_layernorm.weight");

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -67,13 +69,15 @@ struct ShardedModel {
 
   // Runs `batch` on every rank at once; each rank's output (under dp > 1, a rank's holds its
   // group's slices only).
-  std::vector<ModelOutput> forward(const std::vector<ModelSlice>& batch) {
+  std::vector<ModelOutput> forward(const std::vector<ModelSlice>& batch,
+                                   std::span<const int32_t> capture_layers = {}) {
     std::vector<ModelOutput> outs(models.size());
     std::vector<Status> status(models.size());
     std::vector<std::thread> threads;
     for (size_t r = 0; r < models.size(); ++r) {
       threads.emplace_back(
-          [&, r] { status[r] = models[r]->forward(batch, caches[r].get(), &outs[r]); });
+          [&, r] { status[r] = models[r]->forward(batch, caches[r].get(), &outs[r], capture_layers);
+      });
     }
     for (std::thread& t : threads) t.join();
     for (size_t r = 0; r < status.size(); ++r)
@@ -81,5 +85,22 @@ struct ShardedModel {
     return outs;
   }
 };
+
+// The unsharded LM head (final norm, then all V rows of `whole`'s lm_head) on rows `rows` of a
+// sequence's residual stream after the last layer `hidden` [tokens, hd]: what a head split by
+// vocabulary over ranks must reproduce bit for bit from the same hidden state.
+inline std::vector<float> whole_head_logits(const Model& whole, const std::vector<float>& hidden,
+                                            std::span<const int32_t> rows) {
+  const MiniMaxM3Config& c = whole.config();
+  const int64_t hd = c.hidden_size, vocab = c.vocab_size, n = static_cast<int64_t>(rows.size());
+  std::vector<float> x(static_cast<size_t>(n * hd)), y(static_cast<size_t>(n * vocab));
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(hidden.data() + rows[static_cast<size_t>(i)] * hd, hd, x.data() + i * hd);
+  CpuBackend be(1);  // host buffers: the model's weights are CPU memory
+  be.rms_norm({x.data(), whole.weights().final_norm.data(), x.data(), n, hd,
+               static_cast<float>(c.rms_norm_eps), true});
+  be.linear({x.data(), whole.weights().lm_head.data(), y.data(), n, vocab, hd, false});
+  return y;
+}
 
 }  // namespace m3::minimax_m3::testing

@@ -27,6 +27,7 @@
 #include "backend/comm/gloo_communicator.h"
 #include "backend/cpu/cpu_backend.h"
 #include "loader/checkpoint.h"
+#include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
 #include "model/minimax_m3/tensor_parallel.h"
@@ -87,8 +88,14 @@ TEST_P(TensorParallelCpu, ShardedEqualsUnsharded) {
   for (int step = 0; step < 9; ++step) {
     ForwardOutput want;
     ASSERT_TRUE((*ref)->forward(std::vector<ModelSlice>{s}, &ref_cache, &want).is_ok());
-    std::vector<ForwardOutput> got = ranks.forward({s});
+    const std::vector<int32_t> last = {static_cast<int32_t>(cfg->num_hidden_layers - 1)};
+    std::vector<ForwardOutput> got = ranks.forward({s}, last);
     const std::vector<float>& w = want.logits[0];
+    // The head is split by vocabulary over the ranks and gathered: every logit is the unsharded
+    // head's dot product of the same final hidden state, so equal to it bit for bit.
+    ASSERT_EQ(got[0].hidden.size(), 1u);
+    EXPECT_EQ(got[0].logits[0], testing::whole_head_logits(**ref, got[0].hidden[0], s.logits_rows))
+        << "step " << step;
     for (int r = 0; r < tp; ++r) {
       ASSERT_EQ(got[static_cast<size_t>(r)].logits[0].size(), w.size());
       // Every rank ends with the same hidden state, so the same logits, bit for bit.
@@ -137,6 +144,73 @@ TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {
   EXPECT_EQ(r5.kv_begin, 2);  // query heads 40-47 belong to KV group 40 / 16 = 2
   EXPECT_EQ(r5.kv_count, 1);
   EXPECT_EQ(rank_config(flash, 5, 8).intermediate_size, 3072 / 8);
+}
+
+// The LM head's vocabulary rows: the first V % T ranks hold one row more than V / T, in order.
+TEST(TensorParallel, LmHeadVocabularySlices) {
+  MiniMaxM3Config flash;  // M3.1-Flash
+  const RankSlices two = rank_slices(flash, 1, 2);
+  EXPECT_EQ(two.vocab_begin, flash.vocab_size / 2);
+  EXPECT_EQ(two.vocab_count, flash.vocab_size / 2);
+  MiniMaxM3Config odd = flash;
+  odd.vocab_size = 4093;  // 4093 = 4·1023 + 1: rank 0 holds 1024 rows, ranks 1-3 1023
+  int64_t next = 0;
+  for (int r = 0; r < 4; ++r) {
+    const RankSlices s = rank_slices(odd, r, 4, 2, 2);  // --ep and --dp do not change it
+    EXPECT_EQ(s.vocab_begin, next) << "rank " << r;
+    EXPECT_EQ(s.vocab_count, r == 0 ? 1024 : 1023) << "rank " << r;
+    next += s.vocab_count;
+  }
+  EXPECT_EQ(next, 4093);
+  EXPECT_EQ(rank_slices(odd, 0, 1).vocab_count, 4093);
+}
+
+// A vocabulary that does not split evenly (4093 over 4 ranks: 1024, 1023, 1023, 1023 rows), with
+// and without attention data parallelism (--tp 4 --dp 2: every group's rows reach every rank's
+// head slice): each group's logits equal the unsharded head's on the same final hidden state,
+// bit for bit, and the whole model's within the sharding tolerance.
+TEST(TensorParallel, UnevenVocabularyHeadIsBitwiseTheWholeHead) {
+  auto tiny = load_minimax_m3_config(kModel);
+  ASSERT_TRUE(tiny.is_ok());
+  MiniMaxM3Config cfg = *tiny;
+  cfg.vocab_size = 4093;
+  DummyWeightSource src(cfg);
+  CpuBackend ref_backend(1);
+  auto ref = Model::load(cfg, src, &ref_backend);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  const int64_t page = cfg.index_block_size, pages = 4;
+  const std::vector<int32_t> last = {static_cast<int32_t>(cfg.num_hidden_layers - 1)};
+  for (int dp : {1, 2}) {
+    testing::ShardedModel ranks;
+    const Status loaded = ranks.load(cfg, src, testing::Layout{4, 1, dp}, pages);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.to_string();
+    std::vector<ModelSlice> batch(2);
+    std::vector<std::vector<int32_t>> tokens(2), tables(2), rows(2);  // the slices' storage
+    for (int b = 0; b < 2; ++b) {
+      for (int64_t i = 0; i < page + 3 + b; ++i)
+        tokens[b].push_back(static_cast<int32_t>((i * 53 + 7 + b) % cfg.vocab_size));
+      tables[b] = {static_cast<int32_t>(2 * b), static_cast<int32_t>(2 * b + 1)};
+      rows[b] = {0, static_cast<int32_t>(tokens[b].size() - 1)};
+      batch[b].tokens = tokens[b];
+      batch[b].block_table = tables[b];
+      batch[b].logits_rows = rows[b];
+      batch[b].dp_group = dp > 1 ? b : 0;
+    }
+    std::vector<ForwardOutput> got = ranks.forward(batch, last);
+    for (int b = 0; b < 2; ++b) {
+      const ForwardOutput& o = got[ranks.first_of_group(batch[b].dp_group)];
+      ASSERT_EQ(o.logits[b].size(), 2u * cfg.vocab_size) << "dp " << dp << " seq " << b;
+      EXPECT_EQ(o.logits[b], testing::whole_head_logits(**ref, o.hidden[b], batch[b].logits_rows))
+          << "dp " << dp << " seq " << b;
+      PagedKvCache cache(&ref_backend, cfg, pages);
+      ModelSlice one = batch[b];
+      one.dp_group = 0;
+      ForwardOutput want;
+      ASSERT_TRUE((*ref)->forward(std::vector<ModelSlice>{one}, &cache, &want).is_ok());
+      for (size_t i = 0; i < want.logits[0].size(); ++i)
+        ASSERT_NEAR(o.logits[b][i], want.logits[0][i], kTolerance) << "dp " << dp << " " << i;
+    }
+  }
 }
 
 // SGLang's layout: the expert-parallel ranks are among the tensor-parallel ones; rank r is

@@ -107,6 +107,59 @@ Status Model::gather_groups(const float* own, int64_t own_tokens, std::span<cons
   return Status::ok();
 }
 
+Status Model::lm_head_split(const float* xr, int64_t nr, std::span<const int64_t> group_rows,
+                            int64_t own_first_row, float* logits) {
+  const int64_t hd = cfg_.hidden_size, vocab = cfg_.vocab_size, ranks = tp_.ranks;
+  const int64_t width = vocab_slice(vocab, 0, ranks).count;  // the widest slice (rank 0's)
+  int64_t all_rows = 0;
+  for (int64_t n : group_rows) all_rows += n;
+  // The head's input: this rank's rows, or under attention data parallelism every group's (in
+  // group order, as the feed-forward blocks' input), since every rank holds a slice of every row's
+  // logits.
+  DeviceBuffer<float> x_all;
+  const float* in = xr;
+  if (tp_.dp > 1) {
+    x_all = DeviceBuffer<float>(backend_, all_rows * hd);
+    M3_RETURN_IF_ERROR(gather_groups(xr, nr, group_rows, x_all.data()));
+    in = x_all.data();
+  }
+  // This rank's vocabulary rows, read in place from a whole head (rank 0 with a draft).
+  // (rank_slices()'s vocab_begin/vocab_count; cfg_ is the rank's config, whose vocabulary is the
+  // model's.)
+  const VocabSlice mine = vocab_slice(vocab, tp_.rank, ranks);
+  const int64_t my_begin = mine.begin, my_count = mine.count;
+  const float* head = w_.lm_head.data() + (my_begin - w_.lm_head_first_row) * hd;
+  // Each rank's logits [all_rows, vocab_count] padded to [all_rows, width], so one all-gather of
+  // equal counts carries the slices: the padding is at most one column a row, against an
+  // all_to_all_v's per-rank counts and displacements for the same data (the ranks' counts differ
+  // by one at most). The zero columns are dropped when the slices are put in vocabulary order.
+  // Every logit is the unsharded head's dot product of the same row (the CPU linear fixes each
+  // element's summation order), so the gathered logits equal the unsharded head's bit for bit.
+  DeviceBuffer<float> part(backend_, all_rows * my_count);
+  backend_->linear({in, head, part.data(), all_rows, my_count, hd, false});
+  backend_->synchronize();
+  std::vector<float> host(static_cast<size_t>(all_rows * my_count));
+  backend_->copy_to_host(host.data(), part.data(),
+                         static_cast<int64_t>(host.size() * sizeof(float)));
+  std::vector<float> send(static_cast<size_t>(all_rows * width), 0.0f);
+  for (int64_t i = 0; i < all_rows; ++i)
+    std::copy_n(host.data() + i * my_count, my_count, send.data() + i * width);
+  std::vector<float> recv(static_cast<size_t>(ranks * all_rows * width));
+  M3_RETURN_IF_ERROR(tp_.comm->all_gather(send.data(), recv.data(), all_rows * width,
+                                          comm::DataType::kF32));
+  // This rank's (its group's) rows [own_first_row, own_first_row + nr) of the gathered logits.
+  if (nr == 0) return Status::ok();
+  std::vector<float> full(static_cast<size_t>(nr * vocab));
+  for (int64_t q = 0; q < ranks; ++q) {
+    const VocabSlice v = vocab_slice(vocab, q, ranks);
+    const float* from = recv.data() + q * all_rows * width;
+    for (int64_t i = 0; i < nr; ++i)
+      std::copy_n(from + (own_first_row + i) * width, v.count, full.data() + i * vocab + v.begin);
+  }
+  backend_->copy_to_device(logits, full.data(), static_cast<int64_t>(full.size() * sizeof(float)));
+  return Status::ok();
+}
+
 Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
                       ForwardOutput* out, std::span<const int32_t> capture_layers) {
   const MiniMaxM3Config& c = cfg_;
@@ -349,13 +402,30 @@ Status Model::forward(std::span<const SequenceInput> batch, PagedKvCache* cache,
       rows.push_back(static_cast<int32_t>(offsets[j] + r));
   out->logits.assign(batch.size(), {});
   out->tokens.clear();  // this model never samples (SequenceInput::sample is a permission)
-  if (rows.empty()) return Status::ok();
+  // Every group's logits rows (every rank sees the whole batch): with the head split over ranks,
+  // all ranks take part in its collectives when any group has rows.
+  std::vector<int64_t> group_rows(static_cast<size_t>(std::max(tp_.dp, 1)), 0);
+  int64_t all_rows = 0, own_first_row = 0;
+  for (const SequenceInput& in : batch) {
+    const int64_t n = static_cast<int64_t>(in.logits_rows.size());
+    group_rows[static_cast<size_t>(in.dp_group)] += n;
+    if (in.dp_group < my_group) own_first_row += n;
+    all_rows += n;
+  }
+  const bool split_head = tp_.ranks > 1;
+  if (split_head ? all_rows == 0 : rows.empty()) return Status::ok();
   const int64_t nr = static_cast<int64_t>(rows.size());
-  auto rows_d = upload(be, rows);
   DeviceBuffer<float> xr(be, nr * hd), logits(be, nr * vocab);
-  be->gather_rows({x.data(), rows_d.data(), xr.data(), nr, hd});
-  be->rms_norm({xr.data(), w_.final_norm.data(), xr.data(), nr, hd, eps, true});
-  be->linear({xr.data(), w_.lm_head.data(), logits.data(), nr, vocab, hd, false});
+  if (nr > 0) {
+    auto rows_d = upload(be, rows);
+    be->gather_rows({x.data(), rows_d.data(), xr.data(), nr, hd});
+    be->rms_norm({xr.data(), w_.final_norm.data(), xr.data(), nr, hd, eps, true});
+  }
+  if (!split_head) {
+    be->linear({xr.data(), w_.lm_head.data(), logits.data(), nr, vocab, hd, false});
+  } else {
+    M3_RETURN_IF_ERROR(lm_head_split(xr.data(), nr, group_rows, own_first_row, logits.data()));
+  }
   be->synchronize();
   int64_t r0 = 0;
   for (size_t s : mine) {

@@ -70,6 +70,9 @@ RankSlices rank_slices(const MiniMaxM3Config& c, int rank, int ranks, int ep, in
   s.dense_begin = rank * s.dense_count;
   s.shared_count = c.shared_intermediate_size * c.n_shared_experts / ranks;
   s.shared_begin = rank * s.shared_count;
+  const VocabSlice v = vocab_slice(c.vocab_size, rank, ranks);
+  s.vocab_begin = v.begin;
+  s.vocab_count = v.count;
   return s;
 }
 

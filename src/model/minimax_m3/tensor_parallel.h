@@ -5,7 +5,10 @@
 // Tensor parallelism: rank r of T holds the query heads [r·H/T, (r+1)·H/T) with their KV and
 // index heads (KV heads are replicated where T exceeds them: T/Hkv ranks share one), a 1/T slice
 // of every dense MLP's and shared expert's intermediate dimension, and whole copies of the norms,
-// the router, the index key projection, the embedding and the LM head. Each rank's attention
+// the router, the index key projection and the embedding. The LM head is split by vocabulary rows
+// (SGLang/vLLM's ParallelLMHead): rank r holds rows [vocab_begin, vocab_begin + vocab_count) (the
+// first V % T ranks one more than V / T), computes those logits, and the slices are all-gathered
+// into every rank's full logits in vocabulary order (model.cpp). Each rank's attention
 // output projection and feed-forward block produce a partial sum of the hidden state, all-reduced
 // over the ranks (backend/comm/communicator.h).
 //
@@ -46,6 +49,9 @@ struct ParallelLayout {
   // The rank's attention group (ranks / dp ranks); required when ranks / dp > 1 and dp > 1 (with
   // dp = 1 attention all-reduces over `comm`). Not owned.
   comm::Communicator* attn_comm = nullptr;
+  // Rank 0 loads the whole LM head (all V rows) instead of its vocabulary slice, which it then
+  // reads in place: a DSpark draft running on rank 0 computes its logits with the whole head.
+  bool whole_lm_head_on_rank0 = false;
 
   // Ranks that share one expert-parallel rank's experts (each holding a 1/moe_tp slice of them).
   int moe_tp() const { return ranks / ep; }
@@ -66,6 +72,9 @@ struct RankSlices {
   int64_t expert_begin = 0, expert_count = 0;  // routed experts held (all of them when ep = 1)
   int64_t dense_begin = 0, dense_count = 0;    // dense MLP's
   int64_t shared_begin = 0, shared_count = 0;  // the shared expert's (all of n_shared_experts)
+  // LM head rows (vocabulary ids), split over all ranks: base = V / ranks, extra = V % ranks,
+  // begin = rank·base + min(rank, extra), count = base + (rank < extra). V need not divide.
+  int64_t vocab_begin = 0, vocab_count = 0;
 };
 
 // invalid_argument naming the flag and the size that does not divide: ep must divide ranks (the
@@ -74,6 +83,16 @@ struct RankSlices {
 // intermediate size over ranks / ep, and the KV heads over `ranks` (or `ranks` over them). With
 // dp > 1: dp must divide ranks, and the heads split over ranks / dp instead (the flags named are
 // --dp and --tp).
+// Rank `rank` of `ranks`' rows of a vocabulary of `vocab` ids (the LM head's split):
+// [begin, begin + count) with base = vocab / ranks, the first vocab % ranks ranks one more.
+struct VocabSlice {
+  int64_t begin = 0, count = 0;
+};
+inline VocabSlice vocab_slice(int64_t vocab, int64_t rank, int64_t ranks) {
+  const int64_t base = vocab / ranks, extra = vocab % ranks;
+  return {rank * base + (rank < extra ? rank : extra), base + (rank < extra ? 1 : 0)};
+}
+
 Status check_tensor_parallel(const MiniMaxM3Config& cfg, int ranks, int ep = 1, int dp = 1);
 RankSlices rank_slices(const MiniMaxM3Config& cfg, int rank, int ranks, int ep = 1, int dp = 1);
 // The config with the rank's head counts and intermediate sizes (what its model code and KV cache

@@ -22,16 +22,18 @@ int64_t TensorParallelCpuRunner::bytes_per_page(const MiniMaxM3Config& cfg, int 
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create(
     const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
-    int32_t num_pages, int dp, KvCacheDtype kv_dtype) {
+    int32_t num_pages, int dp, KvCacheDtype kv_dtype, bool whole_lm_head_on_rank0) {
   M3_RETURN_IF_ERROR(minimax_m3::check_tensor_parallel(cfg, ranks, ep, dp));
   LocalRanks local;
   M3_ASSIGN_OR_RETURN(local.comms, comm::create_local_gloo_group(ranks));
-  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp, kv_dtype);
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp, kv_dtype,
+              whole_lm_head_on_rank0);
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create_distributed(
     const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-    int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype) {
+    int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype,
+    bool whole_lm_head_on_rank0) {
   if (local.comms.empty()) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] no local ranks");
   }
@@ -57,12 +59,14 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::create
                               std::to_string(attn_tp));
     }
   }
-  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp, kv_dtype);
+  return make(cfg, src, std::move(local), ep, threads_per_rank, num_pages, dp, kv_dtype,
+              whole_lm_head_on_rank0);
 }
 
 Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-    int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype) {
+    int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype,
+    bool whole_lm_head_on_rank0) {
   if (num_pages <= 0) {
     return invalid_argument("[model.minimax_m3.tensor_parallel_runner] KV cache of " +
                             std::to_string(num_pages) + " pages");
@@ -105,6 +109,7 @@ Result<std::unique_ptr<TensorParallelCpuRunner>> TensorParallelCpuRunner::make(
     minimax_m3::ParallelLayout layout{rank, world, k.comm.get(), ep};
     layout.dp = dp;
     layout.attn_comm = k.attn_comm.get();
+    layout.whole_lm_head_on_rank0 = whole_lm_head_on_rank0;
     ReadCounter reads;
     {
       // The ranks share `src`: count this rank's reads on this thread.

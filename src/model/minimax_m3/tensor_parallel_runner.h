@@ -70,16 +70,18 @@ class TensorParallelCpuRunner final : public ModelRunner, public StepFollower {
   // dp > 1 splits the ranks into dp attention groups (see above; every group has num_pages
   // pages); it must divide ranks, with the heads split over ranks / dp. kv_dtype: the caches'
   // storage (--kv-cache-dtype; a page-head's scale is per KV head, so a rank's heads quantise as
-  // the unsharded model's do).
+  // the unsharded model's do). The LM head is split by vocabulary over the ranks; with
+  // whole_lm_head_on_rank0 (a DSpark draft on rank 0 reads it) rank 0 loads all of it.
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create(
       const MiniMaxM3Config& cfg, const WeightSource& src, int ranks, int ep, int threads_per_rank,
-      int32_t num_pages, int dp = 1, KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
+      int32_t num_pages, int dp = 1, KvCacheDtype kv_dtype = KvCacheDtype::kFloat32,
+      bool whole_lm_head_on_rank0 = false);
   // This process's share of a group over several processes (see above). With dp > 1 and groups of
   // more than one rank, local.attn_comms must hold every local rank's group communicator.
   static Result<std::unique_ptr<TensorParallelCpuRunner>> create_distributed(
       const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
       int threads_per_rank, int32_t num_pages, int dp = 1,
-      KvCacheDtype kv_dtype = KvCacheDtype::kFloat32);
+      KvCacheDtype kv_dtype = KvCacheDtype::kFloat32, bool whole_lm_head_on_rank0 = false);
   ~TensorParallelCpuRunner() override;
 
   // A process without rank 0: runs the steps node 0 broadcasts until it shuts down (ok) or the
@@ -105,8 +107,10 @@ class TensorParallelCpuRunner final : public ModelRunner, public StepFollower {
   const std::vector<uint64_t>& weight_bytes_read() const { return bytes_read_; }
   int first_rank() const { return first_rank_; }
   // This process's first rank's model and backend (rank 0 on node 0): a speculative draft runs
-  // there, unsplit, next to the sharded target (its embedding, lm_head and final norm are whole
-  // on every rank). Use only between forward() calls: the rank computes inside them.
+  // there, unsplit, next to the sharded target. It reads the target's embedding and final norm
+  // (whole on every rank) and its lm_head, which is split by vocabulary over the ranks unless
+  // the runner was created with whole_lm_head_on_rank0 (rank 0 then loads all of it and computes
+  // its slice in place). Use only between forward() calls: the rank computes inside them.
   const minimax_m3::Model& first_rank_model() const { return *ranks_[0].model; }
   Backend* first_rank_backend() const { return ranks_[0].backend.get(); }
   Status forward(const ModelStep& step, ModelOutput& out) override;
@@ -129,7 +133,8 @@ class TensorParallelCpuRunner final : public ModelRunner, public StepFollower {
   TensorParallelCpuRunner() = default;
   static Result<std::unique_ptr<TensorParallelCpuRunner>> make(
       const MiniMaxM3Config& cfg, const WeightSource& src, LocalRanks local, int ep,
-      int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype);
+      int threads_per_rank, int32_t num_pages, int dp, KvCacheDtype kv_dtype,
+      bool whole_lm_head_on_rank0);
   void worker(size_t r);
   // Distributed: a rank other than the group's rank 0 receives and runs steps until stopped.
   Status receive_steps(size_t r);

@@ -242,7 +242,13 @@ Result<ModelWeights> load_weights(const WeightSource& src, const MiniMaxM3Config
   M3_ASSIGN_OR_RETURN(w.final_norm, ld.load(w.naming.model_prefix + "norm.weight", {hd}));
   const std::string head =
       w.naming.lm_head.empty() ? w.naming.model_prefix + "embed_tokens.weight" : w.naming.lm_head;
-  M3_ASSIGN_OR_RETURN(w.lm_head, ld.load(head, {v, hd}));
+  if (tp.ranks > 1 && !(tp.rank == 0 && tp.whole_lm_head_on_rank0)) {
+    // Only the rank's vocabulary rows are read (tensor_parallel.h).
+    w.lm_head_first_row = rs.vocab_begin;
+    M3_ASSIGN_OR_RETURN(w.lm_head, ld.load_rows(head, v, hd, rs.vocab_begin, rs.vocab_count));
+  } else {
+    M3_ASSIGN_OR_RETURN(w.lm_head, ld.load(head, {v, hd}));
+  }
   w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
     M3_RETURN_IF_ERROR(load_layer(ld, src, cfg, rs, w.naming, i, &w.layers[i]));

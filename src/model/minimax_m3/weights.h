@@ -65,7 +65,11 @@ struct ModelWeights {
   WeightNaming naming;
   DeviceBuffer<float> embed;       // [V, Hd]
   DeviceBuffer<float> final_norm;  // [Hd]
-  DeviceBuffer<float> lm_head;     // [V, Hd]
+  // Vocabulary rows [lm_head_first_row, lm_head_first_row + lm_head.size() / Hd) of the head:
+  // all V with one rank (and on rank 0 with ParallelLayout::whole_lm_head_on_rank0), else the
+  // rank's RankSlices::vocab_begin/vocab_count rows.
+  DeviceBuffer<float> lm_head;     // [rows, Hd]
+  int64_t lm_head_first_row = 0;
   std::vector<LayerWeights> layers;
 };
 

@@ -117,7 +117,8 @@ Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
   const int64_t H = target_cfg.hidden_size, V = target_cfg.vocab_size;
   if (tw.embed.size() != V * H || tw.lm_head.size() != V * H || tw.final_norm.size() != H) {
     return internal_error(flag + ": the target's embedding table, lm_head or final norm is "
-                                 "split over ranks; the draft needs them whole");
+                                 "split over ranks; the draft needs them whole (load the ranks "
+                                 "with the whole lm_head on rank 0)");
   }
   M3_ASSIGN_OR_RETURN(DSparkConfig cfg, resolve_dspark_config(o, target_cfg));
   std::unique_ptr<WeightSource> src;

@@ -66,8 +66,10 @@ Result<DSparkConfig> resolve_dspark_config(const DSparkLoadOptions& options,
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
     const DSparkLoadOptions& options, const Model& target, Backend* backend);
 // The same for a target split over ranks (--tp): `target` is the whole model's config and
-// `first_rank` rank 0's part, whose embedding table, lm_head and final norm are whole on the
-// float32 path (the draft reads those); the draft itself is not split and runs on `backend`.
+// `first_rank` rank 0's part, whose embedding table, lm_head and final norm must be whole (the
+// draft reads those: the lm_head is split by vocabulary over the ranks unless rank 0 was loaded
+// with ParallelLayout::whole_lm_head_on_rank0); the draft itself is not split and runs on
+// `backend`.
 Result<std::unique_ptr<DSparkEngineDraft>> load_dspark_engine_draft(
     const DSparkLoadOptions& options, const MiniMaxM3Config& target, const Model& first_rank,
     Backend* backend);
