@@ -43,22 +43,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--tol", type=float, default=2e-3)
     a = ap.parse_args()
-    with open(os.path.join(a.model_path, "config.json")) as f:
-        cfg = json.load(f)
-    tc = cfg["text_config"]
-    ckpt = {}
-    for fn in sorted(os.listdir(a.model_path)):
-        if fn.endswith(".safetensors"):
-            ckpt.update(fast_model.read_safetensors(os.path.join(a.model_path, fn)))
-    fc = {"vocab": tc["vocab_size"], "hidden": tc["hidden_size"], "heads": tc["num_attention_heads"],
-          "kv_heads": tc["num_key_value_heads"], "head_dim": tc["head_dim"], "rotary_dim": tc["rotary_dim"],
-          "rope_theta": tc["rope_theta"], "eps": tc["rms_norm_eps"],
-          "index_heads": tc["sparse_attention_config"]["sparse_num_index_heads"],
-          "index_dim": tc["sparse_attention_config"]["sparse_index_dim"], "experts": tc["num_local_experts"],
-          "topk_experts": tc["num_experts_per_tok"], "expert_inter": tc["intermediate_size"],
-          "shared_inter": tc["shared_intermediate_size"], "dense_inter": tc["dense_intermediate_size"],
-          "alpha": tc["swiglu_alpha"], "limit": tc["swiglu_limit"], "routed_scale": tc["routed_scaling_factor"],
-          "moe_layer_freq": tc["moe_layer_freq"]}
+    cfg, tc, fc, ckpt = fast_model.load_model_dir(a.model_path)
     fast = fast_model.FastM3(fc)
     fast.load_state_dict(fast_model.state_from_checkpoint(ckpt, tc))
     vis = vision_model.VisionTower(cfg["vision_config"], cfg["projector_hidden_size"], tc["hidden_size"])

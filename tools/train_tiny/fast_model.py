@@ -311,3 +311,28 @@ def state_from_checkpoint(ckpt, tc):
             [ckpt[m + "shared_experts.gate_proj.weight"], ckpt[m + "shared_experts.up_proj.weight"]])
         sd[h + "mlp.shared_experts.down_proj.weight"] = ckpt[m + "shared_experts.down_proj.weight"]
     return sd
+
+
+def load_model_dir(model_dir):
+    """A saved m3-tiny folder -> (config.json as a dict, its text_config, the FastM3 config, every
+    tensor of its safetensors files)."""
+    import json
+    import os
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    tc = cfg["text_config"]
+    ckpt = {}
+    for fn in sorted(os.listdir(model_dir)):
+        if fn.endswith(".safetensors"):
+            ckpt.update(read_safetensors(os.path.join(model_dir, fn)))
+    fc = {"vocab": tc["vocab_size"], "hidden": tc["hidden_size"], "heads": tc["num_attention_heads"],
+          "kv_heads": tc["num_key_value_heads"], "head_dim": tc["head_dim"], "rotary_dim": tc["rotary_dim"],
+          "rope_theta": tc["rope_theta"], "eps": tc["rms_norm_eps"],
+          "index_heads": tc["sparse_attention_config"]["sparse_num_index_heads"],
+          "index_dim": tc["sparse_attention_config"]["sparse_index_dim"], "experts": tc["num_local_experts"],
+          "topk_experts": tc["num_experts_per_tok"], "expert_inter": tc["intermediate_size"],
+          "shared_inter": tc["shared_intermediate_size"], "dense_inter": tc["dense_intermediate_size"],
+          "alpha": tc["swiglu_alpha"], "limit": tc["swiglu_limit"], "routed_scale": tc["routed_scaling_factor"],
+          "moe_layer_freq": tc["moe_layer_freq"]}
+    return cfg, tc, fc, ckpt

@@ -461,22 +461,7 @@ def load_fast(torch, model_dir):
     import fast_model
     import vision_model
 
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    tc = cfg["text_config"]
-    ckpt = {}
-    for fn in sorted(os.listdir(model_dir)):
-        if fn.endswith(".safetensors"):
-            ckpt.update(fast_model.read_safetensors(os.path.join(model_dir, fn)))
-    fc = {"vocab": tc["vocab_size"], "hidden": tc["hidden_size"], "heads": tc["num_attention_heads"],
-          "kv_heads": tc["num_key_value_heads"], "head_dim": tc["head_dim"], "rotary_dim": tc["rotary_dim"],
-          "rope_theta": tc["rope_theta"], "eps": tc["rms_norm_eps"],
-          "index_heads": tc["sparse_attention_config"]["sparse_num_index_heads"],
-          "index_dim": tc["sparse_attention_config"]["sparse_index_dim"], "experts": tc["num_local_experts"],
-          "topk_experts": tc["num_experts_per_tok"], "expert_inter": tc["intermediate_size"],
-          "shared_inter": tc["shared_intermediate_size"], "dense_inter": tc["dense_intermediate_size"],
-          "alpha": tc["swiglu_alpha"], "limit": tc["swiglu_limit"], "routed_scale": tc["routed_scaling_factor"],
-          "moe_layer_freq": tc["moe_layer_freq"]}
+    _, tc, fc, ckpt = fast_model.load_model_dir(model_dir)
     fast = fast_model.FastM3(fc)
     fast.load_state_dict(fast_model.state_from_checkpoint(ckpt, tc))
     vis = vision_model.VisionTower(vision_model.VISION_CONFIG, tc["hidden_size"], tc["hidden_size"])

@@ -29,6 +29,7 @@ import re
 
 import corpus
 import gen_tools
+from fresh_vision import word_edits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXED = set(corpus.TOOL_NAMES)
@@ -92,20 +93,10 @@ def _norm(text):
     return re.sub(r"[^a-z0-9{} ]+", " ", text.lower()).split()
 
 
-def _edits(a, b):
-    prev = list(range(len(b) + 1))
-    for i, wa in enumerate(a, 1):
-        cur = [i]
-        for j, wb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (wa != wb)))
-        prev = cur
-    return prev[-1]
-
-
 def desc_too_close(text):
     n = _norm(text)
     held = [_norm(h) for h in HELD_DESC_TEMPLATES] + [_norm(h) for h in HELD_DESCRIPTIONS]
-    return any(_edits(n, h) < 3 for h in held)
+    return any(word_edits(n, h) < 3 for h in held)
 
 
 def name_ok(name):
