@@ -62,14 +62,14 @@ class Model {
   // Attention data parallelism: `all` [sum(tokens), hd] becomes every group's rows in group order,
   // from each group's `own` [tokens[g], hd] rows (this rank's group's: own_tokens of them). A
   // collective over all ranks, one all-gather.
+  Status gather_groups(const float* own, int64_t own_tokens, std::span<const int64_t> tokens,
+                       float* all);
   // The LM head split by vocabulary over the ranks (tensor_parallel.h): `logits` [nr, V] becomes
   // the logits of this rank's (its group's) normed rows `xr` [nr, hd], which are rows
   // [own_first_row, own_first_row + nr) of every group's (group_rows[g] each). A collective over
   // all ranks (with attention data parallelism two: the rows' gather and the logits').
   Status lm_head_split(const float* xr, int64_t nr, std::span<const int64_t> group_rows,
                        int64_t own_first_row, float* logits);
-  Status gather_groups(const float* own, int64_t own_tokens, std::span<const int64_t> tokens,
-                       float* all);
 
   MiniMaxM3Config cfg_;
   Backend* backend_;
