@@ -63,6 +63,11 @@ Status copy_to_device(void* dst, const void* src, size_t bytes) {
   return Status::ok();
 }
 
+Status fill_zero_async(void* dst, size_t bytes, CUstream_st* stream) {
+  M3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0, bytes, stream));
+  return Status::ok();
+}
+
 Status fill_zero(void* dst, size_t bytes) {
   M3_CUDA_RETURN_IF_ERROR(cudaMemset(dst, 0, bytes));
   return Status::ok();

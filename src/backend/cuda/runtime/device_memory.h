@@ -62,6 +62,7 @@ class PinnedHostBuffer {
 Status copy_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 Status copy_to_host_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 Status copy_device_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+Status fill_zero_async(void* dst, size_t bytes, CUstream_st* stream);
 // Synchronous copy from pageable host memory and fill, on the legacy default stream (which a
 // non-blocking stream does not wait for: call synchronize_device before the first step).
 Status copy_to_device(void* dst, const void* src, size_t bytes);

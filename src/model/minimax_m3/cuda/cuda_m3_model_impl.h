@@ -276,9 +276,7 @@ struct CudaM3Model::Impl {
   // other groups' rows must add nothing to the all-reduce (it gathers them from their ranks).
   Status zero_other_groups(const Bufs& b, int64_t rows) {
     if (!dp_attention()) return Status::ok();
-    M3_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(b.delta, 0, static_cast<size_t>(rows * hd) * sizeof(float), st()));
-    return Status::ok();
+    return cuda::fill_zero_async(b.delta, static_cast<size_t>(rows * hd) * sizeof(float), st());
   }
 
   // ---- Kernel helpers (every launch's Status is checked).
