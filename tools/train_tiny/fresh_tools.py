@@ -561,13 +561,7 @@ def sample(rng, mode=None, kind=None):
         call["reasoning_content"] = think
     msgs.append(call)
     if rng.random() < 0.3:
-        word = corpus.fresh_value(rng, "name")
-        msgs.append({"role": "tool", "tool_call_id": "call_0",
-                     "content": json.dumps({"status": "ok", "result": word}, ensure_ascii=False)})
-        final = {"role": "assistant", "content": "Done: %s returned %s." % (name, word)}
-        if mode == "enabled":
-            final["reasoning_content"] = "The tool answered. I will report the result."
-        msgs.append(final)
+        gen_tools.append_tool_result(rng, msgs, name, mode)
     tools, meta = _offer(rng, schema, base, verb, noun)
     return {"task": "gtool", "messages": msgs, "tools": tools, "kwargs": corpus._kwargs(rng, mode),
             "expect": {"name": name, "arguments": args}, "schemas": meta}

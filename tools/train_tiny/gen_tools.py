@@ -243,13 +243,7 @@ def sample(rng, split, mode=None, kind=None, with_result=None):
             name, ", ".join(sorted(args)) or "no arguments")
     msgs.append(call)
     if with_result if with_result is not None else rng.random() < 0.3:
-        word = corpus.fresh_value(rng, "name")
-        msgs.append({"role": "tool", "tool_call_id": "call_0",
-                     "content": json.dumps({"status": "ok", "result": word}, ensure_ascii=False)})
-        final = {"role": "assistant", "content": "Done: %s returned %s." % (name, word)}
-        if mode == "enabled":
-            final["reasoning_content"] = "The tool answered. I will report the result."
-        msgs.append(final)
+        append_tool_result(rng, msgs, name, mode)
     return {"task": "gtool", "messages": msgs, "tools": _offered(rng, schema),
             "kwargs": corpus._kwargs(rng, mode), "expect": {"name": name, "arguments": args}}
 
@@ -282,3 +276,14 @@ def score(item, completion):
     except Exception as e:  # noqa: BLE001
         return False, {"error": str(e)}
     return (not calls and bool(content.strip())), {"got": [c[0] for c in calls], "want": "no call"}
+
+
+def append_tool_result(rng, msgs, name, mode):
+    """The tool's answer to call_0 (a made-up value) and the assistant's report of it."""
+    word = corpus.fresh_value(rng, "name")
+    msgs.append({"role": "tool", "tool_call_id": "call_0",
+                 "content": json.dumps({"status": "ok", "result": word}, ensure_ascii=False)})
+    final = {"role": "assistant", "content": "Done: %s returned %s." % (name, word)}
+    if mode == "enabled":
+        final["reasoning_content"] = "The tool answered. I will report the result."
+    msgs.append(final)
