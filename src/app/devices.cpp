@@ -86,6 +86,7 @@ Result<std::unique_ptr<ModelRunner>> make_cuda_model_runner(const MiniMaxM3Confi
   ranks.ep = pool.expert_parallel;
   ranks.dp = pool.dp_attention;
   ranks.timeout = pool.dist_timeout;
+  ranks.whole_vocab_on_rank0 = pool.whole_vocab_on_rank0;
   if (!pool.custom_all_reduce) ranks.one_shot_max_bytes = 0;
   if (pool.max_decode_rows > 0) o.max_batch = pool.max_decode_rows;
   o.kv_cache_dtype = pool.kv_cache_dtype;
@@ -183,8 +184,9 @@ Result<std::unique_ptr<DraftModel>> make_cuda_dspark_draft(ModelRunner& runner,
   const std::string flag = "--speculative-draft-model-path '" + draft_dir + "'";
 #if defined(M3_HAVE_CUDA)
   // With GPU ranks (--tp, --ep) the draft runs beside rank 0: on its GPU and stream, with its
-  // embedding table and lm_head (every rank holds them whole), its features rank 0's captured
-  // residual stream (the same on every rank after the all-reduces).
+  // embedding table and lm_head (the other ranks hold their vocabulary slices, rank 0 the whole:
+  // CudaKvPoolRequest::whole_vocab_on_rank0), its features rank 0's captured residual stream (the
+  // same on every rank after the all-reduces).
   auto* cuda_runner = dynamic_cast<CudaM3ModelRunner*>(&runner);
   if (cuda_runner == nullptr)
     return Status(StatusCode::kUnimplemented,

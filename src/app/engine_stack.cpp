@@ -830,6 +830,7 @@ CudaKvPoolRequest gpu_pool_request(const EngineStackOptions& options, int tp, in
   pool.max_decode_rows = options.decode_max_rows;
   pool.kv_cache_dtype = real_shape_kv_cache_dtype(options.kv_cache_dtype);
   pool.nodes = std::move(nodes);
+  pool.whole_vocab_on_rank0 = options.speculative;
   return pool;
 }
 

@@ -49,6 +49,9 @@ struct CudaKvPoolRequest {
   // 0 does (JoinedGpuNodes::share_pool: node 0 publishes kv_cache_bytes / profile_tokens, the
   // others take them), so every GPU runs the same profile step.
   std::shared_ptr<JoinedGpuNodes> nodes;
+  // --speculative-algorithm: the GPU draft beside rank 0 reads the whole embedding and head, so
+  // rank 0 holds them whole (the other ranks their vocabulary slice; CudaRanks).
+  bool whole_vocab_on_rank0 = false;
 };
 
 }  // namespace m3::app

@@ -71,8 +71,8 @@ int64_t weight_bytes_per_device(const MiniMaxM3Config& c, WeightStorage storage,
     if (shared > 0) total += 3 * dense(shared / ranks, h);
   }
   // The GPU path splits the vocabulary rows of both (as SGLang); the float32 path keeps the
-  // embedding whole on every rank and splits the LM head's rows (tensor_parallel.h; rank 0 with
-  // a DSpark draft holds the whole head, not counted here).
+  // embedding whole on every rank and splits the LM head's rows (tensor_parallel.h). Rank 0 with
+  // a DSpark draft holds the whole head (and on the GPU the whole embedding), not counted here.
   const double vocab = static_cast<double>(c.vocab_size);
   if (f32) {
     total += plain(vocab, h) + (c.tie_word_embeddings ? 0 : plain(vocab / ranks, h)) + plain(1, h);

@@ -636,6 +636,9 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
   EXPECT_EQ(seen.dist_timeout, std::chrono::seconds(17));
   EXPECT_EQ(seen.kv_cache_bytes, 10 * rank_page_bytes);
   EXPECT_TRUE(seen.custom_all_reduce);
+  // Every GPU its vocabulary slice of the embedding and head (rank 0 the whole tables only for a
+  // GPU draft beside it: below).
+  EXPECT_FALSE(seen.whole_vocab_on_rank0);
   auto flags = parse_serve_flags({"--disable-custom-all-reduce"});
   ASSERT_TRUE(flags.is_ok());
   auto from_flags = options_from_config(flags->config);
@@ -654,6 +657,11 @@ TEST(ServeFlags, GpuTensorParallelReachesTheCudaRunner) {
       << tp8.status().message();
   EXPECT_NE(tp8.status().message().find("num_attention_heads"), std::string::npos);
   EXPECT_EQ(calls, 2);
+  o.tensor_parallel = 2;
+  o.speculative = true;
+  ASSERT_FALSE(make_engine("", o).is_ok());
+  EXPECT_EQ(calls, 3);
+  EXPECT_TRUE(seen.whole_vocab_on_rank0);
 }
 
 // On the real-shape path the KV pool leaves room for the GPU draft beside it (its MXFP8 weights,

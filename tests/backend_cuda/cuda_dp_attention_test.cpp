@@ -3,7 +3,8 @@
 // on its own slices over its own KV pool, the feed-forward blocks over all T ranks on every
 // group's rows. Checked against the CPU ranks under the same layout (TensorParallelCpuRunner,
 // the semantics' reference: group all-reduce, all-gather, feed-forward all-reduce) on the weights
-// and error model of cuda_tensor_parallel_test.cpp (real_model_fixture.h), with the same bound.
+// and error model of cuda_tensor_parallel_test.cpp (real_model_fixture.h), with the same bound,
+// and a vocabulary that splits unevenly over the ranks (dp_test_config).
 //
 // The steps: both groups prefilling (slices interleaved over the groups), group 0 decoding while
 // group 1 prefills a chunk beside a decode row, group 1 empty while group 0 decodes and prefills a
@@ -62,9 +63,18 @@ int gpu_count() {
 
 enum class Comm { kHostStaged, kNccl };
 
+// test_config with a vocabulary that no rank count here divides (2045 = 5 x 409): the ranks'
+// vocabulary slices of the embedding and head differ by a row (1023 + 1022; 512 + 3 x 511), so
+// the head's all-gather carries a padding column that must be dropped.
+MiniMaxM3Config dp_test_config() {
+  MiniMaxM3Config c = test_config();
+  c.vocab_size = 2045;
+  return c;
+}
+
 class DpHarness {
  public:
-  DpHarness() : cfg_(test_config()), src_(cfg_) {}
+  DpHarness() : cfg_(dp_test_config()), src_(cfg_) {}
 
   const MiniMaxM3Config& cfg() const { return cfg_; }
   const WeightSource& src() const { return src_; }

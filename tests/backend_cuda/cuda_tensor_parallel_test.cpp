@@ -41,9 +41,11 @@
 #include "backend/cpu/cpu_backend.h"
 #include "host_staged_communicator.h"
 #include "model/minimax_m3/cuda/cuda_m3_model.h"
+#include "model/minimax_m3/cuda/gpu_weights.h"
 #include "model/minimax_m3/cuda/cuda_m3_runner.h"
 #include "model/minimax_m3/kv_cache.h"
 #include "model/minimax_m3/model.h"
+#include "model/minimax_m3/tensor_parallel.h"
 #include "model/minimax_m3/tensor_parallel_runner.h"
 #include "real_model_fixture.h"
 
@@ -296,6 +298,14 @@ TEST(CudaTensorParallel, TwoRanksOnOneGpuMatchTheCpuAndTheUnshardedModel) {
   EXPECT_EQ(s1.quantised_matrices, s0.quantised_matrices);
   EXPECT_EQ((*r)->rank_model(1).config().num_attention_heads, h.cfg().num_attention_heads / 2);
   EXPECT_EQ((*r)->rank_model(1).config().intermediate_size, h.cfg().intermediate_size / 2);
+  // And its vocabulary slice of the embedding and head (vocab_slice), read from the checkpoint.
+  for (int rank = 0; rank < 2; ++rank) {
+    const minimax_m3::VocabSlice want = minimax_m3::vocab_slice(h.cfg().vocab_size, rank, 2);
+    const minimax_m3::DevWeights& w = (*r)->rank_model(rank).dev_weights();
+    EXPECT_EQ(w.vocab_first, want.begin) << "rank " << rank;
+    EXPECT_EQ(w.vocab_rows, want.count) << "rank " << rank;
+    EXPECT_EQ(w.lm_head.n, want.count) << "rank " << rank;
+  }
   std::printf("[cuda_tensor_parallel] rank weights %.1f MB + %.1f MB (KV %.1f MB each)\n",
               s0.weight_bytes / 1e6, s1.weight_bytes / 1e6, s0.kv_bytes / 1e6);
   run_case({r->get()}, "[host-staged]");

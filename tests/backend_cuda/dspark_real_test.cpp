@@ -34,6 +34,7 @@
 #include "core/dtype.h"
 #include "model/minimax_m3/cuda/cuda_dspark_draft.h"
 #include "model/minimax_m3/cuda/cuda_m3_model.h"
+#include "model/minimax_m3/cuda/gpu_weights.h"
 #include "model/minimax_m3/dspark/dspark_attention.h"
 #include "model/minimax_m3/dspark/dspark_draft.h"
 #include "model/minimax_m3/dspark/dspark_dummy_weights.h"
@@ -621,28 +622,35 @@ TEST(DSparkCudaReal, TheDraftMatchesTheCpuDraft) {
 // Greedy decoding of a 300-token prompt for 40 tokens through the engine over
 // CudaM3ModelRunner, with or without the GPU draft (dummy weights, 4 draft tokens), on one rank
 // or on two tensor-parallel ranks sharing GPU 0 through the host (graphs off).
-testing::Outcome engine_outcome(bool speculative, int ranks) {
-  const MiniMaxM3Config cfg = real_model_fixture::test_config();
-  real_model_fixture::TestSource src(cfg);
+// The runner of `ranks` ranks (rank 0 with the whole embedding and head for a draft when
+// `whole_vocab`, else every rank its vocabulary slice).
+Result<std::unique_ptr<CudaM3ModelRunner>> draft_test_runner(const MiniMaxM3Config& cfg,
+                                                            const WeightSource& src, int ranks,
+                                                            bool whole_vocab) {
   minimax_m3::CudaM3Options o;
   o.max_batch = 8;
   CudaRanks rk;
+  rk.whole_vocab_on_rank0 = whole_vocab;
   if (ranks > 1) {
     o.use_graphs = false;  // the host-staged collectives cannot be captured
     rk.ranks = ranks;
     rk.devices.assign(static_cast<size_t>(ranks), 0);
-    auto hosts = comm::create_local_gloo_group(ranks);
-    EXPECT_TRUE(hosts.is_ok()) << hosts.status().to_string();
-    if (!hosts.is_ok()) return {};
+    M3_ASSIGN_OR_RETURN(auto hosts, comm::create_local_gloo_group(ranks));
     auto shared = std::make_shared<std::vector<std::unique_ptr<comm::Communicator>>>(
-        std::move(hosts).value());
+        std::move(hosts));
     rk.make_communicator = [shared](int r, int device, CUstream_st* stream)
         -> Result<std::unique_ptr<comm::Communicator>> {
       return std::unique_ptr<comm::Communicator>(std::make_unique<testing::HostStagedCommunicator>(
           std::move((*shared)[static_cast<size_t>(r)]), device, stream));
     };
   }
-  auto r = CudaM3ModelRunner::create(cfg, src, int64_t{64} << 20, o, std::move(rk));
+  return CudaM3ModelRunner::create(cfg, src, int64_t{64} << 20, o, std::move(rk));
+}
+
+testing::Outcome engine_outcome(bool speculative, int ranks) {
+  const MiniMaxM3Config cfg = real_model_fixture::test_config();
+  real_model_fixture::TestSource src(cfg);
+  auto r = draft_test_runner(cfg, src, ranks, /*whole_vocab=*/speculative);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
   if (!r.is_ok()) return {};
   CudaM3ModelRunner* runner = r->get();
@@ -657,8 +665,8 @@ testing::Outcome engine_outcome(bool speculative, int ranks) {
     CudaDSparkOptions d;
     d.max_sequences = 4;
     d.dummy_weights = true;
-    // Next to rank 0 (its GPU, stream, embedding table and lm_head, which every rank holds
-    // whole); its features are rank 0's captured residual stream, the same on every rank.
+    // Next to rank 0 (its GPU, stream, embedding table and lm_head, which rank 0 holds whole);
+    // its features are rank 0's captured residual stream, the same on every rank.
     auto draft = CudaDSparkDraft::load(minimax_m3::dspark::default_dspark_config_for(cfg),
                                        &runner->model(), nullptr, "dummy", d);
     EXPECT_TRUE(draft.is_ok()) << draft.status().to_string();
@@ -706,6 +714,25 @@ TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraft) {
 // --device cuda --tp 2 with --speculative-algorithm DSPARK: the draft beside rank 0.
 TEST(DSparkCudaReal, TheEngineDecodesWithTheGpuDraftOverTwoRanks) {
   expect_speculative_decoding(2);
+}
+
+// Without the whole vocabulary on rank 0 (its slice of the embedding and head only) the draft,
+// which reads them whole, is refused with the reason.
+TEST(DSparkCudaReal, TheDraftNeedsTheWholeVocabularyOnRankZero) {
+  const MiniMaxM3Config cfg = real_model_fixture::test_config();
+  real_model_fixture::TestSource src(cfg);
+  auto r = draft_test_runner(cfg, src, 2, /*whole_vocab=*/false);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_LT((*r)->model().dev_weights().vocab_rows, cfg.vocab_size);
+  CudaDSparkOptions d;
+  d.max_sequences = 1;
+  d.dummy_weights = true;
+  auto draft = CudaDSparkDraft::load(minimax_m3::dspark::default_dspark_config_for(cfg),
+                                     &(*r)->model(), nullptr, "dummy", d);
+  ASSERT_FALSE(draft.is_ok());
+  EXPECT_EQ(draft.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(draft.status().message().find("whole_vocab_on_rank0"), std::string::npos)
+      << draft.status().message();
 }
 
 }  // namespace

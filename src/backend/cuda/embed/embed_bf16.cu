@@ -19,13 +19,13 @@ constexpr int kBatch = 4;  // 16-byte pieces per thread whose loads are in fligh
 // trace).
 __global__ void __launch_bounds__(kThreads) embed_bf16_kernel(EmbedBf16Params p, bool vec) {
   const int64_t row = blockIdx.x;
-  const int32_t id = p.ids[row];
+  const int64_t id = static_cast<int64_t>(p.ids[row]) - p.first_id;
   float* __restrict__ out = p.out + row * p.dim;
   if (id < 0 || id >= p.vocab) {
     for (int64_t i = threadIdx.x; i < p.dim; i += kThreads) out[i] = 0.0f;
     return;
   }
-  const uint16_t* __restrict__ src = p.table + static_cast<int64_t>(id) * p.dim;
+  const uint16_t* __restrict__ src = p.table + id * p.dim;
   if (!vec) {
     for (int64_t i = threadIdx.x; i < p.dim; i += kThreads)
       out[i] = __uint_as_float(static_cast<uint32_t>(src[i]) << 16);
@@ -58,9 +58,11 @@ __global__ void __launch_bounds__(kThreads) embed_bf16_kernel(EmbedBf16Params p,
 
 Status launch_embed_bf16(const EmbedBf16Params& p, CUstream_st* stream) {
   if (p.t == 0) return Status::ok();
-  if (p.t < 0 || p.t > INT_MAX || p.dim <= 0 || p.vocab <= 0 || !p.table || !p.ids || !p.out)
+  if (p.t < 0 || p.t > INT_MAX || p.dim <= 0 || p.vocab <= 0 || p.first_id < 0 || !p.table ||
+      !p.ids || !p.out)
     return invalid_argument("[cuda.embed_bf16] bad shape: t " + std::to_string(p.t) +
-                            ", dim " + std::to_string(p.dim));
+                            ", dim " + std::to_string(p.dim) + ", ids " +
+                            std::to_string(p.first_id) + " + " + std::to_string(p.vocab));
   const bool vec = p.dim % 8 == 0 && (reinterpret_cast<uintptr_t>(p.table) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
   embed_bf16_kernel<<<static_cast<unsigned>(p.t), kThreads, 0, stream>>>(p, vec);

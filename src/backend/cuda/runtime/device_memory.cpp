@@ -58,6 +58,15 @@ Status copy_device_to_device_async(void* dst, const void* src, size_t bytes, CUs
   return Status::ok();
 }
 
+Status copy_device_to_device_2d_async(void* dst, size_t dst_pitch, const void* src,
+                                      size_t src_pitch, size_t row_bytes, size_t rows,
+                                      CUstream_st* stream) {
+  if (rows == 0 || row_bytes == 0) return Status::ok();
+  M3_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                            cudaMemcpyDeviceToDevice, stream));
+  return Status::ok();
+}
+
 Status copy_to_device(void* dst, const void* src, size_t bytes) {
   M3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return Status::ok();

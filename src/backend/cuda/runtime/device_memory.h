@@ -62,6 +62,11 @@ class PinnedHostBuffer {
 Status copy_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 Status copy_to_host_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 Status copy_device_to_device_async(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+// `rows` rows of `row_bytes` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`
+// apart), device to device: a strided block, such as one rank's columns of a [rows, V] matrix.
+Status copy_device_to_device_2d_async(void* dst, size_t dst_pitch, const void* src,
+                                      size_t src_pitch, size_t row_bytes, size_t rows,
+                                      CUstream_st* stream);
 Status fill_zero_async(void* dst, size_t bytes, CUstream_st* stream);
 // Synchronous copy from pageable host memory and fill, on the legacy default stream (which a
 // non-blocking stream does not wait for: call synchronize_device before the first step).

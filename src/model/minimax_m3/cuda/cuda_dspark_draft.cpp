@@ -460,6 +460,13 @@ Result<std::unique_ptr<CudaDSparkDraft>> CudaDSparkDraft::load(dspark::DSparkCon
     return invalid_argument(kWho + "max_sequences must not be negative, got " +
                             std::to_string(o.max_sequences));
   if (!o.dummy_weights && src == nullptr) return invalid_argument(kWho + "no weight source");
+  if (const DevWeights& t = target->dev_weights();
+      t.vocab_first != 0 || t.vocab_rows != whole.vocab_size)
+    return invalid_argument(kWho + "the target holds vocabulary rows " +
+                            std::to_string(t.vocab_first) + " + " + std::to_string(t.vocab_rows) +
+                            " of " + std::to_string(whole.vocab_size) +
+                            ": the draft reads the whole embedding and head (load the target's "
+                            "rank 0 with CudaTensorParallel::whole_vocab_on_rank0)");
   M3_RETURN_IF_ERROR(cuda::set_current_device(target->device()));
   std::unique_ptr<CudaDSparkDraft> d(new CudaDSparkDraft());
   d->impl_ = std::make_unique<Impl>();

@@ -119,11 +119,12 @@ struct CudaM3Kernels {
 
 // Tensor parallelism over GPUs (tensor_parallel.h, --tp): the model is rank `rank` of `ranks`. It
 // holds rank_slices(cfg, rank, ranks)'s weights (its query heads with their KV and index heads,
-// 1/ranks of every intermediate dimension; norms, router, embedding and head whole), runs at
-// rank_config's shapes, and all-reduces the attention output projection and the feed-forward
-// block (float32, in place) over the communicator. Every rank's load() and forward() run
+// 1/ranks of every intermediate dimension and its vocabulary rows of the embedding and head;
+// norms and router whole), runs at rank_config's shapes, and all-reduces the embedding lookup, the
+// attention output projection and the feed-forward block (float32, in place) over the
+// communicator; the head's slices are all-gathered. Every rank's load() and forward() run
 // concurrently, one thread per rank, with the same batch; rank 0's outputs are the model's (the
-// other ranks skip the head and return no logits).
+// other ranks return no logits).
 //
 // Expert parallelism (--ep E, E divides ranks; tensor_parallel.h's placement, SGLang's meaning):
 // rank r holds the routed experts [e·N/E, (e+1)·N/E) of its expert-parallel rank e = r / (ranks/E),
@@ -146,8 +147,8 @@ struct CudaM3Kernels {
 //  * feed-forward: the partial sums of all rows, all-reduced as under --tp; each rank then holds
 //    every group's layer output, its own group's rows among them.
 // The decode path pads every group to the same bucket of rows (the largest group's), so the
-// messages, the one-shot fused norms and the CUDA graphs keep fixed shapes. Rank 0 holds every
-// group's final rows, so it computes the head and samples for all of them, as under --tp.
+// messages, the one-shot fused norms and the CUDA graphs keep fixed shapes. Every rank holds every
+// group's final rows, so the head runs for all of them as under --tp, and rank 0 samples.
 struct CudaTensorParallel {
   int rank = 0;
   int ranks = 1;
@@ -163,6 +164,11 @@ struct CudaTensorParallel {
   // fused with that residual add + RMSNorm (OneShotAllReduce::all_reduce_add_rms_norm) where the
   // message fits it. Null: every all-reduce through the communicator, then the norm.
   std::shared_ptr<cuda::OneShotAllReduce> one_shot;
+  // Every rank holds its slice of the vocabulary's rows of the embedding and the head
+  // (tensor_parallel.h, vocab_slice). With this, rank 0 loads them whole (it still looks up and
+  // computes only its slice): a DSpark draft beside it reads the whole embedding and head
+  // (cuda_dspark_draft.h).
+  bool whole_vocab_on_rank0 = false;
 };
 
 struct CudaM3Options {

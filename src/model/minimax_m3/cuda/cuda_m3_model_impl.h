@@ -83,6 +83,9 @@ struct Bufs {
         *topk_w = nullptr, *contrib = nullptr, *shared = nullptr, *gate_up = nullptr,
         *partial = nullptr, *block_scores = nullptr, *o_part = nullptr, *ml = nullptr,
         *logits = nullptr;
+  // With ranks: every rank's logits of its vocabulary slice, [ranks, rows, head_width] (the
+  // head's all-gather; Impl::head).
+  float* logits_gather = nullptr;
   uint16_t *h = nullptr, *q = nullptr, *iq = nullptr, *attn = nullptr,
            *act = nullptr, *act_s = nullptr, *h_rows = nullptr;
   int32_t *ids = nullptr, *positions = nullptr, *tables = nullptr, *topk_ids = nullptr,
@@ -195,6 +198,12 @@ struct CudaM3Model::Impl {
 
   // Shapes.
   int64_t hd = 0, nh = 0, hkv = 0, d = 0, hix = 0, dix = 0, vocab = 0;
+  // The vocabulary split (tensor_parallel.h, vocab_slice), as SGLang's vocabulary-parallel
+  // embedding and head: this rank looks up the ids and computes the logits of
+  // [vocab_begin, vocab_begin + vocab_count) (all of them with one rank). The ranks' lookups are
+  // summed by an all-reduce, their logits all-gathered, each rank's padded to head_width (the
+  // widest slice, rank 0's) so that the all-gather's counts are equal.
+  int64_t vocab_begin = 0, vocab_count = 0, head_width = 0;
   int64_t nqkv = 0, off_k = 0, off_v = 0, off_iq = 0, off_ik = 0;
   int64_t ne = 0, kk = 0, inter = 0, dense_inter = 0, shared_inter = 0, top_k = 0;
   // Expert parallelism (CudaTensorParallel::ep): the routed experts this rank holds are the global
@@ -227,7 +236,7 @@ struct CudaM3Model::Impl {
 
   // ---- Tensor parallelism.
   bool tp() const { return comm != nullptr; }
-  // Rank 0 computes the head, samples and returns the model's outputs.
+  // Rank 0 gathers the head's slices, samples and returns the model's outputs.
   bool output_rank() const { return opt.tp.rank == 0; }
   // The sum over the ranks of each rank's partial hidden-state delta [count], in place.
   Status all_reduce(float* buf, int64_t count) {
@@ -277,6 +286,60 @@ struct CudaM3Model::Impl {
   Status zero_other_groups(const Bufs& b, int64_t rows) {
     if (!dp_attention()) return Status::ok();
     return cuda::fill_zero_async(b.delta, static_cast<size_t>(rows * hd) * sizeof(float), st());
+  }
+
+  // ---- The vocabulary split.
+
+  // The embedding of `rows` ids into out [rows, hd]: this rank's ids' rows, the others' zero, and
+  // with ranks their sum (exact: each element is one rank's value plus zeros), so that every
+  // rank's residual stream starts as the whole table's lookup.
+  Status embed(const int32_t* ids, float* out, int64_t rows) {
+    cuda::EmbedBf16Params p{w.embed + (vocab_begin - w.vocab_first) * hd, ids, out, rows,
+                            vocab_count, hd};
+    p.first_id = vocab_begin;
+    M3_RETURN_IF_ERROR(cuda::launch_embed_bf16(p, st()));
+    if (tp() && rows > 0) return all_reduce(out, rows * hd);
+    return Status::ok();
+  }
+
+  // This rank's vocabulary rows of the head, read in place (from a whole head on rank 0 beside a
+  // DSpark draft).
+  DevMatrix head_slice() const {
+    DevMatrix m = w.lm_head;
+    m.w += (vocab_begin - w.vocab_first) * hd * 2;  // bf16 rows
+    m.n = vocab_count;
+    return m;
+  }
+
+  // The head on `rows` normed rows h [rows, hd]: logits [rows, vocab] on the output rank. One rank
+  // computes them whole; with ranks each computes its slice into its block of `gather`
+  // ([ranks, rows, head_width]; the narrower slices leave their last column unwritten, and it is
+  // never read), one all-gather in place hands every rank every block, and the output rank puts
+  // the blocks' columns in vocabulary order. Each logit is the same row's dot product with the same
+  // weight row as the unsplit head's. `dec`: the decode path's buffers, where one row runs the
+  // split-K GEMV on their scratch (sized for the head's slice at one row); from two rows, and on
+  // the general path, a cuBLASLt GEMM (the weights read once for all rows: 2.2 ms -> ~0.6 ms at 8
+  // rows for the whole M3.1-Flash head; descriptors cached, no allocation: capturable).
+  Status head(const uint16_t* h, int64_t rows, float* gather, float* logits, const Bufs* dec) {
+    const DevMatrix m = head_slice();
+    const int64_t width = tp() ? head_width : vocab;
+    float* mine = tp() ? gather + opt.tp.rank * rows * head_width : logits;
+    if (dec != nullptr && rows == 1) {
+      M3_RETURN_IF_ERROR(gemv(m, GemvIn{h, hd}, 1, store_to(mine, width), *dec));
+    } else {
+      M3_RETURN_IF_ERROR(plinear(m, h, hd, rows, mine, width));
+    }
+    if (!tp()) return Status::ok();
+    M3_RETURN_IF_ERROR(comm->all_gather(mine, gather, rows * head_width, comm::DataType::kF32));
+    if (!output_rank()) return Status::ok();
+    for (int64_t q = 0; q < opt.tp.ranks; ++q) {
+      const VocabSlice v = vocab_slice(vocab, q, opt.tp.ranks);
+      M3_RETURN_IF_ERROR(cuda::copy_device_to_device_2d_async(
+          logits + v.begin, static_cast<size_t>(vocab) * 4, gather + q * rows * head_width,
+          static_cast<size_t>(head_width) * 4, static_cast<size_t>(v.count) * 4,
+          static_cast<size_t>(rows), st()));
+    }
+    return Status::ok();
   }
 
   // ---- Kernel helpers (every launch's Status is checked).
@@ -835,25 +898,17 @@ struct CudaM3Model::Impl {
   // The whole decode step on dec (inputs already in dec.ids / positions / tables).
   Status decode_step(int64_t rows, int64_t mb) {
     const Bufs& b = dec;
-    M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, rows, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(embed(b.ids, b.residual, rows));
     M3_RETURN_IF_ERROR(inject_embeddings(b.residual));
     const int64_t layers = cfg.num_hidden_layers;
     PendingDelta pending;
     for (int64_t l = 0; l < layers; ++l)
       M3_RETURN_IF_ERROR(decode_layer(b, l, rows, mb, &pending));
-    if (!output_rank()) {
-      // The last layer's sum pending in the fused norm is a collective: every rank takes part.
-      if (pending.kind == PendingDelta::kReduce)
-        return add_norm(b, pending, w.final_norm, rows, false, false);
-      return Status::ok();
-    }
+    // Every rank: the final norm (the last layer's sum may be pending in the fused norm, a
+    // collective) and its slice of the head.
     M3_RETURN_IF_ERROR(add_norm(b, pending, w.final_norm, rows, false, false));
-    if (layers > 0) M3_RETURN_IF_ERROR(capture_decode_rows(b, layers - 1, rows));
-    // The head: a GEMV at one row; from two rows a cuBLASLt GEMM (its weights are read once for
-    // all rows: 2.2 ms -> ~0.6 ms at 8 rows; descriptors cached, no allocation: capturable).
-    // (The split-K scratch is sized for the head at one row: slices x vocab floats.)
-    if (rows >= 2) return plinear(w.lm_head, b.h, hd, rows, b.logits, vocab);
-    return gemv(w.lm_head, GemvIn{b.h, hd}, 1, store_to(b.logits, vocab), b);
+    if (layers > 0 && output_rank()) M3_RETURN_IF_ERROR(capture_decode_rows(b, layers - 1, rows));
+    return head(b.h, rows, b.logits_gather, b.logits, &b);
   }
 
   // Runs decode_step eagerly or through the graph of (rows, mb), capturing it on first use.
@@ -943,7 +998,7 @@ struct CudaM3Model::Impl {
       return Status::ok();
     };
 
-    M3_RETURN_IF_ERROR(cuda::launch_embed_bf16({w.embed, b.ids, b.residual, t, vocab, hd}, st()));
+    M3_RETURN_IF_ERROR(embed(b.ids, b.residual, t));
     M3_RETURN_IF_ERROR(inject_embeddings(b.residual));
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
       const DevLayer& L = w.layers[static_cast<size_t>(l)];
@@ -1006,24 +1061,30 @@ struct CudaM3Model::Impl {
     }
     out->logits.assign(batch.size(), {});
     out->tokens.clear();  // the general path returns logits only
-    if (!output_rank()) return finish_step();
-    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
-        {b.residual, cfg.num_hidden_layers > 0 ? b.delta : nullptr, w.final_norm, b.h, t, hd, eps},
-        st()));
 
-    // LM head on the rows that need logits, in the caller's order.
+    // LM head on the rows that need logits, in the caller's order (every rank: its vocabulary
+    // slice; every rank sees the same rows).
     std::vector<int32_t> rows;
     for (const Seq& s : seqs)
       for (int32_t r : batch[s.index].logits_rows)
         rows.push_back(static_cast<int32_t>(s.offset + r));
     if (rows.empty()) return finish_step();
+    M3_RETURN_IF_ERROR(cuda::launch_add_rms_norm(
+        {b.residual, cfg.num_hidden_layers > 0 ? b.delta : nullptr, w.final_norm, b.h, t, hd, eps},
+        st()));
     const int64_t nr = static_cast<int64_t>(rows.size());
     M3_ASSIGN_OR_RETURN(b.rows, sc.get<int32_t>(nr));
     M3_ASSIGN_OR_RETURN(b.h_rows, sc.get<uint16_t>(nr * hd));
-    M3_ASSIGN_OR_RETURN(b.logits, sc.get<float>(nr * vocab));
+    if (output_rank()) {
+      M3_ASSIGN_OR_RETURN(b.logits, sc.get<float>(nr * vocab));
+    }
+    if (tp()) {
+      M3_ASSIGN_OR_RETURN(b.logits_gather, sc.get<float>(opt.tp.ranks * nr * head_width));
+    }
     M3_RETURN_IF_ERROR(cuda::copy_to_device_async(b.rows, rows.data(), nr * 4, st()));
     M3_RETURN_IF_ERROR(cuda::launch_gather_bf16(b.h, b.rows, 1, nr, hd, b.h_rows, st()));
-    M3_RETURN_IF_ERROR(plinear(w.lm_head, b.h_rows, hd, nr, b.logits, vocab));
+    M3_RETURN_IF_ERROR(head(b.h_rows, nr, b.logits_gather, b.logits, nullptr));
+    if (!output_rank()) return finish_step();
     int64_t r0 = 0;
     for (const Seq& s : seqs) {
       const int64_t n = static_cast<int64_t>(batch[s.index].logits_rows.size());

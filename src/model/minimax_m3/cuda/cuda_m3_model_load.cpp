@@ -114,7 +114,13 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
   M3_ASSIGN_OR_RETURN(b.selected, a.alloc<int32_t>(r * hix * top_k, what));
   M3_ASSIGN_OR_RETURN(b.o_part, a.alloc<float>(r * nh * attn_states * d, what));
   M3_ASSIGN_OR_RETURN(b.ml, a.alloc<float>(r * nh * attn_states * 2, what));
-  M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
+  // The logits: the output rank's [r, V]; with ranks every rank's slices' all-gather (Impl::head).
+  if (output_rank()) {
+    M3_ASSIGN_OR_RETURN(b.logits, a.alloc<float>(r * vocab, what));
+  }
+  if (comm != nullptr) {
+    M3_ASSIGN_OR_RETURN(b.logits_gather, a.alloc<float>(opt.tp.ranks * r * head_width, what));
+  }
   M3_ASSIGN_OR_RETURN(b.h16, a.alloc<uint16_t>(r * hd, what));
   M3_ASSIGN_OR_RETURN(b.h_inv, a.alloc<float>(r, what));
   M3_ASSIGN_OR_RETURN(b.attn16, a.alloc<uint16_t>(r * nh * d, what));
@@ -137,7 +143,7 @@ Status CudaM3Model::Impl::alloc_decode_buffers() {
     fit(L.shared_gu, r);
     fit(L.shared_down, r);
   }
-  fit(w.lm_head, 1);  // from two rows the head is a GEMM (decode_step)
+  fit(head_slice(), 1);  // from two rows the head is a GEMM (Impl::head)
   b.partial_elems = need;
   M3_ASSIGN_OR_RETURN(b.partial, a.alloc<float>(need, what + " (GEMV split-K scratch)"));
   need = 0;
@@ -384,11 +390,21 @@ Result<std::unique_ptr<CudaM3Model>> CudaM3Model::load(const MiniMaxM3Config& wh
   }
   im.alloc = std::make_unique<cuda::CachingAllocator>();
   M3_ASSIGN_OR_RETURN(im.gemm, cuda::PrefillGemm::create(im.alloc.get()));
+  // The vocabulary this rank looks up and computes logits of, and the rows it holds.
+  im.vocab_begin = slices.vocab_begin;
+  im.vocab_count = slices.vocab_count;
+  im.head_width = vocab_slice(im.vocab, 0, tp.ranks).count;
+  RankSlices held = slices;
+  if (tp.rank == 0 && tp.whole_vocab_on_rank0) {
+    held.vocab_begin = 0;
+    held.vocab_count = im.vocab;
+  }
   if (options.gpu_dummy_weights) {
     M3_ASSIGN_OR_RETURN(im.w, make_dummy_dev_weights(cfg, options.dummy_seed, &im.arena,
-                                                     slices.expert_count));
+                                                     slices.expert_count, held.vocab_begin,
+                                                     held.vocab_count));
   } else {
-    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, slices, &im.arena));
+    M3_ASSIGN_OR_RETURN(im.w, load_dev_weights(whole, src, held, &im.arena));
   }
   // The uploads run on the legacy stream; the repack below reads them on im.stream.
   M3_RETURN_IF_ERROR(cuda::synchronize_device());

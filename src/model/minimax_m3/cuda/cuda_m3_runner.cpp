@@ -222,6 +222,7 @@ Result<std::unique_ptr<CudaM3ModelRunner>> CudaM3ModelRunner::load(
     o.tp.ep = ranks.ep;
     o.tp.dp = ranks.dp;
     o.tp.one_shot = fused_one_shot;
+    o.tp.whole_vocab_on_rank0 = ranks.whole_vocab_on_rank0;
     if (n > 1) {
       const int device = o.device;
       o.tp.make_communicator = [&comm_for, r, device](CUstream_st* stream) {

@@ -77,6 +77,9 @@ struct CudaRanks {
   // Ranks over several processes (null: every rank in this process). The one-shot all-reduce
   // needs every rank's memory mapped into one process: with nodes, NCCL for all.
   std::shared_ptr<const CudaNodeShare> nodes;
+  // Rank 0 holds the whole embedding and head for a DSpark draft beside it
+  // (CudaTensorParallel::whole_vocab_on_rank0); the others their vocabulary slice.
+  bool whole_vocab_on_rank0 = false;
 };
 
 class CudaM3ModelRunner final : public ModelRunner, public StepFollower {

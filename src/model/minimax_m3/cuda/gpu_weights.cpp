@@ -438,10 +438,14 @@ class DummyMaker {
 }  // namespace
 
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& c, uint64_t seed,
-                                          cuda::DeviceArena* arena, int64_t experts_held) {
+                                          cuda::DeviceArena* arena, int64_t experts_held,
+                                          int64_t vocab_first, int64_t vocab_rows) {
   DevWeights w;
   DummyMaker mk(seed, arena);
-  const int64_t hd = c.hidden_size, d = c.head_dim, v = c.vocab_size;
+  const int64_t hd = c.hidden_size, d = c.head_dim;
+  const int64_t v = vocab_rows > 0 ? vocab_rows : c.vocab_size;
+  w.vocab_first = vocab_rows > 0 ? vocab_first : 0;
+  w.vocab_rows = v;
   const int64_t nqkv_full = c.num_attention_heads * d + 2 * c.num_key_value_heads * d;
   const int64_t nqkv_sparse = nqkv_full + c.index_n_heads * c.index_head_dim + c.index_head_dim;
   M3_ASSIGN_OR_RETURN(DevMatrix e, mk.matrix(QuantFormat::kBf16, v, hd));
@@ -499,14 +503,26 @@ Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSour
   M3_ASSIGN_OR_RETURN(WeightNaming naming, detect_naming(src, cfg));
   Loader ld(src, arena, &w);
   const int64_t v = cfg.vocab_size, hd = cfg.hidden_size;
+  if (rs.vocab_begin < 0 || rs.vocab_count < 1 || rs.vocab_begin + rs.vocab_count > v)
+    return invalid_argument("[model.minimax_m3.cuda] vocabulary rows " +
+                            std::to_string(rs.vocab_begin) + " + " +
+                            std::to_string(rs.vocab_count) + " outside the vocabulary of " +
+                            std::to_string(v));
+  // The rank's vocabulary rows only.
+  w.vocab_first = rs.vocab_begin;
+  w.vocab_rows = rs.vocab_count;
+  const auto rows = [&](const std::string& name) {
+    return Part{name, v, rs.vocab_begin, rs.vocab_count};
+  };
   const std::string embed = naming.model_prefix + "embed_tokens.weight";
-  M3_ASSIGN_OR_RETURN(DevMatrix e, ld.matrix({{embed, v}}, Cols::all(hd), /*allow_quant=*/false));
+  M3_ASSIGN_OR_RETURN(DevMatrix e, ld.matrix({rows(embed)}, Cols::all(hd), /*allow_quant=*/false));
   w.embed = reinterpret_cast<uint16_t*>(e.w);
   M3_ASSIGN_OR_RETURN(w.final_norm, ld.vec_bf16(naming.model_prefix + "norm.weight", hd));
   if (naming.lm_head.empty()) {
     w.lm_head = e;  // tied
   } else {
-    M3_ASSIGN_OR_RETURN(w.lm_head, ld.matrix({{naming.lm_head, v}}, Cols::all(hd), /*allow_quant=*/false));
+    M3_ASSIGN_OR_RETURN(w.lm_head,
+                        ld.matrix({rows(naming.lm_head)}, Cols::all(hd), /*allow_quant=*/false));
   }
   w.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)

@@ -67,9 +67,13 @@ struct DevLayer {
 };
 
 struct DevWeights {
-  uint16_t* embed = nullptr;       // [V, Hd] bf16
+  // Vocabulary rows [vocab_first, vocab_first + vocab_rows) of the embedding and the head: all
+  // V of them for the whole model, a tensor-parallel rank's slice (RankSlices::vocab_begin /
+  // vocab_count) under --tp.
+  uint16_t* embed = nullptr;       // [vocab_rows, Hd] bf16
   uint16_t* final_norm = nullptr;  // [Hd] bf16
-  DevMatrix lm_head;               // [V, Hd] bf16
+  DevMatrix lm_head;               // [vocab_rows, Hd] bf16
+  int64_t vocab_first = 0, vocab_rows = 0;
   std::vector<DevLayer> layers;
   int64_t bf16_fallbacks = 0;      // fused matrices stored BF16 although the checkpoint quantised
   int64_t quantised_matrices = 0;  // fused matrices kept in MXFP8 / NVFP4
@@ -81,8 +85,9 @@ struct DevWeights {
 // intermediate rows of every gate|up and columns of every down projection, its experts
 // (rs.expert_begin .. + rs.expert_count: under expert parallelism only those, in their stored
 // NVFP4 / MXFP8 format, as groups 0 .. expert_count - 1 of experts_gu / experts_down; a
-// full_attention layer has no index projections or norms); only those
-// windows of the checkpoint are read. Shapes are then rank_config(cfg, ...)'s.
+// full_attention layer has no index projections or norms), and its vocabulary rows
+// (rs.vocab_begin .. + rs.vocab_count) of the embedding and the head; only those windows of the
+// checkpoint are read. Shapes are then rank_config(cfg, ...)'s.
 Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSource& src,
                                     const RankSlices& rs, cuda::DeviceArena* arena);
 
@@ -90,9 +95,11 @@ Result<DevWeights> load_dev_weights(const MiniMaxM3Config& cfg, const WeightSour
 // in M3.1-Flash's storage formats: attention, indexer, dense-MLP and shared-expert linears MXFP8,
 // routed experts NVFP4 (multiplier 2e-4), router, embedding, lm_head and norms BF16, routing bias
 // float32. Values depend on (seed, tensor); they are not DummyWeightSource's host values.
-// `experts_held`: the routed experts per MoE layer (an expert-parallel rank's share; 0: all).
+// `experts_held`: the routed experts per MoE layer (an expert-parallel rank's share; 0: all);
+// `vocab_first` / `vocab_rows`: the vocabulary rows of the embedding and head (0 rows: all).
 Result<DevWeights> make_dummy_dev_weights(const MiniMaxM3Config& cfg, uint64_t seed,
-                                          cuda::DeviceArena* arena, int64_t experts_held = 0);
+                                          cuda::DeviceArena* arena, int64_t experts_held = 0,
+                                          int64_t vocab_first = 0, int64_t vocab_rows = 0);
 
 // Single tensors for other models on the same kernels (the DSpark draft, cuda_dspark_draft.h):
 // a fused matrix of `parts` (name, rows; all [rows, k]) in their common stored format when they
