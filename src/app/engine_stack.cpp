@@ -214,6 +214,7 @@ Result<EngineStackOptions> options_from_config(const ServeConfig& f) {
   o.context_length = f.server.context_length;
   o.max_running_requests = f.max_running_requests;
   o.chunked_prefill_size = f.chunked_prefill_size;
+  o.chunked_prefill_size_while_decoding = f.chunked_prefill_size_while_decoding;
   o.max_queued_requests = f.max_queued_requests;
   o.kv_cache_bytes = f.kv_cache_bytes;
   o.mem_fraction_static = f.mem_fraction_static;
@@ -716,6 +717,8 @@ Result<LoadedEngine> make_engine(const std::string& model_path, const EngineStac
   cfg.scheduler.page_size = page_size;
   cfg.scheduler.chunked_prefill_size =
       options.chunked_prefill_size > 0 ? options.chunked_prefill_size : context_length;
+  cfg.scheduler.chunked_prefill_size_while_decoding =
+      std::min(options.chunked_prefill_size_while_decoding, cfg.scheduler.chunked_prefill_size);
   if (options.max_running_requests > 0) {
     cfg.scheduler.max_running_requests = options.max_running_requests;
   }

@@ -60,6 +60,8 @@ struct EngineStackOptions {
   int32_t context_length = 0;           // 0: max_position_embeddings
   int32_t max_running_requests = 0;     // 0: the scheduler's default (256)
   int32_t chunked_prefill_size = 8192;  // -1 or 0: no chunking (the whole prompt at once)
+  // Prefill tokens per step while a sequence decodes (SchedulerConfig); 0: chunked_prefill_size.
+  int32_t chunked_prefill_size_while_decoding = 0;
   int32_t max_queued_requests = 4096;
   // KV pool (app/memory_plan.h): kv_cache_bytes > 0 is taken as given; else mem_fraction_static
   // > 0 plans it from the device's memory (on the GPU also without the flag, at

@@ -19,6 +19,7 @@ struct ServeConfig {
   std::string revision;    // with a repo id: commit, prefix or ref (hf_cache.h)
   std::string load_format = "auto";
   int32_t chunked_prefill_size = 8192;
+  int32_t chunked_prefill_size_while_decoding = 0;  // 0: as chunked_prefill_size
   int32_t max_running_requests = 0;
   int32_t max_queued_requests = 4096;
   int64_t kv_cache_bytes = 0;  // KV pool; 0: the default (512 MiB)

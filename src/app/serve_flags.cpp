@@ -352,6 +352,10 @@ const std::vector<Flag>& flags() {
       // ---- scheduling
       {"--chunked-prefill-size", true, G::kScheduling, "prefill tokens per step (default 8192)",
        "4096", INT_FLAG(chunked_prefill_size, -1, INT32_MAX)},
+      {"--chunked-prefill-size-while-decoding", true, G::kScheduling,
+       "prefill tokens per step while requests decode (default: --chunked-prefill-size); small "
+       "values keep their inter-token latency near idle as long prompts arrive",
+       "32", INT_FLAG(chunked_prefill_size_while_decoding, 1, INT32_MAX)},
       {"--max-running-requests", true, G::kScheduling, "requests decoded together", "64",
        INT_FLAG(max_running_requests, 1, INT32_MAX)},
       {"--max-queued-requests", true, G::kScheduling, "waiting requests before 429 (default 4096)",

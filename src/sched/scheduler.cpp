@@ -26,6 +26,9 @@ Scheduler::Scheduler(const SchedulerConfig& config) : config_(config) {
   M3_CHECK(config.page_size > 0, "[sched] page_size " + std::to_string(config.page_size));
   M3_CHECK(config.chunked_prefill_size > 0,
            "[sched] chunked_prefill_size " + std::to_string(config.chunked_prefill_size));
+  M3_CHECK(config.chunked_prefill_size_while_decoding >= 0,
+           "[sched] chunked_prefill_size_while_decoding " +
+               std::to_string(config.chunked_prefill_size_while_decoding));
   M3_CHECK(config.max_running_requests > 0,
            "[sched] max_running_requests " + std::to_string(config.max_running_requests));
   M3_CHECK(config.num_dp_groups > 0,
@@ -35,6 +38,9 @@ Scheduler::Scheduler(const SchedulerConfig& config) : config_(config) {
   // stays within the totals the memory plan sized the activations for. At least 1 each.
   group_max_running_ = std::max(1, config.max_running_requests / D);
   group_prefill_budget_ = std::max(1, config.chunked_prefill_size / D);
+  if (config.chunked_prefill_size_while_decoding > 0)
+    group_prefill_budget_while_decoding_ =
+        std::max(1, config.chunked_prefill_size_while_decoding / D);
   groups_.resize(static_cast<size_t>(D));
   for (Group& g : groups_) {
     g.pool = std::make_unique<PagePool>(config.num_pages);
@@ -247,8 +253,16 @@ StepPlan Scheduler::plan() {
   plan.step_idx = step_idx_++;
   plan.page_size = config_.page_size;
   // Every group plans its part of the one lock-step step; a group with nothing to do adds no
-  // slices (the runner still runs the step for the others).
-  for (Group& g : groups_) plan_group(g, &plan);
+  // slices (the runner still runs the step for the others). While any sequence decodes, in any
+  // group (the groups' steps are one), the prefill budget may be the smaller one.
+  int32_t budget = group_prefill_budget_;
+  if (group_prefill_budget_while_decoding_ > 0) {
+    bool decoding = false;
+    for (const Group& g : groups_)
+      for (const Seq* s : g.running) decoding |= s->num_tokens() - s->num_computed_tokens == 1;
+    if (decoding) budget = std::min(budget, group_prefill_budget_while_decoding_);
+  }
+  for (Group& g : groups_) plan_group(g, budget, &plan);
   for (const SeqSlice& s : plan.seqs) {
     (s.is_decode() ? plan.num_tokens_decode : plan.num_tokens_prefill) += s.num_tokens();
   }
@@ -256,10 +270,9 @@ StepPlan Scheduler::plan() {
   return plan;
 }
 
-void Scheduler::plan_group(Group& g, StepPlan* out) {
+void Scheduler::plan_group(Group& g, int32_t budget, StepPlan* out) {
   StepPlan& plan = *out;
   const int32_t P = config_.page_size;
-  int32_t budget = group_prefill_budget_;
   std::vector<Seq*>& running = g.running;
   std::deque<Seq*>& waiting = g.waiting;
   PagePool* pool = g.pool.get();

@@ -68,6 +68,12 @@ struct SchedulerConfig {
   // Prefill tokens per step, all groups together (each group plans its share, see the header
   // comment); decode tokens ride along.
   int32_t chunked_prefill_size = 8192;
+  // Prefill tokens per step while any sequence decodes (all groups together; 0: as
+  // chunked_prefill_size). A step runs as long as its costliest part, and an MoE prefill chunk
+  // touches nearly every expert, so a smaller budget while streams decode keeps their inter-token
+  // latency near idle at the price of arriving prompts' time to first token; prompts that arrive
+  // when nothing decodes still prefill in chunked_prefill_size chunks.
+  int32_t chunked_prefill_size_while_decoding = 0;
   // Running sequences, all groups together (n > 1 counts each sequence).
   int32_t max_running_requests = 256;
   bool enable_prefix_cache = true;
@@ -180,6 +186,11 @@ class Scheduler {
   // Each group's running-sequence limit and prefill token budget per step.
   int32_t group_max_running() const { return group_max_running_; }
   int32_t group_prefill_budget() const { return group_prefill_budget_; }
+  // The same while a sequence decodes (SchedulerConfig::chunked_prefill_size_while_decoding).
+  int32_t group_prefill_budget_while_decoding() const {
+    return group_prefill_budget_while_decoding_ > 0 ? group_prefill_budget_while_decoding_
+                                                    : group_prefill_budget_;
+  }
   const PagePool& pool(int32_t dp_group = 0) const { return *group(dp_group).pool; }
   const RadixPrefixIndex& prefix_index(int32_t dp_group = 0) const {
     return *group(dp_group).index;
@@ -231,7 +242,7 @@ class Scheduler {
   // sequence added with the same non-zero request id), so a request's n sequences share their
   // prompt pages; else the load-balance method's choice.
   int32_t place(const SeqSpec& spec);
-  void plan_group(Group& g, StepPlan* plan);
+  void plan_group(Group& g, int32_t budget, StepPlan* plan);
   bool ensure_free(Group& g, int32_t num_pages);  // evicts cached pages; no preemption
   void preempt(Seq* seq, StepPlan* plan);
   void release_pages(Seq* seq);
@@ -248,6 +259,7 @@ class Scheduler {
   SchedulerConfig config_;
   int32_t group_max_running_ = 0;
   int32_t group_prefill_budget_ = 0;
+  int32_t group_prefill_budget_while_decoding_ = 0;  // 0: group_prefill_budget_
   std::vector<Group> groups_;
   std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs_;
   uint64_t next_arrival_ = 0;

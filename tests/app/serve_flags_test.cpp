@@ -140,7 +140,8 @@ std::string summary(const ServeConfig& c) {
        c.server.api_key + "|" + c.server.reasoning_parser + "|" + c.server.tool_call_parser + "|";
   for (const auto& n : c.server.served_model_names) s += n + ",";
   for (const auto& d : c.server.media.allowed_domains) s += d + ",";
-  add(c.chunked_prefill_size); add(c.max_running_requests); add(c.max_queued_requests);
+  add(c.chunked_prefill_size); add(c.chunked_prefill_size_while_decoding);
+  add(c.max_running_requests); add(c.max_queued_requests);
   add(c.kv_cache_bytes); add(c.mem_fraction_static); add(c.tp); add(c.dp); add(c.ep);
   add(c.enable_dp_attention); add(c.enable_expert_parallel); add(c.enable_hierarchical_cache);
   add(c.hicache_size_gb); add(c.speculative_block_verification); add(c.server.port);
@@ -455,6 +456,31 @@ TEST(ServeFlags, DataParallelAttention) {
 
 // The engine stack builds the runner with its attention groups and an engine over them, the pool
 // planned per group; a --dp that does not divide --tp is refused naming both.
+// --chunked-prefill-size-while-decoding reaches the scheduler (at most --chunked-prefill-size);
+// without it a step's prefill budget is the same whether or not anything decodes.
+TEST(ServeFlags, PrefillBudgetWhileDecodingReachesTheScheduler) {
+  const std::string tiny = std::string(M3_REPO_ROOT) + "/models/m3-tiny";
+  auto flags = parse_serve_flags(
+      {"--chunked-prefill-size", "4096", "--chunked-prefill-size-while-decoding", "32"});
+  ASSERT_TRUE(flags.is_ok()) << flags.status().message();
+  auto o = options_from_config(flags->config);
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  o->num_threads = 2;
+  auto e = make_engine(tiny, *o);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_EQ(e->engine->scheduler().group_prefill_budget(), 4096);
+  EXPECT_EQ(e->engine->scheduler().group_prefill_budget_while_decoding(), 32);
+  o->chunked_prefill_size_while_decoding = 100000;  // above --chunked-prefill-size: that one
+  e = make_engine(tiny, *o);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_EQ(e->engine->scheduler().group_prefill_budget_while_decoding(), 4096);
+  o->chunked_prefill_size_while_decoding = 0;
+  e = make_engine(tiny, *o);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_EQ(e->engine->scheduler().group_prefill_budget_while_decoding(), 4096);
+  EXPECT_FALSE(parse_serve_flags({"--chunked-prefill-size-while-decoding", "0"}).is_ok());
+}
+
 TEST(ServeFlags, DataParallelAttentionEngine) {
   EngineStackOptions o;
   o.device = "cpu";

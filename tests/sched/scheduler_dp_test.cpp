@@ -246,6 +246,28 @@ TEST(SchedulerDp, AStepWithOneGroupEmptyAndPerGroupBudgets) {
   EXPECT_EQ(s.num_running(1), 1);
 }
 
+// The groups' steps are one: a sequence decoding in group 0 caps group 1's prefill chunk too
+// (chunked_prefill_size_while_decoding, divided over the groups like chunked_prefill_size).
+TEST(SchedulerDp, DecodingInOneGroupCapsTheOthersPrefill) {
+  SchedulerConfig c = dp_config(2, 32, LoadBalanceMethod::kRoundRobin);
+  c.chunked_prefill_size = 32;                 // 16 per group
+  c.chunked_prefill_size_while_decoding = 4;   // 2 per group while anything decodes
+  Scheduler s(c);
+  ASSERT_TRUE(add(s, 0, prompt(3, 1)).is_ok());  // group 0
+  StepPlan plan = s.plan();
+  EXPECT_EQ(plan.num_tokens_prefill, 3);
+  commit_and_append(s, plan);                     // 0 now decodes
+  ASSERT_TRUE(add(s, 1, prompt(12, 100)).is_ok());  // group 1
+  plan = s.plan();
+  EXPECT_EQ(check_plan(s, plan), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(plan.num_tokens_decode, 1);
+  EXPECT_EQ(plan.num_tokens_prefill, 2);
+  commit_and_append(s, plan);
+  s.remove(0);                                    // nothing decodes: the group's 16 again
+  plan = s.plan();
+  EXPECT_EQ(plan.num_tokens_prefill, 10);
+}
+
 TEST(SchedulerDp, APromptLargerThanAGroupsPoolIsRefused) {
   Scheduler s(dp_config(2, 4, LoadBalanceMethod::kRoundRobin));
   Status st = add(s, 0, prompt(17, 1));

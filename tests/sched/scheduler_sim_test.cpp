@@ -38,6 +38,28 @@ TEST(SchedulerSim, ChunkedPrefillMixesWithDecode) {
             (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1010, 1011, 1012}));
 }
 
+// chunked_prefill_size_while_decoding: while any sequence decodes a prompt prefills in chunks of
+// that budget; before anything decodes, and once nothing does, in chunked_prefill_size chunks.
+TEST(SchedulerSim, SmallerPrefillBudgetWhileSequencesDecode) {
+  SchedulerConfig c = config(32, 8, 4, false);
+  c.chunked_prefill_size_while_decoding = 2;
+  Sim s(c);
+  s.add(0, tokens(0, 8), 3);    // A: one whole chunk (nothing decodes yet)
+  const std::vector<std::string> first = {"A[0,8)* | free 30"};
+  EXPECT_EQ(s.step_str(), first[0]);
+  s.add(1, tokens(0, 9), 1);    // B arrives while A decodes: chunks of 2
+  const std::vector<std::string> expected = {
+      "A[8,9)* B[0,2) | free 28",
+      "A[9,10)* B[2,4) | free 28",   // A's third token: it leaves
+      "B[4,9)* | free 29",           // nothing decodes: the rest (5 <= 8) at once
+      " | free 32",
+  };
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(s.step_str(), expected[i]) << "step " << i;
+    s.check_accounting();
+  }
+}
+
 TEST(SchedulerSim, PreemptsNewestAndRecomputesSameOutput) {
   Sim s(config(4, 16, 4, false));
   s.add(0, tokens(0, 6), 8);  // A
