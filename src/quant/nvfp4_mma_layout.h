@@ -88,6 +88,39 @@ M3_HOST_DEVICE inline int64_t word_offset(int64_t tau, int64_t c, int lane, int 
          (((i >> 2) ^ ((lane >> 2) & 1)) << 4) + (i & 3) * 4;
 }
 
+// Whether a lane's 32 bytes of a (tile, chunk) hold k-steps 4-7 first (word_offset: the 16-byte
+// halves are swapped for lanes with bit 2 set); else k-steps 0-3 first.
+M3_HOST_DEVICE inline bool lane_halves_swapped(int lane) { return (lane >> 2) & 1; }
+
+// The code of tile row g + 8h at column 4i + j of a lane's 32 columns (128c + 32t .., lane =
+// 4g + t), from its k-step word i: locate()'s fragment (j / 2)·2 + h, half j & 1.
+M3_HOST_DEVICE inline uint32_t lane_code(uint32_t word, int h, int j) {
+  return code_of(fragment(word, (j >> 1) * 2 + h), j & 1);
+}
+
+// The tiles [first, end) holding rows [row0, row0 + rows) of an [N, K] matrix: whole 16-row tiles
+// (kRows16), or with pairs the tiles of the gate rows below N/2 and of the up rows from it.
+struct TileRange {
+  int64_t first = 0, end = 0;
+};
+M3_HOST_DEVICE inline TileRange tiles_of_rows(int64_t row0, int64_t rows, int64_t n,
+                                              Tiling tiling) {
+  const int64_t end = row0 + rows;
+  if (tiling != Tiling::kSwigluPairs) return {row0 / 16, (end + 15) / 16};
+  const int64_t half = n / 2;
+  TileRange r{INT64_MAX, 0};
+  if (row0 < half) {  // gate rows [row0, min(end, half)): tiles of 8
+    r.first = row0 / 8;
+    r.end = ((end < half ? end : half) + 7) / 8;
+  }
+  if (end > half) {  // up rows [max(row0, half), end) - half
+    const int64_t lo = (row0 > half ? row0 : half) - half, hi = end - half;
+    r.first = lo / 8 < r.first ? lo / 8 : r.first;
+    r.end = (hi + 7) / 8 > r.end ? (hi + 7) / 8 : r.end;
+  }
+  return r;
+}
+
 // Where element (row, col) of an [N, K] matrix lives: the byte offset of its word, the fragment
 // and the half.
 struct Loc {

@@ -148,6 +148,42 @@ TEST(PrefillDequant, ExactForMxfp8AndNvfp4) {
   }
 }
 
+// NVFP4 in the mma layouts the model serves routed experts in (gate|up in row pairs, down in
+// 16-row tiles): the same exact values over row windows that cut tiles, cross the gate/up halves,
+// or hold one half only (the dequantisation walks the storage and skips rows outside).
+TEST(PrefillDequant, ExactForNvfp4FromTheMmaLayouts) {
+  struct Case {
+    WeightLayout layout;
+    nvfp4_mma::Tiling tiling;
+    int64_t n, k, row0, rows;
+  };
+  const auto pairs = WeightLayout::kMmaSwigluPairs;
+  const auto rows16 = WeightLayout::kMmaRows16;
+  for (const Case c : {Case{rows16, nvfp4_mma::Tiling::kRows16, 192, 512, 0, 192},
+                       Case{rows16, nvfp4_mma::Tiling::kRows16, 192, 512, 8, 150},
+                       Case{pairs, nvfp4_mma::Tiling::kSwigluPairs, 192, 384, 0, 192},
+                       Case{pairs, nvfp4_mma::Tiling::kSwigluPairs, 192, 384, 8, 80},
+                       Case{pairs, nvfp4_mma::Tiling::kSwigluPairs, 192, 384, 72, 50},
+                       Case{pairs, nvfp4_mma::Tiling::kSwigluPairs, 192, 384, 100, 92}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " rows " +
+                 std::to_string(c.row0) + " + " + std::to_string(c.rows) +
+                 (c.layout == pairs ? " (pairs)" : " (16-row tiles)"));
+    QMatrices m = make_matrices(QuantFormat::kNvfp4, 1, c.n, c.k, 13);
+    m.data = nvfp4_mma::pack_matrix(m.data.data(), 1, c.n, c.k, c.tiling);
+    Uploaded up(m);
+    cuda::QuantWeight w = up.view(QuantFormat::kNvfp4, c.n, c.k);
+    w.layout = c.layout;
+    auto out = Dev<uint16_t>::poisoned(c.rows * c.k);
+    ASSERT_TRUE(cuda::launch_dequant_bf16({w, c.row0, c.rows, out.ptr()}, stream()).is_ok());
+    const auto got = out.host();
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < c.rows * c.k; ++i)
+      mismatches += bf16_to_f32(got[static_cast<size_t>(i)]) !=
+                    m.deq_local[static_cast<size_t>(c.row0 * c.k + i)];
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
 // ---- dense linear ----
 
 struct LinearCase {

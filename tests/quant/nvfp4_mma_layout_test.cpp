@@ -1,11 +1,14 @@
 // The NVFP4 mma layout (quant/nvfp4_mma_layout.h): the packed word map is a bijection, the
 // fragments give back every code, and the whole-matrix repack is a permutation of the codes that
-// packed_code() inverts element by element, for both tilings.
+// packed_code() inverts element by element, for both tilings; walking the storage lane by lane
+// (the prefill dequantisation's order) visits every code of a row window exactly once.
 #include "quant/nvfp4_mma_layout.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
+#include <string>
 #include <set>
 
 namespace m3::nvfp4_mma {
@@ -83,6 +86,66 @@ TEST(Nvfp4MmaLayout, MatrixRepackIsInvertedByPackedCode) {
   EXPECT_FALSE(fits(16, 96, Tiling::kRows16));
   EXPECT_FALSE(fits(24, 128, Tiling::kRows16));
   EXPECT_FALSE(fits(24, 128, Tiling::kSwigluPairs));
+}
+
+// The storage-order walk of the prefill dequantisation (backend/cuda/prefill): for every tile of
+// tiles_of_rows() and every chunk and lane, the lane's 8 stored words give tile rows g and g + 8 at
+// its 32 columns through lane_halves_swapped() and lane_code(). Over a window of rows it must produce each
+// element of the window once, equal to the checkpoint-order code, and nothing outside it (the
+// kernel skips rows outside the window).
+TEST(Nvfp4MmaLayout, StorageOrderWalkVisitsEveryCodeOfARowWindowOnce) {
+  std::mt19937 rng(12);
+  struct Case {
+    int64_t n, k;
+    Tiling tiling;
+    int64_t row0, rows;
+  };
+  for (const Case c : {Case{48, 256, Tiling::kRows16, 0, 48}, Case{48, 256, Tiling::kRows16, 8, 30},
+                       Case{96, 384, Tiling::kSwigluPairs, 0, 96},
+                       Case{96, 384, Tiling::kSwigluPairs, 8, 40},    // gate rows only
+                       Case{96, 384, Tiling::kSwigluPairs, 40, 30},   // across the halves
+                       Case{96, 384, Tiling::kSwigluPairs, 56, 40},   // up rows only
+                       Case{96, 384, Tiling::kSwigluPairs, 3, 5}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " window " + std::to_string(c.row0) + " + " +
+                 std::to_string(c.rows) + (c.tiling == Tiling::kSwigluPairs ? " pairs" : ""));
+    const int64_t bytes = c.n * c.k / 2, chunks = c.k / kChunkK;
+    std::vector<uint8_t> src(static_cast<size_t>(bytes));
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    const auto packed = pack_matrix(src.data(), 1, c.n, c.k, c.tiling);
+    std::vector<int> seen(static_cast<size_t>(c.n * c.k), 0);
+    int64_t wrong = 0;
+    const TileRange tr = tiles_of_rows(c.row0, c.rows, c.n, c.tiling);
+    for (int64_t tau = tr.first; tau < tr.end; ++tau)
+      for (int64_t ch = 0; ch < chunks; ++ch)
+        for (int lane = 0; lane < 32; ++lane) {
+          // The 8 words in k-step order: the two 16-byte halves, swapped back where stored so.
+          uint32_t words[8];
+          const uint8_t* at = packed.data() + (tau * chunks + ch) * kChunkBytes + lane * 32;
+          const bool swapped = lane_halves_swapped(lane);
+          std::memcpy(words, at + (swapped ? 16 : 0), 16);
+          std::memcpy(words + 4, at + (swapped ? 0 : 16), 16);
+          const int g = lane >> 2, t = lane & 3;
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = tile_row(tau, 8 * h + g, c.n, c.tiling);
+            if (row < c.row0 || row >= c.row0 + c.rows) continue;
+            for (int i = 0; i < 8; ++i)
+              for (int j = 0; j < 4; ++j) {
+                const int64_t col = ch * kChunkK + 32 * t + 4 * i + j;
+                const uint8_t byte = src[static_cast<size_t>(row * (c.k / 2) + col / 2)];
+                const uint32_t want = col % 2 ? byte >> 4 : byte & 15;
+                wrong += lane_code(words[i], h, j) != want;
+                ++seen[static_cast<size_t>(row * c.k + col)];
+              }
+          }
+        }
+    EXPECT_EQ(wrong, 0);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < c.n; ++r)
+      for (int64_t col = 0; col < c.k; ++col)
+        bad += seen[static_cast<size_t>(r * c.k + col)] !=
+               (r >= c.row0 && r < c.row0 + c.rows ? 1 : 0);
+    EXPECT_EQ(bad, 0) << "elements visited other than once in the window, or outside it";
+  }
 }
 
 }  // namespace

@@ -90,8 +90,13 @@ struct CudaM3Kernels {
   // Prefill routed experts: kGroupedInLoop (all experts in one launch, NVFP4 / MXFP8 dequantised
   // in the main loop, no host sync), instead of kDequantCublas, for steps of at most
   // grouped_expert_max_tokens tokens. kDequantCublas dequantises all 128 experts whatever the
-  // step's size, so the grouped kernel is 4.8x faster at 512 tokens and 2.1x at 8K, but its
-  // mma.sync main loop falls behind cuBLASLt's above ~20K tokens (0.76x at 32K on an H200).
+  // step's size (~19 ms per layer at 512-2048 tokens on an H100, against 10.6-11.0 ms for the
+  // grouped wgmma kernel), but then runs cuBLASLt, which pulls ahead as the step grows: the two
+  // tie at 5-7K tokens, and at 8K kDequantCublas takes 22.9 ms against 27.0, at 32K 44.1 against
+  // 96.2 (one H100, cuda_prefill_bench --experts; docs/performance.md). The limit stays above
+  // the default 8K chunk for memory: kDequantCublas's buffers (gathered rows, gate|up in
+  // float32, expert outputs: ~2.2 GB against ~1 GB at 8K tokens; 7 GiB more working memory was
+  // measured at 16K) come out of the KV pool, which on two GPUs holding the whole model is small.
   bool grouped_expert_gemm = true;
   int64_t grouped_expert_max_tokens = 16384;
   // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
