@@ -88,16 +88,6 @@ M3_HOST_DEVICE inline int64_t word_offset(int64_t tau, int64_t c, int lane, int 
          (((i >> 2) ^ ((lane >> 2) & 1)) << 4) + (i & 3) * 4;
 }
 
-// Whether a lane's 32 bytes of a (tile, chunk) hold k-steps 4-7 first (word_offset: the 16-byte
-// halves are swapped for lanes with bit 2 set); else k-steps 0-3 first.
-M3_HOST_DEVICE inline bool lane_halves_swapped(int lane) { return (lane >> 2) & 1; }
-
-// The code of tile row g + 8h at column 4i + j of a lane's 32 columns (128c + 32t .., lane =
-// 4g + t), from its k-step word i: locate()'s fragment (j / 2)·2 + h, half j & 1.
-M3_HOST_DEVICE inline uint32_t lane_code(uint32_t word, int h, int j) {
-  return code_of(fragment(word, (j >> 1) * 2 + h), j & 1);
-}
-
 // The tiles [first, end) holding rows [row0, row0 + rows) of an [N, K] matrix: whole 16-row tiles
 // (kRows16), or with pairs the tiles of the gate rows below N/2 and of the up rows from it.
 struct TileRange {

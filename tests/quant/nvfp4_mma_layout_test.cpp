@@ -89,10 +89,10 @@ TEST(Nvfp4MmaLayout, MatrixRepackIsInvertedByPackedCode) {
 }
 
 // The storage-order walk of the prefill dequantisation (backend/cuda/prefill): for every tile of
-// tiles_of_rows() and every chunk and lane, the lane's 8 stored words give tile rows g and g + 8 at
-// its 32 columns through lane_halves_swapped() and lane_code(). Over a window of rows it must produce each
-// element of the window once, equal to the checkpoint-order code, and nothing outside it (the
-// kernel skips rows outside the window).
+// tiles_of_rows() and every chunk and lane, the lane's 8 words (word_offset) give tile rows g and
+// g + 8 at its 32 columns (code_at). Over a window of rows it must produce each element of the
+// window once, equal to the checkpoint-order code, and nothing outside it (the kernel skips rows
+// outside the window).
 TEST(Nvfp4MmaLayout, StorageOrderWalkVisitsEveryCodeOfARowWindowOnce) {
   std::mt19937 rng(12);
   struct Case {
@@ -118,12 +118,9 @@ TEST(Nvfp4MmaLayout, StorageOrderWalkVisitsEveryCodeOfARowWindowOnce) {
     for (int64_t tau = tr.first; tau < tr.end; ++tau)
       for (int64_t ch = 0; ch < chunks; ++ch)
         for (int lane = 0; lane < 32; ++lane) {
-          // The 8 words in k-step order: the two 16-byte halves, swapped back where stored so.
-          uint32_t words[8];
-          const uint8_t* at = packed.data() + (tau * chunks + ch) * kChunkBytes + lane * 32;
-          const bool swapped = lane_halves_swapped(lane);
-          std::memcpy(words, at + (swapped ? 16 : 0), 16);
-          std::memcpy(words + 4, at + (swapped ? 0 : 16), 16);
+          uint32_t words[8];  // k-steps 0..7
+          for (int i = 0; i < 8; ++i)
+            std::memcpy(&words[i], packed.data() + word_offset(tau, ch, lane, i, c.k), 4);
           const int g = lane >> 2, t = lane & 3;
           for (int h = 0; h < 2; ++h) {
             const int64_t row = tile_row(tau, 8 * h + g, c.n, c.tiling);
@@ -133,7 +130,7 @@ TEST(Nvfp4MmaLayout, StorageOrderWalkVisitsEveryCodeOfARowWindowOnce) {
                 const int64_t col = ch * kChunkK + 32 * t + 4 * i + j;
                 const uint8_t byte = src[static_cast<size_t>(row * (c.k / 2) + col / 2)];
                 const uint32_t want = col % 2 ? byte >> 4 : byte & 15;
-                wrong += lane_code(words[i], h, j) != want;
+                wrong += code_at(words[i], h, j) != want;
                 ++seen[static_cast<size_t>(row * c.k + col)];
               }
           }

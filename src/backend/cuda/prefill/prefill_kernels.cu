@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/gemm/gemv_mma.cuh"
 #include "backend/cuda/gemm/scale_codes.cuh"
 #include "backend/cuda/prefill/prefill_gemm.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -133,15 +134,8 @@ __global__ void dequant_nvfp4_packed_kernel(const uint8_t* __restrict__ matrix,
     const int lane = static_cast<int>(idx & 31);
     const int64_t q = idx >> 5;  // (tile - tau0) * chunks + chunk
     const int64_t tau = tau0 + q / chunks, c = q % chunks;
-    const uint4* src = reinterpret_cast<const uint4*>(
-        matrix + (tau * chunks + c) * nvfp4_mma::kChunkBytes + lane * 32);
-    // k-steps 0-3 first: every word below has a constant index (registers, not a local array
-    // indexed by the lane).
-    const bool swapped = nvfp4_mma::lane_halves_swapped(lane);
-    const uint4 a = src[0], b = src[1];
-    const uint4 first = swapped ? b : a, second = swapped ? a : b;
-    const uint32_t words[8] = {first.x,  first.y,  first.z,  first.w,
-                               second.x, second.y, second.z, second.w};
+    uint32_t words[8];  // k-steps 0..7, as the decode GEMV reads them
+    gemv::nvfp4_lane_words(matrix + (tau * chunks + c) * nvfp4_mma::kChunkBytes, lane, words);
     const int g = lane >> 2, t = lane & 3;
     const int64_t col0 = c * nvfp4_mma::kChunkK + 32 * t;
 #pragma unroll

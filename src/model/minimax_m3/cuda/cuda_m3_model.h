@@ -95,8 +95,9 @@ struct CudaM3Kernels {
   // tie at 5-7K tokens, and at 8K kDequantCublas takes 22.9 ms against 27.0, at 32K 44.1 against
   // 96.2 (one H100, cuda_prefill_bench --experts; docs/performance.md). The limit stays above
   // the default 8K chunk for memory: kDequantCublas's buffers (gathered rows, gate|up in
-  // float32, expert outputs: ~2.2 GB against ~1 GB at 8K tokens; 7 GiB more working memory was
-  // measured at 16K) come out of the KV pool, which on two GPUs holding the whole model is small.
+  // float32, expert outputs: ~2.2 GB by their sizes against ~1 GB at 8K tokens; 7 GiB more
+  // working memory was measured at 16K) come out of the KV pool, which on two GPUs holding the
+  // whole model is small.
   bool grouped_expert_gemm = true;
   int64_t grouped_expert_max_tokens = 16384;
   // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
