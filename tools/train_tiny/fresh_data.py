@@ -154,7 +154,8 @@ def _worker(wid, cfg, q):
 
 class Stream:
     """Fresh batches from forked data workers, in a fixed worker order; next() returns
-    (x, y, n_targets, flat_idx, y_sel, images or None) on the device, as train.py's loop uses."""
+    (x, y, n_targets, flat_idx, y_sel, images or None, their layouts or None) on the device, as
+    train.py's loop uses (the layouts feed vision_model.PerceptionProbe)."""
 
     def __init__(self, torch, cfg, workers, device, log=print, queue_depth=4):
         import multiprocessing as mp
@@ -237,15 +238,16 @@ class Stream:
         y = b["y"].to(dev, non_blocking=True).long()
         fi = b["flat_idx"].to(dev, non_blocking=True)
         ys = b["y_sel"].to(dev, non_blocking=True)
-        imgs = None
+        imgs = lays = None
         if b["layouts"].shape[0]:
-            imgs = fresh_vision.render_fresh(torch, b["layouts"].to(dev, non_blocking=True), self.gen)
+            lays = b["layouts"].to(dev, non_blocking=True)
+            imgs = fresh_vision.render_fresh(torch, lays, self.gen)
         self.stats["batches"] += 1
         self.stats["tokens"] += b["tokens"]
         self.stats["trained"] += b["trained"]
         self.stats["images"] += int(b["layouts"].shape[0])
         self.tasks.update(b["tasks"])
-        return x, y, int(b["trained"]), fi, ys, imgs
+        return x, y, int(b["trained"]), fi, ys, imgs, lays
 
     def summary(self):
         el = max(1e-9, time.time() - self.t0)
@@ -516,8 +518,9 @@ def train_cpu(a):
     pb = build_batch(np, probe_items, eos)
     g = torch.Generator()
     g.manual_seed(99)
+    probe_lays = torch.from_numpy(pb["layouts"]) if len(pb["layouts"]) else None
     probe = (torch.from_numpy(pb["x"]).long(), torch.from_numpy(pb["y"]).long(), pb["trained"], None, None,
-             fresh_vision.render_fresh(torch, torch.from_numpy(pb["layouts"]), g) if len(pb["layouts"]) else None)
+             None if probe_lays is None else fresh_vision.render_fresh(torch, probe_lays, g))
     tasks = [it[3] for it in probe_items]
     fast.eval()
     before = task_losses(torch, F, fast, vis, probe, image_id, tasks)
@@ -532,6 +535,18 @@ def train_cpu(a):
             decay.append(p)
         else:
             no_decay.append(p)
+    perceive = None
+    if a.perception_weight > 0:
+        import vision_model
+
+        perceive = vision_model.PerceptionProbe(vis.patch_merge_mlp.linear_2.out_features, len(shapes.SHAPES),
+                                                len(shapes.COLOURS), shapes.SIZE)
+        vis_p += list(perceive.parameters())
+        if probe_lays is not None:
+            with torch.no_grad():
+                perceive.loss(vis(probe[5]), probe_lays)
+            print("perception probe before (untrained head): kind %.3f colour %.3f per quadrant" % tuple(
+                v.item() for v in perceive.last_accuracy))
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0},
                              {"params": vis_p, "weight_decay": 0.0, "lr_scale": a.vision_lr_scale}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
@@ -541,10 +556,17 @@ def train_cpu(a):
     losses = []
     try:
         for step in range(a.steps):
-            x, y, n_t, fi, ys, imgs = stream.next()
+            x, y, n_t, fi, ys, imgs, lays = stream.next()
             for grp in opt.param_groups:
                 grp["lr"] = a.lr * min(1.0, (step + 1) / a.warmup) * grp.get("lr_scale", 1.0)
-            loss = fast.loss(x, y, fi, ys, img=None if imgs is None else (image_id, vis(imgs), None))
+            emb = None if imgs is None else vis(imgs)
+            loss = fast.loss(x, y, fi, ys, img=None if emb is None else (image_id, emb, None))
+            aux = ""
+            if perceive is not None and emb is not None:
+                p_loss = perceive.loss(emb, lays)
+                loss = loss + a.perception_weight * p_loss
+                aux = "  perception %.3f (kind %.2f colour %.2f)" % (
+                    p_loss.item(), *(v.item() for v in perceive.last_accuracy))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(fast.parameters(), 1.0)
@@ -557,9 +579,9 @@ def train_cpu(a):
             if lv != lv or lv in (float("inf"), float("-inf")):
                 raise SystemExit("loss is %r at step %d" % (lv, step + 1))
             losses.append(lv)
-            print("step %3d loss %.4f gnorm %.2f  batch %dx%d, %d images, %d trained tokens  %.2f s/step  data wait %.1f s"
+            print("step %3d loss %.4f gnorm %.2f  batch %dx%d, %d images, %d trained tokens  %.2f s/step  data wait %.1f s%s"
                   % (step + 1, lv, gn.item(), x.shape[0], x.shape[1], 0 if imgs is None else imgs.shape[0], n_t,
-                     (time.time() - t0) / (step + 1), stream.wait_s), flush=True)
+                     (time.time() - t0) / (step + 1), stream.wait_s, aux), flush=True)
     finally:
         summ = stream.summary()
         stream.close()
@@ -630,6 +652,8 @@ if __name__ == "__main__":
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--vision-lr-scale", type=float, default=3.0)
+    ap.add_argument("--perception-weight", type=float, default=0.5,
+                    help="weight of vision_model.PerceptionProbe's loss (0: none)")
     ap.add_argument("--share-image", type=float, default=SHARE_IMAGE)
     ap.add_argument("--share-gtool", type=float, default=SHARE_GTOOL)
     ap.add_argument("--probe", type=int, default=24)

@@ -73,6 +73,9 @@ ap.add_argument("--golden-new-tokens", type=int, default=64)
 ap.add_argument("--golden-limit", type=int, default=0, help="only the first N golden cases (0: all)")
 ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
 ap.add_argument("--vision-lr-scale", type=float, default=3.0, help="the vision tower's lr / the text model's")
+ap.add_argument("--perception-weight", type=float, default=0.5,
+                help="fresh data: weight of the per-quadrant read-out loss on the tower's outputs "
+                     "(vision_model.PerceptionProbe; 0: none)")
 ap.add_argument("--vision", action="store_true",
                 help="the vision-and-tools round: image questions and generated tools join the corpus "
                      "(multimodal_corpus.py), a vision tower trains with the text model (vision_model.py)")
@@ -704,6 +707,10 @@ elif args.vision:
     FAST.vision = VIS
     IMG_U8 = IMG_U8.to(DEV)
     log("vision tower: %.2f M parameters" % (sum(p.numel() for p in VIS.parameters()) / 1e6))
+PERCEIVE = None  # training-only read-out of the scene from the tower's outputs (not saved)
+if VIS is not None and STREAM is not None and args.perception_weight > 0:
+    PERCEIVE = vision_model.PerceptionProbe(HIDDEN, len(shapes.SHAPES), len(shapes.COLOURS), shapes.SIZE).to(DEV)
+    log("perception probe: weight %g" % args.perception_weight)
 
 # ------------------------------------------------------------------------------------------------
 # 6. Training: bf16 autocast, fused AdamW, length-bucketed padded batches, wall-clock budget.
@@ -784,6 +791,8 @@ def run_training(use_fast, seconds):
             continue
         (decay if p.dim() >= 2 and "embed" not in n else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}]
+    if use_fast and PERCEIVE is not None:
+        vis_params += list(PERCEIVE.parameters())
     if vis_params:
         groups.append({"params": vis_params, "weight_decay": 0.0, "lr_scale": args.vision_lr_scale})
     try:
@@ -810,7 +819,7 @@ def run_training(use_fast, seconds):
             epoch += 1
         if fresh:  # a new batch from the data workers; its images rendered on the device
             try:
-                x, y, n_targets, flat_idx, y_sel, img_u8 = STREAM.next()
+                x, y, n_targets, flat_idx, y_sel, img_u8, img_layouts = STREAM.next()
             except Exception as e:  # noqa: BLE001
                 warn("fresh data failed (%r): the rest of the training uses the fixed corpus" % e)
                 fresh = False
@@ -826,6 +835,7 @@ def run_training(use_fast, seconds):
                 batch_cache[bi] += (torch.tensor(rows, device=DEV) if rows and VIS is not None else None,)
             x, y, n_targets, flat_idx, y_sel, img_rows = batch_cache[bi]
             img_u8 = None if img_rows is None else IMG_U8[img_rows]
+            img_layouts = None
         frac = min(1.0, el / seconds)
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
@@ -834,12 +844,16 @@ def run_training(use_fast, seconds):
             if use_fast:
                 if step == 1 and os.environ.get("M3TINY_TEST_FAST_FAIL") == "1":
                     raise RuntimeError("M3TINY_TEST_FAST_FAIL: simulated failure of the fast path")
-                loss = FAST.loss(x, y, flat_idx, y_sel, img=None if img_u8 is None or VIS is None else (
-                    IMAGE_ID, VIS(img_u8), None))
+                emb = None if img_u8 is None or VIS is None else VIS(img_u8)
+                loss = FAST.loss(x, y, flat_idx, y_sel, img=None if emb is None else (IMAGE_ID, emb, None))
+                lm_loss = loss  # logged: the language model's loss alone
+                if PERCEIVE is not None and emb is not None and img_layouts is not None:
+                    loss = loss + args.perception_weight * PERCEIVE.loss(emb, img_layouts)
             else:
                 logits = forward(model, x).logits
         if not use_fast:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+            loss = lm_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                             ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -861,9 +875,9 @@ def run_training(use_fast, seconds):
         step += 1
         tokens_seen += n_targets
         if step % 100 == 0 or step == 1 or (not use_fast and step % 25 == 0):
-            lv = loss.item()
-            if not math.isfinite(lv):
-                raise RuntimeError("loss is %r at step %d" % (lv, step))
+            lv = lm_loss.item()
+            if not math.isfinite(loss.item()):
+                raise RuntimeError("loss is %r at step %d" % (loss.item(), step))
             ema = lv if ema is None else 0.9 * ema + 0.1 * lv
             imb = max((l.max() / l.mean().clamp(min=1e-9)).item() for l in loads) if loads else 0
             loss_curve.append({"step": step, "t": round(time.time() - t_train, 1), "loss": round(lv, 4), "lr": lr,
@@ -873,15 +887,20 @@ def run_training(use_fast, seconds):
             if fresh:
                 tfrac = max(1e-6, STREAM.stats["trained"] / max(1, STREAM.stats["tokens"]))
             log("step %5d %s loss %.4f (ema %.4f) lr %.2e gnorm %.2f  seq %dx%d  trained tok %.1fM  "
-                "(%.0fk trained tok/s, %.0fk tok/s incl. context)  max expert load/mean %.2f%s" % (
+                "(%.0fk trained tok/s, %.0fk tok/s incl. context)  max expert load/mean %.2f%s%s" % (
                     step, "fresh" if fresh else "ep %d" % epoch, lv, ema, lr, gn.item(), x.shape[0], x.shape[1],
                     tokens_seen / 1e6, tokens_seen / el2 / 1e3, tokens_seen / el2 / 1e3 / tfrac, imb,
-                    "  images %d, data wait %.1f s" % (STREAM.stats["images"], STREAM.wait_s) if fresh else ""))
+                    "  images %d, data wait %.1f s" % (STREAM.stats["images"], STREAM.wait_s) if fresh else "",
+                    "" if PERCEIVE is None or PERCEIVE.last_accuracy is None else
+                    "  perception kind %.3f colour %.3f" % tuple(v.item() for v in PERCEIVE.last_accuracy)))
     log("training done (%s): %d steps, %s, %.1f s, %.1fM trained tokens" % (
         "fast model" if use_fast else "reference classes", step,
         "fresh batches" if fresh else "%d epochs (partial)" % epoch, time.time() - t_train, tokens_seen / 1e6))
     if use_fast and STREAM is not None:
         REPORT["fresh_data"] = dict(STREAM.summary(), steps=step, steps_per_s=round(step / max(1e-9, time.time() - t_train), 2))
+        if PERCEIVE is not None and PERCEIVE.last_accuracy is not None:
+            REPORT["fresh_data"]["perception_last_batch"] = {
+                k: round(v.item(), 4) for k, v in zip(("kind", "colour"), PERCEIVE.last_accuracy)}
         log("fresh data: %s" % json.dumps(REPORT["fresh_data"]))
     return step, epoch, tokens_seen
 

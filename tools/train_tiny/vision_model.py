@@ -197,6 +197,58 @@ class VisionTower(nn.Module):
         return n
 
 
+
+class PerceptionProbe(nn.Module):
+    """A training-only linear read-out of the tower's merged outputs: for each quadrant of a scene,
+    which kind of shape sits there (none or one of shapes.SHAPES) and which colour (none or one of
+    shapes.COLOURS), from the mean of the quadrant's merge windows. Its cross entropy, added to the
+    language model's loss, puts the scene into the image tokens in a linearly readable form from the
+    first steps on, where the language model's own gradient reaches the tower weakly and late. The
+    probe is not part of the checkpoint.
+
+    layouts are fresh_vision.encode_layout rows: int [n, objects, 6] (valid, kind, colour, cx, cy, r)
+    on an image of `size` pixels whose quadrants split at size / 2."""
+
+    def __init__(self, text_hidden, kinds, colours, size):
+        super().__init__()
+        self.kinds, self.colours, self.size = kinds, colours, size
+        self.head = nn.Linear(text_hidden, (1 + kinds) + (1 + colours))
+        self.last_accuracy = None  # (kind, colour) accuracy per quadrant slot of the last batch
+
+    def targets(self, layouts):
+        """(kind [n, 4], colour [n, 4]): 0 where the quadrant is empty, else 1 + the index."""
+        lay = layouts.long()
+        n = lay.shape[0]
+        kind = torch.zeros(n, 4, dtype=torch.long, device=lay.device)
+        colour = torch.zeros_like(kind)
+        half = self.size // 2
+        quad = (lay[..., 4] >= half).long() * 2 + (lay[..., 3] >= half).long()  # QUADRANTS order
+        valid = lay[..., 0] > 0
+        rows = torch.arange(n, device=lay.device).unsqueeze(1).expand_as(quad)
+        kind[rows[valid], quad[valid]] = lay[..., 1][valid] + 1
+        colour[rows[valid], quad[valid]] = lay[..., 2][valid] + 1
+        return kind, colour
+
+    def quadrant_means(self, emb, n_images):
+        """[n * windows, H] tower outputs (windows row-major over a square grid) -> [n, 4, H]."""
+        w = emb.shape[0] // n_images
+        side = int(round(w ** 0.5))
+        assert side * side == w and side % 2 == 0, "a square window grid of even side (got %d windows)" % w
+        x = emb.float().view(n_images, 2, side // 2, 2, side // 2, -1)  # (qy, wy, qx, wx)
+        return x.mean(dim=(2, 4)).reshape(n_images, 4, -1)
+
+    def loss(self, emb, layouts):
+        n = layouts.shape[0]
+        logits = self.head(self.quadrant_means(emb, n))  # [n, 4, classes]
+        kind, colour = self.targets(layouts)
+        lk, lc = logits[..., :1 + self.kinds], logits[..., 1 + self.kinds:]
+        loss = F.cross_entropy(lk.reshape(-1, lk.shape[-1]), kind.reshape(-1)) + \
+            F.cross_entropy(lc.reshape(-1, lc.shape[-1]), colour.reshape(-1))
+        with torch.no_grad():
+            self.last_accuracy = ((lk.argmax(-1) == kind).float().mean(), (lc.argmax(-1) == colour).float().mean())
+        return loss
+
+
 @torch.no_grad()
 def greedy(fast, vis, prompts, images, image_id, eos, max_new, batch=64):
     """Greedy decoding without a KV cache on the fast text model with image embeddings.
