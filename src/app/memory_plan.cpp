@@ -126,9 +126,8 @@ int64_t activation_bytes_per_device(const MiniMaxM3Config& c, WeightStorage stor
   double fixed = 256.0 * (1 << 20);  // CPU: the thread pool's scratch and the sampler
   if (storage == WeightStorage::kCheckpointFormats) {
     // CUDA context and cuBLASLt workspace (~1 GiB), the prefill attention scratch (512 MiB) and
-    // two of the largest weight dequantised to bf16 for a prefill GEMM (the dense gate|up): the
-    // routed experts dequantise the next expert while the current one multiplies.
-    fixed = (1024.0 + 512.0) * (1 << 20) + 2 * 2.0 * 2.0 * c.dense_intermediate_size / ranks * h;
+    // the largest weight dequantised to bf16 for a prefill GEMM (the dense gate|up).
+    fixed = (1024.0 + 512.0) * (1 << 20) + 2.0 * 2.0 * c.dense_intermediate_size / ranks * h;
   }
   return static_cast<int64_t>(
       std::ceil(scale * per_token * static_cast<double>(std::max<int64_t>(1, step_tokens)) +

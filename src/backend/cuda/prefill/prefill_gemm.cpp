@@ -12,8 +12,6 @@
 #include "backend/cuda/moe/grouped_expert_gemm.h"
 #include "backend/cuda/runtime/caching_allocator.h"
 #include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/runtime/graph.h"
-#include "backend/cuda/runtime/stream.h"
 
 namespace m3::cuda {
 
@@ -72,12 +70,6 @@ struct PrefillGemm::Impl {
   uint16_t* scratch = nullptr;
   int64_t scratch_bytes = 0;
   float* consts = nullptr;  // device {0, 1}: beta / alpha in device pointer mode
-  // The routed experts' pipeline (ExpertPipeline below), made on the first kDequantCublas call:
-  // a side stream that dequantises the next expert's tile into the second buffer while the
-  // main stream multiplies the current one.
-  uint16_t* scratch2 = nullptr;
-  Stream side;
-  Event fork, ready[2], released[2];
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -96,21 +88,7 @@ struct PrefillGemm::Impl {
     if (handle != nullptr) cublasLtDestroy(handle);
     if (workspace != nullptr) alloc->free(workspace);
     if (scratch != nullptr) alloc->free(scratch);
-    if (scratch2 != nullptr) alloc->free(scratch2);
     if (consts != nullptr) alloc->free(consts);
-  }
-
-  Status ensure_pipeline() {
-    if (scratch2 != nullptr) return Status::ok();
-    M3_ASSIGN_OR_RETURN(side, Stream::create());
-    M3_ASSIGN_OR_RETURN(fork, Event::create());
-    for (int b = 0; b < 2; ++b) {
-      M3_ASSIGN_OR_RETURN(ready[b], Event::create());
-      M3_ASSIGN_OR_RETURN(released[b], Event::create());
-    }
-    M3_ASSIGN_OR_RETURN(void* sc, alloc->allocate(scratch_bytes));
-    scratch2 = static_cast<uint16_t*>(sc);
-    return Status::ok();
   }
 
   // Row-major y[M,N] = x[M,K]·W[N,K]^T is column-major C[N,M] = A^T·B with A = W as [K,N]
@@ -207,68 +185,6 @@ struct PrefillGemm::Impl {
   }
 };
 
-namespace {
-
-// The per-expert GEMMs of kDequantCublas with the dequantisation off the critical path: tile j
-// is dequantised on the side stream into buffer j % 2 while the main stream multiplies tile
-// j - 1 from the other buffer. The dequantisation is memory-bound and the GEMM compute-bound, so
-// they share the SMs well (a GEMM of a few hundred rows leaves part of its last wave idle).
-// Ordering: the side stream forks from the main stream when the pipeline starts (so it sees the
-// inputs and works under graph capture), tile j's GEMM waits for its dequantisation (ready), and
-// the dequantisation of tile j + 2 waits for tile j's GEMM to release the buffer (released).
-// The main stream's wait on the last tile joins the side stream back. Tiles run in the order
-// given, so the products are the ones matrix() computes, bit for bit.
-class ExpertPipeline {
- public:
-  // overlap false: every tile in turn on the main stream through Impl::matrix (the baseline).
-  ExpertPipeline(PrefillGemm::Impl* im, cudaStream_t main, bool overlap)
-      : im_(im), main_(main), overlap_(overlap) {}
-
-  Status start() {
-    if (!overlap_) return Status::ok();
-    M3_RETURN_IF_ERROR(im_->ensure_pipeline());
-    M3_RETURN_IF_ERROR(im_->fork.record(main_));
-    return im_->fork.make_wait(im_->side.get());
-  }
-
-  // y[:, :w.n] = x[m, w.k] · W^T · global, as Impl::matrix with float32 output.
-  Status matrix(const uint16_t* x, int64_t ldx, int64_t m, const QuantWeight& w, float* y,
-                int64_t ldy) {
-    if (!overlap_ || w.format == QuantFormat::kBf16)
-      return im_->matrix(x, ldx, m, w, y, ldy, PrefillOut::kF32, false, main_);
-    const float* alpha = (w.format == QuantFormat::kNvfp4 && w.w_global != nullptr)
-                             ? w.w_global
-                             : im_->consts + 1;
-    const int64_t rows = im_->tile_rows(w.n, w.k);
-    if (rows * w.k * 2 > im_->scratch_bytes) {
-      return invalid_argument("[cuda.prefill_gemm] K=" + std::to_string(w.k) +
-                              " needs more than the scratch buffer for one 128-row panel");
-    }
-    for (int64_t r0 = 0; r0 < w.n; r0 += rows, ++tile_) {
-      const int64_t nr = std::min(rows, w.n - r0);
-      const int b = static_cast<int>(tile_ % 2);
-      uint16_t* buf = b == 0 ? im_->scratch : im_->scratch2;
-      cudaStream_t side = im_->side.get();
-      if (tile_ >= 2) M3_RETURN_IF_ERROR(im_->released[b].make_wait(side));
-      M3_RETURN_IF_ERROR(launch_dequant_bf16({w, r0, nr, buf}, side));
-      M3_RETURN_IF_ERROR(im_->ready[b].record(side));
-      M3_RETURN_IF_ERROR(im_->ready[b].make_wait(main_));
-      M3_RETURN_IF_ERROR(im_->gemm(x, ldx, m, buf, nr, w.k, alpha, false, y + r0, ldy,
-                                   PrefillOut::kF32, main_));
-      M3_RETURN_IF_ERROR(im_->released[b].record(main_));
-    }
-    return Status::ok();
-  }
-
- private:
-  PrefillGemm::Impl* im_;
-  cudaStream_t main_;
-  bool overlap_;
-  int64_t tile_ = 0;
-};
-
-}  // namespace
-
 Result<std::unique_ptr<PrefillGemm>> PrefillGemm::create(CachingAllocator* alloc,
                                                          int64_t scratch_bytes) {
   if (alloc == nullptr) return invalid_argument("[cuda.prefill_gemm] allocator is null");
@@ -350,24 +266,21 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
   auto* act = static_cast<uint16_t*>(act_v);
   auto* y = static_cast<float*>(y_v);
   M3_RETURN_IF_ERROR(launch_gather_bf16(p.x, sorted, p.top_k, routed, hd, xs, stream));
-  // One pipeline over both matrices: the first down projections' weights are dequantised while
-  // the last gate|up GEMMs and the SwiGLU run.
-  ExpertPipeline pipe(&im, stream, p.overlap_dequant);
-  M3_RETURN_IF_ERROR(pipe.start());
   for (int64_t g = 0; g < e; ++g) {
     const int64_t r0 = offsets[static_cast<size_t>(g)];
     const int64_t nr = offsets[static_cast<size_t>(g + 1)] - r0;
     if (nr == 0) continue;
     ++moe_stats_.active_experts;
-    M3_RETURN_IF_ERROR(
-        pipe.matrix(xs + r0 * hd, hd, nr, matrix_of(p.w13, g), h + r0 * 2 * in, 2 * in));
+    M3_RETURN_IF_ERROR(im.matrix(xs + r0 * hd, hd, nr, matrix_of(p.w13, g), h + r0 * 2 * in,
+                                 2 * in, PrefillOut::kF32, false, stream));
   }
   M3_RETURN_IF_ERROR(launch_swiglu_oai_bf16(h, routed, in, p.alpha, p.limit, act, stream));
   for (int64_t g = 0; g < e; ++g) {
     const int64_t r0 = offsets[static_cast<size_t>(g)];
     const int64_t nr = offsets[static_cast<size_t>(g + 1)] - r0;
     if (nr == 0) continue;
-    M3_RETURN_IF_ERROR(pipe.matrix(act + r0 * in, in, nr, matrix_of(p.w2, g), y + r0 * hd, hd));
+    M3_RETURN_IF_ERROR(im.matrix(act + r0 * in, in, nr, matrix_of(p.w2, g), y + r0 * hd, hd,
+                                 PrefillOut::kF32, false, stream));
   }
   return launch_moe_combine_sorted(y, inv, p.topk_weights, p.shared, p.t, p.top_k, hd, p.out,
                                    stream);

@@ -6,18 +6,14 @@
 // applied by cuBLASLt as alpha (a device pointer), in float32, not folded into the bf16 values.
 // BF16 weights are used in place (no dequantisation).
 //
-// Cost of the dequantisation: 2 bytes written and read per weight element against 2·M flops per
-// element for the GEMM of M rows: small for a dense matrix at M = T >= 1K, but a routed expert
-// gets only M = T·top_k / E rows (1K of a 32K chunk on M3.1-Flash), where it is a quarter of the
-// time unless it overlaps the GEMMs (below).
+// Cost of the dequantisation: 2 bytes written and read per weight element against 2·T flops per
+// element for the GEMM, i.e. < 1 % of the time at T >= 1K.
 //
 // Routed experts (moe): rows (token, slot) are grouped by expert (launch_group_by_expert), the
 // token activations gathered in that order, and only experts that received tokens are
 // dequantised; one cuBLASLt GEMM per active expert for gate|up, SwiGLU-OAI to bf16 activations,
 // one GEMM per expert for down, then the weighted combine over the slots in ascending order
-// (the CPU backend's order) plus the optional shared-expert output. The next expert's weights are
-// dequantised on a side stream into a second scratch buffer while the current expert's GEMM runs
-// (PrefillMoeParams::overlap_dequant).
+// (the CPU backend's order) plus the optional shared-expert output.
 //
 // PrefillMoeKernel::kGroupedInLoop replaces the per-expert loop by two launches of the grouped
 // expert GEMM (moe/grouped_expert_gemm.h: NVFP4 / MXFP8 dequantised in the GEMM's main loop,
@@ -92,10 +88,6 @@ struct PrefillMoeParams {
   int64_t expert_base = 0;
   float alpha = 1.702f, limit = 7.0f;
   PrefillMoeKernel kernel = PrefillMoeKernel::kDequantCublas;
-  // kDequantCublas: dequantise the next expert's weights on a side stream while the current
-  // expert's GEMM runs (two scratch buffers); false runs them in turn on `stream` (one buffer).
-  // The products are the same bit for bit.
-  bool overlap_dequant = true;
 };
 
 struct PrefillMoeStats {
