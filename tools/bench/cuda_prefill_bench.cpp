@@ -19,8 +19,9 @@
 // key (QK and PV; keys = min(causal keys, top-16 blocks)) and 2·Hix·Dix per indexer key.
 //
 // The routed experts are in the mma layouts the model repacks them to, and the layer sums the
-// kernel the model picks for the step (CudaM3Kernels: kGroupedInLoop up to 16384 tokens, else
-// kDequantCublas); the other is timed beside it (printed, not summed).
+// kernel the model picks for the step (CudaM3Kernels: the grouped kernel, kGroupedWgmma by
+// default, up to 16384 tokens, else kDequantCublas); the other is timed beside it (printed, not
+// summed).
 //
 // --experts: the routed experts alone (NVFP4, 128 experts, top-4, uniform random routing), old
 // (kDequantCublas) vs the grouped kernels (kGroupedInLoop: mma.sync main loop; kGroupedWgmma:
@@ -499,19 +500,23 @@ int main(int argc, char** argv) {
     char name[96];
     const double routed_flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
     // Both kernels; the layer sums the one the model picks for a step of t tokens.
+    const minimax_m3::CudaM3Kernels model_choice;
     mp.kernel = PrefillMoeKernel::kDequantCublas;
     const double old_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    mp.kernel = PrefillMoeKernel::kGroupedInLoop;
+    // The grouped kernel the model runs: the wgmma main loop unless switched off.
+    mp.kernel = model_choice.grouped_expert_wgmma ? PrefillMoeKernel::kGroupedWgmma
+                                                  : PrefillMoeKernel::kGroupedInLoop;
     const double new_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    const minimax_m3::CudaM3Kernels model_choice;
+    const char* grouped_name =
+        model_choice.grouped_expert_wgmma ? "grouped in-loop (wgmma)" : "grouped in-loop";
     const bool grouped =
         model_choice.grouped_expert_gemm && t <= model_choice.grouped_expert_max_tokens;
     std::snprintf(name, sizeof name, "  (not summed) routed experts, %s",
-                  grouped ? "dequant+cublas" : "grouped in-loop");
+                  grouped ? "dequant+cublas" : grouped_name);
     report(t, {name, grouped ? old_ms : new_ms, routed_flops});
-    moe_rows.push_back({grouped ? "nvfp4 routed experts top-4, grouped in-loop"
-                                : "nvfp4 routed experts top-4, dequant+cublas",
-                        grouped ? new_ms : old_ms, routed_flops});
+    std::snprintf(name, sizeof name, "nvfp4 routed experts top-4, %s",
+                  grouped ? grouped_name : "dequant+cublas");
+    moe_rows.push_back({name, grouped ? new_ms : old_ms, routed_flops});
     auto mlp = [&](const QuantWeight& w13, const QuantWeight& w2, int64_t inter) {
       lin(w13, x, kHd, y, PrefillOut::kF32);
       CHECK_OK(launch_swiglu_oai_bf16(y, t, inter, 1.702f, 7.0f, act, st()));
