@@ -1,7 +1,11 @@
 // Exact device decodes of the quantised formats' codes to float: E4M3 (MXFP8 values, NVFP4 block
 // scales), E8M0 (MXFP8 block scales) and E2M1 (NVFP4 values). Every result is representable in
-// float, so a product with a scale is exact where the format promises it (quant_gemv.h).
+// float, so a product with a scale is exact where the format promises it (quant_gemv.h); and the
+// scaling of an f16x2 pair to bf16x2.
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -33,6 +37,15 @@ __device__ __forceinline__ float e2m1_to_float(uint32_t c) {
   constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float v = kMag[c & 7];
   return (c & 8) ? -v : v;
+}
+
+// f16x2 times a float scale, rounded to bf16x2: how the NVFP4 f16 fragments (codes x 2^-14)
+// become bf16 weights; exact when the scale carries the 2^14 (a code has at most 2 significant
+// bits, an E4M3 scale 4).
+__device__ __forceinline__ uint32_t scale_to_bf16x2(uint32_t h2, float s) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * s, f.y * s);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 }  // namespace m3::cuda

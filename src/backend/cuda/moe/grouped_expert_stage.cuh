@@ -98,13 +98,6 @@ __device__ __forceinline__ uint32_t e2m1x2_to_f16x2(uint32_t b) {
          ((b << 24) & 0x80000000u);
 }
 
-// f16x2 times a float scale, rounded to bf16x2 (exact for the values here).
-__device__ __forceinline__ uint32_t scale_to_bf16x2(uint32_t h2, float s) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x * s, f.y * s);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Where the codes and the scale of columns 16·cg .. 16·cg + 15 of local weight row lr sit in a
 // raw stage (byte offsets from the stage's codes and from its scales), and for NVFP4 in the mma
 // layout which half (tile rows g or g + 8) of the packed words is the row's. Depends only on

@@ -23,10 +23,6 @@ int grid_for(int64_t n, int per_thread = 1) {
   return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 65535 * 8));
 }
 
-__device__ __forceinline__ float2 f16x2_to_float2(uint32_t v) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&v));
-}
-
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -152,10 +148,8 @@ __global__ void dequant_nvfp4_packed_kernel(const uint8_t* __restrict__ matrix,
       for (int i = 0; i < 8; ++i) {
         const uint32_t w = words[i];
         const float s = i < 4 ? s0 : s1;
-        const float2 lo = f16x2_to_float2(nvfp4_mma::fragment(w, h));
-        const float2 hi = f16x2_to_float2(nvfp4_mma::fragment(w, 2 + h));
-        o[2 * i] = pack_bf16x2(lo.x * s, lo.y * s);
-        o[2 * i + 1] = pack_bf16x2(hi.x * s, hi.y * s);
+        o[2 * i] = scale_to_bf16x2(nvfp4_mma::fragment(w, h), s);
+        o[2 * i + 1] = scale_to_bf16x2(nvfp4_mma::fragment(w, 2 + h), s);
       }
       uint4* dst = reinterpret_cast<uint4*>(out + (row - row0) * k + col0);
 #pragma unroll
