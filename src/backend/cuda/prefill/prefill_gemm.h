@@ -6,8 +6,12 @@
 // applied by cuBLASLt as alpha (a device pointer), in float32, not folded into the bf16 values.
 // BF16 weights are used in place (no dequantisation).
 //
-// Cost of the dequantisation: 2 bytes written and read per weight element against 2·T flops per
-// element for the GEMM, i.e. < 1 % of the time at T >= 1K.
+// Cost of the dequantisation: about 4.6 bytes of memory traffic per weight element (the codes and
+// scales read, 2 bytes written, 2 read back by the GEMM) against 2·M flops per element for a GEMM
+// of M rows. At the H100/H200 ratio of bf16 peak to HBM bandwidth (~250 flop per byte) that is
+// small for a dense matrix at M = T in the thousands, but a routed expert gets M = T·top_k / E rows
+// (1K of a 32K chunk on M3.1-Flash): there the dequantisation was ~12 of the 44 ms of a layer's
+// routed experts on an H100 (docs/performance.md).
 //
 // Routed experts (moe): rows (token, slot) are grouped by expert (launch_group_by_expert), the
 // token activations gathered in that order, and only experts that received tokens are
