@@ -287,6 +287,7 @@ const char* name_of(cuda::PrefillMoeKernel k) {
     case cuda::PrefillMoeKernel::kDequantCublas: return "cublas";
     case cuda::PrefillMoeKernel::kGroupedInLoop: return "grouped";
     case cuda::PrefillMoeKernel::kGroupedWgmma: return "grouped-wgmma";
+    case cuda::PrefillMoeKernel::kGroupedWgmmaRegisterWeights: return "grouped-wgmma-regw";
   }
   return "?";
 }
@@ -535,7 +536,8 @@ TEST_P(PrefillMoe, MatchesCpuMoeExperts) {
     std::vector<double> twice(bound.size());
     for (size_t i = 0; i < bound.size(); ++i) twice[i] = 2 * bound[i];
     expect_close(got, old, twice, name_of(c) + " vs cublas");
-    if (c.kernel == cuda::PrefillMoeKernel::kGroupedWgmma) {
+    if (c.kernel == cuda::PrefillMoeKernel::kGroupedWgmma ||
+        c.kernel == cuda::PrefillMoeKernel::kGroupedWgmmaRegisterWeights) {
       const std::vector<float> mma = run_moe(c, cuda::PrefillMoeKernel::kGroupedInLoop, w, dx, r);
       expect_close(got, mma, twice, name_of(c) + " vs mma.sync grouped");
     }
@@ -549,6 +551,7 @@ TEST_P(PrefillMoe, MatchesCpuMoeExperts) {
 constexpr auto kCublas = cuda::PrefillMoeKernel::kDequantCublas;
 constexpr auto kGrouped = cuda::PrefillMoeKernel::kGroupedInLoop;
 constexpr auto kWgmma = cuda::PrefillMoeKernel::kGroupedWgmma;
+constexpr auto kRegW = cuda::PrefillMoeKernel::kGroupedWgmmaRegisterWeights;
 constexpr auto kNv = QuantFormat::kNvfp4;
 constexpr auto kMx = QuantFormat::kMxfp8;
 
@@ -579,7 +582,17 @@ INSTANTIATE_TEST_SUITE_P(
         MoeCase{kMx, kWgmma, true, 512, 256, 128, 8, 2, Routing::kEdgeCounts, false},
         MoeCase{kNv, kWgmma, true, 300, 256, 256, 5, 1, Routing::kOneExpert, false},
         MoeCase{kMx, kWgmma, false, 300, 256, 256, 5, 1, Routing::kOneExpert, true},
-        MoeCase{kNv, kWgmma, false, 1, 256, 128, 4, 2, Routing::kUniform, false}));
+        MoeCase{kNv, kWgmma, false, 1, 256, 128, 4, 2, Routing::kUniform, false},
+        // The register-weights loop (NVFP4 in the mma layouts; the other weights take the wgmma
+        // loop): hidden 1024 / 256 gives 256-row CTAs for both matrices, inter 512 / 128 for
+        // the down projection's K.
+        MoeCase{kNv, kRegW, true, 200, 1024, 512, 17, 4, Routing::kUniform, true},
+        MoeCase{kNv, kRegW, true, 200, 1024, 512, 17, 4, Routing::kSkewed, false},
+        MoeCase{kNv, kRegW, true, 512, 256, 128, 8, 2, Routing::kEdgeCounts, true},
+        MoeCase{kNv, kRegW, true, 300, 256, 256, 5, 1, Routing::kOneExpert, false},
+        MoeCase{kNv, kRegW, true, 1, 256, 128, 4, 2, Routing::kUniform, false},
+        MoeCase{kNv, kRegW, false, 200, 1024, 512, 17, 4, Routing::kSkewed, true},
+        MoeCase{kMx, kRegW, true, 200, 1024, 512, 17, 4, Routing::kUniform, false}));
 
 // One layer at the real expert shape (hidden 6144, inter 3072) and T = 8K, NVFP4 in the model's
 // mma layouts, 2 experts at top-1 (each gets ~4K rows, 32 row tiles, as 128 experts at top-4
@@ -619,6 +632,7 @@ void real_shape_t8k(cuda::PrefillMoeKernel kernel) {
 
 TEST(PrefillMoeRealShape, Nvfp4T8K) { real_shape_t8k(kGrouped); }
 TEST(PrefillMoeRealShape, Nvfp4T8KWgmma) { real_shape_t8k(kWgmma); }
+TEST(PrefillMoeRealShape, Nvfp4T8KWgmmaRegisterWeights) { real_shape_t8k(kRegW); }
 
 // The whole grouped moe() call captured in a CUDA graph (no host sync, no host reads) and
 // replayed: the same bits as the eager call. The eager call first warms the caching allocator, so
@@ -672,6 +686,7 @@ void graph_capture_replays(cuda::PrefillMoeKernel kernel) {
 
 TEST(PrefillMoeGraph, GroupedCaptureReplays) { graph_capture_replays(kGrouped); }
 TEST(PrefillMoeGraph, GroupedWgmmaCaptureReplays) { graph_capture_replays(kWgmma); }
+TEST(PrefillMoeGraph, GroupedWgmmaRegisterWeightsCaptureReplays) { graph_capture_replays(kRegW); }
 
 // ---- the grouped expert GEMM alone (one launch, either main loop, either epilogue) ----
 
@@ -686,7 +701,9 @@ struct GroupedCase {
 std::string name_of(const GroupedCase& c) {
   char b[160];
   std::snprintf(b, sizeof(b), "grouped gemm %s %s %s %s N=%lld K=%lld", name_of(c.format),
-                c.kernel == cuda::GroupedExpertKernel::kWgmma ? "wgmma" : "mma.sync",
+                c.kernel == cuda::GroupedExpertKernel::kWgmma                   ? "wgmma"
+                : c.kernel == cuda::GroupedExpertKernel::kWgmmaRegisterWeights ? "wgmma-regw"
+                                                                               : "mma.sync",
                 c.mma_layout ? "mma-layout" : "row-major",
                 c.ep == cuda::GroupedEpilogue::kSwigluBf16 ? "swiglu-bf16" : "store-f32",
                 static_cast<long long>(c.n), static_cast<long long>(c.k));
@@ -877,14 +894,19 @@ TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
     ASSERT_TRUE(failure.empty()) << name_of(c) << ": " << failure;
     got = y.host();
   }
-  // The SwiGLU CTA owns 64 activation columns, the store CTA 128 output columns.
-  expect_grouped_close(got, want, bound, off, max_rows, cols, swiglu ? 64 : 128, name_of(c));
+  // The SwiGLU CTA owns 64 activation columns, the store CTA 128 output columns; the
+  // register-weights CTA 128 weight rows per block of 64 per warpgroup (2 blocks where N % 256 == 0).
+  int64_t cols_per_cta = swiglu ? 64 : 128;
+  if (c.kernel == cuda::GroupedExpertKernel::kWgmmaRegisterWeights)
+    cols_per_cta = (c.n % 256 == 0 ? 256 : 128) / (swiglu ? 2 : 1);
+  expect_grouped_close(got, want, bound, off, max_rows, cols, cols_per_cta, name_of(c));
 }
 
 constexpr auto kSwiglu = cuda::GroupedEpilogue::kSwigluBf16;
 constexpr auto kStore = cuda::GroupedEpilogue::kStoreF32;
 constexpr auto kMmaSyncLoop = cuda::GroupedExpertKernel::kMmaSync;
 constexpr auto kWgmmaLoop = cuda::GroupedExpertKernel::kWgmma;
+constexpr auto kRegWLoop = cuda::GroupedExpertKernel::kWgmmaRegisterWeights;
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GroupedExpertGemm,
@@ -910,7 +932,17 @@ INSTANTIATE_TEST_SUITE_P(
         // One stage (no ring turn), and five (the ring wraps past its start twice).
         GroupedCase{kNv, false, kStore, kWgmmaLoop, 128, 128},
         GroupedCase{kMx, true, kSwiglu, kWgmmaLoop, 384, 640},
-        GroupedCase{kNv, true, kStore, kWgmmaLoop, 384, 640}));
+        GroupedCase{kNv, true, kStore, kWgmmaLoop, 384, 640},
+        // The register-weights loop (NVFP4, mma layouts): 256-row CTAs (N = 256, 512), 128-row
+        // CTAs (N = 128, 384); one stage, three, and five (its 4-slot ring wraps).
+        GroupedCase{kNv, true, kStore, kRegWLoop, 256, 384},
+        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 256, 384},
+        GroupedCase{kNv, true, kStore, kRegWLoop, 128, 128},
+        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 128, 128},
+        GroupedCase{kNv, true, kStore, kRegWLoop, 384, 640},
+        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 384, 640},
+        GroupedCase{kNv, true, kStore, kRegWLoop, 512, 640},
+        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 512, 640}));
 
 // Weights a main loop does not take are refused with an error naming them, for both loops.
 TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
@@ -936,6 +968,26 @@ TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
     st = cuda::launch_grouped_expert_gemm(p, stream());
     EXPECT_FALSE(st.is_ok());
     EXPECT_NE(st.to_string().find("N 200"), std::string::npos) << st.to_string();
+  }
+  // The register-weights loop takes NVFP4 in the mma layouts only.
+  cuda::GroupedExpertGemmParams p;
+  p.kernel = kRegWLoop;
+  p.num_experts = 2;
+  p.max_rows = 4;
+  p.lda = 256;
+  p.w.n = 256;
+  p.w.k = 256;
+  p.epilogue = kStore;
+  float y = 0;
+  p.y = &y;
+  p.ldy = 256;
+  for (auto [format, layout] : {std::pair{QuantFormat::kMxfp8, WeightLayout::kMmaRows16},
+                                std::pair{QuantFormat::kNvfp4, WeightLayout::kRowMajor}}) {
+    p.w.format = format;
+    p.w.layout = layout;
+    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.to_string().find("register-weights"), std::string::npos) << st.to_string();
   }
 }
 

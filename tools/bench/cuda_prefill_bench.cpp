@@ -25,7 +25,8 @@
 //
 // --experts: the routed experts alone (NVFP4, 128 experts, top-4, uniform random routing), old
 // (kDequantCublas) vs the grouped kernels (kGroupedInLoop: mma.sync main loop; kGroupedWgmma:
-// the Hopper wgmma main loop), with the weights row-major and then in the mma layouts the model
+// the Hopper wgmma main loop; kGroupedWgmmaRegisterWeights: the weights as wgmma's register
+// operand, mma layouts only), with the weights row-major and then in the mma layouts the model
 // repacks them to; FLOPs 2·T·top_k·(2·I·Hd + Hd·I), TFLOP/s and the fraction of the bf16 peak per
 // row. Default tokens there: 512 2048 8192 32768.
 //
@@ -313,13 +314,15 @@ void bench_experts(PrefillGemm& gemm, CachingAllocator& alloc, const std::vector
       mp.num_experts = kE;
       mp.top_k = kK4;
       const double flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
-      const PrefillMoeKernel kernels[3] = {PrefillMoeKernel::kDequantCublas,
-                                           PrefillMoeKernel::kGroupedInLoop,
-                                           PrefillMoeKernel::kGroupedWgmma};
-      const char* names[3] = {"old (dequant+cublas)", "grouped in-loop (mma.sync)",
-                              "grouped in-loop (wgmma)"};
-      double ms[3];
-      for (int k = 0; k < 3; ++k) {
+      const PrefillMoeKernel kernels[4] = {
+          PrefillMoeKernel::kDequantCublas, PrefillMoeKernel::kGroupedInLoop,
+          PrefillMoeKernel::kGroupedWgmma, PrefillMoeKernel::kGroupedWgmmaRegisterWeights};
+      const char* names[4] = {"old (dequant+cublas)", "grouped in-loop (mma.sync)",
+                              "grouped in-loop (wgmma)", "grouped wgmma, weights in registers"};
+      double ms[4];
+      // Row-major weights: the register-weights loop would fall back to the wgmma one.
+      const int n_kernels = layout == 1 ? 4 : 3;
+      for (int k = 0; k < n_kernels; ++k) {
         mp.kernel = kernels[k];
         ms[k] = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
         const std::string name = std::string("routed experts ") +
@@ -331,6 +334,9 @@ void bench_experts(PrefillGemm& gemm, CachingAllocator& alloc, const std::vector
       std::printf("T=%-6lld   speed-up over dequant+cublas: mma.sync %.2fx, wgmma %.2fx; "
                   "wgmma / mma.sync %.2fx\n",
                   (long long)t, ms[0] / ms[1], ms[0] / ms[2], ms[1] / ms[2]);
+      if (n_kernels == 4)
+        std::printf("T=%-6lld   weights in registers: %.2fx dequant+cublas, %.2fx wgmma\n",
+                    (long long)t, ms[0] / ms[3], ms[2] / ms[3]);
       CHECK_CUDA(cudaStreamSynchronize(g_stream));
       alloc.release_cached();
     }

@@ -296,6 +296,8 @@ Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st*
              : (p.y == nullptr || p.ldy < p.w.n || p.ldy % 2 != 0))
     return invalid_argument("[cuda.grouped_expert_gemm] output missing or its stride too small");
   if (p.kernel == GroupedExpertKernel::kWgmma) return launch_grouped_expert_gemm_wgmma(p, stream);
+  if (p.kernel == GroupedExpertKernel::kWgmmaRegisterWeights)
+    return launch_grouped_expert_gemm_wgmma_rs(p, stream);
   if (p.kernel != GroupedExpertKernel::kMmaSync)
     return invalid_argument("[cuda.grouped_expert_gemm] unknown kernel " +
                             std::to_string(static_cast<int>(p.kernel)));

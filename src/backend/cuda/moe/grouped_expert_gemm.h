@@ -53,9 +53,13 @@ enum class GroupedEpilogue : int { kSwigluBf16 = 0, kStoreF32 = 1 };
 // Hopper only): the same tiles, stages, dequantisation and epilogues, multiplied by two
 // warpgroups with wgmma.mma_async (A and B read from 128-byte-swizzled shared memory), the
 // conversion of the next stage overlapping the asynchronous multiplication of the current one.
-// The two sum the same products in different orders (results agree within the float32
+// kWgmmaRegisterWeights (grouped_expert_gemm_wgmma_rs.cu, Hopper only, NVFP4 in the mma layouts
+// only): the product transposed, the weights as wgmma's A operand converted in registers straight
+// from their global loads (nothing converted through shared memory), the token rows as its B
+// operand from a shared-memory ring, 256 weight rows x 128 tokens per CTA where N allows.
+// They sum the same products in different orders (results agree within the float32
 // accumulation bound, not bit for bit); each is deterministic.
-enum class GroupedExpertKernel : int { kMmaSync = 0, kWgmma = 1 };
+enum class GroupedExpertKernel : int { kMmaSync = 0, kWgmma = 1, kWgmmaRegisterWeights = 2 };
 
 // Whether the grouped kernel takes `w` ([E, N, K]) with this epilogue: NVFP4 or MXFP8, N and K
 // multiples of 128, and a layout whose 16-row tiles the CTA can copy whole.
@@ -65,6 +69,13 @@ inline bool grouped_expert_gemm_fits(const QuantWeight& w, GroupedEpilogue ep) {
   if (w.layout == WeightLayout::kRowMajor) return true;
   return ep == GroupedEpilogue::kSwigluBf16 ? w.layout == WeightLayout::kMmaSwigluPairs
                                             : w.layout == WeightLayout::kMmaRows16;
+}
+
+// Whether kWgmmaRegisterWeights takes `w` as well: NVFP4 in the mma layout of the epilogue (its
+// lanes load mma.m16n8k16's A registers straight from that layout).
+inline bool grouped_expert_gemm_register_weights_fit(const QuantWeight& w, GroupedEpilogue ep) {
+  return grouped_expert_gemm_fits(w, ep) && w.format == QuantFormat::kNvfp4 &&
+         w.layout != WeightLayout::kRowMajor;
 }
 
 // Grid rows of the grouped launch: enough row tiles for any split of `rows` over `experts`.
@@ -94,8 +105,10 @@ struct GroupedExpertGemmParams {
 };
 Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st* stream);
 
-// The kWgmma main loop (called by launch_grouped_expert_gemm after its argument checks).
+// The kWgmma and kWgmmaRegisterWeights main loops (called by launch_grouped_expert_gemm after
+// its argument checks).
 Status launch_grouped_expert_gemm_wgmma(const GroupedExpertGemmParams& p, CUstream_st* stream);
+Status launch_grouped_expert_gemm_wgmma_rs(const GroupedExpertGemmParams& p, CUstream_st* stream);
 
 // tile_off[0] = 0, tile_off[e + 1] = tile_off[e] + ceil((off[e + 1] - off[e]) / kGroupedTileM).
 Status launch_moe_tile_schedule(const int32_t* group_offsets, int64_t num_experts,

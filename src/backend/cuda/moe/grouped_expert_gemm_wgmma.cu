@@ -67,6 +67,7 @@
 
 #include "backend/cuda/moe/grouped_expert_gemm.h"
 #include "backend/cuda/moe/grouped_expert_stage.cuh"
+#include "backend/cuda/moe/wgmma.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 
 namespace m3::cuda {
@@ -78,10 +79,10 @@ using grouped::kBN;
 
 constexpr int kThreads = 256;                    // 2 warpgroups
 constexpr int kRowsPerWarpgroup = 64;            // wgmma m64
-constexpr int kHalfBytes = kBM * 128;            // 128 rows x 64 bf16 columns, 16 KB
-constexpr int kTileBytes = 2 * kHalfBytes;       // one 128 x 128 bf16 operand tile
-constexpr int kSwizzleAtomBytes = 1024;          // 8 rows x 128 bytes
-static_assert(kBM == kBN, "A and B tiles share the layout helpers");
+constexpr int kHalfBytes = wgmma::kHalfBytes;
+constexpr int kTileBytes = wgmma::kTileBytes;
+constexpr int kSwizzleAtomBytes = wgmma::kSwizzleAtomBytes;
+static_assert(kBM == kBN && kBM == wgmma::kTileRows, "A and B tiles share the layout helpers");
 static_assert(kBM == 2 * kRowsPerWarpgroup, "two warpgroups of 64 rows");
 
 constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -100,66 +101,8 @@ struct Ring : grouped::StageGeometry<F> {
   static_assert(kSmemBytes <= 232448, "more shared memory than an H100/H200 SM offers");
 };
 
-// Byte offset of (row r, 16-byte chunk c = columns 8c .. 8c + 7, c < 16) in an operand tile.
-__device__ __forceinline__ int sw128_off(int r, int c) {
-  return (c >> 3) * kHalfBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-}
-
-// wgmma shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand starting at
-// shared address `addr` (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4,
-// 16-29 leading byte offset >> 4 (unused here, 1 by convention), 32-45 stride byte offset >> 4
-// (1024: the next 8 rows), 49-51 base offset (0: every half is 1024-aligned and k-steps move the
-// start by < 128 bytes), 62-63 swizzle mode (1 = 128 bytes).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{kSwizzleAtomBytes >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-// Keeps the compiler from moving accumulator accesses across the asynchronous region.
-__device__ __forceinline__ void fence_operands(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d[64] += A(64 x 16, desc a) · B(128 x 16, desc b)^T, bf16 in, f32 accumulate; both K-major
-// (imm-trans-a = imm-trans-b = 0), scale-d = 1 (the accumulators start at zero).
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
-        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-        "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(1));
-}
+using wgmma::sw128_desc;
+using wgmma::sw128_off;
 
 // Local weight row lr (0..127) of column tile nt -> the matrix row (SwiGLU: gate rows, then the
 // matching up rows; the 8 mma-layout tiles 8nt .. 8nt + 7 hold exactly these rows in both
@@ -284,25 +227,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int slot = ks % G::kStages;
     // Committed groups: stages 0 .. ks + 1; wait for all (stage ks + 1 is converted below).
     cp_async_wait<0>();
-    fence_proxy_async_smem();  // my copies and converted stores -> visible to wgmma
+    wgmma::fence_proxy_async_smem();  // my copies and converted stores -> visible to wgmma
     __syncthreads();
     const uint32_t a_s =
         smem_u32(smem + slot * G::kStageBytes) + wg * kRowsPerWarpgroup * 128;
     const uint32_t b_s = smem_u32(btiles + (ks & 1) * kTileBytes);
-    wgmma_fence();
-    fence_operands(acc);
+    wgmma::fence();
+    wgmma::fence_operands(acc);
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
       const uint32_t off = (kk >> 2) * kHalfBytes + (kk & 3) * 32;
-      wgmma_m64n128k16(acc, sw128_desc(a_s + off), sw128_desc(b_s + off));
+      wgmma::m64n128k16_ss(acc, sw128_desc(a_s + off), sw128_desc(b_s + off));
     }
-    wgmma_commit();
-    fence_operands(acc);
+    wgmma::commit();
+    wgmma::fence_operands(acc);
     if (ks + 2 < k_stages) load_stage((ks + 2) % G::kStages, ks + 2);
     cp_async_commit();
     if (ks + 1 < k_stages) convert_stage((ks + 1) % G::kStages, btiles + ((ks + 1) & 1) * kTileBytes);
-    wgmma_wait_all();
-    fence_operands(acc);
+    wgmma::wait<0>();
+    wgmma::fence_operands(acc);
   }
   cp_async_wait<0>();
 

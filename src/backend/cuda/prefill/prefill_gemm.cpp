@@ -221,7 +221,8 @@ Status PrefillGemm::moe(const PrefillMoeParams& p, CUstream_st* stream) {
     return invalid_argument("[cuda.prefill_moe] w13 must be [E, 2·inter, hidden] and w2 "
                             "[E, hidden, inter]");
   const bool grouped = p.kernel == PrefillMoeKernel::kGroupedInLoop ||
-                       p.kernel == PrefillMoeKernel::kGroupedWgmma;
+                       p.kernel == PrefillMoeKernel::kGroupedWgmma ||
+                       p.kernel == PrefillMoeKernel::kGroupedWgmmaRegisterWeights;
   if (!grouped && p.kernel != PrefillMoeKernel::kDequantCublas)
     return invalid_argument("[cuda.prefill_moe] unknown kernel " +
                             std::to_string(static_cast<int>(p.kernel)));
@@ -325,8 +326,16 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   g.max_rows = rows;
   g.alpha = p.alpha;
   g.limit = p.limit;
-  g.kernel = p.kernel == PrefillMoeKernel::kGroupedWgmma ? GroupedExpertKernel::kWgmma
-                                                         : GroupedExpertKernel::kMmaSync;
+  const GroupedExpertKernel loop = p.kernel == PrefillMoeKernel::kGroupedInLoop
+                                      ? GroupedExpertKernel::kMmaSync
+                                      : GroupedExpertKernel::kWgmma;
+  // The register-weights loop for each matrix it takes, the wgmma loop for the other.
+  auto kernel_for = [&](const QuantWeight& w, GroupedEpilogue ep) {
+    return p.kernel == PrefillMoeKernel::kGroupedWgmmaRegisterWeights &&
+                   grouped_expert_gemm_register_weights_fit(w, ep)
+               ? GroupedExpertKernel::kWgmmaRegisterWeights
+               : loop;
+  };
   // gate|up: x rows gathered through the sorted row ids, SwiGLU-OAI to bf16 act (sorted order).
   g.a = p.x;
   g.lda = hd;
@@ -336,6 +345,7 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   g.epilogue = GroupedEpilogue::kSwigluBf16;
   g.act = act;
   g.ldact = in;
+  g.kernel = kernel_for(g.w, g.epilogue);
   M3_RETURN_IF_ERROR(launch_grouped_expert_gemm(g, stream));
   // down: act rows in order, float32 y (sorted order).
   g.a = act;
@@ -348,6 +358,7 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   g.ldact = 0;
   g.y = y;
   g.ldy = hd;
+  g.kernel = kernel_for(g.w, g.epilogue);
   M3_RETURN_IF_ERROR(launch_grouped_expert_gemm(g, stream));
   return launch_moe_combine_sorted(y, inv, p.topk_weights, p.shared, p.t, p.top_k, hd, p.out,
                                    stream);

@@ -23,7 +23,8 @@
 // expert GEMM (moe/grouped_expert_gemm.h: NVFP4 / MXFP8 dequantised in the GEMM's main loop,
 // SwiGLU-OAI fused into the gate|up epilogue), driven by device-side counts: no host sync, so the
 // call can be captured in a CUDA graph; kGroupedWgmma runs the same two launches with the wgmma
-// main loop (sm_90 only). Weights they do not take (BF16, N or K not a multiple of 128, other mma
+// main loop (sm_90 only), kGroupedWgmmaRegisterWeights with the weights as wgmma's register
+// operand where they are NVFP4 in the mma layouts. Weights they do not take (BF16, N or K not a multiple of 128, other mma
 // tilings) fall back to kDequantCublas.
 //
 // This header includes no CUDA header.
@@ -73,6 +74,10 @@ enum class PrefillMoeKernel : int {
   kDequantCublas = 0,  // dequantise each active expert to bf16, one cuBLASLt GEMM per expert
   kGroupedInLoop = 1,  // one grouped launch per matrix, dequantised in the main loop, no sync
   kGroupedWgmma = 2,   // the same with the Hopper wgmma main loop (GroupedExpertKernel::kWgmma)
+  // The same with the weights as wgmma's register operand (GroupedExpertKernel::
+  // kWgmmaRegisterWeights) for a matrix it takes (NVFP4 in the mma layouts), kGroupedWgmma for the
+  // other.
+  kGroupedWgmmaRegisterWeights = 3,
 };
 
 // out[t] = Σ_s weight[t, s] · down_e(SwiGLU-OAI(gate_up_e(x[t]))) (+ shared[t]), e = ids[t, s].
@@ -112,7 +117,7 @@ class PrefillGemm {
 
   Status linear(const PrefillLinearParams& p, CUstream_st* stream);
   // kDequantCublas synchronises the stream once (the host needs the per-expert row counts);
-  // kGroupedInLoop and kGroupedWgmma do not.
+  // the grouped kernels do not.
   Status moe(const PrefillMoeParams& p, CUstream_st* stream);
   PrefillMoeStats last_moe_stats() const { return moe_stats_; }
 
