@@ -38,24 +38,13 @@
 // writes (its cp.async groups complete, its converted stores done) and before barrier (1), so the
 // wgmmas issued after the barrier see them.
 //
-// Shared-memory layout of an operand tile (A: 128 gathered rows, B: 128 weight rows; 128 bf16
-// columns = 256 bytes per row): two halves of 64 columns (128 bytes a row), 16 KB each, half h
-// holding columns 64h .. 64h + 63 of every row. Inside a half, row r at r·128 and its 16-byte chunk
-// c (columns 8c .. 8c + 7 of the half) at position c ^ (r % 8): the "128-byte swizzle" that
-// wgmma's descriptors describe (the XOR of address bits 4-6 with bits 7-9, so every half starts
-// on a 1024-byte boundary). This is the canonical K-major SW128 layout: 8-row x 128-byte atoms,
-// atoms of consecutive rows 1024 bytes apart (the descriptor's stride byte offset), the leading
-// byte offset unused (one instruction's k16 = 32 bytes stays inside the 128-byte row). The k-step
-// kk (16 columns) of a stage starts at half kk / 4, byte 32·(kk % 4) of the row: the descriptor's
-// start address moves by that much and the hardware applies the same XOR to the moved address (the
-// row bits 7-9 do not change, so the base-offset field stays 0).
+// Shared-memory layout of an operand tile (A: 128 gathered rows, B: 128 weight rows): the
+// 128-byte-swizzled K-major tile of wgmma.cuh.
 // Bank conflicts: an 8-thread phase of the A copy writes one row's 8 chunks of one half (8
 // distinct positions); the converter's phase writes one weight row's 16-byte chunks, even chunks
 // of half 0 by threads 0-3 and odd chunks of half 1 by threads 4-7 first, so again 8 positions.
 //
-// Accumulators (PTX "wgmma D fragment", f32, m64nN): warp q of the warpgroup owns rows
-// 16q .. 16q + 15; lane 4g + t holds d[4j + 0, 1] = (row 16q + g, columns 8j + 2t, + 1) and
-// d[4j + 2, 3] = (row 16q + g + 8, same columns), j = 0 .. N/8 - 1.
+// Accumulators: the m64nN fragment of wgmma.cuh.
 // SwiGLU pairing: the CTA's local weight rows 0..63 are gate rows 64nt .. 64nt + 63 and rows
 // 64..127 the matching up rows N/2 + 64nt ..; so gate column c sits in d[4(c/8) + ..] and its up
 // column in d[4(c/8 + 8) + ..] of the same thread. Every output element is written by one thread
