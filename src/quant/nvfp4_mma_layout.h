@@ -57,6 +57,16 @@ M3_HOST_DEVICE inline uint32_t fragment(uint32_t x, int f) {
   }
 }
 
+// The activation order of a 128-column chunk that matches this layout's k-steps: k-step i of lane
+// 4g + t multiplies physical columns 32t + 4i + jj and 32t + 4i + 2 + jj (jj = 0, 1) as mma's
+// logical k 2t + jj and 2t + 8 + jj, so physical column p of a chunk is logical column
+// 16i + 2t + (j & 1) + 8·(j >> 1) (t = p / 32, i = (p / 4) % 8, j = p % 4). A bijection of
+// 0..127 that keeps column pairs (2m, 2m + 1) together.
+M3_HOST_DEVICE inline int k_order_position(int p) {
+  const int t = p >> 5, i = (p >> 2) & 7, j = p & 3;
+  return 16 * i + 2 * t + (j & 1) + 8 * (j >> 1);
+}
+
 // The E2M1 code in half `half` of a fragment.
 M3_HOST_DEVICE inline uint32_t code_of(uint32_t frag, int half) {
   const int b = 16 * half;

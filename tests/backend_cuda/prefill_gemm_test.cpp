@@ -696,17 +696,21 @@ struct GroupedCase {
   cuda::GroupedEpilogue ep;
   cuda::GroupedExpertKernel kernel;
   int64_t n, k;
+  // Register-weights loop only: x handed in the weights' k order (a_in_k_order) and, with the
+  // SwiGLU epilogue, act written in it (act_in_k_order); the test permutes and un-permutes.
+  bool k_order = false;
 };
 
 std::string name_of(const GroupedCase& c) {
   char b[160];
-  std::snprintf(b, sizeof(b), "grouped gemm %s %s %s %s N=%lld K=%lld", name_of(c.format),
+  std::snprintf(b, sizeof(b), "grouped gemm %s %s %s %s N=%lld K=%lld%s", name_of(c.format),
                 c.kernel == cuda::GroupedExpertKernel::kWgmma                   ? "wgmma"
                 : c.kernel == cuda::GroupedExpertKernel::kWgmmaRegisterWeights ? "wgmma-regw"
                                                                                : "mma.sync",
                 c.mma_layout ? "mma-layout" : "row-major",
                 c.ep == cuda::GroupedEpilogue::kSwigluBf16 ? "swiglu-bf16" : "store-f32",
-                static_cast<long long>(c.n), static_cast<long long>(c.k));
+                static_cast<long long>(c.n), static_cast<long long>(c.k),
+                c.k_order ? " k-order" : "");
   return b;
 }
 
@@ -853,7 +857,16 @@ TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
     }
   }
 
-  Dev<uint16_t> dx(xb);
+  // In k order: every 128-column chunk of each row permuted as the weights' k-steps read it.
+  std::vector<uint16_t> xin = xb;
+  if (c.k_order) {
+    for (int64_t r = 0; r < routed; ++r)
+      for (int64_t col = 0; col < c.k; ++col)
+        xin[static_cast<size_t>(r * c.k + (col & ~int64_t{127}) +
+                                nvfp4_mma::k_order_position(static_cast<int>(col & 127)))] =
+            xb[static_cast<size_t>(r * c.k + col)];
+  }
+  Dev<uint16_t> dx(xin);
   Dev<int32_t> drows(a_rows), doff(off);
   auto dtiles = Dev<int32_t>::poisoned(E + 1);
   ASSERT_TRUE(cuda::launch_moe_tile_schedule(doff.ptr(), E, dtiles.ptr(), stream()).is_ok());
@@ -870,6 +883,8 @@ TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
   p.w.layout = layout;
   p.epilogue = c.ep;
   p.kernel = c.kernel;
+  p.a_in_k_order = c.k_order;
+  p.act_in_k_order = c.k_order && swiglu;
   // A fault in the kernel (an illegal instruction, a misaligned shared address) is reported
   // here, by name, before any copy back.
   auto launch_and_sync = [&]() {
@@ -885,7 +900,18 @@ TEST_P(GroupedExpertGemm, MatchesCpuPerElement) {
     p.ldact = cols;
     const std::string failure = launch_and_sync();
     ASSERT_TRUE(failure.empty()) << name_of(c) << ": " << failure;
-    for (uint16_t b : act.host()) got.push_back(bf16_to_f32(b));
+    const std::vector<uint16_t> act_h = act.host();
+    got.resize(act_h.size());
+    for (size_t i = 0; i < act_h.size(); ++i) {
+      size_t from = i;  // act_in_k_order: column j of a row sits at its k-order position
+      if (c.k_order) {
+        const int64_t j = static_cast<int64_t>(i) % cols;
+        from = i - static_cast<size_t>(j) +
+               static_cast<size_t>((j & ~int64_t{127}) +
+                                   nvfp4_mma::k_order_position(static_cast<int>(j & 127)));
+      }
+      got[i] = bf16_to_f32(act_h[from]);
+    }
   } else {
     auto y = Dev<float>::poisoned(max_rows * cols);
     p.y = y.ptr();
@@ -942,7 +968,32 @@ INSTANTIATE_TEST_SUITE_P(
         GroupedCase{kNv, true, kStore, kRegWLoop, 384, 640},
         GroupedCase{kNv, true, kSwiglu, kRegWLoop, 384, 640},
         GroupedCase{kNv, true, kStore, kRegWLoop, 512, 640},
-        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 512, 640}));
+        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 512, 640},
+        // The same with x in the weights' k order (16-byte copies) and act written in it.
+        GroupedCase{kNv, true, kStore, kRegWLoop, 256, 384, true},
+        GroupedCase{kNv, true, kSwiglu, kRegWLoop, 512, 640, true},
+        GroupedCase{kNv, true, kStore, kRegWLoop, 384, 640, true}));
+
+// launch_to_k_order against the host permutation, with strides wider than the columns.
+TEST(GroupedExpertGemmArgs, ToKOrderPermutesEachChunk) {
+  const int64_t rows = 5, cols = 384, ld = 400;
+  std::vector<uint16_t> x(static_cast<size_t>(rows * ld));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(i * 2654435761u >> 16);
+  Dev<uint16_t> dx(x);
+  auto dout = Dev<uint16_t>::poisoned(rows * ld);
+  ASSERT_TRUE(cuda::launch_to_k_order(dx.ptr(), ld, rows, cols, dout.ptr(), ld, stream()).is_ok());
+  const std::vector<uint16_t> out = dout.host();
+  std::vector<bool> hit(128, false);
+  for (int p = 0; p < 128; ++p) hit[static_cast<size_t>(nvfp4_mma::k_order_position(p))] = true;
+  EXPECT_EQ(std::count(hit.begin(), hit.end(), true), 128) << "not a bijection of 0..127";
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t col = 0; col < cols; ++col) {
+      const int64_t to = (col & ~int64_t{127}) + nvfp4_mma::k_order_position(static_cast<int>(col & 127));
+      ASSERT_EQ(out[static_cast<size_t>(r * ld + to)], x[static_cast<size_t>(r * ld + col)])
+          << "row " << r << " col " << col;
+    }
+  EXPECT_FALSE(cuda::launch_to_k_order(dx.ptr(), ld, rows, 200, dout.ptr(), ld, stream()).is_ok());
+}
 
 // Weights a main loop does not take are refused with an error naming them, for both loops.
 TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
@@ -968,6 +1019,25 @@ TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
     st = cuda::launch_grouped_expert_gemm(p, stream());
     EXPECT_FALSE(st.is_ok());
     EXPECT_NE(st.to_string().find("N 200"), std::string::npos) << st.to_string();
+  }
+  // The k-order flags belong to the register-weights loop.
+  {
+    cuda::GroupedExpertGemmParams p;
+    p.kernel = kWgmmaLoop;
+    p.num_experts = 2;
+    p.max_rows = 4;
+    p.lda = 256;
+    p.w.format = QuantFormat::kNvfp4;
+    p.w.n = 256;
+    p.w.k = 256;
+    p.epilogue = kStore;
+    float y = 0;
+    p.y = &y;
+    p.ldy = 256;
+    p.a_in_k_order = true;
+    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.to_string().find("k_order"), std::string::npos) << st.to_string();
   }
   // The register-weights loop takes NVFP4 in the mma layouts only.
   cuda::GroupedExpertGemmParams p;

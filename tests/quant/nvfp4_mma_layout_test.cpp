@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -143,6 +144,25 @@ TEST(Nvfp4MmaLayout, StorageOrderWalkVisitsEveryCodeOfARowWindowOnce) {
                (r >= c.row0 && r < c.row0 + c.rows ? 1 : 0);
     EXPECT_EQ(bad, 0) << "elements visited other than once in the window, or outside it";
   }
+}
+
+// k_order_position is the order in which the layout's k-steps consume a chunk's columns: element
+// (row, col) sits in k-step i = (col % 32) / 4 of lane 4g + t, fragment f, half `half`, i.e. at
+// mma.m16n8k16's A register f / 2 of logical k 2t + half (+ 8 for fragments 2 and 3), position
+// 16i + that k in the chunk; a bijection of 0..127 keeping column pairs (2m, 2m + 1) adjacent.
+TEST(Nvfp4MmaLayout, KOrderPositionIsTheKStepOrder) {
+  std::vector<int> seen(128, 0);
+  for (int p = 0; p < 128; ++p) {
+    const Loc l = locate(/*row=*/3, /*col=*/p, /*n=*/16, /*k=*/128, Tiling::kRows16);
+    const int t = p / 32, i = (p % 32) / 4;
+    const int logical_k = 2 * t + l.half + (l.frag >= 2 ? 8 : 0);
+    EXPECT_EQ(k_order_position(p), 16 * i + logical_k) << "column " << p;
+    if (p % 2 == 0) {
+      EXPECT_EQ(k_order_position(p + 1), k_order_position(p) + 1) << p;
+    }
+    ++seen[static_cast<size_t>(k_order_position(p))];
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 128);
 }
 
 }  // namespace

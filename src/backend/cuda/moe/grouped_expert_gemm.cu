@@ -295,6 +295,13 @@ Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st*
   if (swiglu ? (p.act == nullptr || p.ldact < p.w.n / 2 || p.ldact % 2 != 0)
              : (p.y == nullptr || p.ldy < p.w.n || p.ldy % 2 != 0))
     return invalid_argument("[cuda.grouped_expert_gemm] output missing or its stride too small");
+  if ((p.a_in_k_order || p.act_in_k_order) &&
+      p.kernel != GroupedExpertKernel::kWgmmaRegisterWeights)
+    return invalid_argument("[cuda.grouped_expert_gemm] a_in_k_order / act_in_k_order are for the "
+                            "register-weights kernel only");
+  if (p.act_in_k_order && (!swiglu || (p.w.n / 2) % 128 != 0))
+    return invalid_argument("[cuda.grouped_expert_gemm] act_in_k_order needs the SwiGLU "
+                            "epilogue and N / 2 a multiple of 128");
   if (p.kernel == GroupedExpertKernel::kWgmma) return launch_grouped_expert_gemm_wgmma(p, stream);
   if (p.kernel == GroupedExpertKernel::kWgmmaRegisterWeights)
     return launch_grouped_expert_gemm_wgmma_rs(p, stream);
@@ -307,6 +314,36 @@ Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st*
   }
   return swiglu ? launch_typed<QuantFormat::kMxfp8, GroupedEpilogue::kSwigluBf16>(p, stream)
                 : launch_typed<QuantFormat::kMxfp8, GroupedEpilogue::kStoreF32>(p, stream);
+}
+
+namespace {
+// One thread per column pair: a warp reads 128 contiguous bytes of a row.
+__global__ void to_k_order_kernel(const uint32_t* __restrict__ x, int64_t ldx2, int64_t rows,
+                                  int64_t pairs, uint32_t* __restrict__ out, int64_t ldout2) {
+  const int64_t n = rows * pairs;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / pairs, m = i % pairs;
+    const int64_t chunk = m / 64, p = 2 * (m % 64);
+    out[r * ldout2 + chunk * 64 + nvfp4_mma::k_order_position(static_cast<int>(p)) / 2] =
+        x[r * ldx2 + m];
+  }
+}
+}  // namespace
+
+Status launch_to_k_order(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols,
+                         uint16_t* out, int64_t ldout, CUstream_st* stream) {
+  if (cols % 128 != 0 || ldx % 2 != 0 || ldout % 2 != 0 || ldx < cols || ldout < cols)
+    return invalid_argument("[cuda.to_k_order] cols must be a multiple of 128 and the strides "
+                            "even and >= cols");
+  if (rows == 0) return Status::ok();
+  const int64_t work = rows * (cols / 2);
+  const int64_t blocks = std::min<int64_t>((work + 255) / 256, 65535 * 8);
+  to_k_order_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      reinterpret_cast<const uint32_t*>(x), ldx / 2, rows, cols / 2,
+      reinterpret_cast<uint32_t*>(out), ldout / 2);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR(to_k_order_kernel);
+  return Status::ok();
 }
 
 Status launch_moe_tile_schedule(const int32_t* group_offsets, int64_t num_experts,

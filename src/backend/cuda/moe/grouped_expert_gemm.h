@@ -102,8 +102,19 @@ struct GroupedExpertGemmParams {
   int64_t ldact = 0;
   float alpha = 1.702f, limit = 7.0f;
   GroupedExpertKernel kernel = GroupedExpertKernel::kMmaSync;
+  // kWgmmaRegisterWeights only. a_in_k_order: every 128-column chunk of a's rows is already in
+  // the weights' k order (nvfp4_mma::k_order_position; launch_to_k_order), so the token rows are
+  // copied 16 bytes at a time instead of permuted 4 bytes at a time. act_in_k_order: the SwiGLU
+  // epilogue writes act in that order (the input of a down projection by the same kernel).
+  bool a_in_k_order = false;
+  bool act_in_k_order = false;
 };
 Status launch_grouped_expert_gemm(const GroupedExpertGemmParams& p, CUstream_st* stream);
+
+// out[r, 128c + k_order_position(p)] = x[r, 128c + p] for r < rows, all chunks c of `cols`
+// (a multiple of 128) bf16 columns; ldx, ldout in elements.
+Status launch_to_k_order(const uint16_t* x, int64_t ldx, int64_t rows, int64_t cols,
+                         uint16_t* out, int64_t ldout, CUstream_st* stream);
 
 // The kWgmma and kWgmmaRegisterWeights main loops (called by launch_grouped_expert_gemm after
 // its argument checks).

@@ -17,10 +17,13 @@
 // K order. In the mma layout, k-step i of a 128-column chunk pairs mma's logical k (2t + jj,
 // 2t + 8 + jj) of lane 4g + t with the physical columns 32t + 4i + jj and 32t + 4i + 2 + jj
 // (jj = 0, 1). Any order of K gives the same sum as long as both operands use it, so the token
-// rows are copied into shared memory in that order (mma_k_position below): physical column pair
-// (2m, 2m + 1) of a chunk goes to logical columns L, L + 1 with L = 16i + 2t + 8·(m & 1), where
-// t = m / 16, i = (m / 2) % 8. The copy is therefore made of 4-byte cp.async (one column pair
-// each; a warp reads 128 contiguous bytes of a row).
+// rows are copied into shared memory in that order (nvfp4_mma::k_order_position): physical
+// column pair (2m, 2m + 1) of a chunk goes to logical columns L, L + 1 with L = 16i + 2t +
+// 8·(m & 1), where t = m / 16, i = (m / 2) % 8. From activations in the checkpoint's order the copy
+// is made of 4-byte cp.async (one column pair each; a warp reads 128 contiguous bytes of a row);
+// from activations already in that order (a_in_k_order: launch_to_k_order, or the act that this
+// kernel's SwiGLU epilogue wrote with act_in_k_order) of 16-byte ones, a quarter of the
+// instructions.
 //
 // Tiles: a CTA computes 128·kBlocks weight rows x 128 gathered token rows. 256 threads = two
 // warpgroups; warpgroup w holds kBlocks blocks of 64 weight rows (warp q: the 16-row mma tile
@@ -74,13 +77,6 @@ constexpr int kSmemBytes =
 static_assert(kTokens == wgmma::kTileRows && kK == nvfp4_mma::kChunkK, "one chunk per stage");
 static_assert(kSmemBytes <= 232448, "more shared memory than an H100/H200 SM offers");
 
-// Logical column (in mma k order) of physical column p of a 128-column chunk (p even: the pair
-// p, p + 1 goes to L, L + 1).
-__device__ __forceinline__ int mma_k_position(int p) {
-  const int t = p >> 5, i = (p >> 2) & 7, j = p & 3;
-  return 16 * i + 2 * t + (j & 1) + 8 * (j >> 1);
-}
-
 // One lane's weights of one 16-row tile for one stage: its 8 words (k-steps 0..7, nvfp4_mma) and
 // the E4M3 block scales of its rows g (low 16 bits) and g + 8 (high), blocks 2t (low byte) and
 // 2t + 1 (k-steps 4..7).
@@ -113,20 +109,29 @@ __device__ __forceinline__ uint32_t word_of(const LaneWeights& lw, int i) {
   }
 }
 
-// k-step i of a lane's weights as wgmma's A registers (bf16x2, exact): fragments 0 / 2 are row g,
-// 1 / 3 row g + 8 (nvfp4_mma::fragment), times the block scale · 2^14 (the fragments carry 2^-14).
-__device__ __forceinline__ void a_registers(const LaneWeights& lw, int i, uint32_t (&a)[4]) {
-  const int shift = i < 4 ? 0 : 8;
-  const float s_g = e4m3_to_float((lw.scales >> shift) & 0xFF) * 16384.0f;
-  const float s_g8 = e4m3_to_float((lw.scales >> (16 + shift)) & 0xFF) * 16384.0f;
-  const uint32_t w = word_of(lw, i);
-  a[0] = scale_to_bf16x2(nvfp4_mma::fragment(w, 0), s_g);
-  a[1] = scale_to_bf16x2(nvfp4_mma::fragment(w, 1), s_g8);
-  a[2] = scale_to_bf16x2(nvfp4_mma::fragment(w, 2), s_g);
-  a[3] = scale_to_bf16x2(nvfp4_mma::fragment(w, 3), s_g8);
+// The block scales of k-steps 0..3 (half 0) or 4..7 (half 1) of a lane's rows g and g + 8, times
+// 2^14 (the fragments carry 2^-14), as floats: converted once per half stage.
+struct HalfScales {
+  float g, g8;
+};
+__device__ __forceinline__ HalfScales half_scales(const LaneWeights& lw, int half) {
+  const int shift = 8 * half;
+  return {e4m3_to_float((lw.scales >> shift) & 0xFF) * 16384.0f,
+          e4m3_to_float((lw.scales >> (16 + shift)) & 0xFF) * 16384.0f};
 }
 
-template <int kBlocks, GroupedEpilogue EP>
+// k-step i of a lane's weights as wgmma's A registers (bf16x2, exact): fragments 0 / 2 are row g,
+// 1 / 3 row g + 8 (nvfp4_mma::fragment), times their half's block scales.
+__device__ __forceinline__ void a_registers(const LaneWeights& lw, int i, const HalfScales& s,
+                                            uint32_t (&a)[4]) {
+  const uint32_t w = word_of(lw, i);
+  a[0] = scale_to_bf16x2(nvfp4_mma::fragment(w, 0), s.g);
+  a[1] = scale_to_bf16x2(nvfp4_mma::fragment(w, 1), s.g8);
+  a[2] = scale_to_bf16x2(nvfp4_mma::fragment(w, 2), s.g);
+  a[3] = scale_to_bf16x2(nvfp4_mma::fragment(w, 3), s.g8);
+}
+
+template <int kBlocks, GroupedEpilogue EP, bool kAInKOrder>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_expert_gemm_wgmma_rs_kernel(GroupedExpertGemmParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -157,17 +162,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // The token tile of stage ks: thread tid copies column pair m = tid % 64 of rows tid / 64 + 4r.
+  // The token tile of stage ks in the weights' k order. Permuting: thread tid copies column pair
+  // m = tid % 64 of rows tid / 64 + 4r. In order: 16-byte chunk tid % 16 of rows tid / 16 + 16r.
   const int pair = tid & 63, row0 = tid >> 6;
-  const int lpos = mma_k_position(2 * pair);
+  const int lpos = nvfp4_mma::k_order_position(2 * pair);
   const int chunk16 = lpos >> 3, in_chunk = (lpos & 7) * 2;
   auto load_tokens = [&](int slot, int ks) {
-    const uint32_t base = ring + slot * wgmma::kTileBytes + in_chunk;
+    const uint32_t tile = ring + slot * wgmma::kTileBytes;
+    if constexpr (kAInKOrder) {
+      const int c = tid & 15;
+#pragma unroll
+      for (int r = tid >> 4; r < kTokens; r += kThreads / 16) {
+        const int32_t src = a_src[r];
+        const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kK + 8 * c : p.a;
+        cp_async16(tile + wgmma::sw128_off(r, c), g, src >= 0 ? 16 : 0);
+      }
+    } else {
 #pragma unroll 8
-    for (int r = row0; r < kTokens; r += kThreads / 64) {
-      const int32_t src = a_src[r];
-      const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kK + 2 * pair : p.a;
-      cp_async4(base + wgmma::sw128_off(r, chunk16), g, src >= 0 ? 4 : 0);
+      for (int r = row0; r < kTokens; r += kThreads / 64) {
+        const int32_t src = a_src[r];
+        const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kK + 2 * pair : p.a;
+        cp_async4(tile + wgmma::sw128_off(r, chunk16) + in_chunk, g, src >= 0 ? 4 : 0);
+      }
     }
   };
 
@@ -211,8 +227,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (1 < chunks) load_tokens(1, 1);
   cp_async_commit();
   load_weights(0, cur);
+  HalfScales sc[kBlocks];  // the scales of the half stage being converted
 #pragma unroll
-  for (int b = 0; b < kBlocks; ++b) a_registers(cur[b], 0, a_regs[0][b]);
+  for (int b = 0; b < kBlocks; ++b) {
+    sc[b] = half_scales(cur[b], 0);
+    a_registers(cur[b], 0, sc[b], a_regs[0][b]);
+  }
 
   for (int ks = 0; ks < chunks; ++ks) {
     // Committed groups: stages 0 .. ks + 1; all but the newest are complete -> stage ks landed.
@@ -238,9 +258,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int b = 0; b < kBlocks; ++b) {
         wgmma::fence_operands(acc[b]);
         if (kk + 1 < kK / 16) {
-          a_registers(cur[b], kk + 1, a_regs[(kk + 1) & 1][b]);
+          if (kk + 1 == 4) sc[b] = half_scales(cur[b], 1);
+          a_registers(cur[b], kk + 1, sc[b], a_regs[(kk + 1) & 1][b]);
         } else if (ks + 1 < chunks) {
-          a_registers(next[b], 0, a_regs[0][b]);
+          sc[b] = half_scales(next[b], 0);
+          a_registers(next[b], 0, sc[b], a_regs[0][b]);
         }
       }
     }
@@ -265,7 +287,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int64_t out_row = int64_t{row_begin} + tok;
         if constexpr (EP == GroupedEpilogue::kSwigluBf16) {
           const float gate = acc[b][4 * j + c] * global, up = acc[b][4 * j + 2 + c] * global;
-          const int col = 8 * tau[b] + g;
+          int col = 8 * tau[b] + g;
+          if (p.act_in_k_order) col = (col & ~127) + nvfp4_mma::k_order_position(col & 127);
           p.act[out_row * p.ldact + col] = __bfloat16_as_ushort(
               __float2bfloat16_rn(grouped::swiglu_oai(gate, up, p.alpha, p.limit)));
         } else {
@@ -283,10 +306,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBlocks, GroupedEpilogue EP>
+template <int kBlocks, GroupedEpilogue EP, bool kAInKOrder>
 Status launch_typed(const GroupedExpertGemmParams& p, cudaStream_t stream) {
   static const cudaError_t attr =
-      cudaFuncSetAttribute(grouped_expert_gemm_wgmma_rs_kernel<kBlocks, EP>,
+      cudaFuncSetAttribute(grouped_expert_gemm_wgmma_rs_kernel<kBlocks, EP, kAInKOrder>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   M3_CUDA_RETURN_IF_ERROR(attr);
   const int64_t n_tiles = p.w.n / (128 * kBlocks);
@@ -295,9 +318,28 @@ Status launch_typed(const GroupedExpertGemmParams& p, cudaStream_t stream) {
     return invalid_argument("[cuda.grouped_expert_gemm] grid too large: " +
                             std::to_string(m_tiles) + " row tiles");
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles));
-  grouped_expert_gemm_wgmma_rs_kernel<kBlocks, EP><<<grid, kThreads, kSmemBytes, stream>>>(p);
-  M3_CUDA_RETURN_IF_LAUNCH_ERROR((grouped_expert_gemm_wgmma_rs_kernel<kBlocks, EP>));
+  grouped_expert_gemm_wgmma_rs_kernel<kBlocks, EP, kAInKOrder>
+      <<<grid, kThreads, kSmemBytes, stream>>>(p);
+  M3_CUDA_RETURN_IF_LAUNCH_ERROR((grouped_expert_gemm_wgmma_rs_kernel<kBlocks, EP, kAInKOrder>));
   return Status::ok();
+}
+
+template <int kBlocks, GroupedEpilogue EP>
+Status launch_for_order(const GroupedExpertGemmParams& p, cudaStream_t stream) {
+  return p.a_in_k_order ? launch_typed<kBlocks, EP, true>(p, stream)
+                        : launch_typed<kBlocks, EP, false>(p, stream);
+}
+
+template <int kBlocks>
+Status launch_for_epilogue(const GroupedExpertGemmParams& p, cudaStream_t stream) {
+  return p.epilogue == GroupedEpilogue::kSwigluBf16
+             ? launch_for_order<kBlocks, GroupedEpilogue::kSwigluBf16>(p, stream)
+             : launch_for_order<kBlocks, GroupedEpilogue::kStoreF32>(p, stream);
+}
+
+// Two 64-row blocks per warpgroup where N allows (half the activation traffic per multiply-add).
+Status launch_for_blocks(const GroupedExpertGemmParams& p, cudaStream_t stream) {
+  return p.w.n % 256 == 0 ? launch_for_epilogue<2>(p, stream) : launch_for_epilogue<1>(p, stream);
 }
 
 }  // namespace
@@ -318,13 +360,7 @@ Status launch_grouped_expert_gemm_wgmma_rs(const GroupedExpertGemmParams& p,
     return invalid_argument("[cuda.grouped_expert_gemm] the wgmma kernels need an sm_90 GPU "
                             "(H100/H200), this device is sm_" +
                             std::to_string(major) + std::to_string(minor));
-  const bool swiglu = p.epilogue == GroupedEpilogue::kSwigluBf16;
-  if (p.w.n % 256 == 0) {
-    return swiglu ? launch_typed<2, GroupedEpilogue::kSwigluBf16>(p, stream)
-                  : launch_typed<2, GroupedEpilogue::kStoreF32>(p, stream);
-  }
-  return swiglu ? launch_typed<1, GroupedEpilogue::kSwigluBf16>(p, stream)
-                : launch_typed<1, GroupedEpilogue::kStoreF32>(p, stream);
+  return launch_for_blocks(p, stream);
 }
 
 }  // namespace m3::cuda

@@ -336,8 +336,21 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
                ? GroupedExpertKernel::kWgmmaRegisterWeights
                : loop;
   };
+  // Both matrices on the register-weights loop: x and act in the weights' k order, so that the
+  // kernel copies token rows 16 bytes at a time (one pass over x here; act is written so).
+  const bool k_order =
+      kernel_for(p.w13, GroupedEpilogue::kSwigluBf16) == GroupedExpertKernel::kWgmmaRegisterWeights &&
+      kernel_for(p.w2, GroupedEpilogue::kStoreF32) == GroupedExpertKernel::kWgmmaRegisterWeights;
+  Scoped s_xk;
+  const uint16_t* x = p.x;
+  if (k_order) {
+    M3_ASSIGN_OR_RETURN(void* xk_v, take(a, &s_xk, p.t * hd * 2));
+    M3_RETURN_IF_ERROR(launch_to_k_order(p.x, hd, p.t, hd, static_cast<uint16_t*>(xk_v), hd,
+                                         stream));
+    x = static_cast<const uint16_t*>(xk_v);
+  }
   // gate|up: x rows gathered through the sorted row ids, SwiGLU-OAI to bf16 act (sorted order).
-  g.a = p.x;
+  g.a = x;
   g.lda = hd;
   g.a_rows = sorted;
   g.a_row_div = p.top_k;
@@ -346,7 +359,10 @@ Status PrefillGemm::moe_grouped(const PrefillMoeParams& p, CUstream_st* stream) 
   g.act = act;
   g.ldact = in;
   g.kernel = kernel_for(g.w, g.epilogue);
+  g.a_in_k_order = k_order;
+  g.act_in_k_order = k_order;
   M3_RETURN_IF_ERROR(launch_grouped_expert_gemm(g, stream));
+  g.act_in_k_order = false;
   // down: act rows in order, float32 y (sorted order).
   g.a = act;
   g.lda = in;
