@@ -995,10 +995,13 @@ TEST(GroupedExpertGemmArgs, ToKOrderPermutesEachChunk) {
   EXPECT_FALSE(cuda::launch_to_k_order(dx.ptr(), ld, rows, 200, dout.ptr(), ld, stream()).is_ok());
 }
 
-// Weights a main loop does not take are refused with an error naming them, for both loops.
-TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
-  for (auto kernel : {kMmaSyncLoop, kWgmmaLoop}) {
-    cuda::GroupedExpertGemmParams p;
+// Arguments for the refusal tests: 2 experts of NVFP4 [256, 256] weights, 4 rows, a float32
+// output (the store epilogue) or a bf16 one (SwiGLU); nothing is launched on them.
+struct RefusalArgs {
+  float y = 0;
+  uint16_t act = 0;
+  cuda::GroupedExpertGemmParams p;
+  RefusalArgs(cuda::GroupedExpertKernel kernel, cuda::GroupedEpilogue ep) {
     p.kernel = kernel;
     p.num_experts = 2;
     p.max_rows = 4;
@@ -1006,58 +1009,39 @@ TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
     p.w.format = QuantFormat::kNvfp4;
     p.w.n = 256;
     p.w.k = 256;
-    p.epilogue = kSwiglu;
-    p.w.layout = WeightLayout::kMmaRows16;  // the store's tiling with the SwiGLU epilogue
-    uint16_t dummy = 0;
-    p.act = &dummy;
-    p.ldact = 128;
-    Status st = cuda::launch_grouped_expert_gemm(p, stream());
-    EXPECT_FALSE(st.is_ok());
-    EXPECT_NE(st.to_string().find("unsupported weights"), std::string::npos) << st.to_string();
-    p.w.layout = WeightLayout::kRowMajor;
-    p.w.n = 200;  // not a multiple of 128
-    st = cuda::launch_grouped_expert_gemm(p, stream());
-    EXPECT_FALSE(st.is_ok());
-    EXPECT_NE(st.to_string().find("N 200"), std::string::npos) << st.to_string();
-  }
-  // The k-order flags belong to the register-weights loop.
-  {
-    cuda::GroupedExpertGemmParams p;
-    p.kernel = kWgmmaLoop;
-    p.num_experts = 2;
-    p.max_rows = 4;
-    p.lda = 256;
-    p.w.format = QuantFormat::kNvfp4;
-    p.w.n = 256;
-    p.w.k = 256;
-    p.epilogue = kStore;
-    float y = 0;
+    p.epilogue = ep;
     p.y = &y;
     p.ldy = 256;
-    p.a_in_k_order = true;
-    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
-    EXPECT_FALSE(st.is_ok());
-    EXPECT_NE(st.to_string().find("k_order"), std::string::npos) << st.to_string();
+    p.act = &act;
+    p.ldact = 128;
   }
+  std::string refusal() const {
+    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
+    return st.is_ok() ? std::string("accepted") : st.to_string();
+  }
+};
+
+// Weights a main loop does not take are refused with an error naming them, for every loop.
+TEST(GroupedExpertGemmArgs, RefusesUnsupportedWeights) {
+  for (auto kernel : {kMmaSyncLoop, kWgmmaLoop}) {
+    RefusalArgs r(kernel, kSwiglu);
+    r.p.w.layout = WeightLayout::kMmaRows16;  // the store's tiling with the SwiGLU epilogue
+    EXPECT_NE(r.refusal().find("unsupported weights"), std::string::npos) << r.refusal();
+    r.p.w.layout = WeightLayout::kRowMajor;
+    r.p.w.n = 200;  // not a multiple of 128
+    EXPECT_NE(r.refusal().find("N 200"), std::string::npos) << r.refusal();
+  }
+  // The k-order flags belong to the register-weights loop.
+  RefusalArgs k_order(kWgmmaLoop, kStore);
+  k_order.p.a_in_k_order = true;
+  EXPECT_NE(k_order.refusal().find("k_order"), std::string::npos) << k_order.refusal();
   // The register-weights loop takes NVFP4 in the mma layouts only.
-  cuda::GroupedExpertGemmParams p;
-  p.kernel = kRegWLoop;
-  p.num_experts = 2;
-  p.max_rows = 4;
-  p.lda = 256;
-  p.w.n = 256;
-  p.w.k = 256;
-  p.epilogue = kStore;
-  float y = 0;
-  p.y = &y;
-  p.ldy = 256;
+  RefusalArgs regw(kRegWLoop, kStore);
   for (auto [format, layout] : {std::pair{QuantFormat::kMxfp8, WeightLayout::kMmaRows16},
                                 std::pair{QuantFormat::kNvfp4, WeightLayout::kRowMajor}}) {
-    p.w.format = format;
-    p.w.layout = layout;
-    const Status st = cuda::launch_grouped_expert_gemm(p, stream());
-    EXPECT_FALSE(st.is_ok());
-    EXPECT_NE(st.to_string().find("register-weights"), std::string::npos) << st.to_string();
+    regw.p.w.format = format;
+    regw.p.w.layout = layout;
+    EXPECT_NE(regw.refusal().find("register-weights"), std::string::npos) << regw.refusal();
   }
 }
 
