@@ -80,21 +80,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int E = static_cast<int>(p.num_experts);
   const int mt = blockIdx.y, nt = blockIdx.x;
   if (mt >= p.tile_offsets[E]) return;  // past the routed rows
-  const int e = grouped::expert_of_tile(p.tile_offsets, E, mt);
-  const int row_begin = p.group_offsets[e] + (mt - p.tile_offsets[e]) * kBM;
-  const int rows = min(kBM, p.group_offsets[e + 1] - row_begin);
+  const grouped::RowTile tile = grouped::row_tile(p, mt);
+  const int e = tile.e, row_begin = tile.row_begin, rows = tile.rows;
 
   const int n = static_cast<int>(p.w.n), k = static_cast<int>(p.w.k);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int tiling = static_cast<int>(p.w.layout);
   if (tid < kBM) {
-    int32_t src = -1;
-    if (tid < rows) {
-      src = p.a_rows != nullptr
-                ? static_cast<int32_t>(p.a_rows[row_begin + tid] / p.a_row_div)
-                : row_begin + tid;
-    }
-    a_src[tid] = src;
+    a_src[tid] = grouped::source_row(p, tile, tid);
   } else {
     w_row[tid - kBM] = weight_row<EP>(tid - kBM, nt, n);
   }

@@ -146,20 +146,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int E = static_cast<int>(p.num_experts);
   const int mt = blockIdx.y, nt = blockIdx.x;
   if (mt >= p.tile_offsets[E]) return;  // past the routed rows (uniform over the CTA)
-  const int e = grouped::expert_of_tile(p.tile_offsets, E, mt);
-  const int row_begin = p.group_offsets[e] + (mt - p.tile_offsets[e]) * kTokens;
-  const int rows = min(kTokens, p.group_offsets[e + 1] - row_begin);
+  const grouped::RowTile tile = grouped::row_tile(p, mt);
+  const int e = tile.e, row_begin = tile.row_begin, rows = tile.rows;
 
   const int n = static_cast<int>(p.w.n), k = static_cast<int>(p.w.k);
   const int tid = threadIdx.x;
-  if (tid < kTokens) {
-    int32_t src = -1;
-    if (tid < rows) {
-      src = p.a_rows != nullptr ? static_cast<int32_t>(p.a_rows[row_begin + tid] / p.a_row_div)
-                                : row_begin + tid;
-    }
-    a_src[tid] = src;
-  }
+  if (tid < kTokens) a_src[tid] = grouped::source_row(p, tile, tid);
   __syncthreads();
 
   // The token tile of stage ks in the weights' k order. Permuting: thread tid copies column pair

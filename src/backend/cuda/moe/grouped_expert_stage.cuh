@@ -221,4 +221,26 @@ __device__ __forceinline__ int expert_of_tile(const int32_t* tile_off, int num_e
   return lo;
 }
 
+// The routed rows of row tile mt (mt < tile_off[E]): its expert, its first row in the sorted
+// order and how many of its kGroupedTileM rows are routed.
+struct RowTile {
+  int e = 0, row_begin = 0, rows = 0;
+};
+__device__ __forceinline__ RowTile row_tile(const GroupedExpertGemmParams& p, int mt) {
+  RowTile t;
+  t.e = expert_of_tile(p.tile_offsets, static_cast<int>(p.num_experts), mt);
+  t.row_begin = p.group_offsets[t.e] + (mt - p.tile_offsets[t.e]) * kBM;
+  t.rows = min(kBM, p.group_offsets[t.e + 1] - t.row_begin);
+  return t;
+}
+
+// The activation row that the tile's row r reads (a_rows gathers routed row ids token·top_k +
+// slot), or -1 past its routed rows.
+__device__ __forceinline__ int32_t source_row(const GroupedExpertGemmParams& p, const RowTile& t,
+                                              int r) {
+  if (r >= t.rows) return -1;
+  return p.a_rows != nullptr ? static_cast<int32_t>(p.a_rows[t.row_begin + r] / p.a_row_div)
+                             : t.row_begin + r;
+}
+
 }  // namespace m3::cuda::grouped
