@@ -57,6 +57,18 @@ M3_HOST_DEVICE inline uint32_t fragment(uint32_t x, int f) {
   }
 }
 
+// Fragment f as bf16x2 bits instead: the same two codes times 2^-126 (the code 0.5 is the bf16
+// subnormal 2^-127). The f16 fragment's code bits 9-11 (| 25-27) move to the bf16 exponent's low
+// bits and the mantissa's top bit, 6-8 (| 22-24); the signs stay at 15 and 31. One shift and one
+// bit select more than fragment(), and then one bf16 multiply by a block scale carrying 2^112 gives
+// the exact weight times 2^-14 in bf16, where the f16 fragment needs two conversions through
+// float (the bf16 wgmma's A operand, grouped_expert_gemm_wgmma_rs.cu).
+M3_HOST_DEVICE inline uint32_t fragment_bf16(uint32_t x, int f) {
+  const uint32_t h = fragment(x, f);
+  constexpr uint32_t kKeep = 0x90009000u;  // bits 12, 15 | 28, 31 from h, the rest from h >> 3
+  return (h & kKeep) | ((h >> 3) & ~kKeep);
+}
+
 // The activation order of a 128-column chunk that matches this layout's k-steps: k-step i of lane
 // 4g + t multiplies physical columns 32t + 4i + jj and 32t + 4i + 2 + jj (jj = 0, 1) as mma's
 // logical k 2t + jj and 2t + 8 + jj, so physical column p of a chunk is logical column

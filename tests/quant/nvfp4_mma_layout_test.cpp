@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -54,6 +55,32 @@ TEST(Nvfp4MmaLayout, WordMapIsABijection) {
   for (int i = 0; i < 1000; ++i) {
     const uint32_t x = rng();
     for (int f = 0; f < 4; ++f) EXPECT_EQ(fragment(x, f) & ~kT, 0u);
+  }
+}
+
+// The bf16 fragments hold the same codes as the f16 ones, times 2^-126, and nothing else.
+TEST(Nvfp4MmaLayout, Bf16FragmentsAreTheCodesTimesTwoToMinus126) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float two_m126 = std::ldexp(1.0f, -126);
+  auto bf16_to_float = [](uint32_t bits16) {
+    const uint32_t b = bits16 << 16;
+    float v;
+    std::memcpy(&v, &b, sizeof v);
+    return v;
+  };
+  std::mt19937 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    const uint32_t x = i < 256 ? (i * 0x01010101u) : rng();
+    for (int f = 0; f < 4; ++f) {
+      const uint32_t b = fragment_bf16(x, f);
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t code = code_of(fragment(x, f), half);
+        const float want = (code & 8 ? -1.0f : 1.0f) * kMag[code & 7] * two_m126;
+        const float got = bf16_to_float((b >> (16 * half)) & 0xFFFF);
+        ASSERT_EQ(got, want) << "word " << x << " fragment " << f << " half " << half;
+        ASSERT_EQ(std::signbit(got), (code & 8) != 0) << "the sign of a zero code is kept";
+      }
+    }
   }
 }
 

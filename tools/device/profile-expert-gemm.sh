@@ -20,7 +20,7 @@ for m in sm__pipe_tensor_op_hmma_cycles_active sm__inst_executed_pipe_alu \
          sm__inst_executed_pipe_fma sm__inst_executed_pipe_fp16 sm__inst_executed_pipe_lsu; do
   metrics+="${metrics:+,}$m.avg.pct_of_peak_sustained_active"
 done
-timeout "${LIMIT:-200}" ncu -k "regex:grouped_expert_gemm_wgmma_rs" --launch-skip 0 \
+timeout "${LIMIT:-200}" ncu --clock-control none -k "regex:grouped_expert_gemm_wgmma_rs" --launch-skip 0 \
   --launch-count 2 "${SECTIONS[@]}" --metrics "$metrics" --print-details all \
   "$B/cuda_prefill_bench" - --experts "${TOKENS:-8192}" >"$OUT/expert-gemm-ncu.txt" 2>&1
 echo "ncu rc=$?"

@@ -48,4 +48,21 @@ __device__ __forceinline__ uint32_t scale_to_bf16x2(uint32_t h2, float s) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// An E4M3 block scale times 2^112 in both halves of a bf16x2 (exact: 4 significant bits between
+// 2^103 and 2^121): the multiplier of nvfp4_mma::fragment_bf16's codes x 2^-126, so that one bf16
+// multiply (mul_bf16x2) gives the exact weight x 2^-14; whoever takes the product applies the 2^14.
+__device__ __forceinline__ uint32_t e4m3_to_bf16x2_x2p112(uint32_t b) {
+  const __nv_bfloat16 v = __float2bfloat16_rn(e4m3_to_float(b) * 0x1p112f);
+  const uint32_t bits = __bfloat16_as_ushort(v);
+  return bits | bits << 16;
+}
+
+// a x b on bf16x2 bit patterns, rounded to nearest (exact for the products above: at most 6
+// significant bits, and the subnormal code 2^-127 in a is an input, never a result).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 }  // namespace m3::cuda

@@ -11,7 +11,8 @@
 // tile and 128 columns, the 32 bytes each lane of a warp needs for mma.m16n8k16's A registers over
 // 8 k-steps (the decode GEMV's operands), so every lane loads its weights straight from global
 // memory into registers (two 16-byte loads per tile and stage), converts one k-step at a time to
-// exact bf16 (e2m1·e4m3 is a bf16 number; the per-matrix multiplier is applied in the epilogue),
+// exact bf16 (e2m1·e4m3 is a bf16 number: one bf16 multiply of the code bits by the block scale,
+// nvfp4_mma::fragment_bf16; the per-matrix multiplier is applied in the epilogue),
 // and no weight byte passes through shared memory.
 //
 // K order. In the mma layout, k-step i of a 128-column chunk pairs mma's logical k (2t + jj,
@@ -33,9 +34,9 @@
 //
 // Pipeline, per 128-column stage ks (4 ring slots of 32 KB for the token tile):
 //   wait for my copies of stage ks; fence.proxy.async; __syncthreads
-//   cp.async stage ks + 2 into slot (ks + 2) % 4
-//   global loads of the weights and scales of stage ks + 1 into registers
 //   8 k-steps: wgmma.fence; kBlocks x wgmma (A from registers, B slot ks % 4); commit;
+//              after the first: cp.async stage ks + 2 into slot (ks + 2) % 4 and global loads of
+//              the weights and scales of stage ks + 1 into registers;
 //              wgmma.wait_group 1; convert the next k-step into the other A registers
 // wait_group 1 keeps one k-step in flight while the next is converted, so the conversion runs
 // under the tensor cores. Hazards: the A registers of k-step kk + 1 were last read by k-step
@@ -109,26 +110,28 @@ __device__ __forceinline__ uint32_t word_of(const LaneWeights& lw, int i) {
   }
 }
 
-// The block scales of k-steps 0..3 (half 0) or 4..7 (half 1) of a lane's rows g and g + 8, times
-// 2^14 (the fragments carry 2^-14), as floats: converted once per half stage.
+// The block scales of k-steps 0..3 (half 0) or 4..7 (half 1) of a lane's rows g and g + 8, as
+// bf16x2 pairs times 2^112 (e4m3_to_bf16x2_x2p112): converted once per half stage.
 struct HalfScales {
-  float g, g8;
+  uint32_t g, g8;
 };
 __device__ __forceinline__ HalfScales half_scales(const LaneWeights& lw, int half) {
   const int shift = 8 * half;
-  return {e4m3_to_float((lw.scales >> shift) & 0xFF) * 16384.0f,
-          e4m3_to_float((lw.scales >> (16 + shift)) & 0xFF) * 16384.0f};
+  return {e4m3_to_bf16x2_x2p112((lw.scales >> shift) & 0xFF),
+          e4m3_to_bf16x2_x2p112((lw.scales >> (16 + shift)) & 0xFF)};
 }
 
-// k-step i of a lane's weights as wgmma's A registers (bf16x2, exact): fragments 0 / 2 are row g,
-// 1 / 3 row g + 8 (nvfp4_mma::fragment), times their half's block scales.
+// k-step i of a lane's weights as wgmma's A registers (bf16x2, the exact weights x 2^-14; the
+// epilogue applies 2^14): fragments 0 / 2 are row g, 1 / 3 row g + 8 (nvfp4_mma::fragment_bf16,
+// codes x 2^-126), times their half's block scales. Two shifts, two bit operations and one bf16
+// multiply a register.
 __device__ __forceinline__ void a_registers(const LaneWeights& lw, int i, const HalfScales& s,
                                             uint32_t (&a)[4]) {
   const uint32_t w = word_of(lw, i);
-  a[0] = scale_to_bf16x2(nvfp4_mma::fragment(w, 0), s.g);
-  a[1] = scale_to_bf16x2(nvfp4_mma::fragment(w, 1), s.g8);
-  a[2] = scale_to_bf16x2(nvfp4_mma::fragment(w, 2), s.g);
-  a[3] = scale_to_bf16x2(nvfp4_mma::fragment(w, 3), s.g8);
+  a[0] = mul_bf16x2(nvfp4_mma::fragment_bf16(w, 0), s.g);
+  a[1] = mul_bf16x2(nvfp4_mma::fragment_bf16(w, 1), s.g8);
+  a[2] = mul_bf16x2(nvfp4_mma::fragment_bf16(w, 2), s.g);
+  a[3] = mul_bf16x2(nvfp4_mma::fragment_bf16(w, 3), s.g8);
 }
 
 template <int kBlocks, GroupedEpilogue EP, bool kAInKOrder>
@@ -231,9 +234,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<1>();
     wgmma::fence_proxy_async_smem();
     __syncthreads();
-    if (ks + 2 < chunks) load_tokens((ks + 2) % kSlots, ks + 2);
-    cp_async_commit();
-    if (ks + 1 < chunks) load_weights(ks + 1, next);
     const uint32_t b_tile = ring + (ks % kSlots) * wgmma::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kK / 16; ++kk) {
@@ -245,6 +245,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                              wgmma::sw128_desc(b_tile + wgmma::k_step_offset(kk)));
       }
       wgmma::commit();
+      if (kk == 0) {
+        // The next stages' copies are issued while the stage's first k-step runs, not between
+        // the barrier and it (where the tensor cores would wait on them).
+        if (ks + 2 < chunks) load_tokens((ks + 2) % kSlots, ks + 2);
+        cp_async_commit();
+        if (ks + 1 < chunks) load_weights(ks + 1, next);
+      }
       wgmma::wait<1>();
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
@@ -267,7 +274,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_wait<0>();
 
   // Epilogue: acc[b][4j + 2h + c] = (tile row g + 8h of tau[b], token 8j + 2t + c).
-  const float global = p.w.w_global != nullptr ? p.w.w_global[e] : 1.0f;
+  // The A registers carry the weights x 2^-14 (a_registers).
+  const float global = (p.w.w_global != nullptr ? p.w.w_global[e] : 1.0f) * 16384.0f;
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
