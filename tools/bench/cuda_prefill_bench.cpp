@@ -522,12 +522,16 @@ int main(int argc, char** argv) {
     const minimax_m3::CudaM3Kernels model_choice;
     mp.kernel = PrefillMoeKernel::kDequantCublas;
     const double old_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    // The grouped kernel the model runs: the wgmma main loop unless switched off.
-    mp.kernel = model_choice.grouped_expert_wgmma ? PrefillMoeKernel::kGroupedWgmma
-                                                  : PrefillMoeKernel::kGroupedInLoop;
+    // The grouped kernel the model runs (CudaM3Kernels' defaults).
+    const bool register_weights =
+        model_choice.grouped_expert_wgmma && model_choice.grouped_expert_register_weights;
+    mp.kernel = !model_choice.grouped_expert_wgmma ? PrefillMoeKernel::kGroupedInLoop
+                : register_weights                 ? PrefillMoeKernel::kGroupedWgmmaRegisterWeights
+                                                   : PrefillMoeKernel::kGroupedWgmma;
     const double new_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    const char* grouped_name =
-        model_choice.grouped_expert_wgmma ? "grouped in-loop (wgmma)" : "grouped in-loop";
+    const char* grouped_name = !model_choice.grouped_expert_wgmma ? "grouped in-loop"
+                               : register_weights ? "grouped wgmma, weights in registers"
+                                                  : "grouped in-loop (wgmma)";
     const bool grouped =
         model_choice.grouped_expert_gemm && t <= model_choice.grouped_expert_max_tokens;
     std::snprintf(name, sizeof name, "  (not summed) routed experts, %s",

@@ -105,6 +105,13 @@ struct CudaM3Kernels {
   // tokens on an H200 (27.3 against 33.6 ms for one layer's routed experts at 8K), the same
   // per-element check against the CPU (prefill_gemm_test).
   bool grouped_expert_wgmma = true;
+  // With grouped_expert_wgmma: the NVFP4 weights as wgmma's register operand
+  // (kGroupedWgmmaRegisterWeights, docs/design/prefill-expert-gemm.md) for the matrices in the
+  // NVFP4 mma layouts, the wgmma loop for the others: one layer's routed experts in 5.8 ms at 2K
+  // tokens and 14.0 ms at 8K against 10.9 and 27.3 for the wgmma loop and 19.5 and 23.2 for
+  // kDequantCublas (one H100, cuda_prefill_bench --experts); at 32K 51.3 against kDequantCublas's
+  // 44.6, which grouped_expert_max_tokens keeps.
+  bool grouped_expert_register_weights = true;
   // Steps whose rows fit the decode buffers (max_batch) run on the decode path whatever their
   // slices, so a prefill chunk's tokens are decode rows there (the grouped expert GEMVs read each
   // touched expert's weights once per 16 rows); off, only one-token rows and a draft's short
