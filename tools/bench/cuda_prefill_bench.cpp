@@ -258,6 +258,16 @@ void attention_kernels_bench(const std::vector<int64_t>& tokens, CachingAllocato
   }
 }
 
+const char* moe_kernel_name(PrefillMoeKernel k) {
+  switch (k) {
+    case PrefillMoeKernel::kDequantCublas: return "old (dequant+cublas)";
+    case PrefillMoeKernel::kGroupedInLoop: return "grouped in-loop (mma.sync)";
+    case PrefillMoeKernel::kGroupedWgmma: return "grouped in-loop (wgmma)";
+    case PrefillMoeKernel::kGroupedWgmmaRegisterWeights: return "grouped wgmma, weights in registers";
+  }
+  return "?";
+}
+
 // Uniform random top-4 routing over the 128 experts (distinct, ascending per token), weights
 // 0.25, on the device.
 struct DevRouting {
@@ -317,8 +327,6 @@ void bench_experts(PrefillGemm& gemm, CachingAllocator& alloc, const std::vector
       const PrefillMoeKernel kernels[4] = {
           PrefillMoeKernel::kDequantCublas, PrefillMoeKernel::kGroupedInLoop,
           PrefillMoeKernel::kGroupedWgmma, PrefillMoeKernel::kGroupedWgmmaRegisterWeights};
-      const char* names[4] = {"old (dequant+cublas)", "grouped in-loop (mma.sync)",
-                              "grouped in-loop (wgmma)", "grouped wgmma, weights in registers"};
       double ms[4];
       // Row-major weights: the register-weights loop would fall back to the wgmma one.
       const int n_kernels = layout == 1 ? 4 : 3;
@@ -326,7 +334,7 @@ void bench_experts(PrefillGemm& gemm, CachingAllocator& alloc, const std::vector
         mp.kernel = kernels[k];
         ms[k] = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
         const std::string name = std::string("routed experts ") +
-                                 (layout ? "mma-layout " : "row-major ") + names[k];
+                                 (layout ? "mma-layout " : "row-major ") + moe_kernel_name(kernels[k]);
         report(t, {name, ms[k], flops});
         std::printf("T=%-6lld   %s: %.0f tokens/s through one layer's routed experts\n",
                     (long long)t, name.c_str(), t / (ms[k] * 1e-3));
@@ -522,18 +530,11 @@ int main(int argc, char** argv) {
     const minimax_m3::CudaM3Kernels model_choice;
     mp.kernel = PrefillMoeKernel::kDequantCublas;
     const double old_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    // The grouped kernel the model runs (CudaM3Kernels' defaults).
-    const bool register_weights =
-        model_choice.grouped_expert_wgmma && model_choice.grouped_expert_register_weights;
-    mp.kernel = !model_choice.grouped_expert_wgmma ? PrefillMoeKernel::kGroupedInLoop
-                : register_weights                 ? PrefillMoeKernel::kGroupedWgmmaRegisterWeights
-                                                   : PrefillMoeKernel::kGroupedWgmma;
+    // The grouped kernel the model runs up to grouped_expert_max_tokens (CudaM3Kernels' defaults).
+    mp.kernel = model_choice.prefill_moe_kernel(0);
     const double new_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    const char* grouped_name = !model_choice.grouped_expert_wgmma ? "grouped in-loop"
-                               : register_weights ? "grouped wgmma, weights in registers"
-                                                  : "grouped in-loop (wgmma)";
-    const bool grouped =
-        model_choice.grouped_expert_gemm && t <= model_choice.grouped_expert_max_tokens;
+    const char* grouped_name = moe_kernel_name(mp.kernel);
+    const bool grouped = model_choice.prefill_moe_kernel(t) != PrefillMoeKernel::kDequantCublas;
     std::snprintf(name, sizeof name, "  (not summed) routed experts, %s",
                   grouped ? "dequant+cublas" : grouped_name);
     report(t, {name, grouped ? old_ms : new_ms, routed_flops});

@@ -40,6 +40,7 @@ class OneShotAllReduce;
 }
 
 #include "backend/comm/communicator.h"
+#include "backend/cuda/prefill/prefill_gemm.h"
 #include "core/status.h"
 #include "loader/model_config.h"
 #include "loader/weight_source.h"
@@ -128,6 +129,14 @@ struct CudaM3Kernels {
   // all-reduce then the norm. The fused norm is the one-CTA-per-row norm's arithmetic, so at up to
   // tuning.cluster_norm_max_rows rows its last bits can differ from the unfused (cluster) norm's.
   bool fused_all_reduce_norm = true;
+
+  // The routed experts' kernel for a prefill step of `tokens` tokens, from the switches above.
+  cuda::PrefillMoeKernel prefill_moe_kernel(int64_t tokens) const {
+    using K = cuda::PrefillMoeKernel;
+    if (!grouped_expert_gemm || tokens > grouped_expert_max_tokens) return K::kDequantCublas;
+    if (!grouped_expert_wgmma) return K::kGroupedInLoop;
+    return grouped_expert_register_weights ? K::kGroupedWgmmaRegisterWeights : K::kGroupedWgmma;
+  }
 };
 
 // Tensor parallelism over GPUs (tensor_parallel.h, --tp): the model is rank `rank` of `ranks`. It

@@ -1039,12 +1039,7 @@ struct CudaM3Model::Impl {
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      mp.kernel = !(opt.kernels.grouped_expert_gemm && t <= opt.kernels.grouped_expert_max_tokens)
-                      ? cuda::PrefillMoeKernel::kDequantCublas
-                  : !opt.kernels.grouped_expert_wgmma ? cuda::PrefillMoeKernel::kGroupedInLoop
-                  : opt.kernels.grouped_expert_register_weights
-                      ? cuda::PrefillMoeKernel::kGroupedWgmmaRegisterWeights
-                      : cuda::PrefillMoeKernel::kGroupedWgmma;
+      mp.kernel = opt.kernels.prefill_moe_kernel(t);
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
       M3_RETURN_IF_ERROR(capture(l));
