@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "loader/checkpoint.h"
+#include "loader/vision_config.h"
 #include "model/minimax_m3/dummy_weights.h"
 #include "model/minimax_m3/tensor_parallel.h"
+#include "model/minimax_m3/vision_tower.h"
 #include "model/minimax_m3/weights.h"
 
 namespace m3::minimax_m3 {
@@ -42,6 +45,22 @@ struct Layout {
     return l;
   }
 };
+
+// The bytes of the language model's tensors: everything stored but the vision tower's, which the
+// vision loader reads apart (once, on the server's first rank).
+uint64_t language_model_bytes(const Checkpoint& ck) {
+  std::set<std::string> vision;
+  const std::optional<VisionConfig> vc = load_vision_config(kModel).value();
+  const Result<std::string> prefix = find_vision_prefix(ck);
+  if (vc && prefix.is_ok()) {
+    for (const std::string& n : vision_weight_names(*vc, *prefix)) vision.insert(n);
+  }
+  uint64_t total = 0;
+  for (const std::string& n : ck.store().names()) {
+    if (!vision.count(n)) total += ck.raw(n).value().nbytes;
+  }
+  return total;
+}
 
 // How many ranks read each element of a tensor, summed over the ranks: partitioned over all ranks
 // (once), over an attention group's ranks (query heads: once per group), by KV heads (once per
@@ -212,9 +231,9 @@ TEST_P(ShardedRankLoading, EachRankReadsExactlyItsSlices) {
   ck->set_read_counter(&full_reads);
   Result<ModelWeights> full = load_weights(*ck, *cfg, &full_backend);
   ASSERT_TRUE(full.is_ok()) << full.status().to_string();
-  uint64_t stored_total = 0;
-  for (const std::string& n : ck->store().names()) stored_total += ck->raw(n).value().nbytes;
-  // lm_head and the embedding are separate tensors, so one unsharded load reads the file once.
+  const uint64_t stored_total = language_model_bytes(*ck);
+  // lm_head and the embedding are separate tensors, so one unsharded load reads each language-model
+  // tensor once.
   EXPECT_EQ(full_reads.total(), stored_total);
 
   std::map<std::string, uint64_t> summed;
@@ -281,8 +300,7 @@ TEST_P(ServedRankReads, StartupReportGivesEachRanksSlicesRead) {
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(kModel).value();
   const WeightNaming naming = detect_naming(*ck, *cfg).value();
-  uint64_t stored_total = 0;
-  for (const std::string& n : ck->store().names()) stored_total += ck->raw(n).value().nbytes;
+  const uint64_t stored_total = language_model_bytes(*ck);
 
   app::EngineStackOptions o;
   o.device = "cpu";

@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fast_model import FastM3, GemmaRMSNorm, swiglu_oai
+from fast_model import FastM3, GemmaRMSNorm, read_safetensors, swiglu_oai
 
 PREFIX = "language_model.model.dspark."  # the released folder's prefix (the loader accepts it)
 
@@ -68,18 +68,15 @@ def target_dict(target_dir):
 
 def load_target(target_dir):
     """FastM3 in float32 with the checkpoint's (bf16) values, names mapped from the original layout."""
-    from safetensors import safe_open
-
     c = target_dict(target_dir)
     m = FastM3(c)
     raw = {}
     idx = os.path.join(target_dir, "model.safetensors.index.json")
     files = sorted(set(json.load(open(idx))["weight_map"].values())) if os.path.exists(idx) else ["model.safetensors"]
     for fn in files:
-        with safe_open(os.path.join(target_dir, fn), framework="pt") as f:
-            for k in f.keys():
-                if k.startswith("language_model."):  # not the vision tower, projector and merge MLP
-                    raw[k] = f.get_tensor(k).float()
+        for k, t in read_safetensors(os.path.join(target_dir, fn)).items():
+            if k.startswith("language_model."):  # not the vision tower, projector and merge MLP
+                raw[k] = t
     sd = {}
     g = lambda k: raw.pop(k)  # noqa: E731
     sd["model.embed_tokens.weight"] = g("language_model.model.embed_tokens.weight")
@@ -268,7 +265,11 @@ class DSparkDraft(nn.Module):
             v = torch.cat([vc, vb], dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
             q = q.transpose(1, 2)
             dt = v.dtype
-            o = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v, attn_mask=mask, scale=scale)
+            if hasattr(F, "scaled_dot_product_attention"):
+                o = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v, attn_mask=mask, scale=scale)
+            else:  # torch < 2.0 (the CPU fixture regeneration, dspark_fixture.py)
+                a = (q.to(dt) @ k.to(dt).transpose(-1, -2)) * scale
+                o = a.masked_fill(~mask, float("-inf")).softmax(-1) @ v
             x = x + at.o_proj(o.transpose(1, 2).reshape(N, A * B, nh * hd))
             x = x + lyr.mlp(lyr.post_attention_layernorm(x))
         return self.final_norm(x).view(N, A, B, -1)
@@ -340,3 +341,46 @@ def draft_config(target_c, args, convention):
         "dspark_target_hidden_convention": convention,
         "torch_dtype": "bfloat16",
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# A released draft folder, and the parity cases of the C++ test
+# ------------------------------------------------------------------------------------------------
+def load_draft(draft_dir):
+    """(DSparkDraft in float32 with the folder's bf16 values, its config.json dict)."""
+    with open(os.path.join(draft_dir, "config.json")) as f:
+        dcfg = json.load(f)
+    draft = DSparkDraft(dcfg, len(dcfg["dspark_target_layer_ids"]))
+    sd = {k[len(PREFIX):] if k.startswith(PREFIX) else k: v
+          for k, v in read_safetensors(os.path.join(draft_dir, "model.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if k != "inv_freq"]
+    if missing or unexpected:
+        raise RuntimeError("draft load: missing %s unexpected %s" % (missing, unexpected))
+    return draft.eval(), dcfg
+
+
+@torch.no_grad()
+def parity_cases(target, draft, dcfg, convention, cases):
+    """What tests/model/dspark_parity_test.cpp compares m3serve's draft with, computed on the CPU in
+    float32 (both models must be there): per case (name, context ids, anchor id) the greedy block
+    and, per slot, the corrected and base logits at the top 8 ids plus 0, the anchor, the noise
+    token and the last id."""
+    embed, lm_head = target.model.embed_tokens.weight, target.lm_head.weight
+    V = dcfg["vocab_size"]
+    out = []
+    for name, ctx, anchor in cases:
+        outs, normed = target_run(target, torch.tensor([ctx]))
+        feats = features(outs, normed, dcfg["dspark_target_layer_ids"], convention)[0]
+        toks, corr, base = draft.propose(feats, embed, lm_head, anchor, 0.0)
+        slots = []
+        for k in range(len(toks)):
+            top = torch.topk(corr[k], 8)
+            fixed = [0, anchor, dcfg["dspark_noise_token_id"], V - 1]
+            sel = sorted(set([int(i) for i in top.indices] + fixed))
+            srt = torch.sort(corr[k], descending=True).values
+            slots.append({"token": toks[k], "margin": float(srt[0] - srt[1]), "ids": sel,
+                          "logits": [float(corr[k, i]) for i in sel],
+                          "base_logits": [float(base[k, i]) for i in sel]})
+        out.append({"name": name, "context_tokens": ctx, "anchor": anchor, "slots": slots})
+    return out

@@ -67,6 +67,8 @@ ap.add_argument("--balance-rate", type=float, default=1e-3, help="e_score_correc
 ap.add_argument("--bpe-size", type=int, default=4032, help="BPE vocab before the 64 special slots")
 ap.add_argument("--eval-seconds", type=float, default=60.0)
 ap.add_argument("--eval-batch", type=int, default=100)
+ap.add_argument("--round-eval-seconds", type=float, default=240.0,
+                help="time limit of the held-out tool-schema evaluation of the --vision round (all 240 items)")
 ap.add_argument("--eval-limit", type=int, default=0, help="only the first N items of each task (0: all)")
 ap.add_argument("--eval-max-new", type=int, default=0, help="override the new-token limits (0: 220 / 160)")
 ap.add_argument("--golden-new-tokens", type=int, default=64)
@@ -1552,8 +1554,8 @@ How it was made and how to regenerate it: `tools/train_tiny/README.md`.
   ({experts} experts, top-{ek}, intermediate {inter}, sigmoid router with e_score_correction_bias, one
   shared expert of {shared}), SwiGLU-OAI, Gemma RMSNorm, per-head QK norm, partial RoPE ({rot} of {hd}).
 - Vocabulary {vocab}: byte-level BPE ({bpe}) + 64 MiniMax-M3 special tokens at {bpe}..{vlast}.
-- {params:.2f} M parameters, {mb:.1f} MB of weights (bf16; router weight and bias fp32).
-- Trained {steps} steps / {secs:.0f} s on one H200 ({how}; transformers {tv}, torch {tt}).
+- {params:.2f} M parameters{vis_line}, {mb:.1f} MB of weights (bf16; router weight and bias fp32).
+- Trained {steps} steps / {secs:.0f} s on one {gpu}{cont} ({how}; transformers {tv}, torch {tt}).
 
 ## Held-out evaluation (greedy, values never seen in training)
 
@@ -1569,6 +1571,10 @@ How it was made and how to regenerate it: `tools/train_tiny/README.md`.
            ih=INDEX_HEADS, idim=INDEX_DIM, win=BLOCK * TOPK_BLOCKS, dense=DENSE_INTER, last=LAYERS - 1,
            experts=EXPERTS, ek=TOPK_EXPERTS, inter=EXPERT_INTER, shared=SHARED_INTER, rot=ROTARY_DIM,
            vocab=VOCAB, bpe=BPE_SIZE, vlast=VOCAB - 1, params=n_params / 1e6, mb=total_bytes / 1e6, steps=step,
+           vis_line=("" if VIS is None else " (plus a vision tower, projector and merge MLP of %.2f M)" % (
+               sum(p.numel() for p in VIS.parameters()) / 1e6)),
+           gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU",
+           cont=(", continuing from `%s`" % args.init_from) if args.init_from else "",
            secs=args.train_seconds, how=("fast pure-PyTorch training model, weights verified against the "
                                 "transformers classes" if trained_with == "fast" else "transformers classes"), tv=transformers.__version__, tt=torch.__version__,
            a_acc="%.1f%% (%d/%d)" % (100 * results["arith"]["accuracy"], results["arith"]["correct"], results["arith"]["n"]),

@@ -356,30 +356,11 @@ def export(draft, dcfg, out_dir):
     return size
 
 
-@torch.no_grad()
 def parity_fixture(target, draft, dcfg, convention, cases, path):
-    """On the CPU in float32 (no TF32): per case, the greedy block and the logits at a few ids."""
-    tgt = target.to("cpu")
-    dr = draft.to("cpu")
-    embed, lm_head = tgt.model.embed_tokens.weight, tgt.lm_head.weight
-    V = dcfg["vocab_size"]
+    """On the CPU in float32 (no TF32): dspark_model.parity_cases written for the C++ test."""
     out = {"draft_dir": "models/m3-tiny/dspark", "convention": convention,
            "note": "computed by tools/train_tiny/train_dspark.py in PyTorch float32 on the CPU",
-           "cases": []}
-    for name, ctx, anchor in cases:
-        outs, normed = dm.target_run(tgt, torch.tensor([ctx]))
-        feats = dm.features(outs, normed, dcfg["dspark_target_layer_ids"], convention)[0]
-        toks, corr, base = dr.propose(feats, embed, lm_head, anchor, 0.0)
-        slots = []
-        for k in range(len(toks)):
-            top = torch.topk(corr[k], 8)
-            fixed = [0, anchor, dcfg["dspark_noise_token_id"], V - 1]
-            sel = sorted(set([int(i) for i in top.indices] + fixed))
-            srt = torch.sort(corr[k], descending=True).values
-            slots.append({"token": toks[k], "margin": float(srt[0] - srt[1]), "ids": sel,
-                          "logits": [float(corr[k, i]) for i in sel],
-                          "base_logits": [float(base[k, i]) for i in sel]})
-        out["cases"].append({"name": name, "context_tokens": ctx, "anchor": anchor, "slots": slots})
+           "cases": dm.parity_cases(target.to("cpu"), draft.to("cpu"), dcfg, convention, cases)}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f)
