@@ -336,8 +336,8 @@ def _made_up_body(rng, name, verb, noun):
     else:
         arg_text = _join(said)
     req = rng.choice(REQUESTS)
-    prompt = req.format(Verb=verb.capitalize(), verb=verb, noun=_sp(noun), args=arg_text,
-                        Args=arg_text[0].upper() + arg_text[1:])
+    prompt = vary_wording(rng, req.format(Verb=verb.capitalize(), verb=verb, noun=_sp(noun), args=arg_text,
+                                          Args=arg_text[0].upper() + arg_text[1:]))
     schema = {"type": "function", "function": {"name": name, "description": desc,
                                                "parameters": {"type": "object", "properties": props,
                                                               "required": required}}}
@@ -447,6 +447,57 @@ def _rename_param(rng, base, p, pool):
     return p
 
 
+def _said(value, prompt):
+    """Whether the user's words carry the argument's value (else it was a default)."""
+    if isinstance(value, dict):
+        return any(_said(v, prompt) for v in value.values())
+    if isinstance(value, list):
+        return any(_said(v, prompt) for v in value)
+    return str(value).lower() in prompt.lower()
+
+
+def _vary_parameters(rng, params, args, prompt):
+    """A user's own version of a known tool rarely has its exact parameter set: drop parameters whose
+    value the request does not say (the call then leaves them out: a weather tool with only
+    `location`), and sometimes add an optional parameter nobody asked for (left out of the call)."""
+    props, required = params["properties"], params.setdefault("required", [])
+    for p in [p for p in list(args) if not _said(args[p], prompt)]:
+        if len(props) > 1 and rng.random() < 0.5:
+            del props[p], args[p]
+            if p in required:
+                required.remove(p)
+    if rng.random() < 0.25:
+        extra = _param(rng, set(props))
+        props[extra] = {"type": rng.choice(["string", "string", "integer", "boolean"])}
+        if rng.random() < 0.3:
+            props[extra]["description"] = rng.choice(PARAM_DESCRIPTIONS).format(
+                p=_sp(extra), P=_sp(extra).capitalize(), noun="request")
+
+
+# Surface variation of a request (the values untouched): the fixed tools' prompts and the request
+# templates are few, and a user writes "What is", "please" or no question mark.
+_WORDING = [("What's ", "What is "), ("What's ", "whats "), ("Tell me ", "Can you tell me "),
+            ("Tell me ", "Please tell me "), ("How is ", "How's "), ("Convert ", "Please convert "),
+            ("Search the web for ", "Look up "), ("Send an email ", "Write an email ")]
+
+
+def vary_wording(rng, prompt):
+    if rng.random() < 0.5:
+        return prompt
+    for a, b in rng.sample(_WORDING, len(_WORDING)):
+        if prompt.startswith(a):
+            prompt = b + prompt[len(a):]
+            break
+    r = rng.random()
+    if r < 0.2 and prompt[-1:] in "?.":
+        prompt = prompt[:-1]
+    elif r < 0.35:
+        prompt = prompt[:-1] + " please" + prompt[-1:] if prompt[-1:] in "?." else prompt + " please"
+    elif r < 0.5:
+        prompt = rng.choice(["Hi! ", "Hey, ", "Quick one: ", "Thanks in advance. "]) + prompt
+    return prompt
+
+
 def renamed_tool(rng, base=None):
     """(schema, prompt, arguments, base) of a renamed variant of a fixed tool, asked with the
     fixed tool's own prompts (corpus.make_tool_task)."""
@@ -476,8 +527,9 @@ def renamed_tool(rng, base=None):
         fn["parameters"]["properties"] = {mapping.get(k, k): v for k, v in props.items()}
         fn["parameters"]["required"] = [mapping.get(k, k) for k in fn["parameters"].get("required", [])]
         args = {mapping.get(k, k): v for k, v in args.items()}
+        _vary_parameters(rng, fn["parameters"], args, prompt)
         if schema != corpus.TOOLS[base] and not violations(schema, base):
-            return schema, prompt, args, base
+            return schema, vary_wording(rng, prompt), args, base
     raise RuntimeError("no renamed %s found" % base)
 
 
