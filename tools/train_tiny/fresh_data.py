@@ -593,8 +593,13 @@ def train_cpu(a):
         a.steps, el, a.steps / el, torch.get_num_threads(), json.dumps(summ)))
     k = max(1, len(losses) // 3)
     print("mean loss first %d steps %.4f, last %d steps %.4f" % (k, sum(losses[:k]) / k, k, sum(losses[-k:]) / k))
-    ok = all(v == v for v in after.values()) and after["all"] < before["all"]
-    print("RESULT: %s (probe loss %.4f -> %.4f)" % ("loss finite and falling" if ok else "FAILED", before["all"], after["all"]))
+    # The training loss on the fresh batches must fall (the perception head starts untrained, so it
+    # does from any checkpoint); the probe batch's loss falls only from a model that has not learnt
+    # these tasks yet (the shipped one has: a few CPU steps at this lr may nudge it up).
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    ok = all(v == v for v in after.values()) and last < first
+    print("RESULT: %s (fresh-batch loss %.4f -> %.4f; probe loss %.4f -> %.4f)" % (
+        "loss finite and falling" if ok else "FAILED", first, last, before["all"], after["all"]))
     return 0 if ok else 1
 
 
