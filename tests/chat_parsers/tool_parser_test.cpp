@@ -209,6 +209,21 @@ TEST(ToolParser, StrayMarkersAndUnknownTagsInContentAreDropped) {
   EXPECT_TRUE(m.calls.empty());
 }
 
+TEST(ToolParser, AMarkerAndAngleBracketBeforeAnotherMarkerAreStray) {
+  // m3-tiny forced into a call (tool_choice required) wrote a duplicate closer after a stray
+  // "marker<": no key may be made of the marker's text.
+  auto m = parse(open("tool_call") + "\n" + NS + "<invoke name=\"get_weather\">" +
+                 param("city", "Lisbon") + NS + "<" + close("city") + close("invoke") + "\n" +
+                 close("tool_call"));
+  ASSERT_EQ(m.calls.size(), 1u);
+  EXPECT_EQ(args(m, 0), json({{"city", "Lisbon"}}));
+  EXPECT_EQ(m.content, "");
+  // The same inside a value and before a parameter: the stray pair is dropped, the tag after it read.
+  m = parse(block(invoke("write_file", open("path") + "/a" + NS + "<" + close("path") + NS + "<" +
+                                           param("content", "x<y"))));
+  EXPECT_EQ(args(m, 0), json({{"path", "/a"}, {"content", "x<y"}}));
+}
+
 TEST(ToolParser, MarkerFollowedByLongTextIsNotATag) {
   std::string long_text(600, 'x');
   auto m = parse("a" + NS + "<" + long_text);

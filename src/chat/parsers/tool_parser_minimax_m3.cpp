@@ -259,6 +259,13 @@ void MiniMaxM3ToolParser::process(ToolParseDelta& out, bool final) {
       if (final) pos = buf_.size();  // a tag truncated by the end of output is dropped
       break;                         // otherwise wait for the rest of the tag
     }
+    // A tag never contains a marker: in "marker<marker</city>" (seen from a small model) the first
+    // marker and its '<' are stray, and the tag is the one the inner marker starts. (The marker
+    // itself holds a '>', so without this its first half would be read as a tag name.)
+    if (after.substr(1, gt).find(kNs.substr(0, kNs.find('>'))) != std::string_view::npos) {
+      pos += kNs.size() + 1;
+      continue;
+    }
     std::string_view raw = after.substr(0, gt + 1);
     pos += kNs.size() + raw.size();
 
