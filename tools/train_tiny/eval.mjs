@@ -16,6 +16,8 @@
 // Sets: --set FILE[,FILE...] (default eval_set.jsonl). The vision-and-tools round adds
 //   eval_tools_heldout.jsonl   tasks gtool (held-out tool schemas: right tool, right argument names and
 //                              values) and gtool_none (no offered tool fits: a plain answer, no call);
+//   eval_tools_natural.jsonl   tasks ntool / ntool_none: the same scoring on hand-written requests as a new
+//                              user would make them (make_natural_tool_set.py);
 //   eval_vision.jsonl          task vision (held-out images as PNG data URLs, held-out phrasings: the answer
 //                              names the right colour / shape / corner / count and no other); server only.
 // Options: --limit N (first N of each task), --out results.json, --concurrency K, --max-tokens N,
@@ -157,7 +159,7 @@ export function score(item, result) {
     const ok = scoreVision(item.expect.kind, item.expect.answer, result.content || "");
     return { ok, got: (result.content || "").trim().slice(-120), want: item.expect.answer };
   }
-  if (item.task === "gtool_none") {
+  if (item.task === "gtool_none" || item.task === "ntool_none") {
     let calls = result.toolCalls || [];
     if (!calls.length) {
       try { calls = parseToolCalls(result.content || "", item.tools)[1]; } catch (e) { return { ok: false, error: String(e.message || e) }; }
@@ -310,7 +312,7 @@ async function main() {
   });
   const summary = {};
   let fail = false;
-  for (const task of ["arith", "arith_nothink", "tool", "gtool", "gtool_none", "vision"]) {
+  for (const task of ["arith", "arith_nothink", "tool", "gtool", "gtool_none", "ntool", "ntool_none", "vision"]) {
     const r = rows.filter((x) => x.task === task);
     if (!r.length) continue;
     const s = { n: r.length, correct: r.filter((x) => x.ok).length };

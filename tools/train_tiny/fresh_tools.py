@@ -16,9 +16,10 @@ Held out (never generated; fresh_data.py --check asserts it on every schema it d
   `_`-separated part of a tool or parameter name (the six fixed tools keep their own names);
 * every held-out rename of gen_tools.RENAME_SPLIT, as a whole tool or parameter name (a fixed
   tool's own parameter name stays allowed in that tool);
-* every tool name of eval_tools_heldout.jsonl other than the six fixed tools, every
-  (name, parameter set) signature there, and every held-out description (gen_tools' held-out
-  templates and renamed descriptions; no description within 2 word edits of one).
+* every tool name of eval_tools_heldout.jsonl and eval_tools_natural.jsonl other than the six
+  fixed tools, every (name, parameter set) signature there, their descriptions, and every
+  held-out description (gen_tools' held-out templates and renamed descriptions; no description
+  within 2 word edits of one).
 """
 
 import copy
@@ -67,14 +68,17 @@ def signature(schema):
 FIXED_SIGNATURES = {signature(corpus.TOOLS[t]) for t in FIXED}
 
 
+# The generated held-out set and the hand-written requests a new user would make.
+EVAL_TOOL_FILES = ("eval_tools_heldout.jsonl", "eval_tools_natural.jsonl")
+
+
 def _eval_tools():
-    path = os.path.join(HERE, "eval_tools_heldout.jsonl")
     names, sigs, descs = set(), set(), set()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            for t in json.loads(line).get("tools") or []:
+    for fn in EVAL_TOOL_FILES:
+        with open(os.path.join(HERE, fn), encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        for item in lines:
+            for t in item.get("tools") or []:
                 if t == corpus.TOOLS.get(t["function"]["name"]):
                     continue  # one of the six fixed tools as it is
                 if t["function"]["name"] not in FIXED:
@@ -272,6 +276,10 @@ def _join(said, sep_last=" and "):
 ARG_FORMS = ["{p} {v}"] * 6 + ["{p} {v}", "{p} is {v}", "{p}: {v}", "{p} set to {v}", "the {p} {v}", "{p} = {v}"]
 
 
+BARE_REQUESTS = ["{Verb} {args}.", "Can you {verb} {args}?", "Please {verb} {args}.", "I want to {verb} {args}.",
+                 "{Verb} {args} for me.", "Could you {verb} {args}, please?"]
+
+
 def made_up_tool(rng, verb=None, noun=None):
     """(schema, prompt, arguments, verb, noun) of a fresh made-up tool."""
     want_verb, want_noun = verb, noun
@@ -294,6 +302,7 @@ def _made_up_body(rng, name, verb, noun):
     desc_t = rng.choice(DESCRIPTIONS)
     desc = desc_t.format(Verb=verb.capitalize(), verb=verb, noun=_sp(noun))
     props, used, said, args, required = {}, set(), [], {}, []
+    bare = None  # the words of the last argument said, when a bare value can stand for it
     form = rng.choice(ARG_FORMS)
     for i in range(rng.choice([1, 1, 2, 2, 3, 3, 4])):
         p = _param(rng, used)
@@ -329,6 +338,7 @@ def _made_up_body(rng, name, verb, noun):
         if is_required or rng.random() < 0.5:
             args[p] = v
             said.append(form.format(p=_sp(p), v=words) if typ != "object" else "%s with %s" % (_sp(p), words))
+            bare = words if typ in ("string", "integer", "number", "enum") else None
     if rng.random() < 0.25:  # the user names the arguments in another order
         rng.shuffle(said)
     if any(props[p]["type"] in ("array", "object") for p in args):
@@ -336,6 +346,10 @@ def _made_up_body(rng, name, verb, noun):
     else:
         arg_text = _join(said)
     req = rng.choice(REQUESTS)
+    if len(args) == 1 and bare is not None and rng.random() < 0.3:
+        # One argument: users name the value alone ("Define serendipity.", "Play Miles Davis."),
+        # and the schema says which parameter it fills.
+        req, arg_text = rng.choice(BARE_REQUESTS), bare
     prompt = vary_wording(rng, req.format(Verb=verb.capitalize(), verb=verb, noun=_sp(noun), args=arg_text,
                                           Args=arg_text[0].upper() + arg_text[1:]))
     schema = {"type": "function", "function": {"name": name, "description": desc,
@@ -478,7 +492,11 @@ def _vary_parameters(rng, params, args, prompt):
 # templates are few, and a user writes "What is", "please" or no question mark.
 _WORDING = [("What's ", "What is "), ("What's ", "whats "), ("Tell me ", "Can you tell me "),
             ("Tell me ", "Please tell me "), ("How is ", "How's "), ("Convert ", "Please convert "),
-            ("Search the web for ", "Look up "), ("Send an email ", "Write an email ")]
+            ("Search the web for ", "Look up "), ("Send an email ", "Write an email "),
+            ("What's the weather in ", "Is it raining in "), ("What's the weather in ", "Weather in "),
+            ("What's the weather in ", "What is the weather like in "),
+            ("What time is it in ", "What's the local time in "), ("What time is it in ", "Current time in "),
+            ("Search the web for ", "Find "), ("Convert ", "Change "), ("How much is ", "What is ")]
 
 
 def vary_wording(rng, prompt):

@@ -18,7 +18,10 @@ import multimodal_corpus
 import shapes
 
 
-ROUND_TASKS = ("gtool", "gtool_none", "vision")
+ROUND_TASKS = ("gtool", "gtool_none", "ntool", "ntool_none", "vision")
+# Hand-written requests as a new user would make them (common tools, natural wording), scored the
+# same way; fresh_tools.py keeps their names, signatures and descriptions out of training.
+EVAL_NATURAL_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_tools_natural.jsonl")
 
 
 def _summary(rows):
@@ -37,7 +40,8 @@ def run(args, tok, ref_model, greedy_nocache, fast_eval, vis, image_id, eos, log
     round_rows = []
     try:
         t_ev = time.time()
-        gt_items = multimodal_corpus.read_jsonl(multimodal_corpus.EVAL_TOOLS_PATH)[:args.eval_limit or None]
+        gt_items = (multimodal_corpus.read_jsonl(multimodal_corpus.EVAL_TOOLS_PATH)[:args.eval_limit or None] +
+                    multimodal_corpus.read_jsonl(EVAL_NATURAL_PATH)[:args.eval_limit or None])
         gt_prompts = [tok.encode(corpus.render(it, add_generation_prompt=True), add_special_tokens=False).ids
                       for it in gt_items]
         # Its own time limit: greedy_nocache takes the prompts shortest first, so a cut-off leaves out the
@@ -54,7 +58,7 @@ def run(args, tok, ref_model, greedy_nocache, fast_eval, vis, image_id, eos, log
                 ok, detail = gen_tools.score(it, text)
                 round_rows.append({"id": it["id"], "task": it["task"], "mode": it["mode"], "ok": ok, "detail": detail,
                                    "completion": text})
-        for t in ("gtool", "gtool_none"):
+        for t in ("gtool", "gtool_none", "ntool", "ntool_none"):
             results[t] = _summary([r for r in round_rows if r["task"] == t])
     except Exception as e:  # noqa: BLE001
         warn("held-out tool-schema evaluation failed: %r" % e)
@@ -85,7 +89,7 @@ def run(args, tok, ref_model, greedy_nocache, fast_eval, vis, image_id, eos, log
         except Exception as e:  # noqa: BLE001
             warn("held-out image evaluation failed: %r" % e)
             traceback.print_exc()
-    for t in ("gtool", "gtool_none", "vision"):
+    for t in ROUND_TASKS:
         if t in results:
             log("EVAL %-13s accuracy %.1f%% (%d/%d)  adaptive %s  enabled %s  disabled %s %s" % (
                 t, 100 * results[t]["accuracy"], results[t]["correct"], results[t]["n"], results[t]["adaptive"],

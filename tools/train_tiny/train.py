@@ -1588,6 +1588,7 @@ How it was made and how to regenerate it: `tools/train_tiny/README.md`.
                    label, 100 * results[k]["accuracy"], results[k]["correct"], results[k]["n"],
                    results[k]["adaptive"], results[k]["enabled"], results[k]["disabled"])
                for k, label in (("gtool", "Tool calls on held-out tool schemas (`eval_tools_heldout.jsonl`)"),
+                                ("ntool", "Tool calls asked as a new user would (`eval_tools_natural.jsonl`)"),
                                 ("vision", "Questions on held-out images (`eval_vision.jsonl`)"))
                if k in results) + ("\n" if any(k in results for k in ("gtool", "vision")) else ""))
 with open(os.path.join(args.out_model, "README.md"), "w") as f:
