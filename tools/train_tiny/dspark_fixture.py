@@ -17,8 +17,6 @@ import json
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dspark_model as dm  # noqa: E402
 
@@ -29,7 +27,6 @@ def main():
     ap.add_argument("--draft-dir", default="", help="default <target-dir>/dspark")
     ap.add_argument("--fixture", default="tests/fixtures/m3_tiny/dspark_parity.json")
     a = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
     with open(a.fixture) as f:
         old = json.load(f)
     convention = old["convention"]

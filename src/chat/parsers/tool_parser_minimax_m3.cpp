@@ -19,6 +19,10 @@ namespace {
 // text after it is treated as literal. Bounded so a stray marker cannot make us buffer forever.
 constexpr size_t kMaxTagLength = 512;
 
+// The namespace marker up to its own '>': where it appears inside a would-be tag, a second marker
+// starts there (process()).
+constexpr std::string_view kNsBeforeGt = kNs.substr(0, kNs.find('>'));
+
 bool is_space(char c) {
   return WsTrimmer::is_space(c);
 }
@@ -262,7 +266,7 @@ void MiniMaxM3ToolParser::process(ToolParseDelta& out, bool final) {
     // A tag never contains a marker: in "marker<marker</city>" (seen from a small model) the first
     // marker and its '<' are stray, and the tag is the one the inner marker starts. (The marker
     // itself holds a '>', so without this its first half would be read as a tag name.)
-    if (after.substr(1, gt).find(kNs.substr(0, kNs.find('>'))) != std::string_view::npos) {
+    if (after.substr(1, gt).find(kNsBeforeGt) != std::string_view::npos) {
       pos += kNs.size() + 1;
       continue;
     }
