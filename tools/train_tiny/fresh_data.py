@@ -10,12 +10,14 @@ for a seed), copies a batch to the device and renders its images there (fresh_vi
 torch.randint noise): nothing is repeated, no image ever comes from a seed.
 
 The mix (per conversation): fresh image questions (fresh_vision.py) SHARE_IMAGE, fresh tool
-schemas (fresh_tools.py) SHARE_GTOOL, the rest corpus.training_sample (arithmetic, the six fixed
-tools with made-up values, chit-chat), which already draws every sample anew.
+schemas (fresh_tools.py; about 40% of them natural_tools.py's everyday tools) SHARE_GTOOL, the
+rest corpus.training_sample (arithmetic, the six fixed tools with made-up values, chit-chat),
+which already draws every sample anew.
 
   python3 fresh_data.py --check            asserts that nothing generated is held out (evaluation
                                            image layouts and pixels, phrasings, tool names,
-                                           parameter sets, held-out words), that the renderer
+                                           parameter sets, held-out words, the domains of
+                                           eval_tools_natural.jsonl), that the renderer
                                            reproduces shapes.pixels and that the scene statistics
                                            match shapes.py's; exits non-zero on any failure
   python3 fresh_data.py --bench            conversations and batches per second of one worker
@@ -41,6 +43,7 @@ import corpus  # noqa: E402
 import fresh_tools  # noqa: E402
 import fresh_vision  # noqa: E402
 import multimodal_corpus  # noqa: E402
+import natural_tools  # noqa: E402
 import shapes  # noqa: E402
 
 SHARE_IMAGE, SHARE_GTOOL = 0.30, 0.22
@@ -430,6 +433,10 @@ def check(n_samples=20000, n_images=2000, n_extra=200, regen_eval=True, pieces_f
             parts = [p for m in s["messages"] if isinstance(m["content"], list) for p in m["content"]
                      if p.get("type") in ("image", "image_url")]
             expect(len(parts) == 1 and parts[0] == {"type": "image"}, "sample %d: image part %r" % (i, parts))
+        if s.get("natural"):
+            counts["natural " + s["task"]] += 1
+            v = natural_tools.sample_problems(s)
+            expect(not v, "sample %d (natural %s): %s" % (i, s["task"], v))
         for t, base in s.get("schemas") or []:
             v = fresh_tools.violations(t, base)
             expect(not v, "sample %d (%s): %s" % (i, s["task"], v))
@@ -445,6 +452,13 @@ def check(n_samples=20000, n_images=2000, n_extra=200, regen_eval=True, pieces_f
         if len(failures) > 20:
             break
     out["mix_counts"] = dict(counts)
+
+    # 5. Everyday tools (natural_tools.py): n_samples // 2 of each kind, drawn alone, through
+    #    sample_problems (held-out schemas and evaluation domains, calls that match the request).
+    try:
+        out["natural_tools"] = natural_tools.check(max(1, n_samples // 2), log=log)
+    except AssertionError as e:
+        expect(False, str(e))
     out["distinct_generated_tool_names"] = len(names)
     out["distinct_generated_signatures"] = len(sigs)
     out["eval_tool_names_held_out"] = len(fresh_tools.EVAL_NAMES)

@@ -9,7 +9,9 @@ descriptions and the user's wording vary as in gen_tools.py (which still writes 
 with more request and argument phrasings. Renamed variants of the six fixed tools get names,
 parameter names and descriptions from synonym lists, made-up words and pieces. A share of the
 conversations offers no fitting tool (distractors that share the verb or the noun included): the
-assistant answers without a call.
+assistant answers without a call. About 40% of the conversations (KIND_WEIGHTS) are everyday tools
+as users write them, asked for in other words than the tool's (natural_tools.py: kinds "natural",
+a call, and "natural_none", a decline), outside the domains of eval_tools_natural.jsonl.
 
 Held out (never generated; fresh_data.py --check asserts it on every schema it draws):
 * every word of gen_tools' held-out pools (VERBS, NOUNS, PARAM_WORDS, PARAM_PREFIX), as any
@@ -19,7 +21,9 @@ Held out (never generated; fresh_data.py --check asserts it on every schema it d
 * every tool name of eval_tools_heldout.jsonl and eval_tools_natural.jsonl other than the six
   fixed tools, every (name, parameter set) signature there, their descriptions, and every
   held-out description (gen_tools' held-out templates and renamed descriptions; no description
-  within 2 word edits of one).
+  within 2 word edits of one);
+* for the natural kinds also the domains of eval_tools_natural.jsonl (natural_tools.py's
+  FORBIDDEN_NAME_PARTS and FORBIDDEN_REQUEST, checked by natural_tools.sample_problems).
 """
 
 import copy
@@ -590,11 +594,21 @@ def _offer(rng, target, target_base, verb=None, noun=None, k=None):
     return [tools[i] for i in order], [meta[i] for i in order]
 
 
+# Kinds of conversation and their weights: about 40% of them are natural_tools' everyday tools
+# (natural: 5.4 / 17.1 = 31.6% calls, natural_none: 8.2% declines).
+KIND_WEIGHTS = {"made_up": 6, "renamed": 3, "none": 1.3, "natural": 5.4, "natural_none": 1.4}
+
+
 def sample(rng, mode=None, kind=None):
     """A conversation with fresh tools: 'gtool' (a call) or 'gtool_none' (nothing fits: a plain
-    answer). sample["schemas"] lists (schema, base) of every offered tool for the checks."""
+    answer). sample["schemas"] lists (schema, base) of every offered tool for the checks; a
+    natural one also has sample["natural"] (natural_tools.sample_problems checks it)."""
     mode = mode or corpus._mode(rng)
-    kind = kind or rng.choices(["made_up", "renamed", "none"], weights=[6, 3, 1.3])[0]
+    kind = kind or rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
+    if kind in ("natural", "natural_none"):
+        import natural_tools
+
+        return natural_tools.sample(rng, mode, kind)
     msgs = corpus._prefix(rng)
     if kind == "none":
         _, prompt, _, verb, noun = made_up_tool(rng)
