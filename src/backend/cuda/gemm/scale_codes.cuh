@@ -52,8 +52,15 @@ __device__ __forceinline__ uint32_t scale_to_bf16x2(uint32_t h2, float s) {
 // 2^103 and 2^121): the multiplier of nvfp4_mma::fragment_bf16's codes x 2^-126, so that one bf16
 // multiply (mul_bf16x2) gives the exact weight x 2^-14; whoever takes the product applies the 2^14.
 __device__ __forceinline__ uint32_t e4m3_to_bf16x2_x2p112(uint32_t b) {
-  const __nv_bfloat16 v = __float2bfloat16_rn(e4m3_to_float(b) * 0x1p112f);
-  const uint32_t bits = __bfloat16_as_ushort(v);
+  // Without branches (it runs in the register-weights GEMM's main loop). E4M3's exponent and
+  // mantissa bits moved to f16's positions are the value x 2^-8, subnormals included: normal
+  // 2^(e-15)(1 + m/8) against 2^(e-7)(1 + m/8), subnormal m/8 x 2^-14 against m/8 x 2^-6.
+  // f16 -> float, x 2^120 and float -> bf16 (4 significant bits) are exact. NaN stays NaN.
+  const uint32_t h = ((b & 0x7F) << 7) | ((b & 0x80) << 8);
+  const float v = __half2float(__ushort_as_half(static_cast<unsigned short>(h))) * 0x1p120f;
+  const uint32_t bits = (b & 0x7F) == 0x7F
+                            ? (0x7FC0u | (b & 0x80) << 8)
+                            : static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
   return bits | bits << 16;
 }
 

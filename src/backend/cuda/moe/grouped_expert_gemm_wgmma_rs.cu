@@ -32,17 +32,20 @@
 // thread. kBlocks = 2 where N allows (N % 256 == 0): the activation bytes per multiply-add, the
 // kernel's main L2 traffic, halve.
 //
-// Pipeline, per 128-column stage ks (4 ring slots of 32 KB for the token tile):
-//   wait for my copies of stage ks; fence.proxy.async; __syncthreads
-//   8 k-steps: wgmma.fence; kBlocks x wgmma (A from registers, B slot ks % 4); commit;
-//              after the first: cp.async stage ks + 2 into slot (ks + 2) % 4 and global loads of
-//              the weights and scales of stage ks + 1 into registers;
-//              wgmma.wait_group 1; convert the next k-step into the other A registers
+// Pipeline, per 128-column stage ks (4 ring slots of 32 KB for the token tile), k-step kk = 0..7:
+//   wgmma.fence; kBlocks x wgmma (A from registers, B slot ks % 4); commit;
+//   cp.async of part kk of stage ks + 2's token tile into slot (ks + 2) % 4 (one commit group a
+//   stage, closed at kk = 7); at kk = 0 the global loads of stage ks + 1's weights and scales;
+//   at kk = 6: wait for stage ks + 1's group; fence.proxy.async; __syncthreads;
+//   wgmma.wait_group 1; convert the next k-step into the other A registers
 // wait_group 1 keeps one k-step in flight while the next is converted, so the conversion runs
-// under the tensor cores. Hazards: the A registers of k-step kk + 1 were last read by k-step
-// kk - 1, which wait_group 1 after k-step kk has retired; slot (ks + 2) % 4 was last read by stage
-// ks - 2, whose last k-step retired at the first wait_group 1 of stage ks - 1, before the barrier
-// both warpgroups passed at the top of stage ks (hence 4 slots, not 3).
+// under the tensor cores. The copies are spread over the k-steps and the barrier sits in k-step 6,
+// with k-steps 5 and 6 still queued on the tensor cores, so nothing waits at the stage boundary
+// (a burst of copies and a barrier there left the tensor cores idle for several hundred cycles a
+// stage). Hazards: the A registers of k-step kk + 1 were last read by k-step kk - 1, which
+// wait_group 1 after k-step kk has retired; slot (ks + 2) % 4 was last read by stage ks - 2,
+// whose last k-step retired at the first wait_group 1 of stage ks - 1, before the barrier of
+// stage ks - 1 that every thread passed before its first copy of stage ks (hence 4 slots, not 3).
 // Proxies: cp.async writes through the generic proxy, wgmma reads through the async proxy: every
 // thread fences (fence.proxy.async) after its copies landed, before the barrier.
 //
@@ -157,30 +160,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid < kTokens) a_src[tid] = grouped::source_row(p, tile, tid);
   __syncthreads();
 
-  // The token tile of stage ks in the weights' k order. Permuting: thread tid copies column pair
-  // m = tid % 64 of rows tid / 64 + 4r. In order: 16-byte chunk tid % 16 of rows tid / 16 + 16r.
+  // Part `part` (0..7) of the token tile of stage ks, in the weights' k order: one eighth of the
+  // stage's copies, so that a stage's copies are spread over its 8 k-steps instead of stalling
+  // the tensor cores in one burst. Permuting: thread tid copies column pair m = tid % 64 of rows
+  // tid / 64 + 4r, r = 4·part .. 4·part + 3. In order: 16-byte chunk tid % 16 of row
+  // tid / 16 + 16·part.
   const int pair = tid & 63, row0 = tid >> 6;
   const int lpos = nvfp4_mma::k_order_position(2 * pair);
   const int chunk16 = lpos >> 3, in_chunk = (lpos & 7) * 2;
-  auto load_tokens = [&](int slot, int ks) {
+  auto load_token_part = [&](int slot, int ks, int part) {
     const uint32_t tile = ring + slot * wgmma::kTileBytes;
     if constexpr (kAInKOrder) {
-      const int c = tid & 15;
-#pragma unroll
-      for (int r = tid >> 4; r < kTokens; r += kThreads / 16) {
-        const int32_t src = a_src[r];
-        const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kK + 8 * c : p.a;
-        cp_async16(tile + wgmma::sw128_off(r, c), g, src >= 0 ? 16 : 0);
-      }
+      const int c = tid & 15, r = (tid >> 4) + 16 * part;
+      const int32_t src = a_src[r];
+      const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kK + 8 * c : p.a;
+      cp_async16(tile + wgmma::sw128_off(r, c), g, src >= 0 ? 16 : 0);
     } else {
-#pragma unroll 8
-      for (int r = row0; r < kTokens; r += kThreads / 64) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = row0 + 4 * (4 * part + i);
         const int32_t src = a_src[r];
         const uint16_t* g = src >= 0 ? p.a + int64_t{src} * p.lda + ks * kK + 2 * pair : p.a;
         cp_async4(tile + wgmma::sw128_off(r, chunk16) + in_chunk, g, src >= 0 ? 4 : 0);
       }
     }
   };
+  static_assert(kTokens == 16 * 8 && kThreads == 256, "the parts above cover the tile once");
 
   // This lane's weight tiles: warpgroup wg, block b, warp q -> tile tau0 + 4·(wg·kBlocks + b) + q.
   const int lane = tid & 31, q = (tid >> 5) & 3, wg = tid >> 7, g = lane >> 2, t = lane & 3;
@@ -217,9 +222,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t a_regs[2][kBlocks][4];  // k-steps of even / odd index
   LaneWeights cur[kBlocks] = {}, next[kBlocks] = {};
 
-  load_tokens(0, 0);
+#pragma unroll
+  for (int part = 0; part < 8; ++part) load_token_part(0, 0, part);
   cp_async_commit();
-  if (1 < chunks) load_tokens(1, 1);
+  if (1 < chunks) {
+#pragma unroll
+    for (int part = 0; part < 8; ++part) load_token_part(1, 1, part);
+  }
   cp_async_commit();
   load_weights(0, cur);
   HalfScales sc[kBlocks];  // the scales of the half stage being converted
@@ -228,12 +237,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     sc[b] = half_scales(cur[b], 0);
     a_registers(cur[b], 0, sc[b], a_regs[0][b]);
   }
+  cp_async_wait<1>();  // stage 0 landed (stage 1 may be in flight)
+  wgmma::fence_proxy_async_smem();
+  __syncthreads();
 
   for (int ks = 0; ks < chunks; ++ks) {
-    // Committed groups: stages 0 .. ks + 1; all but the newest are complete -> stage ks landed.
-    cp_async_wait<1>();
-    wgmma::fence_proxy_async_smem();
-    __syncthreads();
+    // Slot ks % 4 was made visible by the barrier in k-step 6 of the stage before (or above).
     const uint32_t b_tile = ring + (ks % kSlots) * wgmma::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kK / 16; ++kk) {
@@ -245,12 +254,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                              wgmma::sw128_desc(b_tile + wgmma::k_step_offset(kk)));
       }
       wgmma::commit();
-      if (kk == 0) {
-        // The next stages' copies are issued while the stage's first k-step runs, not between
-        // the barrier and it (where the tensor cores would wait on them).
-        if (ks + 2 < chunks) load_tokens((ks + 2) % kSlots, ks + 2);
-        cp_async_commit();
-        if (ks + 1 < chunks) load_weights(ks + 1, next);
+      // Copies go out while the k-step just issued runs: an eighth of stage ks + 2's token
+      // tile per k-step, one commit group per stage; the next stage's weights in k-step 0.
+      if (ks + 2 < chunks) load_token_part((ks + 2) % kSlots, ks + 2, kk);
+      if (kk == kK / 16 - 1) cp_async_commit();
+      if (kk == 0 && ks + 1 < chunks) load_weights(ks + 1, next);
+      if (kk == kK / 16 - 2 && ks + 1 < chunks) {
+        // Stage ks + 1's group (committed in the last k-step of stage ks - 1, seven k-steps ago)
+        // has landed; the barrier makes it visible to both warpgroups' wgmmas. It is taken with
+        // this stage's last k-steps still queued on the tensor cores, so they do not drain at
+        // the stage boundary.
+        cp_async_wait<0>();
+        wgmma::fence_proxy_async_smem();
+        __syncthreads();
       }
       wgmma::wait<1>();
 #pragma unroll
