@@ -594,6 +594,18 @@ def _offer(rng, target, target_base, verb=None, noun=None, k=None):
     return [tools[i] for i in order], [meta[i] for i in order]
 
 
+def append_call(rng, msgs, prompt, name, args, think, mode):
+    """The user's request and the assistant's call of `name` (with its reasoning unless thinking
+    is off); 30% of the time also the tool's result and the answer after it."""
+    msgs.append({"role": "user", "content": prompt})
+    call = {"role": "assistant", "content": "", "tool_calls": [corpus.tool_call(name, args, 0)]}
+    if mode != "disabled":
+        call["reasoning_content"] = think
+    msgs.append(call)
+    if rng.random() < 0.3:
+        gen_tools.append_tool_result(rng, msgs, name, mode)
+
+
 # Kinds of conversation and their weights: about 40% of them are natural_tools' everyday tools
 # (natural: 5.4 / 17.1 = 31.6% calls, natural_none: 8.2% declines).
 KIND_WEIGHTS = {"made_up": 6, "renamed": 3, "none": 1.3, "natural": 5.4, "natural_none": 1.4}
@@ -639,13 +651,7 @@ def sample(rng, mode=None, kind=None):
         think = "The offered tool %s fits the request. I will call it with %s." % (
             schema["function"]["name"], ", ".join(sorted(args)) or "no arguments")
     name = schema["function"]["name"]
-    msgs.append({"role": "user", "content": prompt})
-    call = {"role": "assistant", "content": "", "tool_calls": [corpus.tool_call(name, args, 0)]}
-    if mode != "disabled":
-        call["reasoning_content"] = think
-    msgs.append(call)
-    if rng.random() < 0.3:
-        gen_tools.append_tool_result(rng, msgs, name, mode)
+    append_call(rng, msgs, prompt, name, args, think, mode)
     tools, meta = _offer(rng, schema, base, verb, noun)
     return {"task": "gtool", "messages": msgs, "tools": tools, "kwargs": corpus._kwargs(rng, mode),
             "expect": {"name": name, "arguments": args}, "schemas": meta}

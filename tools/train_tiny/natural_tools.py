@@ -1250,15 +1250,7 @@ def _sample(rng, mode, kind):
         prompt = rng.choice(CHAT_PRE) + first + (rng.choice(CHAT_POST) if rng.random() < 0.6 else "")
     think = "%sThe user wants %s. The offered tool %s does that. I will call it with %s." % (
         "The user greets me. " if chat else "", need, name, ", ".join(args) or "no arguments")
-    msgs.append({"role": "user", "content": prompt})
-    call = {"role": "assistant", "content": "", "tool_calls": [corpus.tool_call(name, args, 0)]}
-    if mode != "disabled":
-        call["reasoning_content"] = think
-    msgs.append(call)
-    if rng.random() < 0.3:
-        import gen_tools
-
-        gen_tools.append_tool_result(rng, msgs, name, mode)
+    fresh_tools.append_call(rng, msgs, prompt, name, args, think, mode)
     tools = []
     if siblings and rng.random() < 0.3:
         a = rng.choice(siblings)
