@@ -94,8 +94,9 @@ def run(args, tok, ref_model, greedy_nocache, fast_eval, vis, image_id, eos, log
             log("EVAL %-13s accuracy %.1f%% (%d/%d)  adaptive %s  enabled %s  disabled %s %s" % (
                 t, 100 * results[t]["accuracy"], results[t]["correct"], results[t]["n"], results[t]["adaptive"],
                 results[t]["enabled"], results[t]["disabled"], results[t].get("by_kind", "")))
-    for r in [r for r in round_rows if not r["ok"]][:12]:
-        log("  FAIL %s [%s] %s | %r" % (r["id"], r["mode"], r["detail"], r["completion"][-300:]))
+    for t in ROUND_TASKS:  # a few failures of every task (all of them are in the results file)
+        for r in [r for r in round_rows if r["task"] == t and not r["ok"]][:5]:
+            log("  FAIL %s [%s] %s | %r" % (r["id"], r["mode"], r["detail"], r["completion"][-300:]))
     with open(os.path.join(args.out_fixtures, "eval_results_vision_tools.json"), "w") as f:
         json.dump({"summary": {k: results[k] for k in ROUND_TASKS if k in results}, "items": round_rows},
                   f, indent=1, ensure_ascii=False)
