@@ -618,7 +618,7 @@ def sample(rng, mode=None, kind=None):
     mode = mode or corpus._mode(rng)
     kind = kind or rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
     if kind in ("natural", "natural_none"):
-        import natural_tools
+        import natural_tools  # here, not at the top: natural_tools imports this module
 
         return natural_tools.sample(rng, mode, kind)
     msgs = corpus._prefix(rng)

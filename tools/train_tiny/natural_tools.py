@@ -1190,15 +1190,15 @@ def _named_tool(rng, action, name):
     return None
 
 
-_FAMILY = {d.key: d.family for d in DOMAINS}
+_DOMAIN = {d.key: d for d in DOMAINS}
 
 
 def _family(action):
-    return _FAMILY[action.domain]
+    return _DOMAIN[action.domain].family
 
 
 def _domain_of(action):
-    return next(d for d in DOMAINS if d.key == action.domain)
+    return _DOMAIN[action.domain]
 
 
 def sample(rng, mode=None, kind="natural"):
