@@ -526,21 +526,18 @@ int main(int argc, char** argv) {
     mp.top_k = kK4;
     char name[96];
     const double routed_flops = 2.0 * t * kK4 * (2 * kI * kHd + kHd * kI);
-    // Both kernels; the layer sums the one the model picks for a step of t tokens.
+    // Both kernels; the layer sums the one the model picks (CudaM3Kernels' defaults).
     const minimax_m3::CudaM3Kernels model_choice;
     mp.kernel = PrefillMoeKernel::kDequantCublas;
-    const double old_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    // The grouped kernel the model runs up to grouped_expert_max_tokens (CudaM3Kernels' defaults).
-    mp.kernel = model_choice.prefill_moe_kernel(0);
-    const double new_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
-    const char* grouped_name = moe_kernel_name(mp.kernel);
-    const bool grouped = model_choice.prefill_moe_kernel(t) != PrefillMoeKernel::kDequantCublas;
-    std::snprintf(name, sizeof name, "  (not summed) routed experts, %s",
-                  grouped ? "dequant+cublas" : grouped_name);
-    report(t, {name, grouped ? old_ms : new_ms, routed_flops});
-    std::snprintf(name, sizeof name, "nvfp4 routed experts top-4, %s",
-                  grouped ? grouped_name : "dequant+cublas");
-    moe_rows.push_back({name, grouped ? new_ms : old_ms, routed_flops});
+    const double cublas_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+    mp.kernel = model_choice.prefill_moe_kernel();
+    const double model_ms = time_ms([&] { CHECK_OK(gemm.moe(mp, st())); });
+    const bool model_is_cublas = mp.kernel == PrefillMoeKernel::kDequantCublas;
+    if (!model_is_cublas) {
+      report(t, {"  (not summed) routed experts, dequant+cublas", cublas_ms, routed_flops});
+    }
+    std::snprintf(name, sizeof name, "nvfp4 routed experts top-4, %s", moe_kernel_name(mp.kernel));
+    moe_rows.push_back({name, model_ms, routed_flops});
     auto mlp = [&](const QuantWeight& w13, const QuantWeight& w2, int64_t inter) {
       lin(w13, x, kHd, y, PrefillOut::kF32);
       CHECK_OK(launch_swiglu_oai_bf16(y, t, inter, 1.702f, 7.0f, act, st()));

@@ -35,7 +35,9 @@
 // Pipeline, per 128-column stage ks (4 ring slots of 32 KB for the token tile), k-step kk = 0..7:
 //   wgmma.fence; kBlocks x wgmma (A from registers, B slot ks % 4); commit;
 //   cp.async of part kk of stage ks + 2's token tile into slot (ks + 2) % 4 (one commit group a
-//   stage, closed at kk = 7); at kk = 0 the global loads of stage ks + 1's weights and scales;
+//   stage, closed at kk = 7); at kk = 0 the global loads of stage ks + 1's weights and scales
+//   (no instruction reads the loaded registers before that stage converts them, so the warp
+//   waits on these loads a whole stage later, not here);
 //   at kk = 6: wait for stage ks + 1's group; fence.proxy.async; __syncthreads;
 //   wgmma.wait_group 1; convert the next k-step into the other A registers
 // wait_group 1 keeps one k-step in flight while the next is converted, so the conversion runs
@@ -82,24 +84,25 @@ static_assert(kTokens == wgmma::kTileRows && kK == nvfp4_mma::kChunkK, "one chun
 static_assert(kSmemBytes <= 232448, "more shared memory than an H100/H200 SM offers");
 
 // One lane's weights of one 16-row tile for one stage: its 8 words (k-steps 0..7, nvfp4_mma) and
-// the E4M3 block scales of its rows g (low 16 bits) and g + 8 (high), blocks 2t (low byte) and
-// 2t + 1 (k-steps 4..7).
+// the E4M3 block scales of its rows g and g + 8, blocks 2t (low byte) and 2t + 1 (k-steps 4..7).
+// Nothing here combines the loaded values (that would wait for the loads where they are issued).
 struct LaneWeights {
   uint4 w03, w47;
-  uint32_t scales;
+  uint32_t scales_g, scales_g8;
 };
 
 __device__ __forceinline__ LaneWeights load_lane_weights(const uint8_t* chunk, const uint8_t* sc_g,
                                                          const uint8_t* sc_g8, int lane) {
   const uint8_t* wl = chunk + lane * 32;
-  const bool swapped = (lane >> 2) & 1;  // the layout swaps the 16-byte halves of these lanes
-  const uint4 h0 = __ldg(reinterpret_cast<const uint4*>(wl));
-  const uint4 h1 = __ldg(reinterpret_cast<const uint4*>(wl + 16));
+  // The layout swaps the 16-byte halves of lanes with bit 2 set. The swap is done on the
+  // addresses, not on the loaded values: a select of the values would wait for the loads right
+  // here, in the stage's first k-step, instead of seven k-steps later where they are converted.
+  const int first = ((lane >> 2) & 1) * 16;
   LaneWeights r;
-  r.w03 = swapped ? h1 : h0;
-  r.w47 = swapped ? h0 : h1;
-  r.scales = uint32_t{__ldg(reinterpret_cast<const uint16_t*>(sc_g))} |
-             uint32_t{__ldg(reinterpret_cast<const uint16_t*>(sc_g8))} << 16;
+  r.w03 = __ldg(reinterpret_cast<const uint4*>(wl + first));
+  r.w47 = __ldg(reinterpret_cast<const uint4*>(wl + (16 - first)));
+  r.scales_g = __ldg(reinterpret_cast<const uint16_t*>(sc_g));
+  r.scales_g8 = __ldg(reinterpret_cast<const uint16_t*>(sc_g8));
   return r;
 }
 
@@ -120,8 +123,8 @@ struct HalfScales {
 };
 __device__ __forceinline__ HalfScales half_scales(const LaneWeights& lw, int half) {
   const int shift = 8 * half;
-  return {e4m3_to_bf16x2_x2p112((lw.scales >> shift) & 0xFF),
-          e4m3_to_bf16x2_x2p112((lw.scales >> (16 + shift)) & 0xFF)};
+  return {e4m3_to_bf16x2_x2p112((lw.scales_g >> shift) & 0xFF),
+          e4m3_to_bf16x2_x2p112((lw.scales_g8 >> shift) & 0xFF)};
 }
 
 // k-step i of a lane's weights as wgmma's A registers (bf16x2, the exact weights x 2^-14; the

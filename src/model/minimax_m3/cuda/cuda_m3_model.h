@@ -89,18 +89,14 @@ struct CudaM3Kernels {
   // H200).
   bool tiled_prefill_attention = true;
   // Prefill routed experts: kGroupedInLoop (all experts in one launch, NVFP4 / MXFP8 dequantised
-  // in the main loop, no host sync), instead of kDequantCublas, for steps of at most
-  // grouped_expert_max_tokens tokens. kDequantCublas dequantises all 128 experts whatever the
-  // step's size (~19 ms per layer at 512-2048 tokens on an H100, against 10.6-11.0 ms for the
-  // grouped wgmma kernel), but then runs cuBLASLt, which pulls ahead as the step grows: the two
-  // tie at 5-7K tokens, and at 8K kDequantCublas takes 22.9 ms against 27.0, at 32K 44.1 against
-  // 96.2 (one H100, cuda_prefill_bench --experts; docs/performance.md). The limit stays above
-  // the default 8K chunk for memory: kDequantCublas's buffers (gathered rows, gate|up in
-  // float32, expert outputs: ~2.2 GB by their sizes against ~1 GB at 8K tokens; 7 GiB more
-  // working memory was measured at 16K) come out of the KV pool, which on two GPUs holding the
-  // whole model is small.
+  // in the main loop, no host sync), instead of kDequantCublas, at every step size. kDequantCublas
+  // dequantises all 128 experts into bf16 whatever the step's size, then runs cuBLASLt per expert
+  // and synchronises the stream once; its buffers (gathered rows, gate|up in float32, expert
+  // outputs: ~2.2 GB at 8K tokens against ~1 GB) come out of the KV pool. The register-weights
+  // kernel below is ahead of it at every measured size: 5.8 against 19.5 ms at 2K tokens, 11.5
+  // against 23.2 at 8K, 43.2 against 44.5 at 32K (one layer's routed experts, one H100,
+  // cuda_prefill_bench; docs/performance.md).
   bool grouped_expert_gemm = true;
-  int64_t grouped_expert_max_tokens = 16384;
   // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
   // docs/design/prefill-expert-gemm.md) instead of mma.sync: 1.23x faster at 8K and at 32K
   // tokens on an H200 (27.3 against 33.6 ms for one layer's routed experts at 8K), the same
@@ -110,8 +106,7 @@ struct CudaM3Kernels {
   // (kGroupedWgmmaRegisterWeights, docs/design/prefill-expert-gemm.md) for the matrices in the
   // NVFP4 mma layouts, the wgmma loop for the others: one layer's routed experts in 5.8 ms at 2K
   // tokens and 14.0 ms at 8K against 10.9 and 27.3 for the wgmma loop and 19.5 and 23.2 for
-  // kDequantCublas (one H100, cuda_prefill_bench --experts); at 32K 51.3 against kDequantCublas's
-  // 44.6, which grouped_expert_max_tokens keeps.
+  // kDequantCublas (one H100, cuda_prefill_bench --experts; later versions: above).
   bool grouped_expert_register_weights = true;
   // Steps whose rows fit the decode buffers (max_batch) run on the decode path whatever their
   // slices, so a prefill chunk's tokens are decode rows there (the grouped expert GEMVs read each
@@ -130,10 +125,10 @@ struct CudaM3Kernels {
   // tuning.cluster_norm_max_rows rows its last bits can differ from the unfused (cluster) norm's.
   bool fused_all_reduce_norm = true;
 
-  // The routed experts' kernel for a prefill step of `tokens` tokens, from the switches above.
-  cuda::PrefillMoeKernel prefill_moe_kernel(int64_t tokens) const {
+  // The routed experts' kernel for a prefill step, from the switches above.
+  cuda::PrefillMoeKernel prefill_moe_kernel() const {
     using K = cuda::PrefillMoeKernel;
-    if (!grouped_expert_gemm || tokens > grouped_expert_max_tokens) return K::kDequantCublas;
+    if (!grouped_expert_gemm) return K::kDequantCublas;
     if (!grouped_expert_wgmma) return K::kGroupedInLoop;
     return grouped_expert_register_weights ? K::kGroupedWgmmaRegisterWeights : K::kGroupedWgmma;
   }

@@ -1039,7 +1039,7 @@ struct CudaM3Model::Impl {
       mp.top_k = kk;
       mp.alpha = alpha;
       mp.limit = limit;
-      mp.kernel = opt.kernels.prefill_moe_kernel(t);
+      mp.kernel = opt.kernels.prefill_moe_kernel();
       M3_RETURN_IF_ERROR(gemm->moe(mp, st()));
       if (tp()) M3_RETURN_IF_ERROR(all_reduce(b.delta, t * hd));
       M3_RETURN_IF_ERROR(capture(l));
