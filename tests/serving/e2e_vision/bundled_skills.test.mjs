@@ -18,7 +18,7 @@ import { score } from '../../../tools/train_tiny/eval.mjs';
 const IMAGES = 40;
 const IMAGE_FLOOR = 34;
 const TOOL_REQUESTS = 48;
-const TOOL_FLOOR = 35;
+const TOOL_FLOOR = 36;
 const NATURAL_FLOOR = 9;
 
 let srv;
