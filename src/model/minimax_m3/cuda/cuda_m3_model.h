@@ -93,9 +93,9 @@ struct CudaM3Kernels {
   // dequantises all 128 experts into bf16 whatever the step's size, then runs cuBLASLt per expert
   // and synchronises the stream once; its buffers (gathered rows, gate|up in float32, expert
   // outputs: ~2.2 GB at 8K tokens against ~1 GB) come out of the KV pool. The register-weights
-  // kernel below is ahead of it at every measured size: 5.8 against 19.5 ms at 2K tokens, 11.5
-  // against 23.2 at 8K, 43.2 against 44.5 at 32K (one layer's routed experts, one H100,
-  // cuda_prefill_bench; docs/performance.md).
+  // kernel below is ahead of it at every measured size: 11.5 against 23.2 ms at 8K tokens and
+  // 43.2 against 44.5 at 32K (one layer's routed experts, one H100, cuda_prefill_bench, both in
+  // one call; docs/performance.md); at 2K an earlier, slower version already took 5.8 against 19.5.
   bool grouped_expert_gemm = true;
   // With grouped_expert_gemm: the Hopper wgmma main loop (kGroupedWgmma,
   // docs/design/prefill-expert-gemm.md) instead of mma.sync: 1.23x faster at 8K and at 32K
