@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import sys
 
 import corpus
 import gen_tools
@@ -259,10 +260,13 @@ def _noun(rng):
     return "%s_%s" % (rng.choice(NOUN_WORDS).split("_")[0], rng.choice(NOUN_WORDS).split("_")[-1])
 
 
-def _param(rng, used):
+def _param(rng, used, prefix=None):
+    """A fresh parameter name not in `used`; `prefix`: the tool's shared prefix, taken 85% of the time."""
     for _ in range(50):
         w = rng.choice(PARAM_PARTS) if rng.random() < 0.7 else made_up_word(rng, 1, 3)
-        if rng.random() < 0.4:
+        if prefix is not None and rng.random() < 0.85:
+            w = prefix + "_" + w.split("_")[-1]
+        elif rng.random() < 0.4:
             w = (rng.choice(PREFIXES) if rng.random() < 0.8 else made_up_word(rng, 1, 2)) + "_" + w
         if w not in used and param_ok(w):
             return w
@@ -308,8 +312,14 @@ def _made_up_body(rng, name, verb, noun):
     props, used, said, args, required = {}, set(), [], {}, []
     bare = None  # the words of the last argument said, when a bare value can stand for it
     form = rng.choice(ARG_FORMS)
+    # A fifth of the tools name their parameters with one shared prefix (max_year, max_time), a
+    # quarter of those with a made-up one: the call must tell them apart by what follows the
+    # prefix, and a prefix never seen in training must not make the model write one name twice.
+    shared = None
+    if rng.random() < 0.2:
+        shared = rng.choice(PREFIXES) if rng.random() < 0.75 else made_up_word(rng, 1, 1)
     for i in range(rng.choice([1, 1, 2, 2, 3, 3, 4])):
-        p = _param(rng, used)
+        p = _param(rng, used, shared)
         used.add(p)
         typ = rng.choices(["string", "integer", "number", "boolean", "enum", "array", "object"],
                           weights=[5, 2, 1, 1, 2, 1, 1])[0]
@@ -657,9 +667,49 @@ def sample(rng, mode=None, kind=None):
             "expect": {"name": name, "arguments": args}, "schemas": meta}
 
 
+def sample_problems(s):
+    """Why a conversation's offered tools touch the held-out set ([] when they do not): each is one
+    of its checked schemas (`s["schemas"]`, outside the held-out pools) or a fixed tool as it is,
+    and none has an evaluation tool's name or (name, parameters) signature."""
+    problems = []
+    for t, base in s.get("schemas") or []:
+        problems += violations(t, base)
+    for t in s.get("tools") or []:
+        n = t["function"]["name"]
+        if not (t == corpus.TOOLS.get(n) or any(t is x for x, _ in s.get("schemas") or [])):
+            problems.append("unchecked tool %s" % n)
+        if n in EVAL_NAMES:
+            problems.append("evaluation tool name %s" % n)
+        if t != corpus.TOOLS.get(n) and signature(t) in EVAL_SIGNATURES:
+            problems.append("evaluation signature %s" % n)
+    return problems
+
+
+def check(n):
+    """n conversations of each made-up and renamed kind through sample_problems; the made-up tools
+    of two or more parameters share a prefix often enough to learn from. Raises AssertionError."""
+    rng, failures, multi, shared = random.Random("fresh-tools-check"), [], 0, 0
+    for kind in ("made_up", "renamed", "none"):
+        for i in range(n):
+            s = sample(rng, kind=kind)
+            failures += ["%s %d: %s" % (kind, i, v) for v in sample_problems(s)]
+            if kind == "made_up":
+                props = list(s["tools"][[t["function"]["name"] for t in s["tools"]].index(
+                    s["expect"]["name"])]["function"]["parameters"]["properties"])
+                heads = [q.split("_")[0] for q in props if "_" in q]
+                multi += len(props) >= 2
+                shared += len(heads) != len(set(heads))
+    assert not failures, "\n".join(failures[:20])
+    assert 0.12 <= shared / max(1, multi) <= 0.4, "shared prefixes in %d of %d tools" % (shared, multi)
+    return {"per_kind": n, "made_up_multi_param": multi, "shared_prefix": shared}
+
+
 if __name__ == "__main__":
-    rng = random.Random(0)
-    for _ in range(4):
-        s = sample(rng)
-        print(corpus.render(s))
-        print("-----")
+    if len(sys.argv) > 1 and sys.argv[1] == "--check":
+        print(json.dumps(check(int(sys.argv[2]) if len(sys.argv) > 2 else 3000)))
+        print("fresh_tools --check: OK")
+    else:
+        rng = random.Random(0)
+        for _ in range(4):
+            print(corpus.render(sample(rng)))
+            print("-----")

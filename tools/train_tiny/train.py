@@ -90,6 +90,9 @@ ap.add_argument("--static-n", type=int, default=20000,
                 help="with fresh data: conversations of the fixed corpus (tokenizer, checks, fallback)")
 ap.add_argument("--share-image", type=float, default=None, help="fresh data: share of image questions")
 ap.add_argument("--share-gtool", type=float, default=None, help="fresh data: share of generated tool schemas")
+ap.add_argument("--gtool-kinds", default="",
+                help="fresh data: weights of the generated tools' kinds, e.g. made_up=7.5,natural=4 "
+                     "(the others keep fresh_tools.KIND_WEIGHTS)")
 args = ap.parse_args()
 args.fresh = args.fresh and args.vision
 
@@ -262,6 +265,15 @@ if args.fresh:
 
     import fresh_data  # noqa: E402
 
+    if args.gtool_kinds:  # set before the workers fork, which inherit it
+        import fresh_tools  # noqa: E402
+
+        for item in args.gtool_kinds.split(","):
+            kind, _, weight = item.partition("=")
+            if kind.strip() not in fresh_tools.KIND_WEIGHTS:
+                sys.exit("--gtool-kinds: unknown kind %r (kinds: %s)" % (kind, ", ".join(fresh_tools.KIND_WEIGHTS)))
+            fresh_tools.KIND_WEIGHTS[kind.strip()] = float(weight)
+        log("generated tools' kinds: %s" % fresh_tools.KIND_WEIGHTS)
     _shares = (fresh_data.SHARE_IMAGE if args.share_image is None else args.share_image,
                fresh_data.SHARE_GTOOL if args.share_gtool is None else args.share_gtool)
     STREAM_CFG = {"tokenizer": tok.to_str(), "seed": args.seed, "batch_tokens": args.batch_tokens,
