@@ -95,6 +95,11 @@ ap.add_argument("--gtool-kinds", default="",
                      "(the others keep fresh_tools.KIND_WEIGHTS)")
 args = ap.parse_args()
 args.fresh = args.fresh and args.vision
+if not args.fresh:
+    for flag, value in (("--gtool-kinds", args.gtool_kinds), ("--share-image", args.share_image),
+                        ("--share-gtool", args.share_gtool)):
+        if value not in (None, ""):
+            sys.exit("%s applies to the fresh data of --vision rounds (without --no-fresh)" % flag)
 
 # Model shape. Weights in bf16 stay ~30 MB; sequences up to 1024 tokens (= 32 blocks of 32, the
 # top-k) are exact dense attention, so a random (untrained, non-differentiable) indexer is harmless.
@@ -269,10 +274,15 @@ if args.fresh:
         import fresh_tools  # noqa: E402
 
         for item in args.gtool_kinds.split(","):
-            kind, _, weight = item.partition("=")
-            if kind.strip() not in fresh_tools.KIND_WEIGHTS:
+            kind, _, weight = (x.strip() for x in item.partition("="))
+            if kind not in fresh_tools.KIND_WEIGHTS:
                 sys.exit("--gtool-kinds: unknown kind %r (kinds: %s)" % (kind, ", ".join(fresh_tools.KIND_WEIGHTS)))
-            fresh_tools.KIND_WEIGHTS[kind.strip()] = float(weight)
+            try:
+                fresh_tools.KIND_WEIGHTS[kind] = float(weight)
+            except ValueError:
+                sys.exit("--gtool-kinds: %s=%r is not a number" % (kind, weight))
+            if not fresh_tools.KIND_WEIGHTS[kind] >= 0:
+                sys.exit("--gtool-kinds: %s=%s must be >= 0" % (kind, weight))
         log("generated tools' kinds: %s" % fresh_tools.KIND_WEIGHTS)
     _shares = (fresh_data.SHARE_IMAGE if args.share_image is None else args.share_image,
                fresh_data.SHARE_GTOOL if args.share_gtool is None else args.share_gtool)
