@@ -621,6 +621,23 @@ def append_call(rng, msgs, prompt, name, args, think, mode):
 KIND_WEIGHTS = {"made_up": 6, "renamed": 3, "none": 1.3, "natural": 5.4, "natural_none": 1.4}
 
 
+def kind_weights(spec):
+    """KIND_WEIGHTS with the weights of `spec` ("made_up=7.5,natural=4"; "" keeps them all).
+    Raises ValueError naming an unknown kind or a weight that is not a number >= 0."""
+    weights = dict(KIND_WEIGHTS)
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        kind, _, value = (x.strip() for x in item.partition("="))
+        if kind not in weights:
+            raise ValueError("unknown kind %r (kinds: %s)" % (kind, ", ".join(weights)))
+        try:
+            weights[kind] = float(value)
+        except ValueError:
+            raise ValueError("%s=%r is not a number" % (kind, value)) from None
+        if not weights[kind] >= 0:
+            raise ValueError("%s=%s must be >= 0" % (kind, value))
+    return weights
+
+
 def sample(rng, mode=None, kind=None):
     """A conversation with fresh tools: 'gtool' (a call) or 'gtool_none' (nothing fits: a plain
     answer). sample["schemas"] lists (schema, base) of every offered tool for the checks; a
@@ -694,11 +711,18 @@ def check(n):
             s = sample(rng, kind=kind)
             failures += ["%s %d: %s" % (kind, i, v) for v in sample_problems(s)]
             if kind == "made_up":
-                props = list(s["tools"][[t["function"]["name"] for t in s["tools"]].index(
-                    s["expect"]["name"])]["function"]["parameters"]["properties"])
+                target = next(t for t in s["tools"] if t["function"]["name"] == s["expect"]["name"])
+                props = list(target["function"]["parameters"]["properties"])
                 heads = [q.split("_")[0] for q in props if "_" in q]
                 multi += len(props) >= 2
                 shared += len(heads) != len(set(heads))
+    assert kind_weights(" made_up=8, natural=0")["made_up"] == 8.0
+    for bad in ("made=1", "natural=x", "none=-1", "renamed=nan"):
+        try:
+            kind_weights(bad)
+            failures.append("kind_weights(%r) accepted" % bad)
+        except ValueError:
+            pass
     assert not failures, "\n".join(failures[:20])
     assert 0.12 <= shared / max(1, multi) <= 0.4, "shared prefixes in %d of %d tools" % (shared, multi)
     return {"per_kind": n, "made_up_multi_param": multi, "shared_prefix": shared}

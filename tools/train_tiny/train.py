@@ -100,6 +100,12 @@ if not args.fresh:
                         ("--share-gtool", args.share_gtool)):
         if value not in (None, ""):
             sys.exit("%s applies to the fresh data of --vision rounds (without --no-fresh)" % flag)
+try:
+    import fresh_tools  # noqa: E402
+
+    GTOOL_KINDS = fresh_tools.kind_weights(args.gtool_kinds)
+except ValueError as e:
+    sys.exit("--gtool-kinds: %s" % e)
 
 # Model shape. Weights in bf16 stay ~30 MB; sequences up to 1024 tokens (= 32 blocks of 32, the
 # top-k) are exact dense attention, so a random (untrained, non-differentiable) indexer is harmless.
@@ -270,19 +276,8 @@ if args.fresh:
 
     import fresh_data  # noqa: E402
 
-    if args.gtool_kinds:  # set before the workers fork, which inherit it
-        import fresh_tools  # noqa: E402
-
-        for item in args.gtool_kinds.split(","):
-            kind, _, weight = (x.strip() for x in item.partition("="))
-            if kind not in fresh_tools.KIND_WEIGHTS:
-                sys.exit("--gtool-kinds: unknown kind %r (kinds: %s)" % (kind, ", ".join(fresh_tools.KIND_WEIGHTS)))
-            try:
-                fresh_tools.KIND_WEIGHTS[kind] = float(weight)
-            except ValueError:
-                sys.exit("--gtool-kinds: %s=%r is not a number" % (kind, weight))
-            if not fresh_tools.KIND_WEIGHTS[kind] >= 0:
-                sys.exit("--gtool-kinds: %s=%s must be >= 0" % (kind, weight))
+    fresh_tools.KIND_WEIGHTS.update(GTOOL_KINDS)  # before the workers fork, which inherit it
+    if args.gtool_kinds:
         log("generated tools' kinds: %s" % fresh_tools.KIND_WEIGHTS)
     _shares = (fresh_data.SHARE_IMAGE if args.share_image is None else args.share_image,
                fresh_data.SHARE_GTOOL if args.share_gtool is None else args.share_gtool)
