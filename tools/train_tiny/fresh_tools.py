@@ -671,12 +671,12 @@ def sample(rng, mode=None, kind=None):
         schema, prompt, args, verb, noun = made_up_tool(rng)
         base = None
         think = "The user wants to %s a %s. The offered tool %s does that. I will call it with %s." % (
-            verb, _sp(noun), schema["function"]["name"], ", ".join(sorted(args)) or "no arguments")
+            verb, _sp(noun), schema["function"]["name"], gen_tools.call_plan(args))
     else:
         schema, prompt, args, base = renamed_tool(rng)
         verb = noun = None
         think = "The offered tool %s fits the request. I will call it with %s." % (
-            schema["function"]["name"], ", ".join(sorted(args)) or "no arguments")
+            schema["function"]["name"], gen_tools.call_plan(args))
     name = schema["function"]["name"]
     append_call(rng, msgs, prompt, name, args, think, mode)
     tools, meta = _offer(rng, schema, base, verb, noun)

@@ -201,6 +201,16 @@ def renamed_tool(rng, split, base=None):
     return schema, prompt, args, base
 
 
+def call_plan(args):
+    """The reasoning's account of a call's arguments, each name with its value in the call's
+    order ("min_year = medium, min_time = 5"), or "no arguments". Naming the values as well as the
+    names keeps the call from repeating one parameter in place of the next."""
+    if not args:
+        return "no arguments"
+    return ", ".join("%s = %s" % (k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+                     for k, v in args.items())
+
+
 def _offered(rng, target):
     """The target schema among 0..3 other tools (fixed or generated), in random order."""
     others = [corpus.TOOLS[t] for t in rng.sample(corpus.TOOL_NAMES, rng.randint(0, 2))]
@@ -240,7 +250,7 @@ def sample(rng, split, mode=None, kind=None, with_result=None):
     call = {"role": "assistant", "content": "", "tool_calls": [corpus.tool_call(name, args, 0)]}
     if mode != "disabled":
         call["reasoning_content"] = "The offered tool %s fits the request. I will call it with %s." % (
-            name, ", ".join(sorted(args)) or "no arguments")
+            name, call_plan(args))
     msgs.append(call)
     if with_result if with_result is not None else rng.random() < 0.3:
         append_tool_result(rng, msgs, name, mode)

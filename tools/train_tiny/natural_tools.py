@@ -38,6 +38,7 @@ import sys
 
 import corpus
 import fresh_tools
+import gen_tools
 
 KINDS = ("natural", "natural_none")
 DECLINE = "Sorry, I have no tool for that here, so I cannot do it."
@@ -1249,7 +1250,7 @@ def _sample(rng, mode, kind):
         first = prompt if prompt[:1].isupper() or not prompt[:1].isalpha() else _cap(prompt)
         prompt = rng.choice(CHAT_PRE) + first + (rng.choice(CHAT_POST) if rng.random() < 0.6 else "")
     think = "%sThe user wants %s. The offered tool %s does that. I will call it with %s." % (
-        "The user greets me. " if chat else "", need, name, ", ".join(args) or "no arguments")
+        "The user greets me. " if chat else "", need, name, gen_tools.call_plan(args))
     fresh_tools.append_call(rng, msgs, prompt, name, args, think, mode)
     tools = []
     if siblings and rng.random() < 0.3:
