@@ -211,15 +211,18 @@ def call_plan(args):
                      for k, v in args.items())
 
 
-def _offered(rng, target):
-    """The target schema among 0..3 other tools (fixed or generated), in random order."""
+def _offered(rng, target, base=None):
+    """The target schema among 0..3 other tools (fixed or generated), in random order. Never beside
+    the fixed tool `base` that the target renames: the two would do the same thing, and either
+    call would be right (fresh_tools' distractors follow the same rule). The base is dropped after
+    the shuffle, so the random stream, and every other item drawn from it, stays the same."""
     others = [corpus.TOOLS[t] for t in rng.sample(corpus.TOOL_NAMES, rng.randint(0, 2))]
     if rng.random() < 0.5:
         others.append(made_up_tool(rng, "train")[0])
     others = [o for o in others if o["function"]["name"] != target["function"]["name"]]
     tools = others + [target]
     rng.shuffle(tools)
-    return tools
+    return [t for t in tools if base is None or t is target or t["function"]["name"] != base]
 
 
 def sample(rng, split, mode=None, kind=None, with_result=None):
@@ -241,10 +244,11 @@ def sample(rng, split, mode=None, kind=None, with_result=None):
         msgs.append(msg)
         return {"task": "gtool_none", "messages": msgs, "tools": tools or None,
                 "kwargs": corpus._kwargs(rng, mode), "expect": {"name": None, "arguments": None}}
+    base = None
     if kind == "made_up":
         schema, prompt, args, verb, noun = made_up_tool(rng, split)
     else:
-        schema, prompt, args, _ = renamed_tool(rng, split)
+        schema, prompt, args, base = renamed_tool(rng, split)
     name = schema["function"]["name"]
     msgs.append({"role": "user", "content": prompt})
     call = {"role": "assistant", "content": "", "tool_calls": [corpus.tool_call(name, args, 0)]}
@@ -254,7 +258,7 @@ def sample(rng, split, mode=None, kind=None, with_result=None):
     msgs.append(call)
     if with_result if with_result is not None else rng.random() < 0.3:
         append_tool_result(rng, msgs, name, mode)
-    return {"task": "gtool", "messages": msgs, "tools": _offered(rng, schema),
+    return {"task": "gtool", "messages": msgs, "tools": _offered(rng, schema, base),
             "kwargs": corpus._kwargs(rng, mode), "expect": {"name": name, "arguments": args}}
 
 
