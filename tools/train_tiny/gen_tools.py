@@ -211,6 +211,16 @@ def call_plan(args):
                      for k, v in args.items())
 
 
+def call_plan_problems(s):
+    """[] when the reasoning before the call of sample `s` (if it has one) ends with
+    call_plan(expected arguments); else why not."""
+    call = next((m for m in s["messages"] if m.get("tool_calls")), None)
+    think = call.get("reasoning_content") if call else None
+    if think is None or think.endswith(" with %s." % call_plan(s["expect"]["arguments"])):
+        return []
+    return ["reasoning %r does not name the call's arguments and values" % think]
+
+
 def _offered(rng, target, base=None):
     """The target schema among 0..3 other tools (fixed or generated), in random order. Never beside
     the fixed tool `base` that the target renames: the two would do the same thing, and either

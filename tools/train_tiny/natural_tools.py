@@ -1330,10 +1330,7 @@ def sample_problems(s):
     if exp["name"] is None:
         return bad
     req = users[-1]
-    call = next((m for m in s["messages"] if m.get("tool_calls")), None)
-    if call and call.get("reasoning_content") is not None and \
-            not call["reasoning_content"].endswith(" with %s." % gen_tools.call_plan(exp["arguments"])):
-        bad.append("reasoning %r does not name the call's arguments and values" % call["reasoning_content"])
+    bad += gen_tools.call_plan_problems(s)
     tool = next((t for t in s["tools"] if t["function"]["name"] == exp["name"]), None)
     if tool is None or names.count(exp["name"]) != 1:
         return bad + ["target %s not offered once" % exp["name"]]
