@@ -9,7 +9,7 @@ import { startServer, script, metrics, metricValue, waitFor, serverOnly, viaRout
 
 const M = '{model_name="m3-tiny"';
 
-test('/v1/completions: text, stream, echo, stop strings, token prompts', async () => {
+test('/v1/completions: text, stream, echo, stop strings, token prompts, batches', async () => {
   const srv = await startServer(['--fake-step-ms', '1']);
   try {
     const c = srv.client;
@@ -39,6 +39,26 @@ test('/v1/completions: text, stream, echo, stop strings, token prompts', async (
     assert.equal(ids.usage.prompt_tokens, 2);
     await assert.rejects(c.completions.create({ model: 'm3-tiny', prompt: [1, 99999] }),
       (e) => e.status === 400 && e.param === 'prompt');
+    // A batch of prompts: choices indexed prompt * n + i, streamed and not.
+    const batch = await c.completions.create({
+      model: 'm3-tiny', prompt: [script('one'), script('two')], n: 2, max_tokens: 10,
+    });
+    assert.deepEqual(batch.choices.map((x) => [x.index, x.text]),
+      [[0, 'one'], [1, 'one'], [2, 'two'], [3, 'two']]);
+    const texts = {};
+    const bs = await c.completions.create({
+      model: 'm3-tiny', prompt: [[72, 105], [72]], stream: true, max_tokens: 2,
+      stream_options: { include_usage: true },
+    });
+    let batchUsage = null;
+    for await (const ch of bs) {
+      for (const choice of ch.choices) texts[choice.index] = (texts[choice.index] ?? '') + choice.text;
+      if (ch.usage) batchUsage = ch.usage;
+    }
+    assert.deepEqual(Object.keys(texts).sort(), ['0', '1']);
+    assert.equal(batchUsage.prompt_tokens, 3);
+    await assert.rejects(c.completions.create({ model: 'm3-tiny', prompt: ['a', [1]] }),
+      (e) => e.status === 400 && e.param === 'prompt[1]');
   } finally {
     await srv.stop();
   }

@@ -137,6 +137,95 @@ TEST_F(ServerTest, TooManyChoicesIs400NamingTheLimit) {
   EXPECT_NE(e["message"].get<std::string>().find("16"), std::string::npos);
 }
 
+// A /v1/completions batch: choice index = prompt·n + i, each prompt's own output and echo, usage
+// summed over the prompts, and choice i of a prompt seeded as that prompt alone would be.
+TEST_F(ServerTest, CompletionBatchedPrompts) {
+  start();
+  Client c(port());
+  auto post = [&](json body) {
+    body["max_tokens"] = 100;
+    c.send("POST", "/v1/completions", body.dump());
+    Response r = c.read();
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body);
+  };
+  const std::vector<std::string> texts = {"first", "second one", "3"};
+  json prompts = json::array();
+  for (const auto& t : texts) prompts.push_back("FAKE_OUTPUT_B64=" + b64(t));
+  json j = post({{"prompt", prompts}, {"n", 2}, {"echo", true}});
+  ASSERT_EQ(j["choices"].size(), 6u);
+  int prompt_tokens = 0, completion_tokens = 0;
+  for (size_t k = 0; k < texts.size(); ++k) {
+    json one = post({{"prompt", prompts[k]}, {"echo", true}});
+    prompt_tokens += one["usage"]["prompt_tokens"].get<int>();
+    completion_tokens += 2 * one["usage"]["completion_tokens"].get<int>();
+    for (int i = 0; i < 2; ++i) {
+      const json& ch = j["choices"][2 * k + i];
+      EXPECT_EQ(ch["index"], 2 * k + i);
+      EXPECT_EQ(ch["text"], prompts[k].get<std::string>() + texts[k]) << k << " " << i;
+      EXPECT_EQ(ch["text"], one["choices"][0]["text"]);
+    }
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion_tokens);
+
+  // Token-id prompts, streamed: every chunk names its choice, each choice finishes once.
+  json ids = json::array({json::array({65, 66}), json::array({67})});
+  c.send("POST", "/v1/completions",
+         json({{"prompt", ids}, {"stream", true}, {"stream_options", {{"include_usage", true}}}})
+             .dump());
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  bool done = false;
+  std::map<int, int> finishes;
+  json usage;
+  for (const auto& e : sse_events(r.body, &done)) {
+    if (e.contains("usage") && !e["usage"].is_null()) {
+      usage = e["usage"];
+      continue;
+    }
+    const int i = e["choices"][0]["index"];
+    EXPECT_TRUE(i == 0 || i == 1) << i;
+    if (!e["choices"][0]["finish_reason"].is_null()) ++finishes[i];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+  EXPECT_EQ(usage["prompt_tokens"], 3);
+
+  // Seeds: choice i of each prompt gets choice_seed(seed, i), as for that prompt alone.
+  json seeded = post({{"prompt", json::array({"FAKE_ECHO_SEED a", "FAKE_ECHO_SEED b"})},
+                      {"n", 2},
+                      {"seed", 7}});
+  ASSERT_EQ(seeded["choices"].size(), 4u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(seeded["choices"][2 * k]["text"], "seed 7");
+    EXPECT_EQ(seeded["choices"][2 * k + 1]["text"], "seed " + std::to_string(choice_seed(7, 1)));
+  }
+}
+
+TEST_F(ServerTest, CompletionBatchErrorsNameThePrompt) {
+  FakeBackendOptions fo;
+  fo.max_waiting = 4;
+  start({}, fo);
+  Client c(port());
+  auto error = [&](const json& body) {
+    c.send("POST", "/v1/completions", body.dump());
+    Response r = c.read();
+    EXPECT_EQ(r.status, 400) << r.body;
+    return json::parse(r.body)["error"];
+  };
+  EXPECT_EQ(error({{"prompt", json::array({json::array({1}), json::array({1 << 20})})}})["param"],
+            "prompt[1]");
+  EXPECT_EQ(error({{"prompt", json::array({"a", json::array({1})})}})["param"], "prompt[1]");
+  EXPECT_EQ(error({{"prompt", json::array({"a", ""})}})["param"], "prompt[1]");
+  // 3 prompts x n 2 can never all wait in a queue of 4.
+  json e = error({{"prompt", json::array({"a", "b", "c"})}, {"n", 2}});
+  EXPECT_EQ(e["param"], "prompt");
+  EXPECT_EQ(e["code"], "n_exceeds_queue");
+  EXPECT_NE(e["message"].get<std::string>().find("3 prompts"), std::string::npos) << e;
+}
+
 // Checks one chat logprobs entry: shape, bytes, top list sorted with `top` entries, and the
 // generated token (the fake backend's most likely) at its head.
 void check_chat_entry(const json& e, int top) {

@@ -287,16 +287,45 @@ TEST(Protocol, CompletionPrompt) {
   auto r = parse_completion_request(json::parse(R"({"prompt":"abc","max_tokens":3,"stop":"x"})"));
   ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r));
   auto& c = std::get<CompletionRequest>(r);
-  EXPECT_EQ(*c.prompt_text, "abc");
+  ASSERT_EQ(c.prompts.size(), 1u);
+  EXPECT_EQ(*c.prompts[0].text, "abc");
   EXPECT_EQ(*c.gen.max_tokens, 3);
   EXPECT_EQ(c.gen.sampling.stop, std::vector<std::string>{"x"});
   auto ids = parse_completion_request(json::parse(R"({"prompt":[1,2,3]})"));
   ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ids));
-  EXPECT_EQ(std::get<CompletionRequest>(ids).prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(std::get<CompletionRequest>(ids).prompts.size(), 1u);
+  EXPECT_EQ(std::get<CompletionRequest>(ids).prompts[0].tokens, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(*std::get<CompletionRequest>(ids).gen.max_tokens, 16);  // OpenAI's default
+  // Batches: a list of strings, a list of token-id lists.
   auto batch = parse_completion_request(json::parse(R"({"prompt":["a","b"]})"));
-  ASSERT_TRUE(std::holds_alternative<ApiError>(batch));
-  EXPECT_EQ(std::get<ApiError>(batch).param, "prompt");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(batch));
+  ASSERT_EQ(std::get<CompletionRequest>(batch).prompts.size(), 2u);
+  EXPECT_EQ(*std::get<CompletionRequest>(batch).prompts[1].text, "b");
+  auto id_batch = parse_completion_request(json::parse(R"({"prompt":[[1],[2,3]]})"));
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(id_batch));
+  ASSERT_EQ(std::get<CompletionRequest>(id_batch).prompts.size(), 2u);
+  EXPECT_EQ(std::get<CompletionRequest>(id_batch).prompts[1].tokens, (std::vector<int32_t>{2, 3}));
+  // Mixed batches, empty prompts and bad ids name the item.
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt":["a",[1]]})", "prompt[1]"},
+           {R"({"prompt":[[1],"a"]})", "prompt[1]"},
+           {R"({"prompt":["a",""]})", "prompt[1]"},
+           {R"({"prompt":[[1],[]]})", "prompt[1]"},
+           {R"({"prompt":[[1],[-1]]})", "prompt[1]"},
+           {R"({"prompt":[1,"a"]})", "prompt"},
+           {R"({"prompt":[]})", "prompt"},
+           {R"({"prompt":""})", "prompt"},
+           {R"({"prompt":{"a":1}})", "prompt"}}) {
+    auto e = parse_completion_request(json::parse(body));
+    ASSERT_TRUE(std::holds_alternative<ApiError>(e)) << body;
+    EXPECT_EQ(std::get<ApiError>(e).param, param) << body;
+  }
+  json many = {{"prompt", json::array()}};
+  for (int i = 0; i <= kMaxBatchedPrompts; ++i) many["prompt"].push_back("x");
+  auto too_many = parse_completion_request(many);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(too_many));
+  EXPECT_NE(std::get<ApiError>(too_many).message.find(std::to_string(kMaxBatchedPrompts)),
+            std::string::npos);
 }
 
 TEST(Protocol, LogitBias) {

@@ -43,11 +43,13 @@ GenerationJob::GenerationJob(ServerContext& ctx, GenerationConfig config,
   ctx_.in_flight.fetch_add(1);
   ctx_.metrics->requests_in_flight.fetch_add(1);
   if (cfg_.n < 1) cfg_.n = 1;
-  for (int32_t i = 0; i < cfg_.n; ++i) {
+  if (cfg_.prompts < 1) cfg_.prompts = 1;
+  for (int32_t i = 0; i < cfg_.n * cfg_.prompts; ++i) {
     auto c = std::make_unique<Choice>();
     c->index = i;
+    c->prompt = i / cfg_.n;
     if (cfg_.run_parsers) c->parser.emplace(cfg_.parser);
-    if (cfg_.logprobs) c->logprobs.emplace(ctx_.codec, cfg_.chat, utf8_length(cfg_.echo));
+    if (cfg_.logprobs) c->logprobs.emplace(ctx_.codec, cfg_.chat, utf8_length(echo_of(*c)));
     c->in_reasoning = cfg_.starts_in_reasoning;
     choices_.push_back(std::move(c));
   }
@@ -157,7 +159,7 @@ json GenerationJob::usage_json() const {
   json usage = {{"prompt_tokens", cfg_.prompt_tokens},
                 {"completion_tokens", completion},
                 {"total_tokens", cfg_.prompt_tokens + completion},
-                {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}},
+                {"prompt_tokens_details", {{"cached_tokens", cached_tokens()}}},
                 {"completion_tokens_details", {{"reasoning_tokens", reasoning}}}};
   if (verify > 0) {
     // m3serve's extension (docs/dspark.md), with SGLang's meta_info names; accept length is the
@@ -232,16 +234,16 @@ void GenerationJob::handle(Choice& c, BackendEvent& ev) {
                                          {"logprobs", nullptr},
                                          {"finish_reason", nullptr}}));
       }
-      if (!cfg_.echo.empty()) {
+      if (!echo_of(c).empty()) {
         responder_->send_event(chunk(c, {{"index", c.index},
-                                         {"text", cfg_.echo},
+                                         {"text", echo_of(c)},
                                          {"logprobs", nullptr},
                                          {"finish_reason", nullptr}}));
       }
     }
     if (c.parser && !cfg_.prefill.empty()) emit_delta(c, c.parser->feed(cfg_.prefill));
   }
-  cached_tokens_ = std::max(cached_tokens_, ev.cached_tokens);
+  c.cached_tokens = std::max(c.cached_tokens, ev.cached_tokens);
   if (!ev.tokens.empty()) {
     auto& m = *ctx_.metrics;
     if (!first_token_seen_) {
@@ -331,11 +333,27 @@ void GenerationJob::finish_choice(Choice& c, const BackendEvent& ev) {
   finish_all(ev.time);
 }
 
+const std::string& GenerationJob::echo_of(const Choice& c) const {
+  static const std::string kNone;
+  return c.prompt < static_cast<int32_t>(cfg_.echo.size()) ? cfg_.echo[c.prompt] : kNone;
+}
+
+// A prompt's cached tokens are the most any of its choices found (they share it); a batch's are
+// summed over its prompts, as prompt_tokens is.
+int32_t GenerationJob::cached_tokens() const {
+  std::vector<int32_t> per_prompt(cfg_.prompts, 0);
+  for (const auto& c : choices_)
+    per_prompt[c->prompt] = std::max(per_prompt[c->prompt], c->cached_tokens);
+  int32_t sum = 0;
+  for (int32_t v : per_prompt) sum += v;
+  return sum;
+}
+
 json GenerationJob::final_choice(Choice& c) {
   json logprobs = c.logprobs ? c.logprobs->take(/*even_if_empty=*/true) : json(nullptr);
   if (!cfg_.chat) {
     return {{"index", c.index},
-            {"text", cfg_.echo + c.message.content},
+            {"text", echo_of(c) + c.message.content},
             {"logprobs", std::move(logprobs)},
             {"finish_reason", c.finish_reason}};
   }

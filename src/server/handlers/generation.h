@@ -1,5 +1,6 @@
-// One generation request being served: n choices, each its own backend request sharing the
-// prompt (the engine's prefix cache makes the shared prompt cheap). Receives the backend's
+// One generation request being served: n choices per prompt (a /v1/completions batch has several
+// prompts; choice index = prompt·n + i), each its own backend request, the n choices of a prompt
+// sharing it (the engine's prefix cache makes the shared prompt cheap). Receives the backend's
 // events (on the backend thread), and on the connection's strand runs each choice's output
 // parsers and writes the SSE chunks or the final JSON response, with usage (prompt tokens once,
 // completion tokens summed over the choices), logprobs and metrics. A client that disconnects
@@ -29,15 +30,16 @@ struct GenerationConfig {
   std::string id;  // "chatcmpl-..." / "cmpl-..."
   std::string model;
   int64_t created = 0;
-  int32_t n = 1;          // choices
+  int32_t n = 1;          // choices per prompt
+  int32_t prompts = 1;    // prompts (a /v1/completions batch)
   bool logprobs = false;  // choices carry logprobs objects
   bool run_parsers = false;
   chat::OutputParserOptions parser;
   bool reasoning_field = false;  // message.reasoning_content is reported (reasoning parser on)
   bool parallel_tool_calls = true;  // false: only the first tool call is reported (OpenAI's field)
   std::string prefill;           // assistant text already in the prompt, parsed as output first
-  std::string echo;              // /v1/completions echo: the prompt text
-  int32_t prompt_tokens = 0;
+  std::vector<std::string> echo;  // /v1/completions echo: each prompt's text (empty: no echo)
+  int32_t prompt_tokens = 0;      // summed over the prompts
   std::optional<int32_t> think_open_id, think_close_id;  // for counting reasoning tokens
   bool starts_in_reasoning = false;
   std::chrono::steady_clock::time_point arrival;
@@ -73,6 +75,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   // Per-choice state (strand-only, but for the atomics).
   struct Choice {
     int32_t index = 0;
+    int32_t prompt = 0;  // index / n
+    int32_t cached_tokens = 0;
     std::atomic<uint64_t> backend_id{0};
     std::atomic<bool> has_id{false};
     std::optional<chat::OutputParser> parser;
@@ -101,6 +105,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   std::string chunk(Choice& c, nlohmann::ordered_json choice);
   nlohmann::ordered_json usage_json() const;
   nlohmann::ordered_json final_choice(Choice& c);
+  const std::string& echo_of(const Choice& c) const;
+  int32_t cached_tokens() const;  // usage's prompt_tokens_details.cached_tokens
 
   ServerContext& ctx_;
   GenerationConfig cfg_;
@@ -117,7 +123,6 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   // Strand-only.
   bool stream_started_ = false;
   bool done_ = false;  // the response is complete (or failed)
-  int32_t cached_tokens_ = 0;
   bool first_token_seen_ = false;
 };
 

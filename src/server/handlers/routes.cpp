@@ -117,32 +117,43 @@ bool parsers_enabled(const std::string& name) {
   return !name.empty() && name != "none";
 }
 
-// Submits one backend request per choice (each with its derived seed) and starts the job.
+// Submits one backend request per choice (each with its derived seed) and starts the job:
+// `prompts` holds one backend request per prompt (a /v1/completions batch has several), each
+// submitted cfg.n times; choice index = prompt·n + i. Choice i of every prompt gets the same seed
+// as choice i of that prompt sent alone, so a batch answers as its prompts would one by one.
 void submit_job(ServerContext& ctx, std::shared_ptr<http::Responder> responder,
-                GenerationConfig cfg, BackendRequest breq) {
+                GenerationConfig cfg, std::vector<BackendRequest> prompts) {
   if (auto e = check_available(ctx)) return send_error(ctx, *responder, *e);
   const int32_t n = std::max(1, cfg.n);
+  const auto p = static_cast<int32_t>(prompts.size());
+  cfg.n = n;
+  cfg.prompts = p;
   // Every choice waits in the backend's queue at once: more than it holds can never be admitted,
   // so that is the request's fault (400), not a retryable 429.
-  if (const int32_t cap = ctx.backend->max_queued_requests(); cap > 0 && n > cap) {
+  if (const int32_t cap = ctx.backend->max_queued_requests(); cap > 0 && int64_t{n} * p > cap) {
+    const std::string what = p > 1 ? std::to_string(p) + " prompts x 'n' = " + std::to_string(n)
+                                    : "'n' = " + std::to_string(n);
     return send_error(ctx, *responder,
-                      bad_request("'n' = " + std::to_string(n) + " choices can never be admitted: "
+                      bad_request(what + " choices can never be admitted: "
                                   "this server queues at most " + std::to_string(cap) +
                                   " requests at once (--max-queued-requests).",
-                                  "n", "n_exceeds_queue"));
+                                  p > 1 ? "prompt" : "n", "n_exceeds_queue"));
   }
   const std::string id = cfg.id;
   auto job = std::make_shared<GenerationJob>(ctx, std::move(cfg), responder);
-  for (int32_t i = 0; i < n; ++i) {
-    BackendRequest b = i + 1 < n ? breq : std::move(breq);
-    if (n > 1) b.request_id = id + "-" + std::to_string(i);
-    if (b.sampling.seed) b.sampling.seed = choice_seed(*b.sampling.seed, i);
-    auto backend_id = ctx.backend->submit(std::move(b), job->callback(i));
-    if (!backend_id.is_ok()) {
-      job->abandon();
-      return send_error(ctx, *responder, submit_error(backend_id.status()));
+  for (int32_t k = 0; k < p; ++k) {
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t index = k * n + i;
+      BackendRequest b = i + 1 < n ? prompts[k] : std::move(prompts[k]);
+      if (n * p > 1) b.request_id = id + "-" + std::to_string(index);
+      if (b.sampling.seed) b.sampling.seed = choice_seed(*b.sampling.seed, i);
+      auto backend_id = ctx.backend->submit(std::move(b), job->callback(index));
+      if (!backend_id.is_ok()) {
+        job->abandon();
+        return send_error(ctx, *responder, submit_error(backend_id.status()));
+      }
+      job->started(index, *backend_id);
     }
-    job->started(i, *backend_id);
   }
   job->all_started();
 }
@@ -257,7 +268,9 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   breq.sampling.max_tokens = std::get<int32_t>(mt);
   // The parsers need the think and namespace markers, which are special tokens.
   breq.skip_special_tokens = !cfg.run_parsers;
-  submit_job(ctx, responder, std::move(cfg), std::move(breq));
+  std::vector<BackendRequest> prompts;
+  prompts.push_back(std::move(breq));
+  submit_job(ctx, responder, std::move(cfg), std::move(prompts));
 }
 
 void handle_completion(ServerContext& ctx, const http::Request& req,
@@ -269,26 +282,6 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
   CompletionRequest& r = std::get<CompletionRequest>(parsed);
   if (auto e = check_model(ctx, r.gen.model)) return send_error(ctx, *responder, *e);
 
-  std::vector<int32_t> tokens = r.prompt_tokens;
-  std::string prompt_text;
-  if (r.prompt_text) {
-    auto t = ctx.codec->encode(*r.prompt_text);
-    if (!t.is_ok()) return send_error(ctx, *responder, from_status(t.status()));
-    tokens = std::move(t).value();
-    prompt_text = *r.prompt_text;
-  } else {
-    for (int32_t t : tokens) {
-      if (t < 0 || t >= ctx.codec->vocab_size()) {
-        return send_error(ctx, *responder,
-                          bad_request("Token id " + std::to_string(t) +
-                                          " in 'prompt' is out of "
-                                          "range [0, " +
-                                          std::to_string(ctx.codec->vocab_size()) + ").",
-                                      "prompt"));
-      }
-    }
-    if (r.echo) prompt_text = ctx.codec->decode(tokens, false).value();
-  }
   GenerationConfig cfg;
   cfg.chat = false;
   cfg.stream = r.gen.stream;
@@ -297,19 +290,46 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
   cfg.model = ctx.model_name();
   cfg.created = unix_now();
   cfg.arrival = req.received;
-  cfg.prompt_tokens = static_cast<int32_t>(tokens.size());
   cfg.n = r.gen.n;
   cfg.logprobs = r.gen.sampling.logprobs;
-  if (r.echo) cfg.echo = prompt_text;
-  auto mt = resolve_max_tokens(ctx, cfg.prompt_tokens, r.gen.max_tokens, "prompt");
-  if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
-  BackendRequest breq;
-  breq.request_id = cfg.id;
-  breq.prompt_tokens = std::move(tokens);
-  breq.sampling = r.gen.sampling;
-  breq.sampling.max_tokens = std::get<int32_t>(mt);
-  breq.skip_special_tokens = true;
-  submit_job(ctx, responder, std::move(cfg), std::move(breq));
+  const bool batch = r.prompts.size() > 1;
+  std::vector<BackendRequest> prompts;
+  for (size_t k = 0; k < r.prompts.size(); ++k) {
+    const CompletionPrompt& prompt = r.prompts[k];
+    const std::string param = batch ? "prompt[" + std::to_string(k) + "]" : "prompt";
+    std::vector<int32_t> tokens = prompt.tokens;
+    std::string text;
+    if (prompt.text) {
+      auto t = ctx.codec->encode(*prompt.text);
+      if (!t.is_ok()) return send_error(ctx, *responder, from_status(t.status()));
+      tokens = std::move(t).value();
+      text = *prompt.text;
+    } else {
+      for (int32_t t : tokens) {
+        if (t < 0 || t >= ctx.codec->vocab_size()) {
+          return send_error(ctx, *responder,
+                            bad_request("Token id " + std::to_string(t) + " in '" + param +
+                                            "' is out of range [0, " +
+                                            std::to_string(ctx.codec->vocab_size()) + ").",
+                                        param));
+        }
+      }
+      if (r.echo) text = ctx.codec->decode(tokens, false).value();
+    }
+    if (r.echo) cfg.echo.push_back(text);
+    auto mt = resolve_max_tokens(ctx, static_cast<int32_t>(tokens.size()), r.gen.max_tokens,
+                                 param.c_str());
+    if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
+    cfg.prompt_tokens += static_cast<int32_t>(tokens.size());
+    BackendRequest breq;
+    breq.request_id = cfg.id;
+    breq.prompt_tokens = std::move(tokens);
+    breq.sampling = r.gen.sampling;
+    breq.sampling.max_tokens = std::get<int32_t>(mt);
+    breq.skip_special_tokens = true;
+    prompts.push_back(std::move(breq));
+  }
+  submit_job(ctx, responder, std::move(cfg), std::move(prompts));
 }
 
 void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Responder& responder) {

@@ -472,41 +472,60 @@ Parsed<CompletionRequest> parse_completion_request(const json& body) {
   if (it == body.end() || it->is_null()) return bad_request("'prompt' is required.", "prompt");
   const json& p = *it;
   // Token ids: each an integer in [0, INT32_MAX] (the handler checks the vocabulary).
-  auto token_ids = [&](const json& a) -> Parsed<std::vector<int32_t>> {
-    std::vector<int32_t> ids;
-    ids.reserve(a.size());
+  auto token_ids = [&](const json& a, const std::string& param) -> Parsed<CompletionPrompt> {
+    CompletionPrompt out;
+    out.tokens.reserve(a.size());
     for (const auto& x : a) {
       const std::optional<int32_t> id = as_token_id(x);
       if (!id) {
         return bad_request("'prompt' token ids must be integers from 0 to " +
                                std::to_string(INT32_MAX) + "; got " + x.dump() + ".",
-                           "prompt");
+                           param);
       }
-      ids.push_back(*id);
+      out.tokens.push_back(*id);
     }
-    return ids;
+    if (out.tokens.empty()) return bad_request("'prompt' must not be empty.", param);
+    return out;
   };
-  const json* ids = nullptr;
+  auto text = [&](const json& s, const std::string& param) -> Parsed<CompletionPrompt> {
+    CompletionPrompt out;
+    out.text = s.get<std::string>();
+    if (out.text->empty()) return bad_request("'prompt' must not be empty.", param);
+    return out;
+  };
+  auto add = [&](Parsed<CompletionPrompt> one) -> std::optional<ApiError> {
+    if (auto* e = std::get_if<ApiError>(&one)) return *e;
+    r.prompts.push_back(std::move(std::get<CompletionPrompt>(one)));
+    return std::nullopt;
+  };
+  // OpenAI's four forms: a string, a list of token ids, and batches of either (a list of
+  // strings, a list of token-id lists). One batch holds one kind.
   if (p.is_string()) {
-    r.prompt_text = p.get<std::string>();
-  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    r.prompt_text = p[0].get<std::string>();
+    if (auto e = add(text(p, "prompt"))) return *e;
   } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-    ids = &p;
-  } else if (p.is_array() && p.size() == 1 && p[0].is_array() && !p[0].empty()) {
-    ids = &p[0];
-  } else if (p.is_array() && p.size() > 1) {
-    return bad_request("Batched prompts are not supported; send one prompt per request.", "prompt");
+    if (auto e = add(token_ids(p, "prompt"))) return *e;
+  } else if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+    if (p.size() > static_cast<size_t>(kMaxBatchedPrompts)) {
+      return bad_request("'prompt' holds " + std::to_string(p.size()) +
+                             " prompts; at most " + std::to_string(kMaxBatchedPrompts) +
+                             " are allowed in one request.",
+                         "prompt");
+    }
+    const bool strings = p[0].is_string();
+    for (size_t i = 0; i < p.size(); ++i) {
+      // A batch of one is one prompt (as the handler reports it): errors name plain 'prompt'.
+      const std::string param = p.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt";
+      if (strings ? !p[i].is_string() : !p[i].is_array()) {
+        return bad_request("A batched 'prompt' must be a list of strings or a list of token-id "
+                           "lists, not a mix; item " + std::to_string(i) + " is " +
+                               std::string(p[i].type_name()) + ".",
+                           param);
+      }
+      if (auto e = add(strings ? text(p[i], param) : token_ids(p[i], param))) return *e;
+    }
   } else {
-    return bad_request("'prompt' must be a string or a list of token ids.", "prompt");
-  }
-  if (ids) {
-    auto parsed = token_ids(*ids);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
-    r.prompt_tokens = std::move(std::get<std::vector<int32_t>>(parsed));
-  }
-  if (r.prompt_text && r.prompt_text->empty()) {
-    return bad_request("'prompt' must not be empty.", "prompt");
+    return bad_request("'prompt' must be a string, a list of token ids, or a batch of either.",
+                       "prompt");
   }
   M3_TRY(get_bool(body, "echo", r.echo));
   if (r.echo && r.gen.sampling.logprobs) {

@@ -60,10 +60,19 @@ struct ChatRequest {
   std::optional<int64_t> mm_max_pixels;
 };
 
+// One prompt of /v1/completions: text, or token ids.
+struct CompletionPrompt {
+  std::optional<std::string> text;
+  std::vector<int32_t> tokens;  // when the prompt was given as token ids
+};
+
+// Upper bound on the prompts of one /v1/completions request (a batch: `prompt` as a list of
+// strings or of token-id lists). Each prompt x n choices is its own engine request.
+inline constexpr int32_t kMaxBatchedPrompts = 1024;
+
 struct CompletionRequest {
   CommonGeneration gen;
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_tokens;  // when the prompt was given as token ids
+  std::vector<CompletionPrompt> prompts;  // one, or a batch (choice index = prompt·n + i)
   bool echo = false;
 };
 
