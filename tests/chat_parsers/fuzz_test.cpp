@@ -81,6 +81,8 @@ std::vector<OutputParserOptions> option_sets() {
       o.tools = mode != 2;
       o.tools_json = tools();
       out.push_back(o);
+      o.continues_content = true;  // continue_final_message: leading whitespace kept
+      out.push_back(o);
     }
   }
   return out;
@@ -190,6 +192,19 @@ std::string random_output(std::mt19937& rng) {
     out.resize(n);
   }
   return out;
+}
+
+// A continued assistant message keeps its continuation's leading whitespace, whichever parsers
+// run; a fresh message's content is trimmed.
+TEST(ParserFuzz, ContinuedContentKeepsLeadingWhitespace) {
+  for (auto opt : option_sets()) {
+    if (opt.reasoning && opt.reasoning_start == Start::kReasoning) continue;  // that is reasoning
+    const bool continues = opt.continues_content;
+    Message m = testing::parse_whole(opt, " and on.");
+    EXPECT_EQ(m.content, continues ? " and on." : "and on.")
+        << opt.reasoning << opt.tools << static_cast<int>(opt.reasoning_start);
+    EXPECT_EQ(testing::parse_chunks(opt, testing::bytes(" and on.")), m);
+  }
 }
 
 TEST(ParserFuzz, RandomGrammarOutputs) {

@@ -282,6 +282,21 @@ test('errors: unknown model 404, bad JSON 400, context length 400 with both numb
   }), (e) => e.status === 400 && /8192 tokens/.test(e.message) && /100000 in the completion/.test(e.message));
   const unknown = await fetch(`${srv.url}/v2/whatever`);
   assert.equal(unknown.status, 404);
+  // A field that asks for what the server cannot do is named, not ignored.
+  await assert.rejects(srv.client.chat.completions.create({
+    model: 'm3-test', messages: [{ role: 'user', content: 'x' }], guided_choice: ['a', 'b'],
+  }), (e) => e.status === 400 && e.param === 'guided_choice' && e.code === 'unsupported_parameter');
+});
+
+test('continue_final_message continues the assistant message', async () => {
+  const r = await srv.client.chat.completions.create({
+    model: 'm3-test', max_tokens: 50, continue_final_message: true,
+    messages: [{ role: 'user', content: 'q' }, { role: 'assistant', content: script(' and on') }],
+  });
+  assert.equal(r.choices[0].message.content, ' and on');
+  await assert.rejects(srv.client.chat.completions.create({
+    model: 'm3-test', continue_final_message: true, messages: [{ role: 'user', content: 'q' }],
+  }), (e) => e.status === 400 && e.param === 'continue_final_message');
 });
 
 test('images: data URIs validated, remote URLs refused, then a clear 400', async () => {

@@ -226,6 +226,48 @@ TEST_F(ServerTest, CompletionBatchErrorsNameThePrompt) {
   EXPECT_NE(e["message"].get<std::string>().find("3 prompts"), std::string::npos) << e;
 }
 
+// continue_final_message renders the final assistant message without its end of turn and with
+// no new assistant turn; truncate_prompt_tokens keeps the prompt's last tokens; skip_special_tokens
+// reaches the backend for completions.
+TEST_F(ServerTest, TemplateOptionsTruncationAndSpecialTokens) {
+  start();
+  Client c(port());
+  json msgs = json::array({{{"role", "user"}, {"content", "q"}},
+                           {{"role", "assistant"}, {"content", "The answer is"}}});
+  auto prompt_of_last = [&]() {
+    return codec_.decode(backend_->last_request().prompt_tokens, false).value();
+  };
+  c.send("POST", "/v1/chat/completions",
+         json({{"messages", msgs}, {"continue_final_message", true}}).dump());
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string continued = prompt_of_last();
+  EXPECT_TRUE(continued.size() >= 13 &&
+              continued.compare(continued.size() - 13, 13, "The answer is") == 0)
+      << continued;
+  c.send("POST", "/v1/chat/completions", json({{"messages", msgs}}).dump());
+  ASSERT_EQ(c.read().status, 200);
+  std::string fresh_turn = prompt_of_last();
+  EXPECT_GT(fresh_turn.size(), continued.size());
+  EXPECT_EQ(fresh_turn.compare(0, continued.size(), continued), 0)
+      << "the continued prompt is the ordinary one cut after the final message's text";
+
+  c.send("POST", "/v1/completions",
+         json({{"prompt", "abcdefgh"}, {"truncate_prompt_tokens", 3}, {"echo", true},
+               {"max_tokens", 100}, {"skip_special_tokens", false}})
+             .dump());
+  r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(prompt_of_last(), "fgh");
+  EXPECT_EQ(j["choices"][0]["text"].get<std::string>().rfind("fgh", 0), 0u) << j;
+  EXPECT_FALSE(backend_->last_request().skip_special_tokens);
+  c.send("POST", "/v1/completions", json({{"prompt", "abc"}, {"max_tokens", 2}}).dump());
+  ASSERT_EQ(c.read().status, 200);
+  EXPECT_TRUE(backend_->last_request().skip_special_tokens);
+}
+
 // Checks one chat logprobs entry: shape, bytes, top list sorted with `top` entries, and the
 // generated token (the fake backend's most likely) at its head.
 void check_chat_entry(const json& e, int top) {

@@ -366,4 +366,62 @@ TEST(Protocol, ChoicesAndLogprobs) {
 }
 
 }  // namespace
+// Fields other servers accept and m3serve cannot honour: a 400 naming the field, not a silent
+// ignore; the same fields at their defaults are accepted.
+TEST(Protocol, UnsupportedFieldsAreRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> asked = {
+      {"guided_json", R"({"type":"object"})"}, {"guided_regex", R"("a+")"},
+      {"guided_choice", R"(["a","b"])"},       {"guided_grammar", R"("root ::= x")"},
+      {"structured_outputs", R"({"choice":["a"]})"}, {"structural_tag", R"({"a":1})"},
+      {"json_schema", R"({"type":"object"})"}, {"regex", R"("a")"},
+      {"ebnf", R"("x")"},                      {"prompt_logprobs", "0"},
+      {"use_beam_search", "true"},             {"include_stop_str_in_output", "true"},
+      {"return_tokens_as_token_ids", "true"},  {"priority", "1"},
+      {"lora_path", R"("x")"},                 {"return_hidden_states", "true"},
+      {"chat_template", R"("{{ x }}")"},       {"echo", "true"},
+      {"functions", R"([{"name":"f"}])"},      {"function_call", R"("auto")"},
+      {"audio", R"({"voice":"x"})"},           {"modalities", R"(["text","audio"])"}};
+  for (const auto& [field, value] : asked) {
+    ApiError e = chat_error(std::string("{") + kMsg + ",\"" + field + "\":" + value + "}");
+    EXPECT_EQ(e.status, 400) << field;
+    EXPECT_EQ(e.param, field);
+    EXPECT_EQ(e.code, "unsupported_parameter") << field;
+  }
+  // At their defaults (or null) they ask for nothing.
+  chat_ok(std::string("{") + kMsg +
+          R"(,"use_beam_search":false,"priority":0,"guided_json":null,"echo":false,)"
+          R"("include_stop_str_in_output":false,"modalities":["text"],"functions":[]})");
+  // Chat-only fields do not apply to /v1/completions ('echo' is its own there).
+  auto r = parse_completion_request(json::parse(R"({"prompt":"a","echo":true})"));
+  EXPECT_TRUE(std::holds_alternative<CompletionRequest>(r));
+  auto g = parse_completion_request(json::parse(R"({"prompt":"a","guided_regex":"a+"})"));
+  ASSERT_TRUE(std::holds_alternative<ApiError>(g));
+  EXPECT_EQ(std::get<ApiError>(g).param, "guided_regex");
+}
+
+TEST(Protocol, ContinueFinalMessageAndTruncation) {
+  const std::string two =
+      R"("messages":[{"role":"user","content":"q"},{"role":"assistant","content":"The answer is"}])";
+  ChatRequest c = chat_ok("{" + two + R"(,"continue_final_message":true})");
+  EXPECT_TRUE(c.continue_final_message);
+  EXPECT_FALSE(c.add_generation_prompt);
+  EXPECT_EQ(chat_error("{" + two + R"(,"continue_final_message":true,"add_generation_prompt":true})")
+                .param,
+            "continue_final_message");
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"continue_final_message":true})").param,
+            "continue_final_message");
+  EXPECT_FALSE(chat_ok(std::string("{") + kMsg + R"(,"add_generation_prompt":false})")
+                   .add_generation_prompt);
+  EXPECT_EQ(*chat_ok(std::string("{") + kMsg + R"(,"truncate_prompt_tokens":-1})")
+                 .gen.truncate_prompt_tokens,
+            -1);
+  for (const char* bad : {"0", "-2", "1.5", R"("5")"}) {
+    EXPECT_EQ(chat_error(std::string("{") + kMsg + ",\"truncate_prompt_tokens\":" + bad + "}").param,
+              "truncate_prompt_tokens")
+        << bad;
+  }
+  EXPECT_EQ(chat_error(std::string("{") + kMsg + R"(,"skip_special_tokens":1})").param,
+            "skip_special_tokens");
+}
+
 }  // namespace m3::server

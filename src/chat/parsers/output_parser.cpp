@@ -24,6 +24,10 @@ bool is_known_tool_parser(std::string_view name) {
 OutputParser::OutputParser(OutputParserOptions options) {
   if (options.reasoning) reasoning_.emplace(options.reasoning_start);
   if (options.tools) tools_.emplace(options.tools_json, /*trim_content=*/true);
+  if (options.continues_content) {
+    content_trim_.continue_segment();
+    if (tools_) tools_->continue_content();
+  }
 }
 
 void OutputParser::route_content(std::string_view text, ParsedDelta& out) {

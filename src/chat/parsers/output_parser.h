@@ -31,6 +31,9 @@ struct OutputParserOptions {
   MiniMaxM3ReasoningParser::Start reasoning_start = MiniMaxM3ReasoningParser::Start::kAdaptive;
   bool tools = false;         // run the tool-call parser
   nlohmann::json tools_json;  // the request's "tools" array (argument schemas)
+  // The output continues an assistant message (continue_final_message): the leading whitespace
+  // of its first content is part of the continuation and kept.
+  bool continues_content = false;
 };
 
 // Parser names accepted by --reasoning-parser / --tool-call-parser ("minimax-m3", "none").

@@ -52,6 +52,8 @@ class MiniMaxM3ToolParser {
   // `tools`: the request's OpenAI "tools" array ([{type: function, function: {name, parameters}}]);
   // may be null. Argument schemas are looked up by function name.
   explicit MiniMaxM3ToolParser(const nlohmann::json& tools, bool trim_content = true);
+  // The output continues content written before: its first content keeps leading whitespace.
+  void continue_content() { content_trim_.continue_segment(); }
 
   ToolParseDelta feed(std::string_view text);
   ToolParseDelta finish();

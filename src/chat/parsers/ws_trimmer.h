@@ -33,6 +33,9 @@ class WsTrimmer {
     out.append(text.substr(0, end));
     held_.append(text.substr(end));
   }
+  // The text continues text written before (an assistant message being continued): the current
+  // segment's leading whitespace is kept.
+  void continue_segment() { at_start_ = false; }
   // The segment ended: drop held whitespace; the next segment's leading whitespace is dropped.
   void boundary() {
     held_.clear();

@@ -117,6 +117,43 @@ bool parsers_enabled(const std::string& name) {
   return !name.empty() && name != "none";
 }
 
+// continue_final_message: the rendered prompt ends where the final message's text ends (the
+// template's end-of-turn markup after it is dropped), as vLLM does it.
+std::optional<ApiError> cut_after_final_message(std::string& prompt, const json& message) {
+  std::string text;
+  if (auto c = message.find("content"); c != message.end()) {
+    if (c->is_string()) {
+      text = c->get<std::string>();
+    } else if (c->is_array()) {
+      for (const auto& part : *c)
+        if (part.value("type", "") == "text") text = part.value("text", "");
+    }
+  }
+  const size_t at = text.empty() ? std::string::npos : prompt.rfind(text);
+  if (at == std::string::npos) {
+    return bad_request("'continue_final_message' needs the final message to have text that the "
+                       "chat template writes out; it has none.",
+                       "continue_final_message");
+  }
+  prompt.resize(at + text.size());
+  return std::nullopt;
+}
+
+// vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (-1: the context length).
+// Refused for prompts with images, whose placeholder runs must stay whole.
+std::optional<ApiError> truncate_prompt(ServerContext& ctx, std::vector<int32_t>& tokens,
+                                        std::optional<int32_t> keep, bool has_images) {
+  if (!keep) return std::nullopt;
+  const int64_t k = *keep < 0 ? ctx.context_length() : *keep;
+  if (k <= 0 || static_cast<int64_t>(tokens.size()) <= k) return std::nullopt;
+  if (has_images) {
+    return bad_request("'truncate_prompt_tokens' cannot cut a prompt with images.",
+                       "truncate_prompt_tokens", "unsupported_parameter");
+  }
+  tokens.erase(tokens.begin(), tokens.end() - k);
+  return std::nullopt;
+}
+
 // Submits one backend request per choice (each with its derived seed) and starts the job:
 // `prompts` holds one backend request per prompt (a /v1/completions batch has several), each
 // submitted cfg.n times; choice index = prompt·n + i. Choice i of every prompt gets the same seed
@@ -191,11 +228,16 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   bool tools_on = parsers_enabled(ctx.options.tool_call_parser) && r.tools.is_array() &&
                   r.tool_choice != ToolChoice::kNone;
   json tools_for_template = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
-  auto rendered = ctx.renderer->render(r.messages, tools_for_template, r.template_kwargs, true);
+  auto rendered = ctx.renderer->render(r.messages, tools_for_template, r.template_kwargs,
+                                       r.add_generation_prompt);
   if (!rendered.is_ok()) {
     return send_error(ctx, *responder, render_error(rendered.status()));
   }
   std::string prompt = std::move(rendered).value();
+  if (r.continue_final_message) {
+    if (auto e = cut_after_final_message(prompt, r.messages.back()))
+      return send_error(ctx, *responder, *e);
+  }
   if (!images.empty()) {
     auto expanded = expand_image_placeholders(prompt, images, "messages");
     if (auto* e = std::get_if<ApiError>(&expanded)) return send_error(ctx, *responder, *e);
@@ -218,6 +260,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   cfg.parser.reasoning = reasoning_on;
   cfg.parser.reasoning_start = chat::MiniMaxM3ReasoningParser::start_for_prompt(prompt);
   cfg.parser.tools = tools_on;
+  cfg.parser.continues_content = r.continue_final_message;
   if (tools_on) cfg.parser.tools_json = r.tools;
   cfg.starts_in_reasoning =
       cfg.parser.reasoning_start == chat::MiniMaxM3ReasoningParser::Start::kReasoning;
@@ -250,6 +293,8 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
       return send_error(ctx, *responder, *e);
     }
   }
+  if (auto e = truncate_prompt(ctx, *tokens, r.gen.truncate_prompt_tokens, !images.empty()))
+    return send_error(ctx, *responder, *e);
   cfg.prompt_tokens = static_cast<int32_t>(tokens->size());
   auto mt = resolve_max_tokens(ctx, cfg.prompt_tokens, r.gen.max_tokens, "messages");
   if (auto* e = std::get_if<ApiError>(&mt)) return send_error(ctx, *responder, *e);
@@ -266,8 +311,9 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   breq.images.assign(images.begin(), images.end());
   breq.sampling = r.gen.sampling;
   breq.sampling.max_tokens = std::get<int32_t>(mt);
-  // The parsers need the think and namespace markers, which are special tokens.
-  breq.skip_special_tokens = !cfg.run_parsers;
+  // The parsers need the think and namespace markers, which are special tokens (they take the
+  // ones they own out of the output).
+  breq.skip_special_tokens = !cfg.run_parsers && r.gen.skip_special_tokens.value_or(true);
   std::vector<BackendRequest> prompts;
   prompts.push_back(std::move(breq));
   submit_job(ctx, responder, std::move(cfg), std::move(prompts));
@@ -316,6 +362,10 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
       }
       if (r.echo) text = ctx.codec->decode(tokens, false).value();
     }
+    const size_t untruncated = tokens.size();
+    if (auto e = truncate_prompt(ctx, tokens, r.gen.truncate_prompt_tokens, false))
+      return send_error(ctx, *responder, *e);
+    if (r.echo && tokens.size() != untruncated) text = ctx.codec->decode(tokens, false).value();
     if (r.echo) cfg.echo.push_back(text);
     auto mt = resolve_max_tokens(ctx, static_cast<int32_t>(tokens.size()), r.gen.max_tokens,
                                  param.c_str());
@@ -326,7 +376,7 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
     breq.prompt_tokens = std::move(tokens);
     breq.sampling = r.gen.sampling;
     breq.sampling.max_tokens = std::get<int32_t>(mt);
-    breq.skip_special_tokens = true;
+    breq.skip_special_tokens = r.gen.skip_special_tokens.value_or(true);
     prompts.push_back(std::move(breq));
   }
   submit_job(ctx, responder, std::move(cfg), std::move(prompts));

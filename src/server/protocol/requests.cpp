@@ -5,6 +5,7 @@
 #include "core/json_depth.h"
 
 #include "server/protocol/messages.h"
+#include "server/protocol/unsupported_fields.h"
 
 namespace m3::server {
 
@@ -104,6 +105,7 @@ std::optional<ApiError> get_bool(const json& body, const char* key, bool& out) {
   } while (0)
 
 std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool chat) {
+  M3_TRY(refuse_unsupported_fields(body, chat));
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return bad_request("'model' must be a string.", "model");
     g.model = it->get<std::string>();
@@ -153,6 +155,18 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
   M3_TRY(get_int(body, "min_tokens", 0, INT32_MAX, i));
   if (i) s.min_tokens = static_cast<int32_t>(*i);
   M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
+  i.reset();
+  M3_TRY(get_int(body, "truncate_prompt_tokens", -1, INT32_MAX, i));
+  if (i && *i == 0) {
+    return bad_request("'truncate_prompt_tokens' must be -1 (the context length) or at least 1.",
+                       "truncate_prompt_tokens");
+  }
+  if (i) g.truncate_prompt_tokens = static_cast<int32_t>(*i);
+  bool skip_special = true;
+  if (auto it = body.find("skip_special_tokens"); it != body.end() && !it->is_null()) {
+    M3_TRY(get_bool(body, "skip_special_tokens", skip_special));
+    g.skip_special_tokens = skip_special;
+  }
   i.reset();
   // n: a wrong type or a value outside 1..kMaxChoices is a 400 naming 'n' and the limit.
   if (auto e = get_int(body, "n", 1, kMaxChoices, i)) {
@@ -450,6 +464,28 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
   M3_TRY(parse_tools(body, r));
   M3_TRY(parse_thinking(body, r));
   M3_TRY(parse_mm_processor_kwargs(body, r));
+  M3_TRY(get_bool(body, "add_generation_prompt", r.add_generation_prompt));
+  M3_TRY(get_bool(body, "continue_final_message", r.continue_final_message));
+  if (r.continue_final_message) {
+    if (r.add_generation_prompt && body.contains("add_generation_prompt") &&
+        body["add_generation_prompt"].is_boolean()) {
+      return bad_request("'continue_final_message' continues the final message, so it cannot be "
+                         "combined with 'add_generation_prompt': true.",
+                         "continue_final_message");
+    }
+    r.add_generation_prompt = false;
+    const json& last = r.messages.back();
+    if (last.value("role", "") != "assistant") {
+      return bad_request("'continue_final_message' needs the final message to be the "
+                         "assistant's.",
+                         "continue_final_message");
+    }
+    if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed) {
+      return bad_request("'continue_final_message' cannot be combined with a forced tool call "
+                         "('tool_choice' required or a named function).",
+                         "continue_final_message");
+    }
+  }
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
       return bad_request("'response_format' must be an object with a 'type'.", "response_format");

@@ -41,6 +41,9 @@ struct CommonGeneration {
                                       // (logprobs / top_logprobs are set here too)
   int32_t n = 1;                      // independent choices, 1..kMaxChoices
   std::string user;
+  // vLLM's truncate_prompt_tokens: keep only the prompt's last k tokens (-1: the context length).
+  std::optional<int32_t> truncate_prompt_tokens;
+  std::optional<bool> skip_special_tokens;  // vLLM's; default true
 };
 
 struct ChatRequest {
@@ -58,6 +61,10 @@ struct ChatRequest {
   // mm_processor_kwargs (vLLM's field): the image processor's pixel bounds for this request.
   std::optional<int64_t> mm_min_pixels;
   std::optional<int64_t> mm_max_pixels;
+  // vLLM's chat template options: open a new assistant turn (default), or continue the final
+  // (assistant) message where it ends.
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
 };
 
 // One prompt of /v1/completions: text, or token ids.
