@@ -261,6 +261,20 @@ TEST(Protocol, MessagesRoundTripIntoTemplateForm) {
   EXPECT_EQ(t[3]["content"], "sunny");
   EXPECT_EQ(t[4]["reasoning_content"], "from the tool");
   EXPECT_TRUE(images.empty());
+
+  // OpenAI's "refusal" parts: an assistant's content, written as text; nobody else's.
+  auto refusal = convert_messages(json::parse(R"([{"role":"user","content":"x"},
+      {"role":"assistant","content":[{"type":"refusal","refusal":"I cannot."}]}])"), images);
+  ASSERT_TRUE(std::holds_alternative<json>(refusal));
+  EXPECT_EQ(std::get<json>(refusal)[1]["content"], "I cannot.");
+  auto user_refusal = convert_messages(
+      json::parse(R"([{"role":"user","content":[{"type":"refusal","refusal":"x"}]}])"), images);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(user_refusal));
+  EXPECT_EQ(std::get<ApiError>(user_refusal).param, "messages[0].content[0].type");
+  auto bad_refusal = convert_messages(json::parse(R"([{"role":"user","content":"x"},
+      {"role":"assistant","content":[{"type":"refusal","refusal":5}]}])"), images);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad_refusal));
+  EXPECT_EQ(std::get<ApiError>(bad_refusal).param, "messages[1].content[0].refusal");
 }
 
 TEST(Protocol, BadToolCallArgumentsNamed) {

@@ -13,8 +13,11 @@ std::string at(size_t i) {
 }
 
 // Content (string, null or list of parts) -> template content; images are collected.
-Parsed<json> convert_content(const json& content, const std::string& param, bool allow_null,
+// `assistant`: an assistant message's content, which may be null and may hold OpenAI's "refusal"
+// parts (the refusal's text, written as text).
+Parsed<json> convert_content(const json& content, const std::string& param, bool assistant,
                              std::vector<ImageRef>& images) {
+  const bool allow_null = assistant;
   if (content.is_null()) {
     if (allow_null) return json("");
     return bad_request(param + " must be a string or a list of content parts.", param);
@@ -33,12 +36,13 @@ Parsed<json> convert_content(const json& content, const std::string& param, bool
       return bad_request(pp + " must be an object with a string 'type'.", pp + ".type");
     }
     std::string type = part["type"].get<std::string>();
-    if (type == "text") {
-      if (!part.contains("text") || !part["text"].is_string()) {
-        return bad_request(pp + ".text must be a string.", pp + ".text");
+    if (type == "text" || (assistant && type == "refusal")) {
+      const char* key = type == "text" ? "text" : "refusal";
+      if (!part.contains(key) || !part[key].is_string()) {
+        return bad_request(pp + "." + key + " must be a string.", pp + "." + key);
       }
-      text += part["text"].get<std::string>();
-      parts.push_back({{"type", "text"}, {"text", part["text"]}});
+      text += part[key].get<std::string>();
+      parts.push_back({{"type", "text"}, {"text", part[key]}});
     } else if (type == "image_url") {
       const json* url = nullptr;
       if (part.contains("image_url")) {
