@@ -268,6 +268,37 @@ TEST_F(ServerTest, TemplateOptionsTruncationAndSpecialTokens) {
   EXPECT_TRUE(backend_->last_request().skip_special_tokens);
 }
 
+// stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far, its
+// completion tokens never decrease and end at the final usage.
+TEST_F(ServerTest, ContinuousUsageStats) {
+  start();
+  Client c(port());
+  c.send("POST", "/v1/chat/completions",
+         chat_body("FAKE_OUTPUT_B64=" + b64("abcdef") + " FAKE_TPS=2", true,
+                   R"("stream_options":{"include_usage":true,"continuous_usage_stats":true})"));
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  bool done = false;
+  auto events = sse_events(r.body, &done);
+  ASSERT_TRUE(done);
+  ASSERT_GE(events.size(), 3u);
+  int last = 0;
+  for (const auto& e : events) {
+    ASSERT_TRUE(e.contains("usage") && e["usage"].is_object()) << e;
+    const int now = e["usage"]["completion_tokens"];
+    EXPECT_GE(now, last);
+    EXPECT_EQ(e["usage"]["total_tokens"], e["usage"]["prompt_tokens"].get<int>() + now);
+    last = now;
+  }
+  EXPECT_EQ(last, events.back()["usage"]["completion_tokens"]);
+  EXPECT_GT(last, 0);
+  c.send("POST", "/v1/chat/completions",
+         chat_body("hi", true, R"("stream_options":{"continuous_usage_stats":"yes"})"));
+  r = c.read();
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"]["param"], "stream_options.continuous_usage_stats");
+}
+
 // Checks one chat logprobs entry: shape, bytes, top list sorted with `top` entries, and the
 // generated token (the fake backend's most likely) at its head.
 void check_chat_entry(const json& e, int top) {

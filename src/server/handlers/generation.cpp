@@ -143,6 +143,7 @@ std::string GenerationJob::chunk(Choice& c, json choice) {
             {"created", cfg_.created},
             {"model", cfg_.model},
             {"choices", json::array({std::move(choice)})}};
+  if (cfg_.continuous_usage) j["usage"] = usage_json();
   return sse(j);
 }
 

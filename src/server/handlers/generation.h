@@ -27,6 +27,7 @@ struct GenerationConfig {
   bool chat = true;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // every chunk carries the usage so far (vLLM's option)
   std::string id;  // "chatcmpl-..." / "cmpl-..."
   std::string model;
   int64_t created = 0;

@@ -248,6 +248,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   cfg.chat = true;
   cfg.stream = r.gen.stream;
   cfg.include_usage = r.gen.include_usage;
+  cfg.continuous_usage = r.gen.continuous_usage;
   cfg.id = random_id("chatcmpl-");
   cfg.model = ctx.model_name();
   cfg.created = unix_now();
@@ -332,6 +333,7 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
   cfg.chat = false;
   cfg.stream = r.gen.stream;
   cfg.include_usage = r.gen.include_usage;
+  cfg.continuous_usage = r.gen.continuous_usage;
   cfg.id = random_id("cmpl-");
   cfg.model = ctx.model_name();
   cfg.created = unix_now();

@@ -124,6 +124,12 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
       return e;
     }
     g.include_usage = usage;
+    bool continuous = false;
+    if (auto e = get_bool(*it, "continuous_usage_stats", continuous)) {
+      e->param = "stream_options.continuous_usage_stats";
+      return e;
+    }
+    g.continuous_usage = continuous;
   }
   std::optional<int64_t> max_tokens;
   M3_TRY(get_int(body, "max_tokens", 1, INT32_MAX, max_tokens));

@@ -36,6 +36,7 @@ struct CommonGeneration {
   std::string model;  // empty when the client sent none
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
+  bool continuous_usage = false;      // stream_options.continuous_usage_stats (vLLM's)
   std::optional<int32_t> max_tokens;  // max_tokens / max_completion_tokens
   SamplingOptions sampling;           // max_tokens filled in later from the context length
                                       // (logprobs / top_logprobs are set here too)
