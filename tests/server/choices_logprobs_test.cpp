@@ -251,6 +251,16 @@ TEST_F(ServerTest, TemplateOptionsTruncationAndSpecialTokens) {
   EXPECT_GT(fresh_turn.size(), continued.size());
   EXPECT_EQ(fresh_turn.compare(0, continued.size(), continued), 0)
       << "the continued prompt is the ordinary one cut after the final message's text";
+  // /tokenize counts the same prompts.
+  for (const auto& [extra, want] : {std::pair{json{{"continue_final_message", true}}, continued},
+                                    std::pair{json::object(), fresh_turn}}) {
+    json body = {{"messages", msgs}};
+    body.update(extra);
+    c.send("POST", "/tokenize", body.dump());
+    Response t = c.read();
+    ASSERT_EQ(t.status, 200) << t.body;
+    EXPECT_EQ(json::parse(t.body)["count"], codec_.encode(want).value().size()) << extra;
+  }
 
   c.send("POST", "/v1/completions",
          json({{"prompt", "abcdefgh"}, {"truncate_prompt_tokens", 3}, {"echo", true},

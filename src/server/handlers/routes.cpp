@@ -393,20 +393,17 @@ void handle_tokenize(ServerContext& ctx, const http::Request& req, http::Respond
     auto parsed = parse_chat_request(b);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(ctx, responder, *e);
     ChatRequest& r = std::get<ChatRequest>(parsed);
-    bool add_gen = true;
-    if (auto it = b.find("add_generation_prompt"); it != b.end() && !it->is_null()) {
-      if (!it->is_boolean()) {
-        return send_error(ctx, responder,
-                          bad_request("'add_generation_prompt' must be a boolean.",
-                                      "add_generation_prompt"));
-      }
-      add_gen = it->get<bool>();
-    }
-    // As for chat: tool_choice none leaves the tools out of the prompt (counts match usage).
+    // As for chat: tool_choice none leaves the tools out of the prompt (counts match usage), and
+    // add_generation_prompt / continue_final_message shape the end of the prompt.
     json tools = r.tool_choice == ToolChoice::kNone ? json() : r.tools;
-    auto rendered = ctx.renderer->render(r.messages, tools, r.template_kwargs, add_gen);
+    auto rendered =
+        ctx.renderer->render(r.messages, tools, r.template_kwargs, r.add_generation_prompt);
     if (!rendered.is_ok()) {
       return send_error(ctx, responder, render_error(rendered.status()));
+    }
+    if (r.continue_final_message) {
+      if (auto e = cut_after_final_message(*rendered, r.messages.back()))
+        return send_error(ctx, responder, *e);
     }
     text = std::move(rendered).value();
   } else if (b.contains("prompt") && b["prompt"].is_string()) {
