@@ -6,6 +6,10 @@
 #include "app/serve_flags.h"
 #include "cli/commands.h"
 
+#ifndef M3_VERSION
+#define M3_VERSION "0.0.0"
+#endif
+
 namespace m3::cli {
 
 int cmd_serve(const std::vector<std::string>& args) {
@@ -18,7 +22,9 @@ int cmd_serve(const std::vector<std::string>& args) {
     std::fputs(app::serve_help().c_str(), stdout);
     return 0;
   }
-  return app::run_serve(parsed->config);
+  app::ServeConfig config = parsed->config;
+  config.server.version = M3_VERSION;
+  return app::run_serve(config);
 }
 
 }  // namespace m3::cli

@@ -16,6 +16,7 @@ struct ServerOptions {
   std::string api_key;                          // empty: no authentication
   std::vector<std::string> served_model_names;  // the first is reported by responses
   std::string model_path;
+  std::string version;  // GET /version (the binary's; empty in tests and the fake server)
   std::string reasoning_parser = "minimax-m3";  // or "none"
   std::string tool_call_parser = "minimax-m3";  // or "none"
   int32_t context_length = 0;                   // 0: the backend's

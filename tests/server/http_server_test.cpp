@@ -35,6 +35,7 @@ TEST_F(ServerTest, ApiKeyCoversEveryRouteButHealth) {
                                                         {"POST", "/tokenize"},
                                                         {"POST", "/detokenize"},
                                                         {"GET", "/health_generate"},
+                                                        {"GET", "/version"},
                                                         {"GET", "/v1/models/m3-tiny"},
                                                         {"GET", "/nope"}}) {
     c.send(method, path, method == "POST" ? chat_body("x") : "");
@@ -48,6 +49,20 @@ TEST_F(ServerTest, ApiKeyCoversEveryRouteButHealth) {
   Response m = c.read();
   EXPECT_EQ(m.status, 200);
   EXPECT_NE(m.body.find("m3serve:num_requests_running"), std::string::npos);
+}
+
+// vLLM's GET /version: the version the server was given; POST is 405.
+TEST_F(ServerTest, VersionRoute) {
+  ServerOptions o;
+  o.version = "9.8.7";
+  start(o);
+  Client c(port());
+  c.send("GET", "/version");
+  Response r = c.read();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["version"], "9.8.7");
+  c.send("POST", "/version", "{}");
+  EXPECT_EQ(c.read().status, 405);
 }
 
 TEST_F(ServerTest, ErrorStatuses) {

@@ -569,6 +569,7 @@ void handle_request(ServerContext& ctx, http::Request&& request,
       {"/v1/models", "GET", false},
       {"/metrics", "GET", false},
       {"/health_generate", "GET", false},
+      {"/version", "GET", false},
   };
   const Route* route = nullptr;
   for (const auto& r : kRoutes)
@@ -602,6 +603,10 @@ void handle_request(ServerContext& ctx, http::Request&& request,
         ctx.metrics->render(ctx.backend->stats(), ctx.backend->ready(), ctx.draining.load()));
   }
   if (path == "/health_generate") return handle_health_generate(ctx, responder);
+  if (path == "/version") {  // vLLM's route
+    return send_json(*responder, 200,
+                     {{"version", ctx.options.version.empty() ? "unknown" : ctx.options.version}});
+  }
 
   // Heavy routes: off the I/O thread.
   boost::asio::post(*ctx.workers, [&ctx, req = std::move(request), responder]() mutable {
