@@ -283,8 +283,9 @@ TEST_F(ServerTest, TemplateOptionsTruncationAndSpecialTokens) {
 TEST_F(ServerTest, ContinuousUsageStats) {
   start();
   Client c(port());
+  const std::string scripted = "FAKE_OUTPUT_B64=" + b64("abcdef") + " FAKE_TPS=2";
   c.send("POST", "/v1/chat/completions",
-         chat_body("FAKE_OUTPUT_B64=" + b64("abcdef") + " FAKE_TPS=2", true,
+         chat_body(scripted, true,
                    R"("stream_options":{"include_usage":true,"continuous_usage_stats":true})"));
   Response r = c.read();
   ASSERT_EQ(r.status, 200) << r.body;
@@ -300,7 +301,11 @@ TEST_F(ServerTest, ContinuousUsageStats) {
     EXPECT_EQ(e["usage"]["total_tokens"], e["usage"]["prompt_tokens"].get<int>() + now);
     last = now;
   }
-  EXPECT_EQ(last, events.back()["usage"]["completion_tokens"]);
+  // The last count is the whole completion, as the same request reports it unstreamed.
+  c.send("POST", "/v1/chat/completions", chat_body(scripted));
+  Response whole = c.read();
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(last, json::parse(whole.body)["usage"]["completion_tokens"]);
   EXPECT_GT(last, 0);
   c.send("POST", "/v1/chat/completions",
          chat_body("hi", true, R"("stream_options":{"continuous_usage_stats":"yes"})"));

@@ -391,7 +391,8 @@ TEST(Protocol, UnsupportedFieldsAreRefusedByName) {
       {"ebnf", R"("x")"},                      {"prompt_logprobs", "0"},
       {"use_beam_search", "true"},             {"include_stop_str_in_output", "true"},
       {"return_tokens_as_token_ids", "true"},  {"priority", "1"},
-      {"lora_path", R"("x")"},                 {"return_hidden_states", "true"},
+      {"lora_path", R"("x")"},                 {"lora_request", R"({"lora_name":"x"})"},
+      {"return_hidden_states", "true"},
       {"chat_template", R"("{{ x }}")"},       {"echo", "true"},
       {"functions", R"([{"name":"f"}])"},      {"function_call", R"("auto")"},
       {"audio", R"({"voice":"x"})"},           {"modalities", R"(["text","audio"])"}};
@@ -419,6 +420,8 @@ TEST(Protocol, ContinueFinalMessageAndTruncation) {
   ChatRequest c = chat_ok("{" + two + R"(,"continue_final_message":true})");
   EXPECT_TRUE(c.continue_final_message);
   EXPECT_FALSE(c.add_generation_prompt);
+  EXPECT_TRUE(chat_ok("{" + two + R"(,"continue_final_message":true,"add_generation_prompt":null})")
+                  .continue_final_message);
   EXPECT_EQ(chat_error("{" + two + R"(,"continue_final_message":true,"add_generation_prompt":true})")
                 .param,
             "continue_final_message");

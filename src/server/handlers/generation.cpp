@@ -340,13 +340,15 @@ const std::string& GenerationJob::echo_of(const Choice& c) const {
 }
 
 // A prompt's cached tokens are the most any of its choices found (they share it); a batch's are
-// summed over its prompts, as prompt_tokens is.
+// summed over its prompts, as prompt_tokens is. A prompt's choices are n consecutive ones.
 int32_t GenerationJob::cached_tokens() const {
-  std::vector<int32_t> per_prompt(cfg_.prompts, 0);
-  for (const auto& c : choices_)
-    per_prompt[c->prompt] = std::max(per_prompt[c->prompt], c->cached_tokens);
   int32_t sum = 0;
-  for (int32_t v : per_prompt) sum += v;
+  for (size_t first = 0; first < choices_.size(); first += cfg_.n) {
+    int32_t most = 0;
+    for (size_t i = first; i < first + cfg_.n; ++i)
+      most = std::max(most, choices_[i]->cached_tokens);
+    sum += most;
+  }
   return sum;
 }
 

@@ -314,7 +314,7 @@ void handle_chat(ServerContext& ctx, const http::Request& req,
   breq.sampling.max_tokens = std::get<int32_t>(mt);
   // The parsers need the think and namespace markers, which are special tokens (they take the
   // ones they own out of the output).
-  breq.skip_special_tokens = !cfg.run_parsers && r.gen.skip_special_tokens.value_or(true);
+  breq.skip_special_tokens = !cfg.run_parsers && r.gen.skip_special_tokens;
   std::vector<BackendRequest> prompts;
   prompts.push_back(std::move(breq));
   submit_job(ctx, responder, std::move(cfg), std::move(prompts));
@@ -378,7 +378,7 @@ void handle_completion(ServerContext& ctx, const http::Request& req,
     breq.prompt_tokens = std::move(tokens);
     breq.sampling = r.gen.sampling;
     breq.sampling.max_tokens = std::get<int32_t>(mt);
-    breq.skip_special_tokens = r.gen.skip_special_tokens.value_or(true);
+    breq.skip_special_tokens = r.gen.skip_special_tokens;
     prompts.push_back(std::move(breq));
   }
   submit_job(ctx, responder, std::move(cfg), std::move(prompts));

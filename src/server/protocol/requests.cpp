@@ -168,11 +168,7 @@ std::optional<ApiError> parse_common(const json& body, CommonGeneration& g, bool
                        "truncate_prompt_tokens");
   }
   if (i) g.truncate_prompt_tokens = static_cast<int32_t>(*i);
-  bool skip_special = true;
-  if (auto it = body.find("skip_special_tokens"); it != body.end() && !it->is_null()) {
-    M3_TRY(get_bool(body, "skip_special_tokens", skip_special));
-    g.skip_special_tokens = skip_special;
-  }
+  M3_TRY(get_bool(body, "skip_special_tokens", g.skip_special_tokens));
   i.reset();
   // n: a wrong type or a value outside 1..kMaxChoices is a 400 naming 'n' and the limit.
   if (auto e = get_int(body, "n", 1, kMaxChoices, i)) {
@@ -473,8 +469,7 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
   M3_TRY(get_bool(body, "add_generation_prompt", r.add_generation_prompt));
   M3_TRY(get_bool(body, "continue_final_message", r.continue_final_message));
   if (r.continue_final_message) {
-    if (r.add_generation_prompt && body.contains("add_generation_prompt") &&
-        body["add_generation_prompt"].is_boolean()) {
+    if (auto a = body.find("add_generation_prompt"); a != body.end() && *a == true) {
       return bad_request("'continue_final_message' continues the final message, so it cannot be "
                          "combined with 'add_generation_prompt': true.",
                          "continue_final_message");

@@ -44,7 +44,7 @@ struct CommonGeneration {
   std::string user;
   // vLLM's truncate_prompt_tokens: keep only the prompt's last k tokens (-1: the context length).
   std::optional<int32_t> truncate_prompt_tokens;
-  std::optional<bool> skip_special_tokens;  // vLLM's; default true
+  bool skip_special_tokens = true;  // vLLM's
 };
 
 struct ChatRequest {
